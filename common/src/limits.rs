@@ -1,0 +1,80 @@
+//! Sizes of every BPF map and table, and the map names both sides agree on.
+//!
+//! Changing any number here changes a pinned map's shape: bump [`PIN_VERSION`] with it so a
+//! new `lbd` never reuses a map of the old shape.
+
+/// Version of the pinned layout under the bpffs directory (`/sys/fs/bpf/spillway/v<N>`).
+pub const PIN_VERSION: u32 = 1;
+
+/// Most VIPs one balancer serves.
+pub const MAX_VIPS: u32 = 64;
+/// Most backends over all VIPs (a backend serving two VIPs counts twice). Id 0 is never used.
+pub const MAX_BACKENDS: u32 = 4096;
+/// Most backends in one VIP; keeps every Maglev table at least 64 slots per backend.
+pub const MAX_BACKENDS_PER_VIP: u32 = 1024;
+/// Largest Maglev table (also the default). Must be prime.
+pub const MAX_RING_SIZE: u32 = 65537;
+/// Default Maglev table size.
+pub const DEFAULT_RING_SIZE: u32 = MAX_RING_SIZE;
+/// Every VIP owns two tables (double buffering); see `types::VipMeta::active_half`.
+pub const RING_HALVES: u32 = 2;
+/// Slots in the flat ring array holding every VIP's two tables.
+pub const RING_MAP_ENTRIES: u32 = MAX_VIPS * RING_HALVES * MAX_RING_SIZE;
+/// Connection-table entries (LRU). ~2^20 flows at ~120 bytes each including kernel overhead.
+pub const FLOW_TABLE_ENTRIES: u32 = 1 << 20;
+/// Interfaces the balancer may redirect to.
+pub const MAX_TX_PORTS: u32 = 64;
+/// Addresses the backend agent decapsulates for.
+pub const MAX_LOCAL_ADDRS: u32 = 64;
+
+/// Default idle timeouts after which a connection-table entry is treated as a new flow.
+pub const DEFAULT_TCP_IDLE_TIMEOUT_S: u32 = 900;
+pub const DEFAULT_UDP_IDLE_TIMEOUT_S: u32 = 120;
+/// A flow entry's timestamp is refreshed at most this often, so hits rarely write.
+pub const FLOW_TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
+
+/// Map names (at most 15 bytes: BPF_OBJ_NAME_LEN).
+pub mod map_names {
+    pub const CONFIG: &str = "spw_cfg";
+    pub const VIPS: &str = "spw_vips";
+    pub const VIP_ADDRS: &str = "spw_vip_addrs";
+    pub const RINGS: &str = "spw_rings";
+    pub const BACKENDS: &str = "spw_backends";
+    pub const FLOWS: &str = "spw_flows";
+    pub const VIP_STATS: &str = "spw_vip_stats";
+    pub const BACKEND_STATS: &str = "spw_be_stats";
+    pub const REASONS: &str = "spw_reasons";
+    pub const TX_PORTS: &str = "spw_tx_ports";
+    pub const LOCAL_ADDRS: &str = "spw_local_addrs";
+    pub const DECAP_REASONS: &str = "spw_decap_rsn";
+}
+
+/// Program names in the eBPF objects.
+pub mod program_names {
+    pub const BALANCER: &str = "spillway_lb";
+    pub const DECAP: &str = "spillway_decap";
+    pub const FLOOR: &str = "spillway_floor";
+}
+
+const fn is_prime(n: u32) -> bool {
+    if n < 2 {
+        return false;
+    }
+    let mut d = 2;
+    while d * d <= n {
+        if n % d == 0 {
+            return false;
+        }
+        d += 1;
+    }
+    true
+}
+
+/// True for a table size the balancer accepts: prime, and large enough for Maglev to spread.
+pub const fn valid_ring_size(n: u32) -> bool {
+    n >= 13 && n <= MAX_RING_SIZE && is_prime(n)
+}
+
+const _: () = assert!(valid_ring_size(DEFAULT_RING_SIZE));
+const _: () = assert!(MAX_BACKENDS_PER_VIP <= MAX_BACKENDS);
+const _: () = assert!(RING_MAP_ENTRIES as u64 == MAX_VIPS as u64 * 2 * MAX_RING_SIZE as u64);
