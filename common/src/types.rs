@@ -73,6 +73,8 @@ pub struct BackendInfo {
     /// Bumped whenever the slot is freed, so flows pinned to a removed backend re-hash even
     /// if the id is reused.
     pub generation: u32,
+    /// The VIP (its ring id) this backend serves; lets a restarted loader adopt the maps.
+    pub vip_id: u32,
 }
 
 /// A connection: the 5-tuple as the client sent it.
@@ -163,15 +165,19 @@ reasons!(
         PassNotVip = "pass_not_vip",
         /// Headers truncated or inconsistent: the kernel validates and drops them.
         PassMalformed = "pass_malformed",
-        /// The FIB had no usable route to the backend: the kernel decides.
-        PassNoRoute = "pass_no_route",
+        /// Encapsulated for an egress interface missing from the redirect map: the kernel
+        /// forwards it.
+        KernelNoTxPort = "pass_no_tx_port",
         /// An IPv4 or IPv6 fragment to a VIP address (no ports to hash on).
         DropFragment = "drop_fragment",
         /// The encapsulated packet would exceed the egress MTU.
         DropOversize = "drop_oversize",
         /// The VIP has no backend to send a new flow to.
         DropNoBackend = "drop_no_backend",
-        /// The encapsulation could not make room in the frame.
+        /// The FIB has no usable route to the backend (unreachable, blackhole, forwarding
+        /// disabled, ...).
+        DropNoRoute = "drop_no_route",
+        /// The encapsulation could not make room in the frame, or cannot carry the family.
         DropEncapFailed = "drop_encap_failed",
     }
 );
@@ -194,7 +200,7 @@ reasons!(
 const _: () = assert!(size_of::<VipKey>() == 20);
 const _: () = assert!(size_of::<VipMeta>() == 12);
 const _: () = assert!(size_of::<AddrKey>() == 20);
-const _: () = assert!(size_of::<BackendInfo>() == 24);
+const _: () = assert!(size_of::<BackendInfo>() == 28);
 const _: () = assert!(size_of::<FlowKey>() == 40);
 const _: () = assert!(size_of::<FlowValue>() == 16);
 const _: () = assert!(size_of::<LbConfig>() == 56);

@@ -1,0 +1,127 @@
+//! The balancer's kernel side: loading the object, pinning and reusing its maps, and typed
+//! access to every map. Only this module (and `agent`'s decap loader) talk to the kernel.
+
+mod maps;
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{Xdp, ProgramError},
+};
+pub use maps::BalancerMaps;
+use spillway_common::limits::{map_names, program_names};
+
+use crate::objects;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    #[error("eBPF object {name} was not built (AYA_BUILD_SKIP was set); rebuild without it")]
+    ObjectNotBuilt { name: &'static str },
+    #[error("loading eBPF object {name} (pinned maps under {pin_dir:?})")]
+    Load {
+        name: &'static str,
+        pin_dir: Option<PathBuf>,
+        #[source]
+        source: aya::EbpfError,
+    },
+    #[error("program {name} missing from its object")]
+    MissingProgram { name: &'static str },
+    #[error("map {name} missing from the object")]
+    MissingMap { name: &'static str },
+    #[error("program {name}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("map {name}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("pin path {path}")]
+    Pin {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where the maps live: in memory only (tests, benchmarks) or pinned for reuse.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Directory on bpffs for the maps; an existing map there is reused when its shape
+    /// matches and refused otherwise.
+    pub map_pin_dir: Option<PathBuf>,
+}
+
+/// The loaded balancer object: its program (loaded, not attached) and its maps.
+pub struct Balancer {
+    ebpf: Ebpf,
+    pub maps: BalancerMaps,
+}
+
+const ALL_MAPS: [&str; 10] = [
+    map_names::CONFIG,
+    map_names::VIPS,
+    map_names::VIP_ADDRS,
+    map_names::RINGS,
+    map_names::BACKENDS,
+    map_names::FLOWS,
+    map_names::VIP_STATS,
+    map_names::BACKEND_STATS,
+    map_names::REASONS,
+    map_names::TX_PORTS,
+];
+
+impl Balancer {
+    /// Loads the balancer object and its program; maps are created, or reused from
+    /// `options.map_pin_dir`.
+    pub fn load(options: &LoadOptions) -> Result<Self, DataplaneError> {
+        let object = objects::check(objects::BALANCER, "spillway-lb")?;
+        let mut loader = EbpfLoader::new();
+        if let Some(dir) = &options.map_pin_dir {
+            std::fs::create_dir_all(dir).map_err(|source| DataplaneError::Pin { path: dir.clone(), source })?;
+            for name in ALL_MAPS {
+                loader.map_pin_path(name, dir.join(name));
+            }
+        }
+        let mut ebpf = loader.load(object).map_err(|source| DataplaneError::Load {
+            name: "spillway-lb",
+            pin_dir: options.map_pin_dir.clone(),
+            source,
+        })?;
+        load_xdp(&mut ebpf, program_names::BALANCER)?;
+        let maps = BalancerMaps::take(&mut ebpf)?;
+        Ok(Self { ebpf, maps })
+    }
+
+    pub fn program(&mut self) -> Result<&mut Xdp, DataplaneError> {
+        xdp(&mut self.ebpf, program_names::BALANCER)
+    }
+}
+
+/// Loads a single-program object that needs no map setup (decap, floor) and returns it.
+pub fn load_simple(object: &'static [u8], object_name: &'static str, program: &'static str) -> Result<Ebpf, DataplaneError> {
+    let object = objects::check(object, object_name)?;
+    let mut ebpf = Ebpf::load(object).map_err(|source| DataplaneError::Load { name: object_name, pin_dir: None, source })?;
+    load_xdp(&mut ebpf, program)?;
+    Ok(ebpf)
+}
+
+pub fn xdp<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, DataplaneError> {
+    let program = ebpf.program_mut(name).ok_or(DataplaneError::MissingProgram { name })?;
+    program.try_into().map_err(|source| DataplaneError::Program { name, source })
+}
+
+fn load_xdp(ebpf: &mut Ebpf, name: &'static str) -> Result<(), DataplaneError> {
+    xdp(ebpf, name)?.load().map_err(|source| DataplaneError::Program { name, source })
+}
+
+/// True when `path` is on a bpf filesystem.
+pub fn is_bpffs(path: &Path) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+}

@@ -1,0 +1,18 @@
+//! The eBPF objects, embedded at build time (see build.rs).
+
+use aya::include_bytes_aligned;
+
+/// The balancer (`spillway_lb`) and its maps.
+pub static BALANCER: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-lb"));
+/// The backend-side decapsulator (`spillway_decap`).
+pub static DECAP: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-decap"));
+/// The benchmark floor (`spillway_floor`): returns XDP_TX.
+pub static FLOOR: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-floor"));
+
+/// Fails with a clear message when the build skipped the eBPF objects (`AYA_BUILD_SKIP`).
+pub fn check(object: &'static [u8], name: &'static str) -> Result<&'static [u8], crate::dataplane::DataplaneError> {
+    if object.is_empty() {
+        return Err(crate::dataplane::DataplaneError::ObjectNotBuilt { name });
+    }
+    Ok(object)
+}

@@ -1,0 +1,42 @@
+//! Test harness for Spillway: builds a network of namespaces (clients, the
+//! balancer `lb`, backends `b1..`, joined by a bridge), runs processes in it
+//! and drives real TCP/UDP traffic through it.
+//!
+//! ```text
+//!   c1 10.0.0.11 ─┐                      ┌─ b1 10.0.0.101 (+ VIPs on lo)
+//!   lb 10.0.0.2 ──┼── br0 (bridge netns) ┼─ b2 10.0.0.102
+//!                 ...                    └─ ...
+//! ```
+//!
+//! Clients route the VIPs (10.100.0.1, fd00:100::1) via `lb`; backends own
+//! the VIPs and reply directly to clients (DSR). Everything is removed when
+//! the [`Topology`] is dropped, also when a test panics; leftovers of killed
+//! runs are swept by the next [`Topology::build`]. Needs root.
+
+mod addrs;
+mod bpffs;
+mod cleanup;
+mod cmd;
+mod echo;
+mod host;
+mod icmp;
+mod netns;
+mod process;
+mod stream;
+mod topology;
+mod traffic;
+
+pub use addrs::{
+    LB4, LB6, MAX_BACKENDS, MAX_CLIENTS, VIP4, VIP4_NET, VIP6, VIP6_NET, backend4, backend6,
+    client4, client6,
+};
+pub use cleanup::sweep_stale;
+pub use echo::{ECHO_BIN_ENV, echo_binary, start_echo};
+pub use host::Host;
+pub use icmp::ping;
+pub use netns::Netns;
+pub use nix::sys::signal::Signal;
+pub use process::Daemon;
+pub use stream::{CheckReport, Stream, StreamChecker};
+pub use topology::{Topology, TopologyConfig};
+pub use traffic::{Tally, run_connections, tcp_ask, udp_ask};

@@ -1,0 +1,178 @@
+//! The balancer: parse, find the VIP, choose a backend, encapsulate, send.
+//!
+//! Every packet ends in exactly one [`Reason`], counted once in the entry point. Anything
+//! that is not VIP traffic is XDP_PASS, so the host stays reachable; XDP_ABORTED is never
+//! returned.
+#![no_std]
+#![no_main]
+
+mod maps;
+mod select;
+mod stats;
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX},
+    helpers::bpf_ktime_get_ns,
+    macros::xdp,
+    programs::XdpContext,
+};
+use spillway_common::{
+    hash::{FLOW_SEED, flow_hash},
+    types::{CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, Reason, VipKey, VipMeta},
+};
+use xdp_ebpf::{
+    encap::{self, Macs, Tunnel},
+    fib::{self, NextHop},
+    headers::EthHdr,
+    packet,
+    parse::{Layout, Parsed, parse},
+};
+
+use crate::{
+    maps::{CONFIG, TX_PORTS, VIPS, VIP_ADDRS},
+    select::Choice,
+};
+
+#[xdp]
+pub fn spillway_lb(ctx: XdpContext) -> u32 {
+    let (action, reason) = balance(&ctx);
+    stats::reason(reason);
+    action
+}
+
+#[inline(always)]
+fn balance(ctx: &XdpContext) -> (u32, Reason) {
+    let (key, layout, icmp_error) = match parse(ctx) {
+        Parsed::Flow { key, layout, icmp_error } => (key, layout, icmp_error),
+        Parsed::NotIp => return (XDP_PASS, Reason::PassNotIp),
+        Parsed::Malformed => return (XDP_PASS, Reason::PassMalformed),
+        Parsed::Other => return (XDP_PASS, Reason::PassNotVip),
+        Parsed::Fragment(addr) => {
+            return if VIP_ADDRS.get_ptr(&addr).is_some() {
+                (XDP_DROP, Reason::DropFragment)
+            } else {
+                (XDP_PASS, Reason::PassNotVip)
+            };
+        }
+    };
+    let Some(vip) = find_vip(&key) else {
+        return (XDP_PASS, Reason::PassNotVip);
+    };
+    // Slot 0 of an array always exists; the check is for the verifier.
+    let Some(cfg) = CONFIG.get(0) else {
+        return (XDP_PASS, Reason::PassNotVip);
+    };
+    let frame_len = packet::len(ctx);
+    stats::vip(vip.id, frame_len);
+    let hash = flow_hash(&key, FLOW_SEED);
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(choice) = select::backend(&key, &vip, hash, now, cfg, icmp_error) else {
+        return (XDP_DROP, Reason::DropNoBackend);
+    };
+    let verdict = forward(ctx, &key, &layout, &choice, hash, cfg);
+    if matches!(verdict.1, Reason::Tx | Reason::Redirect | Reason::KernelNoNeigh | Reason::KernelNoTxPort) {
+        stats::backend(choice.id, frame_len);
+    }
+    verdict
+}
+
+/// Exact (address, port, protocol) first, then the address's "any port" VIP.
+#[inline(always)]
+fn find_vip(key: &FlowKey) -> Option<VipMeta> {
+    let mut vip = VipKey { addr: key.dst, port: key.dport, proto: key.proto, family: key.family };
+    if let Some(meta) = VIPS.get_ptr(&vip) {
+        return Some(unsafe { *meta });
+    }
+    vip.port = 0;
+    VIPS.get_ptr(&vip).map(|meta| unsafe { *meta })
+}
+
+#[inline(always)]
+fn forward(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, hash: u32, cfg: &LbConfig) -> (u32, Reason) {
+    let be = &choice.backend;
+    if !encap::supported(be.family, key.family) {
+        return (XDP_DROP, Reason::DropEncapFailed);
+    }
+    let Some(eth) = packet::at::<EthHdr>(ctx, 0) else {
+        return (XDP_PASS, Reason::PassMalformed);
+    };
+    // The frame arrived addressed to us: these MACs make the kernel accept it if we must
+    // hand the encapsulated packet over.
+    let arrived = unsafe { Macs { src: (*eth).src, dst: (*eth).dst } };
+    let tunnel = Tunnel {
+        family: be.family,
+        src: outer_source(cfg, be.family, hash),
+        dst: be.addr,
+        inner_family: key.family,
+        inner_len: layout.l3_len,
+        tos: layout.tos,
+        flow_hash: hash,
+    };
+    let outer_len = (encap::outer_len(be.family) + layout.l3_len) as u16;
+    let hop = if cfg.flags & CFG_F_STATIC_NEXTHOP != 0 {
+        NextHop::Resolved {
+            ifindex: cfg.static_ifindex,
+            macs: Macs { src: cfg.static_src_mac, dst: cfg.static_dst_mac },
+        }
+    } else {
+        fib::lookup(ctx, be.family, &tunnel.src, &tunnel.dst, outer_len)
+    };
+    match hop {
+        NextHop::FragNeeded => (XDP_DROP, Reason::DropOversize),
+        NextHop::NoRoute => (XDP_DROP, Reason::DropNoRoute),
+        NextHop::NoNeigh => match encap::push(ctx, layout.l2_len, &tunnel, &arrived) {
+            Ok(()) => (XDP_PASS, Reason::KernelNoNeigh),
+            Err(()) => (XDP_DROP, Reason::DropEncapFailed),
+        },
+        NextHop::Resolved { ifindex, macs } => {
+            if encap::push(ctx, layout.l2_len, &tunnel, &macs).is_err() {
+                return (XDP_DROP, Reason::DropEncapFailed);
+            }
+            if ifindex as usize == ctx.ingress_ifindex() {
+                return (XDP_TX, Reason::Tx);
+            }
+            match TX_PORTS.redirect(ifindex, XDP_PASS as u64) {
+                Ok(_) => (XDP_REDIRECT, Reason::Redirect),
+                Err(_) => hand_to_kernel(ctx, &arrived),
+            }
+        }
+    }
+}
+
+/// The egress is not in the redirect map: restore the MACs the frame arrived with so the
+/// kernel accepts and forwards the encapsulated packet.
+#[inline(always)]
+fn hand_to_kernel(ctx: &XdpContext, arrived: &Macs) -> (u32, Reason) {
+    match packet::at_mut::<EthHdr>(ctx, 0) {
+        Some(eth) => {
+            unsafe {
+                (*eth).src = arrived.src;
+                (*eth).dst = arrived.dst;
+            }
+            (XDP_PASS, Reason::KernelNoTxPort)
+        }
+        None => (XDP_DROP, Reason::DropEncapFailed),
+    }
+}
+
+/// The configured outer source, with the host bits of its prefix taken from the flow hash.
+#[inline(always)]
+fn outer_source(cfg: &LbConfig, family: u8, hash: u32) -> [u32; 4] {
+    if family == FAMILY_V4 {
+        let mask = cfg.outer_src_v4_hostmask;
+        [(cfg.outer_src_v4 & !mask) | (hash & mask), 0, 0, 0]
+    } else {
+        let mask = cfg.outer_src_v6_hostmask;
+        let mut src = cfg.outer_src_v6;
+        src[3] = (src[3] & !mask) | (hash & mask);
+        src
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // Unreachable: the program has no panicking paths (no indexing, unwrap or division by
+    // a possibly-zero value), and the verifier would reject the loop below anyway.
+    loop {}
+}

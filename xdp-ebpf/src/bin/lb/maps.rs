@@ -1,0 +1,46 @@
+//! The balancer's maps. Names and sizes must match `spillway_common::limits`; the loader
+//! checks every pinned map's shape before reusing it.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray},
+};
+use spillway_common::{
+    limits::{FLOW_TABLE_ENTRIES, MAX_BACKENDS, MAX_TX_PORTS, MAX_VIPS, RING_MAP_ENTRIES},
+    types::{AddrKey, BackendInfo, FlowKey, FlowValue, LbConfig, Reason, Traffic, VipKey, VipMeta},
+};
+
+/// Per-CPU LRU lists over one shared table: inserts never contend across CPUs, and a flow
+/// seen on two CPUs (RSS changes) still finds its one entry.
+const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
+
+#[map(name = "spw_cfg")]
+pub static CONFIG: Array<LbConfig> = Array::with_max_entries(1, 0);
+
+#[map(name = "spw_vips")]
+pub static VIPS: HashMap<VipKey, VipMeta> = HashMap::with_max_entries(MAX_VIPS, 0);
+
+#[map(name = "spw_vip_addrs")]
+pub static VIP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(MAX_VIPS, 0);
+
+#[map(name = "spw_rings")]
+pub static RINGS: Array<u32> = Array::with_max_entries(RING_MAP_ENTRIES, 0);
+
+#[map(name = "spw_backends")]
+pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(MAX_BACKENDS, 0);
+
+#[map(name = "spw_flows")]
+pub static FLOWS: LruHashMap<FlowKey, FlowValue> =
+    LruHashMap::with_max_entries(FLOW_TABLE_ENTRIES, BPF_F_NO_COMMON_LRU);
+
+#[map(name = "spw_vip_stats")]
+pub static VIP_STATS: PerCpuArray<Traffic> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
+
+#[map(name = "spw_be_stats")]
+pub static BACKEND_STATS: PerCpuArray<Traffic> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+
+#[map(name = "spw_reasons")]
+pub static REASONS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Reason::COUNT, 0);
+
+#[map(name = "spw_tx_ports")]
+pub static TX_PORTS: DevMapHash = DevMapHash::with_max_entries(MAX_TX_PORTS, 0);

@@ -1,0 +1,56 @@
+//! Next hop for the outer packet from the kernel's routes and neighbours (`bpf_fib_lookup`).
+
+use aya_ebpf::{bindings::bpf_fib_lookup as FibParams, helpers::bpf_fib_lookup, programs::XdpContext};
+use spillway_common::types::{FAMILY_V4, PROTO_IPIP, PROTO_IPV6};
+
+use crate::encap::Macs;
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+const RET_SUCCESS: i64 = 0;
+const RET_NO_NEIGH: i64 = 7;
+const RET_FRAG_NEEDED: i64 = 8;
+
+pub enum NextHop {
+    /// Resolved: send out of `ifindex` with these MACs.
+    Resolved { ifindex: u32, macs: Macs },
+    /// Routed, but the neighbour is not resolved yet: the kernel must send it.
+    NoNeigh,
+    /// The outer packet exceeds the egress MTU.
+    FragNeeded,
+    /// No usable route (unreachable, blackhole, prohibited, forwarding disabled, ...).
+    NoRoute,
+}
+
+/// Looks up the route for an outer packet of `tot_len` bytes; the kernel also checks the
+/// egress MTU against `tot_len`.
+#[inline(always)]
+pub fn lookup(ctx: &XdpContext, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_len: u16) -> NextHop {
+    // SAFETY: the struct is plain integers and unions of integers; all-zero is valid.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    p.ifindex = ctx.ingress_ifindex() as u32;
+    p.__bindgen_anon_1.tot_len = tot_len;
+    if family == FAMILY_V4 {
+        p.family = AF_INET;
+        p.l4_protocol = PROTO_IPIP;
+        p.__bindgen_anon_3.ipv4_src = src[0];
+        p.__bindgen_anon_4.ipv4_dst = dst[0];
+    } else {
+        p.family = AF_INET6;
+        p.l4_protocol = PROTO_IPV6;
+        p.__bindgen_anon_3.ipv6_src = *src;
+        p.__bindgen_anon_4.ipv6_dst = *dst;
+    }
+    let ret = unsafe {
+        bpf_fib_lookup(ctx.ctx.cast(), &mut p, core::mem::size_of::<FibParams>() as i32, 0)
+    };
+    match ret {
+        RET_SUCCESS => {
+            let m = unsafe { p.__bindgen_anon_6.__bindgen_anon_2 };
+            NextHop::Resolved { ifindex: p.ifindex, macs: Macs { src: m.smac, dst: m.dmac } }
+        }
+        RET_NO_NEIGH => NextHop::NoNeigh,
+        RET_FRAG_NEEDED => NextHop::FragNeeded,
+        _ => NextHop::NoRoute,
+    }
+}

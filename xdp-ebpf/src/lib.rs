@@ -1,0 +1,14 @@
+//! Stateless packet mechanics shared by Spillway's XDP programs: bounds-checked access,
+//! header layouts, parsing, checksums, encapsulation and next-hop lookup.
+//!
+//! Invariants: nothing here panics, allocates or loops without a constant bound; every
+//! packet access goes through [`packet`], which proves the bounds to the verifier. Maps
+//! live with the program that owns them (`src/bin/*`), so each object carries only its own.
+#![no_std]
+
+pub mod csum;
+pub mod encap;
+pub mod fib;
+pub mod headers;
+pub mod packet;
+pub mod parse;
