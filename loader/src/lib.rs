@@ -2,4 +2,6 @@
 //! map updates, the daemon (`lbd`) and the CLI (`lbctl`). The binaries are thin wrappers.
 
 pub mod dataplane;
+pub mod model;
 pub mod objects;
+pub mod reconcile;

@@ -115,3 +115,45 @@ fn sum_traffic(name: &'static str, map: &PerCpuArray<MapData, Traffic>, id: u32)
         bytes: acc.bytes + t.bytes,
     }))
 }
+
+impl crate::reconcile::Maps for BalancerMaps {
+    fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, DataplaneError> {
+        self.vips.iter().map(|r| named(map_names::VIPS, r)).collect()
+    }
+
+    fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
+        named(map_names::VIPS, self.vips.insert(key, meta, 0))
+    }
+
+    fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
+        named(map_names::VIPS, self.vips.remove(key))
+    }
+
+    fn vip_addrs(&self) -> Result<Vec<AddrKey>, DataplaneError> {
+        self.vip_addrs.keys().map(|r| named(map_names::VIP_ADDRS, r)).collect()
+    }
+
+    fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError> {
+        named(map_names::VIP_ADDRS, self.vip_addrs.insert(key, &1, 0))
+    }
+
+    fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError> {
+        named(map_names::VIP_ADDRS, self.vip_addrs.remove(key))
+    }
+
+    fn write_slots(&mut self, vip_id: u32, half: u32, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
+        BalancerMaps::write_slots(self, vip_id, half, slots)
+    }
+
+    fn read_ring(&self, vip_id: u32, half: u32, size: u32) -> Result<Vec<u32>, DataplaneError> {
+        BalancerMaps::read_ring(self, vip_id, half, size)
+    }
+
+    fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError> {
+        BalancerMaps::backend(self, id)
+    }
+
+    fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {
+        BalancerMaps::set_backend(self, id, info)
+    }
+}
