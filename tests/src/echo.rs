@@ -17,7 +17,7 @@ const ECHO_BIN: &str = "spillway-echo";
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Starts `spillway-echo` on `host`, named after it, and waits until it
-/// listens: TCP `tcp_port` on 0.0.0.0 and [::]; UDP `udp_port` on both VIPs
+/// listens: TCP `tcp_port` on `0.0.0.0` and `[::]`; UDP `udp_port` on both VIPs
 /// (so DSR replies come from the VIP) and on the host's own addresses (so
 /// UDP can be tested without the balancer). Only valid on backends, which
 /// hold the VIPs.
@@ -31,7 +31,12 @@ pub fn start_echo(host: &Host, tcp_port: u16, udp_port: u16) -> Result<Daemon> {
     for ip in [IpAddr::from([0u8; 4]), IpAddr::from([0u16; 8])] {
         args.extend(["--tcp".into(), SocketAddr::new(ip, tcp_port).to_string()]);
     }
-    let udp_ips = [VIP4.into(), VIP6.into(), host.ipv4().into(), host.ipv6().into()];
+    let udp_ips = [
+        VIP4.into(),
+        VIP6.into(),
+        host.ipv4().into(),
+        host.ipv6().into(),
+    ];
     for ip in udp_ips {
         args.extend(["--udp".into(), SocketAddr::new(ip, udp_port).to_string()]);
     }
@@ -49,7 +54,11 @@ pub fn echo_binary() -> Result<PathBuf> {
         return Ok(PathBuf::from(path));
     }
     let exe = std::env::current_exe().context("locating the running executable")?;
-    let candidates = exe.ancestors().skip(1).take(2).map(|dir| dir.join(ECHO_BIN));
+    let candidates = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join(ECHO_BIN));
     for candidate in candidates {
         if candidate.is_file() {
             return Ok(candidate);

@@ -2,7 +2,7 @@
 //! bridge, addresses, and the settings its role needs.
 
 use std::ffi::OsStr;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::Command;
 use std::sync::Arc;
 
@@ -34,6 +34,7 @@ pub(crate) struct HostSpec {
 
 /// A host namespace (client, balancer or backend). Its namespace is deleted
 /// when the host is dropped, i.e. with its [`crate::Topology`].
+#[derive(Debug)]
 pub struct Host {
     netns: Netns,
     ipv4: Ipv4Addr,
@@ -76,15 +77,6 @@ impl Host {
     /// The host's own IPv6 address on `eth0`.
     pub fn ipv6(&self) -> Ipv6Addr {
         self.ipv6
-    }
-
-    /// The host's own address of the same family as `like`, handy when a
-    /// test loops over both families.
-    pub fn addr_like(&self, like: IpAddr) -> IpAddr {
-        match like {
-            IpAddr::V4(_) => self.ipv4.into(),
-            IpAddr::V6(_) => self.ipv6.into(),
-        }
     }
 
     /// The host's namespace.

@@ -27,7 +27,9 @@ pub fn ping(addr: IpAddr, timeout: Duration) -> Result<()> {
     socket.connect(SocketAddr::new(addr, 0))?;
     let mut packet = vec![request, 0, 0, 0, 0, 0, 0, 1];
     packet.extend_from_slice(PAYLOAD);
-    socket.send(&packet).with_context(|| format!("sending ICMP echo to {addr}"))?;
+    socket
+        .send(&packet)
+        .with_context(|| format!("sending ICMP echo to {addr}"))?;
 
     let deadline = Instant::now() + timeout;
     let mut buf = [0; 128];

@@ -19,6 +19,7 @@ pub(crate) const NETNS_DIR: &str = "/run/netns";
 ///
 /// Deleting the namespace also destroys the veth ends inside it, which takes
 /// their peers with them, so nothing is left in any other namespace.
+#[derive(Debug)]
 pub struct Netns {
     label: String,
     name: String,

@@ -19,6 +19,7 @@ const POLL: Duration = Duration::from_millis(10);
 
 /// Every process a topology started, so that dropping the topology stops the
 /// ones whose [`Daemon`] guard is still alive elsewhere (or was leaked).
+#[derive(Debug)]
 pub(crate) struct Registry {
     log_dir: PathBuf,
     next_log: AtomicUsize,
@@ -71,6 +72,7 @@ impl Registry {
 /// [`Registry`]. The child is only reaped under the lock, so while
 /// `try_wait` says it is running its pid cannot have been reused, and
 /// signalling it is safe.
+#[derive(Debug)]
 struct Proc {
     pid: u32,
     child: Mutex<Child>,
@@ -86,9 +88,13 @@ impl Proc {
     fn signal(&self, signal: Signal) -> Result<()> {
         let mut child = lock(&self.child);
         if let Some(status) = child.try_wait()? {
-            bail!("cannot send {signal} to pid {}: it already exited ({status})", self.pid);
+            bail!(
+                "cannot send {signal} to pid {}: it already exited ({status})",
+                self.pid
+            );
         }
-        kill(pid_of(&child), signal).with_context(|| format!("sending {signal} to pid {}", self.pid))
+        kill(pid_of(&child), signal)
+            .with_context(|| format!("sending {signal} to pid {}", self.pid))
     }
 
     fn wait_with_timeout(&self, timeout: Duration) -> Result<Option<ExitStatus>> {
@@ -104,25 +110,28 @@ impl Proc {
         }
     }
 
-    /// SIGTERM (plus SIGCONT, in case a test left it SIGSTOPped), then
-    /// SIGKILL after [`TERM_GRACE`]. Errors are only reported: this runs from
-    /// `Drop`.
+    /// SIGTERM, then SIGKILL after [`TERM_GRACE`]. Runs from `Drop`, so
+    /// failures are printed, not returned.
     fn stop(&self) {
-        let _ = self.signal(Signal::SIGTERM).and_then(|()| self.signal(Signal::SIGCONT));
-        match self.wait_with_timeout(TERM_GRACE) {
-            Ok(Some(_)) => {}
-            _ => {
-                let mut child = lock(&self.child);
-                if let Err(err) = child.kill().and_then(|()| child.wait()) {
-                    eprintln!("spillway-harness: cannot kill pid {}: {err}", self.pid);
-                }
-            }
+        // Signalling fails only if the process exited meanwhile, which is the
+        // goal anyway. SIGCONT because a SIGSTOPped process (fault tests)
+        // cannot act on SIGTERM.
+        let _ = self
+            .signal(Signal::SIGTERM)
+            .and_then(|()| self.signal(Signal::SIGCONT));
+        if let Ok(Some(_)) = self.wait_with_timeout(TERM_GRACE) {
+            return;
+        }
+        let mut child = lock(&self.child);
+        if let Err(err) = child.kill().and_then(|()| child.wait()) {
+            eprintln!("spillway-harness: cannot kill pid {}: {err}", self.pid);
         }
     }
 }
 
 /// A process started by [`crate::Netns::spawn`]; stopped (SIGTERM, up to 2 s,
 /// then SIGKILL) when dropped, or when its topology is dropped.
+#[derive(Debug)]
 pub struct Daemon {
     proc: Arc<Proc>,
     line: String,
@@ -207,5 +216,7 @@ fn pid_of(child: &Child) -> Pid {
 /// Locks `mutex`, ignoring poisoning: a test that panicked while holding it
 /// must not stop cleanup from running.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

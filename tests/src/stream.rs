@@ -22,6 +22,7 @@ const KEPT_ERRORS: usize = 5;
 ///
 /// Open it inside a namespace ([`crate::Netns::in_netns`]); afterwards it can
 /// be used from any thread.
+#[derive(Debug)]
 pub struct Stream {
     reader: BufReader<TcpStream>,
     writer: TcpStream,
@@ -102,6 +103,7 @@ pub struct CheckReport {
 
 /// Pings a [`Stream`] from a background thread every interval until
 /// stopped (or dropped, or after 10 minutes at most).
+#[derive(Debug)]
 pub struct StreamChecker {
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<CheckReport>>,
@@ -120,7 +122,10 @@ impl StreamChecker {
                 };
                 let deadline = Instant::now() + MAX_CHECK_DURATION;
                 while Instant::now() < deadline
-                    && matches!(stopped.recv_timeout(interval), Err(RecvTimeoutError::Timeout))
+                    && matches!(
+                        stopped.recv_timeout(interval),
+                        Err(RecvTimeoutError::Timeout)
+                    )
                 {
                     report.pings += 1;
                     if let Err(err) = stream.ping() {

@@ -46,6 +46,7 @@ impl Default for TopologyConfig {
 /// A built test network. Dropping it stops its daemons, deletes its
 /// namespaces (and with them all veths), its bpffs pin directory and its
 /// temporary directory.
+#[derive(Debug)]
 pub struct Topology {
     id: String,
     registry: Arc<Registry>,
@@ -261,7 +262,16 @@ fn build_bridge(id: &str, registry: &Arc<Registry>) -> Result<Netns> {
     let bridge = Netns::create("br", format!("{id}-br"), Arc::clone(registry))?;
     // Snooping only adds group state and timers that could filter the
     // solicited-node multicast IPv6 neighbour discovery needs; flood instead.
-    bridge.run(&["ip", "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"])?;
+    bridge.run(&[
+        "ip",
+        "link",
+        "add",
+        "br0",
+        "type",
+        "bridge",
+        "mcast_snooping",
+        "0",
+    ])?;
     bridge.run(&["ip", "link", "set", "br0", "up"])?;
     // br_netfilter (built into some kernels) would run bridged frames through
     // iptables and may drop malformed-looking ones; this is a dumb switch.
@@ -276,6 +286,7 @@ fn build_bridge(id: &str, registry: &Arc<Registry>) -> Result<Netns> {
 }
 
 /// A directory removed (recursively) on drop.
+#[derive(Debug)]
 struct TempDir(PathBuf);
 
 impl TempDir {
@@ -292,7 +303,10 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         if let Err(err) = std::fs::remove_dir_all(&self.0) {
-            eprintln!("spillway-harness: cannot remove {}: {err}", self.0.display());
+            eprintln!(
+                "spillway-harness: cannot remove {}: {err}",
+                self.0.display()
+            );
         }
     }
 }

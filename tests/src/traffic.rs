@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 
 /// Replies are a backend name and a newline; anything longer is garbage.
-pub(crate) const MAX_LINE: u64 = 256;
+const MAX_LINE: u64 = 256;
 /// How many failure messages a [`Tally`] keeps.
 const KEPT_ERRORS: usize = 5;
 
@@ -33,13 +33,17 @@ pub fn udp_ask(addr: SocketAddr, timeout: Duration) -> Result<String> {
     let socket = UdpSocket::bind((any, 0)).context("binding a UDP socket")?;
     // connect() also makes the kernel drop replies from any other source,
     // e.g. a backend answering from its own address instead of the VIP.
-    socket.connect(addr).with_context(|| format!("UDP connect to {addr}"))?;
+    socket
+        .connect(addr)
+        .with_context(|| format!("UDP connect to {addr}"))?;
     socket.set_read_timeout(Some(timeout))?;
-    socket.send(b"?\n").with_context(|| format!("UDP send to {addr}"))?;
+    socket
+        .send(b"?\n")
+        .with_context(|| format!("UDP send to {addr}"))?;
     let mut buf = [0; MAX_LINE as usize];
     let len = socket
         .recv(&mut buf)
-        .with_context(|| format!("no UDP reply from {addr} within {timeout:?}"))?;
+        .with_context(|| format!("waiting up to {timeout:?} for a UDP reply from {addr}"))?;
     let reply = String::from_utf8_lossy(&buf[..len]).trim().to_owned();
     ensure!(!reply.is_empty(), "empty UDP reply from {addr}");
     Ok(reply)

@@ -1,9 +1,9 @@
 //! Test server for Spillway's integration tests.
 //!
-//! TCP: greets every connection with "<name>\n", then echoes each line back
+//! TCP: greets every connection with `"<name>\n"`, then echoes each line back
 //! until the peer closes, so a test can tell which backend it reached and
 //! keep a connection streaming to notice when it breaks.
-//! UDP: answers every datagram with "<name>\n" from the bound address; bind
+//! UDP: answers every datagram with `"<name>\n"` from the bound address; bind
 //! the VIP explicitly so DSR replies carry it as their source.
 //!
 //! Prints "ready" once every listener is bound. One thread per listener and
@@ -28,7 +28,7 @@ struct Args {
     /// Name sent to every client (usually the backend host's name).
     #[arg(long)]
     name: String,
-    /// TCP address to listen on (repeatable), e.g. 0.0.0.0:80 or [::]:80.
+    /// TCP address to listen on (repeatable), e.g. `0.0.0.0:80` or `[::]:80`.
     #[arg(long)]
     tcp: Vec<SocketAddr>,
     /// UDP address to answer on (repeatable), e.g. 10.100.0.1:5353.
@@ -139,7 +139,7 @@ fn udp_socket(addr: SocketAddr) -> Result<UdpSocket> {
 }
 
 /// A socket bound to `addr` with SO_REUSEADDR (quick restarts) and, for IPv6,
-/// IPV6_V6ONLY, so 0.0.0.0:P and [::]:P can both be bound.
+/// `IPV6_V6ONLY`, so `0.0.0.0:P` and `[::]:P` can both be bound.
 fn bound_socket(addr: SocketAddr, kind: SockType) -> Result<OwnedFd> {
     let family = match addr {
         SocketAddr::V4(_) => AddressFamily::Inet,
