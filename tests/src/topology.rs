@@ -21,6 +21,15 @@ use crate::process::{Daemon, Registry};
 /// Distinguishes topologies built by one process (tests run in parallel).
 static NEXT_TOPOLOGY: AtomicU32 = AtomicU32::new(1);
 
+/// `spw-<pid>-<seq>`: a fresh prefix that [`sweep_stale`] recognises.
+pub(crate) fn next_id() -> String {
+    format!(
+        "{NAME_PREFIX}{}-{}",
+        std::process::id(),
+        NEXT_TOPOLOGY.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// Reachability check after building: tries per target, each waiting this long.
 const CHECK_ATTEMPTS: usize = 5;
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -79,11 +88,7 @@ impl Topology {
         if let Err(err) = sweep_stale() {
             eprintln!("spillway-harness: {err:#}");
         }
-        let id = format!(
-            "{NAME_PREFIX}{}-{}",
-            std::process::id(),
-            NEXT_TOPOLOGY.fetch_add(1, Ordering::Relaxed)
-        );
+        let id = next_id();
         let tempdir = TempDir::create(std::env::temp_dir().join(&id))?;
         let registry = Arc::new(Registry::new(tempdir.path().to_owned()));
         let bridge = build_bridge(&id, &registry)?;
@@ -287,15 +292,15 @@ fn build_bridge(id: &str, registry: &Arc<Registry>) -> Result<Netns> {
 
 /// A directory removed (recursively) on drop.
 #[derive(Debug)]
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
-    fn create(path: PathBuf) -> Result<TempDir> {
+    pub(crate) fn create(path: PathBuf) -> Result<TempDir> {
         std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(TempDir(path))
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }

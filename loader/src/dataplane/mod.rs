@@ -2,6 +2,7 @@
 //! access to every map. Only this module (and `agent`'s decap loader) talk to the kernel.
 
 mod maps;
+pub mod test_run;
 
 use std::path::{Path, PathBuf};
 
@@ -100,6 +101,13 @@ impl Balancer {
 
     pub fn program(&mut self) -> Result<&mut Xdp, DataplaneError> {
         xdp(&mut self.ebpf, program_names::BALANCER)
+    }
+
+    /// The loaded program, for test runs.
+    pub fn program_ref(&self) -> Result<&Xdp, DataplaneError> {
+        let name = program_names::BALANCER;
+        let program = self.ebpf.program(name).ok_or(DataplaneError::MissingProgram { name })?;
+        program.try_into().map_err(|source| DataplaneError::Program { name, source })
     }
 }
 

@@ -1,0 +1,12 @@
+//! Packet-level tests of the XDP programs with BPF_PROG_TEST_RUN: each test builds frames
+//! (PKTGEN), fills the maps through the real reconciler (SETUP) and asserts the action,
+//! the counted reason and the output bytes (CHECK). Needs root.
+
+mod backends;
+mod decap;
+mod forwarding;
+mod fuzz;
+mod icmp;
+mod nexthop;
+mod passing;
+mod support;

@@ -1,0 +1,73 @@
+//! Next-hop resolution: TX, redirect, unresolved neighbours, MTU.
+
+use spillway_common::types::Reason;
+use spillway_harness::{frames, packet_lab};
+
+use crate::support::*;
+
+#[test]
+fn unresolved_neighbour_hands_the_encapsulated_packet_to_the_kernel() {
+    with_env(|env| {
+        for (v, backend, client) in [
+            ("10.200.1.1:80", std::net::IpAddr::from(packet_lab::UNRESOLVED4), "192.168.10.20:40000"),
+            ("[2001:db8:100::1]:80", packet_lab::UNRESOLVED6.into(), "[2001:db8::20]:40000"),
+        ] {
+            env.add_vip(vip(&format!("{v}/tcp")), &[backend]);
+            let f = frames::tcp(sock(client), sock(v), true, &[]);
+            let out = env.expect(&f, XDP_PASS, Reason::KernelNoNeigh);
+            // Addressed as it arrived, so the kernel accepts and forwards it.
+            expect_encap(&out.frame, &f, 14, backend, Some(frames::LB_MAC));
+            assert_eq!(out.frame[6..12], frames::CLIENT_MAC);
+        }
+    });
+}
+
+#[test]
+fn backend_behind_another_interface_is_redirected() {
+    with_env(|env| {
+        env.add_vip(vip("10.200.1.1:80/tcp"), &[packet_lab::BEHIND_EGRESS4.into()]);
+        env.add_vip(vip("[2001:db8:100::1]:80/tcp"), &[packet_lab::BEHIND_EGRESS6.into()]);
+        for (client, v, backend) in [
+            ("192.168.10.20:40000", "10.200.1.1:80", std::net::IpAddr::from(packet_lab::BEHIND_EGRESS4)),
+            ("[2001:db8::20]:40000", "[2001:db8:100::1]:80", packet_lab::BEHIND_EGRESS6.into()),
+        ] {
+            let f = frames::tcp(sock(client), sock(v), true, &[]);
+            let out = env.expect(&f, XDP_REDIRECT, Reason::Redirect);
+            expect_encap(&out.frame, &f, 14, backend, packet_lab::neighbour_mac(backend));
+        }
+        // Without the egress in the redirect map the kernel forwards it instead.
+        let egress = env.balancer.maps.tx_ports.keys().next().unwrap().unwrap();
+        env.balancer.maps.tx_ports.remove(egress).unwrap();
+        let f = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), true, &[]);
+        let out = env.expect(&f, XDP_PASS, Reason::KernelNoTxPort);
+        expect_encap(&out.frame, &f, 14, packet_lab::BEHIND_EGRESS4.into(), Some(frames::LB_MAC));
+    });
+}
+
+#[test]
+fn encapsulated_packet_over_the_egress_mtu_is_dropped() {
+    with_env(|env| {
+        env.add_vip(vip("10.200.1.1:80/tcp"), &[packet_lab::backend4(101).into()]);
+        let room = packet_lab::MTU as usize - 20 - 40;
+        let fits = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), false, &vec![0u8; room]);
+        env.expect(&fits, XDP_TX, Reason::Tx);
+        let full = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), false, &vec![0u8; room + 1]);
+        env.expect(&full, XDP_DROP, Reason::DropOversize);
+    });
+}
+
+#[test]
+fn static_next_hop_skips_the_fib() {
+    with_env(|env| {
+        env.add_vip(vip("10.200.1.1:80/tcp"), &[packet_lab::UNRESOLVED4.into()]);
+        let mut cfg = default_config();
+        cfg.flags = spillway_common::types::CFG_F_STATIC_NEXTHOP;
+        cfg.static_ifindex = env.ingress;
+        cfg.static_src_mac = env.ingress_mac;
+        cfg.static_dst_mac = [0x02, 0x99, 0, 0, 0, 1];
+        env.balancer.maps.set_config(&cfg).unwrap();
+        let f = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), true, &[]);
+        let out = env.expect(&f, XDP_TX, Reason::Tx);
+        expect_encap(&out.frame, &f, 14, packet_lab::UNRESOLVED4.into(), Some(cfg.static_dst_mac));
+    });
+}

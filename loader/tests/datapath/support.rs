@@ -1,0 +1,208 @@
+//! SETUP and CHECK helpers for the packet tests: a balancer loaded in a [`PacketLab`],
+//! configured through the real reconciler, run with BPF_PROG_TEST_RUN.
+
+use std::net::{IpAddr, SocketAddr};
+
+use aya::{Ebpf, programs::XdpMode};
+use spillway::{
+    dataplane::{Balancer, LoadOptions, load_simple, test_run::{self, RunOutcome}},
+    model::{DesiredState, Vip},
+    objects,
+    reconcile::{Reconciler, vip_key},
+};
+use spillway_common::{
+    addr::{from_words, to_words},
+    hash::{FLOW_SEED, flow_hash},
+    limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
+    types::{FlowKey, LbConfig, Reason, VipMeta},
+};
+use spillway_harness::{frames, packet_lab::{self, PacketLab}};
+
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
+
+pub fn sock(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+pub fn vip(s: &str) -> Vip {
+    s.parse().unwrap()
+}
+
+pub struct Env {
+    pub balancer: Balancer,
+    pub reconciler: Reconciler,
+    pub state: DesiredState,
+    pub ingress: u32,
+    pub ingress_mac: [u8; 6],
+    /// The backend-side decapsulator; also attached natively to the lab's interfaces, which
+    /// gives test runs a receive queue.
+    pub decap: Ebpf,
+}
+
+/// Builds a lab, enters it, loads and configures the balancer, and runs `body`.
+pub fn with_env<T: Send>(body: impl FnOnce(&mut Env) -> T + Send) -> T {
+    let lab = PacketLab::build().expect("building the packet lab");
+    let ingress = lab.ifindex(packet_lab::INGRESS).unwrap();
+    let egress = lab.ifindex(packet_lab::EGRESS).unwrap();
+    let ingress_mac = lab.mac(packet_lab::INGRESS).unwrap();
+    lab.in_lab(move || {
+        let mut decap = load_simple(objects::DECAP, "spillway-decap", "spillway_decap").unwrap();
+        let program = spillway::dataplane::xdp(&mut decap, "spillway_decap").unwrap();
+        program.attach(ingress, XdpMode::Driver).unwrap();
+        program.attach(egress, XdpMode::Driver).unwrap();
+
+        let mut balancer = Balancer::load(&LoadOptions::default()).unwrap();
+        balancer.maps.set_config(&default_config()).unwrap();
+        balancer.maps.tx_ports.insert(egress, egress, None, 0).unwrap();
+        let reconciler = Reconciler::adopt(&balancer.maps).unwrap();
+        let mut env = Env { balancer, reconciler, state: DesiredState::default(), ingress, ingress_mac, decap };
+        body(&mut env)
+    })
+}
+
+pub fn default_config() -> LbConfig {
+    LbConfig {
+        outer_src_v4: to_words(packet_lab::LOCAL4.into()).0[0],
+        outer_src_v6: to_words(packet_lab::LOCAL6.into()).0,
+        tcp_idle_timeout_s: DEFAULT_TCP_IDLE_TIMEOUT_S,
+        udp_idle_timeout_s: DEFAULT_UDP_IDLE_TIMEOUT_S,
+        ..LbConfig::default()
+    }
+}
+
+impl Env {
+    /// Edits the desired state and reconciles it into the maps.
+    pub fn update(&mut self, edit: impl FnOnce(&mut DesiredState)) {
+        edit(&mut self.state);
+        self.reconciler.apply(&mut self.balancer.maps, &self.state).unwrap();
+    }
+
+    /// Adds `vip` with `backends` (weight 100) on a small table.
+    pub fn add_vip(&mut self, vip: Vip, backends: &[IpAddr]) {
+        self.update(|s| {
+            s.add_vip(vip, 4099).unwrap();
+            for b in backends {
+                s.add_backend(&vip, *b, 100).unwrap();
+            }
+        });
+    }
+
+    pub fn run(&self, frame: &[u8]) -> RunOutcome {
+        let program = self.balancer.program_ref().unwrap();
+        test_run::run(program, frame, self.ingress).unwrap()
+    }
+
+    /// Runs `frame` and checks that exactly `reason` was counted, and the action.
+    pub fn expect(&self, frame: &[u8], action: u32, reason: Reason) -> RunOutcome {
+        let before = self.reasons();
+        let out = self.run(frame);
+        let after = self.reasons();
+        let counted: Vec<Reason> = Reason::ALL.iter().copied().filter(|r| after[*r as usize] != before[*r as usize]).collect();
+        assert_eq!(counted, [reason], "reasons counted for this frame");
+        assert_eq!(after[reason as usize] - before[reason as usize], 1);
+        assert_eq!(out.action, action, "action (reason {})", reason.label());
+        out
+    }
+
+    pub fn reasons(&self) -> Vec<u64> {
+        self.balancer.maps.reasons().unwrap().into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// The backend the Maglev table gives a new flow, computed on the host with the same
+    /// hash and the table read back from the kernel.
+    pub fn predicted_backend(&self, vip: &Vip, key: &FlowKey) -> IpAddr {
+        let meta: VipMeta = self.balancer.maps.vips.get(&vip_key(vip), 0).unwrap();
+        let slot = flow_hash(key, FLOW_SEED) % meta.ring_size;
+        let ring = self.balancer.maps.read_ring(meta.id, meta.active_half, meta.ring_size).unwrap();
+        self.backend_addr(ring[slot as usize])
+    }
+
+    pub fn backend_addr(&self, id: u32) -> IpAddr {
+        let info = self.balancer.maps.backend(id).unwrap();
+        from_words(info.addr, info.family).unwrap()
+    }
+
+    /// The backend the connection table holds for `key`.
+    pub fn pinned_backend(&self, key: &FlowKey) -> Option<IpAddr> {
+        self.balancer.maps.flow(key).map(|v| self.backend_addr(v.backend_id))
+    }
+}
+
+/// The 5-tuple key of a client -> VIP packet.
+pub fn flow_key(src: SocketAddr, dst: SocketAddr, proto: u8) -> FlowKey {
+    let (s, family) = to_words(src.ip());
+    FlowKey { src: s, dst: to_words(dst.ip()).0, sport: src.port().to_be(), dport: dst.port().to_be(), proto, family, _pad: [0; 2] }
+}
+
+/// CHECK for an encapsulated frame: Ethernet to the neighbour's MAC (when `dst_mac` is
+/// given), a well-formed outer header to `backend`, and the inner packet byte-identical to
+/// the IP packet of `input` (which starts after `l2_len` bytes). Returns the outer source.
+pub fn expect_encap(out: &[u8], input: &[u8], l2_len: usize, backend: IpAddr, dst_mac: Option<[u8; 6]>) -> IpAddr {
+    let inner = &input[l2_len..];
+    let inner_len = inner_ip_len(inner);
+    let inner_proto = if inner[0] >> 4 == 4 { 4 } else { 41 };
+    if let Some(mac) = dst_mac {
+        assert_eq!(out[0..6], mac, "destination MAC");
+    }
+    let (outer_len, src) = match backend {
+        IpAddr::V4(b) => {
+            assert_eq!(out[12..14], [0x08, 0x00], "ethertype");
+            let h = &out[14..34];
+            assert_eq!(h[0], 0x45, "version/IHL");
+            assert_eq!(u16::from_be_bytes([h[2], h[3]]) as usize, 20 + inner_len, "outer total length");
+            assert_eq!(h[6] & 0x40, 0x40, "DF");
+            assert_eq!(h[8], 64, "TTL");
+            assert_eq!(h[9], inner_proto, "outer protocol");
+            assert_eq!(frames::ipv4_checksum(h), 0, "outer IPv4 checksum");
+            assert_eq!(h[16..20], b.octets(), "outer destination");
+            (20, IpAddr::from(<[u8; 4]>::try_from(&h[12..16]).unwrap()))
+        }
+        IpAddr::V6(b) => {
+            assert_eq!(out[12..14], [0x86, 0xdd], "ethertype");
+            let h = &out[14..54];
+            assert_eq!(h[0] >> 4, 6, "version");
+            assert_eq!(u16::from_be_bytes([h[4], h[5]]) as usize, inner_len, "payload length");
+            assert_eq!(h[6], inner_proto, "next header");
+            assert_eq!(h[7], 64, "hop limit");
+            assert_eq!(h[24..40], b.octets(), "outer destination");
+            (40, IpAddr::from(<[u8; 16]>::try_from(&h[8..24]).unwrap()))
+        }
+    };
+    assert_eq!(&out[14 + outer_len..14 + outer_len + inner_len], &inner[..inner_len], "inner packet changed");
+    src
+}
+
+fn inner_ip_len(packet: &[u8]) -> usize {
+    if packet[0] >> 4 == 4 {
+        u16::from_be_bytes([packet[2], packet[3]]) as usize
+    } else {
+        40 + u16::from_be_bytes([packet[4], packet[5]]) as usize
+    }
+}
+
+/// A small deterministic PRNG (xorshift64*), so failures reproduce from the seed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
