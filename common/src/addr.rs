@@ -22,7 +22,7 @@ pub fn from_words(words: [u32; 4], family: u8) -> Option<IpAddr> {
         FAMILY_V4 => Some(IpAddr::V4(Ipv4Addr::from(words[0].to_ne_bytes()))),
         FAMILY_V6 => {
             let mut o = [0u8; 16];
-            for (chunk, word) in o.chunks_exact_mut(4).zip(words) {
+            for (chunk, word) in o.as_chunks_mut::<4>().0.iter_mut().zip(words) {
                 chunk.copy_from_slice(&word.to_ne_bytes());
             }
             Some(IpAddr::V6(Ipv6Addr::from(o)))

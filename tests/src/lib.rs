@@ -16,6 +16,7 @@
 mod addrs;
 mod bpffs;
 mod cleanup;
+pub mod cluster;
 mod cmd;
 mod echo;
 pub mod frames;

@@ -1,0 +1,189 @@
+//! A running Spillway in a [`Topology`]: the real `lbd` on the balancer host, `lbd agent` on
+//! every backend, echo servers, and the real `lbctl` to drive it. Used by the end-to-end
+//! tests and the demo; the binaries' paths are passed in (tests get them from cargo).
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::{Daemon, Host, Topology, TopologyConfig, ping, start_echo};
+
+/// Port the echo servers listen on for TCP, and for UDP.
+pub const TCP_PORT: u16 = 80;
+pub const UDP_PORT: u16 = 5353;
+/// How long `lbd` may take to come up (load, attach, restore).
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Where the daemon's binaries are.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    pub lbd: PathBuf,
+    pub lbctl: PathBuf,
+}
+
+/// How the balancer is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpMode {
+    Native,
+    Generic,
+}
+
+impl XdpMode {
+    pub const fn flag(self) -> &'static str {
+        match self {
+            XdpMode::Native => "native",
+            XdpMode::Generic => "generic",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub topology: TopologyConfig,
+    pub mode: XdpMode,
+}
+
+pub struct Cluster {
+    // Field order is drop order: processes before the topology that hosts them.
+    lbd: Option<Daemon>,
+    agents: Vec<Daemon>,
+    echo: Vec<Daemon>,
+    bins: Binaries,
+    mode: XdpMode,
+    pub topo: Topology,
+}
+
+impl Cluster {
+    /// Builds the topology and starts echo servers, agents and `lbd`.
+    pub fn start(bins: Binaries, config: ClusterConfig) -> Result<Cluster> {
+        let topo = Topology::build(config.topology)?;
+        let mut cluster = Cluster { lbd: None, agents: Vec::new(), echo: Vec::new(), bins, mode: config.mode, topo };
+        for i in 0..cluster.topo.backends().len() {
+            cluster.start_backend(i)?;
+        }
+        cluster.start_lbd()?;
+        Ok(cluster)
+    }
+
+    /// Adds backend host `b<N+1>` with its echo server and agent (not yet in any VIP).
+    pub fn add_backend_host(&mut self) -> Result<&Host> {
+        self.topo.add_backend()?;
+        let i = self.topo.backends().len() - 1;
+        self.start_backend(i)?;
+        Ok(&self.topo.backends()[i])
+    }
+
+    fn start_backend(&mut self, i: usize) -> Result<()> {
+        let host = &self.topo.backends()[i];
+        self.echo.push(start_echo(host, TCP_PORT, UDP_PORT)?);
+        let pin_dir = self.topo.pin_dir()?.join(format!("agent-{}", host.name()));
+        let agent = host.spawn(&[
+            self.bins.lbd.as_os_str(),
+            "agent".as_ref(),
+            "--iface".as_ref(),
+            "eth0".as_ref(),
+            "--xdp-mode".as_ref(),
+            self.mode.flag().as_ref(),
+            "--pin-dir".as_ref(),
+            pin_dir.as_os_str(),
+        ])?;
+        agent.wait_for_output("ready", START_TIMEOUT).with_context(|| format!("agent on {}:\n{}", host.name(), agent.log()))?;
+        self.agents.push(agent);
+        Ok(())
+    }
+
+    pub fn api_socket(&self) -> PathBuf {
+        self.topo.tempdir().join("api.sock")
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.topo.tempdir().join("state")
+    }
+
+    /// Starts `lbd` (again); returns once its API answers.
+    pub fn start_lbd(&mut self) -> Result<()> {
+        ensure!(self.lbd.as_ref().is_none_or(|d| !d.is_running()), "lbd is already running");
+        let lb = self.topo.lb();
+        // Neighbours of the backends resolve through lbd's own upkeep; pinging first only
+        // makes the first connections of a test independent of its timing.
+        for b in self.topo.backends() {
+            lb.in_netns(|| ping(IpAddr::V4(b.ipv4()), Duration::from_secs(1)))?;
+        }
+        let pin_dir = self.topo.pin_dir()?.join("lb");
+        let daemon = lb.spawn(&[
+            self.bins.lbd.as_os_str(),
+            "--iface".as_ref(),
+            "eth0".as_ref(),
+            "--xdp-mode".as_ref(),
+            self.mode.flag().as_ref(),
+            "--api".as_ref(),
+            self.api_socket().as_os_str(),
+            "--state-dir".as_ref(),
+            self.state_dir().as_os_str(),
+            "--pin-dir".as_ref(),
+            pin_dir.as_os_str(),
+        ])?;
+        let started = Instant::now();
+        loop {
+            if !daemon.is_running() {
+                bail!("lbd exited while starting:\n{}", daemon.log());
+            }
+            if self.api_socket().exists() && self.lbctl_output(&["vips", "list"]).is_ok_and(|o| o.status.success()) {
+                break;
+            }
+            if started.elapsed() > START_TIMEOUT {
+                bail!("lbd did not answer within {START_TIMEOUT:?}:\n{}", daemon.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.lbd = Some(daemon);
+        Ok(())
+    }
+
+    /// The running `lbd`, e.g. to SIGKILL it.
+    pub fn lbd(&self) -> Option<&Daemon> {
+        self.lbd.as_ref()
+    }
+
+    /// Runs `lbctl` with `args` against this cluster's API.
+    pub fn lbctl_output(&self, args: &[&str]) -> Result<Output> {
+        Command::new(&self.bins.lbctl)
+            .arg("--api")
+            .arg(self.api_socket())
+            .args(args)
+            .output()
+            .with_context(|| format!("running lbctl {}", args.join(" ")))
+    }
+
+    /// Runs `lbctl` and returns its stdout; fails with its stderr on a non-zero exit.
+    pub fn lbctl(&self, args: &[&str]) -> Result<String> {
+        let out = self.lbctl_output(args)?;
+        ensure!(
+            out.status.success(),
+            "lbctl {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Runs `lbctl ... -o json` and parses the output.
+    pub fn lbctl_json(&self, args: &[&str]) -> Result<serde_json::Value> {
+        let mut full = args.to_vec();
+        full.extend(["-o", "json"]);
+        let out = self.lbctl(&full)?;
+        serde_json::from_str(&out).with_context(|| format!("lbctl {} printed non-JSON: {out}", args.join(" ")))
+    }
+
+    pub fn pin_root(&self) -> Result<PathBuf> {
+        self.topo.pin_dir()
+    }
+
+    pub fn lbd_binary(&self) -> &Path {
+        &self.bins.lbd
+    }
+}

@@ -1,0 +1,36 @@
+//! Developer tasks: `cargo xtask <test|bench|demo>`. Run them through `./x`, which first
+//! installs what building needs (toolchains, LLVM, bpf-linker): cargo cannot build this
+//! crate before that.
+
+mod bench;
+mod demo;
+mod test;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Spillway developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// The sandbox demo: real TCP through the balancer to four backends, with a backend
+    /// added and another drained while traffic flows.
+    Demo,
+    /// Lints and runs every test (needs root).
+    Test,
+    /// Per-packet cost of the data path with BPF_PROG_TEST_RUN, as ratios to a trivial
+    /// XDP_TX program measured in the same run.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Demo => demo::run(),
+        Task::Test => test::run(),
+        Task::Bench(args) => bench::run(&args),
+    }
+}
