@@ -1,7 +1,18 @@
 //! Spillway's userspace: the data-plane loader, the reconciler that turns desired state into
 //! map updates, the daemon (`lbd`) and the CLI (`lbctl`). The binaries are thin wrappers.
 
+pub mod agent;
+pub mod api;
+pub mod cli;
+pub mod daemon;
 pub mod dataplane;
 pub mod model;
+pub mod neighbours;
+pub mod netif;
 pub mod objects;
+pub mod pins;
 pub mod reconcile;
+pub mod store;
+
+#[cfg(test)]
+mod testing;

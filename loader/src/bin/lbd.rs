@@ -1,1 +1,37 @@
-fn main() {}
+//! `lbd`: the load-balancer daemon (`lbd --iface IF`), its cleanup (`lbd --cleanup`) and the
+//! backend agent (`lbd agent --iface IF`). See `spillway::daemon` and `spillway::agent`.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use spillway::{
+    agent,
+    daemon::{
+        self,
+        args::{LbdArgs, LbdCommand},
+    },
+};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    match run(LbdArgs::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: LbdArgs) -> anyhow::Result<()> {
+    match args.command {
+        Some(LbdCommand::Agent(agent)) => agent::run(&agent).await.context("lbd agent"),
+        None if args.daemon.cleanup => daemon::cleanup(&args.daemon.pin_dir).context("lbd --cleanup"),
+        None => {
+            let iface = args.daemon.iface.as_deref().context("--iface is required")?;
+            daemon::run(&args.daemon, iface).await.context("lbd")
+        }
+    }
+}

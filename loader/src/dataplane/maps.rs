@@ -76,6 +76,20 @@ impl BalancerMaps {
         (base..base + size).map(|i| named(map_names::RINGS, self.rings.get(&i, 0))).collect()
     }
 
+    /// Makes the redirect map hold exactly `ifindexes`, each redirecting to itself.
+    pub fn set_tx_ports(&mut self, ifindexes: &[u32]) -> Result<(), DataplaneError> {
+        let have: Vec<u32> = named(map_names::TX_PORTS, self.tx_ports.keys().collect())?;
+        for stale in have.iter().filter(|i| !ifindexes.contains(i)) {
+            named(map_names::TX_PORTS, self.tx_ports.remove(*stale))?;
+        }
+        for &ifindex in ifindexes.iter().filter(|i| !have.contains(i)) {
+            self.tx_ports
+                .insert(ifindex, ifindex, None, 0)
+                .map_err(|source| DataplaneError::XdpMap { name: map_names::TX_PORTS, source })?;
+        }
+        Ok(())
+    }
+
     pub fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {
         named(map_names::BACKENDS, self.backends.set(id, info, 0))
     }

@@ -23,8 +23,9 @@ pub enum DataplaneError {
     Load {
         name: &'static str,
         pin_dir: Option<PathBuf>,
+        // Boxed: aya's error is large, and every map operation returns this enum.
         #[source]
-        source: aya::EbpfError,
+        source: Box<aya::EbpfError>,
     },
     #[error("program {name} missing from its object")]
     MissingProgram { name: &'static str },
@@ -41,6 +42,12 @@ pub enum DataplaneError {
         name: &'static str,
         #[source]
         source: aya::maps::MapError,
+    },
+    #[error("map {name}")]
+    XdpMap {
+        name: &'static str,
+        #[source]
+        source: aya::maps::xdp::XdpMapError,
     },
     #[error("pin path {path}")]
     Pin {
@@ -92,7 +99,7 @@ impl Balancer {
         let mut ebpf = loader.load(object).map_err(|source| DataplaneError::Load {
             name: "spillway-lb",
             pin_dir: options.map_pin_dir.clone(),
-            source,
+            source: Box::new(source),
         })?;
         load_xdp(&mut ebpf, program_names::BALANCER)?;
         let maps = BalancerMaps::take(&mut ebpf)?;
@@ -114,7 +121,7 @@ impl Balancer {
 /// Loads a single-program object that needs no map setup (decap, floor) and returns it.
 pub fn load_simple(object: &'static [u8], object_name: &'static str, program: &'static str) -> Result<Ebpf, DataplaneError> {
     let object = objects::check(object, object_name)?;
-    let mut ebpf = Ebpf::load(object).map_err(|source| DataplaneError::Load { name: object_name, pin_dir: None, source })?;
+    let mut ebpf = Ebpf::load(object).map_err(|source| DataplaneError::Load { name: object_name, pin_dir: None, source: Box::new(source) })?;
     load_xdp(&mut ebpf, program)?;
     Ok(ebpf)
 }
@@ -130,6 +137,6 @@ fn load_xdp(ebpf: &mut Ebpf, name: &'static str) -> Result<(), DataplaneError> {
 
 /// True when `path` is on a bpf filesystem.
 pub fn is_bpffs(path: &Path) -> bool {
-    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+    use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
+    statfs(path).is_ok_and(|s| s.filesystem_type() == BPF_FS_MAGIC)
 }

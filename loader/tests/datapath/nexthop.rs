@@ -71,3 +71,27 @@ fn static_next_hop_skips_the_fib() {
         expect_encap(&out.frame, &f, 14, packet_lab::UNRESOLVED4.into(), Some(cfg.static_dst_mac));
     });
 }
+
+#[test]
+fn next_hop_is_cached_per_cpu_and_refreshed_after_its_ttl() {
+    let lab = spillway_harness::packet_lab::PacketLab::build().unwrap();
+    with_env_in(&lab, |env| {
+        let backend: std::net::IpAddr = packet_lab::backend4(101).into();
+        env.add_vip(vip("10.200.1.1:80/tcp"), &[backend]);
+        let f = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), true, &[]);
+        let out = env.expect(&f, XDP_TX, Reason::Tx);
+        expect_encap(&out.frame, &f, 14, backend, packet_lab::neighbour_mac(backend));
+
+        let moved = [0x02, 0xbe, 0xee, 0, 0, 1];
+        lab.netns()
+            .run(&["ip", "neigh", "replace", &backend.to_string(), "lladdr", "02:be:ee:00:00:01", "nud", "permanent", "dev", packet_lab::INGRESS])
+            .unwrap();
+        // Within the TTL this CPU still uses what it cached...
+        let out = env.expect(&f, XDP_TX, Reason::Tx);
+        expect_encap(&out.frame, &f, 14, backend, packet_lab::neighbour_mac(backend));
+        // ...and after it, the new neighbour.
+        std::thread::sleep(std::time::Duration::from_nanos(spillway_common::limits::NEXTHOP_CACHE_TTL_NS) + std::time::Duration::from_millis(200));
+        let out = env.expect(&f, XDP_TX, Reason::Tx);
+        expect_encap(&out.frame, &f, 14, backend, Some(moved));
+    });
+}

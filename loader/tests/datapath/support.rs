@@ -48,7 +48,11 @@ pub struct Env {
 
 /// Builds a lab, enters it, loads and configures the balancer, and runs `body`.
 pub fn with_env<T: Send>(body: impl FnOnce(&mut Env) -> T + Send) -> T {
-    let lab = PacketLab::build().expect("building the packet lab");
+    with_env_in(&PacketLab::build().expect("building the packet lab"), body)
+}
+
+/// [`with_env`] in a lab the caller keeps (to change its routes or neighbours mid-test).
+pub fn with_env_in<T: Send>(lab: &PacketLab, body: impl FnOnce(&mut Env) -> T + Send) -> T {
     let ingress = lab.ifindex(packet_lab::INGRESS).unwrap();
     let egress = lab.ifindex(packet_lab::EGRESS).unwrap();
     let ingress_mac = lab.mac(packet_lab::INGRESS).unwrap();

@@ -1,0 +1,138 @@
+//! `lbd agent`: runs on a backend and strips the balancer's tunnel header from packets
+//! addressed to this host. The decap program only decapsulates for addresses in its map,
+//! which the agent keeps equal to the host's addresses (lo included, where DSR backends
+//! keep the VIPs). Like the balancer, its link is pinned and taken over on restart.
+
+use std::{collections::BTreeSet, net::IpAddr, time::Duration};
+
+use aya::maps::{HashMap, MapData};
+use log::{info, warn};
+use nix::sys::stat::{Mode, umask};
+use spillway_common::{
+    addr::{from_words, to_words},
+    limits::{MAX_LOCAL_ADDRS, map_names, program_names},
+    types::AddrKey,
+};
+
+use crate::{
+    daemon::{DaemonError, Signals, args::AgentArgs, core::error_chain},
+    dataplane::{self, DataplaneError},
+    netif::{self, NetifError},
+    objects,
+    pins::{self, Attachment, PinError, PinLayout},
+};
+
+/// How often the host's addresses are re-read.
+const REFRESH: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Pins(#[from] PinError),
+    #[error(transparent)]
+    Dataplane(#[from] DataplaneError),
+    #[error(transparent)]
+    Netif(#[from] NetifError),
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+}
+
+type LocalAddrs = HashMap<MapData, AddrKey, u32>;
+
+/// Runs the decapsulator on `args.iface` until SIGTERM or SIGINT.
+pub async fn run(args: &AgentArgs) -> Result<(), AgentError> {
+    umask(Mode::from_bits_truncate(0o077));
+    let mut signals = Signals::install()?;
+    pins::ensure_bpffs()?;
+    let layout = PinLayout::new(&args.pin_dir);
+    let _lock = pins::create_and_lock(&layout.agent_dir())?;
+    let mut ebpf = dataplane::load_simple(objects::DECAP, "spillway-decap", program_names::DECAP)?;
+    let name = map_names::LOCAL_ADDRS;
+    let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
+    let mut local = LocalAddrs::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
+    // Filled before the program goes live, so a takeover never stops decapsulating.
+    sync_local_addrs(&mut local)?;
+    let link = layout.agent_link();
+    let program = dataplane::xdp(&mut ebpf, program_names::DECAP)?;
+    match pins::attach_pinned(program, &args.iface, args.xdp_mode.into(), &link)? {
+        Attachment::TookOver { replaced_program_id } => {
+            info!("agent took over link={} iface={} replaced_prog_id={replaced_program_id}", link.display(), args.iface)
+        }
+        _ => info!("agent attached iface={} mode={:?} link={}", args.iface, args.xdp_mode, link.display()),
+    }
+    info!("ready iface={} link={}", args.iface, link.display());
+    let mut tick = tokio::time::interval(REFRESH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            name = signals.recv() => {
+                info!("received {name}; exiting; decapsulation continues through link={}", link.display());
+                return Ok(());
+            }
+            _ = tick.tick() => {
+                if let Err(e) = sync_local_addrs(&mut local) {
+                    warn!("refreshing local addresses: {}", error_chain(&e));
+                }
+            }
+        }
+    }
+}
+
+/// Makes the map hold exactly the host's current addresses.
+fn sync_local_addrs(map: &mut LocalAddrs) -> Result<(), AgentError> {
+    let map_error = |source| DataplaneError::Map { name: map_names::LOCAL_ADDRS, source };
+    let want = local_keys(&netif::addresses()?);
+    let have: Vec<AddrKey> = map.keys().collect::<Result<_, _>>().map_err(map_error)?;
+    for key in have.iter().filter(|k| !want.contains(k)) {
+        map.remove(key).map_err(map_error)?;
+        info!("local_addr removed addr={}", show(key));
+    }
+    for key in want.iter().filter(|k| !have.contains(k)) {
+        map.insert(key, &1, 0).map_err(map_error)?;
+        info!("local_addr added addr={}", show(key));
+    }
+    Ok(())
+}
+
+fn show(key: &AddrKey) -> String {
+    from_words(key.addr, key.family).map_or_else(|| format!("{key:?}"), |a| a.to_string())
+}
+
+/// The host's distinct addresses as map keys, at most the map's size; link-local ones
+/// go last so they are the ones dropped (tunnels are never addressed to them).
+fn local_keys(addrs: &[(String, IpAddr)]) -> Vec<AddrKey> {
+    let unique: BTreeSet<IpAddr> = addrs.iter().map(|(_, a)| *a).collect();
+    let mut ordered: Vec<IpAddr> = unique.into_iter().collect();
+    ordered.sort_by_key(|a| matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local()));
+    if ordered.len() > MAX_LOCAL_ADDRS as usize {
+        warn!("the host has {} addresses; decapsulating for the first {MAX_LOCAL_ADDRS} only", ordered.len());
+        ordered.truncate(MAX_LOCAL_ADDRS as usize);
+    }
+    ordered
+        .into_iter()
+        .map(|a| {
+            let (addr, family) = to_words(a);
+            AddrKey { addr, family, _pad: [0; 3] }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unique_and_link_local_goes_first_to_the_cut() {
+        let mut addrs = vec![("lo".to_string(), "127.0.0.1".parse().unwrap()), ("eth0".into(), "fe80::1".parse().unwrap())];
+        addrs.push(("eth1".into(), "127.0.0.1".parse().unwrap()));
+        for i in 0..MAX_LOCAL_ADDRS - 1 {
+            addrs.push(("eth0".into(), IpAddr::from([10, 0, 0, i as u8])));
+        }
+        let keys = local_keys(&addrs);
+        assert_eq!(keys.len(), MAX_LOCAL_ADDRS as usize);
+        let shown: Vec<String> = keys.iter().map(show).collect();
+        assert!(shown.contains(&"127.0.0.1".to_string()));
+        assert!(!shown.contains(&"fe80::1".to_string()));
+        assert_eq!(local_keys(&addrs[..2]).iter().map(show).collect::<Vec<_>>(), ["127.0.0.1", "fe80::1"]);
+    }
+}

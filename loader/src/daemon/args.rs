@@ -1,0 +1,216 @@
+//! `lbd`'s command line.
+
+use std::path::PathBuf;
+
+use aya::programs::XdpMode;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use spillway_common::limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S};
+
+use super::outer_src::{OuterSrc4, OuterSrc6};
+use crate::{api::DEFAULT_SOCKET, pins::DEFAULT_PIN_DIR};
+
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/spillway";
+
+const LBD_EXAMPLES: &str = "\
+Examples:
+  lbd --iface eth0
+  lbd --iface eth0 --outer-src 10.0.0.0/24 --outer-src6 fd00::/112
+  lbd --cleanup                  # detach and remove every pin (stop lbd first)
+
+lbd keeps forwarding after it exits: the XDP link and the maps stay pinned under
+--pin-dir, and the next lbd takes them over without a gap. Control it with lbctl.";
+
+const AGENT_EXAMPLES: &str = "\
+Examples:
+  lbd agent --iface eth0
+  lbd agent --iface eth0 --xdp-mode generic --pin-dir /sys/fs/bpf/spillway";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "lbd",
+    version,
+    about = "Spillway's XDP L4 load balancer daemon",
+    after_help = LBD_EXAMPLES,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct LbdArgs {
+    #[command(subcommand)]
+    pub command: Option<LbdCommand>,
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LbdCommand {
+    /// Run on a backend: decapsulate the balancer's tunnel packets addressed to this host.
+    #[command(after_help = AGENT_EXAMPLES)]
+    Agent(AgentArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// Interface the balancer receives VIP traffic on.
+    #[arg(long, value_name = "IF", required_unless_present = "cleanup")]
+    pub iface: Option<String>,
+    /// Detach the balancer and the agent and remove everything under --pin-dir, then exit.
+    #[arg(long, conflicts_with = "iface")]
+    pub cleanup: bool,
+    /// XDP attach mode (a taken-over link keeps the mode it was created with).
+    #[arg(long, value_enum, default_value_t = XdpModeArg::Native)]
+    pub xdp_mode: XdpModeArg,
+    /// Control socket for lbctl (mode 0600, root only).
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
+    pub api: PathBuf,
+    /// Where the desired state (state.json) is kept.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Outer IPv4 source of the encapsulation; with /PREFIX the host bits come from the
+    /// flow hash [default: the interface's first IPv4 address].
+    #[arg(long, value_name = "ADDR[/PREFIX]")]
+    pub outer_src: Option<OuterSrc4>,
+    /// Outer IPv6 source; a prefix may leave at most 32 host bits (/96 or longer)
+    /// [default: the interface's first global IPv6 address].
+    #[arg(long, value_name = "ADDR[/PREFIX]")]
+    pub outer_src6: Option<OuterSrc6>,
+    /// bpffs directory for the pinned maps and links.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
+    /// Seconds after which an idle TCP connection is treated as new.
+    #[arg(long, value_name = "S", default_value_t = DEFAULT_TCP_IDLE_TIMEOUT_S, value_parser = clap::value_parser!(u32).range(1..))]
+    pub tcp_idle_timeout_s: u32,
+    /// Seconds after which an idle UDP flow is treated as new.
+    #[arg(long, value_name = "S", default_value_t = DEFAULT_UDP_IDLE_TIMEOUT_S, value_parser = clap::value_parser!(u32).range(1..))]
+    pub udp_idle_timeout_s: u32,
+    /// Another interface the balancer may redirect encapsulated packets to (repeatable).
+    #[arg(long = "tx-iface", value_name = "IF")]
+    pub tx_ifaces: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Interface the tunnel packets arrive on.
+    #[arg(long, value_name = "IF")]
+    pub iface: String,
+    #[arg(long, value_enum, default_value_t = XdpModeArg::Native)]
+    pub xdp_mode: XdpModeArg,
+    /// bpffs directory; the agent pins under <DIR>/agent.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum XdpModeArg {
+    /// In the driver (fast; needs driver support).
+    Native,
+    /// In the kernel's network stack (works everywhere; slower).
+    Generic,
+}
+
+impl From<XdpModeArg> for XdpMode {
+    fn from(mode: XdpModeArg) -> Self {
+        match mode {
+            XdpModeArg::Native => XdpMode::Driver,
+            XdpModeArg::Generic => XdpMode::Skb,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<LbdArgs, clap::Error> {
+        LbdArgs::try_parse_from(std::iter::once("lbd").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn daemon_defaults() {
+        let a = parse(&["--iface", "eth0"]).unwrap();
+        assert!(a.command.is_none());
+        let d = a.daemon;
+        assert_eq!(d.iface.as_deref(), Some("eth0"));
+        assert_eq!(d.xdp_mode, XdpModeArg::Native);
+        assert_eq!(d.api, PathBuf::from("/run/spillway/api.sock"));
+        assert_eq!(d.state_dir, PathBuf::from("/var/lib/spillway"));
+        assert_eq!(d.pin_dir, PathBuf::from("/sys/fs/bpf/spillway"));
+        assert_eq!((d.outer_src, d.outer_src6), (None, None));
+        assert_eq!((d.tcp_idle_timeout_s, d.udp_idle_timeout_s), (DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S));
+        assert!(!d.cleanup && d.tx_ifaces.is_empty());
+    }
+
+    #[test]
+    fn daemon_flags() {
+        let d = parse(&[
+            "--iface",
+            "eth0",
+            "--xdp-mode",
+            "generic",
+            "--api",
+            "/tmp/a.sock",
+            "--state-dir",
+            "/tmp/s",
+            "--outer-src",
+            "10.0.0.0/24",
+            "--outer-src6",
+            "fd00::/112",
+            "--pin-dir",
+            "/sys/fs/bpf/t",
+            "--tcp-idle-timeout-s",
+            "60",
+            "--udp-idle-timeout-s",
+            "30",
+            "--tx-iface",
+            "eth1",
+            "--tx-iface",
+            "eth2",
+        ])
+        .unwrap()
+        .daemon;
+        assert_eq!(XdpMode::from(d.xdp_mode), XdpMode::Skb);
+        assert_eq!(d.outer_src, Some(OuterSrc4 { addr: "10.0.0.0".parse().unwrap(), prefix: 24 }));
+        assert_eq!(d.outer_src6, Some(OuterSrc6 { addr: "fd00::".parse().unwrap(), prefix: 112 }));
+        assert_eq!((d.tcp_idle_timeout_s, d.udp_idle_timeout_s), (60, 30));
+        assert_eq!(d.tx_ifaces, ["eth1", "eth2"]);
+    }
+
+    #[test]
+    fn refusals() {
+        for (args, kind) in [
+            (&[][..], ErrorKind::MissingRequiredArgument),
+            (&["--iface", "eth0", "--xdp-mode", "offload"], ErrorKind::InvalidValue),
+            (&["--iface", "eth0", "--outer-src", "fd00::1"], ErrorKind::ValueValidation),
+            (&["--iface", "eth0", "--outer-src6", "fd00::/64"], ErrorKind::ValueValidation),
+            (&["--iface", "eth0", "--tcp-idle-timeout-s", "0"], ErrorKind::ValueValidation),
+            (&["--iface", "eth0", "--cleanup"], ErrorKind::ArgumentConflict),
+            (&["--iface", "eth0", "agent", "--iface", "eth0"], ErrorKind::ArgumentConflict),
+        ] {
+            assert_eq!(parse(args).map(|_| ()).unwrap_err().kind(), kind, "{args:?}");
+        }
+        let err = parse(&["--iface", "eth0", "--outer-src6", "fd00::/64"]).unwrap_err().to_string();
+        assert!(err.contains("more than 32 host bits"), "{err}");
+    }
+
+    #[test]
+    fn cleanup_and_agent() {
+        let a = parse(&["--cleanup", "--pin-dir", "/sys/fs/bpf/t"]).unwrap();
+        assert!(a.daemon.cleanup && a.daemon.iface.is_none());
+        assert_eq!(a.daemon.pin_dir, PathBuf::from("/sys/fs/bpf/t"));
+        let Some(LbdCommand::Agent(agent)) = parse(&["agent", "--iface", "eth1", "--xdp-mode", "generic"]).unwrap().command else {
+            panic!("not the agent");
+        };
+        assert_eq!((agent.iface.as_str(), agent.xdp_mode), ("eth1", XdpModeArg::Generic));
+        assert_eq!(agent.pin_dir, PathBuf::from("/sys/fs/bpf/spillway"));
+        assert_eq!(parse(&["agent"]).unwrap_err().kind(), ErrorKind::MissingRequiredArgument);
+    }
+
+    #[test]
+    fn help_shows_examples() {
+        for args in [&["--help"][..], &["agent", "--help"]] {
+            let help = parse(args).unwrap_err().to_string();
+            assert!(help.contains("Examples:"), "{args:?}: {help}");
+        }
+    }
+}

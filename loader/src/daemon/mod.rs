@@ -1,0 +1,214 @@
+//! `lbd`: loads the balancer, attaches it (or takes the pinned link over), restores the
+//! desired state and serves the control API until signalled. Exiting detaches nothing:
+//! the pinned link and maps keep forwarding until the next `lbd` takes them over.
+
+pub mod args;
+pub mod core;
+pub mod outer_src;
+pub mod server;
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use aya::{EbpfError, maps::MapError};
+use log::{debug, info, warn};
+use nix::sys::stat::{Mode, umask};
+use spillway_common::types::LbConfig;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+use self::{
+    args::DaemonArgs,
+    core::{Core, Counters, error_chain},
+    outer_src::{OuterSrc4, OuterSrc6},
+    server::{ServerError, SharedCore},
+};
+use crate::{
+    dataplane::{Balancer, DataplaneError, LoadOptions},
+    neighbours,
+    netif::{self, NetifError},
+    pins::{self, Attachment, PinError, PinLayout},
+    reconcile::{Maps, ReconcileError},
+    store::{StateFile, Store, StoreError},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Pins(#[from] PinError),
+    #[error(transparent)]
+    Netif(#[from] NetifError),
+    #[error(
+        "the pinned map {name} at {} does not fit this lbd ({property} is {actual}, expected {expected}); \
+         stop lbd and run `lbd --cleanup --pin-dir {}` (this drops the connection table)",
+        path.display(),
+        pin_dir.display()
+    )]
+    PinnedMapShape { name: String, path: PathBuf, pin_dir: PathBuf, property: &'static str, expected: u64, actual: u64 },
+    #[error(transparent)]
+    Dataplane(#[from] DataplaneError),
+    #[error("restoring the desired state into the maps")]
+    Restore(#[source] ReconcileError),
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error("installing signal handlers")]
+    Signals(#[source] io::Error),
+}
+
+/// Runs the balancer on `iface` until SIGTERM or SIGINT.
+pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
+    // Everything lbd creates (socket, state file, pin directories) is root's alone.
+    umask(Mode::from_bits_truncate(0o077));
+    let mut signals = Signals::install()?;
+    // Read the state before touching the dataplane: a bad file must change nothing.
+    let store = StateFile::open(&args.state_dir)?;
+    let state = store.load()?;
+    if state.is_none() {
+        info!("no state file at {}; starting with no VIPs", store.path().display());
+    }
+    pins::ensure_bpffs()?;
+    let layout = PinLayout::new(&args.pin_dir);
+    let _lock = pins::create_and_lock(&layout.balancer_dir())?;
+    // Bound before the dataplane is touched, so a socket problem changes nothing; clients
+    // connecting during startup wait in the backlog until the state is restored.
+    let (listener, _socket) = server::bind(&args.api)?;
+    let config = lb_config(args, iface)?;
+    let tx_ports =
+        std::iter::once(iface).chain(args.tx_ifaces.iter().map(String::as_str)).map(netif::ifindex).collect::<Result<Vec<_>, _>>()?;
+
+    let mut balancer =
+        Balancer::load(&LoadOptions { map_pin_dir: Some(layout.balancer_maps()) }).map_err(|e| explain_load_error(e, &layout))?;
+    // Attach before writing anything: if this fails (wrong interface, another program on
+    // it), the maps a running balancer may share are left untouched.
+    let link = layout.balancer_link();
+    match pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link)? {
+        Attachment::Attached => info!("attached iface={iface} mode={:?} link={}", args.xdp_mode, link.display()),
+        Attachment::Reattached => info!("attached iface={iface} link={} (the old link's interface was gone)", link.display()),
+        Attachment::TookOver { replaced_program_id } => {
+            info!("took over link={} iface={iface} replaced_prog_id={replaced_program_id}", link.display())
+        }
+    }
+    let mut maps = balancer.maps;
+    maps.set_config(&config)?;
+    maps.set_tx_ports(&tx_ports)?;
+    let (core, report) = Core::start(maps, store, state.unwrap_or_default()).map_err(DaemonError::Restore)?;
+    let vips = &core.state().vips;
+    info!(
+        "state restored vips={} backends={} slots_written={} tables_flipped={}",
+        vips.len(),
+        vips.values().map(|c| c.backends.len()).sum::<usize>(),
+        report.slots_written,
+        report.tables_flipped
+    );
+    let core = Arc::new(Mutex::new(core));
+    info!("ready api={}", args.api.display());
+    let upkeep = tokio::spawn(neighbour_upkeep(core.clone()));
+    server::serve(listener, core, async {
+        let name = signals.recv().await;
+        info!("received {name}; exiting");
+    })
+    .await;
+    upkeep.abort();
+    info!("exited; forwarding continues through link={}", link.display());
+    Ok(())
+}
+
+/// `lbd --cleanup`: detaches the balancer and the agent and removes every pin.
+pub fn cleanup(pin_dir: &Path) -> Result<(), DaemonError> {
+    for link in pins::cleanup(&PinLayout::new(pin_dir))? {
+        info!("detached link={}", link.display());
+    }
+    info!("removed pin_dir={}", pin_dir.display());
+    Ok(())
+}
+
+fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
+    let addrs = netif::addresses()?;
+    let v4 = args.outer_src.or_else(|| netif::first_ipv4(&addrs, iface).map(OuterSrc4::host));
+    let v6 = args.outer_src6.or_else(|| netif::first_global_ipv6(&addrs, iface).map(OuterSrc6::host));
+    match v4 {
+        Some(src) => info!("outer_src={src}"),
+        None => warn!("{iface} has no IPv4 address and --outer-src is not set: IPv4 backends are unreachable"),
+    }
+    match v6 {
+        Some(src) => info!("outer_src6={src}"),
+        None => warn!("{iface} has no global IPv6 address and --outer-src6 is not set: IPv6 backends are unreachable"),
+    }
+    let (outer_src_v4, outer_src_v4_hostmask) = v4.map(|s| s.words()).unwrap_or_default();
+    let (outer_src_v6, outer_src_v6_hostmask) = v6.map(|s| s.words()).unwrap_or_default();
+    Ok(LbConfig {
+        outer_src_v4,
+        outer_src_v4_hostmask,
+        outer_src_v6,
+        outer_src_v6_hostmask,
+        tcp_idle_timeout_s: args.tcp_idle_timeout_s,
+        udp_idle_timeout_s: args.udp_idle_timeout_s,
+        ..LbConfig::default()
+    })
+}
+
+/// Names the map and its pin path when a pinned map has another shape than this build's.
+fn explain_load_error(error: DataplaneError, layout: &PinLayout) -> DaemonError {
+    if let DataplaneError::Load { source, .. } = &error
+        && let EbpfError::MapError(MapError::IncompatiblePinnedMap { name, property, expected, actual }) = source.as_ref()
+    {
+        return DaemonError::PinnedMapShape {
+            path: layout.balancer_maps().join(name),
+            name: name.clone(),
+            pin_dir: layout.root().to_owned(),
+            property,
+            expected: *expected,
+            actual: *actual,
+        };
+    }
+    error.into()
+}
+
+async fn neighbour_upkeep<M, S>(core: SharedCore<M, S>)
+where
+    M: Maps + Counters + Send + 'static,
+    S: Store + Send + 'static,
+{
+    let mut tick = tokio::time::interval(neighbours::INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // The lock may be held by a change being applied: wait for it off the async workers.
+        let core = core.clone();
+        let round = move || {
+            let backends = server::lock(&core).backend_addrs();
+            neighbours::upkeep(&backends)
+        };
+        match tokio::task::spawn_blocking(round).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => debug!("nudged backends={n} without a resolved neighbour"),
+            Ok(Err(e)) => warn!("neighbour upkeep: {}", error_chain(&e)),
+            Err(e) => warn!("neighbour upkeep: {e}"),
+        }
+    }
+}
+
+/// SIGTERM and SIGINT, installed early so neither kills the process mid-change.
+pub struct Signals {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    pub fn install() -> Result<Self, DaemonError> {
+        let install = |kind| signal(kind).map_err(DaemonError::Signals);
+        Ok(Self { term: install(SignalKind::terminate())?, int: install(SignalKind::interrupt())? })
+    }
+
+    /// Waits for either signal and returns its name.
+    pub async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}

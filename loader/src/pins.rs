@@ -1,0 +1,282 @@
+//! What lives on bpffs and how it is attached, taken over and removed.
+//!
+//! ```text
+//! <pin-dir>/v<PIN_VERSION>/maps/<map>   the balancer's maps (see dataplane)
+//! <pin-dir>/v<PIN_VERSION>/link         the balancer's XDP link
+//! <pin-dir>/agent/link                  the backend agent's XDP link
+//! ```
+//!
+//! A pinned link keeps its program attached after the process that made it exits, so a
+//! daemon that stops or dies leaves forwarding running. The next daemon does not detach:
+//! it swaps its freshly loaded program into the pinned link (`bpf_link_update`), which the
+//! kernel does atomically, so the interface never runs without a program.
+
+use std::{
+    fs::{self, DirBuilder, File},
+    io,
+    os::unix::fs::DirBuilderExt,
+    path::{Path, PathBuf},
+};
+
+use aya::programs::{
+    ProgramError, Xdp, XdpMode,
+    links::{FdLink, LinkError, PinnedLink},
+    xdp::XdpLink,
+};
+use nix::{
+    errno::Errno,
+    fcntl::{Flock, FlockArg},
+    mount::{MsFlags, mount},
+};
+use spillway_common::limits::PIN_VERSION;
+
+use crate::{dataplane::is_bpffs, netif};
+
+pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/spillway";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    #[error("mounting bpffs at {BPFFS_ROOT}")]
+    Mount(#[source] Errno),
+    #[error("{} is not on a bpf filesystem; choose a --pin-dir under {BPFFS_ROOT}", path.display())]
+    NotBpffs { path: PathBuf },
+    #[error("creating {}", path.display())]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("another lbd is using {}; stop it first", path.display())]
+    Busy { path: PathBuf },
+    #[error("locking {}", path.display())]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Interface(#[from] netif::NetifError),
+    #[error("opening the pinned link {}", path.display())]
+    OpenLink {
+        path: PathBuf,
+        #[source]
+        source: LinkError,
+    },
+    #[error("{} is not an XDP link; run `lbd --cleanup` to remove stale pins", path.display())]
+    NotXdpLink { path: PathBuf },
+    #[error(
+        "the pinned link {} drives interface index {pinned}, not {iface} (index {wanted}); \
+         run `lbd --cleanup` first to move the balancer to another interface",
+        path.display()
+    )]
+    WrongInterface { path: PathBuf, pinned: u32, iface: String, wanted: u32 },
+    #[error("replacing the program of the pinned link {}", path.display())]
+    TakeOver {
+        path: PathBuf,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("attaching XDP to {iface}")]
+    Attach {
+        iface: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("the kernel attached XDP to {iface} through netlink, which cannot be pinned (needs bpf_link, Linux 5.9+)")]
+    NotPinnable { iface: String },
+    #[error("pinning the link at {}", path.display())]
+    PinLink {
+        path: PathBuf,
+        #[source]
+        source: aya::pin::PinError,
+    },
+    #[error("removing {}", path.display())]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Paths under the pin directory.
+#[derive(Clone, Debug)]
+pub struct PinLayout {
+    root: PathBuf,
+}
+
+impl PinLayout {
+    pub fn new(root: &Path) -> Self {
+        Self { root: root.to_owned() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn balancer_dir(&self) -> PathBuf {
+        self.root.join(format!("v{PIN_VERSION}"))
+    }
+
+    pub fn balancer_maps(&self) -> PathBuf {
+        self.balancer_dir().join("maps")
+    }
+
+    pub fn balancer_link(&self) -> PathBuf {
+        self.balancer_dir().join("link")
+    }
+
+    pub fn agent_dir(&self) -> PathBuf {
+        self.root.join("agent")
+    }
+
+    pub fn agent_link(&self) -> PathBuf {
+        self.agent_dir().join("link")
+    }
+}
+
+/// Mounts bpffs at /sys/fs/bpf unless something already is (fresh VMs, minimal containers).
+pub fn ensure_bpffs() -> Result<(), PinError> {
+    let root = Path::new(BPFFS_ROOT);
+    if is_bpffs(root) {
+        return Ok(());
+    }
+    mount(Some("bpf"), root, Some("bpf"), MsFlags::empty(), None::<&str>).map_err(PinError::Mount)
+}
+
+/// Held while a daemon owns a pin directory; a second daemon (or `--cleanup`) on the same
+/// directory fails instead of fighting over the maps. Released when the process exits.
+pub struct PinLock {
+    _flock: Flock<File>,
+}
+
+/// Creates `dir` (0700) on bpffs and takes its lock.
+pub fn create_and_lock(dir: &Path) -> Result<PinLock, PinError> {
+    DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|source| PinError::CreateDir { path: dir.to_owned(), source })?;
+    if !is_bpffs(dir) {
+        return Err(PinError::NotBpffs { path: dir.to_owned() });
+    }
+    lock(dir)
+}
+
+fn lock(dir: &Path) -> Result<PinLock, PinError> {
+    let file = File::open(dir).map_err(|source| PinError::Lock { path: dir.to_owned(), source })?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(flock) => Ok(PinLock { _flock: flock }),
+        Err((_, Errno::EWOULDBLOCK)) => Err(PinError::Busy { path: dir.to_owned() }),
+        Err((_, errno)) => Err(PinError::Lock { path: dir.to_owned(), source: errno.into() }),
+    }
+}
+
+/// How the program came to drive the interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attachment {
+    /// No link was pinned: attached and pinned a new one.
+    Attached,
+    /// Swapped into the pinned link, replacing program `replaced_program_id`.
+    TookOver { replaced_program_id: u32 },
+    /// The pinned link's interface had gone away: replaced it with a new link.
+    Reattached,
+}
+
+/// Makes `program` drive `iface` through the link pinned at `link_path`: takes the pinned
+/// link over if there is one, otherwise attaches in `mode` and pins the new link. A
+/// taken-over link keeps the XDP mode it was created with.
+pub fn attach_pinned(program: &mut Xdp, iface: &str, mode: XdpMode, link_path: &Path) -> Result<Attachment, PinError> {
+    let ifindex = netif::ifindex(iface)?;
+    let mut replaced_defunct = false;
+    if link_path.symlink_metadata().is_ok() {
+        let open_error = |source| PinError::OpenLink { path: link_path.to_owned(), source };
+        let link: FdLink = PinnedLink::from_pin(link_path).map_err(open_error)?.into();
+        let info = link.info().map_err(open_error)?;
+        match link_ifindex(info.id()) {
+            // The interface was deleted; the link is dead and only its pin remains.
+            Some(0) => {
+                fs::remove_file(link_path).map_err(|source| PinError::Remove { path: link_path.to_owned(), source })?;
+                replaced_defunct = true;
+            }
+            Some(pinned) if pinned != ifindex => {
+                return Err(PinError::WrongInterface { path: link_path.to_owned(), pinned, iface: iface.to_owned(), wanted: ifindex });
+            }
+            _ => {
+                let link = XdpLink::try_from(link).map_err(|_| PinError::NotXdpLink { path: link_path.to_owned() })?;
+                let take_over_error = |source| PinError::TakeOver { path: link_path.to_owned(), source };
+                let id = program.attach_to_link(link).map_err(take_over_error)?;
+                // Closing our descriptor leaves the link attached: its pin holds it.
+                drop(program.take_link(id).map_err(take_over_error)?);
+                return Ok(Attachment::TookOver { replaced_program_id: info.program_id() });
+            }
+        }
+    }
+    let attach_error = |source| PinError::Attach { iface: iface.to_owned(), source };
+    let id = program.attach(ifindex, mode).map_err(attach_error)?;
+    let link =
+        FdLink::try_from(program.take_link(id).map_err(attach_error)?).map_err(|_| PinError::NotPinnable { iface: iface.to_owned() })?;
+    link.pin(link_path).map_err(|source| PinError::PinLink { path: link_path.to_owned(), source })?;
+    Ok(if replaced_defunct { Attachment::Reattached } else { Attachment::Attached })
+}
+
+/// The interface index an XDP link drives (0 once its interface is gone), from the fdinfo
+/// of our descriptor for it: aya does not expose the kernel's link info beyond ids.
+fn link_ifindex(link_id: u32) -> Option<u32> {
+    let entries = fs::read_dir("/proc/self/fdinfo").ok()?;
+    entries.flatten().find_map(|entry| fdinfo_ifindex(&fs::read_to_string(entry.path()).ok()?, link_id))
+}
+
+fn fdinfo_ifindex(fdinfo: &str, link_id: u32) -> Option<u32> {
+    let field = |name: &str| fdinfo.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<u32>().ok());
+    (field("link_id:")? == link_id).then(|| field("ifindex:")).flatten()
+}
+
+/// Detaches the balancer and the agent under `layout` and removes the whole pin directory.
+/// Returns the links it unpinned.
+pub fn cleanup(layout: &PinLayout) -> Result<Vec<PathBuf>, PinError> {
+    if !layout.root().exists() {
+        return Ok(Vec::new());
+    }
+    let _locks = [layout.balancer_dir(), layout.agent_dir()]
+        .iter()
+        .filter(|dir| dir.is_dir())
+        .map(|dir| lock(dir))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut unpinned = Vec::new();
+    for path in [layout.balancer_link(), layout.agent_link()] {
+        if path.symlink_metadata().is_err() {
+            continue;
+        }
+        let link = PinnedLink::from_pin(&path).map_err(|source| PinError::OpenLink { path: path.clone(), source })?;
+        // Dropping the last reference to an unpinned link detaches its program.
+        drop(link.unpin().map_err(|source| PinError::Remove { path: path.clone(), source })?);
+        unpinned.push(path);
+    }
+    fs::remove_dir_all(layout.root()).map_err(|source| PinError::Remove { path: layout.root().to_owned(), source })?;
+    Ok(unpinned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_versioned() {
+        let layout = PinLayout::new(Path::new("/sys/fs/bpf/x"));
+        assert_eq!(layout.balancer_maps(), Path::new(&format!("/sys/fs/bpf/x/v{PIN_VERSION}/maps")));
+        assert_eq!(layout.balancer_link(), Path::new(&format!("/sys/fs/bpf/x/v{PIN_VERSION}/link")));
+        assert_eq!(layout.agent_link(), Path::new("/sys/fs/bpf/x/agent/link"));
+    }
+
+    #[test]
+    fn fdinfo_of_an_xdp_link() {
+        let text = "pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\nlink_type:\txdp\nlink_id:\t42\nprog_tag:\tf0f0\nprog_id:\t99\nifindex:\t7\n";
+        assert_eq!(fdinfo_ifindex(text, 42), Some(7));
+        assert_eq!(fdinfo_ifindex(text, 43), None);
+        assert_eq!(fdinfo_ifindex("pos:\t0\nflags:\t02\n", 42), None);
+    }
+
+    #[test]
+    fn pin_dir_off_bpffs_is_refused() {
+        let tmp = crate::testing::TempDir::new("pins");
+        let err = create_and_lock(&tmp.path().join("pins")).err().unwrap();
+        assert!(matches!(err, PinError::NotBpffs { .. }), "{err:?}");
+    }
+}

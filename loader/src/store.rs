@@ -1,0 +1,171 @@
+//! The desired state on disk: `<state-dir>/state.json`, replaced atomically (temp file in
+//! the same directory, fsync, rename, fsync the directory) so a crash leaves either the old
+//! or the new state, never a torn one. A file that does not parse or validate is refused,
+//! never overwritten: it may be the only record of what the balancer should do.
+
+use std::{
+    fs::{self, DirBuilder, File, OpenOptions},
+    io::{self, Write},
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt},
+    path::{Path, PathBuf},
+};
+
+use crate::model::{DesiredState, ModelError};
+
+pub const STATE_FILE: &str = "state.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("reading state file {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("state file {} is corrupt (fix or move it away; lbd never overwrites it)", path.display())]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("state file {} holds an invalid state (fix or move it away; lbd never overwrites it)", path.display())]
+    Invalid {
+        path: PathBuf,
+        #[source]
+        source: ModelError,
+    },
+    #[error("writing state file {}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Where mutations are persisted; the daemon core is generic over it for tests.
+pub trait Store {
+    fn save(&mut self, state: &DesiredState) -> Result<(), StoreError>;
+}
+
+pub struct StateFile {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl StateFile {
+    /// The state file in `dir`, which is created (mode 0700) if missing.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|source| StoreError::Write { path: dir.to_owned(), source })?;
+        Ok(Self { dir: dir.to_owned(), path: dir.join(STATE_FILE) })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The saved state, or `None` when nothing was ever saved.
+    pub fn load(&self) -> Result<Option<DesiredState>, StoreError> {
+        let text = match fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(StoreError::Read { path: self.path.clone(), source }),
+        };
+        let state: DesiredState = serde_json::from_str(&text).map_err(|source| StoreError::Corrupt { path: self.path.clone(), source })?;
+        state.validate().map_err(|source| StoreError::Invalid { path: self.path.clone(), source })?;
+        Ok(Some(state))
+    }
+
+    fn write_atomically(&self, bytes: &[u8]) -> io::Result<()> {
+        let temp = self.dir.join(format!(".{STATE_FILE}.{}.tmp", std::process::id()));
+        let result = (|| {
+            let mut file = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&temp)?;
+            file.write_all(bytes)?;
+            file.sync_all()?;
+            fs::rename(&temp, &self.path)?;
+            // The rename is durable only once the directory entry is.
+            File::open(&self.dir)?.sync_all()
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&temp);
+        }
+        result
+    }
+}
+
+impl Store for StateFile {
+    fn save(&mut self, state: &DesiredState) -> Result<(), StoreError> {
+        let mut json = serde_json::to_vec_pretty(state).map_err(|e| StoreError::Write { path: self.path.clone(), source: e.into() })?;
+        json.push(b'\n');
+        self.write_atomically(&json).map_err(|source| StoreError::Write { path: self.path.clone(), source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TempDir;
+
+    fn sample() -> DesiredState {
+        let mut state = DesiredState::default();
+        let vip = "10.0.0.1:80/tcp".parse().unwrap();
+        state.add_vip(vip, 251).unwrap();
+        state.add_backend(&vip, "10.0.1.1".parse().unwrap(), 100).unwrap();
+        state
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn missing_file_is_no_state() {
+        let tmp = TempDir::new("store-missing");
+        assert_eq!(StateFile::open(&tmp.path().join("sub")).unwrap().load().unwrap(), None);
+    }
+
+    #[test]
+    fn save_then_load_round_trips_and_leaves_no_temp_file() {
+        let tmp = TempDir::new("store-roundtrip");
+        let mut store = StateFile::open(tmp.path()).unwrap();
+        store.save(&sample()).unwrap();
+        store.save(&DesiredState::default()).unwrap();
+        store.save(&sample()).unwrap();
+        assert_eq!(StateFile::open(tmp.path()).unwrap().load().unwrap(), Some(sample()));
+        assert_eq!(entries(tmp.path()), [STATE_FILE]);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(fs::metadata(store.path()).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn corrupt_file_is_refused_naming_it_and_left_alone() {
+        let tmp = TempDir::new("store-corrupt");
+        let store = StateFile::open(tmp.path()).unwrap();
+        fs::write(store.path(), "{\"vips\": {").unwrap();
+        let err = store.load().unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }));
+        assert!(err.to_string().contains(&store.path().display().to_string()), "{err}");
+        assert_eq!(fs::read_to_string(store.path()).unwrap(), "{\"vips\": {");
+    }
+
+    #[test]
+    fn invalid_state_is_refused_naming_it() {
+        let tmp = TempDir::new("store-invalid");
+        let store = StateFile::open(tmp.path()).unwrap();
+        fs::write(store.path(), r#"{"vips":{"10.0.0.1:80/tcp":{"ring_size":100,"backends":{}}}}"#).unwrap();
+        let err = store.load().unwrap_err();
+        assert!(matches!(err, StoreError::Invalid { source: ModelError::BadRingSize { size: 100 }, .. }), "{err:?}");
+        assert!(err.to_string().contains(STATE_FILE), "{err}");
+    }
+
+    #[test]
+    fn failed_write_leaves_no_temp_file() {
+        let tmp = TempDir::new("store-fail");
+        let mut store = StateFile::open(tmp.path()).unwrap();
+        // A directory where the state file should be makes the rename fail.
+        fs::create_dir(store.path()).unwrap();
+        assert!(matches!(store.save(&sample()), Err(StoreError::Write { .. })));
+        assert_eq!(entries(tmp.path()), [STATE_FILE]);
+    }
+}

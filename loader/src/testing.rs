@@ -1,0 +1,106 @@
+//! Test helpers shared by unit tests: a self-removing temp directory and an in-memory model
+//! of the balancer's maps (a minimal copy of the reconciler tests' one, plus counters).
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicUsize, Ordering},
+};
+
+use spillway_common::types::{AddrKey, BackendInfo, Reason, Traffic, VipKey, VipMeta};
+
+use crate::{daemon::core::Counters, dataplane::DataplaneError, reconcile::Maps};
+
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(label: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("spw-unit-{}-{n}-{label}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FakeMaps {
+    pub vips: HashMap<VipKey, VipMeta>,
+    pub addrs: Vec<AddrKey>,
+    pub rings: HashMap<u32, u32>,
+    pub backends: HashMap<u32, BackendInfo>,
+    pub vip_traffic: HashMap<u32, Traffic>,
+    pub backend_traffic: HashMap<u32, Traffic>,
+    /// Makes the next `write_slots` fail, to exercise rollback.
+    pub fail_next_write: bool,
+}
+
+impl Maps for FakeMaps {
+    fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, DataplaneError> {
+        Ok(self.vips.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
+        self.vips.insert(*key, *meta);
+        Ok(())
+    }
+    fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
+        self.vips.remove(key);
+        Ok(())
+    }
+    fn vip_addrs(&self) -> Result<Vec<AddrKey>, DataplaneError> {
+        Ok(self.addrs.clone())
+    }
+    fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError> {
+        self.addrs.push(*key);
+        Ok(())
+    }
+    fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError> {
+        self.addrs.retain(|k| k != key);
+        Ok(())
+    }
+    fn write_slots(&mut self, vip_id: u32, half: u32, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
+        if std::mem::take(&mut self.fail_next_write) {
+            return Err(DataplaneError::MissingMap { name: "injected failure" });
+        }
+        let mut n = 0;
+        for (slot, owner) in slots {
+            self.rings.insert(VipMeta::ring_base(vip_id, half) + slot, owner);
+            n += 1;
+        }
+        Ok(n)
+    }
+    fn read_ring(&self, vip_id: u32, half: u32, size: u32) -> Result<Vec<u32>, DataplaneError> {
+        let base = VipMeta::ring_base(vip_id, half);
+        Ok((base..base + size).map(|i| self.rings.get(&i).copied().unwrap_or(0)).collect())
+    }
+    fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError> {
+        Ok(self.backends.get(&id).copied().unwrap_or_default())
+    }
+    fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {
+        self.backends.insert(id, *info);
+        Ok(())
+    }
+}
+
+impl Counters for FakeMaps {
+    fn vip_traffic(&self, id: u32) -> Result<Traffic, DataplaneError> {
+        Ok(self.vip_traffic.get(&id).copied().unwrap_or_default())
+    }
+    fn backend_traffic(&self, id: u32) -> Result<Traffic, DataplaneError> {
+        Ok(self.backend_traffic.get(&id).copied().unwrap_or_default())
+    }
+    fn reasons(&self) -> Result<Vec<(Reason, u64)>, DataplaneError> {
+        Ok(Reason::ALL.iter().enumerate().map(|(i, r)| (*r, i as u64)).collect())
+    }
+}

@@ -1,0 +1,398 @@
+//! The real `lbd` and `lbctl` without traffic: a veth pair in a fresh network namespace,
+//! the control API driven through `lbctl`, refusals, a SIGKILL and a hitless restart, the
+//! backend agent, and `lbd --cleanup`. Needs root.
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Output, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use spillway_common::{limits::PIN_VERSION, types::Reason};
+
+const LBD: &str = env!("CARGO_BIN_EXE_lbd");
+const LBCTL: &str = env!("CARGO_BIN_EXE_lbctl");
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+const V4: &str = "10.100.0.1:80/tcp";
+const V6: &str = "[fd00:100::1]:0/udp";
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// One test's namespace (with veth0 10.99.0.1/24 <-> veth1), pin directory and temp
+/// directory, and the daemon running in it; all removed on drop, panics included.
+struct Env {
+    name: String,
+    pin_dir: PathBuf,
+    tmp: PathBuf,
+    daemon: Option<Child>,
+    starts: usize,
+}
+
+impl Env {
+    fn new(tag: &str) -> Self {
+        let name = format!("spw-api-{}-{tag}", std::process::id());
+        let env =
+            Env { pin_dir: Path::new("/sys/fs/bpf").join(&name), tmp: std::env::temp_dir().join(&name), name, daemon: None, starts: 0 };
+        run(Command::new("ip").args(["netns", "add", &env.name]));
+        for args in [
+            &["link", "add", "veth0", "type", "veth", "peer", "name", "veth1"][..],
+            &["addr", "add", "10.99.0.1/24", "dev", "veth0"],
+            &["link", "set", "veth0", "up"],
+            &["link", "set", "veth1", "up"],
+            &["link", "set", "lo", "up"],
+        ] {
+            run(Command::new("ip").arg("-n").arg(&env.name).args(args));
+        }
+        fs::create_dir_all(&env.tmp).unwrap();
+        // World-traversable, so the unprivileged lbctl below meets the socket's own mode.
+        fs::set_permissions(&env.tmp, fs::Permissions::from_mode(0o755)).unwrap();
+        env
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.tmp.join("api.sock")
+    }
+
+    fn state_file(&self) -> PathBuf {
+        self.tmp.join("state/state.json")
+    }
+
+    fn link_pin(&self) -> PathBuf {
+        self.pin_dir.join(format!("v{PIN_VERSION}/link"))
+    }
+
+    fn in_netns(&self, program: &str) -> Command {
+        // Not `ip netns exec`: it remounts /sys and would hide /sys/fs/bpf.
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", self.name)).arg("--").arg(program);
+        cmd
+    }
+
+    /// Spawns `lbd args...` in the namespace, logging to a new file; returns the log path.
+    fn spawn(&mut self, args: &[&str]) -> PathBuf {
+        assert!(self.daemon.is_none(), "a daemon is already running");
+        self.starts += 1;
+        let log = self.tmp.join(format!("daemon-{}.log", self.starts));
+        let file = fs::File::create(&log).unwrap();
+        let child = self.in_netns(LBD).args(args).stdout(Stdio::null()).stderr(file).spawn().unwrap();
+        self.daemon = Some(child);
+        log
+    }
+
+    /// Starts `lbd` and waits until its API answers; returns its log path.
+    fn start_lbd(&mut self) -> PathBuf {
+        let (socket, state, pins) = (self.socket(), self.tmp.join("state"), self.pin_dir.clone());
+        let log = self.spawn(&[
+            "--iface",
+            "veth0",
+            "--xdp-mode",
+            "generic",
+            "--api",
+            socket.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--pin-dir",
+            pins.to_str().unwrap(),
+        ]);
+        self.wait_until(&log, |env| env.lbctl(&["vips", "list"]).status.success());
+        log
+    }
+
+    fn wait_until(&mut self, log: &Path, ready: impl Fn(&Env) -> bool) {
+        let started = Instant::now();
+        while !ready(self) {
+            if let Some(status) = self.daemon.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                panic!("daemon exited ({status}) while starting:\n{}", fs::read_to_string(log).unwrap_or_default());
+            }
+            assert!(started.elapsed() < START_TIMEOUT, "daemon not ready:\n{}", fs::read_to_string(log).unwrap_or_default());
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends `signal` to the daemon and waits for it to exit.
+    fn stop(&mut self, signal: &str) -> ExitStatus {
+        let mut child = self.daemon.take().expect("no daemon running");
+        run(Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()));
+        child.wait().unwrap()
+    }
+
+    fn lbctl(&self, args: &[&str]) -> Output {
+        Command::new(LBCTL).args(args).env("SPILLWAY_API", self.socket()).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.lbctl(args);
+        assert!(out.status.success(), "lbctl {args:?} failed: {}", stderr(&out));
+        stdout(&out)
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let text = self.ok(&[args, &["-o", "json"][..]].concat());
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("lbctl {args:?}: {e}: {text}"))
+    }
+
+    /// Runs lbctl expecting failure; returns its stderr.
+    fn refused(&self, args: &[&str]) -> String {
+        let out = self.lbctl(args);
+        assert!(!out.status.success(), "lbctl {args:?} succeeded: {}", stdout(&out));
+        assert!(out.stdout.is_empty(), "lbctl {args:?} printed {}", stdout(&out));
+        stderr(&out)
+    }
+
+    /// What the daemon's API and state file say: compared across refusals and restarts.
+    fn snapshot(&self) -> (Value, Vec<Value>, Vec<u8>) {
+        let vips = self.json(&["vips", "list"]);
+        let backends = vips["vips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| self.json(&["backends", "list", "--vip", v["vip"].as_str().unwrap()]))
+            .collect();
+        (vips, backends, fs::read(self.state_file()).unwrap())
+    }
+
+    /// `(link id, program id)` of the pinned balancer link, per bpftool.
+    fn pinned_link(&self) -> (u64, u64) {
+        let out = run(Command::new("bpftool").args(["-j", "link", "show", "pinned"]).arg(self.link_pin()));
+        let link: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (link["id"].as_u64().unwrap(), link["prog_id"].as_u64().unwrap())
+    }
+
+    fn xdp_on(&self, iface: &str) -> bool {
+        let out = run(Command::new("ip").args(["-n", &self.name, "link", "show", iface]));
+        stdout(&out).contains("xdp")
+    }
+
+    fn cleanup_pins(&self) -> Output {
+        Command::new(LBD).args(["--cleanup", "--pin-dir"]).arg(&self.pin_dir).output().unwrap()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.daemon.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if self.pin_dir.exists() {
+            let _ = self.cleanup_pins();
+            let _ = fs::remove_dir_all(&self.pin_dir);
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+        let _ = fs::remove_dir_all(&self.tmp);
+    }
+}
+
+fn backends_of(list: &Value) -> Vec<(String, u64, String)> {
+    list["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["address"].as_str().unwrap().to_owned(), b["weight"].as_u64().unwrap(), b["state"].as_str().unwrap().to_owned()))
+        .collect()
+}
+
+fn b(address: &str, weight: u64, state: &str) -> (String, u64, String) {
+    (address.to_owned(), weight, state.to_owned())
+}
+
+#[test]
+fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
+    let mut env = Env::new("e2e");
+    env.start_lbd();
+
+    // Adding.
+    assert_eq!(env.ok(&["vips", "add", V4, "--ring-size", "251"]), format!("added VIP {V4}\n"));
+    env.ok(&["vips", "add", V6, "--ring-size", "13"]);
+    env.ok(&["backends", "add", "--vip", V4, "10.99.0.2"]);
+    env.ok(&["backends", "add", "--vip", V4, "10.99.0.3", "--weight", "50"]);
+    env.ok(&["backends", "add", "--vip", V6, "fd00::2"]);
+    let vips = env.json(&["vips", "list"]);
+    assert_eq!(
+        vips,
+        serde_json::json!({"vips": [
+            {"vip": V4, "ring_size": 251, "backends": 2},
+            {"vip": V6, "ring_size": 13, "backends": 1},
+        ]})
+    );
+    let list = env.json(&["backends", "list", "--vip", V4]);
+    assert_eq!(list["vip"], V4);
+    assert_eq!(backends_of(&list), [b("10.99.0.2", 100, "active"), b("10.99.0.3", 50, "active")]);
+    let table = env.ok(&["vips", "list"]);
+    assert!(table.starts_with("VIP ") && table.contains("10.100.0.1:80/tcp"), "{table}");
+
+    // Refusals name the problem, exit non-zero and change nothing.
+    let before = env.snapshot();
+    for (args, problem) in [
+        (&["vips", "add", "10.100.0.9:80/sctp"][..], "expected <IP>:<PORT>/<tcp|udp>"),
+        (&["vips", "add", V4], "already exists"),
+        (&["vips", "add", "10.100.0.9:80/tcp", "--ring-size", "100"], "ring size 100"),
+        (&["vips", "remove", "10.100.0.9:80/tcp"], "unknown VIP 10.100.0.9:80/tcp"),
+        (&["backends", "add", "--vip", "10.100.0.9:80/tcp", "10.99.0.4"], "unknown VIP"),
+        (&["backends", "add", "--vip", V4, "10.99.0.2"], "backend 10.99.0.2 already exists"),
+        (&["backends", "add", "--vip", V4, "10.99.0.4", "--weight", "0"], "1..=1000000"),
+        (&["backends", "add", "--vip", V4, "10.99.0.4", "--weight", "1000001"], "1..=1000000"),
+        (&["backends", "add", "--vip", V4, "10.99.0"], "invalid value"),
+        (&["backends", "add", "--vip", V6, "10.99.0.4"], "needs an IPv6 backend"),
+        (&["backends", "remove", "--vip", V4, "10.99.0.9"], "backend 10.99.0.9 is not in VIP"),
+        (&["backends", "drain", "--vip", V4, "10.99.0.9"], "is not in VIP"),
+        (&["backends", "list", "--vip", "10.100.0.9:80/tcp"], "unknown VIP"),
+    ] {
+        let err = env.refused(args);
+        assert!(err.contains(problem), "lbctl {args:?}: {err:?} lacks {problem:?}");
+    }
+    assert_eq!(env.snapshot(), before, "a refused request changed something");
+
+    // Draining, reweighting, removing.
+    let drained = env.ok(&["backends", "drain", "--vip", V4, "10.99.0.3"]);
+    assert!(drained.contains("existing flows stay"), "{drained}");
+    assert_eq!(backends_of(&env.json(&["backends", "list", "--vip", V4]))[1], b("10.99.0.3", 0, "draining"));
+    env.ok(&["backends", "set-weight", "--vip", V4, "10.99.0.3", "20"]);
+    assert_eq!(backends_of(&env.json(&["backends", "list", "--vip", V4]))[1], b("10.99.0.3", 20, "active"));
+    env.ok(&["backends", "drain", "--vip", V4, "10.99.0.3"]);
+    env.ok(&["backends", "remove", "--vip", V4, "10.99.0.2"]);
+    env.ok(&["vips", "remove", V6]);
+    assert_eq!(backends_of(&env.json(&["backends", "list", "--vip", V4])), [b("10.99.0.3", 0, "draining")]);
+    assert_eq!(env.json(&["vips", "list"])["vips"].as_array().unwrap().len(), 1);
+
+    // Stats: every VIP and backend, every reason under its label.
+    let stats = env.json(&["stats"]);
+    assert_eq!(stats["vips"][0]["vip"], V4);
+    assert_eq!(stats["vips"][0]["backends"][0]["address"], "10.99.0.3");
+    assert!(stats["vips"][0]["packets"].is_u64() && stats["vips"][0]["bytes"].is_u64());
+    let reasons: Vec<&str> = stats["reasons"].as_array().unwrap().iter().map(|r| r["reason"].as_str().unwrap()).collect();
+    assert_eq!(reasons, Reason::ALL.iter().map(|r| r.label()).collect::<Vec<_>>());
+
+    // Only root gets in: by the socket's mode, and by the peer check behind it.
+    let as_nobody = |env: &Env| {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", LBCTL, "vips", "list"])
+            .env("SPILLWAY_API", env.socket())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "an unprivileged lbctl got in: {}", stdout(&out));
+        stderr(&out)
+    };
+    assert!(as_nobody(&env).contains("you must be root"));
+    fs::set_permissions(env.socket(), fs::Permissions::from_mode(0o666)).unwrap();
+    let refused = as_nobody(&env);
+    assert!(refused.contains("root only") && refused.contains("you must be root"), "{refused}");
+    fs::set_permissions(env.socket(), fs::Permissions::from_mode(0o600)).unwrap();
+
+    // Killed: forwarding state stays pinned and attached while nothing runs.
+    let before = env.snapshot();
+    let (link_id, prog_id) = env.pinned_link();
+    env.stop("KILL");
+    assert_eq!(env.pinned_link(), (link_id, prog_id), "the link changed while lbd was down");
+    assert!(env.xdp_on("veth0"), "the program was detached when lbd died");
+    let down = env.refused(&["vips", "list"]);
+    assert_eq!(down, format!("lbctl: lbd is not running (no socket at {})\n", env.socket().display()));
+
+    // Restarted: takes the same link over with a new program, writes no slot, same state.
+    let log = env.start_lbd();
+    let log = fs::read_to_string(log).unwrap();
+    assert!(log.contains("took over link="), "{log}");
+    assert!(log.contains("slots_written=0 tables_flipped=0"), "{log}");
+    let (new_link_id, new_prog_id) = env.pinned_link();
+    assert_eq!(new_link_id, link_id, "the restart replaced the link instead of taking it over");
+    assert_ne!(new_prog_id, prog_id, "the restart did not load its own program");
+    assert_eq!(env.snapshot(), before);
+
+    // Its first neighbour upkeep round made the kernel resolve the (silent) backend.
+    let started = Instant::now();
+    while stdout(&run(Command::new("ip").args(["-n", &env.name, "neigh", "show", "10.99.0.3"]))).trim().is_empty() {
+        assert!(started.elapsed() < START_TIMEOUT, "no neighbour entry for backend 10.99.0.3");
+        thread::sleep(Duration::from_millis(50));
+    }
+
+    // Stopped cleanly: the socket goes, forwarding stays.
+    assert!(env.stop("TERM").success());
+    assert!(!env.socket().exists());
+    assert_eq!(env.pinned_link().0, link_id);
+    assert!(env.xdp_on("veth0"));
+
+    // Cleanup detaches and removes every pin.
+    let out = env.cleanup_pins();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!env.pin_dir.exists());
+    assert!(!env.xdp_on("veth0"));
+}
+
+#[test]
+fn agent_pins_its_link_and_takes_it_over() {
+    let mut env = Env::new("agent");
+    let pins = env.pin_dir.clone();
+    let args = ["agent", "--iface", "veth1", "--xdp-mode", "generic", "--pin-dir", pins.to_str().unwrap()];
+    let link = pins.join("agent/link");
+    let log = env.spawn(&args);
+    env.wait_until(&log, |env| fs::read_to_string(&log).is_ok_and(|l| l.contains("ready")) && env.xdp_on("veth1"));
+    assert!(fs::read_to_string(&log).unwrap().contains("local_addr added addr=10.99.0.1"));
+    assert!(env.stop("TERM").success());
+    assert!(link.exists() && env.xdp_on("veth1"), "the agent detached on exit");
+
+    let log = env.spawn(&args);
+    env.wait_until(&log, |_| fs::read_to_string(&log).is_ok_and(|l| l.contains("ready")));
+    assert!(fs::read_to_string(&log).unwrap().contains("agent took over link="));
+    env.stop("KILL");
+    assert!(env.xdp_on("veth1"));
+
+    assert!(env.cleanup_pins().status.success());
+    assert!(!pins.exists() && !env.xdp_on("veth1"));
+}
+
+#[test]
+fn corrupt_state_file_is_refused_and_nothing_is_attached() {
+    let mut env = Env::new("corrupt");
+    fs::create_dir_all(env.state_file().parent().unwrap()).unwrap();
+    fs::write(env.state_file(), "{\"vips\": {").unwrap();
+    let (socket, state, pins) = (env.socket(), env.tmp.join("state"), env.pin_dir.clone());
+    let log = env.spawn(&[
+        "--iface",
+        "veth0",
+        "--xdp-mode",
+        "generic",
+        "--api",
+        socket.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--pin-dir",
+        pins.to_str().unwrap(),
+    ]);
+    let status = env.daemon.take().unwrap().wait().unwrap();
+    assert!(!status.success());
+    let log = fs::read_to_string(log).unwrap();
+    assert!(log.contains(&format!("state file {} is corrupt", env.state_file().display())), "{log}");
+    assert_eq!(fs::read_to_string(env.state_file()).unwrap(), "{\"vips\": {");
+    assert!(!env.xdp_on("veth0") && !env.link_pin().exists());
+}
+
+#[test]
+fn a_full_vip_refuses_another_backend() {
+    let mut env = Env::new("full");
+    // 1024 backends (the per-VIP limit), restored from the state file at start.
+    let backends: serde_json::Map<String, Value> =
+        (0..1024).map(|i| (format!("10.98.{}.{}", i / 256, i % 256), serde_json::json!({"weight": 1}))).collect();
+    let state = serde_json::json!({"vips": {V4: {"ring_size": 65537, "backends": backends}}});
+    fs::create_dir_all(env.state_file().parent().unwrap()).unwrap();
+    fs::write(env.state_file(), state.to_string()).unwrap();
+    env.start_lbd();
+    assert_eq!(env.json(&["vips", "list"])["vips"][0]["backends"], 1024);
+    let err = env.refused(&["backends", "add", "--vip", V4, "10.99.0.2"]);
+    assert!(err.contains("too many backends in VIP"), "{err}");
+}
