@@ -52,6 +52,15 @@ pub const fn addr_hash(addr: &[u32; 4], seed: u32) -> u32 {
     finish(h, 4)
 }
 
+/// Word index and bit of `addr` in the VIP address pre-filter.
+#[inline(always)]
+pub const fn vip_filter_slot(addr: &[u32; 4]) -> (u32, u64) {
+    let h = addr_hash(addr, VIP_FILTER_SEED);
+    ((h >> 6) % crate::limits::VIP_FILTER_WORDS, 1u64 << (h & 63))
+}
+
+/// Seed of the VIP address pre-filter.
+pub const VIP_FILTER_SEED: u32 = 0x5669_7046; // "VipF"
 /// Seed of the flow hash used to choose a backend.
 pub const FLOW_SEED: u32 = 0x5370_696c; // "Spil"
 /// Seeds of Maglev's per-backend offset and skip.
@@ -63,15 +72,7 @@ mod tests {
     use super::*;
 
     fn key(sport: u16) -> FlowKey {
-        FlowKey {
-            src: [0x0a00_000a, 0, 0, 0],
-            dst: [0x0a64_0001, 0, 0, 0],
-            sport,
-            dport: 80,
-            proto: 6,
-            family: 4,
-            _pad: [0; 2],
-        }
+        FlowKey { src: [0x0a00_000a, 0, 0, 0], dst: [0x0a64_0001, 0, 0, 0], sport, dport: 80, proto: 6, family: 4, _pad: [0; 2] }
     }
 
     #[test]

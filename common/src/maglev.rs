@@ -128,10 +128,7 @@ fn validate(backends: &[MaglevBackend], size: u32) -> Result<(), MaglevError> {
 /// different sizes differ everywhere.
 pub fn changed_slots<'a>(old: &'a [u32], new: &'a [u32]) -> impl Iterator<Item = (u32, u32)> + 'a {
     let same_size = old.len() == new.len();
-    new.iter()
-        .enumerate()
-        .filter(move |&(i, &owner)| !same_size || old[i] != owner)
-        .map(|(i, &owner)| (i as u32, owner))
+    new.iter().enumerate().filter(move |&(i, &owner)| !same_size || old[i] != owner).map(|(i, &owner)| (i as u32, owner))
 }
 
 #[cfg(test)]
@@ -142,9 +139,7 @@ mod tests {
     use crate::limits::DEFAULT_RING_SIZE;
 
     fn backends(n: u32) -> Vec<MaglevBackend> {
-        (1..=n)
-            .map(|i| MaglevBackend { id: i, addr: [0x0a00_0000 + i, 0, 0, 0], weight: 100 })
-            .collect()
+        (1..=n).map(|i| MaglevBackend { id: i, addr: [0x0a00_0000 + i, 0, 0, 0], weight: 100 }).collect()
     }
 
     fn counts(table: &[u32]) -> HashMap<u32, usize> {
@@ -187,11 +182,7 @@ mod tests {
                 let rest: Vec<_> = set.iter().copied().filter(|b| b.id != removed).collect();
                 let after = build(&rest, DEFAULT_RING_SIZE).unwrap();
                 let survivors_slots = before.iter().filter(|&&id| id != removed).count();
-                let moved = before
-                    .iter()
-                    .zip(&after)
-                    .filter(|&(&b, &a)| b != removed && b != a)
-                    .count();
+                let moved = before.iter().zip(&after).filter(|&(&b, &a)| b != removed && b != a).count();
                 let share = moved as f64 / survivors_slots as f64;
                 assert!(share <= 0.01, "n={n} removed={removed}: {:.3}% moved", share * 100.0);
             }
@@ -247,10 +238,7 @@ mod tests {
         let mut heavy = set;
         heavy[0].weight = MAX_WEIGHT + 1;
         assert!(matches!(build(&heavy, 13), Err(MaglevError::WeightTooLarge { .. })));
-        assert!(matches!(
-            build(&backends(MAX_BACKENDS_PER_VIP + 1), 65537),
-            Err(MaglevError::TooManyBackends { .. })
-        ));
+        assert!(matches!(build(&backends(MAX_BACKENDS_PER_VIP + 1), 65537), Err(MaglevError::TooManyBackends { .. })));
     }
 
     #[test]

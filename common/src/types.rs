@@ -101,6 +101,22 @@ pub struct FlowValue {
     pub touched_ns: u64,
 }
 
+/// A CPU's cached `bpf_fib_lookup` result for one backend (kernel-side only).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CachedNextHop {
+    /// `bpf_ktime_get_ns` after which the entry must be looked up again.
+    pub expires_ns: u64,
+    /// Egress interface; 0 = empty entry.
+    pub ifindex: u32,
+    /// The backend's generation when cached: a reused backend id never sees this entry.
+    pub generation: u32,
+    /// The egress device's MTU, for the oversize check the FIB would have done.
+    pub mtu: u32,
+    pub src_mac: [u8; 6],
+    pub dst_mac: [u8; 6],
+}
+
 /// Static next hop: set when the operator pins the egress instead of using the FIB.
 pub const CFG_F_STATIC_NEXTHOP: u32 = 1;
 
@@ -205,6 +221,7 @@ const _: () = assert!(size_of::<FlowKey>() == 40);
 const _: () = assert!(size_of::<FlowValue>() == 16);
 const _: () = assert!(size_of::<LbConfig>() == 56);
 const _: () = assert!(size_of::<Traffic>() == 16);
+const _: () = assert!(size_of::<CachedNextHop>() == 32);
 
 #[cfg(feature = "user")]
 mod pod {

@@ -215,9 +215,7 @@ fn check_weight(weight: u32) -> Result<(), ModelError> {
 }
 
 fn check_backend_address(vip: &Vip, backend: IpAddr) -> Result<(), ModelError> {
-    let unusable = backend.is_unspecified()
-        || backend.is_multicast()
-        || matches!(backend, IpAddr::V4(v4) if v4.is_broadcast());
+    let unusable = backend.is_unspecified() || backend.is_multicast() || matches!(backend, IpAddr::V4(v4) if v4.is_broadcast());
     if unusable {
         return Err(ModelError::BadBackendAddress { backend });
     }
@@ -237,14 +235,20 @@ mod tests {
 
     #[test]
     fn vip_syntax() {
-        for (input, shown) in [
-            ("10.0.0.1:80/tcp", "10.0.0.1:80/tcp"),
-            ("10.0.0.1:0/UDP", "10.0.0.1:0/udp"),
-            ("[fd00::1]:443/tcp", "[fd00::1]:443/tcp"),
-        ] {
+        for (input, shown) in
+            [("10.0.0.1:80/tcp", "10.0.0.1:80/tcp"), ("10.0.0.1:0/UDP", "10.0.0.1:0/udp"), ("[fd00::1]:443/tcp", "[fd00::1]:443/tcp")]
+        {
             assert_eq!(vip(input).to_string(), shown);
         }
-        for bad in ["10.0.0.1:80", "10.0.0.1/tcp", "10.0.0.1:80/sctp", "fd00::1:80/tcp", "0.0.0.0:80/tcp", "10.0.0.1:99999/tcp", "224.0.0.1:80/udp"] {
+        for bad in [
+            "10.0.0.1:80",
+            "10.0.0.1/tcp",
+            "10.0.0.1:80/sctp",
+            "fd00::1:80/tcp",
+            "0.0.0.0:80/tcp",
+            "10.0.0.1:99999/tcp",
+            "224.0.0.1:80/udp",
+        ] {
             assert!(matches!(bad.parse::<Vip>(), Err(ModelError::BadVip { .. })), "{bad} accepted");
         }
     }
@@ -263,10 +267,7 @@ mod tests {
                 state.add_backend(&v, "10.0.0.101".parse().unwrap(), 1),
                 ModelError::DuplicateBackend { vip: v, backend: "10.0.0.101".parse().unwrap() },
             ),
-            (
-                state.add_backend(&v, "10.0.0.102".parse().unwrap(), MAX_WEIGHT + 1),
-                ModelError::WeightOutOfRange { weight: MAX_WEIGHT + 1 },
-            ),
+            (state.add_backend(&v, "10.0.0.102".parse().unwrap(), MAX_WEIGHT + 1), ModelError::WeightOutOfRange { weight: MAX_WEIGHT + 1 }),
             (
                 state.add_backend(&vip("10.9.9.9:80/tcp"), "10.0.0.102".parse().unwrap(), 1),
                 ModelError::UnknownVip { vip: vip("10.9.9.9:80/tcp") },
@@ -275,10 +276,7 @@ mod tests {
                 state.remove_backend(&v, "10.0.0.199".parse().unwrap()),
                 ModelError::UnknownBackend { vip: v, backend: "10.0.0.199".parse().unwrap() },
             ),
-            (
-                state.add_backend(&v, "0.0.0.0".parse().unwrap(), 1),
-                ModelError::BadBackendAddress { backend: "0.0.0.0".parse().unwrap() },
-            ),
+            (state.add_backend(&v, "0.0.0.0".parse().unwrap(), 1), ModelError::BadBackendAddress { backend: "0.0.0.0".parse().unwrap() }),
         ];
         for (got, want) in cases {
             assert_eq!(got, Err(want));

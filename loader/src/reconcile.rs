@@ -14,7 +14,8 @@ use std::{
 
 use spillway_common::{
     addr::{from_words, to_words},
-    limits::{MAX_BACKENDS, MAX_VIPS},
+    hash::vip_filter_slot,
+    limits::{MAX_BACKENDS, MAX_VIPS, VIP_FILTER_WORDS},
     maglev::{self, MaglevBackend, MaglevError},
     types::{AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, PROTO_TCP, PROTO_UDP, VipKey, VipMeta},
 };
@@ -51,6 +52,12 @@ pub trait Maps {
     fn read_ring(&self, vip_id: u32, half: u32, size: u32) -> Result<Vec<u32>, DataplaneError>;
     fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError>;
     fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError>;
+    /// The VIP address pre-filter's words (`VIP_FILTER_WORDS` of them).
+    fn vip_filter(&self) -> Result<Vec<u64>, DataplaneError>;
+    fn set_vip_filter_word(&mut self, index: u32, word: u64) -> Result<(), DataplaneError>;
+    /// Zeroes the counters of an id about to be handed out, so it starts from nothing.
+    fn reset_vip_stats(&mut self, id: u32) -> Result<(), DataplaneError>;
+    fn reset_backend_stats(&mut self, id: u32) -> Result<(), DataplaneError>;
 }
 
 /// What one `apply` did.
@@ -121,6 +128,7 @@ impl Reconciler {
             self.free_backend(maps, id)?;
         }
         sync_vip_addrs(maps, desired)?;
+        sync_vip_filter(maps, desired)?;
         Ok(report)
     }
 
@@ -138,7 +146,7 @@ impl Reconciler {
         let mut runtime = match self.vips.remove(vip) {
             Some(runtime) => runtime,
             None => VipRuntime {
-                id: self.free_vip_id()?,
+                id: self.free_vip_id(maps)?,
                 ring_size: config.ring_size,
                 // A new VIP is "flipping" to half 0, whose stale contents are unknown.
                 active_half: 1,
@@ -198,24 +206,21 @@ impl Reconciler {
         Ok(())
     }
 
-    fn free_vip_id(&self) -> Result<u32, ReconcileError> {
+    fn free_vip_id(&self, maps: &mut dyn Maps) -> Result<u32, ReconcileError> {
         let used: BTreeSet<u32> = self.vips.values().map(|r| r.id).collect();
-        (0..MAX_VIPS).find(|id| !used.contains(id)).ok_or(ReconcileError::OutOfIds { what: "VIP", limit: MAX_VIPS })
+        let id = (0..MAX_VIPS).find(|id| !used.contains(id)).ok_or(ReconcileError::OutOfIds { what: "VIP", limit: MAX_VIPS })?;
+        maps.reset_vip_stats(id)?;
+        Ok(id)
     }
 
     fn allocate_backend(&mut self, maps: &mut dyn Maps, vip_id: u32, addr: IpAddr) -> Result<u32, ReconcileError> {
         let id = (1..MAX_BACKENDS)
             .find(|id| !self.in_use.contains(id))
             .ok_or(ReconcileError::OutOfIds { what: "backend", limit: MAX_BACKENDS - 1 })?;
+        maps.reset_backend_stats(id)?;
         let (words, family) = to_words(addr);
-        let info = BackendInfo {
-            addr: words,
-            family,
-            state: BACKEND_ACTIVE,
-            _pad: [0; 2],
-            generation: self.generations[id as usize],
-            vip_id,
-        };
+        let info =
+            BackendInfo { addr: words, family, state: BACKEND_ACTIVE, _pad: [0; 2], generation: self.generations[id as usize], vip_id };
         maps.set_backend(id, &info)?;
         self.in_use.insert(id);
         Ok(id)
@@ -245,6 +250,24 @@ fn sync_vip_addrs(maps: &mut dyn Maps, desired: &DesiredState) -> Result<(), Dat
         let key = AddrKey { addr, family, _pad: [0; 3] };
         if !have.contains(&key) {
             maps.set_vip_addr(&key)?;
+        }
+    }
+    Ok(())
+}
+
+/// Sets exactly the pre-filter bits of the desired VIP addresses, writing changed words only.
+/// Bits are set before the VIP entries that need them exist (apply runs this last, but a
+/// new VIP's packets pass as non-VIP until then, which is what an absent VIP does anyway).
+fn sync_vip_filter(maps: &mut dyn Maps, desired: &DesiredState) -> Result<(), DataplaneError> {
+    let mut want = vec![0u64; VIP_FILTER_WORDS as usize];
+    for vip in desired.vips.keys() {
+        let (word, bit) = vip_filter_slot(&to_words(vip.addr).0);
+        want[word as usize] |= bit;
+    }
+    let have = maps.vip_filter()?;
+    for (i, (&w, &h)) in want.iter().zip(&have).enumerate() {
+        if w != h {
+            maps.set_vip_filter_word(i as u32, w)?;
         }
     }
     Ok(())

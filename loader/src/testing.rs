@@ -7,7 +7,11 @@ use std::{
     sync::atomic::{AtomicUsize, Ordering},
 };
 
-use spillway_common::types::{AddrKey, BackendInfo, Reason, Traffic, VipKey, VipMeta};
+use spillway_common::{
+    limits::VIP_FILTER_WORDS,
+    maglev::EMPTY_SLOT,
+    types::{AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Reason, Traffic, VipKey, VipMeta},
+};
 
 use crate::{daemon::core::Counters, dataplane::DataplaneError, reconcile::Maps};
 
@@ -42,8 +46,30 @@ pub struct FakeMaps {
     pub backends: HashMap<u32, BackendInfo>,
     pub vip_traffic: HashMap<u32, Traffic>,
     pub backend_traffic: HashMap<u32, Traffic>,
+    pub filter: Vec<u64>,
     /// Makes the next `write_slots` fail, to exercise rollback.
     pub fail_next_write: bool,
+    pub slot_writes: usize,
+}
+
+impl FakeMaps {
+    pub fn active_table(&self, key: &VipKey) -> Vec<u32> {
+        let meta = self.vips[key];
+        self.read_ring(meta.id, meta.active_half, meta.ring_size).unwrap()
+    }
+
+    /// The reconciler's guarantee, checked after every flip and every free: each slot of
+    /// each active table names an active backend of that VIP.
+    fn assert_consistent(&self) {
+        for meta in self.vips.values() {
+            for id in self.read_ring(meta.id, meta.active_half, meta.ring_size).unwrap() {
+                if id != EMPTY_SLOT {
+                    let b = self.backends[&id];
+                    assert_eq!((b.state, b.vip_id), (BACKEND_ACTIVE, meta.id), "slot names backend {id}");
+                }
+            }
+        }
+    }
 }
 
 impl Maps for FakeMaps {
@@ -52,6 +78,7 @@ impl Maps for FakeMaps {
     }
     fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
         self.vips.insert(*key, *meta);
+        self.assert_consistent();
         Ok(())
     }
     fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
@@ -73,11 +100,14 @@ impl Maps for FakeMaps {
         if std::mem::take(&mut self.fail_next_write) {
             return Err(DataplaneError::MissingMap { name: "injected failure" });
         }
+        // Writing the half packets read would expose a half-written table.
+        assert!(!self.vips.values().any(|m| m.id == vip_id && m.active_half == half), "wrote the active table");
         let mut n = 0;
         for (slot, owner) in slots {
             self.rings.insert(VipMeta::ring_base(vip_id, half) + slot, owner);
             n += 1;
         }
+        self.slot_writes += n;
         Ok(n)
     }
     fn read_ring(&self, vip_id: u32, half: u32, size: u32) -> Result<Vec<u32>, DataplaneError> {
@@ -89,6 +119,27 @@ impl Maps for FakeMaps {
     }
     fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {
         self.backends.insert(id, *info);
+        if info.state == BACKEND_FREE {
+            self.assert_consistent();
+        }
+        Ok(())
+    }
+    fn vip_filter(&self) -> Result<Vec<u64>, DataplaneError> {
+        let mut words = self.filter.clone();
+        words.resize(VIP_FILTER_WORDS as usize, 0);
+        Ok(words)
+    }
+    fn set_vip_filter_word(&mut self, index: u32, word: u64) -> Result<(), DataplaneError> {
+        self.filter.resize(VIP_FILTER_WORDS as usize, 0);
+        self.filter[index as usize] = word;
+        Ok(())
+    }
+    fn reset_vip_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
+        self.vip_traffic.remove(&id);
+        Ok(())
+    }
+    fn reset_backend_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
+        self.backend_traffic.remove(&id);
         Ok(())
     }
 }

@@ -15,20 +15,11 @@ pub(crate) const BPFFS_ROOT: &str = "/sys/fs/bpf";
 pub(crate) fn ensure_mounted() -> Result<()> {
     // Concurrent tests in one process must not stack two mounts.
     static MOUNTING: Mutex<()> = Mutex::new(());
-    let _guard = MOUNTING
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _guard = MOUNTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let root = Path::new(BPFFS_ROOT);
     let fs = statfs(root).with_context(|| format!("statfs {BPFFS_ROOT}"))?;
     if fs.filesystem_type() == BPF_FS_MAGIC {
         return Ok(());
     }
-    mount(
-        Some("bpf"),
-        root,
-        Some("bpf"),
-        MsFlags::empty(),
-        None::<&str>,
-    )
-    .with_context(|| format!("mounting bpffs at {BPFFS_ROOT}"))
+    mount(Some("bpf"), root, Some("bpf"), MsFlags::empty(), None::<&str>).with_context(|| format!("mounting bpffs at {BPFFS_ROOT}"))
 }

@@ -40,10 +40,7 @@ pub fn sweep_stale() -> Result<()> {
         }
     }
     if !failures.is_empty() {
-        bail!(
-            "cannot remove stale test leftovers: {}",
-            failures.join("; ")
-        );
+        bail!("cannot remove stale test leftovers: {}", failures.join("; "));
     }
     Ok(())
 }
@@ -77,15 +74,9 @@ fn is_running(pid: u32) -> bool {
 }
 
 fn delete_netns(path: &Path) -> Result<()> {
-    let name = path
-        .file_name()
-        .context("namespace path without a name")?
-        .to_string_lossy();
+    let name = path.file_name().context("namespace path without a name")?.to_string_lossy();
     let pids = cmd::run(Command::new("ip").args(["netns", "pids", &name]))?;
-    for pid in pids
-        .split_whitespace()
-        .filter_map(|pid| pid.parse::<i32>().ok())
-    {
+    for pid in pids.split_whitespace().filter_map(|pid| pid.parse::<i32>().ok()) {
         // Best effort: the process may have exited since it was listed.
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }

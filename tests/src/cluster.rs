@@ -3,19 +3,22 @@
 //! tests and the demo; the binaries' paths are passed in (tests get them from cargo).
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::{Daemon, Host, Topology, TopologyConfig, ping, start_echo};
+use crate::{Daemon, Host, Signal, Topology, TopologyConfig, ping, start_echo};
 
 /// Port the echo servers listen on for TCP, and for UDP.
 pub const TCP_PORT: u16 = 80;
 pub const UDP_PORT: u16 = 5353;
 /// How long `lbd` may take to come up (load, attach, restore).
 const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long `lbd` may take to exit after a signal.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the daemon's binaries are.
 #[derive(Clone, Debug)]
@@ -48,7 +51,7 @@ pub struct ClusterConfig {
 
 pub struct Cluster {
     // Field order is drop order: processes before the topology that hosts them.
-    lbd: Option<Daemon>,
+    lbd: Mutex<Option<Daemon>>,
     agents: Vec<Daemon>,
     echo: Vec<Daemon>,
     bins: Binaries,
@@ -60,7 +63,7 @@ impl Cluster {
     /// Builds the topology and starts echo servers, agents and `lbd`.
     pub fn start(bins: Binaries, config: ClusterConfig) -> Result<Cluster> {
         let topo = Topology::build(config.topology)?;
-        let mut cluster = Cluster { lbd: None, agents: Vec::new(), echo: Vec::new(), bins, mode: config.mode, topo };
+        let mut cluster = Cluster { lbd: Mutex::new(None), agents: Vec::new(), echo: Vec::new(), bins, mode: config.mode, topo };
         for i in 0..cluster.topo.backends().len() {
             cluster.start_backend(i)?;
         }
@@ -103,9 +106,11 @@ impl Cluster {
         self.topo.tempdir().join("state")
     }
 
-    /// Starts `lbd` (again); returns once its API answers.
-    pub fn start_lbd(&mut self) -> Result<()> {
-        ensure!(self.lbd.as_ref().is_none_or(|d| !d.is_running()), "lbd is already running");
+    /// Starts `lbd` (again); returns once its API answers. Takes `&self` so a test can
+    /// restart it while other threads drive traffic through the topology.
+    pub fn start_lbd(&self) -> Result<()> {
+        let mut slot = self.lbd.lock().unwrap_or_else(|p| p.into_inner());
+        ensure!(slot.as_ref().is_none_or(|d| !d.is_running()), "lbd is already running");
         let lb = self.topo.lb();
         // Neighbours of the backends resolve through lbd's own upkeep; pinging first only
         // makes the first connections of a test independent of its timing.
@@ -139,13 +144,18 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        self.lbd = Some(daemon);
+        *slot = Some(daemon);
         Ok(())
     }
 
-    /// The running `lbd`, e.g. to SIGKILL it.
-    pub fn lbd(&self) -> Option<&Daemon> {
-        self.lbd.as_ref()
+    /// Sends `signal` to `lbd` and waits (bounded) for it to exit.
+    pub fn stop_lbd(&self, signal: Signal) -> Result<()> {
+        let slot = self.lbd.lock().unwrap_or_else(|p| p.into_inner());
+        let lbd = slot.as_ref().context("lbd was never started")?;
+        lbd.signal(signal)?;
+        let exited = lbd.wait_with_timeout(STOP_TIMEOUT)?;
+        ensure!(exited.is_some(), "lbd still runs {STOP_TIMEOUT:?} after {signal}");
+        Ok(())
     }
 
     /// Runs `lbctl` with `args` against this cluster's API.
@@ -161,13 +171,7 @@ impl Cluster {
     /// Runs `lbctl` and returns its stdout; fails with its stderr on a non-zero exit.
     pub fn lbctl(&self, args: &[&str]) -> Result<String> {
         let out = self.lbctl_output(args)?;
-        ensure!(
-            out.status.success(),
-            "lbctl {} failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ensure!(out.status.success(), "lbctl {} failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr));
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
@@ -177,13 +181,5 @@ impl Cluster {
         full.extend(["-o", "json"]);
         let out = self.lbctl(&full)?;
         serde_json::from_str(&out).with_context(|| format!("lbctl {} printed non-JSON: {out}", args.join(" ")))
-    }
-
-    pub fn pin_root(&self) -> Result<PathBuf> {
-        self.topo.pin_dir()
-    }
-
-    pub fn lbd_binary(&self) -> &Path {
-        &self.bins.lbd
     }
 }

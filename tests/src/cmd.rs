@@ -11,25 +11,14 @@ use anyhow::{Context, Result, bail};
 /// setup commands fails.
 pub(crate) fn run(cmd: &mut Command) -> Result<String> {
     let line = command_line(cmd);
-    let output = cmd
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot start `{line}`"))?;
+    let output = cmd.stdin(Stdio::null()).output().with_context(|| format!("cannot start `{line}`"))?;
     if !output.status.success() {
-        bail!(
-            "`{line}` failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
+        bail!("`{line}` failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// The command as a shell-like line, for error messages.
 pub(crate) fn command_line(cmd: &Command) -> String {
-    std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(|arg| arg.to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ")
+    std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(|arg| arg.to_string_lossy()).collect::<Vec<_>>().join(" ")
 }

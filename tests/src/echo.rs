@@ -23,27 +23,16 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// hold the VIPs.
 pub fn start_echo(host: &Host, tcp_port: u16, udp_port: u16) -> Result<Daemon> {
     let binary = echo_binary()?;
-    let mut args = vec![
-        binary.display().to_string(),
-        "--name".into(),
-        host.name().into(),
-    ];
+    let mut args = vec![binary.display().to_string(), "--name".into(), host.name().into()];
     for ip in [IpAddr::from([0u8; 4]), IpAddr::from([0u16; 8])] {
         args.extend(["--tcp".into(), SocketAddr::new(ip, tcp_port).to_string()]);
     }
-    let udp_ips = [
-        VIP4.into(),
-        VIP6.into(),
-        host.ipv4().into(),
-        host.ipv6().into(),
-    ];
+    let udp_ips = [VIP4.into(), VIP6.into(), host.ipv4().into(), host.ipv6().into()];
     for ip in udp_ips {
         args.extend(["--udp".into(), SocketAddr::new(ip, udp_port).to_string()]);
     }
     let daemon = host.spawn(&args)?;
-    daemon
-        .wait_for_output("ready", READY_TIMEOUT)
-        .with_context(|| format!("starting echo server on {}", host.name()))?;
+    daemon.wait_for_output("ready", READY_TIMEOUT).with_context(|| format!("starting echo server on {}", host.name()))?;
     Ok(daemon)
 }
 
@@ -54,11 +43,7 @@ pub fn echo_binary() -> Result<PathBuf> {
         return Ok(PathBuf::from(path));
     }
     let exe = std::env::current_exe().context("locating the running executable")?;
-    let candidates = exe
-        .ancestors()
-        .skip(1)
-        .take(2)
-        .map(|dir| dir.join(ECHO_BIN));
+    let candidates = exe.ancestors().skip(1).take(2).map(|dir| dir.join(ECHO_BIN));
     for candidate in candidates {
         if candidate.is_file() {
             return Ok(candidate);

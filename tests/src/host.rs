@@ -6,11 +6,14 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::Command;
 use std::sync::Arc;
 
+use std::os::fd::OwnedFd;
+
 use anyhow::{Context, Result};
 
 use crate::addrs::{HOST_PREFIX4, HOST_PREFIX6, LB4, LB6, VIP4, VIP4_NET, VIP6, VIP6_NET};
 use crate::netns::Netns;
 use crate::process::{Daemon, Registry};
+use crate::xdp_pass;
 
 /// MTU of the balancer's and backends' links: the balancer forwards
 /// client-sized (1500) packets with an extra 20/40-byte IPIP header.
@@ -39,28 +42,20 @@ pub struct Host {
     netns: Netns,
     ipv4: Ipv4Addr,
     ipv6: Ipv6Addr,
+    /// Keeps `XDP_PASS` attached to the bridge-side peer (see [`xdp_pass`]).
+    _peer_xdp: OwnedFd,
 }
 
 impl Host {
     /// Creates the namespace, wires `eth0` to `br0` in `bridge`, and applies
     /// the role's settings. On error the half-built namespace is deleted
     /// (the `Netns` is dropped).
-    pub(crate) fn create(
-        spec: HostSpec,
-        ns_prefix: &str,
-        bridge: &Netns,
-        registry: Arc<Registry>,
-    ) -> Result<Host> {
+    pub(crate) fn create(spec: HostSpec, ns_prefix: &str, bridge: &Netns, registry: Arc<Registry>) -> Result<Host> {
         let name = &spec.name;
         let netns = Netns::create(name, format!("{ns_prefix}-{name}"), registry)?;
-        let host = Host {
-            netns,
-            ipv4: spec.ipv4,
-            ipv6: spec.ipv6,
-        };
-        host.wire(spec.role, bridge)
-            .and_then(|()| host.configure(spec.role))
-            .with_context(|| format!("setting up host {name}"))?;
+        let peer_xdp = wire(&netns, spec.role, bridge).with_context(|| format!("wiring host {name}"))?;
+        let host = Host { netns, ipv4: spec.ipv4, ipv6: spec.ipv6, _peer_xdp: peer_xdp };
+        host.configure(spec.role).with_context(|| format!("setting up host {name}"))?;
         Ok(host)
     }
 
@@ -114,28 +109,6 @@ impl Host {
         self.netns.spawn_command(label, cmd)
     }
 
-    /// Creates the `eth0` veth with its peer `p-<name>` directly in the
-    /// bridge namespace (nothing ever appears in the root namespace) and
-    /// plugs the peer into `br0`.
-    fn wire(&self, role: Role, bridge: &Netns) -> Result<()> {
-        let mtu = match role {
-            Role::Client => CLIENT_MTU,
-            Role::Balancer | Role::Backend => TUNNEL_MTU,
-        }
-        .to_string();
-        let peer = format!("p-{}", self.name());
-        #[rustfmt::skip]
-        self.run(&[
-            "ip", "link", "add", "eth0", "mtu", &mtu, "type", "veth",
-            "peer", "name", &peer, "mtu", &mtu, "netns", bridge.name(),
-        ])?;
-        bridge.run(&["ip", "link", "set", &peer, "master", "br0", "up"])?;
-        // XDP_TX on a veth only works if the peer runs NAPI, which GRO turns on;
-        // without it the balancer's bounced packets are silently dropped.
-        bridge.run(&["ethtool", "-K", &peer, "gro", "on"])?;
-        Ok(())
-    }
-
     fn configure(&self, role: Role) -> Result<()> {
         let v4 = format!("{}/{HOST_PREFIX4}", self.ipv4);
         let v6 = format!("{}/{HOST_PREFIX6}", self.ipv6);
@@ -165,9 +138,13 @@ impl Host {
         Ok(())
     }
 
+    /// The balancer hands packets whose next hop is not resolved yet to the kernel, already
+    /// encapsulated with its own address as source: the kernel must forward them, and must
+    /// not drop them as "martian" for carrying a local source address.
     fn enable_forwarding(&self) -> Result<()> {
         self.sysctl("net.ipv4.ip_forward", "1")?;
-        self.sysctl("net.ipv6.conf.all.forwarding", "1")
+        self.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+        self.sysctl("net.ipv4.conf.eth0.accept_local", "1")
     }
 
     /// Direct server return: the backend owns the VIPs (on `lo`, so it
@@ -192,4 +169,26 @@ impl Host {
         }
         Ok(())
     }
+}
+
+/// Creates the `eth0` veth of `netns` with its peer `p-<name>` directly in the bridge
+/// namespace (nothing ever appears in the root namespace), plugs the peer into `br0`, and
+/// attaches `XDP_PASS` to the peer so frames the host bounces with XDP_TX are delivered.
+fn wire(netns: &Netns, role: Role, bridge: &Netns) -> Result<OwnedFd> {
+    let mtu = match role {
+        Role::Client => CLIENT_MTU,
+        Role::Balancer | Role::Backend => TUNNEL_MTU,
+    }
+    .to_string();
+    let peer = format!("p-{}", netns.label());
+    #[rustfmt::skip]
+    netns.run(&[
+        "ip", "link", "add", "eth0", "mtu", &mtu, "type", "veth",
+        "peer", "name", &peer, "mtu", &mtu, "netns", bridge.name(),
+    ])?;
+    bridge.run(&["ip", "link", "set", &peer, "master", "br0", "up"])?;
+    bridge.in_netns(|| {
+        let ifindex = nix::net::if_::if_nametoindex(peer.as_str()).with_context(|| format!("index of {peer}"))?;
+        xdp_pass::attach(ifindex)
+    })
 }

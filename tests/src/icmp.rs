@@ -18,8 +18,7 @@ pub fn ping(addr: IpAddr, timeout: Duration) -> Result<()> {
         IpAddr::V4(_) => (AddressFamily::Inet, SockProtocol::Icmp, 8, 0),
         IpAddr::V6(_) => (AddressFamily::Inet6, SockProtocol::IcmpV6, 128, 129),
     };
-    let fd = socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC, protocol)
-        .context("opening an ICMP ping socket")?;
+    let fd = socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC, protocol).context("opening an ICMP ping socket")?;
     // A ping socket is a datagram socket: UdpSocket's connect/send/recv and
     // timeouts work on it unchanged. The kernel fills in the ICMP identifier
     // and checksum and only delivers replies matching the identifier.
@@ -27,9 +26,7 @@ pub fn ping(addr: IpAddr, timeout: Duration) -> Result<()> {
     socket.connect(SocketAddr::new(addr, 0))?;
     let mut packet = vec![request, 0, 0, 0, 0, 0, 0, 1];
     packet.extend_from_slice(PAYLOAD);
-    socket
-        .send(&packet)
-        .with_context(|| format!("sending ICMP echo to {addr}"))?;
+    socket.send(&packet).with_context(|| format!("sending ICMP echo to {addr}"))?;
 
     let deadline = Instant::now() + timeout;
     let mut buf = [0; 128];

@@ -28,11 +28,9 @@ mod process;
 mod stream;
 mod topology;
 mod traffic;
+mod xdp_pass;
 
-pub use addrs::{
-    LB4, LB6, MAX_BACKENDS, MAX_CLIENTS, VIP4, VIP4_NET, VIP6, VIP6_NET, backend4, backend6,
-    client4, client6,
-};
+pub use addrs::{LB4, LB6, MAX_BACKENDS, MAX_CLIENTS, VIP4, VIP4_NET, VIP6, VIP6_NET, backend4, backend6, client4, client6};
 pub use cleanup::sweep_stale;
 pub use echo::{ECHO_BIN_ENV, echo_binary, start_echo};
 pub use host::Host;

@@ -30,14 +30,8 @@ pub struct Netns {
 impl Netns {
     /// Creates namespace `name`; `label` is the short name used in logs ("b1").
     pub(crate) fn create(label: &str, name: String, registry: Arc<Registry>) -> Result<Netns> {
-        cmd::run(Command::new("ip").args(["netns", "add", &name]))
-            .with_context(|| format!("creating namespace for {label}"))?;
-        Ok(Netns {
-            label: label.to_owned(),
-            path: Path::new(NETNS_DIR).join(&name),
-            name,
-            registry,
-        })
+        cmd::run(Command::new("ip").args(["netns", "add", &name])).with_context(|| format!("creating namespace for {label}"))?;
+        Ok(Netns { label: label.to_owned(), path: Path::new(NETNS_DIR).join(&name), name, registry })
     }
 
     /// The short name used in logs and errors, e.g. `b1` or `br`.
@@ -62,9 +56,7 @@ impl Netns {
     /// /sys/fs/bpf where the balancer pins its maps.
     pub fn cmd(&self, program: impl AsRef<OsStr>) -> Command {
         let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net={}", self.path.display()))
-            .arg("--")
-            .arg(program);
+        cmd.arg(format!("--net={}", self.path.display())).arg("--").arg(program);
         cmd
     }
 
@@ -97,9 +89,7 @@ impl Netns {
                     f()
                 })
                 .expect("spawning a thread");
-            thread
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })
     }
 
@@ -110,8 +100,7 @@ impl Netns {
     /// binary.
     pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
         let file = Path::new("/proc/sys").join(key.replace('.', "/"));
-        self.in_netns(|| std::fs::write(&file, value))
-            .with_context(|| format!("sysctl {key}={value} in {}", self.label))
+        self.in_netns(|| std::fs::write(&file, value)).with_context(|| format!("sysctl {key}={value} in {}", self.label))
     }
 
     /// Starts a long-running process inside the namespace; `args` is the
@@ -131,16 +120,12 @@ impl Netns {
     /// Like [`Netns::spawn`] for a command built with [`Netns::cmd`], e.g.
     /// to set environment variables; `label` names its log file.
     pub fn spawn_command(&self, label: &str, cmd: Command) -> Result<Daemon> {
-        self.registry
-            .spawn(&format!("{}-{label}", self.label), cmd)
-            .with_context(|| format!("in {}", self.label))
+        self.registry.spawn(&format!("{}-{label}", self.label), cmd).with_context(|| format!("in {}", self.label))
     }
 
     fn enter(&self) -> Result<()> {
-        let file = File::open(&self.path)
-            .with_context(|| format!("opening {} for {}", self.path.display(), self.label))?;
-        setns(&file, CloneFlags::CLONE_NEWNET)
-            .with_context(|| format!("entering namespace of {}", self.label))
+        let file = File::open(&self.path).with_context(|| format!("opening {} for {}", self.path.display(), self.label))?;
+        setns(&file, CloneFlags::CLONE_NEWNET).with_context(|| format!("entering namespace of {}", self.label))
     }
 }
 

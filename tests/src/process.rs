@@ -28,19 +28,14 @@ pub(crate) struct Registry {
 
 impl Registry {
     pub(crate) fn new(log_dir: PathBuf) -> Registry {
-        Registry {
-            log_dir,
-            next_log: AtomicUsize::new(1),
-            procs: Mutex::new(Vec::new()),
-        }
+        Registry { log_dir, next_log: AtomicUsize::new(1), procs: Mutex::new(Vec::new()) }
     }
 
     /// Starts `cmd` with stdout and stderr in a fresh log file named after `label`.
     pub(crate) fn spawn(&self, label: &str, mut cmd: Command) -> Result<Daemon> {
         let seq = self.next_log.fetch_add(1, Ordering::Relaxed);
         let log_path = self.log_dir.join(format!("{label}-{seq}.log"));
-        let log = File::create(&log_path)
-            .with_context(|| format!("creating log file {}", log_path.display()))?;
+        let log = File::create(&log_path).with_context(|| format!("creating log file {}", log_path.display()))?;
         let line = command_line(&cmd);
         let child = cmd
             .stdin(Stdio::null())
@@ -48,16 +43,9 @@ impl Registry {
             .stderr(log)
             .spawn()
             .with_context(|| format!("spawning `{line}`"))?;
-        let proc = Arc::new(Proc {
-            pid: child.id(),
-            child: Mutex::new(child),
-        });
+        let proc = Arc::new(Proc { pid: child.id(), child: Mutex::new(child) });
         lock(&self.procs).push(Arc::clone(&proc));
-        Ok(Daemon {
-            proc,
-            line,
-            log_path,
-        })
+        Ok(Daemon { proc, line, log_path })
     }
 
     /// Stops every process still running (SIGTERM, then SIGKILL).
@@ -80,21 +68,15 @@ struct Proc {
 
 impl Proc {
     fn exit_status(&self) -> Result<Option<ExitStatus>> {
-        lock(&self.child)
-            .try_wait()
-            .with_context(|| format!("waiting for pid {}", self.pid))
+        lock(&self.child).try_wait().with_context(|| format!("waiting for pid {}", self.pid))
     }
 
     fn signal(&self, signal: Signal) -> Result<()> {
         let mut child = lock(&self.child);
         if let Some(status) = child.try_wait()? {
-            bail!(
-                "cannot send {signal} to pid {}: it already exited ({status})",
-                self.pid
-            );
+            bail!("cannot send {signal} to pid {}: it already exited ({status})", self.pid);
         }
-        kill(pid_of(&child), signal)
-            .with_context(|| format!("sending {signal} to pid {}", self.pid))
+        kill(pid_of(&child), signal).with_context(|| format!("sending {signal} to pid {}", self.pid))
     }
 
     fn wait_with_timeout(&self, timeout: Duration) -> Result<Option<ExitStatus>> {
@@ -116,9 +98,7 @@ impl Proc {
         // Signalling fails only if the process exited meanwhile, which is the
         // goal anyway. SIGCONT because a SIGSTOPped process (fault tests)
         // cannot act on SIGTERM.
-        let _ = self
-            .signal(Signal::SIGTERM)
-            .and_then(|()| self.signal(Signal::SIGCONT));
+        let _ = self.signal(Signal::SIGTERM).and_then(|()| self.signal(Signal::SIGCONT));
         if let Ok(Some(_)) = self.wait_with_timeout(TERM_GRACE) {
             return;
         }
@@ -185,18 +165,10 @@ impl Daemon {
                 return Ok(());
             }
             if let Some(status) = self.proc.exit_status()? {
-                bail!(
-                    "`{}` exited ({status}) before printing {needle:?}; output:\n{}",
-                    self.line,
-                    self.log()
-                );
+                bail!("`{}` exited ({status}) before printing {needle:?}; output:\n{}", self.line, self.log());
             }
             if Instant::now() >= deadline {
-                bail!(
-                    "`{}` did not print {needle:?} within {timeout:?}; output:\n{}",
-                    self.line,
-                    self.log()
-                );
+                bail!("`{}` did not print {needle:?} within {timeout:?}; output:\n{}", self.line, self.log());
             }
             std::thread::sleep(POLL);
         }
@@ -216,7 +188,5 @@ fn pid_of(child: &Child) -> Pid {
 /// Locks `mutex`, ignoring poisoning: a test that panicked while holding it
 /// must not stop cleanup from running.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

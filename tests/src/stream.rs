@@ -37,23 +37,13 @@ impl Stream {
     /// Connects and reads the greeting; `timeout` bounds the connect and
     /// every later ping.
     pub fn open(addr: SocketAddr, timeout: Duration) -> Result<Stream> {
-        let writer = TcpStream::connect_timeout(&addr, timeout)
-            .with_context(|| format!("TCP connect to {addr}"))?;
+        let writer = TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("TCP connect to {addr}"))?;
         writer.set_read_timeout(Some(timeout))?;
         writer.set_write_timeout(Some(timeout))?;
         writer.set_nodelay(true)?;
         let mut reader = BufReader::new(writer.try_clone()?);
-        let backend =
-            read_line(&mut reader).with_context(|| format!("reading backend name from {addr}"))?;
-        Ok(Stream {
-            reader,
-            writer,
-            addr,
-            backend,
-            timeout,
-            sent: 0,
-            broken: false,
-        })
+        let backend = read_line(&mut reader).with_context(|| format!("reading backend name from {addr}"))?;
+        Ok(Stream { reader, writer, addr, backend, timeout, sent: 0, broken: false })
     }
 
     /// The name of the backend that accepted the connection.
@@ -68,12 +58,8 @@ impl Stream {
         ensure!(!self.broken, "stream to {} broke earlier", self.addr);
         let result = self.exchange();
         self.broken = result.is_err();
-        result.with_context(|| {
-            format!(
-                "stream to {} (backend {}), ping {} (timeout {:?})",
-                self.addr, self.backend, self.sent, self.timeout
-            )
-        })
+        result
+            .with_context(|| format!("stream to {} (backend {}), ping {} (timeout {:?})", self.addr, self.backend, self.sent, self.timeout))
     }
 
     fn exchange(&mut self) -> Result<()> {
@@ -116,17 +102,9 @@ impl StreamChecker {
         let thread = std::thread::Builder::new()
             .name(format!("stream-{}", stream.backend))
             .spawn(move || {
-                let mut report = CheckReport {
-                    backend: stream.backend.clone(),
-                    ..CheckReport::default()
-                };
+                let mut report = CheckReport { backend: stream.backend.clone(), ..CheckReport::default() };
                 let deadline = Instant::now() + MAX_CHECK_DURATION;
-                while Instant::now() < deadline
-                    && matches!(
-                        stopped.recv_timeout(interval),
-                        Err(RecvTimeoutError::Timeout)
-                    )
-                {
+                while Instant::now() < deadline && matches!(stopped.recv_timeout(interval), Err(RecvTimeoutError::Timeout)) {
                     report.pings += 1;
                     if let Err(err) = stream.ping() {
                         report.failures += 1;
@@ -138,10 +116,7 @@ impl StreamChecker {
                 report
             })
             .expect("spawning a thread");
-        StreamChecker {
-            stop: Some(stop),
-            thread: Some(thread),
-        }
+        StreamChecker { stop: Some(stop), thread: Some(thread) }
     }
 
     /// Stops pinging and returns what was seen.
@@ -149,9 +124,7 @@ impl StreamChecker {
         // Dropping the sender wakes the thread up at once.
         self.stop.take();
         let thread = self.thread.take().expect("joined only here or in drop");
-        thread
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 }
 

@@ -23,11 +23,7 @@ static NEXT_TOPOLOGY: AtomicU32 = AtomicU32::new(1);
 
 /// `spw-<pid>-<seq>`: a fresh prefix that [`sweep_stale`] recognises.
 pub(crate) fn next_id() -> String {
-    format!(
-        "{NAME_PREFIX}{}-{}",
-        std::process::id(),
-        NEXT_TOPOLOGY.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("{NAME_PREFIX}{}-{}", std::process::id(), NEXT_TOPOLOGY.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Reachability check after building: tries per target, each waiting this long.
@@ -45,10 +41,7 @@ pub struct TopologyConfig {
 
 impl Default for TopologyConfig {
     fn default() -> Self {
-        TopologyConfig {
-            backends: 3,
-            clients: 1,
-        }
+        TopologyConfig { backends: 3, clients: 1 }
     }
 }
 
@@ -75,16 +68,8 @@ impl Topology {
     ///
     /// First removes leftovers of earlier, killed runs ([`sweep_stale`]).
     pub fn build(config: TopologyConfig) -> Result<Topology> {
-        ensure!(
-            (1..=MAX_CLIENTS).contains(&config.clients),
-            "clients must be 1..={MAX_CLIENTS}, not {}",
-            config.clients
-        );
-        ensure!(
-            config.backends <= MAX_BACKENDS,
-            "at most {MAX_BACKENDS} backends, not {}",
-            config.backends
-        );
+        ensure!((1..=MAX_CLIENTS).contains(&config.clients), "clients must be 1..={MAX_CLIENTS}, not {}", config.clients);
+        ensure!(config.backends <= MAX_BACKENDS, "at most {MAX_BACKENDS} backends, not {}", config.backends);
         if let Err(err) = sweep_stale() {
             eprintln!("spillway-harness: {err:#}");
         }
@@ -92,38 +77,15 @@ impl Topology {
         let tempdir = TempDir::create(std::env::temp_dir().join(&id))?;
         let registry = Arc::new(Registry::new(tempdir.path().to_owned()));
         let bridge = build_bridge(&id, &registry)?;
-        let lb = Host::create(
-            HostSpec {
-                name: "lb".into(),
-                role: Role::Balancer,
-                ipv4: LB4,
-                ipv6: LB6,
-            },
-            &id,
-            &bridge,
-            Arc::clone(&registry),
-        )?;
+        let lb =
+            Host::create(HostSpec { name: "lb".into(), role: Role::Balancer, ipv4: LB4, ipv6: LB6 }, &id, &bridge, Arc::clone(&registry))?;
         let clients = (1..=config.clients)
             .map(|n| {
-                let spec = HostSpec {
-                    name: format!("c{n}"),
-                    role: Role::Client,
-                    ipv4: addrs::client4(n),
-                    ipv6: addrs::client6(n),
-                };
+                let spec = HostSpec { name: format!("c{n}"), role: Role::Client, ipv4: addrs::client4(n), ipv6: addrs::client6(n) };
                 Host::create(spec, &id, &bridge, Arc::clone(&registry))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut topology = Topology {
-            id,
-            registry,
-            bridge,
-            lb,
-            clients,
-            backends: Vec::new(),
-            pin_dir: Mutex::new(None),
-            tempdir,
-        };
+        let mut topology = Topology { id, registry, bridge, lb, clients, backends: Vec::new(), pin_dir: Mutex::new(None), tempdir };
         topology.check_reachable(&topology.lb)?;
         for _ in 0..config.backends {
             topology.add_backend()?;
@@ -136,12 +98,7 @@ impl Topology {
     pub fn add_backend(&mut self) -> Result<&Host> {
         let n = self.backends.len() + 1;
         ensure!(n <= MAX_BACKENDS, "at most {MAX_BACKENDS} backends");
-        let spec = HostSpec {
-            name: format!("b{n}"),
-            role: Role::Backend,
-            ipv4: addrs::backend4(n),
-            ipv6: addrs::backend6(n),
-        };
+        let spec = HostSpec { name: format!("b{n}"), role: Role::Backend, ipv4: addrs::backend4(n), ipv6: addrs::backend6(n) };
         let backend = Host::create(spec, &self.id, &self.bridge, Arc::clone(&self.registry))?;
         self.check_reachable(&backend)?;
         self.backends.push(backend);
@@ -198,10 +155,7 @@ impl Topology {
     /// [`echo::start_echo`]). Keep the returned guards alive while needed;
     /// the servers also stop when the topology is dropped.
     pub fn start_echo_servers(&self, tcp_port: u16, udp_port: u16) -> Result<Vec<Daemon>> {
-        self.backends
-            .iter()
-            .map(|backend| echo::start_echo(backend, tcp_port, udp_port))
-            .collect()
+        self.backends.iter().map(|backend| echo::start_echo(backend, tcp_port, udp_port)).collect()
     }
 
     /// Pings `target` from c1 over both families, a few times each, because
@@ -267,16 +221,7 @@ fn build_bridge(id: &str, registry: &Arc<Registry>) -> Result<Netns> {
     let bridge = Netns::create("br", format!("{id}-br"), Arc::clone(registry))?;
     // Snooping only adds group state and timers that could filter the
     // solicited-node multicast IPv6 neighbour discovery needs; flood instead.
-    bridge.run(&[
-        "ip",
-        "link",
-        "add",
-        "br0",
-        "type",
-        "bridge",
-        "mcast_snooping",
-        "0",
-    ])?;
+    bridge.run(&["ip", "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"])?;
     bridge.run(&["ip", "link", "set", "br0", "up"])?;
     // br_netfilter (built into some kernels) would run bridged frames through
     // iptables and may drop malformed-looking ones; this is a dumb switch.
@@ -308,10 +253,7 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         if let Err(err) = std::fs::remove_dir_all(&self.0) {
-            eprintln!(
-                "spillway-harness: cannot remove {}: {err}",
-                self.0.display()
-            );
+            eprintln!("spillway-harness: cannot remove {}: {err}", self.0.display());
         }
     }
 }

@@ -16,8 +16,7 @@ const KEPT_ERRORS: usize = 5;
 /// Connects over TCP, reads the greeting line (the backend's name) and
 /// closes. Connecting and reading are each bounded by `timeout`.
 pub fn tcp_ask(addr: SocketAddr, timeout: Duration) -> Result<String> {
-    let stream = TcpStream::connect_timeout(&addr, timeout)
-        .with_context(|| format!("TCP connect to {addr}"))?;
+    let stream = TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("TCP connect to {addr}"))?;
     stream.set_read_timeout(Some(timeout))?;
     let mut reader = BufReader::new(stream);
     read_line(&mut reader).with_context(|| format!("reading backend name from {addr}"))
@@ -33,17 +32,11 @@ pub fn udp_ask(addr: SocketAddr, timeout: Duration) -> Result<String> {
     let socket = UdpSocket::bind((any, 0)).context("binding a UDP socket")?;
     // connect() also makes the kernel drop replies from any other source,
     // e.g. a backend answering from its own address instead of the VIP.
-    socket
-        .connect(addr)
-        .with_context(|| format!("UDP connect to {addr}"))?;
+    socket.connect(addr).with_context(|| format!("UDP connect to {addr}"))?;
     socket.set_read_timeout(Some(timeout))?;
-    socket
-        .send(b"?\n")
-        .with_context(|| format!("UDP send to {addr}"))?;
+    socket.send(b"?\n").with_context(|| format!("UDP send to {addr}"))?;
     let mut buf = [0; MAX_LINE as usize];
-    let len = socket
-        .recv(&mut buf)
-        .with_context(|| format!("waiting up to {timeout:?} for a UDP reply from {addr}"))?;
+    let len = socket.recv(&mut buf).with_context(|| format!("waiting up to {timeout:?} for a UDP reply from {addr}"))?;
     let reply = String::from_utf8_lossy(&buf[..len]).trim().to_owned();
     ensure!(!reply.is_empty(), "empty UDP reply from {addr}");
     Ok(reply)
@@ -82,12 +75,7 @@ impl Tally {
 /// Opens `count` sequential TCP connections with [`tcp_ask`], `interval`
 /// apart, and tallies who answered. Takes at most about
 /// `count * (interval + 2 * timeout)`.
-pub fn run_connections(
-    addr: SocketAddr,
-    count: usize,
-    interval: Duration,
-    timeout: Duration,
-) -> Tally {
+pub fn run_connections(addr: SocketAddr, count: usize, interval: Duration, timeout: Duration) -> Tally {
     let mut tally = Tally::default();
     for i in 0..count {
         if i > 0 {

@@ -6,8 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use spillway_harness::{
-    Signal, Stream, StreamChecker, Topology, TopologyConfig, VIP4, VIP6, run_connections,
-    start_echo, sweep_stale, tcp_ask, udp_ask,
+    Signal, Stream, StreamChecker, Topology, TopologyConfig, VIP4, VIP6, run_connections, start_echo, sweep_stale, tcp_ask, udp_ask,
 };
 
 const TCP_PORT: u16 = 80;
@@ -33,11 +32,7 @@ fn assert_cleaned_up(id: &str) {
 
 #[test]
 fn backends_answer_over_tcp_and_udp_and_everything_is_removed() {
-    let mut topo = Topology::build(TopologyConfig {
-        backends: 3,
-        clients: 1,
-    })
-    .unwrap();
+    let mut topo = Topology::build(TopologyConfig { backends: 3, clients: 1 }).unwrap();
     let id = topo.id().to_owned();
     assert_eq!(namespaces_of(&id).len(), 6, "br, lb, c1, b1..b3");
     let pin_dir = topo.pin_dir().unwrap();
@@ -47,12 +42,8 @@ fn backends_answer_over_tcp_and_udp_and_everything_is_removed() {
     let client = &topo.clients()[0];
     for backend in topo.backends() {
         for ip in [IpAddr::from(backend.ipv4()), IpAddr::from(backend.ipv6())] {
-            let (tcp, udp) = client.in_netns(|| {
-                (
-                    tcp_ask(SocketAddr::new(ip, TCP_PORT), TIMEOUT),
-                    udp_ask(SocketAddr::new(ip, UDP_PORT), TIMEOUT),
-                )
-            });
+            let (tcp, udp) =
+                client.in_netns(|| (tcp_ask(SocketAddr::new(ip, TCP_PORT), TIMEOUT), udp_ask(SocketAddr::new(ip, UDP_PORT), TIMEOUT)));
             assert_eq!(tcp.unwrap(), backend.name(), "TCP to {ip}");
             assert_eq!(udp.unwrap(), backend.name(), "UDP to {ip}");
         }
@@ -91,15 +82,8 @@ fn backends_answer_over_tcp_and_udp_and_everything_is_removed() {
 
 #[test]
 fn daemons_can_be_signalled_and_are_stopped_with_the_topology() {
-    let topo = Topology::build(TopologyConfig {
-        backends: 1,
-        clients: 1,
-    })
-    .unwrap();
-    let echo = topo
-        .start_echo_servers(TCP_PORT, UDP_PORT)
-        .unwrap()
-        .remove(0);
+    let topo = Topology::build(TopologyConfig { backends: 1, clients: 1 }).unwrap();
+    let echo = topo.start_echo_servers(TCP_PORT, UDP_PORT).unwrap().remove(0);
     let b1 = SocketAddr::new(topo.backends()[0].ipv4().into(), TCP_PORT);
     let client = &topo.clients()[0];
 
@@ -113,30 +97,19 @@ fn daemons_can_be_signalled_and_are_stopped_with_the_topology() {
     assert_eq!(client.in_netns(|| tcp_ask(b1, TIMEOUT)).unwrap(), "b1");
 
     let sleeper = topo.lb().spawn(&["sleep", "600"]).unwrap();
-    assert!(
-        sleeper
-            .wait_with_timeout(Duration::from_millis(50))
-            .unwrap()
-            .is_none()
-    );
+    assert!(sleeper.wait_with_timeout(Duration::from_millis(50)).unwrap().is_none());
     sleeper.signal(Signal::SIGKILL).unwrap();
     let status = sleeper.wait_with_timeout(TIMEOUT).unwrap().expect("exited");
     assert!(!status.success());
     assert!(!sleeper.is_running());
-    assert!(
-        sleeper.signal(Signal::SIGTERM).is_err(),
-        "signalling an exited process"
-    );
+    assert!(sleeper.signal(Signal::SIGTERM).is_err(), "signalling an exited process");
 
     // Left running on purpose: the topology must stop it.
     let leaked = topo.lb().spawn(&["sleep", "600"]).unwrap();
     let pid = leaked.pid();
     std::mem::forget(leaked);
     drop(topo);
-    assert!(
-        !Path::new(&format!("/proc/{pid}")).exists(),
-        "pid {pid} survived"
-    );
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} survived");
     drop(echo);
 }
 
@@ -144,11 +117,7 @@ fn daemons_can_be_signalled_and_are_stopped_with_the_topology() {
 fn a_panicking_test_still_cleans_up() {
     let id = std::sync::Mutex::new(String::new());
     let result = std::panic::catch_unwind(|| {
-        let topo = Topology::build(TopologyConfig {
-            backends: 1,
-            clients: 1,
-        })
-        .unwrap();
+        let topo = Topology::build(TopologyConfig { backends: 1, clients: 1 }).unwrap();
         *id.lock().unwrap() = topo.id().to_owned();
         topo.pin_dir().unwrap();
         let _echo = topo.start_echo_servers(TCP_PORT, UDP_PORT).unwrap();
@@ -170,31 +139,14 @@ fn sweep_removes_leftovers_of_dead_processes_only() {
     let stale = format!("spw-{dead_pid}-1-b1");
     let live = format!("spw-{}-999999-b1", std::process::id());
     for name in [&stale, &live] {
-        let ok = Command::new("ip")
-            .args(["netns", "add", name])
-            .status()
-            .unwrap();
+        let ok = Command::new("ip").args(["netns", "add", name]).status().unwrap();
         assert!(ok.success());
     }
     sweep_stale().unwrap();
-    let listed = String::from_utf8(
-        Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let present = |name: &str| {
-        listed
-            .lines()
-            .any(|line| line.split_whitespace().next() == Some(name))
-    };
+    let listed = String::from_utf8(Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
+    let present = |name: &str| listed.lines().any(|line| line.split_whitespace().next() == Some(name));
     let (stale_present, live_present) = (present(&stale), present(&live));
-    Command::new("ip")
-        .args(["netns", "del", &live])
-        .status()
-        .unwrap();
+    Command::new("ip").args(["netns", "del", &live]).status().unwrap();
     assert!(!stale_present, "stale namespace {stale} kept");
     assert!(live_present, "namespace {live} of a live process removed");
 }

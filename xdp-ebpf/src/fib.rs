@@ -1,6 +1,10 @@
 //! Next hop for the outer packet from the kernel's routes and neighbours (`bpf_fib_lookup`).
 
-use aya_ebpf::{bindings::bpf_fib_lookup as FibParams, helpers::bpf_fib_lookup, programs::XdpContext};
+use aya_ebpf::{
+    bindings::bpf_fib_lookup as FibParams,
+    helpers::{bpf_check_mtu, bpf_fib_lookup},
+    programs::XdpContext,
+};
 use spillway_common::types::{FAMILY_V4, PROTO_IPIP, PROTO_IPV6};
 
 use crate::encap::Macs;
@@ -41,9 +45,7 @@ pub fn lookup(ctx: &XdpContext, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_
         p.__bindgen_anon_3.ipv6_src = *src;
         p.__bindgen_anon_4.ipv6_dst = *dst;
     }
-    let ret = unsafe {
-        bpf_fib_lookup(ctx.ctx.cast(), &mut p, core::mem::size_of::<FibParams>() as i32, 0)
-    };
+    let ret = unsafe { bpf_fib_lookup(ctx.ctx.cast(), &mut p, core::mem::size_of::<FibParams>() as i32, 0) };
     match ret {
         RET_SUCCESS => {
             let m = unsafe { p.__bindgen_anon_6.__bindgen_anon_2 };
@@ -53,4 +55,13 @@ pub fn lookup(ctx: &XdpContext, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_
         RET_FRAG_NEEDED => NextHop::FragNeeded,
         _ => NextHop::NoRoute,
     }
+}
+
+/// The MTU of interface `ifindex`, or `None` if it is gone.
+#[inline(always)]
+pub fn device_mtu(ctx: &XdpContext, ifindex: u32) -> Option<u32> {
+    // A 1-byte length always fits; the helper reports the device's MTU either way.
+    let mut mtu: u32 = 1;
+    let ret = unsafe { bpf_check_mtu(ctx.ctx.cast(), ifindex, &mut mtu, 0, 0) };
+    if ret < 0 { None } else { Some(mtu) }
 }

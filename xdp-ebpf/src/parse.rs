@@ -2,9 +2,7 @@
 //! header walk), TCP, UDP, and the ICMP/ICMPv6 errors whose quoted packet names a flow.
 
 use aya_ebpf::programs::XdpContext;
-use spillway_common::types::{
-    AddrKey, FAMILY_V4, FAMILY_V6, FlowKey, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
-};
+use spillway_common::types::{AddrKey, FAMILY_V4, FAMILY_V6, FlowKey, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
 
 use crate::headers::*;
 use crate::packet::{at, len};

@@ -31,10 +31,7 @@ use spillway::{
 use spillway_common::{
     addr::{from_words, to_words},
     hash::{FLOW_SEED, flow_hash},
-    limits::{
-        DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S,
-        FLOW_TABLE_ENTRIES, program_names,
-    },
+    limits::{DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, FLOW_TABLE_ENTRIES, program_names},
     types::{FAMILY_V4, FlowKey, LbConfig, PROTO_IPIP, Reason, VipMeta},
 };
 use spillway_harness::{
@@ -132,10 +129,7 @@ fn cases() -> Result<Vec<Case>> {
         Case {
             name: "table_hit",
             program: Program::Balancer,
-            frames: Frames::Established {
-                syn,
-                frame: frames::tcp(client, vip, false, &[]),
-            },
+            frames: Frames::Established { syn, frame: frames::tcp(client, vip, false, &[]) },
             action: XDP_TX,
             reason: Some(Reason::Tx),
             target: 2.8,
@@ -182,8 +176,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 /// Every call of a new-flow case inserts into the connection table, a per-CPU LRU: past
 /// one CPU's share of it, inserts would evict and measure something else.
 fn check_table_room(cases: &[Case], calls: usize) -> Result<()> {
-    let cpus =
-        aya::util::nr_cpus().map_err(|(path, e)| anyhow!(e).context(format!("reading {path}")))?;
+    let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow!(e).context(format!("reading {path}")))?;
     let room = (FLOW_TABLE_ENTRIES / cpus.get()) as usize;
     let count = |f: fn(&Frames) -> bool| cases.iter().filter(|c| f(&c.frames)).count();
     let new_flows = count(|f| matches!(f, Frames::NewFlows(_))) * calls;
@@ -199,10 +192,7 @@ fn check_table_room(cases: &[Case], calls: usize) -> Result<()> {
 /// interrupts); returns that CPU.
 fn pin_to_one_cpu() -> Result<usize> {
     let allowed = sched_getaffinity(Pid::from_raw(0)).context("reading the CPU affinity")?;
-    let cpu = (0..CpuSet::count())
-        .rev()
-        .find(|&c| allowed.is_set(c).unwrap_or(false))
-        .context("the CPU affinity mask is empty")?;
+    let cpu = (0..CpuSet::count()).rev().find(|&c| allowed.is_set(c).unwrap_or(false)).context("the CPU affinity mask is empty")?;
     let mut only = CpuSet::new();
     only.set(cpu)?;
     sched_setaffinity(Pid::from_raw(0), &only).with_context(|| format!("pinning to CPU {cpu}"))?;
@@ -212,12 +202,7 @@ fn pin_to_one_cpu() -> Result<usize> {
 /// One BPF_PROG_TEST_RUN (repeat = 1) of `program` on `frame` arriving on
 /// `ingress_ifindex`, with the context `test_run::run_into` builds. Returns the action, the
 /// output length and the run time the kernel measured (what the reference figures use).
-pub fn run_timed(
-    program: &Xdp,
-    frame: &[u8],
-    ingress_ifindex: u32,
-    out: &mut [u8],
-) -> Result<(u32, usize, u64)> {
+pub fn run_timed(program: &Xdp, frame: &[u8], ingress_ifindex: u32, out: &mut [u8]) -> Result<(u32, usize, u64)> {
     // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
     let md: [u32; 6] = [0, frame.len() as u32, 0, ingress_ifindex, 0, 0];
     let mut ctx = [0u8; 24];
@@ -229,11 +214,7 @@ pub fn run_timed(
     opts.data_out = Some(out);
     opts.ctx_in = Some(&ctx);
     let result = program.test_run(opts).context("BPF_PROG_TEST_RUN")?;
-    Ok((
-        result.return_value,
-        result.data_size_out as usize,
-        result.duration.as_nanos() as u64,
-    ))
+    Ok((result.return_value, result.data_size_out as usize, result.duration.as_nanos() as u64))
 }
 
 /// Rewrites an untagged IPv4 SYN's source to the `n`-th new-flow source: the low 15 bits of
@@ -283,10 +264,7 @@ fn program<'a>(balancer: &'a Balancer, floor: &'a Ebpf, program: Program) -> Res
         Program::Balancer => balancer.program_ref()?,
         Program::Floor => {
             let name = program_names::FLOOR;
-            floor
-                .program(name)
-                .with_context(|| format!("{name} missing"))?
-                .try_into()?
+            floor.program(name).with_context(|| format!("{name} missing"))?.try_into()?
         }
     })
 }
@@ -316,15 +294,10 @@ struct Bench {
 impl Bench {
     /// Loads the programs and configures the balancer as the packet tests do (called in the lab).
     fn load(ingress: u32, egress: u32, ingress_mac: [u8; 6]) -> Result<Self> {
-        let mut decap =
-            dataplane::load_simple(objects::DECAP, "spillway-decap", program_names::DECAP)?;
+        let mut decap = dataplane::load_simple(objects::DECAP, "spillway-decap", program_names::DECAP)?;
         let program = dataplane::xdp(&mut decap, program_names::DECAP)?;
-        program
-            .attach(ingress, XdpMode::Driver)
-            .context("attaching the decap program to the ingress")?;
-        program
-            .attach(egress, XdpMode::Driver)
-            .context("attaching the decap program to the egress")?;
+        program.attach(ingress, XdpMode::Driver).context("attaching the decap program to the ingress")?;
+        program.attach(egress, XdpMode::Driver).context("attaching the decap program to the egress")?;
         let floor = dataplane::load_simple(objects::FLOOR, "spillway-floor", program_names::FLOOR)?;
 
         let mut balancer = Balancer::load(&LoadOptions::default())?;
@@ -335,50 +308,27 @@ impl Bench {
             udp_idle_timeout_s: DEFAULT_UDP_IDLE_TIMEOUT_S,
             ..LbConfig::default()
         })?;
-        balancer
-            .maps
-            .tx_ports
-            .insert(egress, egress, None, 0)
-            .context("adding the egress to the redirect map")?;
+        balancer.maps.tx_ports.insert(egress, egress, None, 0).context("adding the egress to the redirect map")?;
         let vip = vip()?;
         let mut state = DesiredState::default();
         state.add_vip(vip, DEFAULT_RING_SIZE)?;
         for n in packet_lab::RESOLVED_BACKENDS {
             state.add_backend(&vip, packet_lab::backend4(n).into(), DEFAULT_WEIGHT)?;
         }
-        Reconciler::adopt(&balancer.maps)?
-            .apply(&mut balancer.maps, &state)
-            .context("configuring the VIP")?;
-        Ok(Self {
-            balancer,
-            floor,
-            vip,
-            ingress,
-            ingress_mac,
-            next_flow: 0,
-            _decap: decap,
-        })
+        Reconciler::adopt(&balancer.maps)?.apply(&mut balancer.maps, &state).context("configuring the VIP")?;
+        Ok(Self { balancer, floor, vip, ingress, ingress_mac, next_flow: 0, _decap: decap })
     }
 
     /// Checks every case, then times them; returns each case's median ns/packet.
     fn measure(&mut self, cases: &[Case], calls: usize, reps: usize) -> Result<Vec<f64>> {
         let mut slots = Vec::with_capacity(cases.len());
         for case in cases {
-            let frame = self
-                .first_frame(case)
-                .with_context(|| format!("setting up {}", case.name))?;
+            let frame = self.first_frame(case).with_context(|| format!("setting up {}", case.name))?;
             let out = vec![0; frame.len() + HEADROOM_BYTES];
-            slots.push(Slot {
-                case,
-                frame,
-                out,
-                len: 0,
-                ns: 0,
-            });
+            slots.push(Slot { case, frame, out, len: 0, ns: 0 });
         }
         for slot in &mut slots {
-            self.check_calls(slot)
-                .with_context(|| format!("checking {}", slot.case.name))?;
+            self.check_calls(slot).with_context(|| format!("checking {}", slot.case.name))?;
         }
         self.forget_new_flows()?;
 
@@ -389,11 +339,7 @@ impl Bench {
             let after = self.reasons()?;
             for (reason, n) in counted(&before, &after) {
                 let expected = cases.iter().filter(|c| c.reason == Some(reason)).count() * calls;
-                ensure!(
-                    n == expected as u64,
-                    "{n} calls counted as {}, expected {expected}",
-                    reason.label()
-                );
+                ensure!(n == expected as u64, "{n} calls counted as {}, expected {expected}", reason.label());
             }
             self.forget_new_flows()?;
             for (slot, times) in slots.iter_mut().zip(&mut per_rep) {
@@ -409,11 +355,9 @@ impl Bench {
             Frames::Fixed(frame) | Frames::NewFlows(frame) => frame.clone(),
             Frames::Established { syn, frame } => {
                 let mut out = vec![0; syn.len() + HEADROOM_BYTES];
-                let (action, ..) =
-                    run_timed(self.balancer.program_ref()?, syn, self.ingress, &mut out)?;
+                let (action, ..) = run_timed(self.balancer.program_ref()?, syn, self.ingress, &mut out)?;
                 ensure!(action == XDP_TX, "the flow's SYN got action {action}");
-                self.pinned_backend(&flow_key(syn)?)?
-                    .context("the SYN left no connection-table entry")?;
+                self.pinned_backend(&flow_key(syn)?)?.context("the SYN left no connection-table entry")?;
                 frame.clone()
             }
         })
@@ -430,28 +374,14 @@ impl Bench {
             let program = program(&self.balancer, &self.floor, case.program)?;
             let (action, len, _) = run_timed(program, &slot.frame, self.ingress, &mut slot.out)?;
             let after = self.reasons()?;
-            ensure!(
-                action == case.action,
-                "action {action}, expected {}",
-                case.action
-            );
-            let reasons: Vec<Reason> = counted(&before, &after)
-                .filter(|(_, n)| *n > 0)
-                .map(|(r, _)| r)
-                .collect();
-            ensure!(
-                reasons == Vec::from_iter(case.reason),
-                "counted as {reasons:?}, expected {:?}",
-                case.reason
-            );
+            ensure!(action == case.action, "action {action}, expected {}", case.action);
+            let reasons: Vec<Reason> = counted(&before, &after).filter(|(_, n)| *n > 0).map(|(r, _)| r).collect();
+            ensure!(reasons == Vec::from_iter(case.reason), "counted as {reasons:?}, expected {:?}", case.reason);
             self.check_output(case, &slot.frame, &slot.out[..len])?;
             if case.program == Program::Balancer && action == XDP_TX {
                 let pinned = self.pinned_backend(&key)?;
                 let expected = self.maglev_backend(&key)?;
-                ensure!(
-                    pinned == Some(expected),
-                    "connection table holds {pinned:?}, expected {expected}"
-                );
+                ensure!(pinned == Some(expected), "connection table holds {pinned:?}, expected {expected}");
             }
             if let Frames::NewFlows(_) = case.frames {
                 ensure!(!existed, "a new flow was already in the connection table");
@@ -471,19 +401,12 @@ impl Bench {
                 let program = program(&self.balancer, &self.floor, case.program)?;
                 for _ in 0..chunk {
                     next_frame(slot, &mut self.next_flow);
-                    let (action, len, ns) =
-                        run_timed(program, &slot.frame, self.ingress, &mut slot.out)?;
-                    ensure!(
-                        action == case.action,
-                        "{}: action {action}, expected {}",
-                        case.name,
-                        case.action
-                    );
+                    let (action, len, ns) = run_timed(program, &slot.frame, self.ingress, &mut slot.out)?;
+                    ensure!(action == case.action, "{}: action {action}, expected {}", case.name, case.action);
                     slot.len = len;
                     slot.ns += ns;
                 }
-                self.check_output(case, &slot.frame, &slot.out[..slot.len])
-                    .with_context(|| format!("{} while timing", case.name))?;
+                self.check_output(case, &slot.frame, &slot.out[..slot.len]).with_context(|| format!("{} while timing", case.name))?;
             }
             done += chunk;
         }
@@ -516,13 +439,7 @@ impl Bench {
 
     /// The balancer's reason counters, summed over CPUs.
     fn reasons(&self) -> Result<Vec<u64>> {
-        Ok(self
-            .balancer
-            .maps
-            .reasons()?
-            .into_iter()
-            .map(|(_, n)| n)
-            .collect())
+        Ok(self.balancer.maps.reasons()?.into_iter().map(|(_, n)| n).collect())
     }
 
     /// What a call must leave: the frame encapsulated to the flow's backend when the
@@ -539,79 +456,33 @@ impl Bench {
     /// `out` is `input` in IPIP to `backend`, addressed to its neighbour in the lab.
     fn check_ipip(&self, input: &[u8], out: &[u8], backend: Ipv4Addr) -> Result<()> {
         let inner = &input[ETH_LEN..];
-        ensure!(
-            out.len() == input.len() + IPV4_HEADER_LEN,
-            "output of {} bytes for a {}-byte frame",
-            out.len(),
-            input.len()
-        );
-        let mac = packet_lab::neighbour_mac(backend.into())
-            .with_context(|| format!("{backend} has no neighbour in the lab"))?;
-        ensure!(
-            out[..6] == mac,
-            "destination MAC {:02x?}, expected {mac:02x?}",
-            &out[..6]
-        );
-        ensure!(
-            out[6..12] == self.ingress_mac,
-            "source MAC {:02x?} is not the ingress interface's",
-            &out[6..12]
-        );
-        ensure!(
-            out[12..14] == [0x08, 0x00],
-            "ethertype {:02x?}",
-            &out[12..14]
-        );
+        ensure!(out.len() == input.len() + IPV4_HEADER_LEN, "output of {} bytes for a {}-byte frame", out.len(), input.len());
+        let mac = packet_lab::neighbour_mac(backend.into()).with_context(|| format!("{backend} has no neighbour in the lab"))?;
+        ensure!(out[..6] == mac, "destination MAC {:02x?}, expected {mac:02x?}", &out[..6]);
+        ensure!(out[6..12] == self.ingress_mac, "source MAC {:02x?} is not the ingress interface's", &out[6..12]);
+        ensure!(out[12..14] == [0x08, 0x00], "ethertype {:02x?}", &out[12..14]);
         let outer = &out[ETH_LEN..ETH_LEN + IPV4_HEADER_LEN];
-        ensure!(
-            outer[0] == 0x45 && outer[9] == PROTO_IPIP,
-            "not an IPIP header: {outer:02x?}"
-        );
-        ensure!(
-            usize::from(u16::from_be_bytes([outer[2], outer[3]])) == IPV4_HEADER_LEN + inner.len(),
-            "outer total length"
-        );
+        ensure!(outer[0] == 0x45 && outer[9] == PROTO_IPIP, "not an IPIP header: {outer:02x?}");
+        ensure!(usize::from(u16::from_be_bytes([outer[2], outer[3]])) == IPV4_HEADER_LEN + inner.len(), "outer total length");
         ensure!(frames::ipv4_checksum(outer) == 0, "outer IPv4 checksum");
-        ensure!(
-            outer[12..16] == packet_lab::LOCAL4.octets(),
-            "outer source {:?}",
-            &outer[12..16]
-        );
-        ensure!(
-            outer[16..20] == backend.octets(),
-            "outer destination {:?}, expected {backend}",
-            &outer[16..20]
-        );
-        ensure!(
-            out[ETH_LEN + IPV4_HEADER_LEN..] == *inner,
-            "inner packet changed"
-        );
+        ensure!(outer[12..16] == packet_lab::LOCAL4.octets(), "outer source {:?}", &outer[12..16]);
+        ensure!(outer[16..20] == backend.octets(), "outer destination {:?}, expected {backend}", &outer[16..20]);
+        ensure!(out[ETH_LEN + IPV4_HEADER_LEN..] == *inner, "inner packet changed");
         Ok(())
     }
 
     /// The backend the VIP's Maglev table gives `key`, computed here with the same hash.
     fn maglev_backend(&self, key: &FlowKey) -> Result<Ipv4Addr> {
         let maps = &self.balancer.maps;
-        let meta = maps
-            .vips
-            .get(&vip_key(&self.vip), 0)
-            .context("reading the VIP")?;
-        let slot = VipMeta::ring_base(meta.id, meta.active_half)
-            + flow_hash(key, FLOW_SEED) % meta.ring_size;
-        let id = maps
-            .rings
-            .get(&slot, 0)
-            .context("reading the Maglev table")?;
+        let meta = maps.vips.get(&vip_key(&self.vip), 0).context("reading the VIP")?;
+        let slot = VipMeta::ring_base(meta.id, meta.active_half) + flow_hash(key, FLOW_SEED) % meta.ring_size;
+        let id = maps.rings.get(&slot, 0).context("reading the Maglev table")?;
         self.backend_addr(id)
     }
 
     /// The backend the connection table holds for `key`, if any.
     fn pinned_backend(&self, key: &FlowKey) -> Result<Option<Ipv4Addr>> {
-        self.balancer
-            .maps
-            .flow(key)
-            .map(|v| self.backend_addr(v.backend_id))
-            .transpose()
+        self.balancer.maps.flow(key).map(|v| self.backend_addr(v.backend_id)).transpose()
     }
 
     fn backend_addr(&self, id: u32) -> Result<Ipv4Addr> {
@@ -625,38 +496,24 @@ impl Bench {
 
 /// How much each reason counter grew between two readings of [`Bench::reasons`].
 fn counted(before: &[u64], after: &[u64]) -> impl Iterator<Item = (Reason, u64)> {
-    Reason::ALL
-        .iter()
-        .zip(before.iter().zip(after))
-        .map(|(r, (b, a))| (*r, a - b))
+    Reason::ALL.iter().zip(before.iter().zip(after)).map(|(r, (b, a))| (*r, a - b))
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let mid = values.len() / 2;
-    if values.len() % 2 == 1 {
-        values[mid]
-    } else {
-        (values[mid - 1] + values[mid]) / 2.0
-    }
+    if values.len() % 2 == 1 { values[mid] } else { (values[mid - 1] + values[mid]) / 2.0 }
 }
 
 fn print_json(cases: &[Case], medians: &[f64]) -> Result<()> {
-    let object: serde_json::Map<String, serde_json::Value> = cases
-        .iter()
-        .zip(medians)
-        .map(|(c, ns)| (c.name.to_owned(), ((ns * 10.0).round() / 10.0).into()))
-        .collect();
+    let object: serde_json::Map<String, serde_json::Value> =
+        cases.iter().zip(medians).map(|(c, ns)| (c.name.to_owned(), ((ns * 10.0).round() / 10.0).into())).collect();
     println!("{}", serde_json::to_string(&object)?);
     Ok(())
 }
 
 fn print_table(cases: &[Case], medians: &[f64], calls: usize, reps: usize, cpu: usize) {
-    let floor = cases
-        .iter()
-        .zip(medians)
-        .find(|(c, _)| c.program == Program::Floor)
-        .map_or(f64::NAN, |(_, ns)| *ns);
+    let floor = cases.iter().zip(medians).find(|(c, _)| c.program == Program::Floor).map_or(f64::NAN, |(_, ns)| *ns);
     let backends = packet_lab::RESOLVED_BACKENDS.count();
     println!(
         "Method: BPF_PROG_TEST_RUN with repeat=1 in a loop, kernel-measured time per call; {calls} calls per case per \
@@ -668,21 +525,9 @@ fn print_table(cases: &[Case], medians: &[f64], calls: usize, reps: usize, cpu: 
          a new source address and port on every call)."
     );
     println!();
-    println!(
-        "{:<14} | {:>9} | {:>7} | {:>6} | {:>6}",
-        "case", "ns/packet", "x floor", "target", "Katran"
-    );
-    println!(
-        "{:-<14}-|-{:->9}-|-{:->7}-|-{:->6}-|-{:->6}",
-        "", "", "", "", ""
-    );
+    println!("{:<14} | {:>9} | {:>7} | {:>6} | {:>6}", "case", "ns/packet", "x floor", "target", "Katran");
+    println!("{:-<14}-|-{:->9}-|-{:->7}-|-{:->6}-|-{:->6}", "", "", "", "", "");
     for (case, ns) in cases.iter().zip(medians) {
-        println!(
-            "{:<14} | {ns:>9.1} | {:>7.2} | {:>6.1} | {:>6.1}",
-            case.name,
-            ns / floor,
-            case.target,
-            case.katran
-        );
+        println!("{:<14} | {ns:>9.1} | {:>7.2} | {:>6.1} | {:>6.1}", case.name, ns / floor, case.target, case.katran);
     }
 }

@@ -17,7 +17,10 @@ use aya::{EbpfError, maps::MapError};
 use log::{debug, info, warn};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::types::LbConfig;
-use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::{
+    signal::unix::{Signal, SignalKind, signal},
+    sync::Notify,
+};
 
 use self::{
     args::DaemonArgs,
@@ -106,8 +109,9 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     );
     let core = Arc::new(Mutex::new(core));
     info!("ready api={}", args.api.display());
-    let upkeep = tokio::spawn(neighbour_upkeep(core.clone()));
-    server::serve(listener, core, async {
+    let answered = Arc::new(Notify::new());
+    let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
+    server::serve(listener, core, answered, async {
         let name = signals.recv().await;
         info!("received {name}; exiting");
     })
@@ -168,7 +172,9 @@ fn explain_load_error(error: DataplaneError, layout: &PinLayout) -> DaemonError 
     error.into()
 }
 
-async fn neighbour_upkeep<M, S>(core: SharedCore<M, S>)
+/// Every `neighbours::INTERVAL`, and right after each accepted API request, so a backend
+/// just added is resolved before its first flows arrive.
+async fn neighbour_upkeep<M, S>(core: SharedCore<M, S>, answered: Arc<Notify>)
 where
     M: Maps + Counters + Send + 'static,
     S: Store + Send + 'static,
@@ -176,7 +182,10 @@ where
     let mut tick = tokio::time::interval(neighbours::INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = answered.notified() => {}
+        }
         // The lock may be held by a change being applied: wait for it off the async workers.
         let core = core.clone();
         let round = move || {

@@ -15,6 +15,7 @@ use log::{debug, warn};
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
+    sync::Notify,
     task::JoinSet,
 };
 
@@ -85,7 +86,9 @@ pub fn lock<M, S>(core: &Mutex<Core<M, S>>) -> MutexGuard<'_, Core<M, S>> {
 }
 
 /// Answers connections until `shutdown` completes, then lets requests in flight finish.
-pub async fn serve<M, S>(listener: UnixListener, core: SharedCore<M, S>, shutdown: impl Future<Output = ()>)
+/// `answered` is notified after every request the core accepted (e.g. to resolve a new
+/// backend's neighbour at once).
+pub async fn serve<M, S>(listener: UnixListener, core: SharedCore<M, S>, answered: Arc<Notify>, shutdown: impl Future<Output = ()>)
 where
     M: Maps + Counters + Send + 'static,
     S: Store + Send + 'static,
@@ -98,7 +101,7 @@ where
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    connections.spawn(connection(stream, core.clone()));
+                    connections.spawn(connection(stream, core.clone(), answered.clone()));
                 }
                 Err(e) => {
                     // Out of descriptors and the like: back off instead of spinning.
@@ -116,12 +119,15 @@ where
     }
 }
 
-async fn connection<M, S>(mut stream: UnixStream, core: SharedCore<M, S>)
+async fn connection<M, S>(mut stream: UnixStream, core: SharedCore<M, S>, answered: Arc<Notify>)
 where
     M: Maps + Counters + Send + 'static,
     S: Store + Send + 'static,
 {
     let response = answer(&mut stream, core).await;
+    if matches!(response, Response::Ok(_)) {
+        answered.notify_one();
+    }
     let mut line = match serde_json::to_string(&response) {
         Ok(line) => line,
         Err(e) => return warn!("encoding an API response: {e}"),
@@ -199,7 +205,7 @@ mod tests {
         let (listener, file) = bind(&socket).unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
-            serve(listener, Arc::new(Mutex::new(core)), async {
+            serve(listener, Arc::new(Mutex::new(core)), Arc::new(Notify::new()), async {
                 let _ = stopped.await;
             })
             .await;

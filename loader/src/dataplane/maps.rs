@@ -23,6 +23,7 @@ pub struct BalancerMaps {
     pub backend_stats: PerCpuArray<MapData, Traffic>,
     pub reasons: PerCpuArray<MapData, u64>,
     pub tx_ports: DevMapHash<MapData>,
+    pub vip_filter: Array<MapData, u64>,
 }
 
 fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
@@ -48,6 +49,7 @@ impl BalancerMaps {
             backend_stats: take(ebpf, map_names::BACKEND_STATS)?,
             reasons: take(ebpf, map_names::REASONS)?,
             tx_ports: take(ebpf, map_names::TX_PORTS)?,
+            vip_filter: take(ebpf, map_names::VIP_FILTER)?,
         })
     }
 
@@ -124,10 +126,7 @@ impl BalancerMaps {
 
 fn sum_traffic(name: &'static str, map: &PerCpuArray<MapData, Traffic>, id: u32) -> Result<Traffic, DataplaneError> {
     let per_cpu = named(name, map.get(&id, 0))?;
-    Ok(per_cpu.iter().fold(Traffic::default(), |acc, t| Traffic {
-        packets: acc.packets + t.packets,
-        bytes: acc.bytes + t.bytes,
-    }))
+    Ok(per_cpu.iter().fold(Traffic::default(), |acc, t| Traffic { packets: acc.packets + t.packets, bytes: acc.bytes + t.bytes }))
 }
 
 impl crate::reconcile::Maps for BalancerMaps {
@@ -170,4 +169,26 @@ impl crate::reconcile::Maps for BalancerMaps {
     fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {
         BalancerMaps::set_backend(self, id, info)
     }
+
+    fn vip_filter(&self) -> Result<Vec<u64>, DataplaneError> {
+        self.vip_filter.iter().map(|r| named(map_names::VIP_FILTER, r)).collect()
+    }
+
+    fn set_vip_filter_word(&mut self, index: u32, word: u64) -> Result<(), DataplaneError> {
+        named(map_names::VIP_FILTER, self.vip_filter.set(index, &word, 0))
+    }
+
+    fn reset_vip_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
+        zero_traffic(map_names::VIP_STATS, &mut self.vip_stats, id)
+    }
+
+    fn reset_backend_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
+        zero_traffic(map_names::BACKEND_STATS, &mut self.backend_stats, id)
+    }
+}
+
+fn zero_traffic(name: &'static str, map: &mut PerCpuArray<MapData, Traffic>, id: u32) -> Result<(), DataplaneError> {
+    let cpus = aya::util::nr_cpus().map_err(|(_, source)| DataplaneError::Cpus(source))?;
+    let zeros = aya::maps::PerCpuValues::try_from(vec![Traffic::default(); cpus.get() as usize]).map_err(DataplaneError::Cpus)?;
+    named(name, map.set(id, zeros, 0))
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{Xdp, ProgramError},
+    programs::{ProgramError, Xdp},
 };
 pub use maps::BalancerMaps;
 use spillway_common::limits::{map_names, program_names};
@@ -49,6 +49,8 @@ pub enum DataplaneError {
         #[source]
         source: aya::maps::xdp::XdpMapError,
     },
+    #[error("reading the number of possible CPUs")]
+    Cpus(#[source] std::io::Error),
     #[error("pin path {path}")]
     Pin {
         path: PathBuf,
@@ -71,7 +73,8 @@ pub struct Balancer {
     pub maps: BalancerMaps,
 }
 
-const ALL_MAPS: [&str; 10] = [
+/// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
+const PINNED_MAPS: [&str; 11] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -82,6 +85,7 @@ const ALL_MAPS: [&str; 10] = [
     map_names::BACKEND_STATS,
     map_names::REASONS,
     map_names::TX_PORTS,
+    map_names::VIP_FILTER,
 ];
 
 impl Balancer {
@@ -92,7 +96,7 @@ impl Balancer {
         let mut loader = EbpfLoader::new();
         if let Some(dir) = &options.map_pin_dir {
             std::fs::create_dir_all(dir).map_err(|source| DataplaneError::Pin { path: dir.clone(), source })?;
-            for name in ALL_MAPS {
+            for name in PINNED_MAPS {
                 loader.map_pin_path(name, dir.join(name));
             }
         }
@@ -121,7 +125,8 @@ impl Balancer {
 /// Loads a single-program object that needs no map setup (decap, floor) and returns it.
 pub fn load_simple(object: &'static [u8], object_name: &'static str, program: &'static str) -> Result<Ebpf, DataplaneError> {
     let object = objects::check(object, object_name)?;
-    let mut ebpf = Ebpf::load(object).map_err(|source| DataplaneError::Load { name: object_name, pin_dir: None, source: Box::new(source) })?;
+    let mut ebpf =
+        Ebpf::load(object).map_err(|source| DataplaneError::Load { name: object_name, pin_dir: None, source: Box::new(source) })?;
     load_xdp(&mut ebpf, program)?;
     Ok(ebpf)
 }

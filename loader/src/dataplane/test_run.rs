@@ -37,8 +37,6 @@ pub fn run_into(program: &Xdp, frame: &[u8], ingress_ifindex: u32, out: &mut [u8
     opts.data_in = Some(frame);
     opts.data_out = Some(out);
     opts.ctx_in = Some(ctx);
-    let result = program
-        .test_run(opts)
-        .map_err(|source| DataplaneError::Program { name: "test_run", source })?;
+    let result = program.test_run(opts).map_err(|source| DataplaneError::Program { name: "test_run", source })?;
     Ok((result.return_value, result.data_size_out as usize))
 }

@@ -1,91 +1,12 @@
-//! The reconciler against an in-memory model of the maps, which also checks the ordering
-//! guarantees on every write.
+//! The reconciler against the in-memory model of the maps (`testing::FakeMaps`), which
+//! also checks the ordering guarantees on every write.
 
 use std::collections::HashMap;
 
-use spillway_common::{limits::MAX_RING_SIZE, maglev::EMPTY_SLOT};
+use spillway_common::limits::MAX_RING_SIZE;
 
 use super::*;
-use crate::model::DEFAULT_WEIGHT;
-
-#[derive(Default)]
-struct FakeMaps {
-    vips: HashMap<VipKey, VipMeta>,
-    addrs: Vec<AddrKey>,
-    rings: HashMap<u32, u32>,
-    backends: HashMap<u32, BackendInfo>,
-    slot_writes: usize,
-}
-
-impl FakeMaps {
-    fn active_table(&self, vip: &Vip) -> Vec<u32> {
-        let meta = self.vips[&vip_key(vip)];
-        self.read_ring(meta.id, meta.active_half, meta.ring_size).unwrap()
-    }
-
-    /// Every slot any VIP's active table names is an active backend of that VIP.
-    fn assert_consistent(&self) {
-        for meta in self.vips.values() {
-            for id in self.read_ring(meta.id, meta.active_half, meta.ring_size).unwrap() {
-                if id != EMPTY_SLOT {
-                    let b = self.backends[&id];
-                    assert_eq!((b.state, b.vip_id), (BACKEND_ACTIVE, meta.id), "slot names backend {id}");
-                }
-            }
-        }
-    }
-}
-
-impl Maps for FakeMaps {
-    fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, DataplaneError> {
-        Ok(self.vips.iter().map(|(k, v)| (*k, *v)).collect())
-    }
-    fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
-        self.vips.insert(*key, *meta);
-        self.assert_consistent();
-        Ok(())
-    }
-    fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
-        self.vips.remove(key);
-        Ok(())
-    }
-    fn vip_addrs(&self) -> Result<Vec<AddrKey>, DataplaneError> {
-        Ok(self.addrs.clone())
-    }
-    fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError> {
-        self.addrs.push(*key);
-        Ok(())
-    }
-    fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError> {
-        self.addrs.retain(|k| k != key);
-        Ok(())
-    }
-    fn write_slots(&mut self, vip_id: u32, half: u32, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
-        // Writing the half packets read would expose a half-written table.
-        assert!(!self.vips.values().any(|m| m.id == vip_id && m.active_half == half), "wrote the active table");
-        let mut n = 0;
-        for (slot, owner) in slots {
-            self.rings.insert(VipMeta::ring_base(vip_id, half) + slot, owner);
-            n += 1;
-        }
-        self.slot_writes += n;
-        Ok(n)
-    }
-    fn read_ring(&self, vip_id: u32, half: u32, size: u32) -> Result<Vec<u32>, DataplaneError> {
-        let base = VipMeta::ring_base(vip_id, half);
-        Ok((base..base + size).map(|i| self.rings.get(&i).copied().unwrap_or(0)).collect())
-    }
-    fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError> {
-        Ok(self.backends.get(&id).copied().unwrap_or_default())
-    }
-    fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {
-        self.backends.insert(id, *info);
-        if info.state == BACKEND_FREE {
-            self.assert_consistent();
-        }
-        Ok(())
-    }
-}
+use crate::{model::DEFAULT_WEIGHT, testing::FakeMaps};
 
 fn vip() -> Vip {
     "10.100.0.1:80/tcp".parse().unwrap()
@@ -102,7 +23,7 @@ fn state(backends: &[(&str, u32)]) -> DesiredState {
 
 fn owners(maps: &FakeMaps) -> HashMap<u32, usize> {
     let mut c = HashMap::new();
-    for id in maps.active_table(&vip()) {
+    for id in maps.active_table(&vip_key(&vip())) {
         *c.entry(id).or_default() += 1;
     }
     c
@@ -134,12 +55,12 @@ fn changes_write_only_slots_that_differ_from_the_inactive_table() {
     let b = ["10.0.0.101", "10.0.0.102", "10.0.0.103", "10.0.0.104", "10.0.0.105"];
     let set = |n: usize| state(&b[..n].iter().map(|a| (*a, 100)).collect::<Vec<_>>());
     r.apply(&mut maps, &set(3)).unwrap(); // half 0: the 3-backend table
-    let three = maps.active_table(&vip());
+    let three = maps.active_table(&vip_key(&vip()));
     // The other half is unknown until the first flip, so this change writes it fully.
     assert_eq!(r.apply(&mut maps, &set(4)).unwrap().slots_written, 4099);
     // From now on only slots that differ from the inactive half's contents are written.
     let report = r.apply(&mut maps, &set(5)).unwrap();
-    let five = maps.active_table(&vip());
+    let five = maps.active_table(&vip_key(&vip()));
     let differing = three.iter().zip(&five).filter(|(a, b)| a != b).count();
     assert_eq!(report, ApplyReport { slots_written: differing, tables_flipped: 1 });
     assert!(differing < 4099 / 2, "{differing} slots changed for two added backends");
@@ -218,4 +139,31 @@ fn orphaned_backends_are_freed() {
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.apply(&mut maps, &DesiredState::default()).unwrap();
     assert_eq!(maps.backends[&7].state, BACKEND_FREE);
+}
+
+#[test]
+fn vip_filter_holds_exactly_the_vip_addresses() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
+    let (word, bit) = spillway_common::hash::vip_filter_slot(&to_words(vip().addr).0);
+    assert_eq!(maps.filter.iter().map(|w| w.count_ones()).sum::<u32>(), 1);
+    assert_eq!(maps.filter[word as usize], bit);
+    r.apply(&mut maps, &DesiredState::default()).unwrap();
+    assert!(maps.filter.iter().all(|&w| w == 0));
+}
+
+#[test]
+fn reused_ids_start_with_zeroed_counters() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
+    let be = r.backend_id(&vip(), &"10.0.0.101".parse().unwrap()).unwrap();
+    let old = spillway_common::types::Traffic { packets: 5, bytes: 500 };
+    maps.vip_traffic.insert(0, old);
+    maps.backend_traffic.insert(be, old);
+    r.apply(&mut maps, &DesiredState::default()).unwrap();
+    r.apply(&mut maps, &state(&[("10.0.0.102", 100)])).unwrap();
+    assert_eq!(r.backend_id(&vip(), &"10.0.0.102".parse().unwrap()), Some(be));
+    assert!(maps.vip_traffic.is_empty() && maps.backend_traffic.is_empty());
 }

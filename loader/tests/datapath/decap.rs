@@ -40,11 +40,9 @@ fn tunnels_to_local_addresses_are_stripped() {
         }
         let inner4 = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), true, b"hi");
         let inner6 = frames::tcp(sock("[2001:db8::20]:40000"), sock("[2001:db8:100::1]:80"), true, b"hi");
-        for (outer_src, outer_dst, inner) in [
-            ("10.9.0.1", "10.1.0.1", &inner4),
-            ("fd09::1", "fd01::1", &inner6),
-            ("fd09::1", "fd01::1", &inner4),
-        ] {
+        for (outer_src, outer_dst, inner) in
+            [("10.9.0.1", "10.1.0.1", &inner4), ("fd09::1", "fd01::1", &inner6), ("fd09::1", "fd01::1", &inner4)]
+        {
             let tunnel = frames::tunnel(ip(outer_src), ip(outer_dst), &inner[14..]);
             let out = run_decap(env, &tunnel, DecapReason::Decapsulated);
             assert_eq!(out[0..12], tunnel[0..12], "MACs kept");

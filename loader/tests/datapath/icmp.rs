@@ -20,11 +20,7 @@ fn icmp_reaches_flow_backend(client: &str, vip_addr: &str, router: &str, v6: boo
         // Reweight so a fresh hash would likely land elsewhere: the table must not matter.
         env.update(|s| s.set_weight(&v, pinned, 1).unwrap());
 
-        let icmp = if v6 {
-            frames::icmp6_packet_too_big(ip(router), d, c, 1280)
-        } else {
-            frames::icmp_frag_needed(ip(router), d, c, 1400)
-        };
+        let icmp = if v6 { frames::icmp6_packet_too_big(ip(router), d, c, 1280) } else { frames::icmp_frag_needed(ip(router), d, c, 1400) };
         let out = env.expect(&icmp, XDP_TX, Reason::Tx);
         expect_encap(&out.frame, &icmp, 14, pinned, packet_lab::neighbour_mac(pinned));
     });

@@ -84,13 +84,26 @@ fn next_hop_is_cached_per_cpu_and_refreshed_after_its_ttl() {
 
         let moved = [0x02, 0xbe, 0xee, 0, 0, 1];
         lab.netns()
-            .run(&["ip", "neigh", "replace", &backend.to_string(), "lladdr", "02:be:ee:00:00:01", "nud", "permanent", "dev", packet_lab::INGRESS])
+            .run(&[
+                "ip",
+                "neigh",
+                "replace",
+                &backend.to_string(),
+                "lladdr",
+                "02:be:ee:00:00:01",
+                "nud",
+                "permanent",
+                "dev",
+                packet_lab::INGRESS,
+            ])
             .unwrap();
         // Within the TTL this CPU still uses what it cached...
         let out = env.expect(&f, XDP_TX, Reason::Tx);
         expect_encap(&out.frame, &f, 14, backend, packet_lab::neighbour_mac(backend));
         // ...and after it, the new neighbour.
-        std::thread::sleep(std::time::Duration::from_nanos(spillway_common::limits::NEXTHOP_CACHE_TTL_NS) + std::time::Duration::from_millis(200));
+        std::thread::sleep(
+            std::time::Duration::from_nanos(spillway_common::limits::NEXTHOP_CACHE_TTL_NS) + std::time::Duration::from_millis(200),
+        );
         let out = env.expect(&f, XDP_TX, Reason::Tx);
         expect_encap(&out.frame, &f, 14, backend, Some(moved));
     });

@@ -24,7 +24,11 @@ fn not_ours_passes_unchanged() {
             ("ND", frames::neighbour_solicitation(ip("fe80::1"), "fd01::1".parse().unwrap()), Reason::PassNotVip),
             (
                 "IPIP to the host",
-                frames::tunnel(ip("10.9.0.1"), ip("10.1.0.1"), &frames::tcp(sock("192.168.10.20:1"), sock("10.200.1.1:80"), true, &[])[14..]),
+                frames::tunnel(
+                    ip("10.9.0.1"),
+                    ip("10.1.0.1"),
+                    &frames::tcp(sock("192.168.10.20:1"), sock("10.200.1.1:80"), true, &[])[14..],
+                ),
                 Reason::PassNotVip,
             ),
             ("ICMP echo to a VIP", icmp_echo("10.200.1.1"), Reason::PassNotVip),

@@ -5,7 +5,10 @@ use std::net::{IpAddr, SocketAddr};
 
 use aya::{Ebpf, programs::XdpMode};
 use spillway::{
-    dataplane::{Balancer, LoadOptions, load_simple, test_run::{self, RunOutcome}},
+    dataplane::{
+        Balancer, LoadOptions, load_simple,
+        test_run::{self, RunOutcome},
+    },
     model::{DesiredState, Vip},
     objects,
     reconcile::{Reconciler, vip_key},
@@ -16,7 +19,10 @@ use spillway_common::{
     limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
     types::{FlowKey, LbConfig, Reason, VipMeta},
 };
-use spillway_harness::{frames, packet_lab::{self, PacketLab}};
+use spillway_harness::{
+    frames,
+    packet_lab::{self, PacketLab},
+};
 
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;

@@ -18,9 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use nix::sys::socket::{
-    AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage, bind, listen, setsockopt, sockopt,
-};
+use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage, bind, listen, setsockopt, sockopt};
 
 /// Echo/identify server for load-balancer tests.
 #[derive(Parser)]
@@ -66,11 +64,7 @@ fn main() -> Result<()> {
     }
 }
 
-fn spawn_server(
-    failed: &Sender<anyhow::Error>,
-    addr: SocketAddr,
-    serve: impl FnOnce() -> Result<()> + Send + 'static,
-) {
+fn spawn_server(failed: &Sender<anyhow::Error>, addr: SocketAddr, serve: impl FnOnce() -> Result<()> + Send + 'static) {
     let failed = failed.clone();
     std::thread::spawn(move || {
         let err = serve().err().unwrap_or_else(|| anyhow::anyhow!("stopped"));

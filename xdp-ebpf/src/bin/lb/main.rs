@@ -7,6 +7,7 @@
 #![no_main]
 
 mod maps;
+mod nexthop;
 mod select;
 mod stats;
 
@@ -17,19 +18,19 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use spillway_common::{
-    hash::{FLOW_SEED, flow_hash},
+    hash::{FLOW_SEED, flow_hash, vip_filter_slot},
     types::{CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, Reason, VipKey, VipMeta},
 };
 use xdp_ebpf::{
     encap::{self, Macs, Tunnel},
-    fib::{self, NextHop},
+    fib::NextHop,
     headers::EthHdr,
     packet,
     parse::{Layout, Parsed, parse},
 };
 
 use crate::{
-    maps::{CONFIG, TX_PORTS, VIPS, VIP_ADDRS},
+    maps::{CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS},
     select::Choice,
 };
 
@@ -48,13 +49,12 @@ fn balance(ctx: &XdpContext) -> (u32, Reason) {
         Parsed::Malformed => return (XDP_PASS, Reason::PassMalformed),
         Parsed::Other => return (XDP_PASS, Reason::PassNotVip),
         Parsed::Fragment(addr) => {
-            return if VIP_ADDRS.get_ptr(&addr).is_some() {
-                (XDP_DROP, Reason::DropFragment)
-            } else {
-                (XDP_PASS, Reason::PassNotVip)
-            };
+            return if VIP_ADDRS.get_ptr(&addr).is_some() { (XDP_DROP, Reason::DropFragment) } else { (XDP_PASS, Reason::PassNotVip) };
         }
     };
+    if !maybe_vip(&key.dst) {
+        return (XDP_PASS, Reason::PassNotVip);
+    }
     let Some(vip) = find_vip(&key) else {
         return (XDP_PASS, Reason::PassNotVip);
     };
@@ -69,11 +69,18 @@ fn balance(ctx: &XdpContext) -> (u32, Reason) {
     let Some(choice) = select::backend(&key, &vip, hash, now, cfg, icmp_error) else {
         return (XDP_DROP, Reason::DropNoBackend);
     };
-    let verdict = forward(ctx, &key, &layout, &choice, hash, cfg);
+    let verdict = forward(ctx, &key, &layout, &choice, hash, cfg, now);
     if matches!(verdict.1, Reason::Tx | Reason::Redirect | Reason::KernelNoNeigh | Reason::KernelNoTxPort) {
         stats::backend(choice.id, frame_len);
     }
     verdict
+}
+
+/// False only for addresses no VIP uses (one inlined array read).
+#[inline(always)]
+fn maybe_vip(addr: &[u32; 4]) -> bool {
+    let (word, bit) = vip_filter_slot(addr);
+    VIP_FILTER.get(word).is_some_and(|w| w & bit != 0)
 }
 
 /// Exact (address, port, protocol) first, then the address's "any port" VIP.
@@ -88,7 +95,7 @@ fn find_vip(key: &FlowKey) -> Option<VipMeta> {
 }
 
 #[inline(always)]
-fn forward(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, hash: u32, cfg: &LbConfig) -> (u32, Reason) {
+fn forward(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, hash: u32, cfg: &LbConfig, now: u64) -> (u32, Reason) {
     let be = &choice.backend;
     if !encap::supported(be.family, key.family) {
         return (XDP_DROP, Reason::DropEncapFailed);
@@ -110,12 +117,9 @@ fn forward(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, ha
     };
     let outer_len = (encap::outer_len(be.family) + layout.l3_len) as u16;
     let hop = if cfg.flags & CFG_F_STATIC_NEXTHOP != 0 {
-        NextHop::Resolved {
-            ifindex: cfg.static_ifindex,
-            macs: Macs { src: cfg.static_src_mac, dst: cfg.static_dst_mac },
-        }
+        NextHop::Resolved { ifindex: cfg.static_ifindex, macs: Macs { src: cfg.static_src_mac, dst: cfg.static_dst_mac } }
     } else {
-        fib::lookup(ctx, be.family, &tunnel.src, &tunnel.dst, outer_len)
+        nexthop::resolve(ctx, choice.id, be, &tunnel.src, outer_len, now)
     };
     match hop {
         NextHop::FragNeeded => (XDP_DROP, Reason::DropOversize),

@@ -6,8 +6,8 @@ use aya_ebpf::{
     maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray},
 };
 use spillway_common::{
-    limits::{FLOW_TABLE_ENTRIES, MAX_BACKENDS, MAX_TX_PORTS, MAX_VIPS, RING_MAP_ENTRIES},
-    types::{AddrKey, BackendInfo, FlowKey, FlowValue, LbConfig, Reason, Traffic, VipKey, VipMeta},
+    limits::{FLOW_TABLE_ENTRIES, MAX_BACKENDS, MAX_TX_PORTS, MAX_VIPS, RING_MAP_ENTRIES, VIP_FILTER_WORDS},
+    types::{AddrKey, BackendInfo, CachedNextHop, FlowKey, FlowValue, LbConfig, Reason, Traffic, VipKey, VipMeta},
 };
 
 /// Per-CPU LRU lists over one shared table: inserts never contend across CPUs, and a flow
@@ -20,6 +20,11 @@ pub static CONFIG: Array<LbConfig> = Array::with_max_entries(1, 0);
 #[map(name = "spw_vips")]
 pub static VIPS: HashMap<VipKey, VipMeta> = HashMap::with_max_entries(MAX_VIPS, 0);
 
+/// Bloom filter over VIP addresses (see `hash::vip_filter_slot`): a clear bit proves a
+/// packet is not VIP traffic.
+#[map(name = "spw_vip_filter")]
+pub static VIP_FILTER: Array<u64> = Array::with_max_entries(VIP_FILTER_WORDS, 0);
+
 #[map(name = "spw_vip_addrs")]
 pub static VIP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(MAX_VIPS, 0);
 
@@ -30,8 +35,7 @@ pub static RINGS: Array<u32> = Array::with_max_entries(RING_MAP_ENTRIES, 0);
 pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(MAX_BACKENDS, 0);
 
 #[map(name = "spw_flows")]
-pub static FLOWS: LruHashMap<FlowKey, FlowValue> =
-    LruHashMap::with_max_entries(FLOW_TABLE_ENTRIES, BPF_F_NO_COMMON_LRU);
+pub static FLOWS: LruHashMap<FlowKey, FlowValue> = LruHashMap::with_max_entries(FLOW_TABLE_ENTRIES, BPF_F_NO_COMMON_LRU);
 
 #[map(name = "spw_vip_stats")]
 pub static VIP_STATS: PerCpuArray<Traffic> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
@@ -41,6 +45,10 @@ pub static BACKEND_STATS: PerCpuArray<Traffic> = PerCpuArray::with_max_entries(M
 
 #[map(name = "spw_reasons")]
 pub static REASONS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Reason::COUNT, 0);
+
+/// Per-CPU next hop per backend id (see `nexthop.rs`); never pinned, it refills itself.
+#[map(name = "spw_nh_cache")]
+pub static NEXTHOP_CACHE: PerCpuArray<CachedNextHop> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
 
 #[map(name = "spw_tx_ports")]
 pub static TX_PORTS: DevMapHash = DevMapHash::with_max_entries(MAX_TX_PORTS, 0);

@@ -1,0 +1,27 @@
+//! End to end: real TCP/UDP from a client namespace through the real XDP program, attached
+//! and configured by the real `lbd` through the real `lbctl`, to backends that decapsulate
+//! with `lbd agent`. Every scenario runs in native and in generic XDP mode. Needs root.
+
+mod hitless_restart;
+mod input;
+mod membership;
+mod reachability;
+mod support;
+
+/// Runs scenario `$name(mode)` once per XDP mode.
+#[macro_export]
+macro_rules! in_both_modes {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn native() {
+                super::$name(spillway_harness::cluster::XdpMode::Native);
+            }
+
+            #[test]
+            fn generic() {
+                super::$name(spillway_harness::cluster::XdpMode::Generic);
+            }
+        }
+    };
+}
