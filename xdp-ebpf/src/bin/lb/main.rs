@@ -13,7 +13,7 @@ mod stats;
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX},
-    helpers::bpf_ktime_get_ns,
+    helpers::bpf_ktime_get_coarse_ns,
     macros::xdp,
     programs::XdpContext,
 };
@@ -55,20 +55,31 @@ fn balance(ctx: &XdpContext) -> (u32, Reason) {
     if !maybe_vip(&key.dst) {
         return (XDP_PASS, Reason::PassNotVip);
     }
-    let Some(vip) = find_vip(&key) else {
-        return (XDP_PASS, Reason::PassNotVip);
-    };
     // Slot 0 of an array always exists; the check is for the verifier.
     let Some(cfg) = CONFIG.get(0) else {
         return (XDP_PASS, Reason::PassNotVip);
     };
     let frame_len = packet::len(ctx);
-    stats::vip(vip.id, frame_len);
     let hash = flow_hash(&key, FLOW_SEED);
-    let now = unsafe { bpf_ktime_get_ns() };
-    let Some(choice) = select::backend(&key, &vip, hash, now, cfg, icmp_error) else {
-        return (XDP_DROP, Reason::DropNoBackend);
+    // Coarse (tick-resolution) time is enough for second-scale timeouts and costs no
+    // clocksource read.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // An established flow skips the VIP lookup: its backend's entry names the VIP, and a
+    // removed VIP's backends are freed, which invalidates its flows.
+    let choice = match select::established(&key, now, cfg, icmp_error) {
+        Some(choice) => choice,
+        None => {
+            let Some(vip) = find_vip(&key) else {
+                return (XDP_PASS, Reason::PassNotVip);
+            };
+            let Some(choice) = select::new_flow(&key, &vip, hash, now, icmp_error) else {
+                stats::vip(vip.id, frame_len);
+                return (XDP_DROP, Reason::DropNoBackend);
+            };
+            choice
+        }
     };
+    stats::vip(choice.backend.vip_id, frame_len);
     let verdict = forward(ctx, &key, &layout, &choice, hash, cfg, now);
     if matches!(verdict.1, Reason::Tx | Reason::Redirect | Reason::KernelNoNeigh | Reason::KernelNoTxPort) {
         stats::backend(choice.id, frame_len);

@@ -1,4 +1,4 @@
-//! Backend choice: the connection table first, Maglev for new flows.
+//! Backend choice: the connection table for established flows, Maglev for new ones.
 
 use spillway_common::{
     limits::FLOW_TOUCH_INTERVAL_NS,
@@ -14,14 +14,10 @@ pub struct Choice {
     pub backend: BackendInfo,
 }
 
-/// The backend for this packet. A known flow keeps its backend while that backend exists
-/// (draining included) and the flow is not idle past its timeout; anything else is hashed
-/// onto the VIP's active Maglev table. ICMP errors read but never create entries.
+/// A new flow's backend, from the VIP's active Maglev table; the choice is remembered in the
+/// connection table (ICMP errors read but never create entries).
 #[inline(always)]
-pub fn backend(key: &FlowKey, vip: &VipMeta, hash: u32, now: u64, cfg: &LbConfig, icmp_error: bool) -> Option<Choice> {
-    if let Some(hit) = established(key, now, cfg, icmp_error) {
-        return Some(hit);
-    }
+pub fn new_flow(key: &FlowKey, vip: &VipMeta, hash: u32, now: u64, icmp_error: bool) -> Option<Choice> {
     if vip.ring_size == 0 {
         return None;
     }
@@ -40,8 +36,10 @@ pub fn backend(key: &FlowKey, vip: &VipMeta, hash: u32, now: u64, cfg: &LbConfig
     Some(Choice { id, backend })
 }
 
+/// A known flow keeps its backend while that backend exists (draining included) and the
+/// flow is not idle past its timeout.
 #[inline(always)]
-fn established(key: &FlowKey, now: u64, cfg: &LbConfig, icmp_error: bool) -> Option<Choice> {
+pub fn established(key: &FlowKey, now: u64, cfg: &LbConfig, icmp_error: bool) -> Option<Choice> {
     let entry = FLOWS.get_ptr_mut(key)?;
     // SAFETY: the pointer is a live map value; racing writers only store timestamps.
     let entry = unsafe { &mut *entry };
