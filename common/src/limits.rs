@@ -26,6 +26,17 @@ pub const FLOW_TABLE_ENTRIES: u32 = 1 << 20;
 pub const MAX_TX_PORTS: u32 = 64;
 /// Addresses the backend agent decapsulates for.
 pub const MAX_LOCAL_ADDRS: u32 = 64;
+/// Operator rules (CIDR, optionally per VIP) and their counters.
+pub const MAX_RULES: u32 = 1024;
+/// Sources tracked for per-source limits and `lbctl top-sources` (LRU: the quietest go).
+pub const SOURCE_TABLE_ENTRIES: u32 = 1 << 16;
+/// Slot of the limits array holding the default for VIPs without their own limit.
+pub const DEFAULT_LIMIT_SLOT: u32 = MAX_VIPS;
+/// `RuleKey::vip_id` of a rule that applies to every VIP.
+pub const ANY_VIP: u32 = u32::MAX;
+/// Default source prefixes that share one per-source bucket.
+pub const DEFAULT_SOURCE_PREFIX_V4: u8 = 32;
+pub const DEFAULT_SOURCE_PREFIX_V6: u8 = 64;
 /// Words (64 bits each) of the VIP address pre-filter: a one-hash Bloom filter that lets
 /// non-VIP traffic pass after one inlined array read instead of two hash lookups.
 pub const VIP_FILTER_WORDS: u32 = 1024;
@@ -54,6 +65,12 @@ pub mod map_names {
     pub const TX_PORTS: &str = "spw_tx_ports";
     pub const VIP_FILTER: &str = "spw_vip_filter";
     pub const NEXTHOP_CACHE: &str = "spw_nh_cache";
+    pub const LIMITS: &str = "spw_limits";
+    pub const BUDGET_STATE: &str = "spw_budget";
+    pub const SOURCES: &str = "spw_sources";
+    pub const RULES: &str = "spw_rules";
+    pub const RULE_STATS: &str = "spw_rule_stats";
+    pub const OBSERVED: &str = "spw_observed";
     pub const LOCAL_ADDRS: &str = "spw_local_addrs";
     pub const DECAP_REASONS: &str = "spw_decap_rsn";
 }

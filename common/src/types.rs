@@ -117,6 +117,110 @@ pub struct CachedNextHop {
     pub dst_mac: [u8; 6],
 }
 
+/// A rate as the data path enforces it: GCRA ("virtual scheduling"), one `u64` of state
+/// per bucket updated with atomic adds only, so it stays exact when one source's packets
+/// arrive on several CPUs. 0 `per_s` = no limit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rate {
+    /// Admitted new flows per second, sustained.
+    pub per_s: u32,
+    /// Extra new flows admitted at once after a quiet period.
+    pub burst: u32,
+}
+
+/// `Limits::flags` and `RuleValue::flags`: count what would be dropped, drop nothing.
+pub const LIMIT_F_OBSERVE_SOURCE: u32 = 1;
+pub const LIMIT_F_OBSERVE_BUDGET: u32 = 1 << 1;
+
+/// New-flow limits of one VIP (or, at `DEFAULT_LIMIT_SLOT`, of every VIP without its own).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Per source prefix (see `source_prefix_v4/v6`).
+    pub per_source: Rate,
+    /// For the whole VIP: the budget that sheds new flows above the backends' capacity.
+    pub vip_budget: Rate,
+    pub flags: u32,
+    /// Source prefix lengths that share one bucket.
+    pub source_prefix_v4: u8,
+    pub source_prefix_v6: u8,
+    /// Non-zero when this slot holds a configuration (the default slot may be empty).
+    pub configured: u8,
+    pub _pad: u8,
+}
+
+/// GCRA state of one bucket: the theoretical arrival time of the next admitted flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bucket {
+    pub tat_ns: u64,
+}
+
+/// A source prefix within a VIP (per-source buckets, `lbctl top-sources`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceKey {
+    pub vip_id: u32,
+    pub family: u8,
+    pub _pad: [u8; 3],
+    /// Source address masked to the configured prefix.
+    pub prefix: [u32; 4],
+}
+
+/// Per-source bucket and what it let through (updated with atomic adds).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceState {
+    pub bucket: Bucket,
+    pub admitted: u64,
+    pub dropped: u64,
+}
+
+/// LPM data of an operator rule (the trie key's prefix length counts `vip_id_be` and
+/// `family`, [`RULE_KEY_SCOPE_BITS`], plus the address bits), so a rule matches within its
+/// VIP scope (or `ANY_VIP`) and family.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RuleKey {
+    /// Big-endian: the trie compares bits in memory order.
+    pub vip_id_be: u32,
+    pub family: u8,
+    pub addr: [u8; 16],
+    pub _pad: [u8; 3],
+}
+
+/// Bits of `RuleKey` before the address.
+pub const RULE_KEY_SCOPE_BITS: u32 = 40;
+
+pub const RULE_LIMIT: u8 = 1;
+pub const RULE_BLOCK: u8 = 2;
+pub const RULE_EXEMPT: u8 = 3;
+
+/// What a rule does, and its counters' slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleValue {
+    pub id: u32,
+    /// For `RULE_LIMIT`: one bucket for everything the prefix matches (a client class).
+    pub rate: Rate,
+    pub flags: u32,
+    pub action: u8,
+    /// The rule's address prefix length: the most specific of a scoped and a global match
+    /// wins.
+    pub addr_prefix_len: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Per-rule state: the class's bucket (`RULE_LIMIT`) and counters (atomic adds).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleState {
+    pub bucket: Bucket,
+    pub hits: u64,
+    pub dropped: u64,
+}
+
 /// Static next hop: set when the operator pins the egress instead of using the FIB.
 pub const CFG_F_STATIC_NEXTHOP: u32 = 1;
 
@@ -195,6 +299,24 @@ reasons!(
         DropNoRoute = "drop_no_route",
         /// The encapsulation could not make room in the frame, or cannot carry the family.
         DropEncapFailed = "drop_encap_failed",
+        /// A new flow over its source prefix's limit.
+        DropSourceLimit = "drop_source_limit",
+        /// A new flow from a prefix an operator rule blocks.
+        DropRuleBlock = "drop_rule_block",
+        /// A new flow over an operator rule's limit for its client class.
+        DropRuleLimit = "drop_rule_limit",
+        /// A new flow over the VIP's budget (load shedding).
+        DropVipBudget = "drop_vip_budget",
+    }
+);
+
+reasons!(
+    /// Drops a limit in observe mode would have made (the packets were let through).
+    Observed {
+        SourceLimit = "would_drop_source_limit",
+        RuleBlock = "would_drop_rule_block",
+        RuleLimit = "would_drop_rule_limit",
+        VipBudget = "would_drop_vip_budget",
     }
 );
 
@@ -222,6 +344,12 @@ const _: () = assert!(size_of::<FlowValue>() == 16);
 const _: () = assert!(size_of::<LbConfig>() == 56);
 const _: () = assert!(size_of::<Traffic>() == 16);
 const _: () = assert!(size_of::<CachedNextHop>() == 32);
+const _: () = assert!(size_of::<Limits>() == 24);
+const _: () = assert!(size_of::<SourceKey>() == 24);
+const _: () = assert!(size_of::<SourceState>() == 24);
+const _: () = assert!(size_of::<RuleKey>() == 24);
+const _: () = assert!(size_of::<RuleValue>() == 20);
+const _: () = assert!(size_of::<RuleState>() == 24);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -235,5 +363,5 @@ mod pod {
             unsafe impl aya::Pod for $t {}
         )+};
     }
-    pod!(VipKey, VipMeta, AddrKey, BackendInfo, FlowKey, FlowValue, LbConfig, Traffic);
+    pod!(VipKey, VipMeta, AddrKey, BackendInfo, FlowKey, FlowValue, LbConfig, Traffic, Rate, Limits, Bucket, SourceKey, SourceState, RuleKey, RuleValue, RuleState);
 }
