@@ -5,7 +5,9 @@
 //! packet access goes through [`packet`], which proves the bounds to the verifier. Maps
 //! live with the program that owns them (`src/bin/*`), so each object carries only its own.
 #![no_std]
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
+pub mod atomic;
 pub mod csum;
 pub mod encap;
 pub mod fib;

@@ -76,6 +76,10 @@ fn static_next_hop_skips_the_fib() {
 fn next_hop_is_cached_per_cpu_and_refreshed_after_its_ttl() {
     let lab = spillway_harness::packet_lab::PacketLab::build().unwrap();
     with_env_in(&lab, |env| {
+        // The cache is per CPU: stay on one so every run sees the same cache.
+        let mut one_cpu = nix::sched::CpuSet::new();
+        one_cpu.set(0).unwrap();
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &one_cpu).unwrap();
         let backend: std::net::IpAddr = packet_lab::backend4(101).into();
         env.add_vip(vip("10.200.1.1:80/tcp"), &[backend]);
         let f = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), true, &[]);

@@ -6,6 +6,7 @@
 #![no_std]
 #![no_main]
 
+mod limits;
 mod maps;
 mod nexthop;
 mod select;
@@ -72,6 +73,11 @@ fn balance(ctx: &XdpContext) -> (u32, Reason) {
             let Some(vip) = find_vip(&key) else {
                 return (XDP_PASS, Reason::PassNotVip);
             };
+            // ICMP errors belong to an existing flow: they are never limited.
+            if !icmp_error && let Err(reason) = limits::admit_new_flow(&key, vip.id, now) {
+                stats::vip(vip.id, frame_len);
+                return (XDP_DROP, reason);
+            }
             let Some(choice) = select::new_flow(&key, &vip, hash, now, icmp_error) else {
                 stats::vip(vip.id, frame_len);
                 return (XDP_DROP, Reason::DropNoBackend);

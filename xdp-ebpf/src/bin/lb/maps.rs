@@ -3,11 +3,16 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
 use spillway_common::{
-    limits::{FLOW_TABLE_ENTRIES, MAX_BACKENDS, MAX_TX_PORTS, MAX_VIPS, RING_MAP_ENTRIES, VIP_FILTER_WORDS},
-    types::{AddrKey, BackendInfo, CachedNextHop, FlowKey, FlowValue, LbConfig, Reason, Traffic, VipKey, VipMeta},
+    limits::{
+        FLOW_TABLE_ENTRIES, MAX_BACKENDS, MAX_RULES, MAX_TX_PORTS, MAX_VIPS, RING_MAP_ENTRIES, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS,
+    },
+    types::{
+        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowKey, FlowValue, LbConfig, Limits, Observed, Reason, RuleKey, RuleState, RuleValue,
+        SourceKey, SourceState, Traffic, VipKey, VipMeta,
+    },
 };
 
 #[map(name = "spw_cfg")]
@@ -52,3 +57,30 @@ pub static NEXTHOP_CACHE: PerCpuArray<CachedNextHop> = PerCpuArray::with_max_ent
 
 #[map(name = "spw_tx_ports")]
 pub static TX_PORTS: DevMapHash = DevMapHash::with_max_entries(MAX_TX_PORTS, 0);
+
+/// New-flow limits per VIP id, plus the default at `DEFAULT_LIMIT_SLOT`.
+#[map(name = "spw_limits")]
+pub static LIMITS: Array<Limits> = Array::with_max_entries(MAX_VIPS + 1, 0);
+
+/// Each VIP's budget bucket (shared by all CPUs; atomic adds).
+#[map(name = "spw_budget")]
+pub static BUDGET: Array<Bucket> = Array::with_max_entries(MAX_VIPS, 0);
+
+/// Per-source buckets and counters; the LRU forgets the quietest sources first.
+#[map(name = "spw_sources")]
+pub static SOURCES: LruHashMap<SourceKey, SourceState> = LruHashMap::with_max_entries(SOURCE_TABLE_ENTRIES, 0);
+
+/// Operator rules: longest prefix within a VIP scope (or `ANY_VIP`) and family.
+#[map(name = "spw_rules")]
+pub static RULES: LpmTrie<RuleKey, RuleValue> = LpmTrie::with_max_entries(MAX_RULES, 0);
+
+/// Per rule id: the client class's bucket and the rule's counters.
+#[map(name = "spw_rule_stats")]
+pub static RULE_STATE: Array<RuleState> = Array::with_max_entries(MAX_RULES, 0);
+
+/// What limits in observe mode would have dropped.
+#[map(name = "spw_observed")]
+pub static OBSERVED: PerCpuArray<u64> = PerCpuArray::with_max_entries(Observed::COUNT, 0);
+
+/// Key type of `RULES`, named for the code that builds lookups.
+pub type RuleLookup = Key<RuleKey>;

@@ -1,0 +1,196 @@
+//! Overload protection for new flows (connection-table misses; established flows are never
+//! shed): operator rules, per-source buckets, the VIP's budget, each optionally observe-only.
+//!
+//! Buckets use GCRA: the state is the theoretical arrival time (TAT) of the next flow. A flow
+//! is admitted when `TAT + T - now <= burst * T`, which then advances TAT by `T = 1 s / rate`.
+//! Only atomic adds touch a TAT under load, so the admitted rate is exact when one source's
+//! packets arrive on several CPUs. The one racy write is the catch-up of an idle bucket
+//! (`TAT < now`): CPUs catching up the same bucket at the same instant may each lose the
+//! other's add, admitting at most `ncpu - 1` extra flows per idle-to-busy transition — never
+//! under sustained overload, when TAT stays ahead of now.
+
+use core::ptr::{read_volatile, write_volatile};
+
+use spillway_common::{
+    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6},
+    types::{
+        Bucket, FAMILY_V4, FlowKey, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, Observed, RULE_BLOCK, RULE_EXEMPT,
+        RULE_KEY_SCOPE_BITS, RULE_LIMIT, Rate, Reason, RuleKey, RuleValue, SourceKey, SourceState,
+    },
+};
+use xdp_ebpf::atomic::add_u64;
+
+use crate::maps::{BUDGET, LIMITS, OBSERVED, RULE_STATE, RULES, RuleLookup, SOURCES};
+
+const NS_PER_S: u64 = 1_000_000_000;
+
+/// Decides whether a new flow to VIP `vip_id` may be created; `Err` carries the drop reason.
+#[inline(always)]
+pub fn admit_new_flow(key: &FlowKey, vip_id: u32, now: u64) -> Result<(), Reason> {
+    let limits = effective_limits(vip_id);
+    let source = source_state(key, vip_id, limits.as_ref());
+    let verdict = decide(key, vip_id, limits.as_ref(), source, now);
+    if let Some(source) = source {
+        // SAFETY: a live map value; shared by CPUs, hence atomic adds.
+        let counter = unsafe { if verdict.is_ok() { &mut (*source).admitted } else { &mut (*source).dropped } };
+        add(counter, 1);
+    }
+    verdict
+}
+
+#[inline(always)]
+fn decide(key: &FlowKey, vip_id: u32, limits: Option<&Limits>, source: Option<*mut SourceState>, now: u64) -> Result<(), Reason> {
+    let flags = limits.map_or(0, |l| l.flags);
+    match matching_rule(key, vip_id) {
+        Some(rule) => apply_rule(&rule, now)?,
+        None => {
+            // Rules replace the per-source limit for the sources they match.
+            if let (Some(l), Some(source)) = (limits, source)
+                && l.per_source.per_s != 0
+            {
+                let bucket = unsafe { &mut (*source).bucket };
+                if !gcra_admit(bucket, &l.per_source, now) {
+                    enforce(flags & LIMIT_F_OBSERVE_SOURCE != 0, Observed::SourceLimit, Reason::DropSourceLimit)?;
+                }
+            }
+        }
+    }
+    if let Some(l) = limits
+        && l.vip_budget.per_s != 0
+        && let Some(bucket) = BUDGET.get_ptr_mut(vip_id)
+        && !gcra_admit(unsafe { &mut *bucket }, &l.vip_budget, now)
+    {
+        enforce(flags & LIMIT_F_OBSERVE_BUDGET != 0, Observed::VipBudget, Reason::DropVipBudget)?;
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn apply_rule(rule: &RuleValue, now: u64) -> Result<(), Reason> {
+    let Some(state) = RULE_STATE.get_ptr_mut(rule.id) else {
+        return Ok(());
+    };
+    // SAFETY: a live map value, updated with atomic adds only (see the module docs).
+    let state = unsafe { &mut *state };
+    add(&mut state.hits, 1);
+    let observe = rule.flags & LIMIT_F_OBSERVE_SOURCE != 0;
+    let verdict = match rule.action {
+        RULE_BLOCK => enforce(observe, Observed::RuleBlock, Reason::DropRuleBlock),
+        RULE_LIMIT if !gcra_admit(&mut state.bucket, &rule.rate, now) => enforce(observe, Observed::RuleLimit, Reason::DropRuleLimit),
+        // RULE_EXEMPT, or within the class's limit.
+        RULE_EXEMPT | RULE_LIMIT => Ok(()),
+        _ => Ok(()),
+    };
+    if verdict.is_err() || (observe && rule.action == RULE_BLOCK) {
+        add(&mut state.dropped, 1);
+    }
+    verdict
+}
+
+/// Counts the drop as observed and lets the flow through, or returns the drop.
+#[inline(always)]
+fn enforce(observe: bool, observed: Observed, reason: Reason) -> Result<(), Reason> {
+    if !observe {
+        return Err(reason);
+    }
+    if let Some(count) = OBSERVED.get_ptr_mut(observed as u32) {
+        unsafe { *count += 1 };
+    }
+    Ok(())
+}
+
+/// The VIP's own limits, else the default, else none.
+#[inline(always)]
+fn effective_limits(vip_id: u32) -> Option<Limits> {
+    if let Some(l) = LIMITS.get(vip_id)
+        && l.configured != 0
+    {
+        return Some(*l);
+    }
+    LIMITS.get(DEFAULT_LIMIT_SLOT).filter(|l| l.configured != 0).copied()
+}
+
+/// The source prefix's entry, created on its first new flow.
+#[inline(always)]
+fn source_state(key: &FlowKey, vip_id: u32, limits: Option<&Limits>) -> Option<*mut SourceState> {
+    let prefix_len = match (key.family, limits) {
+        (FAMILY_V4, Some(l)) => l.source_prefix_v4,
+        (FAMILY_V4, None) => DEFAULT_SOURCE_PREFIX_V4,
+        (_, Some(l)) => l.source_prefix_v6,
+        (_, None) => DEFAULT_SOURCE_PREFIX_V6,
+    };
+    let skey = SourceKey { vip_id, family: key.family, _pad: [0; 3], prefix: masked(&key.src, prefix_len) };
+    if let Some(state) = SOURCES.get_ptr_mut(&skey) {
+        return Some(state);
+    }
+    // BPF_NOEXIST: of two CPUs creating the entry at once, the second keeps the first's.
+    let _ = SOURCES.insert(&skey, &SourceState::default(), 1);
+    SOURCES.get_ptr_mut(&skey)
+}
+
+/// `addr` (network-order words) with only its first `len` bits kept.
+#[inline(always)]
+fn masked(addr: &[u32; 4], len: u8) -> [u32; 4] {
+    let mut out = [0u32; 4];
+    let mut i = 0;
+    while i < 4 {
+        let start = (i * 32) as u32;
+        let keep = (len as u32).saturating_sub(start).min(32);
+        let mask = if keep == 0 { 0 } else { u32::MAX << (32 - keep) };
+        out[i] = addr[i] & mask.to_be();
+        i += 1;
+    }
+    out
+}
+
+/// The most specific of the rule scoped to this VIP and the global one (a tie goes to the
+/// scoped rule).
+#[inline(always)]
+fn matching_rule(key: &FlowKey, vip_id: u32) -> Option<RuleValue> {
+    let scoped = rule_lookup(key, vip_id);
+    let global = rule_lookup(key, ANY_VIP);
+    match (scoped, global) {
+        (Some(s), Some(g)) => Some(if g.addr_prefix_len > s.addr_prefix_len { g } else { s }),
+        (s, g) => s.or(g),
+    }
+}
+
+#[inline(always)]
+fn rule_lookup(key: &FlowKey, vip_id: u32) -> Option<RuleValue> {
+    // SAFETY: [u32; 4] and [u8; 16] have the same size; the words are in network order,
+    // so their bytes are the address as written on the wire.
+    let addr: [u8; 16] = unsafe { core::mem::transmute(key.src) };
+    let addr_bits = if key.family == FAMILY_V4 { 32 } else { 128 };
+    let lookup =
+        RuleLookup::new(RULE_KEY_SCOPE_BITS + addr_bits, RuleKey { vip_id_be: vip_id.to_be(), family: key.family, addr, _pad: [0; 3] });
+    RULES.get(&lookup).copied()
+}
+
+/// GCRA admission (see the module docs); a zero rate admits everything.
+#[inline(always)]
+fn gcra_admit(bucket: &mut Bucket, rate: &Rate, now: u64) -> bool {
+    // checked_div: no panic path for the verifier to trip on.
+    let Some(interval) = NS_PER_S.checked_div(rate.per_s as u64) else {
+        return true;
+    };
+    let tolerance = interval * (rate.burst as u64 + 1);
+    let tat: *mut u64 = &mut bucket.tat_ns;
+    // SAFETY: a live, 8-byte aligned map value; volatile so every read sees other CPUs' adds.
+    unsafe {
+        if read_volatile(tat) < now {
+            write_volatile(tat, now);
+        }
+        add_u64(tat, interval);
+        if read_volatile(tat).saturating_sub(now) > tolerance {
+            add_u64(tat, interval.wrapping_neg());
+            return false;
+        }
+    }
+    true
+}
+
+#[inline(always)]
+fn add(counter: &mut u64, n: u64) {
+    // SAFETY: a live, 8-byte aligned map value shared by CPUs.
+    unsafe { add_u64(counter, n) };
+}
