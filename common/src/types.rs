@@ -363,5 +363,22 @@ mod pod {
             unsafe impl aya::Pod for $t {}
         )+};
     }
-    pod!(VipKey, VipMeta, AddrKey, BackendInfo, FlowKey, FlowValue, LbConfig, Traffic, Rate, Limits, Bucket, SourceKey, SourceState, RuleKey, RuleValue, RuleState);
+    pod!(
+        VipKey,
+        VipMeta,
+        AddrKey,
+        BackendInfo,
+        FlowKey,
+        FlowValue,
+        LbConfig,
+        Traffic,
+        Rate,
+        Limits,
+        Bucket,
+        SourceKey,
+        SourceState,
+        RuleKey,
+        RuleValue,
+        RuleState
+    );
 }
