@@ -98,6 +98,12 @@ impl Cluster {
         Ok(())
     }
 
+    /// Connections the backends' echo servers accepted from `client` so far.
+    pub fn accepted_from(&self, client: IpAddr) -> usize {
+        let line = format!("accepted {client}");
+        self.echo.iter().map(|d| d.log().lines().filter(|l| *l == line).count()).sum()
+    }
+
     pub fn api_socket(&self) -> PathBuf {
         self.topo.tempdir().join("api.sock")
     }

@@ -76,6 +76,8 @@ fn serve_tcp(listener: TcpListener, greeting: Arc<str>) -> impl FnOnce() -> Resu
     move || loop {
         match listener.accept() {
             Ok((conn, peer)) => {
+                // One line per connection: tests count what reached this backend, per client.
+                println!("accepted {}", peer.ip());
                 let greeting = Arc::clone(&greeting);
                 std::thread::spawn(move || {
                     if let Err(err) = echo_lines(conn, &greeting) {
