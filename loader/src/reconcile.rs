@@ -6,23 +6,33 @@
 //! a backend's map entry exists before any slot names it and is freed only after the flip.
 //! `adopt` rebuilds all of this from pinned maps, so a restarted `lbd` writes nothing when
 //! the state it restores matches what the kernel already holds.
+//!
+//! New-flow limits: every VIP's slot of the limits array holds its effective limits when it
+//! has its own (`configured = 0` when it has none, so the data path falls back to the
+//! default slot). Rules: one trie entry per rule, keyed by VIP scope, family and CIDR; each
+//! rule keeps its id (the index of its counters) for as long as it exists, also across
+//! restarts (ids are adopted back from the trie). A new id, like a new VIP id, starts with
+//! zeroed kernel state. Slots and entries are written only when they differ.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    net::IpAddr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use spillway_common::{
     addr::{from_words, to_words},
     hash::vip_filter_slot,
-    limits::{MAX_BACKENDS, MAX_VIPS, VIP_FILTER_WORDS},
+    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, MAX_BACKENDS, MAX_RULES, MAX_VIPS, VIP_FILTER_WORDS},
     maglev::{self, MaglevBackend, MaglevError},
-    types::{AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, PROTO_TCP, PROTO_UDP, VipKey, VipMeta},
+    types::{
+        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, FAMILY_V4, FAMILY_V6, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP,
+        RULE_BLOCK, RULE_EXEMPT, RULE_KEY_SCOPE_BITS, RULE_LIMIT, Rate, RuleKey, RuleValue, VipKey, VipMeta,
+    },
 };
 
 use crate::{
     dataplane::DataplaneError,
-    model::{DesiredState, Proto, Vip, VipConfig},
+    model::{Cidr, DesiredState, LimitConfig, Proto, RuleAction, RuleConfig, RuleMatch, Vip, VipConfig},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -55,9 +65,20 @@ pub trait Maps {
     /// The VIP address pre-filter's words (`VIP_FILTER_WORDS` of them).
     fn vip_filter(&self) -> Result<Vec<u64>, DataplaneError>;
     fn set_vip_filter_word(&mut self, index: u32, word: u64) -> Result<(), DataplaneError>;
-    /// Zeroes the counters of an id about to be handed out, so it starts from nothing.
+    /// Zeroes the state of a VIP id about to be handed out, so it starts from nothing: its
+    /// counters, its new-flow budget's bucket and the per-source entries of that id.
     fn reset_vip_stats(&mut self, id: u32) -> Result<(), DataplaneError>;
     fn reset_backend_stats(&mut self, id: u32) -> Result<(), DataplaneError>;
+    /// Every slot of the limits array (`DEFAULT_LIMIT_SLOT + 1` of them).
+    fn limits(&self) -> Result<Vec<Limits>, DataplaneError>;
+    fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), DataplaneError>;
+    /// Every rule trie entry: (prefix length of the whole key, key, value).
+    fn rules(&self) -> Result<Vec<(u32, RuleKey, RuleValue)>, DataplaneError>;
+    /// Inserts or replaces one trie entry.
+    fn set_rule(&mut self, prefix_len: u32, key: &RuleKey, value: &RuleValue) -> Result<(), DataplaneError>;
+    fn remove_rule(&mut self, prefix_len: u32, key: &RuleKey) -> Result<(), DataplaneError>;
+    /// Zeroes a rule id's bucket and counters before the id is handed out.
+    fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError>;
 }
 
 /// What one `apply` did.
@@ -65,6 +86,18 @@ pub trait Maps {
 pub struct ApplyReport {
     pub slots_written: usize,
     pub tables_flipped: usize,
+    /// Slots of the limits array written.
+    pub limits_written: usize,
+    /// Rule trie entries inserted, replaced or removed.
+    pub rules_written: usize,
+}
+
+/// A rule's trie entry as the reconciler last wrote (or adopted) it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RuleRuntime {
+    prefix_len: u32,
+    key: RuleKey,
+    value: RuleValue,
 }
 
 struct VipRuntime {
@@ -83,6 +116,12 @@ pub struct Reconciler {
     in_use: BTreeSet<u32>,
     /// Active backends found in the maps that no VIP owns (freed on the next apply).
     orphans: Vec<u32>,
+    /// What every slot of the limits array holds.
+    limits: Vec<Limits>,
+    /// The trie entry of every rule in the maps.
+    rules: BTreeMap<RuleMatch, RuleRuntime>,
+    /// Trie entries found in the maps that no rule can own (removed on the next apply).
+    stale_rules: Vec<(u32, RuleKey)>,
 }
 
 impl Reconciler {
@@ -111,25 +150,52 @@ impl Reconciler {
         }
         let orphans: Vec<u32> = by_vip.into_values().flat_map(|b| b.into_values()).collect();
         let in_use = active.into_iter().collect();
-        Ok(Self { vips, generations, in_use, orphans })
+        let mut limits = maps.limits()?;
+        limits.resize(DEFAULT_LIMIT_SLOT as usize + 1, Limits::default());
+        let vip_by_id: HashMap<u32, Vip> = vips.iter().map(|(vip, r)| (r.id, *vip)).collect();
+        let mut rules = BTreeMap::new();
+        let mut stale_rules = Vec::new();
+        let mut ids = BTreeSet::new();
+        for (prefix_len, key, mut value) in maps.rules()? {
+            match rule_from_key(prefix_len, &key, &vip_by_id) {
+                Some(rule) if !rules.contains_key(&rule) => {
+                    // An id out of range or taken twice is replaced on the next apply.
+                    if value.id >= MAX_RULES || !ids.insert(value.id) {
+                        value.id = u32::MAX;
+                    }
+                    rules.insert(rule, RuleRuntime { prefix_len, key, value });
+                }
+                _ => stale_rules.push((prefix_len, key)),
+            }
+        }
+        Ok(Self { vips, generations, in_use, orphans, limits, rules, stale_rules })
     }
 
     /// Makes the maps carry `desired`.
     pub fn apply(&mut self, maps: &mut dyn Maps, desired: &DesiredState) -> Result<ApplyReport, ReconcileError> {
         let mut report = ApplyReport::default();
+        // Rules of VIPs about to go are removed first: a reused VIP id never sees them.
+        self.remove_rules(maps, desired, &mut report)?;
         let gone: Vec<Vip> = self.vips.keys().filter(|v| !desired.vips.contains_key(v)).copied().collect();
         for vip in gone {
             self.remove_vip(maps, &vip)?;
         }
         for (vip, config) in &desired.vips {
-            self.apply_vip(maps, vip, config, &mut report)?;
+            self.apply_vip(maps, desired, vip, config, &mut report)?;
         }
         for id in std::mem::take(&mut self.orphans) {
             self.free_backend(maps, id)?;
         }
+        self.sync_limits(maps, desired, &mut report)?;
+        self.sync_rules(maps, desired, &mut report)?;
         sync_vip_addrs(maps, desired)?;
         sync_vip_filter(maps, desired)?;
         Ok(report)
+    }
+
+    /// Id of a rule's counters, if it has one (for `lbctl rules list`).
+    pub fn rule_id(&self, rule: &RuleMatch) -> Option<u32> {
+        self.rules.get(rule).map(|r| r.value.id).filter(|&id| id < MAX_RULES)
     }
 
     /// Backend id of `backend` in `vip`, if it has one (for stats).
@@ -142,17 +208,29 @@ impl Reconciler {
         self.vips.get(vip).map(|r| r.id)
     }
 
-    fn apply_vip(&mut self, maps: &mut dyn Maps, vip: &Vip, config: &VipConfig, report: &mut ApplyReport) -> Result<(), ReconcileError> {
+    fn apply_vip(
+        &mut self,
+        maps: &mut dyn Maps,
+        desired: &DesiredState,
+        vip: &Vip,
+        config: &VipConfig,
+        report: &mut ApplyReport,
+    ) -> Result<(), ReconcileError> {
         let mut runtime = match self.vips.remove(vip) {
             Some(runtime) => runtime,
-            None => VipRuntime {
-                id: self.free_vip_id(maps)?,
-                ring_size: config.ring_size,
-                // A new VIP is "flipping" to half 0, whose stale contents are unknown.
-                active_half: 1,
-                halves: [None, None],
-                backends: BTreeMap::new(),
-            },
+            None => {
+                let id = self.free_vip_id(maps)?;
+                // The VIP's limits are in place before its first packet.
+                self.write_limits(maps, id, vip_limits(desired, vip), report)?;
+                VipRuntime {
+                    id,
+                    ring_size: config.ring_size,
+                    // A new VIP is "flipping" to half 0, whose stale contents are unknown.
+                    active_half: 1,
+                    halves: [None, None],
+                    backends: BTreeMap::new(),
+                }
+            }
         };
         let is_new = runtime.halves.iter().all(Option::is_none);
         // New backends exist in the map before any slot can name them.
@@ -226,6 +304,91 @@ impl Reconciler {
         Ok(id)
     }
 
+    /// Writes every limits slot that differs from what it holds: the default slot, each VIP's
+    /// (zero for a VIP without its own limits and for ids no VIP uses).
+    fn sync_limits(&mut self, maps: &mut dyn Maps, desired: &DesiredState, report: &mut ApplyReport) -> Result<(), ReconcileError> {
+        let mut want = vec![Limits::default(); DEFAULT_LIMIT_SLOT as usize + 1];
+        want[DEFAULT_LIMIT_SLOT as usize] = desired.default_limits.map(|l| l.to_limits()).unwrap_or_default();
+        for vip in desired.vips.keys() {
+            if let Some(runtime) = self.vips.get(vip) {
+                want[runtime.id as usize] = vip_limits(desired, vip);
+            }
+        }
+        for (slot, limits) in want.into_iter().enumerate() {
+            self.write_limits(maps, slot as u32, limits, report)?;
+        }
+        Ok(())
+    }
+
+    fn write_limits(&mut self, maps: &mut dyn Maps, slot: u32, limits: Limits, report: &mut ApplyReport) -> Result<(), ReconcileError> {
+        if self.limits[slot as usize] != limits {
+            maps.set_limits(slot, &limits)?;
+            self.limits[slot as usize] = limits;
+            report.limits_written += 1;
+        }
+        Ok(())
+    }
+
+    /// Removes the trie entries of rules that are gone (also those of VIPs that are gone) and
+    /// of entries no rule owns.
+    fn remove_rules(&mut self, maps: &mut dyn Maps, desired: &DesiredState, report: &mut ApplyReport) -> Result<(), ReconcileError> {
+        for (prefix_len, key) in std::mem::take(&mut self.stale_rules) {
+            maps.remove_rule(prefix_len, &key)?;
+            report.rules_written += 1;
+        }
+        let gone: Vec<RuleMatch> = self.rules.keys().filter(|r| !desired.rules.contains_key(r)).copied().collect();
+        for rule in gone {
+            if let Some(runtime) = self.rules.remove(&rule) {
+                maps.remove_rule(runtime.prefix_len, &runtime.key)?;
+                report.rules_written += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Inserts or updates the trie entry of every desired rule; a new rule gets the lowest
+    /// free id, whose kernel state is zeroed first.
+    fn sync_rules(&mut self, maps: &mut dyn Maps, desired: &DesiredState, report: &mut ApplyReport) -> Result<(), ReconcileError> {
+        for (rule, config) in &desired.rules {
+            let vip_id = match &rule.vip {
+                None => ANY_VIP,
+                // A rule's VIP always exists in a valid state; skip rather than mis-scope.
+                Some(vip) => match self.vips.get(vip) {
+                    Some(runtime) => runtime.id,
+                    None => continue,
+                },
+            };
+            let old = self.rules.get(rule).copied();
+            let id = match old.map(|r| r.value.id).filter(|&id| id < MAX_RULES) {
+                Some(id) => id,
+                None => {
+                    let id = self.free_rule_id()?;
+                    maps.reset_rule_state(id)?;
+                    id
+                }
+            };
+            let (prefix_len, key) = rule_key(&rule.cidr, vip_id);
+            let value = rule_value(id, &rule.cidr, config);
+            let want = RuleRuntime { prefix_len, key, value };
+            if old == Some(want) {
+                continue;
+            }
+            maps.set_rule(prefix_len, &key, &value)?;
+            report.rules_written += 1;
+            if let Some(old) = old.filter(|o| (o.prefix_len, o.key) != (prefix_len, key)) {
+                maps.remove_rule(old.prefix_len, &old.key)?;
+                report.rules_written += 1;
+            }
+            self.rules.insert(*rule, want);
+        }
+        Ok(())
+    }
+
+    fn free_rule_id(&self) -> Result<u32, ReconcileError> {
+        let used: BTreeSet<u32> = self.rules.values().map(|r| r.value.id).collect();
+        (0..MAX_RULES).find(|id| !used.contains(id)).ok_or(ReconcileError::OutOfIds { what: "rule", limit: MAX_RULES })
+    }
+
     /// Frees a backend id; bumping the generation makes its flows re-hash even if the id is
     /// handed out again.
     fn free_backend(&mut self, maps: &mut dyn Maps, id: u32) -> Result<(), ReconcileError> {
@@ -271,6 +434,66 @@ fn sync_vip_filter(maps: &mut dyn Maps, desired: &DesiredState) -> Result<(), Da
         }
     }
     Ok(())
+}
+
+/// What a VIP's limits slot holds: its effective limits when it has its own, else nothing
+/// (the data path then reads the default slot, which holds exactly the default).
+fn vip_limits(desired: &DesiredState, vip: &Vip) -> Limits {
+    let own = desired.vips.get(vip).and_then(|c| c.limits.as_ref());
+    match own.and_then(|own| LimitConfig::merged(Some(own), desired.default_limits.as_ref())) {
+        Some(effective) => effective.to_limits(),
+        None => Limits::default(),
+    }
+}
+
+/// The trie key of a rule: its scope (`vip_id`, or `ANY_VIP`), family and CIDR.
+pub fn rule_key(cidr: &Cidr, vip_id: u32) -> (u32, RuleKey) {
+    let mut addr = [0u8; 16];
+    let family = match cidr.addr {
+        IpAddr::V4(v4) => {
+            addr[..4].copy_from_slice(&v4.octets());
+            FAMILY_V4
+        }
+        IpAddr::V6(v6) => {
+            addr.copy_from_slice(&v6.octets());
+            FAMILY_V6
+        }
+    };
+    let key = RuleKey { vip_id_be: vip_id.to_be(), family, addr, _pad: [0; 3] };
+    (RULE_KEY_SCOPE_BITS + u32::from(cidr.prefix_len), key)
+}
+
+fn rule_value(id: u32, cidr: &Cidr, config: &RuleConfig) -> RuleValue {
+    let (action, rate) = match config.action {
+        RuleAction::Limit(rate) => (RULE_LIMIT, rate.to_rate()),
+        RuleAction::Block => (RULE_BLOCK, Rate::default()),
+        RuleAction::Exempt => (RULE_EXEMPT, Rate::default()),
+    };
+    let flags = if config.observe { LIMIT_F_OBSERVE_SOURCE } else { 0 };
+    RuleValue { id, rate, flags, action, addr_prefix_len: cidr.prefix_len, _pad: [0; 2] }
+}
+
+/// The rule a trie entry carries, if it is one this reconciler could have written.
+fn rule_from_key(prefix_len: u32, key: &RuleKey, vip_by_id: &HashMap<u32, Vip>) -> Option<RuleMatch> {
+    let vip = match u32::from_be(key.vip_id_be) {
+        ANY_VIP => None,
+        id => Some(*vip_by_id.get(&id)?),
+    };
+    let addr = match key.family {
+        FAMILY_V4 => IpAddr::V4(Ipv4Addr::new(key.addr[0], key.addr[1], key.addr[2], key.addr[3])),
+        FAMILY_V6 => IpAddr::V6(Ipv6Addr::from(key.addr)),
+        _ => return None,
+    };
+    let addr_len = u8::try_from(prefix_len.checked_sub(RULE_KEY_SCOPE_BITS)?).ok()?;
+    let cidr = Cidr::new(addr, addr_len).ok()?;
+    // Bytes past the family's address must be zero, or the key is not ours.
+    if (key.family == FAMILY_V4 && key.addr[4..].iter().any(|&b| b != 0)) || key._pad != [0; 3] {
+        return None;
+    }
+    if vip.is_some_and(|v| v.addr.is_ipv4() != cidr.is_ipv4()) {
+        return None;
+    }
+    Some(RuleMatch { cidr, vip })
 }
 
 pub fn vip_key(vip: &Vip) -> VipKey {

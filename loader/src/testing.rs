@@ -2,15 +2,18 @@
 //! of the balancer's maps (a minimal copy of the reconciler tests' one, plus counters).
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     path::{Path, PathBuf},
     sync::atomic::{AtomicUsize, Ordering},
 };
 
 use spillway_common::{
-    limits::VIP_FILTER_WORDS,
+    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, MAX_RULES, VIP_FILTER_WORDS},
     maglev::EMPTY_SLOT,
-    types::{AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Reason, Traffic, VipKey, VipMeta},
+    types::{
+        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, Limits, Observed, Reason, RuleKey, RuleState, RuleValue, SourceKey,
+        SourceState, Traffic, VipKey, VipMeta,
+    },
 };
 
 use crate::{daemon::core::Counters, dataplane::DataplaneError, reconcile::Maps};
@@ -47,9 +50,21 @@ pub struct FakeMaps {
     pub vip_traffic: HashMap<u32, Traffic>,
     pub backend_traffic: HashMap<u32, Traffic>,
     pub filter: Vec<u64>,
+    /// Limits array slots (absent = zero).
+    pub limits: HashMap<u32, Limits>,
+    /// Kernel-owned state, as a data path would leave it.
+    pub budget: HashMap<u32, Bucket>,
+    pub sources: HashMap<SourceKey, SourceState>,
+    pub rule_state: HashMap<u32, RuleState>,
+    /// Rule trie entries by (prefix length, key).
+    pub rules: HashMap<(u32, RuleKey), RuleValue>,
     /// Makes the next `write_slots` fail, to exercise rollback.
     pub fail_next_write: bool,
+    /// Makes the next `set_rule` fail, to exercise rollback.
+    pub fail_next_rule: bool,
     pub slot_writes: usize,
+    pub limit_writes: usize,
+    pub rule_writes: usize,
 }
 
 impl FakeMaps {
@@ -72,6 +87,19 @@ impl FakeMaps {
     }
 }
 
+impl FakeMaps {
+    /// Rule guarantees, checked on every trie write: ids are unique and in range, and a
+    /// scoped entry names a VIP packets can reach.
+    fn assert_rules_consistent(&self) {
+        let mut ids = BTreeSet::new();
+        for ((_, key), value) in &self.rules {
+            assert!(value.id < MAX_RULES && ids.insert(value.id), "rule id {} out of range or used twice", value.id);
+            let vip_id = u32::from_be(key.vip_id_be);
+            assert!(vip_id == ANY_VIP || self.vips.values().any(|m| m.id == vip_id), "rule scoped to VIP id {vip_id}, which is not live");
+        }
+    }
+}
+
 impl Maps for FakeMaps {
     fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, DataplaneError> {
         Ok(self.vips.iter().map(|(k, v)| (*k, *v)).collect())
@@ -82,7 +110,10 @@ impl Maps for FakeMaps {
         Ok(())
     }
     fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
-        self.vips.remove(key);
+        if let Some(meta) = self.vips.remove(key) {
+            let scoped = self.rules.keys().any(|(_, k)| u32::from_be(k.vip_id_be) == meta.id);
+            assert!(!scoped, "VIP id {} removed while rules are scoped to it", meta.id);
+        }
         Ok(())
     }
     fn vip_addrs(&self) -> Result<Vec<AddrKey>, DataplaneError> {
@@ -136,10 +167,43 @@ impl Maps for FakeMaps {
     }
     fn reset_vip_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
         self.vip_traffic.remove(&id);
+        self.budget.remove(&id);
+        self.sources.retain(|k, _| k.vip_id != id);
         Ok(())
     }
     fn reset_backend_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
         self.backend_traffic.remove(&id);
+        Ok(())
+    }
+    fn limits(&self) -> Result<Vec<Limits>, DataplaneError> {
+        Ok((0..=DEFAULT_LIMIT_SLOT).map(|slot| self.limits.get(&slot).copied().unwrap_or_default()).collect())
+    }
+    fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), DataplaneError> {
+        assert!(slot <= DEFAULT_LIMIT_SLOT, "limits slot {slot} out of range");
+        self.limits.insert(slot, *limits);
+        self.limit_writes += 1;
+        Ok(())
+    }
+    fn rules(&self) -> Result<Vec<(u32, RuleKey, RuleValue)>, DataplaneError> {
+        Ok(self.rules.iter().map(|((len, key), value)| (*len, *key, *value)).collect())
+    }
+    fn set_rule(&mut self, prefix_len: u32, key: &RuleKey, value: &RuleValue) -> Result<(), DataplaneError> {
+        if std::mem::take(&mut self.fail_next_rule) {
+            return Err(DataplaneError::MissingMap { name: "injected rule failure" });
+        }
+        self.rules.insert((prefix_len, *key), *value);
+        self.rule_writes += 1;
+        self.assert_rules_consistent();
+        Ok(())
+    }
+    fn remove_rule(&mut self, prefix_len: u32, key: &RuleKey) -> Result<(), DataplaneError> {
+        self.rules.remove(&(prefix_len, *key));
+        self.rule_writes += 1;
+        Ok(())
+    }
+    fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
+        assert!(!self.rules.values().any(|v| v.id == id), "zeroed the counters of live rule id {id}");
+        self.rule_state.remove(&id);
         Ok(())
     }
 }
@@ -153,5 +217,14 @@ impl Counters for FakeMaps {
     }
     fn reasons(&self) -> Result<Vec<(Reason, u64)>, DataplaneError> {
         Ok(Reason::ALL.iter().enumerate().map(|(i, r)| (*r, i as u64)).collect())
+    }
+    fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError> {
+        Ok(Observed::ALL.iter().enumerate().map(|(i, o)| (*o, 10 + i as u64)).collect())
+    }
+    fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError> {
+        Ok(self.rule_state.get(&id).copied().unwrap_or_default())
+    }
+    fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
+        Ok(self.sources.iter().filter(|(k, _)| k.vip_id == vip_id).map(|(k, v)| (*k, *v)).collect())
     }
 }

@@ -12,7 +12,10 @@ use std::{
 };
 
 use serde_json::Value;
-use spillway_common::{limits::PIN_VERSION, types::Reason};
+use spillway_common::{
+    limits::PIN_VERSION,
+    types::{Observed, Reason},
+};
 
 const LBD: &str = env!("CARGO_BIN_EXE_lbd");
 const LBCTL: &str = env!("CARGO_BIN_EXE_lbctl");
@@ -395,4 +398,148 @@ fn a_full_vip_refuses_another_backend() {
     assert_eq!(env.json(&["vips", "list"])["vips"][0]["backends"], 1024);
     let err = env.refused(&["backends", "add", "--vip", V4, "10.99.0.2"]);
     assert!(err.contains("too many backends in VIP"), "{err}");
+}
+
+impl Env {
+    /// The limits, rules and state file: compared across refusals and restarts.
+    fn limits_snapshot(&self) -> (Value, Value, Vec<u8>) {
+        (self.json(&["ratelimit", "list"]), self.json(&["rules", "list"]), fs::read(self.state_file()).unwrap())
+    }
+
+    fn pinned_map(&self, name: &str) -> PathBuf {
+        self.pin_dir.join(format!("v{PIN_VERSION}/maps/{name}"))
+    }
+}
+
+fn rule_row(rule: &Value) -> (String, String, String, u64, u64) {
+    let s = |k: &str| rule[k].as_str().unwrap().to_owned();
+    (s("cidr"), s("vip"), s("action"), rule["hits"].as_u64().unwrap(), rule["dropped"].as_u64().unwrap())
+}
+
+#[test]
+fn rate_limits_and_rules_round_trip_refuse_bad_input_and_survive_a_restart() {
+    let mut env = Env::new("limits");
+    env.start_lbd();
+    env.ok(&["vips", "add", V4, "--ring-size", "251"]);
+    env.ok(&["vips", "add", V6, "--ring-size", "13"]);
+    env.ok(&["backends", "add", "--vip", V4, "10.99.0.2"]);
+
+    // Setting.
+    assert_eq!(
+        env.ok(&["ratelimit", "set", "--default", "--per-source", "100", "--burst", "200"]),
+        "set the per-source limit of the default (every VIP without its own) to 100/s burst 200 per /32 (IPv4) or /64 (IPv6) source prefix\n"
+    );
+    env.ok(&["ratelimit", "budget", "--vip", V4, "--new-flows", "5000", "--observe"]);
+    env.ok(&["ratelimit", "set", "--vip", V6, "--per-source", "10", "--source-prefix-v6", "48"]);
+    env.ok(&["rules", "add", "192.0.2.0/24", "--block"]);
+    env.ok(&["rules", "add", "10.20.0.0/16", "--vip", V4, "--limit", "500", "--observe"]);
+    env.ok(&["rules", "add", "2001:db8::/32", "--vip", V6, "--exempt"]);
+
+    // Listing.
+    let default_per_source = serde_json::json!({"rate": {"per_s": 100, "burst": 200}, "source_prefix_v4": 32, "source_prefix_v6": 64,
+                                                "observe": false, "from": "default"});
+    assert_eq!(
+        env.json(&["ratelimit", "list"]),
+        serde_json::json!({
+            "default": {"per_source": default_per_source, "vip_budget": null},
+            "vips": [
+                {"vip": V4, "per_source": default_per_source,
+                 "vip_budget": {"rate": {"per_s": 5000, "burst": 5000}, "observe": true, "from": "vip"}},
+                {"vip": V6, "per_source": {"rate": {"per_s": 10, "burst": 10}, "source_prefix_v4": 32, "source_prefix_v6": 48,
+                                           "observe": false, "from": "vip"},
+                 "vip_budget": null},
+            ],
+        })
+    );
+    let rules = env.json(&["rules", "list"]);
+    assert_eq!(
+        rules["rules"][0],
+        serde_json::json!({"cidr": "10.20.0.0/16", "vip": V4, "action": "limit", "rate": {"per_s": 500, "burst": 500},
+                           "observe": true, "hits": 0, "dropped": 0})
+    );
+    let rows: Vec<_> = rules["rules"].as_array().unwrap().iter().map(rule_row).collect();
+    assert_eq!(
+        rows,
+        [
+            ("10.20.0.0/16".into(), V4.into(), "limit".into(), 0, 0),
+            ("192.0.2.0/24".into(), "*".into(), "block".into(), 0, 0),
+            ("2001:db8::/32".into(), V6.into(), "exempt".into(), 0, 0),
+        ]
+    );
+    let table = env.ok(&["rules", "list"]);
+    let global = table.lines().find(|l| l.starts_with("192.0.2.0/24 ")).map(|l| l.split_whitespace().collect::<Vec<_>>());
+    assert!(table.starts_with("CIDR ") && global.is_some_and(|cells| cells[1..3] == ["*", "block"]), "{table}");
+    assert_eq!(env.json(&["top-sources", "--vip", V4]), serde_json::json!({"vip": V4, "tracked": 0, "sources": []}));
+    let stats = env.json(&["stats"]);
+    let observed: Vec<&str> = stats["observed"].as_array().unwrap().iter().map(|o| o["reason"].as_str().unwrap()).collect();
+    assert_eq!(observed, Observed::ALL.iter().map(|o| o.label()).collect::<Vec<_>>());
+
+    // The kernel holds one trie entry per rule.
+    let out = run(Command::new("bpftool").args(["-j", "map", "dump", "pinned"]).arg(env.pinned_map("spw_rules")));
+    assert_eq!(serde_json::from_slice::<Value>(&out.stdout).unwrap().as_array().unwrap().len(), 3);
+
+    // Refusals name the problem, exit non-zero and change nothing.
+    let before = env.limits_snapshot();
+    for (args, problem) in [
+        (&["ratelimit", "set", "--vip", V4, "--per-source=-5"][..], "a rate must be at least 1 new flow per second"),
+        (&["ratelimit", "set", "--vip", V4, "--per-source", "0"], "at least 1"),
+        (&["ratelimit", "budget", "--vip", V4, "--new-flows", "-1"], "at least 1"),
+        (&["ratelimit", "set", "--vip", "10.100.0.9:80/tcp", "--per-source", "5"], "unknown VIP 10.100.0.9:80/tcp"),
+        (&["ratelimit", "set", "--default", "--per-source", "5", "--source-prefix-v4", "33"], "1..=32"),
+        (&["ratelimit", "set", "--default", "--per-source", "5", "--source-prefix-v6", "0"], "1..=128"),
+        (&["ratelimit", "set", "--per-source", "5"], "--vip <VIP>|--default"),
+        (&["ratelimit", "clear", "--vip", "10.100.0.9:80/tcp"], "unknown VIP"),
+        (&["rules", "add", "10.0.0.1/8", "--block"], "did you mean 10.0.0.0/8?"),
+        (&["rules", "add", "10.0.0/8", "--block"], "expected <IP>/<LEN>"),
+        (&["rules", "add", "10.0.0.0/8", "--limit", "0"], "at least 1"),
+        (&["rules", "add", "2001:db8::/32", "--vip", V4, "--block"], "an IPv6 CIDR never matches clients of the IPv4 VIP"),
+        (&["rules", "add", "10.0.0.0/8", "--vip", "10.100.0.9:80/tcp", "--block"], "unknown VIP"),
+        (&["rules", "remove", "10.0.0.0/8"], "no rule for 10.0.0.0/8 on every VIP"),
+        (&["top-sources", "--vip", "10.100.0.9:80/tcp"], "unknown VIP"),
+    ] {
+        let err = env.refused(args);
+        assert!(err.contains(problem), "lbctl {args:?}: {err:?} lacks {problem:?}");
+    }
+    assert_eq!(env.limits_snapshot(), before, "a refused request changed something");
+
+    // Counters of a rule (as the data path would leave them) survive a restart: its id is
+    // adopted back from the trie. 192.0.2.0/24 was the first rule added: id 0.
+    let mut value = Vec::new();
+    for word in [0u64, 7, 3] {
+        value.extend(word.to_le_bytes().iter().map(|b| b.to_string()));
+    }
+    run(Command::new("bpftool")
+        .args(["map", "update", "pinned"])
+        .arg(env.pinned_map("spw_rule_stats"))
+        .args(["key", "0", "0", "0", "0", "value"])
+        .args(&value));
+    let counted = |env: &Env| rule_row(&env.json(&["rules", "list"])["rules"][1]);
+    assert_eq!(counted(&env), ("192.0.2.0/24".into(), "*".into(), "block".into(), 7, 3));
+    let before = env.limits_snapshot();
+    assert!(env.stop("TERM").success());
+    let log = fs::read_to_string(env.start_lbd()).unwrap();
+    assert!(log.contains("slots_written=0 tables_flipped=0 limits_written=0 rules_written=0"), "{log}");
+    assert_eq!(env.limits_snapshot(), before);
+    env.stop("KILL");
+    env.start_lbd();
+    assert_eq!(env.limits_snapshot(), before);
+
+    // Changing a rule keeps its counters; removing a VIP removes its rules and limits.
+    env.ok(&["rules", "add", "192.0.2.0/24", "--limit", "5"]);
+    assert_eq!(counted(&env), ("192.0.2.0/24".into(), "*".into(), "limit".into(), 7, 3));
+    env.ok(&["vips", "remove", V6]);
+    let rows: Vec<_> = env.json(&["rules", "list"])["rules"].as_array().unwrap().iter().map(rule_row).collect();
+    assert_eq!(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["10.20.0.0/16", "192.0.2.0/24"]);
+    assert_eq!(env.json(&["ratelimit", "list"])["vips"].as_array().unwrap().len(), 1);
+    env.ok(&["rules", "remove", "10.20.0.0/16", "--vip", V4]);
+    assert_eq!(
+        env.ok(&["ratelimit", "clear", "--default"]),
+        "cleared the per-source limit and the new-flow budget of the default (every VIP without its own)\n"
+    );
+    let limits = env.json(&["ratelimit", "list"]);
+    assert_eq!(limits["default"], serde_json::json!({"per_source": null, "vip_budget": null}));
+    assert_eq!(limits["vips"][0]["vip_budget"]["from"], "vip");
+    let state: Value = serde_json::from_slice(&fs::read(env.state_file()).unwrap()).unwrap();
+    assert_eq!(state["rules"], serde_json::json!({"192.0.2.0/24": {"action": {"limit": {"per_s": 5, "burst": 5}}, "observe": false}}));
+    assert!(state.get("default_limits").is_none(), "{state}");
 }

@@ -81,6 +81,10 @@ pub struct Ports {
 }
 
 pub const TCP_LEN: usize = 20;
+/// Offset of the TCP flags byte, and the bits that make a connection request.
+pub const TCP_FLAGS_OFFSET: usize = 13;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_ACK: u8 = 0x10;
 pub const UDP_LEN: usize = 8;
 
 /// ICMP and ICMPv6 share this prefix; an error message's quoted packet follows at +8.

@@ -31,8 +31,8 @@ pub enum Parsed {
     /// IP, but nothing a VIP could own (other protocols, other ICMP).
     Other,
     /// A TCP/UDP packet, or an ICMP error quoting one (`icmp_error`); `key` is always the
-    /// client-to-VIP direction.
-    Flow { key: FlowKey, layout: Layout, icmp_error: bool },
+    /// client-to-VIP direction. `syn`: a TCP connection request (SYN without ACK).
+    Flow { key: FlowKey, layout: Layout, icmp_error: bool, syn: bool },
 }
 
 #[inline(always)]
@@ -85,7 +85,7 @@ fn parse_v4(ctx: &XdpContext, l3: usize) -> Parsed {
                 return Parsed::Malformed;
             };
             let key = flow_key(v4_addr(ip.src), v4_addr(ip.dst), ports, ip.proto, FAMILY_V4);
-            Parsed::Flow { key, layout, icmp_error: false }
+            Parsed::Flow { key, layout, icmp_error: false, syn: is_syn(ctx, l4, ip.proto) }
         }
         PROTO_ICMP => {
             let Some(icmp) = at::<IcmpHdr>(ctx, l4) else {
@@ -123,7 +123,7 @@ fn quoted_v4(ctx: &XdpContext, q: usize, layout: Layout) -> Parsed {
     let ports = unsafe { *ports };
     let swapped = Ports { src: ports.dst, dst: ports.src };
     let key = flow_key(v4_addr(ip.dst), v4_addr(ip.src), swapped, ip.proto, FAMILY_V4);
-    Parsed::Flow { key, layout, icmp_error: true }
+    Parsed::Flow { key, layout, icmp_error: true, syn: false }
 }
 
 #[inline(always)]
@@ -162,7 +162,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Parsed {
                 return Parsed::Malformed;
             };
             let key = flow_key(ip.src, ip.dst, ports, next, FAMILY_V6);
-            Parsed::Flow { key, layout, icmp_error: false }
+            Parsed::Flow { key, layout, icmp_error: false, syn: is_syn(ctx, off, next) }
         }
         PROTO_ICMPV6 => {
             let Some(icmp) = at::<IcmpHdr>(ctx, off) else {
@@ -192,7 +192,13 @@ fn quoted_v6(ctx: &XdpContext, q: usize, layout: Layout) -> Parsed {
     let ports = unsafe { *ports };
     let swapped = Ports { src: ports.dst, dst: ports.src };
     let key = flow_key(ip.dst, ip.src, swapped, ip.next_hdr, FAMILY_V6);
-    Parsed::Flow { key, layout, icmp_error: true }
+    Parsed::Flow { key, layout, icmp_error: true, syn: false }
+}
+
+/// True for a TCP SYN without ACK (the header's presence was checked by `l4_ports`).
+#[inline(always)]
+fn is_syn(ctx: &XdpContext, l4: usize, proto: u8) -> bool {
+    proto == PROTO_TCP && at::<u8>(ctx, l4 + TCP_FLAGS_OFFSET).is_some_and(|f| unsafe { *f } & (TCP_SYN | TCP_ACK) == TCP_SYN)
 }
 
 /// Ports of a TCP or UDP header, if the whole fixed header is present.

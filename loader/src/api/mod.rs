@@ -9,11 +9,11 @@
 
 pub mod client;
 
-use std::net::IpAddr;
+use std::{fmt, net::IpAddr, str::FromStr};
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::model::Vip;
+use crate::model::{Cidr, ModelError, RateSpec, Vip};
 
 /// Where `lbd` listens and `lbctl` connects unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/spillway/api.sock";
@@ -60,6 +60,135 @@ pub enum Request {
         weight: u32,
     },
     Stats,
+    /// Sets (replaces) the per-source limit of a scope, keeping its budget. `burst` defaults
+    /// to `per_s`, the prefix lengths to 32 (IPv4) and 64 (IPv6).
+    SetRateLimit {
+        scope: Scope,
+        per_s: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        burst: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source_prefix_v4: Option<u8>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source_prefix_v6: Option<u8>,
+        #[serde(default)]
+        observe: bool,
+    },
+    /// Sets (replaces) the new-flow budget of a scope, keeping its per-source limit.
+    SetBudget {
+        scope: Scope,
+        per_s: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        burst: Option<u32>,
+        #[serde(default)]
+        observe: bool,
+    },
+    /// Removes one part of a scope's limits, or both (`all`, the default).
+    ClearRateLimit {
+        scope: Scope,
+        #[serde(default)]
+        part: LimitPart,
+    },
+    ListRateLimits,
+    /// Adds a rule or changes an existing one (same CIDR and VIP). `per_s` (and optionally
+    /// `burst`, default `per_s`) only with `"action": "limit"`. No `vip`: every VIP.
+    SetRule {
+        cidr: Cidr,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vip: Option<Vip>,
+        action: RuleActionKind,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        per_s: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        burst: Option<u32>,
+        #[serde(default)]
+        observe: bool,
+    },
+    RemoveRule {
+        cidr: Cidr,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vip: Option<Vip>,
+    },
+    ListRules,
+    /// The VIP's source prefixes, most dropped first, then most admitted; `limit` caps the
+    /// list (default: all).
+    TopSources {
+        vip: Vip,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+    },
+}
+
+/// Which limits a request edits: `"default"` (every VIP without its own) or a VIP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Default,
+    Vip(Vip),
+}
+
+impl Scope {
+    pub fn vip(&self) -> Option<&Vip> {
+        match self {
+            Scope::Default => None,
+            Scope::Vip(vip) => Some(vip),
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scope::Default => f.write_str("default"),
+            Scope::Vip(vip) => write!(f, "{vip}"),
+        }
+    }
+}
+
+impl FromStr for Scope {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "default" { Ok(Scope::Default) } else { s.parse().map(Scope::Vip) }
+    }
+}
+
+impl Serialize for Scope {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Scope {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitPart {
+    #[default]
+    All,
+    PerSource,
+    Budget,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleActionKind {
+    Limit,
+    Block,
+    Exempt,
+}
+
+impl RuleActionKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Limit => "limit",
+            Self::Block => "block",
+            Self::Exempt => "exempt",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +209,9 @@ pub enum Reply {
     Vips(VipList),
     Backends(BackendList),
     Stats(Stats),
+    RateLimits(RateLimitList),
+    Rules(RuleList),
+    TopSources(TopSourceList),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -154,6 +286,10 @@ pub struct Stats {
     pub vips: Vec<VipStats>,
     /// Every `Reason` in `Reason::ALL` order, under its `label()`.
     pub reasons: Vec<ReasonCount>,
+    /// Every `Observed` in `Observed::ALL` order: what limits and rules in observe mode
+    /// would have dropped (those packets were let through and counted under `reasons`).
+    #[serde(default)]
+    pub observed: Vec<ReasonCount>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,6 +311,108 @@ pub struct BackendStats {
 pub struct ReasonCount {
     pub reason: String,
     pub packets: u64,
+}
+
+/// Where a part of a VIP's effective limits comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitOrigin {
+    /// The VIP's own limits.
+    Vip,
+    /// The default limits.
+    Default,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PerSourceLimit {
+    pub rate: RateSpec,
+    pub source_prefix_v4: u8,
+    pub source_prefix_v6: u8,
+    pub observe: bool,
+    pub from: LimitOrigin,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetLimit {
+    pub rate: RateSpec,
+    pub observe: bool,
+    pub from: LimitOrigin,
+}
+
+/// Limits of one scope; `null` parts limit nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopeLimits {
+    pub per_source: Option<PerSourceLimit>,
+    pub vip_budget: Option<BudgetLimit>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VipLimits {
+    pub vip: Vip,
+    /// What applies to the VIP, part by part (`from` says whose).
+    #[serde(flatten)]
+    pub effective: ScopeLimits,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimitList {
+    pub default: ScopeLimits,
+    pub vips: Vec<VipLimits>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleList {
+    pub rules: Vec<RuleEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleEntry {
+    pub cidr: Cidr,
+    /// The VIP the rule is scoped to, or `"*"` for every VIP.
+    #[serde(with = "any_vip")]
+    pub vip: Option<Vip>,
+    pub action: RuleActionKind,
+    /// `null` unless `action` is `limit`.
+    pub rate: Option<RateSpec>,
+    pub observe: bool,
+    /// New flows the rule matched, and those it dropped (cumulative since it was added).
+    pub hits: u64,
+    pub dropped: u64,
+}
+
+/// `"*"` for no VIP (every VIP).
+mod any_vip {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(vip: &Option<Vip>, s: S) -> Result<S::Ok, S::Error> {
+        match vip {
+            None => s.serialize_str("*"),
+            Some(vip) => s.collect_str(vip),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vip>, D::Error> {
+        let s = String::deserialize(d)?;
+        if s == "*" { Ok(None) } else { s.parse().map(Some).map_err(serde::de::Error::custom) }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopSourceList {
+    pub vip: Vip,
+    /// Entries the source table holds for this VIP (before `limit`).
+    pub tracked: usize,
+    pub sources: Vec<SourceEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceEntry {
+    /// The source prefix, with the VIP's configured prefix length.
+    pub prefix: Cidr,
+    /// New flows admitted and dropped since the entry appeared (the table is an LRU: a
+    /// quiet source's entry goes, and its counters with it).
+    pub admitted: u64,
+    pub dropped: u64,
 }
 
 #[cfg(test)]

@@ -11,10 +11,10 @@ use spillway_common::maglev::MAX_WEIGHT;
 
 use crate::{
     api::{
-        DEFAULT_SOCKET, Request,
+        DEFAULT_SOCKET, LimitPart, Request, RuleActionKind, Scope,
         client::{self, ClientError},
     },
-    model::{DEFAULT_WEIGHT, Vip},
+    model::{Cidr, DEFAULT_WEIGHT, MAX_RATE_PER_S, Vip},
 };
 
 const LBCTL_HELP: &str = "\
@@ -97,7 +97,123 @@ JSON output (-o json):
   {\"vips\":[{\"vip\":\"10.0.0.1:80/tcp\",\"packets\":10,\"bytes\":1500,
              \"backends\":[{\"address\":\"10.0.1.1\",\"packets\":10,\"bytes\":1500}]}],
    \"reasons\":[{\"reason\":\"tx\",\"packets\":10}, ...]}
-  reasons lists every verdict of the balancer, each packet counted under one.";
+  reasons lists every verdict of the balancer, each packet counted under one.
+  observed counts what limits and rules in observe mode would have dropped
+  (would_drop_source_limit, would_drop_rule_block, would_drop_rule_limit,
+  would_drop_vip_budget); those packets went through and are counted in reasons.";
+
+const RATELIMIT_HELP: &str = "\
+Examples:
+  lbctl ratelimit set --default --per-source 100 --burst 200
+  lbctl ratelimit budget --vip 10.0.0.1:80/tcp --new-flows 20000 --observe
+  lbctl ratelimit list -o json
+  lbctl ratelimit clear --vip 10.0.0.1:80/tcp --budget
+
+Limits apply to new flows only: established connections are never shed. A VIP's
+limits come part by part from its own settings, else from the default: a VIP
+with its own budget still has the default per-source limit unless it sets its
+own. --observe counts what a limit would drop (lbctl stats, observed) and drops
+nothing; set it again without --observe to enforce.";
+
+const RATELIMIT_SET_HELP: &str = "\
+Examples:
+  lbctl ratelimit set --default --per-source 100
+  lbctl ratelimit set --vip 10.0.0.1:80/tcp --per-source 50 --burst 500 --source-prefix-v4 24
+  lbctl ratelimit set --vip '[fd00::1]:443/tcp' --per-source 20 --source-prefix-v6 48 --observe
+
+Each source prefix (/32 for IPv4 and /64 for IPv6 unless given) gets its own
+bucket per VIP: --per-source new flows a second, plus --burst at once after a
+quiet period (default: one second's worth). Replaces the scope's per-source
+limit (prefix lengths and observe mode included) and keeps its budget.";
+
+const RATELIMIT_BUDGET_HELP: &str = "\
+Examples:
+  lbctl ratelimit budget --vip 10.0.0.1:80/tcp --new-flows 20000
+  lbctl ratelimit budget --vip 10.0.0.1:80/tcp --new-flows 20000 --burst 40000 --observe
+  lbctl ratelimit budget --default --new-flows 50000
+
+The VIP's new-flow budget: new flows above it are shed (load shedding), so the
+backends' capacity is not exceeded. With --default, every VIP without its own
+budget gets its own budget of this size. Keeps the scope's per-source limit.";
+
+const RATELIMIT_CLEAR_HELP: &str = "\
+Examples:
+  lbctl ratelimit clear --vip 10.0.0.1:80/tcp              # both parts
+  lbctl ratelimit clear --vip 10.0.0.1:80/tcp --budget
+  lbctl ratelimit clear --default --per-source
+
+A VIP whose own part is cleared falls back to the default's.";
+
+const RATELIMIT_LIST_HELP: &str = "\
+Example:
+  lbctl ratelimit list -o json
+
+JSON output (-o json):
+  {\"default\":{\"per_source\":{\"rate\":{\"per_s\":100,\"burst\":100},
+                \"source_prefix_v4\":32,\"source_prefix_v6\":64,
+                \"observe\":false,\"from\":\"default\"},
+               \"vip_budget\":null},
+   \"vips\":[{\"vip\":\"10.0.0.1:80/tcp\",\"per_source\":{...,\"from\":\"default\"},
+             \"vip_budget\":{\"rate\":{\"per_s\":20000,\"burst\":20000},
+                           \"observe\":true,\"from\":\"vip\"}}]}
+  Each VIP shows what applies to it; from says whether a part is the VIP's own
+  (\"vip\") or the default (\"default\"); null means no such limit.";
+
+const RULES_HELP: &str = "\
+Examples:
+  lbctl rules add 192.0.2.0/24 --block
+  lbctl rules add 10.20.0.0/16 --vip 10.0.0.1:80/tcp --limit 500 --observe
+  lbctl rules list -o json
+  lbctl rules remove 192.0.2.0/24
+
+Rules match the client address of new flows, for one VIP or every VIP; the most
+specific prefix wins, and a rule for a VIP beats a global one of the same length.";
+
+const RULES_ADD_HELP: &str = "\
+Examples:
+  lbctl rules add 192.0.2.0/24 --block
+  lbctl rules add 203.0.113.7 --exempt                      # a bare address is a /32
+  lbctl rules add 10.20.0.0/16 --vip 10.0.0.1:80/tcp --limit 500 --burst 1000
+  lbctl rules add 2001:db8::/32 --vip '[fd00::1]:443/tcp' --block --observe
+
+--limit puts everything the CIDR matches in one bucket (a client class) instead
+of per-source buckets; --exempt spares it the per-source limit (the VIP budget
+applies either way). Adding a rule that exists (same CIDR and VIP) changes it in
+place and keeps its counters.
+--observe counts what the rule would drop and drops nothing.";
+
+const RULES_REMOVE_HELP: &str = "\
+Examples:
+  lbctl rules remove 192.0.2.0/24
+  lbctl rules remove 10.20.0.0/16 --vip 10.0.0.1:80/tcp";
+
+const RULES_LIST_HELP: &str = "\
+Example:
+  lbctl rules list -o json
+
+JSON output (-o json):
+  {\"rules\":[{\"cidr\":\"10.20.0.0/16\",\"vip\":\"10.0.0.1:80/tcp\",\"action\":\"limit\",
+              \"rate\":{\"per_s\":500,\"burst\":500},\"observe\":false,
+              \"hits\":1200,\"dropped\":35}]}
+  vip is \"*\" for a rule on every VIP; action is limit, block or exempt; rate
+  is null unless action is limit. hits and dropped count new flows since the
+  rule was added.";
+
+const TOP_SOURCES_HELP: &str = "\
+Examples:
+  lbctl top-sources --vip 10.0.0.1:80/tcp
+  lbctl top-sources --vip 10.0.0.1:80/tcp --limit 5 -o json
+
+Lists the VIP's source prefixes (with its per-source prefix length) that had the
+most new flows dropped, then admitted: during an incident, who is being limited.
+Counters are cumulative since the source's entry appeared. The table holds the
+most recently active sources (LRU): a source that went quiet can lose its entry
+and start again from zero.
+
+JSON output (-o json):
+  {\"vip\":\"10.0.0.1:80/tcp\",\"tracked\":812,
+   \"sources\":[{\"prefix\":\"198.51.100.0/24\",\"admitted\":1500,\"dropped\":9000}]}
+  tracked counts the VIP's entries in the source table before --limit.";
 
 #[derive(Debug, Parser)]
 #[command(name = "lbctl", version, about = "Control Spillway's load balancer (lbd)", after_help = LBCTL_HELP)]
@@ -117,9 +233,168 @@ pub enum Command {
     /// Add, list, drain, reweight and remove the backends of a VIP.
     #[command(subcommand, after_help = BACKENDS_HELP)]
     Backends(BackendsCommand),
-    /// Packet and byte counters per VIP and backend, and per verdict.
+    /// Packet and byte counters per VIP and backend, per verdict, and what observe mode
+    /// would have dropped.
     #[command(after_help = STATS_HELP)]
     Stats(OutputArgs),
+    /// New-flow limits: per source prefix, and each VIP's budget.
+    #[command(subcommand, after_help = RATELIMIT_HELP)]
+    Ratelimit(RatelimitCommand),
+    /// Rules on client CIDRs: block, exempt, or limit a client class.
+    #[command(subcommand, after_help = RULES_HELP)]
+    Rules(RulesCommand),
+    /// The source prefixes of a VIP with the most dropped, then admitted, new flows.
+    #[command(after_help = TOP_SOURCES_HELP)]
+    TopSources {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
+        #[arg(long, value_name = "VIP")]
+        vip: Vip,
+        /// How many prefixes to show.
+        #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RatelimitCommand {
+    /// Set the per-source new-flow limit of a VIP or of the default.
+    #[command(after_help = RATELIMIT_SET_HELP)]
+    Set {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// New flows per second from each source prefix.
+        #[arg(long, value_name = "N", value_parser = parse_rate, allow_negative_numbers = true)]
+        per_source: u32,
+        #[command(flatten)]
+        burst: BurstArg,
+        /// IPv4 sources sharing one bucket: prefix length 1-32 [default: 32].
+        #[arg(long, value_name = "LEN", value_parser = clap::value_parser!(u8).range(1..=32), allow_negative_numbers = true)]
+        source_prefix_v4: Option<u8>,
+        /// IPv6 sources sharing one bucket: prefix length 1-128 [default: 64].
+        #[arg(long, value_name = "LEN", value_parser = clap::value_parser!(u8).range(1..=128), allow_negative_numbers = true)]
+        source_prefix_v6: Option<u8>,
+        /// Count what would be dropped, drop nothing.
+        #[arg(long)]
+        observe: bool,
+    },
+    /// Set the new-flow budget of a VIP (or of every VIP, with --default).
+    #[command(after_help = RATELIMIT_BUDGET_HELP)]
+    Budget {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// New flows per second the VIP admits.
+        #[arg(long, value_name = "N", value_parser = parse_rate, allow_negative_numbers = true)]
+        new_flows: u32,
+        #[command(flatten)]
+        burst: BurstArg,
+        /// Count what would be dropped, drop nothing.
+        #[arg(long)]
+        observe: bool,
+    },
+    /// Remove the per-source limit, the budget, or both, of a VIP or of the default.
+    #[command(after_help = RATELIMIT_CLEAR_HELP)]
+    Clear {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Only the per-source limit.
+        #[arg(long, conflicts_with = "budget")]
+        per_source: bool,
+        /// Only the budget.
+        #[arg(long)]
+        budget: bool,
+    },
+    /// The default limits and what applies to every VIP.
+    #[command(after_help = RATELIMIT_LIST_HELP)]
+    List(OutputArgs),
+}
+
+/// `--vip <VIP>` or `--default`, exactly one.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct ScopeArgs {
+    /// The VIP whose limits to change.
+    #[arg(long, value_name = "VIP")]
+    pub vip: Option<Vip>,
+    /// The default limits, for every VIP without its own.
+    #[arg(long)]
+    pub default: bool,
+}
+
+impl ScopeArgs {
+    pub fn scope(&self) -> Scope {
+        match self.vip {
+            Some(vip) => Scope::Vip(vip),
+            None => Scope::Default,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct BurstArg {
+    /// Extra new flows admitted at once after a quiet period [default: one second's worth].
+    #[arg(long, value_name = "B", value_parser = clap::value_parser!(u32), allow_negative_numbers = true)]
+    pub burst: Option<u32>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RulesCommand {
+    /// Add a rule, or change the rule of the same CIDR and VIP.
+    #[command(after_help = RULES_ADD_HELP)]
+    Add {
+        /// Client addresses, e.g. 10.0.0.0/8, 2001:db8::/32 or one address.
+        #[arg(value_name = "CIDR")]
+        cidr: Cidr,
+        /// Only new flows to this VIP [default: every VIP].
+        #[arg(long, value_name = "VIP")]
+        vip: Option<Vip>,
+        #[command(flatten)]
+        action: RuleActionArgs,
+        /// With --limit: extra new flows admitted at once [default: one second's worth].
+        #[arg(long, value_name = "B", conflicts_with_all = ["block", "exempt"], value_parser = clap::value_parser!(u32), allow_negative_numbers = true)]
+        burst: Option<u32>,
+        /// Count what would be dropped, drop nothing.
+        #[arg(long)]
+        observe: bool,
+    },
+    /// Remove a rule.
+    #[command(after_help = RULES_REMOVE_HELP)]
+    Remove {
+        #[arg(value_name = "CIDR")]
+        cidr: Cidr,
+        /// The VIP the rule is for [default: the rule on every VIP].
+        #[arg(long, value_name = "VIP")]
+        vip: Option<Vip>,
+    },
+    /// List the rules with their counters.
+    #[command(after_help = RULES_LIST_HELP)]
+    List(OutputArgs),
+}
+
+/// `--limit <N>`, `--block` or `--exempt`, exactly one.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct RuleActionArgs {
+    /// Admit at most N new flows per second from everything the CIDR matches, together.
+    #[arg(long, value_name = "N", value_parser = parse_rate, allow_negative_numbers = true)]
+    pub limit: Option<u32>,
+    /// Drop new flows from the CIDR.
+    #[arg(long)]
+    pub block: bool,
+    /// Spare the CIDR the per-source limit (the VIP budget still applies).
+    #[arg(long)]
+    pub exempt: bool,
+}
+
+impl RuleActionArgs {
+    pub fn kind(&self) -> RuleActionKind {
+        match (self.limit, self.block) {
+            (Some(_), _) => RuleActionKind::Limit,
+            (None, true) => RuleActionKind::Block,
+            (None, false) => RuleActionKind::Exempt,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -215,6 +490,15 @@ fn weight() -> clap::builder::RangedI64ValueParser<u32> {
     clap::value_parser!(u32).range(1..=i64::from(MAX_WEIGHT))
 }
 
+/// New flows per second: 1..=MAX_RATE_PER_S; zero and negative rates are refused.
+fn parse_rate(input: &str) -> Result<u32, String> {
+    let n: i64 = input.trim().parse().map_err(|_| format!("expected a number of new flows per second (1..={MAX_RATE_PER_S})"))?;
+    if n < 1 {
+        return Err(format!("a rate must be at least 1 new flow per second (1..={MAX_RATE_PER_S}); to lift a limit, clear or remove it"));
+    }
+    u32::try_from(n).ok().filter(|n| *n <= MAX_RATE_PER_S).ok_or_else(|| format!("at most {MAX_RATE_PER_S} new flows per second"))
+}
+
 impl Command {
     /// The API request this command sends.
     pub fn request(&self) -> Request {
@@ -232,6 +516,34 @@ impl Command {
                 Request::SetWeight { vip: target.vip, backend: target.backend, weight: *weight }
             }
             Command::Stats(_) => Request::Stats,
+            Command::Ratelimit(RatelimitCommand::Set { scope, per_source, burst, source_prefix_v4, source_prefix_v6, observe }) => {
+                Request::SetRateLimit {
+                    scope: scope.scope(),
+                    per_s: *per_source,
+                    burst: burst.burst,
+                    source_prefix_v4: *source_prefix_v4,
+                    source_prefix_v6: *source_prefix_v6,
+                    observe: *observe,
+                }
+            }
+            Command::Ratelimit(RatelimitCommand::Budget { scope, new_flows, burst, observe }) => {
+                Request::SetBudget { scope: scope.scope(), per_s: *new_flows, burst: burst.burst, observe: *observe }
+            }
+            Command::Ratelimit(RatelimitCommand::Clear { scope, per_source, budget }) => {
+                let part = match (per_source, budget) {
+                    (true, _) => LimitPart::PerSource,
+                    (false, true) => LimitPart::Budget,
+                    (false, false) => LimitPart::All,
+                };
+                Request::ClearRateLimit { scope: scope.scope(), part }
+            }
+            Command::Ratelimit(RatelimitCommand::List(_)) => Request::ListRateLimits,
+            Command::Rules(RulesCommand::Add { cidr, vip, action, burst, observe }) => {
+                Request::SetRule { cidr: *cidr, vip: *vip, action: action.kind(), per_s: action.limit, burst: *burst, observe: *observe }
+            }
+            Command::Rules(RulesCommand::Remove { cidr, vip }) => Request::RemoveRule { cidr: *cidr, vip: *vip },
+            Command::Rules(RulesCommand::List(_)) => Request::ListRules,
+            Command::TopSources { vip, limit, .. } => Request::TopSources { vip: *vip, limit: Some(*limit) },
         }
     }
 }

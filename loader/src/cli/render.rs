@@ -6,16 +6,22 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::{
-    BackendsCommand, CliError, Command, Format, VipsCommand,
+    BackendsCommand, CliError, Command, Format, RatelimitCommand, RulesCommand, ScopeArgs, VipsCommand,
     table::{Align, Table},
 };
-use crate::api::{BackendList, Reply, Stats, VipList};
+use crate::{
+    api::{BackendList, BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, Reply, RuleList, Stats, TopSourceList, VipList},
+    model::{RateSpec, Vip},
+};
 
 pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<(), CliError> {
     let text = match (command, reply) {
         (Command::Vips(VipsCommand::List(o)), Reply::Vips(list)) => output(o.output, &list, vips_table)?,
         (Command::Backends(BackendsCommand::List { output: o, .. }), Reply::Backends(list)) => output(o.output, &list, backends_table)?,
         (Command::Stats(o), Reply::Stats(stats)) => output(o.output, &stats, stats_tables)?,
+        (Command::Ratelimit(RatelimitCommand::List(o)), Reply::RateLimits(list)) => output(o.output, &list, rate_limits_table)?,
+        (Command::Rules(RulesCommand::List(o)), Reply::Rules(list)) => output(o.output, &list, rules_table)?,
+        (Command::TopSources { output: o, .. }, Reply::TopSources(list)) => output(o.output, &list, top_sources_table)?,
         (command, Reply::Done { .. }) => done(command).ok_or(CliError::UnexpectedReply)?,
         _ => return Err(CliError::UnexpectedReply),
     };
@@ -49,9 +55,63 @@ fn done(command: &Command) -> Option<String> {
         Command::Backends(BackendsCommand::SetWeight { target, weight }) => {
             format!("set the weight of backend {} in {} to {weight}", target.backend, target.vip)
         }
-        Command::Vips(VipsCommand::List(_)) | Command::Backends(BackendsCommand::List { .. }) | Command::Stats(_) => return None,
+        Command::Ratelimit(RatelimitCommand::Set { scope, per_source, burst, source_prefix_v4, source_prefix_v6, observe }) => {
+            let rate = RateSpec::new(*per_source, burst.burst);
+            format!(
+                "set the per-source limit of {} to {rate} per /{} (IPv4) or /{} (IPv6) source prefix{}",
+                scope_text(scope),
+                source_prefix_v4.unwrap_or(spillway_common::limits::DEFAULT_SOURCE_PREFIX_V4),
+                source_prefix_v6.unwrap_or(spillway_common::limits::DEFAULT_SOURCE_PREFIX_V6),
+                observe_text(*observe)
+            )
+        }
+        Command::Ratelimit(RatelimitCommand::Budget { scope, new_flows, burst, observe }) => {
+            let rate = RateSpec::new(*new_flows, burst.burst);
+            format!("set the new-flow budget of {} to {rate}{}", scope_text(scope), observe_text(*observe))
+        }
+        Command::Ratelimit(RatelimitCommand::Clear { scope, per_source, budget }) => {
+            let part = match (per_source, budget) {
+                (true, _) => "the per-source limit",
+                (false, true) => "the new-flow budget",
+                (false, false) => "the per-source limit and the new-flow budget",
+            };
+            format!("cleared {part} of {}", scope_text(scope))
+        }
+        Command::Rules(RulesCommand::Add { cidr, vip, action, burst, observe }) => {
+            let what = match action.limit {
+                Some(per_s) => format!("limit to {}", RateSpec::new(per_s, *burst)),
+                None if action.block => "block".to_owned(),
+                None => "exempt".to_owned(),
+            };
+            format!("rule {cidr} on {}: {what}{}", vip_text(vip), observe_text(*observe))
+        }
+        Command::Rules(RulesCommand::Remove { cidr, vip }) => format!("removed the rule {cidr} on {}", vip_text(vip)),
+        Command::Vips(VipsCommand::List(_))
+        | Command::Backends(BackendsCommand::List { .. })
+        | Command::Stats(_)
+        | Command::Ratelimit(RatelimitCommand::List(_))
+        | Command::Rules(RulesCommand::List(_))
+        | Command::TopSources { .. } => return None,
     };
     Some(line + "\n")
+}
+
+fn scope_text(scope: &ScopeArgs) -> String {
+    match &scope.vip {
+        Some(vip) => format!("VIP {vip}"),
+        None => "the default (every VIP without its own)".to_owned(),
+    }
+}
+
+fn vip_text(vip: &Option<Vip>) -> String {
+    match vip {
+        Some(vip) => format!("VIP {vip}"),
+        None => "every VIP".to_owned(),
+    }
+}
+
+fn observe_text(observe: bool) -> &'static str {
+    if observe { " (observe: counted, nothing dropped)" } else { "" }
 }
 
 fn vips_table(list: &VipList) -> String {
@@ -83,5 +143,72 @@ fn stats_tables(stats: &Stats) -> String {
     for r in &stats.reasons {
         reasons.row(vec![r.reason.clone(), r.packets.to_string()]);
     }
-    [vips.render(), backends.render(), reasons.render()].join("\n")
+    let mut observed = Table::new(&[("OBSERVED", Align::Left), ("PACKETS", Align::Right)]);
+    for o in &stats.observed {
+        observed.row(vec![o.reason.clone(), o.packets.to_string()]);
+    }
+    [vips.render(), backends.render(), reasons.render(), observed.render()].join("\n")
+}
+
+/// `100/s burst 200`, then ` observe` and ` (default)` when they apply.
+fn limit_cell(rate: &RateSpec, observe: bool, from: LimitOrigin) -> String {
+    let mut cell = rate.to_string();
+    if observe {
+        cell.push_str(" observe");
+    }
+    if from == LimitOrigin::Default {
+        cell.push_str(" (default)");
+    }
+    cell
+}
+
+fn rate_limits_table(list: &RateLimitList) -> String {
+    let mut t = Table::new(&[("SCOPE", Align::Left), ("PER_SOURCE", Align::Left), ("SOURCE_PREFIX", Align::Left), ("BUDGET", Align::Left)]);
+    let mut row = |scope: String, per_source: &Option<PerSourceLimit>, budget: &Option<BudgetLimit>, is_default: bool| {
+        // The default's own row does not say "(default)" on every cell.
+        let from = |f: LimitOrigin| if is_default { LimitOrigin::Vip } else { f };
+        let (per_source, prefix) = match per_source {
+            Some(p) => (limit_cell(&p.rate, p.observe, from(p.from)), format!("/{} /{}", p.source_prefix_v4, p.source_prefix_v6)),
+            None => ("-".to_owned(), "-".to_owned()),
+        };
+        let budget = budget.as_ref().map_or("-".to_owned(), |b| limit_cell(&b.rate, b.observe, from(b.from)));
+        t.row(vec![scope, per_source, prefix, budget]);
+    };
+    row("default".to_owned(), &list.default.per_source, &list.default.vip_budget, true);
+    for v in &list.vips {
+        row(v.vip.to_string(), &v.effective.per_source, &v.effective.vip_budget, false);
+    }
+    t.render()
+}
+
+fn rules_table(list: &RuleList) -> String {
+    let mut t = Table::new(&[
+        ("CIDR", Align::Left),
+        ("VIP", Align::Left),
+        ("ACTION", Align::Left),
+        ("RATE", Align::Left),
+        ("OBSERVE", Align::Left),
+        ("HITS", Align::Right),
+        ("DROPPED", Align::Right),
+    ]);
+    for r in &list.rules {
+        t.row(vec![
+            r.cidr.to_string(),
+            r.vip.map_or("*".to_owned(), |v| v.to_string()),
+            r.action.label().to_owned(),
+            r.rate.map_or("-".to_owned(), |rate| rate.to_string()),
+            if r.observe { "yes" } else { "no" }.to_owned(),
+            r.hits.to_string(),
+            r.dropped.to_string(),
+        ]);
+    }
+    t.render()
+}
+
+fn top_sources_table(list: &TopSourceList) -> String {
+    let mut t = Table::new(&[("PREFIX", Align::Left), ("ADMITTED", Align::Right), ("DROPPED", Align::Right)]);
+    for s in &list.sources {
+        t.row(vec![s.prefix.to_string(), s.admitted.to_string(), s.dropped.to_string()]);
+    }
+    t.render()
 }

@@ -103,7 +103,7 @@ fn every_help_has_an_example() {
     }
     let mut seen = 0;
     walk(&Cli::command(), &mut Vec::new(), &mut seen);
-    assert_eq!(seen, 12, "lbctl, vips (3), backends (5), stats");
+    assert_eq!(seen, 22, "lbctl, vips (3), backends (5), stats, ratelimit (4), rules (3), top-sources");
 }
 
 fn rendered(args: &[&str], reply: Reply) -> String {
@@ -122,6 +122,7 @@ fn sample_stats() -> Stats {
             backends: vec![BackendStats { address: ip("10.0.1.1"), packets: 12, bytes: 3400 }],
         }],
         reasons: vec![ReasonCount { reason: "tx".into(), packets: 12 }, ReasonCount { reason: "pass_not_vip".into(), packets: 3 }],
+        observed: vec![ReasonCount { reason: "would_drop_source_limit".into(), packets: 4 }],
     }
 }
 
@@ -147,7 +148,8 @@ fn tables() {
         rendered(&["stats"], Reply::Stats(sample_stats())),
         "VIP              PACKETS  BYTES\n10.0.0.1:80/tcp       12   3400\n\n\
          VIP              BACKEND   PACKETS  BYTES\n10.0.0.1:80/tcp  10.0.1.1       12   3400\n\n\
-         REASON        PACKETS\ntx                 12\npass_not_vip        3\n"
+         REASON        PACKETS\ntx                 12\npass_not_vip        3\n\n\
+         OBSERVED                 PACKETS\nwould_drop_source_limit        4\n"
     );
 }
 
@@ -161,6 +163,7 @@ fn json_output_has_the_documented_fields() {
             "vips": [{"vip": "10.0.0.1:80/tcp", "packets": 12, "bytes": 3400,
                       "backends": [{"address": "10.0.1.1", "packets": 12, "bytes": 3400}]}],
             "reasons": [{"reason": "tx", "packets": 12}, {"reason": "pass_not_vip", "packets": 3}],
+            "observed": [{"reason": "would_drop_source_limit", "packets": 4}],
         })
     );
     let list = BackendList {
@@ -183,5 +186,298 @@ fn changes_print_a_confirmation_and_odd_replies_are_errors() {
     );
     assert_eq!(rendered(&["vips", "add", "10.0.0.1:80/tcp"], done()), "added VIP 10.0.0.1:80/tcp\n");
     let cli = parse(&["vips", "list"]).unwrap();
+    assert!(matches!(render::reply(&cli.command, done(), &mut Vec::new()), Err(CliError::UnexpectedReply)));
+}
+
+// --- ratelimit, rules, top-sources ---
+
+use crate::api::{
+    BudgetLimit, LimitOrigin, LimitPart, PerSourceLimit, RateLimitList, RuleActionKind, RuleEntry, RuleList, Scope, ScopeLimits,
+    SourceEntry, TopSourceList, VipLimits,
+};
+use crate::model::RateSpec;
+
+#[test]
+fn limit_and_rule_commands_map_to_requests() {
+    let v = vip("10.0.0.1:80/tcp");
+    let cidr = |s: &str| s.parse::<Cidr>().unwrap();
+    let cases: Vec<(&[&str], Request)> = vec![
+        (
+            &["ratelimit", "set", "--default", "--per-source", "100"],
+            Request::SetRateLimit {
+                scope: Scope::Default,
+                per_s: 100,
+                burst: None,
+                source_prefix_v4: None,
+                source_prefix_v6: None,
+                observe: false,
+            },
+        ),
+        (
+            &[
+                "ratelimit",
+                "set",
+                "--vip",
+                "10.0.0.1:80/tcp",
+                "--per-source=50",
+                "--burst",
+                "0",
+                "--source-prefix-v4",
+                "24",
+                "--source-prefix-v6",
+                "128",
+                "--observe",
+            ],
+            Request::SetRateLimit {
+                scope: Scope::Vip(v),
+                per_s: 50,
+                burst: Some(0),
+                source_prefix_v4: Some(24),
+                source_prefix_v6: Some(128),
+                observe: true,
+            },
+        ),
+        (
+            &["ratelimit", "budget", "--vip", "10.0.0.1:80/tcp", "--new-flows", "20000"],
+            Request::SetBudget { scope: Scope::Vip(v), per_s: 20000, burst: None, observe: false },
+        ),
+        (
+            &["ratelimit", "budget", "--default", "--new-flows", "7", "--burst", "70", "--observe"],
+            Request::SetBudget { scope: Scope::Default, per_s: 7, burst: Some(70), observe: true },
+        ),
+        (&["ratelimit", "clear", "--vip", "10.0.0.1:80/tcp"], Request::ClearRateLimit { scope: Scope::Vip(v), part: LimitPart::All }),
+        (
+            &["ratelimit", "clear", "--default", "--per-source"],
+            Request::ClearRateLimit { scope: Scope::Default, part: LimitPart::PerSource },
+        ),
+        (&["ratelimit", "clear", "--default", "--budget"], Request::ClearRateLimit { scope: Scope::Default, part: LimitPart::Budget }),
+        (&["ratelimit", "list", "-o", "json"], Request::ListRateLimits),
+        (
+            &["rules", "add", "10.0.0.0/8", "--block"],
+            Request::SetRule {
+                cidr: cidr("10.0.0.0/8"),
+                vip: None,
+                action: RuleActionKind::Block,
+                per_s: None,
+                burst: None,
+                observe: false,
+            },
+        ),
+        (
+            &["rules", "add", "203.0.113.7", "--exempt", "--vip", "10.0.0.1:80/tcp", "--observe"],
+            Request::SetRule {
+                cidr: cidr("203.0.113.7/32"),
+                vip: Some(v),
+                action: RuleActionKind::Exempt,
+                per_s: None,
+                burst: None,
+                observe: true,
+            },
+        ),
+        (
+            &["rules", "add", "2001:db8::/32", "--limit", "500", "--burst", "1000"],
+            Request::SetRule {
+                cidr: cidr("2001:db8::/32"),
+                vip: None,
+                action: RuleActionKind::Limit,
+                per_s: Some(500),
+                burst: Some(1000),
+                observe: false,
+            },
+        ),
+        (&["rules", "remove", "10.0.0.0/8"], Request::RemoveRule { cidr: cidr("10.0.0.0/8"), vip: None }),
+        (&["rules", "remove", "10.0.0.0/8", "--vip", "10.0.0.1:80/tcp"], Request::RemoveRule { cidr: cidr("10.0.0.0/8"), vip: Some(v) }),
+        (&["rules", "list"], Request::ListRules),
+        (&["top-sources", "--vip", "10.0.0.1:80/tcp"], Request::TopSources { vip: v, limit: Some(20) }),
+        (&["top-sources", "--vip", "10.0.0.1:80/tcp", "--limit", "5", "-o", "json"], Request::TopSources { vip: v, limit: Some(5) }),
+    ];
+    for (args, want) in cases {
+        assert_eq!(request(args), want, "{args:?}");
+    }
+}
+
+#[test]
+fn bad_limits_and_rules_are_refused_before_reaching_lbd() {
+    let v = "10.0.0.1:80/tcp";
+    let cases: &[(&[&str], ErrorKind, &str)] = &[
+        (&["ratelimit", "set", "--vip", v, "--per-source=-5"], ErrorKind::ValueValidation, "a rate must be at least 1 new flow per second"),
+        (&["ratelimit", "set", "--vip", v, "--per-source", "-5"], ErrorKind::ValueValidation, "invalid value '-5' for '--per-source <N>'"),
+        (&["ratelimit", "set", "--vip", v, "--per-source", "0"], ErrorKind::ValueValidation, "at least 1"),
+        (&["ratelimit", "set", "--vip", v, "--per-source", "1000000001"], ErrorKind::ValueValidation, "at most 1000000000"),
+        (&["ratelimit", "set", "--vip", v, "--per-source", "lots"], ErrorKind::ValueValidation, "expected a number"),
+        (&["ratelimit", "set", "--vip", v, "--per-source", "5", "--burst", "-1"], ErrorKind::ValueValidation, "'--burst <B>'"),
+        (&["ratelimit", "set", "--vip", v, "--per-source", "5", "--source-prefix-v4", "33"], ErrorKind::ValueValidation, "1..=32"),
+        (&["ratelimit", "set", "--vip", v, "--per-source", "5", "--source-prefix-v4", "0"], ErrorKind::ValueValidation, "1..=32"),
+        (&["ratelimit", "set", "--vip", v, "--per-source", "5", "--source-prefix-v6", "129"], ErrorKind::ValueValidation, "1..=128"),
+        (&["ratelimit", "set", "--per-source", "5"], ErrorKind::MissingRequiredArgument, "--vip <VIP>|--default"),
+        (&["ratelimit", "set", "--vip", v, "--default", "--per-source", "5"], ErrorKind::ArgumentConflict, "cannot be used with"),
+        (&["ratelimit", "set", "--vip", v], ErrorKind::MissingRequiredArgument, "--per-source"),
+        (&["ratelimit", "set", "--vip", "10.0.0.1:80", "--per-source", "5"], ErrorKind::ValueValidation, "expected <IP>:<PORT>/<tcp|udp>"),
+        (&["ratelimit", "budget", "--vip", v, "--new-flows", "0"], ErrorKind::ValueValidation, "at least 1"),
+        (&["ratelimit", "budget", "--vip", v], ErrorKind::MissingRequiredArgument, "--new-flows"),
+        (&["ratelimit", "clear", "--vip", v, "--per-source", "--budget"], ErrorKind::ArgumentConflict, "cannot be used with"),
+        (&["ratelimit", "clear"], ErrorKind::MissingRequiredArgument, "--vip <VIP>|--default"),
+        (&["rules", "add", "10.0.0.1/8", "--block"], ErrorKind::ValueValidation, "did you mean 10.0.0.0/8?"),
+        (&["rules", "add", "10.0.0/8", "--block"], ErrorKind::ValueValidation, "expected <IP>/<LEN>"),
+        (&["rules", "add", "10.0.0.0/40", "--block"], ErrorKind::ValueValidation, "0..=32"),
+        (&["rules", "add", "10.0.0.0/8"], ErrorKind::MissingRequiredArgument, "--limit <N>|--block|--exempt"),
+        (&["rules", "add", "10.0.0.0/8", "--block", "--exempt"], ErrorKind::ArgumentConflict, "cannot be used with"),
+        (&["rules", "add", "10.0.0.0/8", "--limit", "0"], ErrorKind::ValueValidation, "at least 1"),
+        (&["rules", "add", "10.0.0.0/8", "--limit=-3"], ErrorKind::ValueValidation, "at least 1"),
+        (&["rules", "add", "10.0.0.0/8", "--block", "--burst", "5"], ErrorKind::ArgumentConflict, "cannot be used with"),
+        (&["rules", "remove"], ErrorKind::MissingRequiredArgument, "<CIDR>"),
+        (&["top-sources"], ErrorKind::MissingRequiredArgument, "--vip"),
+        (&["top-sources", "--vip", v, "--limit", "0"], ErrorKind::ValueValidation, "0 is not in 1.."),
+        (&["rules", "list", "-o", "yaml"], ErrorKind::InvalidValue, "yaml"),
+    ];
+    for (args, kind, text) in cases {
+        let err = parse(args).map(|_| ()).expect_err(&format!("{args:?} accepted"));
+        assert_eq!(err.kind(), *kind, "{args:?}: {err}");
+        assert!(err.to_string().contains(text), "{args:?}: {err} lacks {text:?}");
+    }
+}
+
+fn sample_limits() -> RateLimitList {
+    let per_source = PerSourceLimit {
+        rate: RateSpec::new(100, Some(200)),
+        source_prefix_v4: 24,
+        source_prefix_v6: 64,
+        observe: false,
+        from: LimitOrigin::Default,
+    };
+    RateLimitList {
+        default: ScopeLimits { per_source: Some(per_source.clone()), vip_budget: None },
+        vips: vec![
+            VipLimits {
+                vip: vip("10.0.0.1:80/tcp"),
+                effective: ScopeLimits {
+                    per_source: Some(per_source.clone()),
+                    vip_budget: Some(BudgetLimit { rate: RateSpec::new(5000, None), observe: true, from: LimitOrigin::Vip }),
+                },
+            },
+            VipLimits { vip: vip("10.0.0.2:80/tcp"), effective: ScopeLimits { per_source: None, vip_budget: None } },
+        ],
+    }
+}
+
+fn sample_rules() -> RuleList {
+    RuleList {
+        rules: vec![
+            RuleEntry {
+                cidr: "10.20.0.0/16".parse().unwrap(),
+                vip: Some(vip("10.0.0.1:80/tcp")),
+                action: RuleActionKind::Limit,
+                rate: Some(RateSpec::new(500, None)),
+                observe: true,
+                hits: 1200,
+                dropped: 35,
+            },
+            RuleEntry {
+                cidr: "192.0.2.0/24".parse().unwrap(),
+                vip: None,
+                action: RuleActionKind::Block,
+                rate: None,
+                observe: false,
+                hits: 7,
+                dropped: 7,
+            },
+        ],
+    }
+}
+
+fn sample_top() -> TopSourceList {
+    TopSourceList {
+        vip: vip("10.0.0.1:80/tcp"),
+        tracked: 812,
+        sources: vec![
+            SourceEntry { prefix: "198.51.100.0/24".parse().unwrap(), admitted: 1500, dropped: 9000 },
+            SourceEntry { prefix: "2001:db8::/64".parse().unwrap(), admitted: 3, dropped: 0 },
+        ],
+    }
+}
+
+#[test]
+fn limit_and_rule_tables() {
+    assert_eq!(
+        rendered(&["ratelimit", "list"], Reply::RateLimits(sample_limits())),
+        "SCOPE            PER_SOURCE                 SOURCE_PREFIX  BUDGET\n\
+         default          100/s burst 200            /24 /64        -\n\
+         10.0.0.1:80/tcp  100/s burst 200 (default)  /24 /64        5000/s burst 5000 observe\n\
+         10.0.0.2:80/tcp  -                          -              -\n"
+    );
+    assert_eq!(
+        rendered(&["rules", "list"], Reply::Rules(sample_rules())),
+        "CIDR          VIP              ACTION  RATE             OBSERVE  HITS  DROPPED\n\
+         10.20.0.0/16  10.0.0.1:80/tcp  limit   500/s burst 500  yes      1200       35\n\
+         192.0.2.0/24  *                block   -                no          7        7\n"
+    );
+    assert_eq!(
+        rendered(&["top-sources", "--vip", "10.0.0.1:80/tcp"], Reply::TopSources(sample_top())),
+        "PREFIX           ADMITTED  DROPPED\n198.51.100.0/24      1500     9000\n2001:db8::/64           3        0\n"
+    );
+}
+
+#[test]
+fn limit_and_rule_json_has_the_documented_fields() {
+    let json = |args: &[&str], reply| serde_json::from_str::<serde_json::Value>(&rendered(args, reply)).unwrap();
+    assert_eq!(
+        json(&["rules", "list", "-o", "json"], Reply::Rules(sample_rules())),
+        serde_json::json!({"rules": [
+            {"cidr": "10.20.0.0/16", "vip": "10.0.0.1:80/tcp", "action": "limit", "rate": {"per_s": 500, "burst": 500},
+             "observe": true, "hits": 1200, "dropped": 35},
+            {"cidr": "192.0.2.0/24", "vip": "*", "action": "block", "rate": null, "observe": false, "hits": 7, "dropped": 7},
+        ]})
+    );
+    assert_eq!(
+        json(&["top-sources", "--vip", "10.0.0.1:80/tcp", "-o", "json"], Reply::TopSources(sample_top())),
+        serde_json::json!({"vip": "10.0.0.1:80/tcp", "tracked": 812, "sources": [
+            {"prefix": "198.51.100.0/24", "admitted": 1500, "dropped": 9000},
+            {"prefix": "2001:db8::/64", "admitted": 3, "dropped": 0},
+        ]})
+    );
+    let limits = json(&["ratelimit", "list", "-o", "json"], Reply::RateLimits(sample_limits()));
+    assert_eq!(
+        limits["default"],
+        serde_json::json!({"per_source": {"rate": {"per_s": 100, "burst": 200}, "source_prefix_v4": 24, "source_prefix_v6": 64,
+                                          "observe": false, "from": "default"}, "vip_budget": null})
+    );
+    assert_eq!(
+        limits["vips"][0]["vip_budget"],
+        serde_json::json!({"rate": {"per_s": 5000, "burst": 5000}, "observe": true, "from": "vip"})
+    );
+    assert_eq!(limits["vips"][1], serde_json::json!({"vip": "10.0.0.2:80/tcp", "per_source": null, "vip_budget": null}));
+}
+
+#[test]
+fn limit_and_rule_changes_print_a_confirmation() {
+    let done = || Reply::Done { slots_written: 0, tables_flipped: 0 };
+    let v = "10.0.0.1:80/tcp";
+    for (args, line) in [
+        (
+            &["ratelimit", "set", "--default", "--per-source", "100"][..],
+            "set the per-source limit of the default (every VIP without its own) to 100/s burst 100 per /32 (IPv4) or /64 (IPv6) source prefix",
+        ),
+        (
+            &["ratelimit", "set", "--vip", v, "--per-source", "5", "--burst", "9", "--source-prefix-v4", "24", "--observe"],
+            "set the per-source limit of VIP 10.0.0.1:80/tcp to 5/s burst 9 per /24 (IPv4) or /64 (IPv6) source prefix \
+             (observe: counted, nothing dropped)",
+        ),
+        (
+            &["ratelimit", "budget", "--vip", v, "--new-flows", "20000"],
+            "set the new-flow budget of VIP 10.0.0.1:80/tcp to 20000/s burst 20000",
+        ),
+        (&["ratelimit", "clear", "--vip", v], "cleared the per-source limit and the new-flow budget of VIP 10.0.0.1:80/tcp"),
+        (&["ratelimit", "clear", "--default", "--budget"], "cleared the new-flow budget of the default (every VIP without its own)"),
+        (&["rules", "add", "10.0.0.0/8", "--block"], "rule 10.0.0.0/8 on every VIP: block"),
+        (
+            &["rules", "add", "10.0.0.0/8", "--vip", v, "--limit", "3", "--observe"],
+            "rule 10.0.0.0/8 on VIP 10.0.0.1:80/tcp: limit to 3/s burst 3 (observe: counted, nothing dropped)",
+        ),
+        (&["rules", "add", "10.0.0.0/8", "--exempt"], "rule 10.0.0.0/8 on every VIP: exempt"),
+        (&["rules", "remove", "10.0.0.0/8"], "removed the rule 10.0.0.0/8 on every VIP"),
+    ] {
+        assert_eq!(rendered(args, done()), format!("{line}\n"), "{args:?}");
+    }
+    let cli = parse(&["rules", "list"]).unwrap();
     assert!(matches!(render::reply(&cli.command, done(), &mut Vec::new()), Err(CliError::UnexpectedReply)));
 }

@@ -2,31 +2,38 @@
 //! maps. A mutation is tried on a copy of the state, reconciled into the maps, persisted, and
 //! only then becomes the current state; any failure rolls the maps back and changes nothing.
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{cmp::Reverse, collections::BTreeSet, net::IpAddr};
 
 use log::{error, info};
 use spillway_common::{
-    limits::DEFAULT_RING_SIZE,
+    addr::from_words,
+    limits::{DEFAULT_RING_SIZE, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6},
     maglev::MAX_WEIGHT,
-    types::{Reason, Traffic},
+    types::{FAMILY_V4, Observed, Reason, RuleState, SourceKey, SourceState, Traffic},
 };
 
 use crate::{
     api::{
-        ApiError, BackendEntry, BackendList, BackendState, BackendStats, ErrorKind, ReasonCount, Reply, Request, Stats, VipEntry, VipList,
-        VipStats,
+        ApiError, BackendEntry, BackendList, BackendState, BackendStats, BudgetLimit, ErrorKind, LimitOrigin, LimitPart, PerSourceLimit,
+        RateLimitList, ReasonCount, Reply, Request, RuleActionKind, RuleEntry, RuleList, ScopeLimits, SourceEntry, Stats, TopSourceList,
+        VipEntry, VipLimits, VipList, VipStats,
     },
     dataplane::{BalancerMaps, DataplaneError},
-    model::{DEFAULT_WEIGHT, DesiredState, ModelError},
+    model::{Cidr, DEFAULT_WEIGHT, DesiredState, LimitConfig, ModelError, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip},
     reconcile::{ApplyReport, Maps, ReconcileError, Reconciler},
     store::{Store, StoreError},
 };
 
-/// The counters `lbctl stats` reports; implemented by the real maps and, in tests, a fake.
+/// The counters `lbctl stats`, `rules list` and `top-sources` report; implemented by the
+/// real maps and, in tests, a fake.
 pub trait Counters {
     fn vip_traffic(&self, id: u32) -> Result<Traffic, DataplaneError>;
     fn backend_traffic(&self, id: u32) -> Result<Traffic, DataplaneError>;
     fn reasons(&self) -> Result<Vec<(Reason, u64)>, DataplaneError>;
+    fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError>;
+    fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError>;
+    /// The source table's entries of VIP id `vip_id`.
+    fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError>;
 }
 
 impl Counters for BalancerMaps {
@@ -39,6 +46,15 @@ impl Counters for BalancerMaps {
     fn reasons(&self) -> Result<Vec<(Reason, u64)>, DataplaneError> {
         BalancerMaps::reasons(self)
     }
+    fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError> {
+        BalancerMaps::observed(self)
+    }
+    fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError> {
+        BalancerMaps::rule_state(self, id)
+    }
+    fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
+        BalancerMaps::sources(self, vip_id)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +63,10 @@ pub enum CoreError {
     Model(#[from] ModelError),
     #[error("weight {weight} is out of range (1..={MAX_WEIGHT}); weight 0 is set by draining the backend")]
     WeightOutOfRange { weight: u32 },
+    #[error("rule {rule}: {problem}")]
+    BadRule { rule: String, problem: &'static str },
+    #[error("top sources: limit must be at least 1")]
+    BadTopLimit,
     #[error("applying the change to the balancer's maps (rolled back)")]
     Apply(#[source] ReconcileError),
     #[error("saving the state (change rolled back)")]
@@ -58,7 +78,7 @@ pub enum CoreError {
 impl CoreError {
     pub fn to_api(&self) -> ApiError {
         let kind = match self {
-            Self::Model(_) | Self::WeightOutOfRange { .. } => ErrorKind::Invalid,
+            Self::Model(_) | Self::WeightOutOfRange { .. } | Self::BadRule { .. } | Self::BadTopLimit => ErrorKind::Invalid,
             Self::Apply(_) | Self::Persist(_) | Self::Counters(_) => ErrorKind::Internal,
         };
         ApiError { kind, message: error_chain(self) }
@@ -132,6 +152,46 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 let weight = check_weight(weight)?;
                 self.mutate(&format!("op=set_weight vip={vip} backend={backend} weight={weight}"), |s| s.set_weight(&vip, backend, weight))
             }
+            Request::SetRateLimit { scope, per_s, burst, source_prefix_v4, source_prefix_v6, observe } => {
+                let rate = RateSpec::new(per_s, burst);
+                let what = format!(
+                    "op=set_rate_limit scope={scope} per_s={} burst={} source_prefix_v4={} source_prefix_v6={} observe={observe}",
+                    rate.per_s,
+                    rate.burst,
+                    source_prefix_v4.unwrap_or(DEFAULT_SOURCE_PREFIX_V4),
+                    source_prefix_v6.unwrap_or(DEFAULT_SOURCE_PREFIX_V6),
+                );
+                self.mutate(&what, |s| s.set_per_source(scope.vip(), rate, source_prefix_v4, source_prefix_v6, observe))
+            }
+            Request::SetBudget { scope, per_s, burst, observe } => {
+                let rate = RateSpec::new(per_s, burst);
+                let what = format!("op=set_budget scope={scope} per_s={} burst={} observe={observe}", rate.per_s, rate.burst);
+                self.mutate(&what, |s| s.set_budget(scope.vip(), rate, observe))
+            }
+            Request::ClearRateLimit { scope, part } => {
+                let (per_source, budget) = match part {
+                    LimitPart::All => (true, true),
+                    LimitPart::PerSource => (true, false),
+                    LimitPart::Budget => (false, true),
+                };
+                self.mutate(&format!("op=clear_rate_limit scope={scope} part={part:?}"), |s| {
+                    s.clear_limit_parts(scope.vip(), per_source, budget)
+                })
+            }
+            Request::ListRateLimits => Ok(Reply::RateLimits(self.rate_limits())),
+            Request::SetRule { cidr, vip, action, per_s, burst, observe } => {
+                let rule = RuleMatch { cidr, vip };
+                let config = rule_config(&rule, action, per_s, burst, observe)?;
+                self.mutate(&format!("op=set_rule rule={rule} action={action:?} per_s={per_s:?} burst={burst:?} observe={observe}"), |s| {
+                    s.set_rule(rule, config)
+                })
+            }
+            Request::RemoveRule { cidr, vip } => {
+                let rule = RuleMatch { cidr, vip };
+                self.mutate(&format!("op=remove_rule rule={rule}"), |s| s.remove_rule(&rule))
+            }
+            Request::ListRules => self.rules().map(Reply::Rules).map_err(CoreError::Counters),
+            Request::TopSources { vip, limit } => self.top_sources(&vip, limit).map(Reply::TopSources),
         }
     }
 
@@ -155,7 +215,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             return Err(CoreError::Persist(e));
         }
         self.state = next;
-        info!("{what} slots_written={} tables_flipped={}", report.slots_written, report.tables_flipped);
+        info!(
+            "{what} slots_written={} tables_flipped={} limits_written={} rules_written={}",
+            report.slots_written, report.tables_flipped, report.limits_written, report.rules_written
+        );
         Ok(Reply::Done { slots_written: report.slots_written, tables_flipped: report.tables_flipped })
     }
 
@@ -209,8 +272,110 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         }
         let reasons =
             self.maps.reasons()?.into_iter().map(|(reason, packets)| ReasonCount { reason: reason.label().to_owned(), packets }).collect();
-        Ok(Stats { vips, reasons })
+        let observed =
+            self.maps.observed()?.into_iter().map(|(o, packets)| ReasonCount { reason: o.label().to_owned(), packets }).collect();
+        Ok(Stats { vips, reasons, observed })
     }
+
+    fn rate_limits(&self) -> RateLimitList {
+        let default = self.state.default_limits.as_ref();
+        let vips = self
+            .state
+            .vips
+            .iter()
+            .map(|(vip, config)| VipLimits { vip: *vip, effective: scope_limits(config.limits.as_ref(), default) })
+            .collect();
+        RateLimitList { default: scope_limits(None, default), vips }
+    }
+
+    fn rules(&self) -> Result<RuleList, DataplaneError> {
+        let mut rules = Vec::new();
+        for (rule, config) in &self.state.rules {
+            let counters = match self.reconciler.rule_id(rule) {
+                Some(id) => self.maps.rule_state(id)?,
+                None => RuleState::default(),
+            };
+            let (action, rate) = match config.action {
+                RuleAction::Limit(rate) => (RuleActionKind::Limit, Some(rate)),
+                RuleAction::Block => (RuleActionKind::Block, None),
+                RuleAction::Exempt => (RuleActionKind::Exempt, None),
+            };
+            rules.push(RuleEntry {
+                cidr: rule.cidr,
+                vip: rule.vip,
+                action,
+                rate,
+                observe: config.observe,
+                hits: counters.hits,
+                dropped: counters.dropped,
+            });
+        }
+        Ok(RuleList { rules })
+    }
+
+    fn top_sources(&self, vip: &Vip, limit: Option<u32>) -> Result<TopSourceList, CoreError> {
+        if limit == Some(0) {
+            return Err(CoreError::BadTopLimit);
+        }
+        self.state.vip(vip)?;
+        let Some(id) = self.reconciler.vip_id(vip) else {
+            return Ok(TopSourceList { vip: *vip, tracked: 0, sources: Vec::new() });
+        };
+        let limits = self.state.effective_limits(vip).unwrap_or_default();
+        let mut entries = self.maps.sources(id).map_err(CoreError::Counters)?;
+        let tracked = entries.len();
+        entries.sort_by_key(|(key, state)| (Reverse(state.dropped), Reverse(state.admitted), key.family, key.prefix));
+        let sources = entries
+            .into_iter()
+            .filter_map(|(key, state)| {
+                let addr = from_words(key.prefix, key.family)?;
+                let len = if key.family == FAMILY_V4 { limits.source_prefix_v4 } else { limits.source_prefix_v6 };
+                let prefix = Cidr { addr: Cidr::mask(addr, len), prefix_len: len };
+                Some(SourceEntry { prefix, admitted: state.admitted, dropped: state.dropped })
+            })
+            .take(limit.map_or(usize::MAX, |l| l as usize))
+            .collect();
+        Ok(TopSourceList { vip: *vip, tracked, sources })
+    }
+}
+
+/// A scope's effective limits, part by part, with where each part comes from.
+fn scope_limits(own: Option<&LimitConfig>, default: Option<&LimitConfig>) -> ScopeLimits {
+    let sources = [(own, LimitOrigin::Vip), (default, LimitOrigin::Default)];
+    let sources = sources.iter().filter_map(|(c, from)| c.map(|c| (c, *from)));
+    let per_source = sources.clone().find_map(|(c, from)| {
+        c.per_source.map(|rate| PerSourceLimit {
+            rate,
+            source_prefix_v4: c.source_prefix_v4,
+            source_prefix_v6: c.source_prefix_v6,
+            observe: c.observe_source,
+            from,
+        })
+    });
+    let vip_budget = sources.clone().find_map(|(c, from)| c.vip_budget.map(|rate| BudgetLimit { rate, observe: c.observe_budget, from }));
+    ScopeLimits { per_source, vip_budget }
+}
+
+/// A rule's configuration from the request's flat fields.
+fn rule_config(
+    rule: &RuleMatch,
+    action: RuleActionKind,
+    per_s: Option<u32>,
+    burst: Option<u32>,
+    observe: bool,
+) -> Result<RuleConfig, CoreError> {
+    let bad = |problem| CoreError::BadRule { rule: rule.describe(), problem };
+    let action = match (action, per_s) {
+        (RuleActionKind::Limit, Some(per_s)) => RuleAction::Limit(RateSpec::new(per_s, burst)),
+        (RuleActionKind::Limit, None) => return Err(bad("a limit needs a rate (per_s)")),
+        (_, Some(_)) => return Err(bad("only a limit takes a rate")),
+        (RuleActionKind::Block, None) => RuleAction::Block,
+        (RuleActionKind::Exempt, None) => RuleAction::Exempt,
+    };
+    if burst.is_some() && !matches!(action, RuleAction::Limit(_)) {
+        return Err(bad("only a limit takes a burst"));
+    }
+    Ok(RuleConfig { action, observe })
 }
 
 fn check_weight(weight: u32) -> Result<u32, CoreError> {

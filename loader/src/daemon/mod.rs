@@ -101,11 +101,14 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     let (core, report) = Core::start(maps, store, state.unwrap_or_default()).map_err(DaemonError::Restore)?;
     let vips = &core.state().vips;
     info!(
-        "state restored vips={} backends={} slots_written={} tables_flipped={}",
+        "state restored vips={} backends={} rules={} slots_written={} tables_flipped={} limits_written={} rules_written={}",
         vips.len(),
         vips.values().map(|c| c.backends.len()).sum::<usize>(),
+        core.state().rules.len(),
         report.slots_written,
-        report.tables_flipped
+        report.tables_flipped,
+        report.limits_written,
+        report.rules_written
     );
     let core = Arc::new(Mutex::new(core));
     info!("ready api={}", args.api.display());

@@ -3,11 +3,14 @@
 
 use aya::{
     Ebpf,
-    maps::{Array, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray},
+    maps::{Array, DevMapHash, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, lpm_trie::Key},
 };
 use spillway_common::{
-    limits::map_names,
-    types::{AddrKey, BackendInfo, FlowKey, FlowValue, LbConfig, Reason, Traffic, VipKey, VipMeta},
+    limits::{DEFAULT_LIMIT_SLOT, map_names},
+    types::{
+        AddrKey, BackendInfo, Bucket, FlowKey, FlowValue, LbConfig, Limits, Observed, Reason, RuleKey, RuleState, RuleValue, SourceKey,
+        SourceState, Traffic, VipKey, VipMeta,
+    },
 };
 
 use super::DataplaneError;
@@ -24,6 +27,17 @@ pub struct BalancerMaps {
     pub reasons: PerCpuArray<MapData, u64>,
     pub tx_ports: DevMapHash<MapData>,
     pub vip_filter: Array<MapData, u64>,
+    /// New-flow limits per VIP id, and the default at `DEFAULT_LIMIT_SLOT`.
+    pub limits: Array<MapData, Limits>,
+    /// Kernel-owned: each VIP's new-flow budget bucket (zeroed when the id is handed out).
+    pub budget: Array<MapData, Bucket>,
+    /// Kernel-owned (LRU): per-source buckets and counters; read for `lbctl top-sources`.
+    pub sources: HashMap<MapData, SourceKey, SourceState>,
+    pub rules: LpmTrie<MapData, RuleKey, RuleValue>,
+    /// Kernel-owned: per rule id, the class's bucket and counters.
+    pub rule_state: Array<MapData, RuleState>,
+    /// What limits in observe mode would have dropped, per `Observed`.
+    pub observed: PerCpuArray<MapData, u64>,
 }
 
 fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
@@ -50,6 +64,12 @@ impl BalancerMaps {
             reasons: take(ebpf, map_names::REASONS)?,
             tx_ports: take(ebpf, map_names::TX_PORTS)?,
             vip_filter: take(ebpf, map_names::VIP_FILTER)?,
+            limits: take(ebpf, map_names::LIMITS)?,
+            budget: take(ebpf, map_names::BUDGET_STATE)?,
+            sources: take(ebpf, map_names::SOURCES)?,
+            rules: take(ebpf, map_names::RULES)?,
+            rule_state: take(ebpf, map_names::RULE_STATS)?,
+            observed: take(ebpf, map_names::OBSERVED)?,
         })
     }
 
@@ -122,6 +142,34 @@ impl BalancerMaps {
             })
             .collect()
     }
+
+    /// Every `Observed` counter summed over CPUs.
+    pub fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError> {
+        Observed::ALL
+            .iter()
+            .map(|&o| {
+                let per_cpu = named(map_names::OBSERVED, self.observed.get(&(o as u32), 0))?;
+                Ok((o, per_cpu.iter().sum()))
+            })
+            .collect()
+    }
+
+    pub fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError> {
+        named(map_names::RULE_STATS, self.rule_state.get(&id, 0))
+    }
+
+    /// The per-source entries of VIP `vip_id` (a walk of the whole LRU table; entries the
+    /// kernel evicts meanwhile are skipped).
+    pub fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
+        let mut out = Vec::new();
+        for entry in self.sources.iter() {
+            let (key, state) = named(map_names::SOURCES, entry)?;
+            if key.vip_id == vip_id {
+                out.push((key, state));
+            }
+        }
+        Ok(out)
+    }
 }
 
 fn sum_traffic(name: &'static str, map: &PerCpuArray<MapData, Traffic>, id: u32) -> Result<Traffic, DataplaneError> {
@@ -179,11 +227,60 @@ impl crate::reconcile::Maps for BalancerMaps {
     }
 
     fn reset_vip_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
-        zero_traffic(map_names::VIP_STATS, &mut self.vip_stats, id)
+        zero_traffic(map_names::VIP_STATS, &mut self.vip_stats, id)?;
+        named(map_names::BUDGET_STATE, self.budget.set(id, &Bucket::default(), 0))?;
+        // The previous owner's sources would show up in top-sources and keep its buckets.
+        let mut stale = Vec::new();
+        for key in self.sources.keys() {
+            let key = named(map_names::SOURCES, key)?;
+            if key.vip_id == id {
+                stale.push(key);
+            }
+        }
+        for key in stale {
+            match self.sources.remove(&key) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(source) => return Err(DataplaneError::Map { name: map_names::SOURCES, source }),
+            }
+        }
+        Ok(())
     }
 
     fn reset_backend_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
         zero_traffic(map_names::BACKEND_STATS, &mut self.backend_stats, id)
+    }
+
+    fn limits(&self) -> Result<Vec<Limits>, DataplaneError> {
+        (0..=DEFAULT_LIMIT_SLOT).map(|slot| named(map_names::LIMITS, self.limits.get(&slot, 0))).collect()
+    }
+
+    fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), DataplaneError> {
+        named(map_names::LIMITS, self.limits.set(slot, limits, 0))
+    }
+
+    fn rules(&self) -> Result<Vec<(u32, RuleKey, RuleValue)>, DataplaneError> {
+        self.rules
+            .iter()
+            .map(|entry| {
+                let (key, value) = named(map_names::RULES, entry)?;
+                Ok((key.prefix_len(), key.data(), value))
+            })
+            .collect()
+    }
+
+    fn set_rule(&mut self, prefix_len: u32, key: &RuleKey, value: &RuleValue) -> Result<(), DataplaneError> {
+        named(map_names::RULES, self.rules.insert(&Key::new(prefix_len, *key), value, 0))
+    }
+
+    fn remove_rule(&mut self, prefix_len: u32, key: &RuleKey) -> Result<(), DataplaneError> {
+        match self.rules.remove(&Key::new(prefix_len, *key)) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(DataplaneError::Map { name: map_names::RULES, source }),
+        }
+    }
+
+    fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
+        named(map_names::RULE_STATS, self.rule_state.set(id, &RuleState::default(), 0))
     }
 }
 

@@ -74,7 +74,8 @@ pub struct Balancer {
 }
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
-const PINNED_MAPS: [&str; 11] = [
+/// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
+const PINNED_MAPS: [&str; 17] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -86,6 +87,12 @@ const PINNED_MAPS: [&str; 11] = [
     map_names::REASONS,
     map_names::TX_PORTS,
     map_names::VIP_FILTER,
+    map_names::LIMITS,
+    map_names::BUDGET_STATE,
+    map_names::SOURCES,
+    map_names::RULES,
+    map_names::RULE_STATS,
+    map_names::OBSERVED,
 ];
 
 impl Balancer {

@@ -34,7 +34,7 @@ fn new_vip_gets_full_table_and_flips_once() {
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();
     let report = r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100)])).unwrap();
-    assert_eq!(report, ApplyReport { slots_written: 4099, tables_flipped: 1 });
+    assert_eq!(report, ApplyReport { slots_written: 4099, tables_flipped: 1, ..Default::default() });
     assert_eq!(owners(&maps).len(), 2);
     assert_eq!(maps.addrs.len(), 1);
 }
@@ -62,10 +62,10 @@ fn changes_write_only_slots_that_differ_from_the_inactive_table() {
     let report = r.apply(&mut maps, &set(5)).unwrap();
     let five = maps.active_table(&vip_key(&vip()));
     let differing = three.iter().zip(&five).filter(|(a, b)| a != b).count();
-    assert_eq!(report, ApplyReport { slots_written: differing, tables_flipped: 1 });
+    assert_eq!(report, ApplyReport { slots_written: differing, tables_flipped: 1, ..Default::default() });
     assert!(differing < 4099 / 2, "{differing} slots changed for two added backends");
     // The inactive half still holds the 4-backend table: going back is a flip, no writes.
-    assert_eq!(r.apply(&mut maps, &set(4)).unwrap(), ApplyReport { slots_written: 0, tables_flipped: 1 });
+    assert_eq!(r.apply(&mut maps, &set(4)).unwrap(), ApplyReport { slots_written: 0, tables_flipped: 1, ..Default::default() });
 }
 
 #[test]
@@ -166,4 +166,250 @@ fn reused_ids_start_with_zeroed_counters() {
     r.apply(&mut maps, &state(&[("10.0.0.102", 100)])).unwrap();
     assert_eq!(r.backend_id(&vip(), &"10.0.0.102".parse().unwrap()), Some(be));
     assert!(maps.vip_traffic.is_empty() && maps.backend_traffic.is_empty());
+}
+
+// --- New-flow limits and rules ---
+
+use spillway_common::{
+    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT},
+    types::{Bucket, RuleState, SourceKey, SourceState},
+};
+
+use crate::model::RateSpec;
+
+fn vip2() -> Vip {
+    "10.100.0.2:80/tcp".parse().unwrap()
+}
+
+fn rule(s: &str) -> RuleMatch {
+    s.parse().unwrap()
+}
+
+fn block() -> RuleConfig {
+    RuleConfig { action: RuleAction::Block, observe: false }
+}
+
+fn limit(per_s: u32) -> RuleConfig {
+    RuleConfig { action: RuleAction::Limit(RateSpec::new(per_s, None)), observe: false }
+}
+
+fn two_vips() -> DesiredState {
+    let mut s = state(&[("10.0.0.101", 100)]);
+    s.add_vip(vip2(), 13).unwrap();
+    s
+}
+
+fn slot(maps: &FakeMaps, slot: u32) -> Limits {
+    maps.limits.get(&slot).copied().unwrap_or_default()
+}
+
+/// The trie entry of `rule` (there must be exactly one with its CIDR and scope).
+fn entry(maps: &FakeMaps, r: &Reconciler, m: &RuleMatch) -> (u32, RuleKey, RuleValue) {
+    let vip_id = m.vip.map_or(ANY_VIP, |v| r.vip_id(&v).unwrap());
+    let (len, key) = rule_key(&m.cidr, vip_id);
+    (len, key, maps.rules[&(len, key)])
+}
+
+#[test]
+fn limits_slots_hold_each_vips_effective_limits_and_the_default() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    let mut s = two_vips();
+    s.set_per_source(None, RateSpec::new(100, Some(200)), Some(24), None, true).unwrap();
+    s.set_budget(Some(&vip()), RateSpec::new(5000, None), false).unwrap();
+    let report = r.apply(&mut maps, &s).unwrap();
+    assert_eq!(report.limits_written, 2, "the default slot and the one VIP with its own limits");
+    let (a, b) = (r.vip_id(&vip()).unwrap(), r.vip_id(&vip2()).unwrap());
+    assert_eq!(slot(&maps, DEFAULT_LIMIT_SLOT), s.default_limits.unwrap().to_limits());
+    // VIP a: its own budget, and the default per-source limit (which it does not override).
+    let want = s.effective_limits(&vip()).unwrap().to_limits();
+    assert_eq!(slot(&maps, a), want);
+    assert_eq!((want.per_source.per_s, want.vip_budget.per_s, want.source_prefix_v4, want.configured), (100, 5000, 24, 1));
+    // VIP b has none of its own: unconfigured, so the data path reads the default slot.
+    assert_eq!(slot(&maps, b).configured, 0);
+
+    assert_eq!(r.apply(&mut maps, &s).unwrap(), ApplyReport::default(), "the same state writes nothing");
+    // A new default rewrites the default slot and the VIPs that inherit a part of it.
+    s.set_per_source(None, RateSpec::new(50, None), None, None, false).unwrap();
+    let writes = maps.limit_writes;
+    assert_eq!(r.apply(&mut maps, &s).unwrap().limits_written, 2);
+    assert_eq!(maps.limit_writes, writes + 2);
+    assert_eq!(slot(&maps, a).per_source.per_s, 50);
+    // Clearing a VIP's own limits unconfigures its slot.
+    s.clear_limits(Some(&vip())).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!(slot(&maps, a), Limits::default());
+    s.clear_limits(None).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!(slot(&maps, DEFAULT_LIMIT_SLOT), Limits::default());
+}
+
+#[test]
+fn a_removed_vip_leaves_nothing_for_the_next_owner_of_its_id() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    let mut s = state(&[("10.0.0.101", 100)]);
+    s.set_per_source(Some(&vip()), RateSpec::new(10, None), None, None, false).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    let id = r.vip_id(&vip()).unwrap();
+    // What the data path left behind for this VIP.
+    maps.budget.insert(id, Bucket { tat_ns: 99 });
+    let source = SourceKey { vip_id: id, family: 4, _pad: [0; 3], prefix: [7, 0, 0, 0] };
+    maps.sources.insert(source, SourceState { bucket: Bucket { tat_ns: 1 }, admitted: 5, dropped: 6 });
+    let other = SourceKey { vip_id: id + 1, ..source };
+    maps.sources.insert(other, SourceState::default());
+    r.apply(&mut maps, &DesiredState::default()).unwrap();
+    assert_eq!(slot(&maps, id), Limits::default(), "the freed id's limits are cleared");
+    let mut next = DesiredState::default();
+    next.add_vip(vip2(), 13).unwrap();
+    r.apply(&mut maps, &next).unwrap();
+    assert_eq!(r.vip_id(&vip2()), Some(id));
+    assert!(!maps.budget.contains_key(&id) && !maps.sources.contains_key(&source), "the reused id starts from zero");
+    assert!(maps.sources.contains_key(&other), "other VIPs' sources stay");
+}
+
+#[test]
+fn rules_get_stable_lowest_free_ids_and_exact_trie_entries() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    let mut s = two_vips();
+    s.set_rule(rule("10.1.0.0/16"), block()).unwrap();
+    s.set_rule(rule("192.0.2.0/24@10.100.0.1:80/tcp"), RuleConfig { action: RuleAction::Limit(RateSpec::new(7, Some(9))), observe: true })
+        .unwrap();
+    s.set_rule(rule("2001:db8::/32"), RuleConfig { action: RuleAction::Exempt, observe: false }).unwrap();
+    let report = r.apply(&mut maps, &s).unwrap();
+    assert_eq!(report.rules_written, 3);
+    assert_eq!(maps.rules.len(), 3);
+
+    let (len, key, value) = entry(&maps, &r, &rule("192.0.2.0/24@10.100.0.1:80/tcp"));
+    let vip_id = r.vip_id(&vip()).unwrap();
+    assert_eq!(len, RULE_KEY_SCOPE_BITS + 24);
+    assert_eq!(key.vip_id_be, vip_id.to_be());
+    assert_eq!(key.family, FAMILY_V4);
+    assert_eq!(key.addr[..4], [192, 0, 2, 0]);
+    assert!(key.addr[4..].iter().all(|&b| b == 0) && key._pad == [0; 3]);
+    assert_eq!(
+        (value.action, value.rate, value.flags, value.addr_prefix_len),
+        (RULE_LIMIT, Rate { per_s: 7, burst: 9 }, LIMIT_F_OBSERVE_SOURCE, 24)
+    );
+    let (len, key, value) = entry(&maps, &r, &rule("2001:db8::/32"));
+    assert_eq!(
+        (len, key.vip_id_be, key.family, value.action, value.rate),
+        (RULE_KEY_SCOPE_BITS + 32, ANY_VIP, FAMILY_V6, RULE_EXEMPT, Rate::default())
+    );
+    assert_eq!(key.addr, "2001:db8::".parse::<std::net::Ipv6Addr>().unwrap().octets());
+    assert_eq!(entry(&maps, &r, &rule("10.1.0.0/16")).2.action, RULE_BLOCK);
+
+    // Ids follow the rules' order in the state, lowest first, and stay put.
+    let ids: Vec<u32> = s.rules.keys().map(|m| r.rule_id(m).unwrap()).collect();
+    assert_eq!(ids, [0, 1, 2]);
+    let blocked = r.rule_id(&rule("10.1.0.0/16")).unwrap();
+    maps.rule_state.insert(blocked, RuleState { bucket: Bucket::default(), hits: 10, dropped: 10 });
+    // Changing a rule's action keeps its id and its counters.
+    s.set_rule(rule("10.1.0.0/16"), limit(3)).unwrap();
+    let report = r.apply(&mut maps, &s).unwrap();
+    assert_eq!((report.rules_written, report.limits_written, report.slots_written), (1, 0, 0));
+    assert_eq!(r.rule_id(&rule("10.1.0.0/16")), Some(blocked));
+    assert_eq!(maps.rule_state[&blocked].hits, 10);
+    assert_eq!(entry(&maps, &r, &rule("10.1.0.0/16")).2.action, RULE_LIMIT);
+    assert_eq!(r.apply(&mut maps, &s).unwrap(), ApplyReport::default());
+
+    // A removed rule's id goes to the next new rule, with zeroed counters.
+    s.remove_rule(&rule("10.1.0.0/16")).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!(maps.rules.len(), 2);
+    s.set_rule(rule("203.0.113.0/24@10.100.0.2:80/tcp"), block()).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!(r.rule_id(&rule("203.0.113.0/24@10.100.0.2:80/tcp")), Some(blocked));
+    assert!(!maps.rule_state.contains_key(&blocked));
+}
+
+#[test]
+fn a_vips_rules_go_before_the_vip_and_never_reach_its_ids_next_owner() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    let mut s = two_vips();
+    s.set_rule(rule("10.0.0.0/8@10.100.0.1:80/tcp"), block()).unwrap();
+    s.set_rule(rule("10.0.0.0/8"), block()).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    let id = r.vip_id(&vip()).unwrap();
+    // FakeMaps asserts that no rule is scoped to a VIP id while it is removed.
+    s.remove_vip(&vip()).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!(maps.rules.len(), 1);
+    assert!(maps.rules.keys().all(|(_, k)| k.vip_id_be == ANY_VIP));
+    let mut again = s.clone();
+    again.add_vip("10.100.0.3:80/tcp".parse().unwrap(), 13).unwrap();
+    r.apply(&mut maps, &again).unwrap();
+    assert_eq!(r.vip_id(&"10.100.0.3:80/tcp".parse().unwrap()), Some(id));
+    assert_eq!(maps.rules.len(), 1);
+}
+
+#[test]
+fn a_restarted_reconciler_adopts_rule_ids_and_limits_and_writes_nothing() {
+    let mut maps = FakeMaps::default();
+    let mut s = two_vips();
+    s.set_per_source(None, RateSpec::new(100, None), None, None, false).unwrap();
+    s.set_budget(Some(&vip2()), RateSpec::new(10, None), true).unwrap();
+    for (i, cidr) in ["10.1.0.0/16", "10.2.0.0/16", "10.3.0.0/16@10.100.0.2:80/tcp", "fd00::/8"].iter().enumerate() {
+        s.set_rule(rule(cidr), limit(i as u32 + 1)).unwrap();
+    }
+    let mut first = Reconciler::adopt(&maps).unwrap();
+    first.apply(&mut maps, &s).unwrap();
+    // Ids out of state order: a rule removed earlier freed a low id.
+    s.remove_rule(&rule("10.1.0.0/16")).unwrap();
+    first.apply(&mut maps, &s).unwrap();
+    s.set_rule(rule("10.9.0.0/16"), block()).unwrap();
+    first.apply(&mut maps, &s).unwrap();
+    let ids: Vec<Option<u32>> = s.rules.keys().map(|m| first.rule_id(m)).collect();
+    assert_eq!(first.rule_id(&rule("10.9.0.0/16")), Some(0));
+
+    let mut restarted = Reconciler::adopt(&maps).unwrap();
+    assert_eq!(s.rules.keys().map(|m| restarted.rule_id(m)).collect::<Vec<_>>(), ids);
+    let (limit_writes, rule_writes) = (maps.limit_writes, maps.rule_writes);
+    assert_eq!(restarted.apply(&mut maps, &s).unwrap(), ApplyReport::default());
+    assert_eq!((maps.limit_writes, maps.rule_writes), (limit_writes, rule_writes));
+    // And it keeps allocating around the adopted ids.
+    s.set_rule(rule("10.8.0.0/16"), block()).unwrap();
+    restarted.apply(&mut maps, &s).unwrap();
+    let mut all: Vec<u32> = s.rules.keys().map(|m| restarted.rule_id(m).unwrap()).collect();
+    all.sort_unstable();
+    assert_eq!(all, [0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn adopted_trie_entries_no_rule_owns_are_removed_and_bad_ids_replaced() {
+    let mut maps = FakeMaps::default();
+    let mut s = state(&[("10.0.0.101", 100)]);
+    s.set_rule(rule("10.1.0.0/16"), block()).unwrap();
+    s.set_rule(rule("10.2.0.0/16"), block()).unwrap();
+    Reconciler::adopt(&maps).unwrap().apply(&mut maps, &s).unwrap();
+    // Damage: a second entry with id 0, and entries for a VIP id and a family nobody has.
+    let (len, key) = rule_key(&"10.2.0.0/16".parse().unwrap(), ANY_VIP);
+    maps.rules.get_mut(&(len, key)).unwrap().id = 0;
+    let (len, stale) = rule_key(&"10.3.0.0/16".parse().unwrap(), 42);
+    maps.rules.insert((len, stale), RuleValue { id: 7, ..RuleValue::default() });
+    let odd = RuleKey { family: 9, ..stale };
+    maps.rules.insert((len, odd), RuleValue { id: 8, ..RuleValue::default() });
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!(maps.rules.len(), 2);
+    let mut ids: Vec<u32> = maps.rules.values().map(|v| v.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [0, 1]);
+}
+
+#[test]
+fn a_failed_rule_write_is_retried_by_the_next_apply() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    let mut s = state(&[("10.0.0.101", 100)]);
+    s.set_rule(rule("10.1.0.0/16"), block()).unwrap();
+    maps.fail_next_rule = true;
+    assert!(r.apply(&mut maps, &s).is_err());
+    // As the daemon does: adopt again after a failure.
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!(maps.rules.len(), 1);
+    assert_eq!(r.rule_id(&rule("10.1.0.0/16")), Some(0));
 }

@@ -7,6 +7,7 @@ mod decap;
 mod forwarding;
 mod fuzz;
 mod icmp;
+mod limits;
 mod nexthop;
 mod passing;
 mod support;

@@ -5,6 +5,7 @@
 mod hitless_restart;
 mod input;
 mod membership;
+mod overload;
 mod reachability;
 mod support;
 

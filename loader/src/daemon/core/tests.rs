@@ -207,3 +207,225 @@ fn backend_addrs_cover_every_vip() {
     let addrs: Vec<IpAddr> = f.core.backend_addrs().into_iter().collect();
     assert_eq!(addrs, [ip("10.0.0.1"), ip("10.0.0.2"), ip("fd00::2")]);
 }
+
+// --- Rate limits, rules, top sources ---
+
+use spillway_common::{
+    limits::DEFAULT_LIMIT_SLOT,
+    types::{Bucket, RuleState, SourceKey, SourceState},
+};
+
+use crate::{
+    api::{LimitOrigin, LimitPart, RuleActionKind, Scope},
+    model::{RateSpec, RuleMatch},
+};
+
+fn set_rate(scope: Scope, per_s: u32) -> Request {
+    Request::SetRateLimit { scope, per_s, burst: None, source_prefix_v4: None, source_prefix_v6: None, observe: false }
+}
+
+fn set_rule(cidr: &str, vip: Option<Vip>, action: RuleActionKind, per_s: Option<u32>) -> Request {
+    Request::SetRule { cidr: cidr.parse().unwrap(), vip, action, per_s, burst: None, observe: false }
+}
+
+#[test]
+fn rate_limits_are_set_listed_persisted_and_cleared() {
+    let mut f = Fixture::with_two_backends();
+    let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
+    f.ok(Request::AddVip { vip: v6, ring_size: Some(13) });
+    f.ok(Request::SetRateLimit {
+        scope: Scope::Default,
+        per_s: 100,
+        burst: Some(300),
+        source_prefix_v4: Some(24),
+        source_prefix_v6: None,
+        observe: true,
+    });
+    f.ok(Request::SetBudget { scope: Scope::Vip(vip()), per_s: 5000, burst: None, observe: false });
+    assert_eq!(f.saved().as_ref(), Some(f.core.state()));
+    let Reply::RateLimits(list) = f.ok(Request::ListRateLimits) else { panic!() };
+    let default = list.default.per_source.clone().unwrap();
+    assert_eq!((default.rate, default.source_prefix_v4, default.source_prefix_v6), (RateSpec { per_s: 100, burst: 300 }, 24, 64));
+    assert!(default.observe && list.default.vip_budget.is_none());
+    assert_eq!(list.vips.len(), 2);
+    let own = &list.vips[0];
+    assert_eq!(own.vip, vip());
+    assert_eq!(own.effective.per_source.as_ref().unwrap().from, LimitOrigin::Default);
+    let budget = own.effective.vip_budget.as_ref().unwrap();
+    assert_eq!((budget.rate, budget.observe, budget.from), (RateSpec::new(5000, None), false, LimitOrigin::Vip));
+    assert_eq!(list.vips[1].effective, list.default, "a VIP without limits of its own has the default's");
+    // The maps carry it.
+    let vip_id = f.core.reconciler.vip_id(&vip()).unwrap();
+    assert_eq!(f.core.maps().limits[&DEFAULT_LIMIT_SLOT].per_source.burst, 300);
+    assert_eq!(f.core.maps().limits[&vip_id].vip_budget.per_s, 5000);
+
+    f.ok(Request::ClearRateLimit { scope: Scope::Vip(vip()), part: LimitPart::PerSource });
+    assert!(f.core.state().vip(&vip()).unwrap().limits.is_some(), "clearing what the VIP does not set keeps its budget");
+    f.ok(Request::ClearRateLimit { scope: Scope::Vip(vip()), part: LimitPart::Budget });
+    assert_eq!(f.core.state().vip(&vip()).unwrap().limits, None);
+    f.ok(Request::ClearRateLimit { scope: Scope::Default, part: LimitPart::All });
+    let Reply::RateLimits(list) = f.ok(Request::ListRateLimits) else { panic!() };
+    assert!(list.default.per_source.is_none() && list.vips.iter().all(|v| v.effective.per_source.is_none()));
+    assert_eq!(f.saved(), Some(f.core.state().clone()));
+    assert_eq!(f.core.maps().limits[&DEFAULT_LIMIT_SLOT].configured, 0);
+}
+
+#[test]
+fn rules_are_listed_with_their_counters() {
+    let mut f = Fixture::with_two_backends();
+    f.ok(set_rule("192.0.2.0/24", None, RuleActionKind::Block, None));
+    f.ok(Request::SetRule {
+        cidr: "10.20.0.0/16".parse().unwrap(),
+        vip: Some(vip()),
+        action: RuleActionKind::Limit,
+        per_s: Some(500),
+        burst: Some(1000),
+        observe: true,
+    });
+    let scoped = RuleMatch { cidr: "10.20.0.0/16".parse().unwrap(), vip: Some(vip()) };
+    let id = f.core.reconciler.rule_id(&scoped).unwrap();
+    f.core.maps.rule_state.insert(id, RuleState { bucket: Bucket { tat_ns: 1 }, hits: 40, dropped: 3 });
+    let Reply::Rules(list) = f.ok(Request::ListRules) else { panic!() };
+    let rows: Vec<_> = list.rules.iter().map(|r| (r.cidr.to_string(), r.vip, r.action, r.rate, r.observe, r.hits, r.dropped)).collect();
+    assert_eq!(
+        rows,
+        [
+            ("10.20.0.0/16".to_owned(), Some(vip()), RuleActionKind::Limit, Some(RateSpec { per_s: 500, burst: 1000 }), true, 40, 3),
+            ("192.0.2.0/24".to_owned(), None, RuleActionKind::Block, None, false, 0, 0),
+        ]
+    );
+    f.ok(Request::RemoveRule { cidr: "10.20.0.0/16".parse().unwrap(), vip: Some(vip()) });
+    assert_eq!(f.core.state().rules.len(), 1);
+    assert_eq!(f.saved().unwrap().rules.len(), 1);
+    // Removing the VIP takes its rules along; the global one stays.
+    f.ok(set_rule("10.30.0.0/16", Some(vip()), RuleActionKind::Exempt, None));
+    f.ok(Request::RemoveVip { vip: vip() });
+    let left: Vec<String> = f.core.state().rules.keys().map(ToString::to_string).collect();
+    assert_eq!(left, ["192.0.2.0/24"]);
+    assert_eq!(f.core.maps().rules.len(), 1);
+}
+
+#[test]
+fn refused_limit_and_rule_requests_name_the_problem_and_change_nothing() {
+    let mut f = Fixture::with_two_backends();
+    let unknown: Vip = "10.9.9.9:80/tcp".parse().unwrap();
+    let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
+    f.ok(Request::AddVip { vip: v6, ring_size: Some(13) });
+    f.ok(set_rate(Scope::Default, 10));
+    f.ok(set_rule("192.0.2.0/24", None, RuleActionKind::Block, None));
+    let (state, maps, file) = (f.core.state().clone(), f.core.maps().clone(), f.file_bytes());
+    let cases = [
+        (set_rate(Scope::Vip(vip()), 0), "per_source: 0 new flows per second is out of range"),
+        (set_rate(Scope::Vip(unknown), 5), "unknown VIP 10.9.9.9:80/tcp"),
+        (Request::SetBudget { scope: Scope::Default, per_s: 0, burst: Some(4), observe: true }, "vip_budget: 0 new flows"),
+        (
+            Request::SetRateLimit {
+                scope: Scope::Default,
+                per_s: 1,
+                burst: None,
+                source_prefix_v4: Some(33),
+                source_prefix_v6: None,
+                observe: false,
+            },
+            "source_prefix_v4: prefix length 33 is out of range (1..=32)",
+        ),
+        (
+            Request::SetRateLimit {
+                scope: Scope::Default,
+                per_s: 1,
+                burst: None,
+                source_prefix_v4: None,
+                source_prefix_v6: Some(0),
+                observe: false,
+            },
+            "source_prefix_v6: prefix length 0",
+        ),
+        (Request::ClearRateLimit { scope: Scope::Vip(unknown), part: LimitPart::All }, "unknown VIP"),
+        (set_rule("2001:db8::/32", Some(vip()), RuleActionKind::Block, None), "an IPv6 CIDR never matches clients of the IPv4 VIP"),
+        (set_rule("10.0.0.0/8", Some(v6), RuleActionKind::Block, None), "an IPv4 CIDR never matches"),
+        (set_rule("10.0.0.0/8", Some(unknown), RuleActionKind::Block, None), "unknown VIP"),
+        (set_rule("10.0.0.0/8", None, RuleActionKind::Limit, Some(0)), "limit: 0 new flows"),
+        (set_rule("10.0.0.0/8", None, RuleActionKind::Limit, None), "a limit needs a rate"),
+        (set_rule("10.0.0.0/8", None, RuleActionKind::Block, Some(5)), "only a limit takes a rate"),
+        (
+            Request::SetRule {
+                cidr: "10.0.0.0/8".parse().unwrap(),
+                vip: None,
+                action: RuleActionKind::Exempt,
+                per_s: None,
+                burst: Some(1),
+                observe: false,
+            },
+            "only a limit takes a burst",
+        ),
+        (Request::RemoveRule { cidr: "10.0.0.0/8".parse().unwrap(), vip: None }, "no rule for 10.0.0.0/8 on every VIP"),
+        (Request::RemoveRule { cidr: "192.0.2.0/24".parse().unwrap(), vip: Some(vip()) }, "no rule for 192.0.2.0/24 on VIP"),
+        (Request::TopSources { vip: unknown, limit: None }, "unknown VIP"),
+        (Request::TopSources { vip: vip(), limit: Some(0) }, "limit must be at least 1"),
+    ];
+    for (request, expected) in cases {
+        let err = f.core.handle(request.clone()).expect_err(&format!("{request:?} accepted"));
+        let api = err.to_api();
+        assert_eq!(api.kind, ErrorKind::Invalid, "{request:?}");
+        assert!(api.message.contains(expected), "{request:?}: {:?} lacks {expected:?}", api.message);
+    }
+    assert_eq!(f.core.state(), &state);
+    assert_eq!(f.core.maps(), &maps);
+    assert_eq!(f.file_bytes(), file);
+}
+
+#[test]
+fn a_failed_rule_write_rolls_back() {
+    let mut f = Fixture::with_two_backends();
+    f.ok(set_rule("192.0.2.0/24", None, RuleActionKind::Block, None));
+    let (state, file) = (f.core.state().clone(), f.file_bytes());
+    f.core.maps.fail_next_rule = true;
+    let err = f.core.handle(set_rule("198.51.100.0/24", Some(vip()), RuleActionKind::Exempt, None)).unwrap_err();
+    assert!(matches!(err, CoreError::Apply(_)), "{err:?}");
+    assert_eq!(f.core.state(), &state);
+    assert_eq!(f.file_bytes(), file);
+    assert_eq!(f.core.maps().rules.len(), 1);
+    f.ok(set_rule("198.51.100.0/24", Some(vip()), RuleActionKind::Exempt, None));
+    assert_eq!(f.core.maps().rules.len(), 2);
+}
+
+#[test]
+fn top_sources_sort_by_dropped_then_admitted_with_the_configured_prefix() {
+    let mut f = Fixture::with_two_backends();
+    f.ok(Request::SetRateLimit {
+        scope: Scope::Vip(vip()),
+        per_s: 10,
+        burst: None,
+        source_prefix_v4: Some(24),
+        source_prefix_v6: Some(48),
+        observe: false,
+    });
+    let id = f.core.reconciler.vip_id(&vip()).unwrap();
+    let v4 = |a: [u8; 4]| ([u32::from_ne_bytes(a), 0, 0, 0], 4);
+    let v6 = spillway_common::addr::to_words("2001:db8:1::".parse().unwrap());
+    for ((prefix, family), admitted, dropped, vip_id) in [
+        (v4([10, 0, 1, 0]), 5, 0, id),
+        (v4([10, 0, 2, 0]), 1, 9, id),
+        (v4([10, 0, 3, 0]), 7, 9, id),
+        (v6, 100, 2, id),
+        (v4([10, 0, 4, 0]), 1000, 1000, id + 1),
+    ] {
+        let key = SourceKey { vip_id, family, _pad: [0; 3], prefix };
+        f.core.maps.sources.insert(key, SourceState { bucket: Bucket::default(), admitted, dropped });
+    }
+    let Reply::TopSources(top) = f.ok(Request::TopSources { vip: vip(), limit: Some(3) }) else { panic!() };
+    assert_eq!((top.vip, top.tracked), (vip(), 4));
+    let rows: Vec<(String, u64, u64)> = top.sources.iter().map(|s| (s.prefix.to_string(), s.admitted, s.dropped)).collect();
+    assert_eq!(rows, [("10.0.3.0/24".to_owned(), 7, 9), ("10.0.2.0/24".to_owned(), 1, 9), ("2001:db8:1::/48".to_owned(), 100, 2)]);
+    let Reply::TopSources(all) = f.ok(Request::TopSources { vip: vip(), limit: None }) else { panic!() };
+    assert_eq!(all.sources.len(), 4);
+}
+
+#[test]
+fn stats_carry_the_observed_counters() {
+    let mut f = Fixture::with_two_backends();
+    let Reply::Stats(stats) = f.ok(Request::Stats) else { panic!() };
+    let labels: Vec<&str> = stats.observed.iter().map(|o| o.reason.as_str()).collect();
+    assert_eq!(labels, spillway_common::types::Observed::ALL.iter().map(|o| o.label()).collect::<Vec<_>>());
+    assert_eq!(stats.observed[1].packets, 11);
+}

@@ -14,8 +14,8 @@ use core::ptr::{read_volatile, write_volatile};
 use spillway_common::{
     limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6},
     types::{
-        Bucket, FAMILY_V4, FlowKey, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, Observed, RULE_BLOCK, RULE_EXEMPT,
-        RULE_KEY_SCOPE_BITS, RULE_LIMIT, Rate, Reason, RuleKey, RuleValue, SourceKey, SourceState,
+        Bucket, FAMILY_V4, FlowKey, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, Observed, RULE_BLOCK, RULE_KEY_SCOPE_BITS,
+        RULE_LIMIT, Rate, Reason, RuleKey, RuleValue, SourceKey, SourceState,
     },
 };
 use xdp_ebpf::atomic::add_u64;
@@ -73,18 +73,18 @@ fn apply_rule(rule: &RuleValue, now: u64) -> Result<(), Reason> {
     // SAFETY: a live map value, updated with atomic adds only (see the module docs).
     let state = unsafe { &mut *state };
     add(&mut state.hits, 1);
-    let observe = rule.flags & LIMIT_F_OBSERVE_SOURCE != 0;
-    let verdict = match rule.action {
-        RULE_BLOCK => enforce(observe, Observed::RuleBlock, Reason::DropRuleBlock),
-        RULE_LIMIT if !gcra_admit(&mut state.bucket, &rule.rate, now) => enforce(observe, Observed::RuleLimit, Reason::DropRuleLimit),
+    let over = match rule.action {
+        RULE_BLOCK => Some((Observed::RuleBlock, Reason::DropRuleBlock)),
+        RULE_LIMIT if !gcra_admit(&mut state.bucket, &rule.rate, now) => Some((Observed::RuleLimit, Reason::DropRuleLimit)),
         // RULE_EXEMPT, or within the class's limit.
-        RULE_EXEMPT | RULE_LIMIT => Ok(()),
-        _ => Ok(()),
+        _ => None,
     };
-    if verdict.is_err() || (observe && rule.action == RULE_BLOCK) {
-        add(&mut state.dropped, 1);
-    }
-    verdict
+    let Some((observed, reason)) = over else {
+        return Ok(());
+    };
+    // `dropped` counts what the rule dropped or, in observe mode, would have dropped.
+    add(&mut state.dropped, 1);
+    enforce(rule.flags & LIMIT_F_OBSERVE_SOURCE != 0, observed, reason)
 }
 
 /// Counts the drop as observed and lets the flow through, or returns the drop.

@@ -44,8 +44,8 @@ pub fn spillway_lb(ctx: XdpContext) -> u32 {
 
 #[inline(always)]
 fn balance(ctx: &XdpContext) -> (u32, Reason) {
-    let (key, layout, icmp_error) = match parse(ctx) {
-        Parsed::Flow { key, layout, icmp_error } => (key, layout, icmp_error),
+    let (key, layout, icmp_error, syn) = match parse(ctx) {
+        Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
         Parsed::NotIp => return (XDP_PASS, Reason::PassNotIp),
         Parsed::Malformed => return (XDP_PASS, Reason::PassMalformed),
         Parsed::Other => return (XDP_PASS, Reason::PassNotVip),
@@ -66,10 +66,13 @@ fn balance(ctx: &XdpContext) -> (u32, Reason) {
     // clocksource read.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     // An established flow skips the VIP lookup: its backend's entry names the VIP, and a
-    // removed VIP's backends are freed, which invalidates its flows.
-    let choice = match select::established(&key, now, cfg, icmp_error) {
-        Some(choice) => choice,
-        None => {
+    // removed VIP's backends are freed, which invalidates its flows. A SYN is a new
+    // connection even on a known tuple (a client reusing a port after a reset), so it always
+    // goes through the limits; if admitted it keeps the tuple's backend.
+    let known = select::established(&key, now, cfg, icmp_error);
+    let choice = match known {
+        Some(choice) if !syn => choice,
+        _ => {
             let Some(vip) = find_vip(&key) else {
                 return (XDP_PASS, Reason::PassNotVip);
             };
@@ -78,11 +81,16 @@ fn balance(ctx: &XdpContext) -> (u32, Reason) {
                 stats::vip(vip.id, frame_len);
                 return (XDP_DROP, reason);
             }
-            let Some(choice) = select::new_flow(&key, &vip, hash, now, icmp_error) else {
-                stats::vip(vip.id, frame_len);
-                return (XDP_DROP, Reason::DropNoBackend);
-            };
-            choice
+            match known {
+                Some(choice) => choice,
+                None => {
+                    let Some(choice) = select::new_flow(&key, &vip, hash, now, icmp_error) else {
+                        stats::vip(vip.id, frame_len);
+                        return (XDP_DROP, Reason::DropNoBackend);
+                    };
+                    choice
+                }
+            }
         }
     };
     stats::vip(choice.backend.vip_id, frame_len);
