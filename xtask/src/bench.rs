@@ -24,21 +24,22 @@ use nix::{
 };
 use spillway::{
     dataplane::{self, Balancer, LoadOptions, test_run::HEADROOM_BYTES},
-    model::{DEFAULT_WEIGHT, DesiredState, Vip},
+    model::{DEFAULT_WEIGHT, DesiredState, LimitConfig, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip},
     objects,
-    reconcile::{Reconciler, vip_key},
+    reconcile::Reconciler,
 };
 use spillway_common::{
     addr::{from_words, to_words},
     hash::{FLOW_SEED, flow_hash},
     limits::{DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, FLOW_TABLE_ENTRIES, program_names},
-    types::{FAMILY_V4, FlowKey, LbConfig, PROTO_IPIP, Reason, VipMeta},
+    types::{Bucket, FAMILY_V4, FlowKey, LbConfig, PROTO_IPIP, Reason, RuleState, VipKey, VipMeta},
 };
 use spillway_harness::{
     frames::{self, ETH_LEN},
     packet_lab::{self, PacketLab},
 };
 
+const XDP_DROP: u32 = 1;
 const XDP_TX: u32 = 3;
 const XDP_PASS: u32 = 2;
 
@@ -51,6 +52,12 @@ const CHECKED_CALLS: usize = 3;
 const IPV4_HEADER_LEN: usize = 20;
 
 const VIP: &str = "10.200.1.1:80/tcp";
+/// A second VIP, with a per-source limit, for the overload-protection cases.
+const LIMITED_VIP: &str = "10.200.1.2:80/tcp";
+/// Its per-source limit: generous, so each new source's first flow is admitted.
+const SOURCE_LIMIT: RateSpec = RateSpec { per_s: 1000, burst: 100 };
+/// A client whose class (an operator rule) is deep in debt: every new flow from it is dropped.
+const LIMITED_CLIENT: &str = "192.168.10.30:40000";
 const CLIENT: &str = "192.168.10.20:40000";
 const NON_VIP: &str = "10.1.0.1:22";
 
@@ -86,6 +93,8 @@ enum Frames {
     Established { syn: Vec<u8>, frame: Vec<u8> },
     /// This SYN from a source never used before on every call (see [`write_new_source`]).
     NewFlows(Vec<u8>),
+    /// This SYN from the same source with a new port on every call (never admitted).
+    NewPorts(Vec<u8>),
 }
 
 struct Case {
@@ -96,9 +105,10 @@ struct Case {
     action: u32,
     /// The balancer counter every call must land in; `None` for the floor, which counts nothing.
     reason: Option<Reason>,
-    /// Spillway's target and Katran's reference figure, in multiples of the floor.
+    /// Spillway's target and Katran's reference figure (`None`: not measured), in multiples
+    /// of the floor.
     target: f64,
-    katran: f64,
+    katran: Option<f64>,
 }
 
 fn cases() -> Result<Vec<Case>> {
@@ -107,6 +117,7 @@ fn cases() -> Result<Vec<Case>> {
     let vip = SocketAddr::new(vip.addr, vip.port);
     let non_vip: SocketAddr = NON_VIP.parse()?;
     let syn = frames::tcp(client, vip, true, &[]);
+    let limited: SocketAddr = SocketAddr::new(limited_vip()?.addr, limited_vip()?.port);
     Ok(vec![
         Case {
             name: "floor",
@@ -115,7 +126,7 @@ fn cases() -> Result<Vec<Case>> {
             action: XDP_TX,
             reason: None,
             target: 1.0,
-            katran: 1.0,
+            katran: Some(1.0),
         },
         Case {
             name: "new_flow",
@@ -124,7 +135,7 @@ fn cases() -> Result<Vec<Case>> {
             action: XDP_TX,
             reason: Some(Reason::Tx),
             target: 5.3,
-            katran: 6.6,
+            katran: Some(6.6),
         },
         Case {
             name: "table_hit",
@@ -133,7 +144,7 @@ fn cases() -> Result<Vec<Case>> {
             action: XDP_TX,
             reason: Some(Reason::Tx),
             target: 2.8,
-            katran: 3.5,
+            katran: Some(3.5),
         },
         Case {
             name: "non_vip_pass",
@@ -142,13 +153,36 @@ fn cases() -> Result<Vec<Case>> {
             action: XDP_PASS,
             reason: Some(Reason::PassNotVip),
             target: 1.6,
-            katran: 2.0,
+            katran: Some(2.0),
+        },
+        Case {
+            name: "rate_limited_drop",
+            program: Program::Balancer,
+            frames: Frames::NewPorts(frames::tcp(LIMITED_CLIENT.parse()?, limited, true, &[])),
+            action: XDP_DROP,
+            reason: Some(Reason::DropRuleLimit),
+            target: 1.5,
+            // Katran's SYN flood limiter, tripped.
+            katran: Some(3.4),
+        },
+        Case {
+            name: "admitted_through_limit",
+            program: Program::Balancer,
+            frames: Frames::NewFlows(frames::tcp(client, limited, true, &[])),
+            action: XDP_TX,
+            reason: Some(Reason::Tx),
+            target: 5.3,
+            katran: None,
         },
     ])
 }
 
 fn vip() -> Result<Vip> {
     VIP.parse().context("parsing the benchmark VIP")
+}
+
+fn limited_vip() -> Result<Vip> {
+    LIMITED_VIP.parse().context("parsing the limited VIP")
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -251,11 +285,19 @@ fn flow_key(frame: &[u8]) -> Result<FlowKey> {
     })
 }
 
-/// Puts the next new-flow source in a new-flow case's frame; other frames stay as they are.
+/// Puts the next new-flow source in a new-flow case's frame, or the next port in a
+/// new-port case's; other frames stay as they are.
 fn next_frame(slot: &mut Slot, next_flow: &mut u32) {
-    if let Frames::NewFlows(_) = slot.case.frames {
-        write_new_source(&mut slot.frame, *next_flow);
-        *next_flow += 1;
+    match slot.case.frames {
+        Frames::NewFlows(_) => {
+            write_new_source(&mut slot.frame, *next_flow);
+            *next_flow += 1;
+        }
+        Frames::NewPorts(_) => {
+            slot.next_port = slot.next_port.wrapping_add(1).max(1024);
+            slot.frame[ETH_LEN + 20..ETH_LEN + 22].copy_from_slice(&slot.next_port.to_be_bytes());
+        }
+        Frames::Fixed(_) | Frames::Established { .. } => {}
     }
 }
 
@@ -273,6 +315,8 @@ fn program<'a>(balancer: &'a Balancer, floor: &'a Ebpf, program: Program) -> Res
 struct Slot<'c> {
     case: &'c Case,
     frame: Vec<u8>,
+    /// Source port of the next call of a new-port case.
+    next_port: u16,
     out: Vec<u8>,
     len: usize,
     ns: u64,
@@ -281,7 +325,6 @@ struct Slot<'c> {
 struct Bench {
     balancer: Balancer,
     floor: Ebpf,
-    vip: Vip,
     ingress: u32,
     ingress_mac: [u8; 6],
     /// Index of the next new-flow source; every new flow is removed after use, so this
@@ -309,14 +352,28 @@ impl Bench {
             ..LbConfig::default()
         })?;
         balancer.maps.tx_ports.insert(egress, egress, None, 0).context("adding the egress to the redirect map")?;
-        let vip = vip()?;
         let mut state = DesiredState::default();
-        state.add_vip(vip, DEFAULT_RING_SIZE)?;
-        for n in packet_lab::RESOLVED_BACKENDS {
-            state.add_backend(&vip, packet_lab::backend4(n).into(), DEFAULT_WEIGHT)?;
+        for vip in [vip()?, limited_vip()?] {
+            state.add_vip(vip, DEFAULT_RING_SIZE)?;
+            for n in packet_lab::RESOLVED_BACKENDS {
+                state.add_backend(&vip, packet_lab::backend4(n).into(), DEFAULT_WEIGHT)?;
+            }
         }
-        Reconciler::adopt(&balancer.maps)?.apply(&mut balancer.maps, &state).context("configuring the VIP")?;
-        Ok(Self { balancer, floor, vip, ingress, ingress_mac, next_flow: 0, _decap: decap })
+        let limited_vip = limited_vip()?;
+        let limits = LimitConfig { per_source: Some(SOURCE_LIMIT), ..LimitConfig::default() };
+        state.set_limits(Some(&limited_vip), limits)?;
+        // The limited client is a client class of its own, held to one flow a second...
+        let class = RuleMatch { cidr: format!("{}/32", LIMITED_CLIENT.parse::<SocketAddr>()?.ip()).parse()?, vip: Some(limited_vip) };
+        let one_per_s = RuleConfig { action: RuleAction::Limit(RateSpec { per_s: 1, burst: 0 }), observe: false };
+        state.set_rule(class, one_per_s)?;
+        Reconciler::adopt(&balancer.maps)?.apply(&mut balancer.maps, &state).context("configuring the VIPs")?;
+        // ...and its bucket is an hour in debt, so every flow it starts during the run is
+        // dropped. (A rule's bucket lives in an array; a source's could be evicted from its
+        // LRU by the new-flow cases' sources.)
+        let rule = balancer.maps.rules.iter().next().context("the rule is not in the trie")??.1;
+        let in_debt = RuleState { bucket: Bucket { tat_ns: u64::MAX / 2 }, ..RuleState::default() };
+        balancer.maps.rule_state.set(rule.id, &in_debt, 0).context("indebting the limited client's class")?;
+        Ok(Self { balancer, floor, ingress, ingress_mac, next_flow: 0, _decap: decap })
     }
 
     /// Checks every case, then times them; returns each case's median ns/packet.
@@ -325,7 +382,7 @@ impl Bench {
         for case in cases {
             let frame = self.first_frame(case).with_context(|| format!("setting up {}", case.name))?;
             let out = vec![0; frame.len() + HEADROOM_BYTES];
-            slots.push(Slot { case, frame, out, len: 0, ns: 0 });
+            slots.push(Slot { case, frame, out, next_port: 0, len: 0, ns: 0 });
         }
         for slot in &mut slots {
             self.check_calls(slot).with_context(|| format!("checking {}", slot.case.name))?;
@@ -352,7 +409,7 @@ impl Bench {
 
     fn first_frame(&mut self, case: &Case) -> Result<Vec<u8>> {
         Ok(match &case.frames {
-            Frames::Fixed(frame) | Frames::NewFlows(frame) => frame.clone(),
+            Frames::Fixed(frame) | Frames::NewFlows(frame) | Frames::NewPorts(frame) => frame.clone(),
             Frames::Established { syn, frame } => {
                 let mut out = vec![0; syn.len() + HEADROOM_BYTES];
                 let (action, ..) = run_timed(self.balancer.program_ref()?, syn, self.ingress, &mut out)?;
@@ -474,7 +531,8 @@ impl Bench {
     /// The backend the VIP's Maglev table gives `key`, computed here with the same hash.
     fn maglev_backend(&self, key: &FlowKey) -> Result<Ipv4Addr> {
         let maps = &self.balancer.maps;
-        let meta = maps.vips.get(&vip_key(&self.vip), 0).context("reading the VIP")?;
+        let vip = VipKey { addr: key.dst, port: key.dport, proto: key.proto, family: key.family };
+        let meta = maps.vips.get(&vip, 0).context("reading the VIP")?;
         let slot = VipMeta::ring_base(meta.id, meta.active_half) + flow_hash(key, FLOW_SEED) % meta.ring_size;
         let id = maps.rings.get(&slot, 0).context("reading the Maglev table")?;
         self.backend_addr(id)
@@ -525,9 +583,10 @@ fn print_table(cases: &[Case], medians: &[f64], calls: usize, reps: usize, cpu: 
          a new source address and port on every call)."
     );
     println!();
-    println!("{:<14} | {:>9} | {:>7} | {:>6} | {:>6}", "case", "ns/packet", "x floor", "target", "Katran");
-    println!("{:-<14}-|-{:->9}-|-{:->7}-|-{:->6}-|-{:->6}", "", "", "", "", "");
+    println!("{:<22} | {:>9} | {:>7} | {:>6} | {:>6}", "case", "ns/packet", "x floor", "target", "Katran");
+    println!("{:-<22}-|-{:->9}-|-{:->7}-|-{:->6}-|-{:->6}", "", "", "", "", "");
     for (case, ns) in cases.iter().zip(medians) {
-        println!("{:<14} | {ns:>9.1} | {:>7.2} | {:>6.1} | {:>6.1}", case.name, ns / floor, case.target, case.katran);
+        let katran = case.katran.map_or("-".to_owned(), |k| format!("{k:.1}"));
+        println!("{:<22} | {ns:>9.1} | {:>7.2} | {:>6.1} | {katran:>6}", case.name, ns / floor, case.target);
     }
 }
