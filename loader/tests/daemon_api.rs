@@ -98,21 +98,19 @@ impl Env {
         log
     }
 
+    /// The daemon's command line for this environment.
+    fn lbd_args(&self) -> Vec<String> {
+        let path = |p: PathBuf| p.to_str().unwrap().to_owned();
+        let mut args: Vec<String> = ["--iface", "veth0", "--xdp-mode", "generic"].map(String::from).into();
+        args.extend(["--api".into(), path(self.socket()), "--state-dir".into(), path(self.tmp.join("state"))]);
+        args.extend(["--pin-dir".into(), path(self.pin_dir.clone())]);
+        args
+    }
+
     /// Starts `lbd` and waits until its API answers; returns its log path.
     fn start_lbd(&mut self) -> PathBuf {
-        let (socket, state, pins) = (self.socket(), self.tmp.join("state"), self.pin_dir.clone());
-        let log = self.spawn(&[
-            "--iface",
-            "veth0",
-            "--xdp-mode",
-            "generic",
-            "--api",
-            socket.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--pin-dir",
-            pins.to_str().unwrap(),
-        ]);
+        let args = self.lbd_args();
+        let log = self.spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
         self.wait_until(&log, |env| env.lbctl(&["vips", "list"]).status.success());
         log
     }
@@ -364,19 +362,8 @@ fn corrupt_state_file_is_refused_and_nothing_is_attached() {
     let mut env = Env::new("corrupt");
     fs::create_dir_all(env.state_file().parent().unwrap()).unwrap();
     fs::write(env.state_file(), "{\"vips\": {").unwrap();
-    let (socket, state, pins) = (env.socket(), env.tmp.join("state"), env.pin_dir.clone());
-    let log = env.spawn(&[
-        "--iface",
-        "veth0",
-        "--xdp-mode",
-        "generic",
-        "--api",
-        socket.to_str().unwrap(),
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--pin-dir",
-        pins.to_str().unwrap(),
-    ]);
+    let args = env.lbd_args();
+    let log = env.spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let status = env.daemon.take().unwrap().wait().unwrap();
     assert!(!status.success());
     let log = fs::read_to_string(log).unwrap();

@@ -105,15 +105,7 @@ fn refused_requests_name_the_problem_and_change_nothing() {
         (Request::DrainBackend { vip: vip(), backend: ip("10.0.0.9") }, "is not in VIP"),
         (Request::SetWeight { vip: vip(), backend: ip("10.0.0.1"), weight: 0 }, "out of range"),
     ];
-    for (request, expected) in cases {
-        let err = f.core.handle(request.clone()).expect_err(&format!("{request:?} accepted"));
-        let api = err.to_api();
-        assert_eq!(api.kind, ErrorKind::Invalid, "{request:?}");
-        assert!(api.message.contains(expected), "{request:?}: {:?} lacks {expected:?}", api.message);
-    }
-    assert_eq!(f.core.state(), &state);
-    assert_eq!(f.core.maps(), &maps);
-    assert_eq!(f.file_bytes(), file);
+    assert_all_refused(&mut f, cases, (&state, &maps, &file));
 }
 
 #[test]
@@ -363,15 +355,7 @@ fn refused_limit_and_rule_requests_name_the_problem_and_change_nothing() {
         (Request::TopSources { vip: unknown, limit: None }, "unknown VIP"),
         (Request::TopSources { vip: vip(), limit: Some(0) }, "limit must be at least 1"),
     ];
-    for (request, expected) in cases {
-        let err = f.core.handle(request.clone()).expect_err(&format!("{request:?} accepted"));
-        let api = err.to_api();
-        assert_eq!(api.kind, ErrorKind::Invalid, "{request:?}");
-        assert!(api.message.contains(expected), "{request:?}: {:?} lacks {expected:?}", api.message);
-    }
-    assert_eq!(f.core.state(), &state);
-    assert_eq!(f.core.maps(), &maps);
-    assert_eq!(f.file_bytes(), file);
+    assert_all_refused(&mut f, cases, (&state, &maps, &file));
 }
 
 #[test]
@@ -428,4 +412,22 @@ fn stats_carry_the_observed_counters() {
     let labels: Vec<&str> = stats.observed.iter().map(|o| o.reason.as_str()).collect();
     assert_eq!(labels, spillway_common::types::Observed::ALL.iter().map(|o| o.label()).collect::<Vec<_>>());
     assert_eq!(stats.observed[1].packets, 11);
+}
+
+/// Every request is refused as invalid with a message containing its expected text, and
+/// nothing changes: state, maps and the state file stay as `before`.
+fn assert_all_refused<'a>(
+    f: &mut Fixture,
+    cases: impl IntoIterator<Item = (Request, &'a str)>,
+    before: (&DesiredState, &FakeMaps, &Option<Vec<u8>>),
+) {
+    for (request, expected) in cases {
+        let err = f.core.handle(request.clone()).expect_err(&format!("{request:?} accepted"));
+        let api = err.to_api();
+        assert_eq!(api.kind, ErrorKind::Invalid, "{request:?}");
+        assert!(api.message.contains(expected), "{request:?}: {:?} lacks {expected:?}", api.message);
+    }
+    assert_eq!(f.core.state(), before.0);
+    assert_eq!(f.core.maps(), before.1);
+    assert_eq!(&f.file_bytes(), before.2);
 }
