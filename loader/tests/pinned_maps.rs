@@ -1,0 +1,53 @@
+//! A pinned map is reused only when its shape matches this build's; otherwise loading is
+//! refused with an error naming the map (never silently recreated or misread). Needs root.
+
+use std::path::PathBuf;
+
+use aya::EbpfLoader;
+use spillway::{
+    dataplane::{Balancer, LoadOptions},
+    objects,
+};
+use spillway_common::limits::map_names;
+
+/// A bpffs directory removed on drop, also when the test fails.
+struct PinDir(PathBuf);
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn pin_dir(label: &str) -> PinDir {
+    let dir = PathBuf::from(format!("/sys/fs/bpf/spw-{}-pins-{label}", std::process::id()));
+    if !spillway::dataplane::is_bpffs(&PathBuf::from("/sys/fs/bpf")) {
+        std::process::Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]).status().unwrap();
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    PinDir(dir)
+}
+
+#[test]
+fn maps_pinned_by_a_previous_load_are_reused() {
+    let dir = pin_dir("reuse");
+    let options = LoadOptions { map_pin_dir: Some(dir.0.clone()) };
+    let mut first = Balancer::load(&options).unwrap();
+    first.maps.set_config(&spillway_common::types::LbConfig { tcp_idle_timeout_s: 77, ..Default::default() }).unwrap();
+    let second = Balancer::load(&options).unwrap();
+    assert_eq!(second.maps.config().unwrap().tcp_idle_timeout_s, 77, "the second load did not reuse the pinned config map");
+}
+
+#[test]
+fn a_pinned_map_of_another_shape_is_refused_by_name() {
+    let dir = pin_dir("shape");
+    // Pin a map of the wrong shape where the VIP table belongs: the decap object's address
+    // map has the VIP key's size (20 bytes) but a 4-byte value.
+    let impostor = dir.0.join(map_names::VIPS);
+    let _decap = EbpfLoader::new().map_pin_path(map_names::LOCAL_ADDRS, impostor.as_path()).load(objects::DECAP).unwrap();
+    let err = match Balancer::load(&LoadOptions { map_pin_dir: Some(dir.0.clone()) }) {
+        Ok(_) => panic!("a pinned map of the wrong shape was accepted"),
+        Err(err) => format!("{:?}", anyhow::Error::from(err)),
+    };
+    assert!(err.contains(map_names::VIPS) && err.contains("value_size"), "{err}");
+}
