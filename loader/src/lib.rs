@@ -6,11 +6,13 @@ pub mod api;
 pub mod cli;
 pub mod daemon;
 pub mod dataplane;
+pub mod health;
 pub mod model;
 pub mod neighbours;
 pub mod netif;
 pub mod objects;
 pub mod pins;
+pub mod ports;
 pub mod reconcile;
 pub mod store;
 

@@ -8,6 +8,8 @@ pub static BALANCER: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/s
 pub static DECAP: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-decap"));
 /// The benchmark floor (`spillway_floor`): returns XDP_TX.
 pub static FLOOR: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-floor"));
+/// The socket/port watcher (`sockwatch-ebpf/`, C with CO-RE; see `crate::ports`).
+pub static SOCKWATCH: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-sockwatch"));
 
 /// Fails with a clear message when the build skipped the eBPF objects (`AYA_BUILD_SKIP`).
 pub fn check(object: &'static [u8], name: &'static str) -> Result<&'static [u8], crate::dataplane::DataplaneError> {

@@ -1,0 +1,370 @@
+//! One backend's state machine. Knows nothing of its peers: the VIP-level decisions (slow
+//! verdicts, the ejection cap, panic) are the tracker's.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::config::{HealthConfig, permille};
+
+/// What one probe found out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// The backend answered correctly in `latency_ms`.
+    Success { latency_ms: u64 },
+    /// The backend answered wrongly or refused (`reason` is for the logs).
+    Failure { reason: String },
+    /// No answer within `timeout_ms`.
+    Timeout,
+    /// The LB itself could not probe (no ephemeral port, no memory, no route of its own):
+    /// says nothing about the backend, so it never changes the backend's state or streaks.
+    Unknown,
+}
+
+/// A backend's state as reported (and logged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Passing probes at normal latency: full configured weight.
+    Healthy,
+    /// Failed `fall` consecutive probes: no new flows (unless the ejection cap or panic keeps it).
+    Unhealthy,
+    /// Passing, but much slower than its peers: weight reduced gradually, never to zero.
+    Slow,
+    /// New or recovering: weight ramps linearly from a floor to full over `slow_start_ms`.
+    SlowStart,
+    /// The operator set its weight to 0: no new flows, existing flows stay.
+    Draining,
+    /// Recovered after flapping: kept out until its hold-down expires.
+    HeldDown,
+}
+
+impl State {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            State::Healthy => "healthy",
+            State::Unhealthy => "unhealthy",
+            State::Slow => "slow",
+            State::SlowStart => "slow_start",
+            State::Draining => "draining",
+            State::HeldDown => "held_down",
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a backend is in its state; printed as `reason=<kind> [key=value…]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Newly added to the desired state.
+    Added,
+    /// `failures` consecutive failed probes, the last one described by `last`.
+    ConsecutiveFailures { failures: u32, last: String },
+    /// `successes` consecutive passed probes.
+    ConsecutiveSuccesses { successes: u32 },
+    /// Its slow start ran for its full length.
+    SlowStartComplete,
+    /// Recovered, but had flapped `flaps` times in a row: held down for `hold_ms`.
+    Flapping { flaps: u32, hold_ms: u64 },
+    /// Its hold-down expired while it was passing probes.
+    HoldDownExpired,
+    /// Smoothed latency `latency_ms` against a peer median of `peer_median_ms`.
+    SlowerThanPeers { latency_ms: u64, peer_median_ms: u64 },
+    /// Its latency is back in line with its peers' and its weight fully restored.
+    LatencyRecovered,
+    /// The operator set its weight to 0.
+    OperatorDrain,
+    /// The operator gave it a weight again.
+    OperatorUndrain,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Added => f.write_str("added"),
+            Reason::ConsecutiveFailures { failures, last } => write!(f, "consecutive_failures failures={failures} last={last:?}"),
+            Reason::ConsecutiveSuccesses { successes } => write!(f, "consecutive_successes successes={successes}"),
+            Reason::SlowStartComplete => f.write_str("slow_start_complete"),
+            Reason::Flapping { flaps, hold_ms } => write!(f, "flapping flaps={flaps} hold_ms={hold_ms}"),
+            Reason::HoldDownExpired => f.write_str("hold_down_expired"),
+            Reason::SlowerThanPeers { latency_ms, peer_median_ms } => {
+                write!(f, "slower_than_peers latency_ms={latency_ms} peer_median_ms={peer_median_ms}")
+            }
+            Reason::LatencyRecovered => f.write_str("latency_recovered"),
+            Reason::OperatorDrain => f.write_str("operator_drain"),
+            Reason::OperatorUndrain => f.write_str("operator_undrain"),
+        }
+    }
+}
+
+/// The health part of the state (draining is an operator overlay on top of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Health {
+    Healthy,
+    /// `scale_permille` of the configured weight, in `slow_floor..1000`.
+    Slow {
+        scale_permille: u64,
+    },
+    /// Ramp starting at the backend's `since_ms`.
+    SlowStart,
+    Unhealthy,
+    HeldDown {
+        until_ms: u64,
+    },
+}
+
+impl Health {
+    pub(super) const fn state(self) -> State {
+        match self {
+            Health::Healthy => State::Healthy,
+            Health::Slow { .. } => State::Slow,
+            Health::SlowStart => State::SlowStart,
+            Health::Unhealthy => State::Unhealthy,
+            Health::HeldDown { .. } => State::HeldDown,
+        }
+    }
+
+    /// Takes new flows on its own merits (before the ejection cap and panic are applied).
+    pub(super) const fn is_serving(self) -> bool {
+        matches!(self, Health::Healthy | Health::Slow { .. } | Health::SlowStart)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Drain {
+    pub since_ms: u64,
+    /// After this, the tracker asks for the backend's removal.
+    pub until_ms: Option<u64>,
+}
+
+/// Smoothing of latency samples: `ewma = (3 × ewma + sample) / 4`, about the last 4 probes.
+const EWMA_KEEP_QUARTERS: u64 = 3;
+
+#[derive(Clone, Debug)]
+pub(super) struct Backend {
+    /// The operator's weight (0 while draining).
+    pub configured_weight: u32,
+    pub health: Health,
+    pub since_ms: u64,
+    pub reason: Reason,
+    pub drain: Option<Drain>,
+    /// Consecutive passed and failed probes; `Unknown` touches neither.
+    pub successes: u32,
+    pub failures: u32,
+    /// Consecutive `Unknown` outcomes (shown to operators: the LB cannot probe this backend).
+    pub unknowns: u32,
+    pub latency_ewma_ms: Option<u64>,
+    /// Flaps in a row: failing again within `flap_window_ms` of recovering.
+    pub flaps: u32,
+    pub last_recovered_ms: Option<u64>,
+    /// When it last went from serving to failed (Unhealthy or HeldDown); orders ejections.
+    pub failed_since_ms: Option<u64>,
+}
+
+impl Backend {
+    /// A new backend starts in slow start: it takes a little traffic at once and all of it
+    /// after `slow_start_ms`, unless its probes fail first.
+    pub fn new(configured_weight: u32, now_ms: u64) -> Self {
+        let mut backend = Self {
+            configured_weight,
+            health: Health::SlowStart,
+            since_ms: now_ms,
+            reason: Reason::Added,
+            drain: None,
+            successes: 0,
+            failures: 0,
+            unknowns: 0,
+            latency_ewma_ms: None,
+            flaps: 0,
+            last_recovered_ms: None,
+            failed_since_ms: None,
+        };
+        if configured_weight == 0 {
+            backend.drain = Some(Drain { since_ms: now_ms, until_ms: None });
+            backend.reason = Reason::OperatorDrain;
+        }
+        backend
+    }
+
+    /// The state reported to operators: draining hides the health underneath.
+    pub fn state(&self) -> State {
+        if self.drain.is_some() { State::Draining } else { self.health.state() }
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.drain.is_some()
+    }
+
+    pub fn is_failed(&self) -> bool {
+        !self.health.is_serving()
+    }
+
+    fn set(&mut self, health: Health, reason: Reason, now_ms: u64) {
+        if !self.health.is_serving() && health.is_serving() {
+            self.failed_since_ms = None;
+        }
+        if self.health.is_serving() && !health.is_serving() {
+            self.failed_since_ms = Some(now_ms);
+        }
+        self.health = health;
+        self.reason = reason;
+        self.since_ms = now_ms;
+    }
+
+    /// Applies one probe outcome (no slow verdict: that needs the peers, see `judge_latency`).
+    pub fn observe(&mut self, outcome: &ProbeOutcome, config: &HealthConfig, now_ms: u64) {
+        if *outcome == ProbeOutcome::Unknown {
+            // Counted for display only: never a state change, not even a time-driven one.
+            self.unknowns = self.unknowns.saturating_add(1);
+            return;
+        }
+        self.advance(config, now_ms);
+        let last = match outcome {
+            ProbeOutcome::Unknown => return,
+            ProbeOutcome::Success { latency_ms } => {
+                self.unknowns = 0;
+                self.failures = 0;
+                self.successes = self.successes.saturating_add(1);
+                let sample = *latency_ms;
+                self.latency_ewma_ms = Some(match self.latency_ewma_ms {
+                    None => sample,
+                    Some(old) => (old.saturating_mul(EWMA_KEEP_QUARTERS).saturating_add(sample)) / (EWMA_KEEP_QUARTERS + 1),
+                });
+                self.on_success(config, now_ms);
+                return;
+            }
+            ProbeOutcome::Failure { reason } => reason.clone(),
+            ProbeOutcome::Timeout => "timeout".to_owned(),
+        };
+        self.unknowns = 0;
+        self.successes = 0;
+        self.failures = self.failures.saturating_add(1);
+        if self.failures < config.fall {
+            return;
+        }
+        let reason = Reason::ConsecutiveFailures { failures: self.failures, last };
+        match self.health {
+            Health::Healthy | Health::Slow { .. } | Health::SlowStart => {
+                let flapped = self.last_recovered_ms.is_some_and(|at| now_ms.saturating_sub(at) < config.flap_window_ms);
+                self.flaps = if flapped { self.flaps.saturating_add(1) } else { 0 };
+                self.set(Health::Unhealthy, reason, now_ms);
+            }
+            // Failing while held down: back to unhealthy, which is no new flap (it never
+            // recovered), so the next recovery is held down as long as this one.
+            Health::HeldDown { .. } => self.set(Health::Unhealthy, reason, now_ms),
+            Health::Unhealthy => {}
+        }
+    }
+
+    fn on_success(&mut self, config: &HealthConfig, now_ms: u64) {
+        match self.health {
+            Health::Unhealthy if self.successes >= config.rise => {
+                let reason = Reason::ConsecutiveSuccesses { successes: self.successes };
+                if self.flaps == 0 {
+                    self.recover(reason, now_ms);
+                } else {
+                    let hold_ms = config.hold_down_ms(self.flaps);
+                    self.set(
+                        Health::HeldDown { until_ms: now_ms.saturating_add(hold_ms) },
+                        Reason::Flapping { flaps: self.flaps, hold_ms },
+                        now_ms,
+                    );
+                }
+            }
+            // Expired while failing: the first success lets it out.
+            Health::HeldDown { until_ms } if now_ms >= until_ms => self.recover(Reason::HoldDownExpired, now_ms),
+            _ => {}
+        }
+    }
+
+    fn recover(&mut self, reason: Reason, now_ms: u64) {
+        self.last_recovered_ms = Some(now_ms);
+        self.set(Health::SlowStart, reason, now_ms);
+    }
+
+    /// Time-driven transitions: the end of slow start, the end of a hold-down.
+    pub fn advance(&mut self, config: &HealthConfig, now_ms: u64) {
+        match self.health {
+            Health::SlowStart if now_ms.saturating_sub(self.since_ms) >= config.slow_start_ms => {
+                self.set(Health::Healthy, Reason::SlowStartComplete, now_ms);
+            }
+            Health::HeldDown { until_ms } if now_ms >= until_ms && self.failures == 0 => self.recover(Reason::HoldDownExpired, now_ms),
+            _ => {}
+        }
+    }
+
+    /// One latency verdict against the peers (only for Healthy and Slow backends: slow start
+    /// already holds the weight down, failed backends carry none).
+    pub fn judge_latency(&mut self, slow: Option<Reason>, config: &HealthConfig, now_ms: u64) {
+        let step = permille(config.slow_step).max(1);
+        let floor = permille(config.slow_floor).clamp(1, 1000);
+        match (self.health, slow) {
+            (Health::Healthy, Some(reason)) => {
+                self.set(Health::Slow { scale_permille: 1000u64.saturating_sub(step).max(floor) }, reason, now_ms)
+            }
+            (Health::Slow { scale_permille }, Some(_)) => {
+                // Still slow: lose another step; the state (and its since) stays.
+                self.health = Health::Slow { scale_permille: scale_permille.saturating_sub(step).max(floor) };
+            }
+            (Health::Slow { scale_permille }, None) => {
+                let scale_permille = scale_permille + step;
+                if scale_permille >= 1000 {
+                    self.set(Health::Healthy, Reason::LatencyRecovered, now_ms);
+                } else {
+                    self.health = Health::Slow { scale_permille };
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The weight this backend earns on its own (0 when failed or draining).
+    pub fn own_weight(&self, config: &HealthConfig, now_ms: u64) -> u32 {
+        if self.is_draining() {
+            return 0;
+        }
+        let weight = u64::from(self.configured_weight);
+        let own = match self.health {
+            Health::Healthy => weight,
+            Health::Slow { scale_permille } => (weight * scale_permille / 1000).max(1),
+            Health::SlowStart => slow_start_weight(weight, now_ms.saturating_sub(self.since_ms), config),
+            Health::Unhealthy | Health::HeldDown { .. } => 0,
+        };
+        own.min(weight) as u32
+    }
+
+    /// Operator weight from the desired state: 0 drains, a weight after a drain restarts
+    /// with slow start (it had no new flows).
+    pub fn set_configured_weight(&mut self, weight: u32, now_ms: u64) {
+        self.configured_weight = weight;
+        match (weight, self.drain) {
+            (0, None) => self.drain = Some(Drain { since_ms: now_ms, until_ms: None }),
+            (1.., Some(_)) => {
+                self.drain = None;
+                if self.health.is_serving() {
+                    self.set(Health::SlowStart, Reason::OperatorUndrain, now_ms);
+                } else {
+                    self.reason = Reason::OperatorUndrain;
+                    self.since_ms = now_ms;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The slow-start ramp: `floor + (weight - floor) × elapsed / slow_start_ms`, where the
+/// floor is `slow_start_floor` of the weight (at least 1). Non-decreasing in `elapsed_ms`,
+/// exactly `weight` from `slow_start_ms` on.
+pub fn slow_start_weight(weight: u64, elapsed_ms: u64, config: &HealthConfig) -> u64 {
+    if weight == 0 || elapsed_ms >= config.slow_start_ms {
+        return weight;
+    }
+    let floor = (weight * permille(config.slow_start_floor) / 1000).clamp(1, weight);
+    floor + (weight - floor) * elapsed_ms / config.slow_start_ms
+}

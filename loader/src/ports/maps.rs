@@ -1,0 +1,179 @@
+//! The sockwatch maps' keys and values; `#[repr(C)]` mirrors of the structs in
+//! `sockwatch-ebpf/sockwatch.bpf.c` (sizes asserted below).
+
+use std::net::{IpAddr, Ipv6Addr};
+
+/// One destination seen from one network namespace (`struct port_key`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PortKey {
+    /// Inode of the socket's network namespace (as `stat /run/netns/<name>` shows).
+    pub netns: u32,
+    /// Remote port, host byte order.
+    pub rport: u16,
+    pub proto: u8,
+    /// `AF_INET` or `AF_INET6`.
+    pub family: u8,
+    /// IPv6, or IPv4-mapped (`::ffff:a.b.c.d`) for IPv4.
+    pub laddr: [u8; 16],
+    pub raddr: [u8; 16],
+}
+
+/// One-second TIME_WAIT buckets per destination (`TW_BUCKETS`).
+pub const TW_BUCKETS: usize = 64;
+/// Linux's `TCP_TIMEWAIT_LEN`: a timewait sock holds its port this long (seconds) unless
+/// reused or reset earlier.
+pub const TIMEWAIT_LEN_SECS: u32 = 60;
+
+/// Running counts for one destination (`struct port_counts`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortCounts {
+    /// Full sockets between `SYN_SENT` and `CLOSE`.
+    pub active: i64,
+    /// Timewait socks created since the watcher was loaded.
+    pub time_wait_total: u64,
+    /// `connect()`s that found no free port (`EADDRNOTAVAIL`).
+    pub failures: u64,
+    /// Active opens seen since the watcher was loaded.
+    pub opened: u64,
+    /// Timewait socks created in second `tw_sec[i]` (CLOCK_MONOTONIC), `i = sec % 64`.
+    pub tw_sec: [u32; TW_BUCKETS],
+    pub tw_count: [u32; TW_BUCKETS],
+}
+
+impl Default for PortCounts {
+    fn default() -> Self {
+        PortCounts { active: 0, time_wait_total: 0, failures: 0, opened: 0, tw_sec: [0; TW_BUCKETS], tw_count: [0; TW_BUCKETS] }
+    }
+}
+
+impl PortCounts {
+    /// TIME_WAIT sockets still holding a port at monotonic second `now`: those created in
+    /// the last [`TIMEWAIT_LEN_SECS`] (inclusive, so an estimate errs high by at most a
+    /// second's worth; sockets reused or reset early are still counted).
+    pub fn time_wait_at(&self, now: u32) -> u64 {
+        self.tw_sec
+            .iter()
+            .zip(self.tw_count)
+            .filter(|&(&sec, count)| count > 0 && now.wrapping_sub(sec) <= TIMEWAIT_LEN_SECS)
+            .map(|(_, count)| u64::from(count))
+            .sum()
+    }
+}
+
+/// The current CLOCK_MONOTONIC second, the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_secs() -> u32 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec to fill; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u32
+}
+
+/// One process's failed connects to one destination (`struct fail_key`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailKey {
+    pub key: PortKey,
+    pub tgid: u32,
+    pub pad: u32,
+    pub cgroup: u64,
+    pub comm: [u8; 16],
+}
+
+const _: () = assert!(size_of::<PortKey>() == 40);
+const _: () = assert!(size_of::<PortCounts>() == 32 + 8 * TW_BUCKETS);
+const _: () = assert!(size_of::<FailKey>() == 72);
+
+// SAFETY: plain old data: no padding (asserted sizes equal the sum of the fields), any bit
+// pattern is valid.
+unsafe impl aya::Pod for PortKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PortCounts {}
+// SAFETY: as above (`pad` makes the padding explicit).
+unsafe impl aya::Pod for FailKey {}
+
+/// Names of the `sw_stats` array's counters, by index: events the kernel side could not
+/// record because a map was full.
+pub const STAT_NAMES: [&str; 3] = ["sock_table_full", "key_table_full", "fail_table_full"];
+
+pub(crate) const AF_INET: u8 = 2;
+pub(crate) const IPPROTO_TCP: u8 = 6;
+pub(crate) const IPPROTO_UDP: u8 = 17;
+
+impl PortKey {
+    pub fn local(&self) -> IpAddr {
+        addr(self.family, self.laddr)
+    }
+
+    pub fn remote(&self) -> IpAddr {
+        addr(self.family, self.raddr)
+    }
+
+    pub fn protocol(&self) -> &'static str {
+        match self.proto {
+            IPPROTO_TCP => "tcp",
+            IPPROTO_UDP => "udp",
+            _ => "other",
+        }
+    }
+
+    /// A key for `local → remote:rport` over TCP in namespace `netns` (tests, lookups).
+    pub fn tcp(netns: u32, local: IpAddr, remote: IpAddr, rport: u16) -> PortKey {
+        let family = if local.is_ipv4() { AF_INET } else { 10 };
+        PortKey { netns, rport, proto: IPPROTO_TCP, family, laddr: octets(local), raddr: octets(remote) }
+    }
+}
+
+fn addr(family: u8, bytes: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(bytes);
+    match (family, v6.to_ipv4_mapped()) {
+        (AF_INET, Some(v4)) => IpAddr::V4(v4),
+        _ => IpAddr::V6(v6),
+    }
+}
+
+fn octets(addr: IpAddr) -> [u8; 16] {
+    match addr {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+impl FailKey {
+    /// The process name, up to its first NUL.
+    pub fn comm(&self) -> String {
+        let end = self.comm.iter().position(|&b| b == 0).unwrap_or(self.comm.len());
+        String::from_utf8_lossy(&self.comm[..end]).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv4_keys_round_trip_through_mapped_addresses() {
+        let key = PortKey::tcp(7, "10.0.0.11".parse().unwrap(), "10.0.0.101".parse().unwrap(), 80);
+        assert_eq!(key.local().to_string(), "10.0.0.11");
+        assert_eq!(key.remote().to_string(), "10.0.0.101");
+        assert_eq!(key.laddr[10..12], [0xff, 0xff]);
+        let key6 = PortKey::tcp(7, "fd00::11".parse().unwrap(), "fd00::101".parse().unwrap(), 80);
+        assert_eq!(key6.remote().to_string(), "fd00::101");
+        assert_eq!(key6.protocol(), "tcp");
+    }
+
+    #[test]
+    fn time_wait_counts_the_last_sixty_seconds() {
+        let mut counts = PortCounts::default();
+        for (sec, n) in [(1000u32, 5u32), (1030, 7), (1060, 11), (939, 100)] {
+            let i = sec as usize % TW_BUCKETS;
+            counts.tw_sec[i] = sec;
+            counts.tw_count[i] = n;
+        }
+        assert_eq!(counts.time_wait_at(1060), 5 + 7 + 11);
+        assert_eq!(counts.time_wait_at(1061), 7 + 11);
+        assert_eq!(counts.time_wait_at(1121), 0);
+        assert_eq!(PortCounts::default().time_wait_at(30), 0, "empty buckets count nothing");
+    }
+}

@@ -1,0 +1,210 @@
+//! Turns the sockwatch counts into a per-destination utilisation report. Field names are a
+//! public interface (JSON): add, never rename.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::range::NetnsPorts;
+use super::watcher::Snapshot;
+
+/// Utilisation levels, as fractions of the usable ephemeral ports.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Thresholds {
+    pub warn: f64,
+    pub critical: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds { warn: 0.70, critical: 0.90 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// The namespace's port range is unknown (namespace gone or unreadable).
+    Unknown,
+    Ok,
+    Warn,
+    Critical,
+}
+
+/// Ports held towards one destination from one namespace and local address.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DestinationUsage {
+    pub netns: u32,
+    pub protocol: String,
+    pub local: IpAddr,
+    pub remote: IpAddr,
+    pub remote_port: u16,
+    /// Sockets from SYN_SENT until CLOSE (ESTABLISHED, FIN_WAIT*, CLOSE_WAIT, ...).
+    pub active: u64,
+    /// TIME_WAIT sockets created in the last 60 s (an upper bound: early reuse is unseen).
+    pub time_wait: u64,
+    /// `active + time_wait`: local ports this destination holds.
+    pub in_use: u64,
+    /// Cumulative `connect()` failures with EADDRNOTAVAIL since the watcher was loaded.
+    pub failures: u64,
+    /// Cumulative active opens since the watcher was loaded.
+    pub opened: u64,
+    /// `ip_local_port_range` of the namespace, if known.
+    pub port_range: Option<NetnsPorts>,
+    /// Range size minus reserved ports.
+    pub usable_ports: Option<u32>,
+    /// `in_use / usable_ports`.
+    pub utilisation: Option<f64>,
+    pub level: Level,
+}
+
+/// A process whose connects failed for want of a port.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProcessFailures {
+    pub netns: u32,
+    pub local: IpAddr,
+    pub remote: IpAddr,
+    pub remote_port: u16,
+    pub pid: u32,
+    pub comm: String,
+    pub cgroup_id: u64,
+    pub failures: u64,
+}
+
+/// Events the kernel side dropped because a map was full (non-zero: counts may be low).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dropped {
+    pub sock_table_full: u64,
+    pub key_table_full: u64,
+    pub fail_table_full: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PortsReport {
+    pub thresholds: Thresholds,
+    /// Worst first: by utilisation, then by ports in use.
+    pub destinations: Vec<DestinationUsage>,
+    pub failures: Vec<ProcessFailures>,
+    pub dropped: Dropped,
+}
+
+impl PortsReport {
+    /// The worst level over all destinations (`Ok` when there are none).
+    pub fn level(&self) -> Level {
+        self.destinations.iter().map(|d| d.level).filter(|l| *l != Level::Unknown).max().unwrap_or(Level::Ok)
+    }
+}
+
+/// Builds the report; `ports(netns)` gives a namespace's range. Destinations holding no
+/// port and with no failure are left out.
+pub fn build_report(snapshot: &Snapshot, mut ports: impl FnMut(u32) -> Option<NetnsPorts>, thresholds: Thresholds) -> PortsReport {
+    let mut destinations: Vec<DestinationUsage> = snapshot
+        .destinations
+        .iter()
+        .filter_map(|(key, counts)| {
+            // A negative count would mean a missed open: show it as zero, never wrap.
+            let active = counts.active.max(0) as u64;
+            let time_wait = counts.time_wait_at(snapshot.now);
+            let in_use = active + time_wait;
+            if in_use == 0 && counts.failures == 0 {
+                return None;
+            }
+            let port_range = ports(key.netns);
+            let usable_ports = port_range.map(|p| p.usable());
+            let utilisation = usable_ports.map(|u| if u == 0 { 1.0 } else { in_use as f64 / f64::from(u) });
+            let level = match utilisation {
+                None => Level::Unknown,
+                Some(u) if u >= thresholds.critical => Level::Critical,
+                Some(u) if u >= thresholds.warn => Level::Warn,
+                Some(_) => Level::Ok,
+            };
+            Some(DestinationUsage {
+                netns: key.netns,
+                protocol: key.protocol().to_owned(),
+                local: key.local(),
+                remote: key.remote(),
+                remote_port: key.rport,
+                active,
+                time_wait,
+                in_use,
+                failures: counts.failures,
+                opened: counts.opened,
+                port_range,
+                usable_ports,
+                utilisation,
+                level,
+            })
+        })
+        .collect();
+    destinations.sort_by(|a, b| b.utilisation.unwrap_or(0.0).total_cmp(&a.utilisation.unwrap_or(0.0)).then(b.in_use.cmp(&a.in_use)));
+    let mut failures: Vec<ProcessFailures> = snapshot
+        .failures
+        .iter()
+        .map(|&(fail, count)| ProcessFailures {
+            netns: fail.key.netns,
+            local: fail.key.local(),
+            remote: fail.key.remote(),
+            remote_port: fail.key.rport,
+            pid: fail.tgid,
+            comm: fail.comm(),
+            cgroup_id: fail.cgroup,
+            failures: count,
+        })
+        .collect();
+    failures.sort_by_key(|f| std::cmp::Reverse(f.failures));
+    let [sock_table_full, key_table_full, fail_table_full] = snapshot.stats;
+    PortsReport { thresholds, destinations, failures, dropped: Dropped { sock_table_full, key_table_full, fail_table_full } }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ports::{FailKey, PortCounts, PortKey};
+
+    fn key(port: u16) -> PortKey {
+        PortKey::tcp(42, "10.0.0.11".parse().unwrap(), "10.0.0.101".parse().unwrap(), port)
+    }
+
+    #[test]
+    fn levels_follow_thresholds_and_worst_comes_first() {
+        let counts = |active, time_wait| {
+            let mut counts = PortCounts { active, ..PortCounts::default() };
+            counts.tw_sec[5] = 1000;
+            counts.tw_count[5] = time_wait;
+            counts
+        };
+        let mut comm = [0u8; 16];
+        comm[..4].copy_from_slice(b"curl");
+        let snapshot = Snapshot {
+            destinations: vec![
+                (key(1), counts(10, 0)),
+                (key(2), counts(50, 20)),
+                (key(3), counts(60, 35)),
+                (key(4), counts(0, 0)),
+                (key(5), counts(-1, 0)),
+            ],
+            failures: vec![(FailKey { key: key(3), tgid: 9, pad: 0, cgroup: 1, comm }, 4)],
+            stats: [0, 1, 0],
+            now: 1010,
+        };
+        let ports = NetnsPorts { low: 40000, high: 40099, reserved: 0 };
+        let report = build_report(&snapshot, |ns| (ns == 42).then_some(ports), Thresholds::default());
+        let got: Vec<_> = report.destinations.iter().map(|d| (d.remote_port, d.level, d.in_use)).collect();
+        assert_eq!(got, [(3, Level::Critical, 95), (2, Level::Warn, 70), (1, Level::Ok, 10)]);
+        assert_eq!(report.level(), Level::Critical);
+        assert_eq!(report.failures[0].comm, "curl");
+        assert_eq!(report.dropped.key_table_full, 1);
+
+        let json = serde_json::to_value(&report).unwrap();
+        let first = &json["destinations"][0];
+        assert_eq!(first["remote"], "10.0.0.101");
+        assert_eq!(first["level"], "critical");
+        assert_eq!(first["port_range"]["low"], 40000);
+        assert_eq!(first["utilisation"], 0.95);
+        assert_eq!(json["failures"][0]["pid"], 9);
+
+        let unknown = build_report(&snapshot, |_| None, Thresholds::default());
+        assert!(unknown.destinations.iter().all(|d| d.level == Level::Unknown && d.utilisation.is_none()));
+        assert_eq!(unknown.level(), Level::Ok);
+    }
+}
