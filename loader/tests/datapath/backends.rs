@@ -1,6 +1,9 @@
 //! Backend set changes: empty VIPs, draining, removal.
 
 use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+
+use spillway::model::Vip;
 
 use spillway_common::types::{PROTO_TCP, Reason};
 use spillway_harness::{frames, packet_lab};
@@ -20,31 +23,38 @@ fn vip_without_backends_drops_and_counts() {
     });
 }
 
+/// A VIP on three lab backends, and one SYN from each of `ports`: the flows and the backend
+/// each was given.
+fn three_backends_with_flows(env: &mut Env, ports: std::ops::Range<u16>) -> (Vip, SocketAddr, Vec<(SocketAddr, IpAddr)>) {
+    let v = vip("10.200.1.1:80/tcp");
+    env.add_vip(v, &(101..=103).map(|n| packet_lab::backend4(n).into()).collect::<Vec<_>>());
+    let d = sock("10.200.1.1:80");
+    let open = new_flows(env, d, ports);
+    (v, d, open)
+}
+
+fn new_flows(env: &Env, d: SocketAddr, ports: std::ops::Range<u16>) -> Vec<(SocketAddr, IpAddr)> {
+    ports
+        .map(|port| {
+            let c = sock(&format!("192.168.10.20:{port}"));
+            env.expect(&frames::tcp(c, d, true, &[]), XDP_TX, Reason::Tx);
+            (c, env.pinned_backend(&flow_key(c, d, PROTO_TCP)).unwrap())
+        })
+        .collect()
+}
+
 #[test]
 fn draining_backend_keeps_its_flows_and_gets_no_new_ones() {
     with_env(|env| {
-        let v = vip("10.200.1.1:80/tcp");
-        env.add_vip(v, &(101..=103).map(|n| packet_lab::backend4(n).into()).collect::<Vec<_>>());
-        let d = sock("10.200.1.1:80");
-        // Open flows until every backend has one.
-        let mut open = Vec::new();
-        for port in 40000..40100u16 {
-            let c = sock(&format!("192.168.10.20:{port}"));
-            env.expect(&frames::tcp(c, d, true, &[]), XDP_TX, Reason::Tx);
-            open.push((c, env.pinned_backend(&flow_key(c, d, PROTO_TCP)).unwrap()));
-        }
+        // Enough flows that every backend has some.
+        let (v, d, open) = three_backends_with_flows(env, 40000..40100);
         let drained = open[0].1;
         env.update(|s| s.set_weight(&v, drained, 0).unwrap());
         for (c, backend) in &open {
             let out = env.expect(&frames::tcp(*c, d, false, b"more"), XDP_TX, Reason::Tx);
             expect_encap(&out.frame, &frames::tcp(*c, d, false, b"more"), 14, *backend, None);
         }
-        let mut new_targets = BTreeSet::new();
-        for port in 50000..50200u16 {
-            let c = sock(&format!("192.168.10.20:{port}"));
-            env.expect(&frames::tcp(c, d, true, &[]), XDP_TX, Reason::Tx);
-            new_targets.insert(env.pinned_backend(&flow_key(c, d, PROTO_TCP)).unwrap());
-        }
+        let new_targets: BTreeSet<IpAddr> = new_flows(env, d, 50000..50200).into_iter().map(|(_, b)| b).collect();
         assert!(!new_targets.contains(&drained), "a new flow went to the draining backend");
         assert_eq!(new_targets.len(), 2);
     });
@@ -53,15 +63,7 @@ fn draining_backend_keeps_its_flows_and_gets_no_new_ones() {
 #[test]
 fn removed_backends_flows_are_rehashed_and_others_stay() {
     with_env(|env| {
-        let v = vip("10.200.1.1:80/tcp");
-        env.add_vip(v, &(101..=103).map(|n| packet_lab::backend4(n).into()).collect::<Vec<_>>());
-        let d = sock("10.200.1.1:80");
-        let mut open = Vec::new();
-        for port in 40000..40060u16 {
-            let c = sock(&format!("192.168.10.20:{port}"));
-            env.expect(&frames::tcp(c, d, true, &[]), XDP_TX, Reason::Tx);
-            open.push((c, env.pinned_backend(&flow_key(c, d, PROTO_TCP)).unwrap()));
-        }
+        let (v, d, open) = three_backends_with_flows(env, 40000..40060);
         let removed = open[0].1;
         env.update(|s| s.remove_backend(&v, removed).unwrap());
         for (c, before) in &open {
