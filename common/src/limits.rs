@@ -70,6 +70,7 @@ pub mod map_names {
     pub const SOURCES: &str = "spw_sources";
     pub const RULES: &str = "spw_rules";
     pub const RULE_STATS: &str = "spw_rule_stats";
+    pub const RULE_COUNT: &str = "spw_rule_count";
     pub const OBSERVED: &str = "spw_observed";
     pub const LOCAL_ADDRS: &str = "spw_local_addrs";
     pub const DECAP_REASONS: &str = "spw_decap_rsn";

@@ -79,6 +79,8 @@ pub trait Maps {
     fn remove_rule(&mut self, prefix_len: u32, key: &RuleKey) -> Result<(), DataplaneError>;
     /// Zeroes a rule id's bucket and counters before the id is handed out.
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError>;
+    /// How many rules exist; the data path skips its trie lookups while it is zero.
+    fn set_rule_count(&mut self, count: u32) -> Result<(), DataplaneError>;
 }
 
 /// What one `apply` did.
@@ -349,6 +351,9 @@ impl Reconciler {
     /// Inserts or updates the trie entry of every desired rule; a new rule gets the lowest
     /// free id, whose kernel state is zeroed first.
     fn sync_rules(&mut self, maps: &mut dyn Maps, desired: &DesiredState, report: &mut ApplyReport) -> Result<(), ReconcileError> {
+        // Runs after stale entries are gone and before new ones go in, so the count is
+        // non-zero whenever the trie holds a rule.
+        maps.set_rule_count(desired.rules.len() as u32)?;
         for (rule, config) in &desired.rules {
             let vip_id = match &rule.vip {
                 None => ANY_VIP,

@@ -58,6 +58,7 @@ pub struct FakeMaps {
     pub rule_state: HashMap<u32, RuleState>,
     /// Rule trie entries by (prefix length, key).
     pub rules: HashMap<(u32, RuleKey), RuleValue>,
+    pub rule_count: u32,
     /// Makes the next `write_slots` fail, to exercise rollback.
     pub fail_next_write: bool,
     /// Makes the next `set_rule` fail, to exercise rollback.
@@ -191,6 +192,7 @@ impl Maps for FakeMaps {
         if std::mem::take(&mut self.fail_next_rule) {
             return Err(DataplaneError::MissingMap { name: "injected rule failure" });
         }
+        assert!(self.rule_count > 0, "a rule entered the trie while the rule count says there are none");
         self.rules.insert((prefix_len, *key), *value);
         self.rule_writes += 1;
         self.assert_rules_consistent();
@@ -204,6 +206,11 @@ impl Maps for FakeMaps {
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
         assert!(!self.rules.values().any(|v| v.id == id), "zeroed the counters of live rule id {id}");
         self.rule_state.remove(&id);
+        Ok(())
+    }
+    fn set_rule_count(&mut self, count: u32) -> Result<(), DataplaneError> {
+        assert!(count > 0 || self.rules.is_empty(), "rule count 0 while the trie holds rules");
+        self.rule_count = count;
         Ok(())
     }
 }

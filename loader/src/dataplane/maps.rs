@@ -36,6 +36,7 @@ pub struct BalancerMaps {
     pub rules: LpmTrie<MapData, RuleKey, RuleValue>,
     /// Kernel-owned: per rule id, the class's bucket and counters.
     pub rule_state: Array<MapData, RuleState>,
+    pub rule_count: Array<MapData, u32>,
     /// What limits in observe mode would have dropped, per `Observed`.
     pub observed: PerCpuArray<MapData, u64>,
 }
@@ -69,6 +70,7 @@ impl BalancerMaps {
             sources: take(ebpf, map_names::SOURCES)?,
             rules: take(ebpf, map_names::RULES)?,
             rule_state: take(ebpf, map_names::RULE_STATS)?,
+            rule_count: take(ebpf, map_names::RULE_COUNT)?,
             observed: take(ebpf, map_names::OBSERVED)?,
         })
     }
@@ -281,6 +283,10 @@ impl crate::reconcile::Maps for BalancerMaps {
 
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
         named(map_names::RULE_STATS, self.rule_state.set(id, &RuleState::default(), 0))
+    }
+
+    fn set_rule_count(&mut self, count: u32) -> Result<(), DataplaneError> {
+        named(map_names::RULE_COUNT, self.rule_count.set(0, &count, 0))
     }
 }
 

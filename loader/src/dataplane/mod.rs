@@ -75,7 +75,7 @@ pub struct Balancer {
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 17] = [
+const PINNED_MAPS: [&str; 18] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -92,6 +92,7 @@ const PINNED_MAPS: [&str; 17] = [
     map_names::SOURCES,
     map_names::RULES,
     map_names::RULE_STATS,
+    map_names::RULE_COUNT,
     map_names::OBSERVED,
 ];
 

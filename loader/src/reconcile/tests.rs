@@ -413,3 +413,20 @@ fn a_failed_rule_write_is_retried_by_the_next_apply() {
     assert_eq!(maps.rules.len(), 1);
     assert_eq!(r.rule_id(&rule("10.1.0.0/16")), Some(0));
 }
+
+#[test]
+fn the_rule_count_lets_the_data_path_skip_the_trie_only_when_it_is_empty() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    let mut s = state(&[("10.0.0.101", 100)]);
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!(maps.rule_count, 0);
+    s.set_rule(rule("192.168.0.0/16"), block()).unwrap();
+    s.set_rule(rule("10.9.0.0/16"), block()).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!((maps.rule_count, maps.rules.len()), (2, 2));
+    s.remove_rule(&rule("192.168.0.0/16")).unwrap();
+    s.remove_rule(&rule("10.9.0.0/16")).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!((maps.rule_count, maps.rules.len()), (0, 0));
+}

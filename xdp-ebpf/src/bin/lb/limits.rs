@@ -20,7 +20,7 @@ use spillway_common::{
 };
 use xdp_ebpf::atomic::add_u64;
 
-use crate::maps::{BUDGET, LIMITS, OBSERVED, RULE_STATE, RULES, RuleLookup, SOURCES};
+use crate::maps::{BUDGET, LIMITS, OBSERVED, RULE_COUNT, RULE_STATE, RULES, RuleLookup, SOURCES};
 
 const NS_PER_S: u64 = 1_000_000_000;
 
@@ -147,6 +147,10 @@ fn masked(addr: &[u32; 4], len: u8) -> [u32; 4] {
 /// scoped rule).
 #[inline(always)]
 fn matching_rule(key: &FlowKey, vip_id: u32) -> Option<RuleValue> {
+    // Trie lookups are the costliest step here; without rules there is nothing to find.
+    if RULE_COUNT.get(0).is_none_or(|&n| n == 0) {
+        return None;
+    }
     let scoped = rule_lookup(key, vip_id);
     let global = rule_lookup(key, ANY_VIP);
     match (scoped, global) {

@@ -74,6 +74,10 @@ pub static SOURCES: LruHashMap<SourceKey, SourceState> = LruHashMap::with_max_en
 #[map(name = "spw_rules")]
 pub static RULES: LpmTrie<RuleKey, RuleValue> = LpmTrie::with_max_entries(MAX_RULES, 0);
 
+/// Slot 0: how many rules exist. Zero lets new flows skip both trie lookups.
+#[map(name = "spw_rule_count")]
+pub static RULE_COUNT: Array<u32> = Array::with_max_entries(1, 0);
+
 /// Per rule id: the client class's bucket and the rule's counters.
 #[map(name = "spw_rule_stats")]
 pub static RULE_STATE: Array<RuleState> = Array::with_max_entries(MAX_RULES, 0);
