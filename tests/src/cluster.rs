@@ -98,6 +98,15 @@ impl Cluster {
         Ok(())
     }
 
+    /// Stops backend `index`'s echo server (SIGKILL), as a crashed service would: its host
+    /// and agent stay up, so connections to it are refused.
+    pub fn stop_echo(&self, index: usize) -> Result<()> {
+        let echo = self.echo.get(index).with_context(|| format!("no backend {index}"))?;
+        echo.signal(Signal::SIGKILL)?;
+        ensure!(echo.wait_with_timeout(STOP_TIMEOUT)?.is_some(), "echo server of backend {index} still runs");
+        Ok(())
+    }
+
     /// Connections the backends' echo servers accepted from `client` so far.
     pub fn accepted_from(&self, client: IpAddr) -> usize {
         let line = format!("accepted {client}");
@@ -136,6 +145,10 @@ impl Cluster {
             self.state_dir().as_os_str(),
             "--pin-dir".as_ref(),
             pin_dir.as_os_str(),
+            // Health checks stay on; without slow start a backend added by a test takes its
+            // full share at once, as the distribution tests expect.
+            "--health-slow-start-ms".as_ref(),
+            "0".as_ref(),
         ])?;
         let started = Instant::now();
         loop {

@@ -256,8 +256,16 @@ pub struct BackendList {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackendEntry {
     pub address: IpAddr,
+    /// The configured (operator's) weight.
     pub weight: u32,
     pub state: BackendState,
+    /// The health state (`healthy`, `unhealthy`, `slow_start`, …); absent when the backend is
+    /// not probed (health checks off, UDP and any-port VIPs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<String>,
+    /// The weight programmed into the balancer (health-adjusted); absent from older daemons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective_weight: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

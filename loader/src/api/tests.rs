@@ -77,7 +77,13 @@ fn responses_have_stable_names() {
         (
             Response::Ok(Reply::Backends(BackendList {
                 vip: vip(),
-                backends: vec![BackendEntry { address: ip("10.0.1.1"), weight: 0, state: BackendState::Draining }],
+                backends: vec![BackendEntry {
+                    address: ip("10.0.1.1"),
+                    weight: 0,
+                    state: BackendState::Draining,
+                    health: None,
+                    effective_weight: None,
+                }],
             })),
             json!({"ok": {"type": "backends", "vip": "10.0.0.1:80/tcp",
                           "backends": [{"address": "10.0.1.1", "weight": 0, "state": "draining"}]}}),

@@ -123,9 +123,21 @@ fn vips_table(list: &VipList) -> String {
 }
 
 fn backends_table(list: &BackendList) -> String {
-    let mut t = Table::new(&[("BACKEND", Align::Left), ("WEIGHT", Align::Right), ("STATE", Align::Left)]);
+    let mut t = Table::new(&[
+        ("BACKEND", Align::Left),
+        ("WEIGHT", Align::Right),
+        ("STATE", Align::Left),
+        ("HEALTH", Align::Left),
+        ("EFFECTIVE", Align::Right),
+    ]);
     for b in &list.backends {
-        t.row(vec![b.address.to_string(), b.weight.to_string(), b.state.label().to_owned()]);
+        t.row(vec![
+            b.address.to_string(),
+            b.weight.to_string(),
+            b.state.label().to_owned(),
+            b.health.clone().unwrap_or_else(|| "-".to_owned()),
+            b.effective_weight.map_or_else(|| "-".to_owned(), |w| w.to_string()),
+        ]);
     }
     t.render()
 }

@@ -136,13 +136,19 @@ fn tables() {
     let backends = BackendList {
         vip: vip("10.0.0.1:80/tcp"),
         backends: vec![
-            BackendEntry { address: ip("10.0.1.1"), weight: 100, state: BackendState::Active },
-            BackendEntry { address: ip("fd00::2"), weight: 0, state: BackendState::Draining },
+            BackendEntry {
+                address: ip("10.0.1.1"),
+                weight: 100,
+                state: BackendState::Active,
+                health: Some("unhealthy".to_owned()),
+                effective_weight: Some(0),
+            },
+            BackendEntry { address: ip("fd00::2"), weight: 0, state: BackendState::Draining, health: None, effective_weight: None },
         ],
     };
     assert_eq!(
         rendered(&["backends", "list", "--vip", "10.0.0.1:80/tcp"], Reply::Backends(backends)),
-        "BACKEND   WEIGHT  STATE\n10.0.1.1     100  active\nfd00::2        0  draining\n"
+        "BACKEND   WEIGHT  STATE     HEALTH     EFFECTIVE\n10.0.1.1     100  active    unhealthy          0\nfd00::2        0  draining  -                  -\n"
     );
     assert_eq!(
         rendered(&["stats"], Reply::Stats(sample_stats())),
@@ -168,7 +174,13 @@ fn json_output_has_the_documented_fields() {
     );
     let list = BackendList {
         vip: vip("10.0.0.1:80/tcp"),
-        backends: vec![BackendEntry { address: ip("10.0.1.1"), weight: 0, state: BackendState::Draining }],
+        backends: vec![BackendEntry {
+            address: ip("10.0.1.1"),
+            weight: 0,
+            state: BackendState::Draining,
+            health: None,
+            effective_weight: None,
+        }],
     };
     let out = rendered(&["backends", "list", "--vip", "10.0.0.1:80/tcp", "-o", "json"], Reply::Backends(list));
     assert_eq!(

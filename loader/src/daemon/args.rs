@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use spillway_common::limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S};
 
 use super::outer_src::{OuterSrc4, OuterSrc6};
-use crate::{api::DEFAULT_SOCKET, pins::DEFAULT_PIN_DIR};
+use crate::{api::DEFAULT_SOCKET, health::HealthConfig, pins::DEFAULT_PIN_DIR};
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/spillway";
 
@@ -85,6 +85,12 @@ pub struct DaemonArgs {
     /// Another interface the balancer may redirect encapsulated packets to (repeatable).
     #[arg(long = "tx-iface", value_name = "IF")]
     pub tx_ifaces: Vec<String>,
+    /// Do not probe backends: program the configured weights as they are.
+    #[arg(long)]
+    pub no_health_checks: bool,
+    /// Length of the slow-start ramp of a new or recovered backend, in ms (0: none).
+    #[arg(long, value_name = "MS", default_value_t = HealthConfig::default().slow_start_ms)]
+    pub health_slow_start_ms: u64,
 }
 
 #[derive(Debug, Args)]

@@ -2,7 +2,12 @@
 //! maps. A mutation is tried on a copy of the state, reconciled into the maps, persisted, and
 //! only then becomes the current state; any failure rolls the maps back and changes nothing.
 
-use std::{cmp::Reverse, collections::BTreeSet, net::IpAddr};
+use std::{
+    cmp::Reverse,
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+    time::Instant,
+};
 
 use log::{error, info};
 use spillway_common::{
@@ -19,6 +24,7 @@ use crate::{
         VipEntry, VipLimits, VipList, VipStats,
     },
     dataplane::{BalancerMaps, DataplaneError},
+    health::{HealthConfig, HealthError, HealthTracker, ProbeKey, ProbeOutcome},
     model::{Cidr, DEFAULT_WEIGHT, DesiredState, LimitConfig, ModelError, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip},
     reconcile::{ApplyReport, Maps, ReconcileError, Reconciler},
     store::{Store, StoreError},
@@ -73,13 +79,15 @@ pub enum CoreError {
     Persist(#[source] StoreError),
     #[error("reading counters")]
     Counters(#[source] DataplaneError),
+    #[error("health checks")]
+    Health(#[source] HealthError),
 }
 
 impl CoreError {
     pub fn to_api(&self) -> ApiError {
         let kind = match self {
             Self::Model(_) | Self::WeightOutOfRange { .. } | Self::BadRule { .. } | Self::BadTopLimit => ErrorKind::Invalid,
-            Self::Apply(_) | Self::Persist(_) | Self::Counters(_) => ErrorKind::Internal,
+            Self::Apply(_) | Self::Persist(_) | Self::Counters(_) | Self::Health(_) => ErrorKind::Internal,
         };
         ApiError { kind, message: error_chain(self) }
     }
@@ -102,6 +110,83 @@ pub struct Core<M, S> {
     reconciler: Reconciler,
     maps: M,
     store: S,
+    /// `None` with `--no-health-checks`: the configured weights are programmed as they are.
+    health: Option<Health>,
+}
+
+/// One backend of one VIP to probe, with the VIP's settings.
+#[derive(Clone, Debug)]
+pub struct ProbeTarget {
+    pub key: ProbeKey,
+    pub addr: SocketAddr,
+    pub config: HealthConfig,
+}
+
+/// What one probe found.
+#[derive(Clone, Debug)]
+pub struct ProbeResult {
+    pub key: ProbeKey,
+    pub outcome: ProbeOutcome,
+}
+
+/// The health policy of every probed VIP and what the maps were last given.
+struct Health {
+    config: HealthConfig,
+    /// One per probed VIP (see `probes::probe_port`), in step with the desired state.
+    trackers: BTreeMap<Vip, HealthTracker>,
+    /// `now_ms` counts from here (monotonic).
+    epoch: Instant,
+    /// The desired state with effective weights, as last applied to the maps.
+    programmed: DesiredState,
+    last_programmed_ms: u64,
+}
+
+impl Health {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Makes the trackers follow `state`: a tracker per probed VIP, its backends and weights.
+    fn sync(&mut self, state: &DesiredState, now_ms: u64) -> Result<(), HealthError> {
+        self.trackers.retain(|vip, _| state.vips.contains_key(vip) && super::probes::probe_port(vip).is_some());
+        for (vip, config) in &state.vips {
+            if super::probes::probe_port(vip).is_none() {
+                continue;
+            }
+            if !self.trackers.contains_key(vip) {
+                self.trackers.insert(*vip, HealthTracker::new(*vip, self.config.clone())?);
+            }
+            if let Some(tracker) = self.trackers.get_mut(vip) {
+                tracker.sync_config(config, now_ms);
+            }
+        }
+        self.log_events();
+        Ok(())
+    }
+
+    /// `state` with every probed backend's weight replaced by its effective weight. The
+    /// operator's state (persisted) is never changed; only this copy reaches the maps.
+    fn effective(&self, state: &DesiredState, now_ms: u64) -> DesiredState {
+        let mut effective = state.clone();
+        for (vip, config) in &mut effective.vips {
+            let Some(tracker) = self.trackers.get(vip) else { continue };
+            let weights = tracker.effective_weights(now_ms);
+            for (addr, backend) in &mut config.backends {
+                if let Some(weight) = weights.get(addr) {
+                    backend.weight = *weight;
+                }
+            }
+        }
+        effective
+    }
+
+    fn log_events(&mut self) {
+        for tracker in self.trackers.values_mut() {
+            for event in tracker.take_events() {
+                info!("{event}");
+            }
+        }
+    }
 }
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
@@ -109,7 +194,92 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     pub fn start(mut maps: M, store: S, state: DesiredState) -> Result<(Self, ApplyReport), ReconcileError> {
         let mut reconciler = Reconciler::adopt(&maps)?;
         let report = reconciler.apply(&mut maps, &state)?;
-        Ok((Self { state, reconciler, maps, store }, report))
+        Ok((Self { state, reconciler, maps, store, health: None }, report))
+    }
+
+    /// Turns health checks on: from now on the maps carry effective (health-adjusted)
+    /// weights, and [`Self::health_round`] must be called regularly.
+    pub fn enable_health(&mut self, config: HealthConfig) -> Result<ApplyReport, CoreError> {
+        let mut health =
+            Health { config, trackers: BTreeMap::new(), epoch: Instant::now(), programmed: self.state.clone(), last_programmed_ms: 0 };
+        health.config.validate().map_err(|e| CoreError::Health(e.into()))?;
+        health.sync(&self.state, 0).map_err(CoreError::Health)?;
+        let effective = health.effective(&self.state, 0);
+        let report = self.reconciler.apply(&mut self.maps, &effective);
+        self.health = Some(health);
+        match report {
+            Ok(report) => {
+                if let Some(h) = &mut self.health {
+                    h.programmed = effective;
+                }
+                Ok(report)
+            }
+            Err(e) => {
+                self.roll_back();
+                Err(CoreError::Apply(e))
+            }
+        }
+    }
+
+    /// Feeds probe outcomes, runs time-driven transitions, logs health events and, at most
+    /// once per probe interval and only when they changed, programs the effective weights.
+    /// Returns what to probe now and the health clock.
+    pub fn health_round(&mut self, results: Vec<ProbeResult>) -> Result<(Vec<ProbeTarget>, u64), CoreError> {
+        let Some(health) = &mut self.health else { return Ok((Vec::new(), 0)) };
+        let now_ms = health.now_ms();
+        for ProbeResult { key, outcome } in results {
+            if let Some(tracker) = health.trackers.get_mut(&key.vip) {
+                // A backend removed while its probe was in flight: nothing to record.
+                let _ = tracker.observe(key.backend, &outcome, now_ms);
+            }
+        }
+        for tracker in health.trackers.values_mut() {
+            // No drain deadlines are set yet, so no removals are asked for.
+            let _ = tracker.tick(now_ms);
+        }
+        health.log_events();
+        let targets = health
+            .trackers
+            .iter()
+            .filter_map(|(vip, tracker)| Some((vip, tracker, super::probes::probe_port(vip)?)))
+            .flat_map(|(vip, tracker, port)| {
+                let config = tracker.config().clone();
+                tracker.backends(now_ms).into_iter().map(move |b| ProbeTarget {
+                    key: ProbeKey { vip: *vip, backend: b.backend },
+                    addr: SocketAddr::new(b.backend, port),
+                    config: config.clone(),
+                })
+            })
+            .collect();
+        if now_ms.saturating_sub(health.last_programmed_ms) < health.config.interval_ms {
+            return Ok((targets, now_ms));
+        }
+        let effective = health.effective(&self.state, now_ms);
+        if effective == health.programmed {
+            return Ok((targets, now_ms));
+        }
+        match self.reconciler.apply(&mut self.maps, &effective) {
+            Ok(report) => {
+                let changed = changed_weights(&health.programmed, &effective);
+                info!(
+                    "event=health_weights_programmed changed=[{changed}] slots_written={} tables_flipped={}",
+                    report.slots_written, report.tables_flipped
+                );
+                health.programmed = effective;
+                health.last_programmed_ms = now_ms;
+                Ok((targets, now_ms))
+            }
+            Err(e) => {
+                health.last_programmed_ms = now_ms;
+                self.roll_back();
+                Err(CoreError::Apply(e))
+            }
+        }
+    }
+
+    /// What the maps should carry for `state`: itself, or its effective weights.
+    fn programmed(&self) -> &DesiredState {
+        self.health.as_ref().map_or(&self.state, |h| &h.programmed)
     }
 
     pub fn state(&self) -> &DesiredState {
@@ -203,18 +373,32 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             info!("{what} changed=false");
             return Ok(Reply::Done { slots_written: 0, tables_flipped: 0 });
         }
-        let report = match self.reconciler.apply(&mut self.maps, &next) {
+        // With health checks, the trackers follow `next` and the maps get its effective weights.
+        let target = match &mut self.health {
+            Some(health) => {
+                let now_ms = health.now_ms();
+                health.sync(&next, now_ms).map_err(CoreError::Health)?;
+                health.effective(&next, now_ms)
+            }
+            None => next.clone(),
+        };
+        let report = match self.reconciler.apply(&mut self.maps, &target) {
             Ok(report) => report,
             Err(e) => {
+                self.resync_health();
                 self.roll_back();
                 return Err(CoreError::Apply(e));
             }
         };
         if let Err(e) = self.store.save(&next) {
+            self.resync_health();
             self.roll_back();
             return Err(CoreError::Persist(e));
         }
         self.state = next;
+        if let Some(health) = &mut self.health {
+            health.programmed = target;
+        }
         info!(
             "{what} slots_written={} tables_flipped={} limits_written={} rules_written={}",
             report.slots_written, report.tables_flipped, report.limits_written, report.rules_written
@@ -225,13 +409,24 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// Puts the maps back to the current state. The reconciler's view may be stale after a
     /// failed apply, so it is rebuilt from the maps first.
     fn roll_back(&mut self) {
+        let programmed = self.programmed().clone();
         let result = Reconciler::adopt(&self.maps).and_then(|mut r| {
-            r.apply(&mut self.maps, &self.state)?;
+            r.apply(&mut self.maps, &programmed)?;
             Ok(r)
         });
         match result {
             Ok(reconciler) => self.reconciler = reconciler,
             Err(e) => error!("rolling back the maps failed; restart lbd to resync: {}", error_chain(&e)),
+        }
+    }
+
+    /// After a failed change: the trackers follow the current state again.
+    fn resync_health(&mut self) {
+        if let Some(health) = &mut self.health {
+            let now_ms = health.now_ms();
+            if let Err(e) = health.sync(&self.state, now_ms) {
+                error!("health: resyncing after a failed change: {}", error_chain(&e));
+            }
         }
     }
 
@@ -250,7 +445,20 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let backends = config
             .backends
             .iter()
-            .map(|(address, b)| BackendEntry { address: *address, weight: b.weight, state: BackendState::of_weight(b.weight) })
+            .map(|(address, b)| {
+                let health = self.health.as_ref().and_then(|h| h.trackers.get(vip)).and_then(|t| {
+                    let now_ms = self.health.as_ref().map_or(0, Health::now_ms);
+                    t.backends(now_ms).into_iter().find(|e| e.backend == *address)
+                });
+                let effective_weight = self.programmed().vips.get(vip).and_then(|c| c.backends.get(address)).map_or(b.weight, |p| p.weight);
+                BackendEntry {
+                    address: *address,
+                    weight: b.weight,
+                    state: BackendState::of_weight(b.weight),
+                    health: health.map(|h| h.state.as_str().to_owned()),
+                    effective_weight: Some(effective_weight),
+                }
+            })
             .collect();
         Ok(BackendList { vip: *vip, backends })
     }
@@ -376,6 +584,20 @@ fn rule_config(
         return Err(bad("only a limit takes a burst"));
     }
     Ok(RuleConfig { action, observe })
+}
+
+/// `addr:old->new` for every backend whose programmed weight changed, for the log.
+fn changed_weights(old: &DesiredState, new: &DesiredState) -> String {
+    let mut changed = Vec::new();
+    for (vip, config) in &new.vips {
+        for (addr, b) in &config.backends {
+            let before = old.vips.get(vip).and_then(|c| c.backends.get(addr)).map(|o| o.weight);
+            if before != Some(b.weight) {
+                changed.push(format!("{vip}/{addr}:{}->{}", before.map_or("-".to_owned(), |w| w.to_string()), b.weight));
+            }
+        }
+    }
+    changed.join(",")
 }
 
 fn check_weight(weight: u32) -> Result<u32, CoreError> {

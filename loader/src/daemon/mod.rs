@@ -5,6 +5,7 @@
 pub mod args;
 pub mod core;
 pub mod outer_src;
+pub mod probes;
 pub mod server;
 
 use std::{
@@ -24,12 +25,13 @@ use tokio::{
 
 use self::{
     args::DaemonArgs,
-    core::{Core, Counters, error_chain},
+    core::{Core, CoreError, Counters, error_chain},
     outer_src::{OuterSrc4, OuterSrc6},
     server::{ServerError, SharedCore},
 };
 use crate::{
     dataplane::{Balancer, DataplaneError, LoadOptions},
+    health::HealthConfig,
     neighbours,
     netif::{self, NetifError},
     pins::{self, Attachment, PinError, PinLayout},
@@ -58,6 +60,8 @@ pub enum DaemonError {
     Restore(#[source] ReconcileError),
     #[error(transparent)]
     Server(#[from] ServerError),
+    #[error("turning health checks on")]
+    Health(#[source] CoreError),
     #[error("installing signal handlers")]
     Signals(#[source] io::Error),
 }
@@ -110,16 +114,32 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
         report.limits_written,
         report.rules_written
     );
+    let mut core = core;
+    if args.no_health_checks {
+        info!("health checks off (--no-health-checks): configured weights are programmed as they are");
+    } else {
+        let health = HealthConfig { slow_start_ms: args.health_slow_start_ms, ..HealthConfig::default() };
+        let report = core.enable_health(health).map_err(DaemonError::Health)?;
+        info!(
+            "health checks on (TCP connect; UDP and any-port VIPs are not probed) slots_written={} tables_flipped={}",
+            report.slots_written, report.tables_flipped
+        );
+    }
+    let health_checks = !args.no_health_checks;
     let core = Arc::new(Mutex::new(core));
     info!("ready api={}", args.api.display());
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
+    let prober = health_checks.then(|| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed())));
     server::serve(listener, core, answered, async {
         let name = signals.recv().await;
         info!("received {name}; exiting");
     })
     .await;
     upkeep.abort();
+    if let Some(prober) = prober {
+        prober.abort();
+    }
     info!("exited; forwarding continues through link={}", link.display());
     Ok(())
 }
