@@ -15,7 +15,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use aya::{
     Ebpf,
-    programs::{TestRun, TestRunOptions, Xdp, XdpMode},
+    programs::{Xdp, XdpMode},
 };
 use clap::{Args, ValueEnum};
 use nix::{
@@ -23,7 +23,10 @@ use nix::{
     unistd::Pid,
 };
 use spillway::{
-    dataplane::{self, Balancer, LoadOptions, test_run::HEADROOM_BYTES},
+    dataplane::{
+        self, Balancer, LoadOptions,
+        test_run::{self, HEADROOM_BYTES},
+    },
     model::{DEFAULT_WEIGHT, DesiredState, LimitConfig, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip},
     objects,
     reconcile::Reconciler,
@@ -234,21 +237,11 @@ fn pin_to_one_cpu() -> Result<usize> {
 }
 
 /// One BPF_PROG_TEST_RUN (repeat = 1) of `program` on `frame` arriving on
-/// `ingress_ifindex`, with the context `test_run::run_into` builds. Returns the action, the
-/// output length and the run time the kernel measured (what the reference figures use).
-pub fn run_timed(program: &Xdp, frame: &[u8], ingress_ifindex: u32, out: &mut [u8]) -> Result<(u32, usize, u64)> {
-    // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
-    let md: [u32; 6] = [0, frame.len() as u32, 0, ingress_ifindex, 0, 0];
-    let mut ctx = [0u8; 24];
-    for (bytes, word) in ctx.as_chunks_mut::<4>().0.iter_mut().zip(md) {
-        bytes.copy_from_slice(&word.to_ne_bytes());
-    }
-    let mut opts = TestRunOptions::new();
-    opts.data_in = Some(frame);
-    opts.data_out = Some(out);
-    opts.ctx_in = Some(&ctx);
-    let result = program.test_run(opts).context("BPF_PROG_TEST_RUN")?;
-    Ok((result.return_value, result.data_size_out as usize, result.duration.as_nanos() as u64))
+/// `ingress_ifindex`. Returns the action, the output length and the run time the kernel
+/// measured (what the reference figures use).
+fn run_timed(program: &Xdp, frame: &[u8], ingress_ifindex: u32, out: &mut [u8]) -> Result<(u32, usize, u64)> {
+    let run = test_run::run_into(program, frame, ingress_ifindex, out).context("BPF_PROG_TEST_RUN")?;
+    Ok((run.action, run.len, run.duration_ns))
 }
 
 /// Rewrites an untagged IPv4 SYN's source to the `n`-th new-flow source: the low 15 bits of

@@ -20,15 +20,24 @@ pub struct RunOutcome {
 /// or the kernel has no receive queue to run against.
 pub fn run(program: &Xdp, frame: &[u8], ingress_ifindex: u32) -> Result<RunOutcome, DataplaneError> {
     let mut out = vec![0u8; frame.len() + HEADROOM_BYTES];
-    let (action, len) = run_into(program, frame, ingress_ifindex, &mut out)?;
-    out.truncate(len);
-    Ok(RunOutcome { action, frame: out })
+    let run = run_into(program, frame, ingress_ifindex, &mut out)?;
+    out.truncate(run.len);
+    Ok(RunOutcome { action: run.action, frame: out })
+}
+
+/// One run into a caller's buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct RunInto {
+    pub action: u32,
+    /// Bytes of the output frame written to the buffer.
+    pub len: usize,
+    /// The run time the kernel measured (what benchmarks report).
+    pub duration_ns: u64,
 }
 
 /// Like [`run`], writing the output frame into `out` (at least `frame.len() +
-/// HEADROOM_BYTES` long); returns the action and the output length. Allocation-free, for
-/// benchmark loops.
-pub fn run_into(program: &Xdp, frame: &[u8], ingress_ifindex: u32, out: &mut [u8]) -> Result<(u32, usize), DataplaneError> {
+/// HEADROOM_BYTES` long). Allocation-free, for benchmark loops.
+pub fn run_into(program: &Xdp, frame: &[u8], ingress_ifindex: u32, out: &mut [u8]) -> Result<RunInto, DataplaneError> {
     // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
     // egress_ifindex. The kernel wants data = 0 and data_end = the frame length.
     let md: [u32; 6] = [0, frame.len() as u32, 0, ingress_ifindex, 0, 0];
@@ -38,5 +47,5 @@ pub fn run_into(program: &Xdp, frame: &[u8], ingress_ifindex: u32, out: &mut [u8
     opts.data_out = Some(out);
     opts.ctx_in = Some(ctx);
     let result = program.test_run(opts).map_err(|source| DataplaneError::Program { name: "test_run", source })?;
-    Ok((result.return_value, result.data_size_out as usize))
+    Ok(RunInto { action: result.return_value, len: result.data_size_out as usize, duration_ns: result.duration.as_nanos() as u64 })
 }
