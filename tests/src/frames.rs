@@ -4,6 +4,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use anyhow::{Result, ensure};
 use etherparse::{IpHeaders, PacketBuilder, PacketBuilderStep};
 
 /// MAC of the client (or upstream router) that sends frames to the balancer.
@@ -195,4 +196,54 @@ pub fn ipv4_checksum(header: &[u8]) -> u16 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     !(sum as u16)
+}
+
+/// Checks a frame the balancer encapsulated: Ethernet to `dst_mac` (when given), a
+/// well-formed outer IPv4 (IPIP, DF, TTL 64, valid checksum) or IPv6 header to `backend`,
+/// and the inner packet byte-identical to the IP packet of `input` (after `l2_len` bytes).
+/// Returns the outer source.
+pub fn check_encap(out: &[u8], input: &[u8], l2_len: usize, backend: IpAddr, dst_mac: Option<[u8; 6]>) -> Result<IpAddr> {
+    let inner = &input[l2_len..];
+    let inner_len = inner_ip_len(inner);
+    let inner_proto = if inner[0] >> 4 == 4 { 4 } else { 41 };
+    if let Some(mac) = dst_mac {
+        ensure!(out[0..6] == mac, "destination MAC {:02x?}, expected {mac:02x?}", &out[0..6]);
+    }
+    let outer_len = if backend.is_ipv4() { 20 } else { 40 };
+    ensure!(out.len() >= ETH_LEN + outer_len + inner_len, "output of {} bytes is too short", out.len());
+    let h = &out[ETH_LEN..ETH_LEN + outer_len];
+    let src = match backend {
+        IpAddr::V4(b) => {
+            ensure!(out[12..14] == [0x08, 0x00], "ethertype {:02x?}", &out[12..14]);
+            ensure!(h[0] == 0x45, "version/IHL {:#x}", h[0]);
+            ensure!(u16::from_be_bytes([h[2], h[3]]) as usize == 20 + inner_len, "outer total length");
+            ensure!(h[6] & 0x40 == 0x40, "DF not set");
+            ensure!(h[8] == 64, "TTL {}", h[8]);
+            ensure!(h[9] == inner_proto, "outer protocol {}", h[9]);
+            ensure!(ipv4_checksum(h) == 0, "outer IPv4 checksum");
+            ensure!(h[16..20] == b.octets(), "outer destination {:?}, expected {b}", &h[16..20]);
+            IpAddr::from([h[12], h[13], h[14], h[15]])
+        }
+        IpAddr::V6(b) => {
+            ensure!(out[12..14] == [0x86, 0xdd], "ethertype {:02x?}", &out[12..14]);
+            ensure!(h[0] >> 4 == 6, "version {}", h[0] >> 4);
+            ensure!(u16::from_be_bytes([h[4], h[5]]) as usize == inner_len, "payload length");
+            ensure!(h[6] == inner_proto, "next header {}", h[6]);
+            ensure!(h[7] == 64, "hop limit {}", h[7]);
+            ensure!(h[24..40] == b.octets(), "outer destination {:?}, expected {b}", &h[24..40]);
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&h[8..24]);
+            IpAddr::from(a)
+        }
+    };
+    ensure!(out[ETH_LEN + outer_len..ETH_LEN + outer_len + inner_len] == inner[..inner_len], "inner packet changed");
+    Ok(src)
+}
+
+fn inner_ip_len(packet: &[u8]) -> usize {
+    if packet[0] >> 4 == 4 {
+        u16::from_be_bytes([packet[2], packet[3]]) as usize
+    } else {
+        40 + u16::from_be_bytes([packet[4], packet[5]]) as usize
+    }
 }

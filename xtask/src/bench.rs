@@ -35,7 +35,7 @@ use spillway_common::{
     addr::{from_words, to_words},
     hash::{FLOW_SEED, flow_hash},
     limits::{DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, FLOW_TABLE_ENTRIES, program_names},
-    types::{Bucket, FAMILY_V4, FlowKey, LbConfig, PROTO_IPIP, Reason, RuleState, VipKey, VipMeta},
+    types::{Bucket, FAMILY_V4, FlowKey, LbConfig, Reason, RuleState, VipKey, VipMeta},
 };
 use spillway_harness::{
     frames::{self, ETH_LEN},
@@ -505,19 +505,11 @@ impl Bench {
 
     /// `out` is `input` in IPIP to `backend`, addressed to its neighbour in the lab.
     fn check_ipip(&self, input: &[u8], out: &[u8], backend: Ipv4Addr) -> Result<()> {
-        let inner = &input[ETH_LEN..];
         ensure!(out.len() == input.len() + IPV4_HEADER_LEN, "output of {} bytes for a {}-byte frame", out.len(), input.len());
         let mac = packet_lab::neighbour_mac(backend.into()).with_context(|| format!("{backend} has no neighbour in the lab"))?;
-        ensure!(out[..6] == mac, "destination MAC {:02x?}, expected {mac:02x?}", &out[..6]);
         ensure!(out[6..12] == self.ingress_mac, "source MAC {:02x?} is not the ingress interface's", &out[6..12]);
-        ensure!(out[12..14] == [0x08, 0x00], "ethertype {:02x?}", &out[12..14]);
-        let outer = &out[ETH_LEN..ETH_LEN + IPV4_HEADER_LEN];
-        ensure!(outer[0] == 0x45 && outer[9] == PROTO_IPIP, "not an IPIP header: {outer:02x?}");
-        ensure!(usize::from(u16::from_be_bytes([outer[2], outer[3]])) == IPV4_HEADER_LEN + inner.len(), "outer total length");
-        ensure!(frames::ipv4_checksum(outer) == 0, "outer IPv4 checksum");
-        ensure!(outer[12..16] == packet_lab::LOCAL4.octets(), "outer source {:?}", &outer[12..16]);
-        ensure!(outer[16..20] == backend.octets(), "outer destination {:?}, expected {backend}", &outer[16..20]);
-        ensure!(out[ETH_LEN + IPV4_HEADER_LEN..] == *inner, "inner packet changed");
+        let src = frames::check_encap(out, input, ETH_LEN, backend.into(), Some(mac))?;
+        ensure!(src == IpAddr::V4(packet_lab::LOCAL4), "outer source {src}");
         Ok(())
     }
 

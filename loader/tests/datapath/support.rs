@@ -151,50 +151,9 @@ pub fn flow_key(src: SocketAddr, dst: SocketAddr, proto: u8) -> FlowKey {
     FlowKey { src: s, dst: to_words(dst.ip()).0, sport: src.port().to_be(), dport: dst.port().to_be(), proto, family, _pad: [0; 2] }
 }
 
-/// CHECK for an encapsulated frame: Ethernet to the neighbour's MAC (when `dst_mac` is
-/// given), a well-formed outer header to `backend`, and the inner packet byte-identical to
-/// the IP packet of `input` (which starts after `l2_len` bytes). Returns the outer source.
+/// CHECK for an encapsulated frame (see [`frames::check_encap`]); returns the outer source.
 pub fn expect_encap(out: &[u8], input: &[u8], l2_len: usize, backend: IpAddr, dst_mac: Option<[u8; 6]>) -> IpAddr {
-    let inner = &input[l2_len..];
-    let inner_len = inner_ip_len(inner);
-    let inner_proto = if inner[0] >> 4 == 4 { 4 } else { 41 };
-    if let Some(mac) = dst_mac {
-        assert_eq!(out[0..6], mac, "destination MAC");
-    }
-    let (outer_len, src) = match backend {
-        IpAddr::V4(b) => {
-            assert_eq!(out[12..14], [0x08, 0x00], "ethertype");
-            let h = &out[14..34];
-            assert_eq!(h[0], 0x45, "version/IHL");
-            assert_eq!(u16::from_be_bytes([h[2], h[3]]) as usize, 20 + inner_len, "outer total length");
-            assert_eq!(h[6] & 0x40, 0x40, "DF");
-            assert_eq!(h[8], 64, "TTL");
-            assert_eq!(h[9], inner_proto, "outer protocol");
-            assert_eq!(frames::ipv4_checksum(h), 0, "outer IPv4 checksum");
-            assert_eq!(h[16..20], b.octets(), "outer destination");
-            (20, IpAddr::from(<[u8; 4]>::try_from(&h[12..16]).unwrap()))
-        }
-        IpAddr::V6(b) => {
-            assert_eq!(out[12..14], [0x86, 0xdd], "ethertype");
-            let h = &out[14..54];
-            assert_eq!(h[0] >> 4, 6, "version");
-            assert_eq!(u16::from_be_bytes([h[4], h[5]]) as usize, inner_len, "payload length");
-            assert_eq!(h[6], inner_proto, "next header");
-            assert_eq!(h[7], 64, "hop limit");
-            assert_eq!(h[24..40], b.octets(), "outer destination");
-            (40, IpAddr::from(<[u8; 16]>::try_from(&h[8..24]).unwrap()))
-        }
-    };
-    assert_eq!(&out[14 + outer_len..14 + outer_len + inner_len], &inner[..inner_len], "inner packet changed");
-    src
-}
-
-fn inner_ip_len(packet: &[u8]) -> usize {
-    if packet[0] >> 4 == 4 {
-        u16::from_be_bytes([packet[2], packet[3]]) as usize
-    } else {
-        40 + u16::from_be_bytes([packet[4], packet[5]]) as usize
-    }
+    frames::check_encap(out, input, l2_len, backend, dst_mac).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A small deterministic PRNG (xorshift64*), so failures reproduce from the seed.
