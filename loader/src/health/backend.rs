@@ -81,6 +81,8 @@ pub enum Reason {
     OperatorDrain,
     /// The operator gave it a weight again.
     OperatorUndrain,
+    /// Carried over from the previous `lbd` across a restart.
+    Restored,
 }
 
 impl fmt::Display for Reason {
@@ -98,7 +100,37 @@ impl fmt::Display for Reason {
             Reason::LatencyRecovered => f.write_str("latency_recovered"),
             Reason::OperatorDrain => f.write_str("operator_drain"),
             Reason::OperatorUndrain => f.write_str("operator_undrain"),
+            Reason::Restored => f.write_str("restored"),
         }
+    }
+}
+
+/// Port pressure on the backend host, from its agent. Not health: it never changes the
+/// state, only the weight (see the tracker's plan), and never counts towards panic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pressure {
+    #[default]
+    None,
+    /// Ephemeral ports at or above the critical threshold: weight reduced.
+    Critical,
+    /// Connects failing for want of ports: no new flows, within the ejection cap.
+    Exhausted,
+}
+
+impl Pressure {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Pressure::None => "none",
+            Pressure::Critical => "critical",
+            Pressure::Exhausted => "exhausted",
+        }
+    }
+}
+
+impl fmt::Display for Pressure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -135,11 +167,20 @@ impl Health {
     }
 }
 
+/// A backend's health as a previous `lbd` left it (persisted across restarts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restored {
+    /// Healthy or slow: serving at full weight again (slowness is re-measured).
+    Serving,
+    /// In slow start for `elapsed_ms` already: the ramp continues from there.
+    SlowStart { elapsed_ms: u64 },
+    /// Unhealthy or held down: out until its probes pass `rise` times.
+    Failed { flaps: u32 },
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Drain {
     pub since_ms: u64,
-    /// After this, the tracker asks for the backend's removal.
-    pub until_ms: Option<u64>,
 }
 
 /// Smoothing of latency samples: `ewma = (3 × ewma + sample) / 4`, about the last 4 probes.
@@ -164,6 +205,11 @@ pub(super) struct Backend {
     pub last_recovered_ms: Option<u64>,
     /// When it last went from serving to failed (Unhealthy or HeldDown); orders ejections.
     pub failed_since_ms: Option<u64>,
+    /// Slow start already done before a restart: the ramp resumes this far in.
+    pub slow_start_credit_ms: u64,
+    pub pressure: Pressure,
+    /// When `pressure` last changed; orders pressure ejections after health ones.
+    pub pressure_since_ms: u64,
 }
 
 impl Backend {
@@ -183,9 +229,12 @@ impl Backend {
             flaps: 0,
             last_recovered_ms: None,
             failed_since_ms: None,
+            slow_start_credit_ms: 0,
+            pressure: Pressure::None,
+            pressure_since_ms: now_ms,
         };
         if configured_weight == 0 {
-            backend.drain = Some(Drain { since_ms: now_ms, until_ms: None });
+            backend.drain = Some(Drain { since_ms: now_ms });
             backend.reason = Reason::OperatorDrain;
         }
         backend
@@ -214,6 +263,11 @@ impl Backend {
         self.health = health;
         self.reason = reason;
         self.since_ms = now_ms;
+        self.slow_start_credit_ms = 0;
+    }
+
+    fn slow_start_elapsed_ms(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.since_ms).saturating_add(self.slow_start_credit_ms)
     }
 
     /// Applies one probe outcome (no slow verdict: that needs the peers, see `judge_latency`).
@@ -290,7 +344,7 @@ impl Backend {
     /// Time-driven transitions: the end of slow start, the end of a hold-down.
     pub fn advance(&mut self, config: &HealthConfig, now_ms: u64) {
         match self.health {
-            Health::SlowStart if now_ms.saturating_sub(self.since_ms) >= config.slow_start_ms => {
+            Health::SlowStart if self.slow_start_elapsed_ms(now_ms) >= config.slow_start_ms => {
                 self.set(Health::Healthy, Reason::SlowStartComplete, now_ms);
             }
             Health::HeldDown { until_ms } if now_ms >= until_ms && self.failures == 0 => self.recover(Reason::HoldDownExpired, now_ms),
@@ -332,10 +386,33 @@ impl Backend {
         let own = match self.health {
             Health::Healthy => weight,
             Health::Slow { scale_permille } => (weight * scale_permille / 1000).max(1),
-            Health::SlowStart => slow_start_weight(weight, now_ms.saturating_sub(self.since_ms), config),
+            Health::SlowStart => slow_start_weight(weight, self.slow_start_elapsed_ms(now_ms), config),
             Health::Unhealthy | Health::HeldDown { .. } => 0,
         };
         own.min(weight) as u32
+    }
+
+    pub fn restore(&mut self, restored: Restored, now_ms: u64) {
+        match restored {
+            Restored::Serving => self.set(Health::Healthy, Reason::Restored, now_ms),
+            Restored::SlowStart { elapsed_ms } => {
+                self.set(Health::SlowStart, Reason::Restored, now_ms);
+                self.slow_start_credit_ms = elapsed_ms;
+            }
+            Restored::Failed { flaps } => {
+                self.flaps = flaps;
+                self.set(Health::Unhealthy, Reason::Restored, now_ms);
+            }
+        }
+    }
+
+    /// What to persist so that [`Self::restore`] can bring this state back.
+    pub fn to_restored(&self, now_ms: u64) -> Restored {
+        match self.health {
+            Health::Healthy | Health::Slow { .. } => Restored::Serving,
+            Health::SlowStart => Restored::SlowStart { elapsed_ms: self.slow_start_elapsed_ms(now_ms) },
+            Health::Unhealthy | Health::HeldDown { .. } => Restored::Failed { flaps: self.flaps },
+        }
     }
 
     /// Operator weight from the desired state: 0 drains, a weight after a drain restarts
@@ -343,7 +420,7 @@ impl Backend {
     pub fn set_configured_weight(&mut self, weight: u32, now_ms: u64) {
         self.configured_weight = weight;
         match (weight, self.drain) {
-            (0, None) => self.drain = Some(Drain { since_ms: now_ms, until_ms: None }),
+            (0, None) => self.drain = Some(Drain { since_ms: now_ms }),
             (1.., Some(_)) => {
                 self.drain = None;
                 if self.health.is_serving() {

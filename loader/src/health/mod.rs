@@ -73,7 +73,7 @@
 //! 3. In fail-open panic every non-draining backend carries weight.
 //! 4. Slow start is non-decreasing and reaches the configured weight exactly at its end.
 //! 5. Each flap in a row holds a backend down longer (until the cap).
-//! 6. Draining backends get 0; after `drain_until_ms`, `tick` asks for `RemoveBackend`.
+//! 6. Draining backends get 0 (their drain deadlines are the daemon's: wall-clock, persisted).
 //!
 //! Also: no effective weight exceeds the configured one, and a serving backend never gets 0.
 //!
@@ -91,6 +91,7 @@
 
 mod backend;
 mod config;
+mod placement;
 mod schedule;
 mod tracker;
 
@@ -99,7 +100,8 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
-pub use backend::{ProbeOutcome, Reason, State, slow_start_weight};
+pub use backend::{Pressure, ProbeOutcome, Reason, Restored, State, slow_start_weight};
 pub use config::{HealthConfig, HealthConfigError, MAX_DURATION_MS, MAX_JITTER, MAX_RISE_FALL};
+pub use placement::{Candidate, Placement, place};
 pub use schedule::{ProbeKey, next_probe_at};
-pub use tracker::{Action, BackendHealth, HealthError, HealthEvent, HealthTracker, MAX_QUEUED_EVENTS, StateChange, VipHealth};
+pub use tracker::{BackendHealth, HealthError, HealthEvent, HealthTracker, MAX_QUEUED_EVENTS, StateChange, VipHealth};

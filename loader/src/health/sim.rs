@@ -145,7 +145,7 @@ impl Sim {
             self.backends.get_mut(&a).unwrap().1 = condition(rng);
         }
         if rng.chance(5) && !addrs.is_empty() {
-            // Drain, sometimes with a deadline; or undrain.
+            // Drain or undrain.
             let a = addrs[rng.below(addrs.len() as u64) as usize];
             let entry = self.backends.get_mut(&a).unwrap();
             if entry.0 == 0 {
@@ -154,10 +154,6 @@ impl Sim {
             } else {
                 entry.0 = 0;
                 self.sync();
-                if self.rng.chance(500) {
-                    let until = self.now_ms + self.rng.below(20_000);
-                    self.tracker.set_drain_deadline(a, until).unwrap();
-                }
             }
         }
         if self.rng.chance(5) && self.backends.len() < 16 {
@@ -187,18 +183,7 @@ impl Sim {
                 assert_eq!(strip(&before.1), strip(&after.1), "Unknown changed a state");
             }
         }
-        let actions = self.tracker.tick(self.now_ms);
-        for Action::RemoveBackend { backend, .. } in &actions {
-            let view = self.tracker.backends(self.now_ms);
-            let b = view.iter().find(|b| b.backend == *backend).unwrap();
-            // Invariant 6: only draining backends past their deadline are removed.
-            assert!(b.state == State::Draining && b.drain_until_ms.is_some_and(|u| u <= self.now_ms));
-            self.backends.remove(backend);
-            self.memory.remove(backend);
-        }
-        if !actions.is_empty() {
-            self.sync();
-        }
+        self.tracker.tick(self.now_ms);
         self.check();
         for e in self.tracker.take_events() {
             if let HealthEvent::Backend(StateChange { from, to, .. }) = &e {

@@ -265,22 +265,14 @@ fn each_flap_in_a_row_holds_the_backend_down_longer_up_to_the_cap() {
 }
 
 #[test]
-fn drain_is_weight_zero_and_a_deadline_asks_for_removal() {
+fn drain_is_weight_zero() {
     let (mut t, mut now) = settled(3, HealthConfig::default());
     t.sync([(be(1), 0), (be(2), 100), (be(3), 100)], now);
     assert_eq!(t.effective_weights(now), weights(&[(1, 0), (2, 100), (3, 100)]));
     assert_eq!(t.report(now).total_weight, 200, "draining weight is not part of the VIP's");
-    assert_eq!(t.set_drain_deadline(be(2), now), Err(HealthError::NotDraining { vip: vip(), backend: be(2) }));
-    t.set_drain_deadline(be(1), now + 5000).unwrap();
     // Probes of a draining backend are still tracked; its state stays Draining.
     run(&mut t, &mut now, &["-++", "-++", "+++"]);
     assert_eq!(states(&t, now), [State::Draining, H, H]);
-    assert_eq!(t.tick(now), []);
-    now += 2000;
-    assert_eq!(t.tick(now), [Action::RemoveBackend { vip: vip(), backend: be(1) }]);
-    assert_eq!(t.tick(now + 1), [Action::RemoveBackend { vip: vip(), backend: be(1) }], "repeated until done");
-    t.sync([(be(2), 100), (be(3), 100)], now);
-    assert_eq!(t.tick(now), []);
     // Undraining restarts slow start.
     t.sync([(be(2), 0), (be(3), 100)], now);
     t.sync([(be(2), 100), (be(3), 100)], now);
@@ -379,4 +371,45 @@ fn probes_are_spread_jittered_and_reproducible() {
     let exact = HealthConfig { jitter: 0.0, ..HealthConfig::default() };
     let first = next_probe_at(&exact, 1, &key(1), 0);
     assert_eq!(next_probe_at(&exact, 1, &key(1), first), first + 1000);
+}
+
+#[test]
+fn port_pressure_reduces_then_ejects_within_the_cap_and_changes_no_state() {
+    let (mut t, now) = settled(4, HealthConfig::default());
+    t.set_pressure(be(1), Pressure::Critical, now).unwrap();
+    assert_eq!(t.effective_weights(now), weights(&[(1, 25), (2, 100), (3, 100), (4, 100)]), "critical: cut to slow_floor");
+    t.set_pressure(be(1), Pressure::Exhausted, now).unwrap();
+    assert_eq!(t.effective_weights(now), weights(&[(1, 0), (2, 100), (3, 100), (4, 100)]), "exhausted: no new flows");
+    // Two dead backends use up the cap (half of 400): health failures go first, so the
+    // exhausted one is kept in, at its reduced weight.
+    let mut now = now;
+    run(&mut t, &mut now, &[".--.", ".--."]);
+    assert_eq!(t.effective_weights(now), weights(&[(1, 25), (2, 0), (3, 0), (4, 100)]));
+    assert_eq!(t.report(now).kept_in, [be(1)]);
+    assert_eq!(states(&t, now)[0], H, "pressure is not a health state");
+    t.set_pressure(be(1), Pressure::None, now).unwrap();
+    assert_eq!(t.effective_weights(now)[&be(1)], 100);
+    let events: Vec<String> = t.take_events().iter().map(ToString::to_string).collect();
+    assert!(events.iter().any(|e| e.starts_with("event=port_pressure") && e.contains("from=critical to=exhausted")), "{events:?}");
+}
+
+#[test]
+fn restored_backends_keep_their_state_across_a_restart() {
+    let config = HealthConfig::default();
+    let (mut before, mut now) = settled(3, config.clone());
+    run(&mut before, &mut now, &["+-+", "+-+"]);
+    before.sync([(be(1), 100), (be(2), 100), (be(3), 100), (be(4), 100)], now);
+    now += 10_000;
+    let snapshot = before.snapshot(now);
+
+    let mut after = HealthTracker::new(vip(), config).unwrap();
+    after.sync([(be(1), 100), (be(2), 100), (be(3), 100), (be(4), 100)], 0);
+    for (backend, restored) in snapshot {
+        after.restore(backend, restored, 0);
+    }
+    assert_eq!(states(&after, 0), [H, State::Unhealthy, H, State::SlowStart]);
+    // The new backend's ramp continues where it was (10 s of 30 s in), not from the floor.
+    let ramp = after.effective_weights(0)[&be(4)];
+    assert_eq!(ramp, slow_start_weight(100, 10_000, after.config()) as u32);
+    assert_eq!(after.effective_weights(0)[&be(2)], 0, "a failed backend gets no traffic back before its probes pass");
 }

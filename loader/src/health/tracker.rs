@@ -8,8 +8,8 @@ use std::{
 };
 
 use super::{
-    backend::{Backend, Drain, ProbeOutcome, Reason, State},
-    config::{HealthConfig, HealthConfigError, share},
+    backend::{Backend, Drain, Health, Pressure, ProbeOutcome, Reason, Restored, State},
+    config::{HealthConfig, HealthConfigError, permille, share},
 };
 use crate::model::{Vip, VipConfig};
 
@@ -19,8 +19,6 @@ pub enum HealthError {
     Config(#[from] HealthConfigError),
     #[error("backend {backend} is not in VIP {vip}'s health table")]
     UnknownBackend { vip: Vip, backend: IpAddr },
-    #[error("backend {backend} of VIP {vip} is not draining: a drain deadline needs weight 0 first")]
-    NotDraining { vip: Vip, backend: IpAddr },
 }
 
 /// A change of a backend's reported state; logged as one key=value line.
@@ -47,6 +45,14 @@ pub enum HealthEvent {
         total_weight: u64,
         at_ms: u64,
     },
+    /// The backend's agent reported a different port pressure.
+    Pressure {
+        vip: Vip,
+        backend: IpAddr,
+        from: Pressure,
+        to: Pressure,
+        at_ms: u64,
+    },
     /// The set of failed backends kept in by the ejection cap changed (empty: none any more).
     EjectionCapped {
         vip: Vip,
@@ -66,20 +72,15 @@ impl fmt::Display for HealthEvent {
                 let mode = if *fail_closed { "fail_closed" } else { "fail_open" };
                 write!(f, "event={what} vip={vip} mode={mode} healthy_weight={healthy_weight} total_weight={total_weight} at_ms={at_ms}")
             }
+            HealthEvent::Pressure { vip, backend, from, to, at_ms } => {
+                write!(f, "event=port_pressure vip={vip} backend={backend} from={from} to={to} at_ms={at_ms}")
+            }
             HealthEvent::EjectionCapped { vip, kept, at_ms } => {
                 let kept: Vec<String> = kept.iter().map(ToString::to_string).collect();
                 write!(f, "event=health_ejection_capped vip={vip} kept_in=[{}] at_ms={at_ms}", kept.join(","))
             }
         }
     }
-}
-
-/// What the daemon must do to the desired state.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Action {
-    /// The backend's drain deadline passed. Level-triggered: asked for on every `tick` until
-    /// the backend leaves the desired state, so a failed removal is retried.
-    RemoveBackend { vip: Vip, backend: IpAddr },
 }
 
 /// The VIP-wide picture, for `lbctl` and alerts.
@@ -112,10 +113,10 @@ pub struct BackendHealth {
     /// Failed but kept in by the ejection cap.
     pub kept_in: bool,
     pub consecutive_unknown: u32,
+    pub pressure: Pressure,
     pub flaps: u32,
     pub latency_ewma_ms: Option<u64>,
     pub held_until_ms: Option<u64>,
-    pub drain_until_ms: Option<u64>,
 }
 
 /// The weights and report of one moment: computed together so they never disagree.
@@ -171,12 +172,29 @@ impl HealthTracker {
         self.sync(config.backends.iter().map(|(addr, b)| (*addr, b.weight)), now_ms);
     }
 
-    /// Gives a draining backend a deadline after which `tick` asks for its removal.
-    pub fn set_drain_deadline(&mut self, backend: IpAddr, until_ms: u64) -> Result<(), HealthError> {
+    /// Records the port pressure the backend's agent reports.
+    pub fn set_pressure(&mut self, backend: IpAddr, pressure: Pressure, now_ms: u64) -> Result<(), HealthError> {
         let b = self.backends.get_mut(&backend).ok_or(HealthError::UnknownBackend { vip: self.vip, backend })?;
-        let drain = b.drain.as_mut().ok_or(HealthError::NotDraining { vip: self.vip, backend })?;
-        drain.until_ms = Some(until_ms);
+        if b.pressure != pressure {
+            let from = std::mem::replace(&mut b.pressure, pressure);
+            b.pressure_since_ms = now_ms;
+            self.push(HealthEvent::Pressure { vip: self.vip, backend, from, to: pressure, at_ms: now_ms });
+            self.refresh(now_ms);
+        }
         Ok(())
+    }
+
+    /// Puts a backend back where a previous `lbd` left it (see [`Restored`]), so a restart
+    /// neither restarts slow start for backends that were serving nor hands traffic back to
+    /// failed ones before their probes pass. Unknown backends are ignored.
+    pub fn restore(&mut self, backend: IpAddr, restored: Restored, now_ms: u64) {
+        let Some(b) = self.backends.get_mut(&backend) else { return };
+        b.restore(restored, now_ms);
+    }
+
+    /// Every backend's health in the form [`Self::restore`] takes, for persisting.
+    pub fn snapshot(&self, now_ms: u64) -> Vec<(IpAddr, Restored)> {
+        self.backends.iter().map(|(addr, b)| (*addr, b.to_restored(now_ms))).collect()
     }
 
     /// Feeds one probe outcome.
@@ -200,19 +218,14 @@ impl HealthTracker {
         Ok(())
     }
 
-    /// Time-driven transitions (end of slow start, of hold-downs) and drain deadlines. Call
-    /// it once per probe interval, before reading weights.
-    pub fn tick(&mut self, now_ms: u64) -> Vec<Action> {
+    /// Time-driven transitions (end of slow start, of hold-downs). Call it once per probe
+    /// interval, before reading weights.
+    pub fn tick(&mut self, now_ms: u64) {
         let addrs: Vec<IpAddr> = self.backends.keys().copied().collect();
         for addr in addrs {
             self.update(addr, now_ms, |b, config| b.advance(config, now_ms));
         }
         self.refresh(now_ms);
-        self.backends
-            .iter()
-            .filter(|(_, b)| b.drain.and_then(|d| d.until_ms).is_some_and(|until| now_ms >= until))
-            .map(|(addr, _)| Action::RemoveBackend { vip: self.vip, backend: *addr })
-            .collect()
     }
 
     /// What the reconciler should program: every backend's weight, 0 = no new flows
@@ -244,13 +257,13 @@ impl HealthTracker {
                     effective_weight: plan.weights[addr],
                     kept_in: plan.report.kept_in.contains(addr),
                     consecutive_unknown: b.unknowns,
+                    pressure: b.pressure,
                     flaps: b.flaps,
                     latency_ewma_ms: b.latency_ewma_ms,
                     held_until_ms: match b.health {
-                        super::backend::Health::HeldDown { until_ms } => Some(until_ms),
+                        Health::HeldDown { until_ms } => Some(until_ms),
                         _ => None,
                     },
-                    drain_until_ms: b.drain.and_then(|d| d.until_ms),
                 }
             })
             .collect()
@@ -356,19 +369,31 @@ impl HealthTracker {
             return Plan { weights, report };
         }
 
-        let mut failed: Vec<(u64, IpAddr, u64)> = active()
-            .filter(|(_, b)| b.is_failed())
-            .map(|(addr, b)| (b.failed_since_ms.unwrap_or(0), *addr, u64::from(b.configured_weight)))
+        // Port pressure on a serving backend: critical lowers its weight like slowness does
+        // (not an ejection); exhausted makes it a candidate for ejection after every health
+        // failure, under the same cap, so pressure never empties a VIP either.
+        let pressured = |b: &Backend| (b.own_weight(config, now_ms) * permille(config.slow_floor).clamp(1, 1000) as u32 / 1000).max(1);
+        for (addr, b) in active().filter(|(_, b)| !b.is_failed() && b.pressure != Pressure::None) {
+            weights.insert(*addr, pressured(b));
+        }
+        let mut candidates: Vec<(bool, u64, IpAddr, u32)> = active()
+            .filter_map(|(addr, b)| match (b.is_failed(), b.pressure) {
+                (true, _) => Some((false, b.failed_since_ms.unwrap_or(0), *addr, b.configured_weight)),
+                (false, Pressure::Exhausted) => Some((true, b.pressure_since_ms, *addr, pressured(b))),
+                (false, _) => None,
+            })
             .collect();
-        failed.sort_unstable();
+        candidates.sort_unstable();
         let budget = share(total_weight, config.max_ejection_fraction);
         let mut kept_in = BTreeSet::new();
-        for (_, addr, weight) in failed {
+        for (_, _, addr, kept_weight) in candidates {
+            let weight = u64::from(self.backends[&addr].configured_weight);
             if kept_in.is_empty() && report.ejected_weight + weight <= budget {
                 report.ejected_weight += weight;
+                weights.insert(addr, 0);
             } else {
                 kept_in.insert(addr);
-                weights.insert(addr, weight as u32);
+                weights.insert(addr, kept_weight);
             }
         }
         report.ejection_capped = !kept_in.is_empty();
