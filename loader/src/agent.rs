@@ -2,11 +2,19 @@
 //! addressed to this host. The decap program only decapsulates for addresses in its map,
 //! which the agent keeps equal to the host's addresses (lo included, where DSR backends
 //! keep the VIPs). Like the balancer, its link is pinned and taken over on restart.
+//!
+//! It also serves the host's port pressure (`crate::ports`) on a read-only endpoint that
+//! `lbd` polls. Decapsulation never depends on it: if the socket watcher cannot load, the
+//! endpoint answers 503 saying why.
 
-use std::{collections::BTreeSet, net::IpAddr, time::Duration};
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
 
 use aya::maps::{HashMap, MapData};
-use log::{info, warn};
+use log::{error, info, warn};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::{
     addr::{from_words, to_words},
@@ -15,15 +23,26 @@ use spillway_common::{
 };
 
 use crate::{
-    daemon::{DaemonError, Signals, args::AgentArgs, core::error_chain},
+    daemon::{
+        DaemonError, Signals,
+        args::AgentArgs,
+        core::error_chain,
+        pressure::{only_netns, own_netns},
+    },
     dataplane::{self, DataplaneError},
     netif::{self, NetifError},
     objects,
     pins::{self, Attachment, PinError, PinLayout},
+    ports::{
+        NetnsResolver, PortsReport, SockWatch, Thresholds,
+        endpoint::{self, Limits, Listen},
+    },
 };
 
 /// How often the host's addresses are re-read.
 const REFRESH: Duration = Duration::from_secs(5);
+/// How long namespaces' port ranges are cached (the sysctl may change).
+const PORT_RANGES_TTL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -60,6 +79,7 @@ pub async fn run(args: &AgentArgs) -> Result<(), AgentError> {
         }
         _ => info!("agent attached iface={} mode={:?} link={}", args.iface, args.xdp_mode, link.display()),
     }
+    let _endpoint = start_ports_endpoint(args).await;
     info!("ready iface={} link={}", args.iface, link.display());
     let mut tick = tokio::time::interval(REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -75,6 +95,72 @@ pub async fn run(args: &AgentArgs) -> Result<(), AgentError> {
                 }
             }
         }
+    }
+}
+
+/// Aborts the endpoint's task when dropped (the agent exits).
+struct EndpointTask(tokio::task::JoinHandle<std::convert::Infallible>);
+
+impl Drop for EndpointTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Loads the socket watcher and serves its reports on `--ports-listen`. Neither failing
+/// stops the agent: decapsulation matters more; each failure is logged once.
+async fn start_ports_endpoint(args: &AgentArgs) -> Option<EndpointTask> {
+    let Listen::On(addr) = args.ports_listen else {
+        info!("ports endpoint off");
+        return None;
+    };
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            error!("ports endpoint: cannot listen on {addr} (--ports-listen): {e}; serving no port reports");
+            return None;
+        }
+    };
+    let watch = tokio::task::spawn_blocking(SockWatch::load).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    let watch = watch.map_err(|e| {
+        let message = format!("the socket watcher is not loaded: {}", error_chain(&e));
+        error!("ports endpoint: {message}; answering 503");
+        message
+    });
+    let thresholds = Thresholds { close_wait_secs: args.leak_after_s, ..Thresholds::default() };
+    let mut source = PortSource { watch, resolver: NetnsResolver::new(), resolved_at: Instant::now(), thresholds, last_error: None };
+    info!("ports endpoint listening on http://{addr}{}", endpoint::PATH);
+    Some(EndpointTask(tokio::spawn(endpoint::serve(listener, Limits::default(), move || source.report()))))
+}
+
+/// Builds the endpoint's reports (on a blocking thread, at most once per second).
+struct PortSource {
+    watch: Result<SockWatch, String>,
+    resolver: NetnsResolver,
+    resolved_at: Instant,
+    thresholds: Thresholds,
+    /// The last build error, logged when it first appears rather than on every request.
+    last_error: Option<String>,
+}
+
+impl PortSource {
+    fn report(&mut self) -> Result<PortsReport, String> {
+        let watch = self.watch.as_mut().map_err(|message| message.clone())?;
+        if self.resolved_at.elapsed() >= PORT_RANGES_TTL {
+            self.resolver.forget();
+            self.resolved_at = Instant::now();
+        }
+        // The watcher sees the whole kernel: report this host's namespace only.
+        let report = watch
+            .report(&mut self.resolver, self.thresholds)
+            .map_err(|e| format!("building the port report: {}", error_chain(&e)))
+            .and_then(|report| Ok(only_netns(report, own_netns()?)));
+        match &report {
+            Err(message) if self.last_error.as_ref() != Some(message) => warn!("ports endpoint: {message}"),
+            _ => {}
+        }
+        self.last_error = report.as_ref().err().cloned();
+        report
     }
 }
 
@@ -120,6 +206,29 @@ fn local_keys(addrs: &[(String, IpAddr)]) -> Vec<AddrKey> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::args::{LbdArgs, LbdCommand};
+    use clap::Parser;
+
+    fn agent_args(extra: &[&str]) -> Result<AgentArgs, clap::Error> {
+        let args = ["lbd", "agent", "--iface", "eth0"].iter().chain(extra);
+        match LbdArgs::try_parse_from(args)?.command {
+            Some(LbdCommand::Agent(agent)) => Ok(agent),
+            None => panic!("not the agent"),
+        }
+    }
+
+    #[test]
+    fn ports_endpoint_flags() {
+        let defaults = agent_args(&[]).unwrap();
+        assert_eq!(defaults.ports_listen, Listen::On("0.0.0.0:9477".parse().unwrap()));
+        assert_eq!(defaults.leak_after_s, 30);
+        let set = agent_args(&["--ports-listen", "[::1]:9000", "--leak-after-s", "5"]).unwrap();
+        assert_eq!((set.ports_listen, set.leak_after_s), (Listen::On("[::1]:9000".parse().unwrap()), 5));
+        assert_eq!(agent_args(&["--ports-listen", "off"]).unwrap().ports_listen, Listen::Off);
+        let err = agent_args(&["--ports-listen", "9477"]).unwrap_err().to_string();
+        assert!(err.contains("--ports-listen") && err.contains("expected ADDR:PORT"), "{err}");
+        assert!(agent_args(&["--leak-after-s", "0"]).unwrap_err().to_string().contains("--leak-after-s"));
+    }
 
     #[test]
     fn keys_are_unique_and_link_local_goes_first_to_the_cut() {

@@ -13,6 +13,7 @@ pub mod netif;
 pub mod objects;
 pub mod pins;
 pub mod ports;
+pub mod probe;
 pub mod reconcile;
 pub mod store;
 

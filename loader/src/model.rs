@@ -19,6 +19,10 @@ use spillway_common::{
     types::{LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP, Rate},
 };
 
+mod backend;
+
+pub use backend::{Backend, BackendOptions, MAX_ZONE_LEN, VipHealth, check_zone};
+
 /// Weight a backend gets when none is given.
 pub const DEFAULT_WEIGHT: u32 = 100;
 
@@ -91,6 +95,18 @@ pub enum ModelError {
     UnknownRule { rule: String },
     #[error("too many rules (limit {MAX_RULES})")]
     TooManyRules,
+    #[error("zone {zone:?}: expected 1 to {MAX_ZONE_LEN} of a-z, 0-9, '.', '_', '-'")]
+    BadZone { zone: String },
+    #[error("backend {backend} spare_per_s: needs capacity_per_s too (spare is a share of capacity)")]
+    SpareWithoutCapacity { backend: IpAddr },
+    #[error("backend {backend} spare_per_s: {spare} exceeds capacity_per_s {capacity}")]
+    SpareAboveCapacity { backend: IpAddr, spare: u32, capacity: u32 },
+    #[error("backend {backend} probe_target {target}: needs a usable address and a port other than 0")]
+    BadProbeTarget { backend: IpAddr, target: SocketAddr },
+    #[error("backend {backend} drain_deadline: only a draining backend (weight 0) has one")]
+    DeadlineWithoutDrain { backend: IpAddr },
+    #[error("health: {message}")]
+    BadHealth { message: String },
 }
 
 impl FromStr for Vip {
@@ -136,14 +152,7 @@ impl<'de> Deserialize<'de> for Vip {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Backend {
-    /// Share of new flows relative to the VIP's other backends; 0 = draining.
-    pub weight: u32,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VipConfig {
     pub ring_size: u32,
@@ -152,17 +161,20 @@ pub struct VipConfig {
     /// `DesiredState::default_limits` (see [`DesiredState::effective_limits`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<LimitConfig>,
+    /// Health-check settings; `lbd`'s defaults when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<VipHealth>,
 }
 
 impl Default for VipConfig {
     fn default() -> Self {
-        Self { ring_size: DEFAULT_RING_SIZE, backends: BTreeMap::new(), limits: None }
+        Self { ring_size: DEFAULT_RING_SIZE, backends: BTreeMap::new(), limits: None, health: None }
     }
 }
 
 /// Everything the balancer should be doing. Edits go through the checked methods, which
 /// leave the state unchanged on error.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DesiredState {
     pub vips: BTreeMap<Vip, VipConfig>,
@@ -186,7 +198,7 @@ impl DesiredState {
         if !valid_ring_size(ring_size) {
             return Err(ModelError::BadRingSize { size: ring_size });
         }
-        self.vips.insert(vip, VipConfig { ring_size, backends: BTreeMap::new(), limits: None });
+        self.vips.insert(vip, VipConfig { ring_size, ..VipConfig::default() });
         Ok(())
     }
 
@@ -202,20 +214,29 @@ impl DesiredState {
     }
 
     pub fn add_backend(&mut self, vip: &Vip, backend: IpAddr, weight: u32) -> Result<(), ModelError> {
-        check_weight(weight)?;
+        self.add_backend_with(vip, backend, Backend { weight, ..Backend::default() })
+    }
+
+    /// Adds a backend with all it may carry (options, a drain deadline).
+    pub fn add_backend_with(&mut self, vip: &Vip, backend: IpAddr, config: Backend) -> Result<(), ModelError> {
+        check_weight(config.weight)?;
         check_backend_address(vip, backend)?;
+        config.options.validate(backend)?;
+        if config.drain_deadline_unix_ms.is_some() && config.weight != 0 {
+            return Err(ModelError::DeadlineWithoutDrain { backend });
+        }
         let total: usize = self.vips.values().map(|v| v.backends.len()).sum();
-        let config = self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
-        if config.backends.contains_key(&backend) {
+        let vip_config = self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
+        if vip_config.backends.contains_key(&backend) {
             return Err(ModelError::DuplicateBackend { vip: *vip, backend });
         }
-        if config.backends.len() >= MAX_BACKENDS_PER_VIP as usize {
+        if vip_config.backends.len() >= MAX_BACKENDS_PER_VIP as usize {
             return Err(ModelError::TooManyBackendsInVip { vip: *vip });
         }
         if total >= (MAX_BACKENDS - 1) as usize {
             return Err(ModelError::TooManyBackends);
         }
-        config.backends.insert(backend, Backend { weight });
+        vip_config.backends.insert(backend, config);
         Ok(())
     }
 
@@ -229,6 +250,34 @@ impl DesiredState {
         let config = self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
         let entry = config.backends.get_mut(&backend).ok_or(ModelError::UnknownBackend { vip: *vip, backend })?;
         entry.weight = weight;
+        entry.drain_deadline_unix_ms = None;
+        Ok(())
+    }
+
+    /// Drains a backend (weight 0); with a deadline (Unix ms) it is removed after it.
+    pub fn drain_backend(&mut self, vip: &Vip, backend: IpAddr, deadline_unix_ms: Option<u64>) -> Result<(), ModelError> {
+        self.set_weight(vip, backend, 0)?;
+        if let Some(entry) = self.vips.get_mut(vip).and_then(|c| c.backends.get_mut(&backend)) {
+            entry.drain_deadline_unix_ms = deadline_unix_ms;
+        }
+        Ok(())
+    }
+
+    /// Replaces a backend's options.
+    pub fn set_backend_options(&mut self, vip: &Vip, backend: IpAddr, options: BackendOptions) -> Result<(), ModelError> {
+        options.validate(backend)?;
+        let config = self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
+        let entry = config.backends.get_mut(&backend).ok_or(ModelError::UnknownBackend { vip: *vip, backend })?;
+        entry.options = options;
+        Ok(())
+    }
+
+    /// Sets (or with `None` clears) a VIP's health-check settings.
+    pub fn set_health(&mut self, vip: &Vip, health: Option<VipHealth>) -> Result<(), ModelError> {
+        if let Some(health) = &health {
+            health.validate()?;
+        }
+        self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?.health = health;
         Ok(())
     }
 
@@ -339,8 +388,9 @@ impl DesiredState {
         for (vip, config) in &self.vips {
             rebuilt.add_vip(*vip, config.ring_size)?;
             for (backend, b) in &config.backends {
-                rebuilt.add_backend(vip, *backend, b.weight)?;
+                rebuilt.add_backend_with(vip, *backend, b.clone())?;
             }
+            rebuilt.set_health(vip, config.health.clone())?;
             if let Some(limits) = config.limits {
                 rebuilt.set_limits(Some(vip), limits)?;
             }

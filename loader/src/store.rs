@@ -10,9 +10,17 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::model::{DesiredState, ModelError};
+use log::warn;
+
+use crate::{
+    daemon::checks::HealthSnapshot,
+    model::{DesiredState, ModelError},
+};
 
 pub const STATE_FILE: &str = "state.json";
+/// Backend health as the last `lbd` left it: a cache that spares serving backends a new slow
+/// start after a restart. Losing it costs nothing else, so a bad one is ignored.
+pub const HEALTH_FILE: &str = "health.json";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -45,6 +53,7 @@ pub enum StoreError {
 /// Where mutations are persisted; the daemon core is generic over it for tests.
 pub trait Store {
     fn save(&mut self, state: &DesiredState) -> Result<(), StoreError>;
+    fn save_health(&mut self, snapshot: &HealthSnapshot) -> Result<(), StoreError>;
 }
 
 pub struct StateFile {
@@ -75,13 +84,35 @@ impl StateFile {
         Ok(Some(state))
     }
 
-    fn write_atomically(&self, bytes: &[u8]) -> io::Result<()> {
-        let temp = self.dir.join(format!(".{STATE_FILE}.{}.tmp", std::process::id()));
+    /// The persisted health snapshot, if there is a readable one.
+    pub fn load_health(&self) -> Option<HealthSnapshot> {
+        let path = self.dir.join(HEALTH_FILE);
+        let text = match fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                warn!("ignoring {}: {e}", path.display());
+                return None;
+            }
+        };
+        serde_json::from_str(&text).map_err(|e| warn!("ignoring {}: {e}", path.display())).ok()
+    }
+
+    fn write_json(&self, name: &str, value: &impl serde::Serialize) -> Result<(), StoreError> {
+        let path = self.dir.join(name);
+        let mut json = serde_json::to_vec_pretty(value).map_err(|e| StoreError::Write { path: path.clone(), source: e.into() })?;
+        json.push(b'\n');
+        self.write_atomically(name, &json).map_err(|source| StoreError::Write { path, source })
+    }
+
+    fn write_atomically(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let target = self.dir.join(name);
+        let temp = self.dir.join(format!(".{name}.{}.tmp", std::process::id()));
         let result = (|| {
             let mut file = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&temp)?;
             file.write_all(bytes)?;
             file.sync_all()?;
-            fs::rename(&temp, &self.path)?;
+            fs::rename(&temp, &target)?;
             // The rename is durable only once the directory entry is.
             File::open(&self.dir)?.sync_all()
         })();
@@ -94,9 +125,11 @@ impl StateFile {
 
 impl Store for StateFile {
     fn save(&mut self, state: &DesiredState) -> Result<(), StoreError> {
-        let mut json = serde_json::to_vec_pretty(state).map_err(|e| StoreError::Write { path: self.path.clone(), source: e.into() })?;
-        json.push(b'\n');
-        self.write_atomically(&json).map_err(|source| StoreError::Write { path: self.path.clone(), source })
+        self.write_json(STATE_FILE, state)
+    }
+
+    fn save_health(&mut self, snapshot: &HealthSnapshot) -> Result<(), StoreError> {
+        self.write_json(HEALTH_FILE, snapshot)
     }
 }
 

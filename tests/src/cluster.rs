@@ -47,6 +47,9 @@ impl XdpMode {
 pub struct ClusterConfig {
     pub topology: TopologyConfig,
     pub mode: XdpMode,
+    /// More `lbd` arguments (e.g. `--zone a`), after the cluster's own; a later
+    /// `--health-slow-start-ms` overrides the cluster's 0.
+    pub lbd_args: Vec<String>,
 }
 
 pub struct Cluster {
@@ -56,6 +59,7 @@ pub struct Cluster {
     echo: Vec<Daemon>,
     bins: Binaries,
     mode: XdpMode,
+    lbd_args: Vec<String>,
     pub topo: Topology,
 }
 
@@ -63,7 +67,15 @@ impl Cluster {
     /// Builds the topology and starts echo servers, agents and `lbd`.
     pub fn start(bins: Binaries, config: ClusterConfig) -> Result<Cluster> {
         let topo = Topology::build(config.topology)?;
-        let mut cluster = Cluster { lbd: Mutex::new(None), agents: Vec::new(), echo: Vec::new(), bins, mode: config.mode, topo };
+        let mut cluster = Cluster {
+            lbd: Mutex::new(None),
+            agents: Vec::new(),
+            echo: Vec::new(),
+            bins,
+            mode: config.mode,
+            lbd_args: config.lbd_args,
+            topo,
+        };
         for i in 0..cluster.topo.backends().len() {
             cluster.start_backend(i)?;
         }
@@ -107,6 +119,12 @@ impl Cluster {
         Ok(())
     }
 
+    /// Sends `signal` to backend `index`'s echo server (SIGSTOP hangs it: the kernel still
+    /// completes TCP handshakes into its backlog, but nothing is answered).
+    pub fn signal_echo(&self, index: usize, signal: Signal) -> Result<()> {
+        self.echo.get(index).with_context(|| format!("no backend {index}"))?.signal(signal)
+    }
+
     /// Connections the backends' echo servers accepted from `client` so far.
     pub fn accepted_from(&self, client: IpAddr) -> usize {
         let line = format!("accepted {client}");
@@ -133,23 +151,26 @@ impl Cluster {
             lb.in_netns(|| ping(IpAddr::V4(b.ipv4()), Duration::from_secs(1)))?;
         }
         let pin_dir = self.topo.pin_dir()?.join("lb");
-        let daemon = lb.spawn(&[
+        let (api, state) = (self.api_socket(), self.state_dir());
+        let mut args: Vec<&std::ffi::OsStr> = vec![
             self.bins.lbd.as_os_str(),
             "--iface".as_ref(),
             "eth0".as_ref(),
             "--xdp-mode".as_ref(),
             self.mode.flag().as_ref(),
             "--api".as_ref(),
-            self.api_socket().as_os_str(),
+            api.as_os_str(),
             "--state-dir".as_ref(),
-            self.state_dir().as_os_str(),
+            state.as_os_str(),
             "--pin-dir".as_ref(),
             pin_dir.as_os_str(),
             // Health checks stay on; without slow start a backend added by a test takes its
             // full share at once, as the distribution tests expect.
             "--health-slow-start-ms".as_ref(),
             "0".as_ref(),
-        ])?;
+        ];
+        args.extend(self.lbd_args.iter().map(std::ffi::OsStr::new));
+        let daemon = lb.spawn(&args)?;
         let started = Instant::now();
         loop {
             if !daemon.is_running() {
@@ -165,6 +186,16 @@ impl Cluster {
         }
         *slot = Some(daemon);
         Ok(())
+    }
+
+    /// Everything the running (or last) `lbd` logged.
+    pub fn lbd_log(&self) -> String {
+        self.lbd.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(Daemon::log).unwrap_or_default()
+    }
+
+    /// The running `lbd`'s process id.
+    pub fn lbd_pid(&self) -> Option<u32> {
+        self.lbd.lock().unwrap_or_else(|p| p.into_inner()).as_ref().filter(|d| d.is_running()).map(Daemon::pid)
     }
 
     /// Sends `signal` to `lbd` and waits (bounded) for it to exit.

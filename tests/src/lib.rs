@@ -15,6 +15,7 @@
 
 mod addrs;
 mod bpffs;
+mod capacity;
 mod cleanup;
 pub mod cluster;
 mod cmd;
@@ -23,6 +24,7 @@ mod flood;
 pub mod frames;
 mod host;
 mod icmp;
+mod load;
 mod netns;
 pub mod packet_lab;
 mod process;
@@ -32,11 +34,15 @@ mod traffic;
 mod xdp_pass;
 
 pub use addrs::{LB4, LB6, MAX_BACKENDS, MAX_CLIENTS, VIP4, VIP4_NET, VIP6, VIP6_NET, backend4, backend6, client4, client6};
+pub use capacity::{
+    CAPACITY_BIN_ENV, CapacityStats, capacity_binary, capacity_stats, http_get, start_capacity_server, start_capacity_servers,
+};
 pub use cleanup::sweep_stale;
 pub use echo::{ECHO_BIN_ENV, echo_binary, start_echo};
 pub use flood::{ATTEMPT_TIMEOUT, FloodReport, flood};
 pub use host::Host;
 pub use icmp::ping;
+pub use load::{Bucket, Load, LoadConfig, LoadReport, render_curve};
 pub use netns::Netns;
 pub use nix::sys::signal::Signal;
 pub use process::Daemon;

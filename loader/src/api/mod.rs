@@ -9,11 +9,15 @@
 
 pub mod client;
 
-use std::{fmt, net::IpAddr, str::FromStr};
+use std::{collections::BTreeMap, fmt, net::IpAddr, str::FromStr};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::model::{Cidr, ModelError, RateSpec, Vip};
+use crate::{
+    model::{BackendOptions, Cidr, ModelError, RateSpec, Vip},
+    ports::PortsReport,
+    probe::ProbeSpec,
+};
 
 /// Where `lbd` listens and `lbctl` connects unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/spillway/api.sock";
@@ -43,15 +47,43 @@ pub enum Request {
         backend: IpAddr,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         weight: Option<u32>,
+        #[serde(default, skip_serializing_if = "BackendOptions::is_empty")]
+        options: BackendOptions,
+    },
+    /// Replaces a backend's options (zone, capacity, spare, probe target).
+    SetBackendOptions {
+        vip: Vip,
+        backend: IpAddr,
+        options: BackendOptions,
     },
     RemoveBackend {
         vip: Vip,
         backend: IpAddr,
     },
-    /// Weight 0: the backend keeps its flows but gets no new ones.
+    /// Weight 0: the backend keeps its flows but gets no new ones; with `deadline_s` it is
+    /// removed that many seconds later.
     DrainBackend {
         vip: Vip,
         backend: IpAddr,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline_s: Option<u64>,
+    },
+    /// Changes a VIP's health checks: the probe, and policy fields by name (see
+    /// `health::HealthConfig`), over the VIP's current settings (or `lbd`'s defaults).
+    /// `reset` first drops the VIP's own settings.
+    SetHealth {
+        vip: Vip,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        probe: Option<ProbeSpec>,
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        policy: BTreeMap<String, serde_json::Value>,
+        #[serde(default)]
+        reset: bool,
+    },
+    /// Port pressure of the balancer host (no `host`) or of a backend host, from its agent.
+    Ports {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host: Option<IpAddr>,
     },
     /// A weight of at least 1 (undrains a drained backend).
     SetWeight {
@@ -191,14 +223,14 @@ impl RuleActionKind {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Response {
     Ok(Reply),
     Error(ApiError),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Reply {
     /// A mutation took effect (or changed nothing); what it cost in map writes.
@@ -212,6 +244,7 @@ pub enum Reply {
     RateLimits(RateLimitList),
     Rules(RuleList),
     TopSources(TopSourceList),
+    Ports(PortsView),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -234,23 +267,67 @@ pub enum ErrorKind {
     Internal,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VipList {
     pub vips: Vec<VipEntry>,
+    /// Loud local problems of the balancer (e.g. it cannot open probe sockets).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VipEntry {
     pub vip: Vip,
     pub ring_size: u32,
     /// Number of backends, draining ones included.
     pub backends: usize,
+    /// Health checks of the VIP; absent when it is not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<VipHealthView>,
+    /// The new-flow budget in force: the operator's, or lower when derived from the
+    /// backends' declared capacity; absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective_budget: Option<RateSpec>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VipHealthView {
+    pub probe: ProbeSpec,
+    /// Healthy weight is below the panic threshold: traffic is spread over every backend
+    /// (or, with `fail_closed`, only the healthy ones keep it).
+    pub panic: bool,
+    pub fail_closed: bool,
+    /// Failed backends are kept in because ejecting them would pass `max_ejection_fraction`.
+    pub ejection_capped: bool,
+    pub healthy_weight: u64,
+    pub total_weight: u64,
+    pub ejected_weight: u64,
+    /// New flows per second sent to other zones than the balancer's.
+    pub spill_per_s: u32,
+    pub policy: crate::health::HealthConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BackendList {
     pub vip: Vip,
     pub backends: Vec<BackendEntry>,
+    /// Loud local problems of the balancer (e.g. it cannot open probe sockets).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<String>,
+}
+
+/// Port pressure of one host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PortsView {
+    /// `lb` or the backend's address.
+    pub host: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<PortsReport>,
+    /// Why there is no report (no watcher, agent unreachable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Seconds since the report was taken (agents are polled periodically).
+    pub age_s: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -266,6 +343,53 @@ pub struct BackendEntry {
     /// The weight programmed into the balancer (health-adjusted); absent from older daemons.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_weight: Option<u32>,
+    #[serde(default, skip_serializing_if = "BackendOptions::is_empty")]
+    pub options: BackendOptions,
+    /// Why the backend is in its health state, and for how long (seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_for_s: Option<u64>,
+    /// Smoothed probe latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
+    /// Port pressure reported by the backend's agent (`none`, `critical`, `exhausted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<String>,
+    /// Probes in a row the balancer could not make itself (its own ports or sockets short).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unknown_probes: u32,
+    /// Failed but kept in by the ejection cap (or by fail-open panic).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept_in: bool,
+    /// Seconds until a draining backend is removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_deadline_in_s: Option<u64>,
+}
+
+impl BackendEntry {
+    /// A backend as configured, with nothing known about its health.
+    pub fn configured(address: IpAddr, weight: u32) -> Self {
+        Self {
+            address,
+            weight,
+            state: BackendState::of_weight(weight),
+            health: None,
+            effective_weight: None,
+            options: BackendOptions::default(),
+            reason: None,
+            state_for_s: None,
+            latency_ms: None,
+            pressure: None,
+            unknown_probes: 0,
+            kept_in: false,
+            drain_deadline_in_s: None,
+        }
+    }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

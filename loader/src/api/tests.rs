@@ -22,11 +22,11 @@ fn requests_have_stable_names() {
         (Request::RemoveVip { vip: vip() }, json!({"op": "remove_vip", "vip": "10.0.0.1:80/tcp"})),
         (Request::ListBackends { vip: vip() }, json!({"op": "list_backends", "vip": "10.0.0.1:80/tcp"})),
         (
-            Request::AddBackend { vip: vip(), backend: ip("fd00::1"), weight: Some(5) },
+            Request::AddBackend { vip: vip(), backend: ip("fd00::1"), weight: Some(5), options: Default::default() },
             json!({"op": "add_backend", "vip": "10.0.0.1:80/tcp", "backend": "fd00::1", "weight": 5}),
         ),
         (
-            Request::AddBackend { vip: vip(), backend: ip("10.0.1.1"), weight: None },
+            Request::AddBackend { vip: vip(), backend: ip("10.0.1.1"), weight: None, options: Default::default() },
             json!({"op": "add_backend", "vip": "10.0.0.1:80/tcp", "backend": "10.0.1.1"}),
         ),
         (
@@ -34,7 +34,7 @@ fn requests_have_stable_names() {
             json!({"op": "remove_backend", "vip": "10.0.0.1:80/tcp", "backend": "10.0.1.1"}),
         ),
         (
-            Request::DrainBackend { vip: vip(), backend: ip("10.0.1.1") },
+            Request::DrainBackend { vip: vip(), backend: ip("10.0.1.1"), deadline_s: None },
             json!({"op": "drain_backend", "vip": "10.0.0.1:80/tcp", "backend": "10.0.1.1"}),
         ),
         (
@@ -71,19 +71,17 @@ fn responses_have_stable_names() {
             json!({"ok": {"type": "done", "slots_written": 7, "tables_flipped": 1}}),
         ),
         (
-            Response::Ok(Reply::Vips(VipList { vips: vec![VipEntry { vip: vip(), ring_size: 13, backends: 1 }] })),
+            Response::Ok(Reply::Vips(VipList {
+                vips: vec![VipEntry { vip: vip(), ring_size: 13, backends: 1, health: None, effective_budget: None }],
+                alerts: vec![],
+            })),
             json!({"ok": {"type": "vips", "vips": [{"vip": "10.0.0.1:80/tcp", "ring_size": 13, "backends": 1}]}}),
         ),
         (
             Response::Ok(Reply::Backends(BackendList {
                 vip: vip(),
-                backends: vec![BackendEntry {
-                    address: ip("10.0.1.1"),
-                    weight: 0,
-                    state: BackendState::Draining,
-                    health: None,
-                    effective_weight: None,
-                }],
+                backends: vec![BackendEntry::configured(ip("10.0.1.1"), 0)],
+                alerts: vec![],
             })),
             json!({"ok": {"type": "backends", "vip": "10.0.0.1:80/tcp",
                           "backends": [{"address": "10.0.1.1", "weight": 0, "state": "draining"}]}}),

@@ -1,10 +1,14 @@
 //! `lbctl`: the command line over `lbd`'s API. Parsing, the request each command sends and
 //! the rendering of replies live here so they can be tested without a daemon.
 
+mod health_args;
 mod render;
+mod render_health;
 mod table;
 
 use std::{io, net::IpAddr, path::PathBuf};
+
+use health_args::{BACKENDS_OPTIONS_HELP, BackendOptionArgs, HealthArgs, PORTS_HELP, VIPS_HEALTH_HELP, parse_deadline};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use spillway_common::maglev::MAX_WEIGHT;
@@ -43,8 +47,14 @@ Example:
   lbctl vips list -o json
 
 JSON output (-o json):
-  {\"vips\":[{\"vip\":\"10.0.0.1:80/tcp\",\"ring_size\":65537,\"backends\":2}]}
-  backends counts every backend of the VIP, draining ones included.";
+  {\"vips\":[{\"vip\":\"10.0.0.1:80/tcp\",\"ring_size\":65537,\"backends\":2,
+             \"health\":{\"probe\":{\"kind\":\"tcp\"},\"panic\":false,\"fail_closed\":false,
+                       \"ejection_capped\":false,\"healthy_weight\":200,\"total_weight\":200,
+                       \"ejected_weight\":0,\"spill_per_s\":0,\"policy\":{...}},
+             \"effective_budget\":{\"per_s\":1000,\"burst\":100}}]}
+  backends counts every backend of the VIP, draining ones included. health is
+  absent for VIPs that are not checked; effective_budget is the new-flow budget
+  in force (the operator's, or lower when derived from declared capacity).";
 
 const VIPS_REMOVE_HELP: &str = "\
 Example:
@@ -60,7 +70,11 @@ const BACKENDS_ADD_HELP: &str = "\
 Examples:
   lbctl backends add --vip 10.0.0.1:80/tcp 10.0.1.1
   lbctl backends add --vip 10.0.0.1:80/tcp 10.0.1.2 --weight 50
-  lbctl backends add --vip '[fd00::1]:443/tcp' fd00:1::1";
+  lbctl backends add --vip 10.0.0.1:80/tcp 10.0.2.1 --zone b --capacity 500
+  lbctl backends add --vip '[fd00::1]:443/tcp' fd00:1::1
+
+A new backend ramps up over the slow-start window. --zone, --capacity, --spare
+and --probe-target: see lbctl backends options --help.";
 
 const BACKENDS_LIST_HELP: &str = "\
 Example:
@@ -68,8 +82,17 @@ Example:
 
 JSON output (-o json):
   {\"vip\":\"10.0.0.1:80/tcp\",
-   \"backends\":[{\"address\":\"10.0.1.1\",\"weight\":100,\"state\":\"active\"}]}
-  state is \"active\" or \"draining\" (weight 0).";
+   \"backends\":[{\"address\":\"10.0.1.1\",\"weight\":100,\"state\":\"active\",
+                 \"health\":\"healthy\",\"effective_weight\":100,
+                 \"options\":{\"zone\":\"a\",\"capacity_per_s\":500},
+                 \"reason\":\"slow_start_complete\",\"state_for_s\":42,
+                 \"latency_ms\":1,\"pressure\":\"none\"}],
+   \"alerts\":[]}
+  state is \"active\" or \"draining\" (weight 0). health is healthy, unhealthy,
+  slow, slow_start, draining or held_down; effective_weight is what the balancer
+  uses after health, ejection caps, panic, zones and port pressure. kept_in marks
+  a failed backend kept in by the ejection cap; unknown_probes counts probes the
+  balancer itself could not make. alerts lists loud local problems.";
 
 const BACKENDS_REMOVE_HELP: &str = "\
 Example:
@@ -79,11 +102,13 @@ Connections pinned to a removed backend move to another one; drain first to let
 them finish.";
 
 const BACKENDS_DRAIN_HELP: &str = "\
-Example:
+Examples:
   lbctl backends drain --vip 10.0.0.1:80/tcp 10.0.1.1
+  lbctl backends drain --vip 10.0.0.1:80/tcp 10.0.1.1 --deadline 15m
 
 Sets the weight to 0: existing connections stay on the backend, new ones go
-elsewhere. Undo with set-weight.";
+elsewhere. With --deadline the backend is removed once it passes (the deadline
+is kept across lbd restarts). Undo with set-weight.";
 
 const BACKENDS_SET_WEIGHT_HELP: &str = "\
 Example:
@@ -255,6 +280,29 @@ pub enum Command {
         #[command(flatten)]
         output: OutputArgs,
     },
+    /// Ephemeral-port pressure of the balancer or of a backend host.
+    #[command(after_help = PORTS_HELP)]
+    Ports {
+        /// `lb` (the balancer) or a backend's address.
+        #[arg(long, value_name = "lb|IP", default_value = "lb", value_parser = parse_host)]
+        host: HostArg,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+}
+
+/// `lbctl ports --host`: the balancer or a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostArg {
+    Lb,
+    Backend(IpAddr),
+}
+
+fn parse_host(input: &str) -> Result<HostArg, String> {
+    if input == "lb" {
+        return Ok(HostArg::Lb);
+    }
+    input.parse().map(HostArg::Backend).map_err(|_| format!("{input:?}: expected lb or a backend's IP address"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -417,6 +465,14 @@ pub enum VipsCommand {
         #[arg(value_name = "VIP")]
         vip: Vip,
     },
+    /// Change how a VIP's backends are health-checked.
+    #[command(after_help = VIPS_HEALTH_HELP)]
+    Health {
+        #[arg(value_name = "VIP")]
+        vip: Vip,
+        #[command(flatten)]
+        health: HealthArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -429,6 +485,16 @@ pub enum BackendsCommand {
         /// Share of new flows relative to the VIP's other backends.
         #[arg(long, value_name = "N", default_value_t = DEFAULT_WEIGHT, value_parser = weight())]
         weight: u32,
+        #[command(flatten)]
+        options: BackendOptionArgs,
+    },
+    /// Replace a backend's zone, capacity, spare capacity and probe target.
+    #[command(after_help = BACKENDS_OPTIONS_HELP)]
+    Options {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        options: BackendOptionArgs,
     },
     /// List a VIP's backends.
     #[command(after_help = BACKENDS_LIST_HELP)]
@@ -449,6 +515,9 @@ pub enum BackendsCommand {
     Drain {
         #[command(flatten)]
         target: Target,
+        /// Remove the backend after this long: 90s, 15m, 2h.
+        #[arg(long, value_name = "DURATION", value_parser = parse_deadline)]
+        deadline: Option<u64>,
     },
     /// Change a backend's weight (also undoes a drain).
     #[command(after_help = BACKENDS_SET_WEIGHT_HELP)]
@@ -500,18 +569,26 @@ fn parse_rate(input: &str) -> Result<u32, String> {
 }
 
 impl Command {
-    /// The API request this command sends.
-    pub fn request(&self) -> Request {
-        match self {
+    /// The API request this command sends; options that do not fit together are refused.
+    pub fn request(&self) -> Result<Request, CliError> {
+        Ok(match self {
             Command::Vips(VipsCommand::Add { vip, ring_size }) => Request::AddVip { vip: *vip, ring_size: *ring_size },
             Command::Vips(VipsCommand::List(_)) => Request::ListVips,
             Command::Vips(VipsCommand::Remove { vip }) => Request::RemoveVip { vip: *vip },
-            Command::Backends(BackendsCommand::Add { target, weight }) => {
-                Request::AddBackend { vip: target.vip, backend: target.backend, weight: Some(*weight) }
+            Command::Vips(VipsCommand::Health { vip, health }) => {
+                Request::SetHealth { vip: *vip, probe: health.probe_spec()?, policy: health.policy(), reset: health.reset }
+            }
+            Command::Backends(BackendsCommand::Add { target, weight, options }) => {
+                Request::AddBackend { vip: target.vip, backend: target.backend, weight: Some(*weight), options: options.options() }
+            }
+            Command::Backends(BackendsCommand::Options { target, options }) => {
+                Request::SetBackendOptions { vip: target.vip, backend: target.backend, options: options.options() }
             }
             Command::Backends(BackendsCommand::List { vip, .. }) => Request::ListBackends { vip: *vip },
             Command::Backends(BackendsCommand::Remove { target }) => Request::RemoveBackend { vip: target.vip, backend: target.backend },
-            Command::Backends(BackendsCommand::Drain { target }) => Request::DrainBackend { vip: target.vip, backend: target.backend },
+            Command::Backends(BackendsCommand::Drain { target, deadline }) => {
+                Request::DrainBackend { vip: target.vip, backend: target.backend, deadline_s: *deadline }
+            }
             Command::Backends(BackendsCommand::SetWeight { target, weight }) => {
                 Request::SetWeight { vip: target.vip, backend: target.backend, weight: *weight }
             }
@@ -544,7 +621,13 @@ impl Command {
             Command::Rules(RulesCommand::Remove { cidr, vip }) => Request::RemoveRule { cidr: *cidr, vip: *vip },
             Command::Rules(RulesCommand::List(_)) => Request::ListRules,
             Command::TopSources { vip, limit, .. } => Request::TopSources { vip: *vip, limit: Some(*limit) },
-        }
+            Command::Ports { host, .. } => Request::Ports {
+                host: match host {
+                    HostArg::Lb => None,
+                    HostArg::Backend(addr) => Some(*addr),
+                },
+            },
+        })
     }
 }
 
@@ -556,11 +639,13 @@ pub enum CliError {
     Output(#[from] io::Error),
     #[error("lbd sent a reply that does not fit the command; are lbd and lbctl the same version?")]
     UnexpectedReply,
+    #[error("{0}")]
+    BadOption(String),
 }
 
 /// Sends the command's request to lbd and writes the answer to `out`.
 pub fn run(cli: &Cli, out: &mut dyn io::Write) -> Result<(), CliError> {
-    let reply = client::call(&cli.api, &cli.command.request())?;
+    let reply = client::call(&cli.api, &cli.command.request()?)?;
     render::reply(&cli.command, reply, out)
 }
 

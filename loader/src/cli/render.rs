@@ -6,22 +6,25 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::{
-    BackendsCommand, CliError, Command, Format, RatelimitCommand, RulesCommand, ScopeArgs, VipsCommand,
+    BackendsCommand, CliError, Command, Format, RatelimitCommand, RulesCommand, ScopeArgs, VipsCommand, render_health,
     table::{Align, Table},
 };
 use crate::{
-    api::{BackendList, BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, Reply, RuleList, Stats, TopSourceList, VipList},
+    api::{BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, Reply, RuleList, Stats, TopSourceList},
     model::{RateSpec, Vip},
 };
 
 pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<(), CliError> {
     let text = match (command, reply) {
-        (Command::Vips(VipsCommand::List(o)), Reply::Vips(list)) => output(o.output, &list, vips_table)?,
-        (Command::Backends(BackendsCommand::List { output: o, .. }), Reply::Backends(list)) => output(o.output, &list, backends_table)?,
+        (Command::Vips(VipsCommand::List(o)), Reply::Vips(list)) => output(o.output, &list, render_health::vips_table)?,
+        (Command::Backends(BackendsCommand::List { output: o, .. }), Reply::Backends(list)) => {
+            output(o.output, &list, render_health::backends_table)?
+        }
         (Command::Stats(o), Reply::Stats(stats)) => output(o.output, &stats, stats_tables)?,
         (Command::Ratelimit(RatelimitCommand::List(o)), Reply::RateLimits(list)) => output(o.output, &list, rate_limits_table)?,
         (Command::Rules(RulesCommand::List(o)), Reply::Rules(list)) => output(o.output, &list, rules_table)?,
         (Command::TopSources { output: o, .. }, Reply::TopSources(list)) => output(o.output, &list, top_sources_table)?,
+        (Command::Ports { output: o, .. }, Reply::Ports(view)) => output(o.output, &view, render_health::ports_tables)?,
         (command, Reply::Done { .. }) => done(command).ok_or(CliError::UnexpectedReply)?,
         _ => return Err(CliError::UnexpectedReply),
     };
@@ -45,12 +48,18 @@ fn done(command: &Command) -> Option<String> {
     let line = match command {
         Command::Vips(VipsCommand::Add { vip, .. }) => format!("added VIP {vip}"),
         Command::Vips(VipsCommand::Remove { vip }) => format!("removed VIP {vip} and its backends"),
-        Command::Backends(BackendsCommand::Add { target, weight }) => {
+        Command::Backends(BackendsCommand::Add { target, weight, .. }) => {
             format!("added backend {} to {} (weight {weight})", target.backend, target.vip)
         }
+        Command::Backends(BackendsCommand::Options { target, .. }) => {
+            format!("set the options of backend {} in {}", target.backend, target.vip)
+        }
+        Command::Vips(VipsCommand::Health { vip, health }) if health.reset => format!("reset the health checks of {vip}"),
+        Command::Vips(VipsCommand::Health { vip, .. }) => format!("changed the health checks of {vip}"),
         Command::Backends(BackendsCommand::Remove { target }) => format!("removed backend {} from {}", target.backend, target.vip),
-        Command::Backends(BackendsCommand::Drain { target }) => {
-            format!("draining backend {} of {}: existing flows stay, new flows go elsewhere", target.backend, target.vip)
+        Command::Backends(BackendsCommand::Drain { target, deadline }) => {
+            let removal = deadline.map_or_else(String::new, |s| format!("; removed in {s} s"));
+            format!("draining backend {} of {}: existing flows stay, new flows go elsewhere{removal}", target.backend, target.vip)
         }
         Command::Backends(BackendsCommand::SetWeight { target, weight }) => {
             format!("set the weight of backend {} in {} to {weight}", target.backend, target.vip)
@@ -91,7 +100,8 @@ fn done(command: &Command) -> Option<String> {
         | Command::Stats(_)
         | Command::Ratelimit(RatelimitCommand::List(_))
         | Command::Rules(RulesCommand::List(_))
-        | Command::TopSources { .. } => return None,
+        | Command::TopSources { .. }
+        | Command::Ports { .. } => return None,
     };
     Some(line + "\n")
 }
@@ -112,34 +122,6 @@ fn vip_text(vip: &Option<Vip>) -> String {
 
 fn observe_text(observe: bool) -> &'static str {
     if observe { " (observe: counted, nothing dropped)" } else { "" }
-}
-
-fn vips_table(list: &VipList) -> String {
-    let mut t = Table::new(&[("VIP", Align::Left), ("RING_SIZE", Align::Right), ("BACKENDS", Align::Right)]);
-    for v in &list.vips {
-        t.row(vec![v.vip.to_string(), v.ring_size.to_string(), v.backends.to_string()]);
-    }
-    t.render()
-}
-
-fn backends_table(list: &BackendList) -> String {
-    let mut t = Table::new(&[
-        ("BACKEND", Align::Left),
-        ("WEIGHT", Align::Right),
-        ("STATE", Align::Left),
-        ("HEALTH", Align::Left),
-        ("EFFECTIVE", Align::Right),
-    ]);
-    for b in &list.backends {
-        t.row(vec![
-            b.address.to_string(),
-            b.weight.to_string(),
-            b.state.label().to_owned(),
-            b.health.clone().unwrap_or_else(|| "-".to_owned()),
-            b.effective_weight.map_or_else(|| "-".to_owned(), |w| w.to_string()),
-        ]);
-    }
-    t.render()
 }
 
 fn stats_tables(stats: &Stats) -> String {

@@ -3,14 +3,14 @@
 use clap::{CommandFactory, error::ErrorKind};
 
 use super::*;
-use crate::api::{BackendEntry, BackendList, BackendState, BackendStats, ReasonCount, Reply, Stats, VipEntry, VipList, VipStats};
+use crate::api::{BackendEntry, BackendList, BackendStats, ReasonCount, Reply, Stats, VipEntry, VipList, VipStats};
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
     Cli::try_parse_from(std::iter::once("lbctl").chain(args.iter().copied()))
 }
 
 fn request(args: &[&str]) -> Request {
-    parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}")).command.request()
+    parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}")).command.request().unwrap_or_else(|e| panic!("{args:?}: {e}"))
 }
 
 fn vip(s: &str) -> Vip {
@@ -35,15 +35,18 @@ fn commands_map_to_requests() {
         (&["vips", "remove", "10.0.0.1:80/tcp"], Request::RemoveVip { vip: v }),
         (
             &["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1"],
-            Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT) },
+            Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: Default::default() },
         ),
         (
             &["backends", "add", "10.0.1.1", "--vip", "10.0.0.1:80/tcp", "--weight", "1000000"],
-            Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(1_000_000) },
+            Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(1_000_000), options: Default::default() },
         ),
         (&["backends", "list", "--vip", "10.0.0.1:80/tcp", "-o", "json"], Request::ListBackends { vip: v }),
         (&["backends", "remove", "--vip", "10.0.0.1:80/tcp", "fd00::2"], Request::RemoveBackend { vip: v, backend: ip("fd00::2") }),
-        (&["backends", "drain", "--vip", "10.0.0.1:80/tcp", "10.0.1.1"], Request::DrainBackend { vip: v, backend: ip("10.0.1.1") }),
+        (
+            &["backends", "drain", "--vip", "10.0.0.1:80/tcp", "10.0.1.1"],
+            Request::DrainBackend { vip: v, backend: ip("10.0.1.1"), deadline_s: None },
+        ),
         (
             &["backends", "set-weight", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "7"],
             Request::SetWeight { vip: v, backend: ip("10.0.1.1"), weight: 7 },
@@ -103,7 +106,7 @@ fn every_help_has_an_example() {
     }
     let mut seen = 0;
     walk(&Cli::command(), &mut Vec::new(), &mut seen);
-    assert_eq!(seen, 22, "lbctl, vips (3), backends (5), stats, ratelimit (4), rules (3), top-sources");
+    assert_eq!(seen, 25, "lbctl, vips (4), backends (6), stats, ratelimit (4), rules (3), top-sources, ports");
 }
 
 fn rendered(args: &[&str], reply: Reply) -> String {
@@ -128,27 +131,32 @@ fn sample_stats() -> Stats {
 
 #[test]
 fn tables() {
-    let vips = VipList { vips: vec![VipEntry { vip: vip("10.0.0.1:80/tcp"), ring_size: 65537, backends: 2 }] };
+    let vips = VipList {
+        vips: vec![VipEntry { vip: vip("10.0.0.1:80/tcp"), ring_size: 65537, backends: 2, health: None, effective_budget: None }],
+        alerts: vec![],
+    };
     assert_eq!(
         rendered(&["vips", "list"], Reply::Vips(vips)),
-        "VIP              RING_SIZE  BACKENDS\n10.0.0.1:80/tcp      65537         2\n"
+        "VIP              RING_SIZE  BACKENDS  PROBE  HEALTHY_WEIGHT  PANIC  BUDGET/S  SPILL/S\n\
+         10.0.0.1:80/tcp      65537         2  -                   -  -             -        -\n"
     );
     let backends = BackendList {
         vip: vip("10.0.0.1:80/tcp"),
         backends: vec![
             BackendEntry {
-                address: ip("10.0.1.1"),
-                weight: 100,
-                state: BackendState::Active,
                 health: Some("unhealthy".to_owned()),
                 effective_weight: Some(0),
+                ..BackendEntry::configured(ip("10.0.1.1"), 100)
             },
-            BackendEntry { address: ip("fd00::2"), weight: 0, state: BackendState::Draining, health: None, effective_weight: None },
+            BackendEntry::configured(ip("fd00::2"), 0),
         ],
+        alerts: vec![],
     };
     assert_eq!(
         rendered(&["backends", "list", "--vip", "10.0.0.1:80/tcp"], Reply::Backends(backends)),
-        "BACKEND   WEIGHT  STATE     HEALTH     EFFECTIVE\n10.0.1.1     100  active    unhealthy          0\nfd00::2        0  draining  -                  -\n"
+        "BACKEND   WEIGHT  STATE     HEALTH     EFFECTIVE  ZONE  LATENCY_MS  PORTS  FOR_S  REASON\n\
+         10.0.1.1     100  active    unhealthy          0  -              -  -          -  -\n\
+         fd00::2        0  draining  -                  -  -              -  -          -  -\n"
     );
     assert_eq!(
         rendered(&["stats"], Reply::Stats(sample_stats())),
@@ -172,16 +180,7 @@ fn json_output_has_the_documented_fields() {
             "observed": [{"reason": "would_drop_source_limit", "packets": 4}],
         })
     );
-    let list = BackendList {
-        vip: vip("10.0.0.1:80/tcp"),
-        backends: vec![BackendEntry {
-            address: ip("10.0.1.1"),
-            weight: 0,
-            state: BackendState::Draining,
-            health: None,
-            effective_weight: None,
-        }],
-    };
+    let list = BackendList { vip: vip("10.0.0.1:80/tcp"), backends: vec![BackendEntry::configured(ip("10.0.1.1"), 0)], alerts: vec![] };
     let out = rendered(&["backends", "list", "--vip", "10.0.0.1:80/tcp", "-o", "json"], Reply::Backends(list));
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&out).unwrap(),
@@ -492,4 +491,137 @@ fn limit_and_rule_changes_print_a_confirmation() {
     }
     let cli = parse(&["rules", "list"]).unwrap();
     assert!(matches!(render::reply(&cli.command, done(), &mut Vec::new()), Err(CliError::UnexpectedReply)));
+}
+
+#[test]
+fn health_zone_and_ports_commands_send_their_requests() {
+    let v = vip("10.0.0.1:80/tcp");
+    let r = request(&["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--zone", "b", "--capacity", "500", "--spare", "50"]);
+    let options =
+        crate::model::BackendOptions { zone: Some("b".into()), capacity_per_s: Some(500), spare_per_s: Some(50), probe_target: None };
+    assert_eq!(r, Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: options.clone() });
+    let r = request(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--probe-target", "10.0.1.1:8080"]);
+    let options = crate::model::BackendOptions { probe_target: Some("10.0.1.1:8080".parse().unwrap()), ..Default::default() };
+    assert_eq!(r, Request::SetBackendOptions { vip: v, backend: ip("10.0.1.1"), options });
+    assert_eq!(
+        request(&["backends", "drain", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--deadline", "15m"]),
+        Request::DrainBackend { vip: v, backend: ip("10.0.1.1"), deadline_s: Some(900) }
+    );
+    let Request::SetHealth { probe, policy, reset, .. } = request(&[
+        "vips",
+        "health",
+        "10.0.0.1:80/tcp",
+        "--probe",
+        "http",
+        "--path",
+        "/healthz",
+        "--set",
+        "fall=3",
+        "--set",
+        "fail_closed=true",
+    ]) else {
+        panic!("not a SetHealth");
+    };
+    assert_eq!(probe, Some(crate::probe::ProbeSpec::Http { path: "/healthz".into(), expect_status: 200, host: None, tls: false }));
+    assert_eq!(policy, [("fail_closed".to_owned(), serde_json::json!(true)), ("fall".to_owned(), serde_json::json!(3))].into());
+    assert!(!reset);
+    assert_eq!(request(&["ports"]), Request::Ports { host: None });
+    assert_eq!(request(&["ports", "--host", "10.0.1.1"]), Request::Ports { host: Some(ip("10.0.1.1")) });
+}
+
+#[test]
+fn bad_health_options_are_refused_by_name() {
+    for (args, needle) in [
+        (&["vips", "health", "10.0.0.1:80/tcp", "--probe", "tcp", "--path", "/"][..], "path"),
+        (&["vips", "health", "10.0.0.1:80/tcp", "--path", "/"][..], "need --probe"),
+        (&["vips", "health", "10.0.0.1:80/tcp", "--probe", "gopher"][..], "gopher"),
+    ] {
+        let err = parse(args).unwrap().command.request().unwrap_err();
+        assert!(err.to_string().contains(needle), "{args:?}: {err}");
+    }
+    for args in [
+        &["backends", "drain", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--deadline", "0s"][..],
+        &["backends", "drain", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--deadline", "5d"][..],
+        &["vips", "health", "10.0.0.1:80/tcp", "--set", "fall"][..],
+        &["ports", "--host", "nope"][..],
+    ] {
+        assert!(parse(args).is_err(), "{args:?} accepted");
+    }
+}
+
+#[test]
+fn health_panic_budget_and_alerts_are_shown() {
+    let vips = VipList {
+        vips: vec![VipEntry {
+            vip: vip("10.0.0.1:80/tcp"),
+            ring_size: 13,
+            backends: 3,
+            health: Some(crate::api::VipHealthView {
+                probe: crate::probe::ProbeSpec::default(),
+                panic: true,
+                fail_closed: false,
+                ejection_capped: false,
+                healthy_weight: 100,
+                total_weight: 300,
+                ejected_weight: 0,
+                spill_per_s: 0,
+                policy: crate::health::HealthConfig::default(),
+            }),
+            effective_budget: Some(crate::model::RateSpec::new(200, Some(20))),
+        }],
+        alerts: vec!["ALERT: this balancer cannot open probe sockets".into()],
+    };
+    let out = rendered(&["vips", "list"], Reply::Vips(vips));
+    assert!(out.starts_with("ALERT: this balancer cannot open probe sockets\n"), "{out}");
+    assert!(out.contains("PANIC (fail open)") && out.contains("100/300") && out.contains(" 200 "), "{out}");
+}
+
+#[test]
+fn ports_show_destinations_failures_and_leak_suspects() {
+    use crate::ports::{DestinationUsage, Dropped, LeakSuspect, Level, PortsReport, ProcessFailures, Thresholds};
+    let report = PortsReport {
+        thresholds: Thresholds::default(),
+        destinations: vec![DestinationUsage {
+            netns: 1,
+            protocol: "tcp".into(),
+            local: ip("10.0.1.1"),
+            remote: ip("10.9.0.1"),
+            remote_port: 5432,
+            active: 92,
+            time_wait: 3,
+            in_use: 95,
+            failures: 7,
+            opened: 100,
+            port_range: None,
+            usable_ports: Some(100),
+            utilisation: Some(0.95),
+            level: Level::Critical,
+        }],
+        failures: vec![ProcessFailures {
+            netns: 1,
+            local: ip("10.0.1.1"),
+            remote: ip("10.9.0.1"),
+            remote_port: 5432,
+            pid: 42,
+            comm: "app".into(),
+            cgroup_id: 1,
+            failures: 7,
+        }],
+        dropped: Dropped::default(),
+        leak_suspects: vec![LeakSuspect {
+            netns: 1,
+            pid: Some(77),
+            comm: Some("leaky".into()),
+            cgroup_id: 1,
+            count: 20,
+            oldest_age_secs: 45,
+            local_ports: vec![8080],
+        }],
+    };
+    let view = crate::api::PortsView { host: "10.0.1.1".into(), report: Some(report), error: None, age_s: 1 };
+    let out = rendered(&["ports", "--host", "10.0.1.1"], Reply::Ports(view));
+    assert!(out.starts_with("host 10.0.1.1 (report 1 s old)\nlevel critical\n"), "{out}");
+    for needle in ["10.9.0.1:5432", "95%", "critical", "app", "leaky", "8080", "over 30 s"] {
+        assert!(out.contains(needle), "{needle} missing:\n{out}");
+    }
 }

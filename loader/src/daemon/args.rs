@@ -91,6 +91,20 @@ pub struct DaemonArgs {
     /// Length of the slow-start ramp of a new or recovered backend, in ms (0: none).
     #[arg(long, value_name = "MS", default_value_t = HealthConfig::default().slow_start_ms)]
     pub health_slow_start_ms: u64,
+    /// This balancer's zone: new flows prefer backends of this zone (and those without one)
+    /// and spill to others only up to their spare capacity [default: no zones].
+    #[arg(long, value_name = "ZONE", value_parser = parse_zone)]
+    pub zone: Option<String>,
+    /// Port of the backends' `lbd agent` endpoint, polled for port pressure (0: do not poll).
+    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_AGENT_PORT)]
+    pub agent_port: u16,
+}
+
+/// Where `lbd agent` serves its host's port pressure, and `lbd` polls it.
+pub const DEFAULT_AGENT_PORT: u16 = 9477;
+
+fn parse_zone(input: &str) -> Result<String, String> {
+    crate::model::check_zone(input).map(|()| input.to_owned()).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Args)]
@@ -103,6 +117,15 @@ pub struct AgentArgs {
     /// bpffs directory; the agent pins under <DIR>/agent.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
+    /// Where to serve this host's port pressure (GET /ports, JSON over HTTP/1.0), or `off`.
+    /// Read-only: nothing sent to it changes anything; connections, request size and time,
+    /// and report builds (one per second) are bounded.
+    #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::ports::endpoint::DEFAULT_LISTEN)]
+    pub ports_listen: crate::ports::endpoint::Listen,
+    /// Seconds a socket may sit in CLOSE_WAIT before its process is named a leak suspect.
+    #[arg(long, value_name = "S", default_value_t = crate::ports::Thresholds::default().close_wait_secs,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub leak_after_s: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -3,29 +3,28 @@
 //! only then becomes the current state; any failure rolls the maps back and changes nothing.
 
 use std::{
-    cmp::Reverse,
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, SocketAddr},
-    time::Instant,
+    net::IpAddr,
 };
 
-use log::{error, info};
+use log::{error, info, warn};
 use spillway_common::{
-    addr::from_words,
     limits::{DEFAULT_RING_SIZE, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6},
     maglev::MAX_WEIGHT,
-    types::{FAMILY_V4, Observed, Reason, RuleState, SourceKey, SourceState, Traffic},
+    types::{Observed, Reason, RuleState, SourceKey, SourceState, Traffic},
 };
 
+use super::{
+    checks::{Checks, ChecksConfig, HealthSnapshot},
+    pressure::PortsBook,
+};
 use crate::{
-    api::{
-        ApiError, BackendEntry, BackendList, BackendState, BackendStats, BudgetLimit, ErrorKind, LimitOrigin, LimitPart, PerSourceLimit,
-        RateLimitList, ReasonCount, Reply, Request, RuleActionKind, RuleEntry, RuleList, ScopeLimits, SourceEntry, Stats, TopSourceList,
-        VipEntry, VipLimits, VipList, VipStats,
-    },
+    api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, RuleActionKind},
     dataplane::{BalancerMaps, DataplaneError},
-    health::{HealthConfig, HealthError, HealthTracker, ProbeKey, ProbeOutcome},
-    model::{Cidr, DEFAULT_WEIGHT, DesiredState, LimitConfig, ModelError, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip},
+    health::{HealthError, Pressure},
+    model::{Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip, VipHealth},
+    ports::PortsReport,
+    probe::ProbeSpec,
     reconcile::{ApplyReport, Maps, ReconcileError, Reconciler},
     store::{Store, StoreError},
 };
@@ -81,12 +80,27 @@ pub enum CoreError {
     Counters(#[source] DataplaneError),
     #[error("health checks")]
     Health(#[source] HealthError),
+    #[error("drain deadline: {seconds} s is out of range (1..{MAX_DRAIN_DEADLINE_S})")]
+    BadDrainDeadline { seconds: u64 },
+    #[error("health policy: {message}")]
+    BadHealthPolicy { message: String },
+    #[error("health: this lbd runs without health checks (--no-health-checks)")]
+    HealthChecksOff,
 }
+
+/// Longest drain deadline: a week. Longer is a forgotten drain, not a plan.
+pub const MAX_DRAIN_DEADLINE_S: u64 = 7 * 24 * 3600;
 
 impl CoreError {
     pub fn to_api(&self) -> ApiError {
         let kind = match self {
-            Self::Model(_) | Self::WeightOutOfRange { .. } | Self::BadRule { .. } | Self::BadTopLimit => ErrorKind::Invalid,
+            Self::Model(_)
+            | Self::WeightOutOfRange { .. }
+            | Self::BadRule { .. }
+            | Self::BadTopLimit
+            | Self::BadDrainDeadline { .. }
+            | Self::BadHealthPolicy { .. }
+            | Self::HealthChecksOff => ErrorKind::Invalid,
             Self::Apply(_) | Self::Persist(_) | Self::Counters(_) | Self::Health(_) => ErrorKind::Internal,
         };
         ApiError { kind, message: error_chain(self) }
@@ -111,170 +125,176 @@ pub struct Core<M, S> {
     maps: M,
     store: S,
     /// `None` with `--no-health-checks`: the configured weights are programmed as they are.
-    health: Option<Health>,
+    health: Option<Checks>,
+    /// Port pressure of the balancer and of the backends (from their agents).
+    ports: PortsBook,
 }
 
-/// One backend of one VIP to probe, with the VIP's settings.
-#[derive(Clone, Debug)]
-pub struct ProbeTarget {
-    pub key: ProbeKey,
-    pub addr: SocketAddr,
-    pub config: HealthConfig,
-}
-
-/// What one probe found.
-#[derive(Clone, Debug)]
-pub struct ProbeResult {
-    pub key: ProbeKey,
-    pub outcome: ProbeOutcome,
-}
-
-/// The health policy of every probed VIP and what the maps were last given.
-struct Health {
-    config: HealthConfig,
-    /// One per probed VIP (see `probes::probe_port`), in step with the desired state.
-    trackers: BTreeMap<Vip, HealthTracker>,
-    /// `now_ms` counts from here (monotonic).
-    epoch: Instant,
-    /// The desired state with effective weights, as last applied to the maps.
-    programmed: DesiredState,
-    last_programmed_ms: u64,
-}
-
-impl Health {
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
-    /// Makes the trackers follow `state`: a tracker per probed VIP, its backends and weights.
-    fn sync(&mut self, state: &DesiredState, now_ms: u64) -> Result<(), HealthError> {
-        self.trackers.retain(|vip, _| state.vips.contains_key(vip) && super::probes::probe_port(vip).is_some());
-        for (vip, config) in &state.vips {
-            if super::probes::probe_port(vip).is_none() {
-                continue;
-            }
-            if !self.trackers.contains_key(vip) {
-                self.trackers.insert(*vip, HealthTracker::new(*vip, self.config.clone())?);
-            }
-            if let Some(tracker) = self.trackers.get_mut(vip) {
-                tracker.sync_config(config, now_ms);
-            }
-        }
-        self.log_events();
-        Ok(())
-    }
-
-    /// `state` with every probed backend's weight replaced by its effective weight. The
-    /// operator's state (persisted) is never changed; only this copy reaches the maps.
-    fn effective(&self, state: &DesiredState, now_ms: u64) -> DesiredState {
-        let mut effective = state.clone();
-        for (vip, config) in &mut effective.vips {
-            let Some(tracker) = self.trackers.get(vip) else { continue };
-            let weights = tracker.effective_weights(now_ms);
-            for (addr, backend) in &mut config.backends {
-                if let Some(weight) = weights.get(addr) {
-                    backend.weight = *weight;
-                }
-            }
-        }
-        effective
-    }
-
-    fn log_events(&mut self) {
-        for tracker in self.trackers.values_mut() {
-            for event in tracker.take_events() {
-                info!("{event}");
-            }
-        }
-    }
-}
+pub use super::checks::{ProbeResult, ProbeTarget};
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// Adopts what the maps hold and makes them carry `state` (which was loaded from `store`).
-    pub fn start(mut maps: M, store: S, state: DesiredState) -> Result<(Self, ApplyReport), ReconcileError> {
-        let mut reconciler = Reconciler::adopt(&maps)?;
-        let report = reconciler.apply(&mut maps, &state)?;
-        Ok((Self { state, reconciler, maps, store, health: None }, report))
-    }
-
-    /// Turns health checks on: from now on the maps carry effective (health-adjusted)
-    /// weights, and [`Self::health_round`] must be called regularly.
-    pub fn enable_health(&mut self, config: HealthConfig) -> Result<ApplyReport, CoreError> {
-        let mut health =
-            Health { config, trackers: BTreeMap::new(), epoch: Instant::now(), programmed: self.state.clone(), last_programmed_ms: 0 };
-        health.config.validate().map_err(|e| CoreError::Health(e.into()))?;
-        health.sync(&self.state, 0).map_err(CoreError::Health)?;
-        let effective = health.effective(&self.state, 0);
-        let report = self.reconciler.apply(&mut self.maps, &effective);
-        self.health = Some(health);
-        match report {
-            Ok(report) => {
-                if let Some(h) = &mut self.health {
-                    h.programmed = effective;
-                }
-                Ok(report)
+    /// With `checks`, health checks are on from the first write: the maps get the effective
+    /// (health-adjusted) state, backends restored from `snapshot` keep the states a previous
+    /// `lbd` left them in, and [`Self::health_round`] must be called regularly.
+    pub fn start(
+        mut maps: M,
+        store: S,
+        state: DesiredState,
+        checks: Option<(ChecksConfig, HealthSnapshot)>,
+    ) -> Result<(Self, ApplyReport), CoreError> {
+        let mut reconciler = Reconciler::adopt(&maps).map_err(CoreError::Apply)?;
+        let mut health = match checks {
+            Some((config, snapshot)) => {
+                let mut checks = Checks::new(config, &state).map_err(CoreError::Health)?;
+                checks.restore(&snapshot);
+                Some(checks)
             }
-            Err(e) => {
-                self.roll_back();
-                Err(CoreError::Apply(e))
+            None => None,
+        };
+        let target = match &mut health {
+            Some(checks) => {
+                let effective = checks.effective(&state, 0);
+                checks.programmed = effective.clone();
+                effective
             }
-        }
+            None => state.clone(),
+        };
+        let report = reconciler.apply(&mut maps, &target).map_err(CoreError::Apply)?;
+        Ok((Self { state, reconciler, maps, store, health, ports: PortsBook::default() }, report))
     }
 
     /// Feeds probe outcomes, runs time-driven transitions, logs health events and, at most
-    /// once per probe interval and only when they changed, programs the effective weights.
+    /// once per probe interval and only when they changed, programs the effective state.
     /// Returns what to probe now and the health clock.
     pub fn health_round(&mut self, results: Vec<ProbeResult>) -> Result<(Vec<ProbeTarget>, u64), CoreError> {
-        let Some(health) = &mut self.health else { return Ok((Vec::new(), 0)) };
-        let now_ms = health.now_ms();
-        for ProbeResult { key, outcome } in results {
-            if let Some(tracker) = health.trackers.get_mut(&key.vip) {
-                // A backend removed while its probe was in flight: nothing to record.
-                let _ = tracker.observe(key.backend, &outcome, now_ms);
-            }
+        let Some(checks) = &mut self.health else { return Ok((Vec::new(), 0)) };
+        let now_ms = checks.now_ms();
+        checks.observe(results, now_ms);
+        let targets = checks.targets(&self.state);
+        self.save_health_snapshot(now_ms);
+        self.program_effective(now_ms)?;
+        Ok((targets, now_ms))
+    }
+
+    /// Records port pressure reported by a backend's agent (see `pressure::classify`).
+    pub fn set_pressure(&mut self, backend: IpAddr, pressure: Pressure) -> Result<(), CoreError> {
+        let Some(checks) = &mut self.health else { return Ok(()) };
+        let now_ms = checks.now_ms();
+        checks.set_pressure(backend, pressure, now_ms);
+        // Pressure changes at most once per agent poll: no need to wait for the interval.
+        self.program_changes(now_ms)
+    }
+
+    /// Persists backend health when a state changed, so a restart keeps it.
+    fn save_health_snapshot(&mut self, now_ms: u64) {
+        let Some(checks) = &mut self.health else { return };
+        if !checks.snapshot_due {
+            return;
         }
-        for tracker in health.trackers.values_mut() {
-            // No drain deadlines are set yet, so no removals are asked for.
-            let _ = tracker.tick(now_ms);
+        checks.snapshot_due = false;
+        if let Err(e) = self.store.save_health(&checks.snapshot(now_ms)) {
+            warn!("health: persisting backend health: {}", error_chain(&e));
         }
-        health.log_events();
-        let targets = health
-            .trackers
-            .iter()
-            .filter_map(|(vip, tracker)| Some((vip, tracker, super::probes::probe_port(vip)?)))
-            .flat_map(|(vip, tracker, port)| {
-                let config = tracker.config().clone();
-                tracker.backends(now_ms).into_iter().map(move |b| ProbeTarget {
-                    key: ProbeKey { vip: *vip, backend: b.backend },
-                    addr: SocketAddr::new(b.backend, port),
-                    config: config.clone(),
-                })
-            })
-            .collect();
-        if now_ms.saturating_sub(health.last_programmed_ms) < health.config.interval_ms {
-            return Ok((targets, now_ms));
+    }
+
+    /// Programs the effective state if it changed, at most once per probe interval: probe
+    /// outcomes arrive every 100 ms, and each table rewrite moves flows.
+    fn program_effective(&mut self, now_ms: u64) -> Result<(), CoreError> {
+        let Some(checks) = &self.health else { return Ok(()) };
+        let interval_ms = self.state.vips.values().filter_map(|c| c.health.as_ref().map(|h| h.policy.interval_ms)).min();
+        let interval_ms = interval_ms.unwrap_or(u64::MAX).min(checks.defaults().interval_ms);
+        if checks.last_programmed_ms.is_some_and(|last| now_ms.saturating_sub(last) < interval_ms) {
+            return Ok(());
         }
-        let effective = health.effective(&self.state, now_ms);
-        if effective == health.programmed {
-            return Ok((targets, now_ms));
+        self.program_changes(now_ms)
+    }
+
+    /// Programs the effective state if it differs from what the maps carry.
+    fn program_changes(&mut self, now_ms: u64) -> Result<(), CoreError> {
+        let Some(checks) = &mut self.health else { return Ok(()) };
+        let effective = checks.effective(&self.state, now_ms);
+        if effective == checks.programmed {
+            return Ok(());
         }
+        checks.last_programmed_ms = Some(now_ms);
         match self.reconciler.apply(&mut self.maps, &effective) {
             Ok(report) => {
-                let changed = changed_weights(&health.programmed, &effective);
+                let changed = changed_weights(&checks.programmed, &effective);
                 info!(
-                    "event=health_weights_programmed changed=[{changed}] slots_written={} tables_flipped={}",
-                    report.slots_written, report.tables_flipped
+                    "event=health_weights_programmed changed=[{changed}] slots_written={} tables_flipped={} limits_written={}",
+                    report.slots_written, report.tables_flipped, report.limits_written
                 );
-                health.programmed = effective;
-                health.last_programmed_ms = now_ms;
-                Ok((targets, now_ms))
+                checks.programmed = effective;
+                Ok(())
             }
             Err(e) => {
-                health.last_programmed_ms = now_ms;
                 self.roll_back();
                 Err(CoreError::Apply(e))
             }
         }
+    }
+
+    /// A VIP's health settings after a `SetHealth`: `policy` fields by name over the VIP's
+    /// current policy (or `lbd`'s defaults), so unknown names and bad values are refused by
+    /// the same checks as a state file.
+    fn health_settings(
+        &self,
+        vip: &Vip,
+        probe: Option<ProbeSpec>,
+        policy: BTreeMap<String, serde_json::Value>,
+        reset: bool,
+    ) -> Result<Option<VipHealth>, CoreError> {
+        let checks = self.health.as_ref().ok_or(CoreError::HealthChecksOff)?;
+        let current = self.state.vip(vip)?.health.clone().filter(|_| !reset);
+        if reset && probe.is_none() && policy.is_empty() {
+            return Ok(None);
+        }
+        let mut health = current.unwrap_or_else(|| VipHealth { probe: ProbeSpec::default(), policy: checks.defaults().clone() });
+        if let Some(probe) = probe {
+            health.probe = probe;
+        }
+        let bad = |e: serde_json::Error| CoreError::BadHealthPolicy { message: e.to_string() };
+        let mut fields = match serde_json::to_value(&health.policy).map_err(bad)? {
+            serde_json::Value::Object(fields) => fields,
+            _ => unreachable!("a struct serializes to an object"),
+        };
+        fields.extend(policy);
+        health.policy = serde_json::from_value(serde_json::Value::Object(fields)).map_err(bad)?;
+        Ok(Some(health))
+    }
+
+    /// Records the balancer's own port report (from its watcher) or why there is none.
+    pub fn record_local_ports(&mut self, report: Result<PortsReport, String>) {
+        self.ports.record_local(report);
+    }
+
+    /// Records an agent's report, and the pressure it means for the backend.
+    pub fn record_agent_ports(&mut self, backend: IpAddr, report: Result<PortsReport, String>) -> Result<(), CoreError> {
+        let pressure = self.ports.record_agent(backend, report);
+        self.set_pressure(backend, pressure)
+    }
+
+    fn ports(&self, host: Option<IpAddr>) -> PortsView {
+        self.ports.view(host)
+    }
+
+    /// Removes draining backends whose deadline (Unix ms) has passed; returns how many.
+    pub fn expire_drains(&mut self, now_unix_ms: u64) -> Result<usize, CoreError> {
+        let expired: Vec<(Vip, IpAddr)> = self
+            .state
+            .vips
+            .iter()
+            .flat_map(|(vip, c)| c.backends.iter().map(move |(addr, b)| (*vip, *addr, b.drain_deadline_unix_ms)))
+            .filter(|(_, _, deadline)| deadline.is_some_and(|d| d <= now_unix_ms))
+            .map(|(vip, addr, _)| (vip, addr))
+            .collect();
+        for (vip, backend) in &expired {
+            self.mutate(&format!("op=remove_backend vip={vip} backend={backend} reason=drain_deadline"), |s| {
+                s.remove_backend(vip, *backend)
+            })?;
+        }
+        Ok(expired.len())
     }
 
     /// What the maps should carry for `state`: itself, or its effective weights.
@@ -306,17 +326,33 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 self.mutate(&format!("op=add_vip vip={vip} ring_size={ring_size}"), |s| s.add_vip(vip, ring_size))
             }
             Request::RemoveVip { vip } => self.mutate(&format!("op=remove_vip vip={vip}"), |s| s.remove_vip(&vip).map(drop)),
-            Request::AddBackend { vip, backend, weight } => {
+            Request::AddBackend { vip, backend, weight, options } => {
                 let weight = check_weight(weight.unwrap_or(DEFAULT_WEIGHT))?;
-                self.mutate(&format!("op=add_backend vip={vip} backend={backend} weight={weight}"), |s| {
-                    s.add_backend(&vip, backend, weight)
+                self.mutate(&format!("op=add_backend vip={vip} backend={backend} weight={weight} options={options:?}"), |s| {
+                    s.add_backend_with(&vip, backend, Backend { weight, options, drain_deadline_unix_ms: None })
                 })
             }
+            Request::SetBackendOptions { vip, backend, options } => self
+                .mutate(&format!("op=set_backend_options vip={vip} backend={backend} options={options:?}"), |s| {
+                    s.set_backend_options(&vip, backend, options)
+                }),
+            Request::SetHealth { vip, probe, policy, reset } => {
+                let health = self.health_settings(&vip, probe, policy, reset)?;
+                self.mutate(&format!("op=set_health vip={vip} health={health:?}"), |s| s.set_health(&vip, health))
+            }
+            Request::Ports { host } => Ok(Reply::Ports(self.ports(host))),
             Request::RemoveBackend { vip, backend } => {
                 self.mutate(&format!("op=remove_backend vip={vip} backend={backend}"), |s| s.remove_backend(&vip, backend))
             }
-            Request::DrainBackend { vip, backend } => {
-                self.mutate(&format!("op=drain_backend vip={vip} backend={backend}"), |s| s.set_weight(&vip, backend, 0))
+            Request::DrainBackend { vip, backend, deadline_s } => {
+                let deadline = match deadline_s {
+                    Some(0) | Some(MAX_DRAIN_DEADLINE_S..) => return Err(CoreError::BadDrainDeadline { seconds: deadline_s.unwrap_or(0) }),
+                    Some(s) => Some(unix_ms() + s * 1000),
+                    None => None,
+                };
+                self.mutate(&format!("op=drain_backend vip={vip} backend={backend} deadline_s={deadline_s:?}"), |s| {
+                    s.drain_backend(&vip, backend, deadline)
+                })
             }
             Request::SetWeight { vip, backend, weight } => {
                 let weight = check_weight(weight)?;
@@ -375,10 +411,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         }
         // With health checks, the trackers follow `next` and the maps get its effective weights.
         let target = match &mut self.health {
-            Some(health) => {
-                let now_ms = health.now_ms();
-                health.sync(&next, now_ms).map_err(CoreError::Health)?;
-                health.effective(&next, now_ms)
+            Some(checks) => {
+                let now_ms = checks.now_ms();
+                checks.sync(&next, now_ms).map_err(CoreError::Health)?;
+                checks.effective(&next, now_ms)
             }
             None => next.clone(),
         };
@@ -422,146 +458,13 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
 
     /// After a failed change: the trackers follow the current state again.
     fn resync_health(&mut self) {
-        if let Some(health) = &mut self.health {
-            let now_ms = health.now_ms();
-            if let Err(e) = health.sync(&self.state, now_ms) {
+        if let Some(checks) = &mut self.health {
+            let now_ms = checks.now_ms();
+            if let Err(e) = checks.sync(&self.state, now_ms) {
                 error!("health: resyncing after a failed change: {}", error_chain(&e));
             }
         }
     }
-
-    fn vips(&self) -> VipList {
-        let vips = self
-            .state
-            .vips
-            .iter()
-            .map(|(vip, config)| VipEntry { vip: *vip, ring_size: config.ring_size, backends: config.backends.len() })
-            .collect();
-        VipList { vips }
-    }
-
-    fn backends(&self, vip: &crate::model::Vip) -> Result<BackendList, ModelError> {
-        let config = self.state.vip(vip)?;
-        let backends = config
-            .backends
-            .iter()
-            .map(|(address, b)| {
-                let health = self.health.as_ref().and_then(|h| h.trackers.get(vip)).and_then(|t| {
-                    let now_ms = self.health.as_ref().map_or(0, Health::now_ms);
-                    t.backends(now_ms).into_iter().find(|e| e.backend == *address)
-                });
-                let effective_weight = self.programmed().vips.get(vip).and_then(|c| c.backends.get(address)).map_or(b.weight, |p| p.weight);
-                BackendEntry {
-                    address: *address,
-                    weight: b.weight,
-                    state: BackendState::of_weight(b.weight),
-                    health: health.map(|h| h.state.as_str().to_owned()),
-                    effective_weight: Some(effective_weight),
-                }
-            })
-            .collect();
-        Ok(BackendList { vip: *vip, backends })
-    }
-
-    fn stats(&self) -> Result<Stats, DataplaneError> {
-        let traffic = |id: Option<u32>, read: &dyn Fn(u32) -> Result<Traffic, DataplaneError>| match id {
-            Some(id) => read(id),
-            None => Ok(Traffic::default()),
-        };
-        let mut vips = Vec::new();
-        for (vip, config) in &self.state.vips {
-            let t = traffic(self.reconciler.vip_id(vip), &|id| self.maps.vip_traffic(id))?;
-            let mut backends = Vec::new();
-            for address in config.backends.keys() {
-                let b = traffic(self.reconciler.backend_id(vip, address), &|id| self.maps.backend_traffic(id))?;
-                backends.push(BackendStats { address: *address, packets: b.packets, bytes: b.bytes });
-            }
-            vips.push(VipStats { vip: *vip, packets: t.packets, bytes: t.bytes, backends });
-        }
-        let reasons =
-            self.maps.reasons()?.into_iter().map(|(reason, packets)| ReasonCount { reason: reason.label().to_owned(), packets }).collect();
-        let observed =
-            self.maps.observed()?.into_iter().map(|(o, packets)| ReasonCount { reason: o.label().to_owned(), packets }).collect();
-        Ok(Stats { vips, reasons, observed })
-    }
-
-    fn rate_limits(&self) -> RateLimitList {
-        let default = self.state.default_limits.as_ref();
-        let vips = self
-            .state
-            .vips
-            .iter()
-            .map(|(vip, config)| VipLimits { vip: *vip, effective: scope_limits(config.limits.as_ref(), default) })
-            .collect();
-        RateLimitList { default: scope_limits(None, default), vips }
-    }
-
-    fn rules(&self) -> Result<RuleList, DataplaneError> {
-        let mut rules = Vec::new();
-        for (rule, config) in &self.state.rules {
-            let counters = match self.reconciler.rule_id(rule) {
-                Some(id) => self.maps.rule_state(id)?,
-                None => RuleState::default(),
-            };
-            let (action, rate) = match config.action {
-                RuleAction::Limit(rate) => (RuleActionKind::Limit, Some(rate)),
-                RuleAction::Block => (RuleActionKind::Block, None),
-                RuleAction::Exempt => (RuleActionKind::Exempt, None),
-            };
-            rules.push(RuleEntry {
-                cidr: rule.cidr,
-                vip: rule.vip,
-                action,
-                rate,
-                observe: config.observe,
-                hits: counters.hits,
-                dropped: counters.dropped,
-            });
-        }
-        Ok(RuleList { rules })
-    }
-
-    fn top_sources(&self, vip: &Vip, limit: Option<u32>) -> Result<TopSourceList, CoreError> {
-        if limit == Some(0) {
-            return Err(CoreError::BadTopLimit);
-        }
-        self.state.vip(vip)?;
-        let Some(id) = self.reconciler.vip_id(vip) else {
-            return Ok(TopSourceList { vip: *vip, tracked: 0, sources: Vec::new() });
-        };
-        let limits = self.state.effective_limits(vip).unwrap_or_default();
-        let mut entries = self.maps.sources(id).map_err(CoreError::Counters)?;
-        let tracked = entries.len();
-        entries.sort_by_key(|(key, state)| (Reverse(state.dropped), Reverse(state.admitted), key.family, key.prefix));
-        let sources = entries
-            .into_iter()
-            .filter_map(|(key, state)| {
-                let addr = from_words(key.prefix, key.family)?;
-                let len = if key.family == FAMILY_V4 { limits.source_prefix_v4 } else { limits.source_prefix_v6 };
-                let prefix = Cidr { addr: Cidr::mask(addr, len), prefix_len: len };
-                Some(SourceEntry { prefix, admitted: state.admitted, dropped: state.dropped })
-            })
-            .take(limit.map_or(usize::MAX, |l| l as usize))
-            .collect();
-        Ok(TopSourceList { vip: *vip, tracked, sources })
-    }
-}
-
-/// A scope's effective limits, part by part, with where each part comes from.
-fn scope_limits(own: Option<&LimitConfig>, default: Option<&LimitConfig>) -> ScopeLimits {
-    let sources = [(own, LimitOrigin::Vip), (default, LimitOrigin::Default)];
-    let sources = sources.iter().filter_map(|(c, from)| c.map(|c| (c, *from)));
-    let per_source = sources.clone().find_map(|(c, from)| {
-        c.per_source.map(|rate| PerSourceLimit {
-            rate,
-            source_prefix_v4: c.source_prefix_v4,
-            source_prefix_v6: c.source_prefix_v6,
-            observe: c.observe_source,
-            from,
-        })
-    });
-    let vip_budget = sources.clone().find_map(|(c, from)| c.vip_budget.map(|rate| BudgetLimit { rate, observe: c.observe_budget, from }));
-    ScopeLimits { per_source, vip_budget }
 }
 
 /// A rule's configuration from the request's flat fields.
@@ -607,5 +510,13 @@ fn check_weight(weight: u32) -> Result<u32, CoreError> {
     Ok(weight)
 }
 
+/// Wall-clock milliseconds since the Unix epoch (drain deadlines outlive the process).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod health_tests;
 #[cfg(test)]
 mod tests;
+mod views;

@@ -3,8 +3,10 @@
 //! the pinned link and maps keep forwarding until the next `lbd` takes them over.
 
 pub mod args;
+pub mod checks;
 pub mod core;
 pub mod outer_src;
+pub mod pressure;
 pub mod probes;
 pub mod server;
 
@@ -25,7 +27,8 @@ use tokio::{
 
 use self::{
     args::DaemonArgs,
-    core::{Core, CoreError, Counters, error_chain},
+    checks::ChecksConfig,
+    core::{Core, CoreError, Counters, error_chain, unix_ms},
     outer_src::{OuterSrc4, OuterSrc6},
     server::{ServerError, SharedCore},
 };
@@ -35,7 +38,8 @@ use crate::{
     neighbours,
     netif::{self, NetifError},
     pins::{self, Attachment, PinError, PinLayout},
-    reconcile::{Maps, ReconcileError},
+    ports::SockWatch,
+    reconcile::Maps,
     store::{StateFile, Store, StoreError},
 };
 
@@ -56,12 +60,10 @@ pub enum DaemonError {
     PinnedMapShape { name: String, path: PathBuf, pin_dir: PathBuf, property: &'static str, expected: u64, actual: u64 },
     #[error(transparent)]
     Dataplane(#[from] DataplaneError),
-    #[error("restoring the desired state into the maps")]
-    Restore(#[source] ReconcileError),
     #[error(transparent)]
     Server(#[from] ServerError),
-    #[error("turning health checks on")]
-    Health(#[source] CoreError),
+    #[error("restoring the desired state into the maps")]
+    Start(#[source] CoreError),
     #[error("installing signal handlers")]
     Signals(#[source] io::Error),
 }
@@ -102,41 +104,45 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     let mut maps = balancer.maps;
     maps.set_config(&config)?;
     maps.set_tx_ports(&tx_ports)?;
-    let (core, report) = Core::start(maps, store, state.unwrap_or_default()).map_err(DaemonError::Restore)?;
+    let checks = (!args.no_health_checks).then(|| {
+        let defaults = HealthConfig { slow_start_ms: args.health_slow_start_ms, ..HealthConfig::default() };
+        (ChecksConfig { defaults, local_zone: args.zone.clone() }, store.load_health().unwrap_or_default())
+    });
+    let (core, report) = Core::start(maps, store, state.unwrap_or_default(), checks).map_err(DaemonError::Start)?;
     let vips = &core.state().vips;
     info!(
-        "state restored vips={} backends={} rules={} slots_written={} tables_flipped={} limits_written={} rules_written={}",
+        "state restored vips={} backends={} rules={} health_checks={} zone={} slots_written={} tables_flipped={} limits_written={} rules_written={}",
         vips.len(),
         vips.values().map(|c| c.backends.len()).sum::<usize>(),
         core.state().rules.len(),
+        !args.no_health_checks,
+        args.zone.as_deref().unwrap_or("-"),
         report.slots_written,
         report.tables_flipped,
         report.limits_written,
         report.rules_written
     );
-    let mut core = core;
-    if args.no_health_checks {
-        info!("health checks off (--no-health-checks): configured weights are programmed as they are");
-    } else {
-        let health = HealthConfig { slow_start_ms: args.health_slow_start_ms, ..HealthConfig::default() };
-        let report = core.enable_health(health).map_err(DaemonError::Health)?;
-        info!(
-            "health checks on (TCP connect; UDP and any-port VIPs are not probed) slots_written={} tables_flipped={}",
-            report.slots_written, report.tables_flipped
-        );
-    }
+    // The balancer's own port watcher: `lbctl ports --host lb`, and loud alerts when the
+    // balancer itself runs short of ports. Not fatal: forwarding does not need it.
+    let watch = SockWatch::load().map_err(|e| {
+        let message = error_chain(&e);
+        warn!("socket watcher not loaded; lbctl ports --host lb has no data: {message}");
+        message
+    });
     let health_checks = !args.no_health_checks;
     let core = Arc::new(Mutex::new(core));
     info!("ready api={}", args.api.display());
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let prober = health_checks.then(|| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed())));
+    let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
     server::serve(listener, core, answered, async {
         let name = signals.recv().await;
         info!("received {name}; exiting");
     })
     .await;
     upkeep.abort();
+    pressure.abort();
     if let Some(prober) = prober {
         prober.abort();
     }
@@ -212,7 +218,13 @@ where
         // The lock may be held by a change being applied: wait for it off the async workers.
         let core = core.clone();
         let round = move || {
-            let backends = server::lock(&core).backend_addrs();
+            let backends = {
+                let mut core = server::lock(&core);
+                if let Err(e) = core.expire_drains(unix_ms()) {
+                    warn!("removing backends past their drain deadline: {}", error_chain(&e));
+                }
+                core.backend_addrs()
+            };
             neighbours::upkeep(&backends)
         };
         match tokio::task::spawn_blocking(round).await {

@@ -201,7 +201,7 @@ mod tests {
     async fn start(tmp: &TempDir) -> (PathBuf, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
         let socket = tmp.path().join("run/api.sock");
         let store = StateFile::open(&tmp.path().join("state")).unwrap();
-        let (core, _) = Core::start(FakeMaps::default(), store, DesiredState::default()).unwrap();
+        let (core, _) = Core::start(FakeMaps::default(), store, DesiredState::default(), None).unwrap();
         let (listener, file) = bind(&socket).unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
@@ -241,7 +241,7 @@ mod tests {
         let vip = "10.0.0.1:80/tcp".parse().unwrap();
         call(&socket, Request::AddVip { vip, ring_size: Some(13) }).await.unwrap();
         let listed = call(&socket, Request::ListVips).await.unwrap();
-        assert!(matches!(listed, Reply::Vips(VipList { vips }) if vips.len() == 1));
+        assert!(matches!(listed, Reply::Vips(VipList { vips, .. }) if vips.len() == 1));
         let err = call(&socket, Request::RemoveVip { vip: "10.0.0.2:80/tcp".parse().unwrap() }).await.unwrap_err();
         assert_eq!(err.to_string(), "unknown VIP 10.0.0.2:80/tcp");
 

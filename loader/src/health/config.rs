@@ -77,6 +77,10 @@ pub struct HealthConfig {
     /// (getting slower beats refusing), a quarter of the load usually drains its queues, and
     /// its peers take at most three quarters of its share.
     pub slow_floor: f64,
+    /// Share of a backend's declared capacity that other zones may use, when it declares no
+    /// spare of its own. 0.2: capacity is usually planned with about that much headroom for
+    /// a zone's own peaks; lending more would let one zone's fault overload another.
+    pub spare_fraction: f64,
 }
 
 impl Default for HealthConfig {
@@ -100,6 +104,7 @@ impl Default for HealthConfig {
             slow_min_peers: 2,
             slow_step: 0.1,
             slow_floor: 0.25,
+            spare_fraction: 0.2,
         }
     }
 }
@@ -142,6 +147,7 @@ impl HealthConfig {
             slow_min_peers,
             slow_step,
             slow_floor,
+            spare_fraction,
         } = *self;
         for (field, value) in [
             ("interval_ms", interval_ms),
@@ -174,6 +180,7 @@ impl HealthConfig {
             ("slow_start_floor", slow_start_floor, 0.0, 1.0),
             ("slow_step", slow_step, 0.001, 1.0),
             ("slow_floor", slow_floor, 0.001, 1.0),
+            ("spare_fraction", spare_fraction, 0.0, 1.0),
         ] {
             // `contains` is false for NaN, so NaN is refused too.
             if !(min..=max).contains(&value) {

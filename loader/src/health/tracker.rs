@@ -150,6 +150,14 @@ impl HealthTracker {
         &self.config
     }
 
+    /// New settings from now on; the backends keep their states.
+    pub fn set_config(&mut self, config: HealthConfig, now_ms: u64) -> Result<(), HealthError> {
+        config.validate()?;
+        self.config = config;
+        self.refresh(now_ms);
+        Ok(())
+    }
+
     /// Makes the table follow the desired state's backends and weights: new backends start
     /// in slow start, weight 0 drains, a weight after a drain restarts slow start, removed
     /// backends are forgotten.

@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv6Addr};
 
 /// One destination seen from one network namespace (`struct port_key`).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct PortKey {
     /// Inode of the socket's network namespace (as `stat /run/netns/<name>` shows).
     pub netns: u32,
@@ -81,9 +81,35 @@ pub struct FailKey {
     pub comm: [u8; 16],
 }
 
+/// One socket in CLOSE_WAIT, as the close-wait iterator writes it (`struct close_wait_rec`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct CloseWaitRecord {
+    /// The connection; `raddr`/`rport` is the peer that closed.
+    pub key: PortKey,
+    pub lport: u16,
+    pub pad: u16,
+    /// CLOCK_MONOTONIC second the socket entered CLOSE_WAIT (see [`monotonic_secs`]).
+    pub since: u32,
+    /// Inode of the socket's file (`socket:[inode]` in /proc/<pid>/fd); 0 while the
+    /// socket is still in a listener's accept queue.
+    pub inode: u64,
+    /// cgroup2 id of the socket (an accepted socket inherits its listener's).
+    pub cgroup: u64,
+}
+
+impl CloseWaitRecord {
+    /// Parses the iterator's output: whole records, native byte order.
+    pub fn parse_all(bytes: &[u8]) -> Vec<CloseWaitRecord> {
+        const LEN: usize = size_of::<CloseWaitRecord>();
+        bytes.as_chunks::<LEN>().0.iter().map(|record| bytemuck::pod_read_unaligned(record)).collect()
+    }
+}
+
 const _: () = assert!(size_of::<PortKey>() == 40);
 const _: () = assert!(size_of::<PortCounts>() == 32 + 8 * TW_BUCKETS);
 const _: () = assert!(size_of::<FailKey>() == 72);
+const _: () = assert!(size_of::<CloseWaitRecord>() == 64);
 
 // SAFETY: plain old data: no padding (asserted sizes equal the sum of the fields), any bit
 // pattern is valid.
@@ -95,7 +121,10 @@ unsafe impl aya::Pod for FailKey {}
 
 /// Names of the `sw_stats` array's counters, by index: events the kernel side could not
 /// record because a map was full.
-pub const STAT_NAMES: [&str; 3] = ["sock_table_full", "key_table_full", "fail_table_full"];
+pub const STAT_NAMES: [&str; 6] =
+    ["sock_table_full", "key_table_full", "fail_table_full", "close_wait_table_full", "udp_sock_table_full", "udp_key_table_full"];
+/// `udp_key_table_full` counts per UDP sum (one read), not since load: userspace zeroes it.
+pub(crate) const STAT_UDP_KEY_TABLE_FULL: u32 = 5;
 
 pub(crate) const AF_INET: u8 = 2;
 pub(crate) const IPPROTO_TCP: u8 = 6;
@@ -120,8 +149,17 @@ impl PortKey {
 
     /// A key for `local → remote:rport` over TCP in namespace `netns` (tests, lookups).
     pub fn tcp(netns: u32, local: IpAddr, remote: IpAddr, rport: u16) -> PortKey {
+        PortKey::new(IPPROTO_TCP, netns, local, remote, rport)
+    }
+
+    /// As [`PortKey::tcp`], for UDP (an unconnected socket has remote `0.0.0.0:0`).
+    pub fn udp(netns: u32, local: IpAddr, remote: IpAddr, rport: u16) -> PortKey {
+        PortKey::new(IPPROTO_UDP, netns, local, remote, rport)
+    }
+
+    fn new(proto: u8, netns: u32, local: IpAddr, remote: IpAddr, rport: u16) -> PortKey {
         let family = if local.is_ipv4() { AF_INET } else { 10 };
-        PortKey { netns, rport, proto: IPPROTO_TCP, family, laddr: octets(local), raddr: octets(remote) }
+        PortKey { netns, rport, proto, family, laddr: octets(local), raddr: octets(remote) }
     }
 }
 

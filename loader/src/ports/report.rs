@@ -1,23 +1,36 @@
 //! Turns the sockwatch counts into a per-destination utilisation report. Field names are a
 //! public interface (JSON): add, never rename.
 
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+use super::leaks::{Holder, LeakSuspect, leak_suspects};
+use super::maps::{PortCounts, PortKey};
 use super::range::NetnsPorts;
 use super::watcher::Snapshot;
 
-/// Utilisation levels, as fractions of the usable ephemeral ports.
+/// Utilisation levels, as fractions of the usable ephemeral ports, and the CLOSE_WAIT age
+/// that makes a socket a leak suspect.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Thresholds {
     pub warn: f64,
     pub critical: f64,
+    /// Seconds in CLOSE_WAIT after which a socket is a leak suspect.
+    #[serde(default = "default_close_wait_secs")]
+    pub close_wait_secs: u64,
+}
+
+const DEFAULT_CLOSE_WAIT_SECS: u64 = 30;
+
+fn default_close_wait_secs() -> u64 {
+    DEFAULT_CLOSE_WAIT_SECS
 }
 
 impl Default for Thresholds {
     fn default() -> Self {
-        Thresholds { warn: 0.70, critical: 0.90 }
+        Thresholds { warn: 0.70, critical: 0.90, close_wait_secs: DEFAULT_CLOSE_WAIT_SECS }
     }
 }
 
@@ -35,25 +48,31 @@ pub enum Level {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DestinationUsage {
     pub netns: u32,
+    /// `tcp` or `udp`.
     pub protocol: String,
     pub local: IpAddr,
+    /// For an unconnected UDP socket, the unspecified address and port 0.
     pub remote: IpAddr,
     pub remote_port: u16,
-    /// Sockets from SYN_SENT until CLOSE (ESTABLISHED, FIN_WAIT*, CLOSE_WAIT, ...).
+    /// TCP: sockets from SYN_SENT until CLOSE (ESTABLISHED, FIN_WAIT*, CLOSE_WAIT, ...).
+    /// UDP: sockets holding a port bind() did not name (autobound, or bound to port 0).
     pub active: u64,
     /// TIME_WAIT sockets created in the last 60 s (an upper bound: early reuse is unseen).
     pub time_wait: u64,
     /// `active + time_wait`: local ports this destination holds.
     pub in_use: u64,
-    /// Cumulative `connect()` failures with EADDRNOTAVAIL since the watcher was loaded.
+    /// Cumulative `connect()` failures with EADDRNOTAVAIL since the watcher was loaded (TCP).
     pub failures: u64,
-    /// Cumulative active opens since the watcher was loaded.
+    /// Cumulative active opens since the watcher was loaded (TCP).
     pub opened: u64,
     /// `ip_local_port_range` of the namespace, if known.
     pub port_range: Option<NetnsPorts>,
     /// Range size minus reserved ports.
     pub usable_ports: Option<u32>,
-    /// `in_use / usable_ports`.
+    /// TCP: `in_use / usable_ports` (connect() may reuse a port towards another
+    /// destination). UDP: all of the namespace's UDP sockets on ephemeral ports over
+    /// `usable_ports`, since a UDP port is taken for every destination (autobind picks it
+    /// before connect() sets any address).
     pub utilisation: Option<f64>,
     pub level: Level,
 }
@@ -77,6 +96,15 @@ pub struct Dropped {
     pub sock_table_full: u64,
     pub key_table_full: u64,
     pub fail_table_full: u64,
+    /// Sockets entering CLOSE_WAIT that could not be tracked (leak suspects may be missed).
+    #[serde(default)]
+    pub close_wait_table_full: u64,
+    /// New UDP sockets that could not be tracked (UDP counts may be low).
+    #[serde(default)]
+    pub udp_sock_table_full: u64,
+    /// UDP sockets left out of this report because the destination table was full.
+    #[serde(default)]
+    pub udp_key_table_full: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -86,6 +114,10 @@ pub struct PortsReport {
     pub destinations: Vec<DestinationUsage>,
     pub failures: Vec<ProcessFailures>,
     pub dropped: Dropped,
+    /// Processes holding sockets in CLOSE_WAIT longer than `thresholds.close_wait_secs`,
+    /// most sockets first.
+    #[serde(default)]
+    pub leak_suspects: Vec<LeakSuspect>,
 }
 
 impl PortsReport {
@@ -95,9 +127,19 @@ impl PortsReport {
     }
 }
 
-/// Builds the report; `ports(netns)` gives a namespace's range. Destinations holding no
-/// port and with no failure are left out.
-pub fn build_report(snapshot: &Snapshot, mut ports: impl FnMut(u32) -> Option<NetnsPorts>, thresholds: Thresholds) -> PortsReport {
+/// Builds the report; `ports(netns)` gives a namespace's range, `owners` the processes
+/// holding socket inodes (see [`leak_suspects`]). Destinations holding no port and with no
+/// failure are left out.
+pub fn build_report(
+    snapshot: &Snapshot,
+    mut ports: impl FnMut(u32) -> Option<NetnsPorts>,
+    owners: impl FnOnce(&HashSet<u64>) -> HashMap<u64, Vec<Holder>>,
+    thresholds: Thresholds,
+) -> PortsReport {
+    let mut udp_per_netns: HashMap<u32, u64> = HashMap::new();
+    for (key, count) in &snapshot.udp {
+        *udp_per_netns.entry(key.netns).or_default() += count;
+    }
     let mut destinations: Vec<DestinationUsage> = snapshot
         .destinations
         .iter()
@@ -105,37 +147,13 @@ pub fn build_report(snapshot: &Snapshot, mut ports: impl FnMut(u32) -> Option<Ne
             // A negative count would mean a missed open: show it as zero, never wrap.
             let active = counts.active.max(0) as u64;
             let time_wait = counts.time_wait_at(snapshot.now);
-            let in_use = active + time_wait;
-            if in_use == 0 && counts.failures == 0 {
-                return None;
-            }
-            let port_range = ports(key.netns);
-            let usable_ports = port_range.map(|p| p.usable());
-            let utilisation = usable_ports.map(|u| if u == 0 { 1.0 } else { in_use as f64 / f64::from(u) });
-            let level = match utilisation {
-                None => Level::Unknown,
-                Some(u) if u >= thresholds.critical => Level::Critical,
-                Some(u) if u >= thresholds.warn => Level::Warn,
-                Some(_) => Level::Ok,
-            };
-            Some(DestinationUsage {
-                netns: key.netns,
-                protocol: key.protocol().to_owned(),
-                local: key.local(),
-                remote: key.remote(),
-                remote_port: key.rport,
-                active,
-                time_wait,
-                in_use,
-                failures: counts.failures,
-                opened: counts.opened,
-                port_range,
-                usable_ports,
-                utilisation,
-                level,
-            })
+            let held = active + time_wait;
+            (held > 0 || counts.failures > 0).then(|| usage(key, counts, active, time_wait, held, &mut ports, &thresholds))
         })
         .collect();
+    let udp = snapshot.udp.iter().filter(|(_, count)| *count > 0);
+    destinations
+        .extend(udp.map(|(key, count)| usage(key, &PortCounts::default(), *count, 0, udp_per_netns[&key.netns], &mut ports, &thresholds)));
     destinations.sort_by(|a, b| b.utilisation.unwrap_or(0.0).total_cmp(&a.utilisation.unwrap_or(0.0)).then(b.in_use.cmp(&a.in_use)));
     let mut failures: Vec<ProcessFailures> = snapshot
         .failures
@@ -152,8 +170,49 @@ pub fn build_report(snapshot: &Snapshot, mut ports: impl FnMut(u32) -> Option<Ne
         })
         .collect();
     failures.sort_by_key(|f| std::cmp::Reverse(f.failures));
-    let [sock_table_full, key_table_full, fail_table_full] = snapshot.stats;
-    PortsReport { thresholds, destinations, failures, dropped: Dropped { sock_table_full, key_table_full, fail_table_full } }
+    let [sock_table_full, key_table_full, fail_table_full, close_wait_table_full, udp_sock_table_full, udp_key_table_full] = snapshot.stats;
+    let dropped =
+        Dropped { sock_table_full, key_table_full, fail_table_full, close_wait_table_full, udp_sock_table_full, udp_key_table_full };
+    let leak_suspects = leak_suspects(&snapshot.close_wait, snapshot.now, thresholds.close_wait_secs, owners);
+    PortsReport { thresholds, destinations, failures, dropped, leak_suspects }
+}
+
+/// One destination's row; `competing`: the ports counted against the range (see
+/// [`DestinationUsage::utilisation`]).
+fn usage(
+    key: &PortKey,
+    counts: &PortCounts,
+    active: u64,
+    time_wait: u64,
+    competing: u64,
+    ports: &mut impl FnMut(u32) -> Option<NetnsPorts>,
+    thresholds: &Thresholds,
+) -> DestinationUsage {
+    let port_range = ports(key.netns);
+    let usable_ports = port_range.map(|p| p.usable());
+    let utilisation = usable_ports.map(|u| if u == 0 { 1.0 } else { competing as f64 / f64::from(u) });
+    let level = match utilisation {
+        None => Level::Unknown,
+        Some(u) if u >= thresholds.critical => Level::Critical,
+        Some(u) if u >= thresholds.warn => Level::Warn,
+        Some(_) => Level::Ok,
+    };
+    DestinationUsage {
+        netns: key.netns,
+        protocol: key.protocol().to_owned(),
+        local: key.local(),
+        remote: key.remote(),
+        remote_port: key.rport,
+        active,
+        time_wait,
+        in_use: active + time_wait,
+        failures: counts.failures,
+        opened: counts.opened,
+        port_range,
+        usable_ports,
+        utilisation,
+        level,
+    }
 }
 
 #[cfg(test)]
@@ -184,11 +243,12 @@ mod tests {
                 (key(5), counts(-1, 0)),
             ],
             failures: vec![(FailKey { key: key(3), tgid: 9, pad: 0, cgroup: 1, comm }, 4)],
-            stats: [0, 1, 0],
+            stats: [0, 1, 0, 0, 0, 0],
             now: 1010,
+            ..Snapshot::default()
         };
         let ports = NetnsPorts { low: 40000, high: 40099, reserved: 0 };
-        let report = build_report(&snapshot, |ns| (ns == 42).then_some(ports), Thresholds::default());
+        let report = build_report(&snapshot, |ns| (ns == 42).then_some(ports), no_owners, Thresholds::default());
         let got: Vec<_> = report.destinations.iter().map(|d| (d.remote_port, d.level, d.in_use)).collect();
         assert_eq!(got, [(3, Level::Critical, 95), (2, Level::Warn, 70), (1, Level::Ok, 10)]);
         assert_eq!(report.level(), Level::Critical);
@@ -203,8 +263,54 @@ mod tests {
         assert_eq!(first["utilisation"], 0.95);
         assert_eq!(json["failures"][0]["pid"], 9);
 
-        let unknown = build_report(&snapshot, |_| None, Thresholds::default());
+        let unknown = build_report(&snapshot, |_| None, no_owners, Thresholds::default());
         assert!(unknown.destinations.iter().all(|d| d.level == Level::Unknown && d.utilisation.is_none()));
         assert_eq!(unknown.level(), Level::Ok);
+    }
+
+    fn no_owners(_: &HashSet<u64>) -> HashMap<u64, Vec<Holder>> {
+        HashMap::new()
+    }
+
+    #[test]
+    fn udp_utilisation_counts_every_udp_socket_of_the_namespace() {
+        let local = "10.0.0.11".parse().unwrap();
+        let udp = |remote: &str, port| PortKey::udp(42, local, remote.parse().unwrap(), port);
+        let snapshot = Snapshot {
+            udp: vec![
+                (udp("10.0.0.53", 53), 60),
+                (udp("0.0.0.0", 0), 15),
+                (PortKey::udp(7, local, local, 9), 99),
+                (udp("10.0.0.54", 53), 0),
+            ],
+            ..Snapshot::default()
+        };
+        let ports = NetnsPorts { low: 40000, high: 40099, reserved: 0 };
+        let report = build_report(&snapshot, |ns| (ns == 42).then_some(ports), no_owners, Thresholds::default());
+        let got: Vec<_> =
+            report.destinations.iter().map(|d| (d.protocol.as_str(), d.remote_port, d.in_use, d.utilisation, d.level)).collect();
+        assert_eq!(
+            got,
+            [("udp", 53, 60, Some(0.75), Level::Warn), ("udp", 0, 15, Some(0.75), Level::Warn), ("udp", 9, 99, None, Level::Unknown)]
+        );
+    }
+
+    #[test]
+    fn reports_round_trip_and_older_json_still_parses() {
+        let mut record = crate::ports::CloseWaitRecord { since: 100, inode: 5, lport: 80, ..Default::default() };
+        record.key = key(40000);
+        let snapshot = Snapshot { close_wait: vec![record], now: 131, ..Snapshot::default() };
+        let owners = |_: &HashSet<u64>| HashMap::from([(5, vec![Holder { pid: 3, comm: "app".into() }])]);
+        let report = build_report(&snapshot, |_| None, owners, Thresholds::default());
+        assert_eq!(report.leak_suspects.len(), 1);
+        let json = serde_json::to_string(&report).unwrap();
+        assert_eq!(serde_json::from_str::<PortsReport>(&json).unwrap(), report);
+
+        // Written before leak suspects, UDP drops and the CLOSE_WAIT threshold existed.
+        let old = r#"{"thresholds":{"warn":0.7,"critical":0.9},"destinations":[],"failures":[],
+            "dropped":{"sock_table_full":0,"key_table_full":0,"fail_table_full":0}}"#;
+        let old: PortsReport = serde_json::from_str(old).unwrap();
+        assert_eq!(old.thresholds, Thresholds::default());
+        assert!(old.leak_suspects.is_empty());
     }
 }

@@ -10,11 +10,6 @@ use crate::support::*;
 /// `interval × fall + timeout + 1 s` with the default health settings (1 s, 2, 1 s).
 const DETECTION_BOUND: Duration = Duration::from_secs(4);
 
-fn backend_json(c: &spillway_harness::cluster::Cluster, vip: &str, addr: &str) -> serde_json::Value {
-    let list = c.lbctl_json(&["backends", "list", "--vip", vip]).unwrap();
-    list["backends"].as_array().unwrap().iter().find(|b| b["address"] == addr).cloned().unwrap_or_else(|| panic!("{addr} not in {list}"))
-}
-
 #[test]
 fn dead_backend_leaves_the_table() {
     let c = start(XdpMode::Native, 3);

@@ -16,7 +16,7 @@ fn hitless_restart(mode: XdpMode) {
     let c = start(mode, 3);
     let vip = tcp_vip(false);
     vip_with_all_backends(&c, &vip, false);
-    let before = (c.lbctl_json(&["vips", "list"]).unwrap(), c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap());
+    let before = stable_view(&c, &vip);
 
     let stream = c.topo.clients()[0].in_netns(|| Stream::open(tcp_target(false), CONNECT_TIMEOUT)).unwrap();
     let checker = StreamChecker::start(stream, Duration::from_millis(50));
@@ -33,7 +33,7 @@ fn hitless_restart(mode: XdpMode) {
     assert_eq!(tally.failures, 0, "connections failed across the restart: {:?}", tally.errors);
     assert_eq!(tally.successes(), CONNECTIONS);
     assert_eq!(report.failures, 0, "the long-lived connection broke: {:?}", report.errors);
-    let after = (c.lbctl_json(&["vips", "list"]).unwrap(), c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap());
+    let after = stable_view(&c, &vip);
     assert_eq!(after, before, "state differs after the restart");
 }
 in_both_modes!(hitless_restart);

@@ -10,7 +10,7 @@ fn bad_input_changes_nothing(mode: XdpMode) {
     let vip = tcp_vip(false);
     vip_with_all_backends(&c, &vip, false);
     let b1 = backend_addr(&c.topo.backends()[0], false);
-    let snapshot = || (c.lbctl_json(&["vips", "list"]).unwrap(), c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap());
+    let snapshot = || stable_view(&c, &vip);
     let before = snapshot();
     let cases: &[(&[&str], &str)] = &[
         (&["vips", "add", "10.100.0.300:80/tcp"], "10.100.0.300"),

@@ -3,10 +3,12 @@
 //! with `lbd agent`. Every scenario runs in native and in generic XDP mode. Needs root.
 
 mod health;
+mod health_policy;
 mod hitless_restart;
 mod input;
 mod membership;
 mod overload;
+mod port_pressure;
 mod reachability;
 mod support;
 

@@ -4,14 +4,22 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use serde_json::Value;
+
 use spillway_harness::cluster::{Binaries, Cluster, ClusterConfig, TCP_PORT, UDP_PORT, XdpMode};
 use spillway_harness::{Host, Tally, TopologyConfig, VIP4, VIP6, run_connections};
 
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub fn start(mode: XdpMode, backends: usize) -> Cluster {
+    start_with(mode, backends, 1, &[])
+}
+
+/// A cluster whose `lbd` gets `lbd_args` too.
+pub fn start_with(mode: XdpMode, backends: usize, clients: usize, lbd_args: &[&str]) -> Cluster {
     let bins = Binaries { lbd: env!("CARGO_BIN_EXE_lbd").into(), lbctl: env!("CARGO_BIN_EXE_lbctl").into() };
-    Cluster::start(bins, ClusterConfig { topology: TopologyConfig { backends, clients: 1 }, mode }).expect("starting the cluster")
+    let lbd_args = lbd_args.iter().map(|a| a.to_string()).collect();
+    Cluster::start(bins, ClusterConfig { topology: TopologyConfig { backends, clients }, mode, lbd_args }).expect("starting the cluster")
 }
 
 pub fn tcp_vip(v6: bool) -> String {
@@ -55,4 +63,49 @@ pub fn assert_shares(tally: &Tally, expected: &BTreeMap<&str, f64>, total: usize
     }
     let unexpected: Vec<_> = tally.by_backend.keys().filter(|k| !expected.contains_key(k.as_str())).collect();
     assert!(unexpected.is_empty() || expected.values().all(|s| *s > 0.0), "unexpected backends {unexpected:?}");
+}
+
+/// A verdict counter of `lbctl stats` (a reason, or an observed would-drop).
+pub fn reason_count(c: &Cluster, label: &str) -> u64 {
+    let stats = c.lbctl_json(&["stats"]).unwrap();
+    let find = |list: &Value, key: &str| {
+        list.as_array().and_then(|l| l.iter().find(|r| r[key] == label)).and_then(|r| r["packets"].as_u64().or(r["count"].as_u64()))
+    };
+    find(&stats["reasons"], "reason")
+        .or_else(|| find(&stats["observed"], "reason"))
+        .unwrap_or_else(|| panic!("no counter {label} in {stats}"))
+}
+
+/// Polls `check` every 100 ms until it holds; panics with `what` after `timeout`.
+pub fn wait_until(timeout: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !check() {
+        assert!(started.elapsed() < timeout, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Backend `addr` of `vip` as `lbctl backends list -o json` shows it.
+pub fn backend_json(c: &Cluster, vip: &str, addr: &str) -> serde_json::Value {
+    let list = c.lbctl_json(&["backends", "list", "--vip", vip]).unwrap();
+    list["backends"].as_array().unwrap().iter().find(|b| b["address"] == addr).cloned().unwrap_or_else(|| panic!("{addr} not in {list}"))
+}
+
+/// The VIP as `lbctl vips list -o json` shows it.
+pub fn vip_json(c: &Cluster, vip: &str) -> serde_json::Value {
+    let list = c.lbctl_json(&["vips", "list"]).unwrap();
+    list["vips"].as_array().unwrap().iter().find(|v| v["vip"] == vip).cloned().unwrap_or_else(|| panic!("{vip} not in {list}"))
+}
+
+/// `lbctl vips list` and `backends list` without what changes by itself from one moment to
+/// the next (how long a state has lasted, probe latency, why): what a change must not touch.
+pub fn stable_view(c: &Cluster, vip: &str) -> (Value, Value) {
+    let mut backends = c.lbctl_json(&["backends", "list", "--vip", vip]).unwrap();
+    for b in backends["backends"].as_array_mut().unwrap() {
+        let b = b.as_object_mut().unwrap();
+        for volatile in ["state_for_s", "latency_ms", "reason", "unknown_probes"] {
+            b.remove(volatile);
+        }
+    }
+    (c.lbctl_json(&["vips", "list"]).unwrap(), backends)
 }

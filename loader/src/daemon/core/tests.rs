@@ -6,6 +6,7 @@ use spillway_common::{limits::MAX_BACKENDS_PER_VIP, types::Reason};
 
 use super::*;
 use crate::{
+    api::{BackendState, VipEntry, VipList},
     model::Vip,
     store::StateFile,
     testing::{FakeMaps, TempDir},
@@ -28,7 +29,7 @@ impl Fixture {
     fn new() -> Self {
         let tmp = TempDir::new("core");
         let store = StateFile::open(tmp.path()).unwrap();
-        let (core, _) = Core::start(FakeMaps::default(), store, DesiredState::default()).unwrap();
+        let (core, _) = Core::start(FakeMaps::default(), store, DesiredState::default(), None).unwrap();
         Self { core, tmp }
     }
 
@@ -47,8 +48,8 @@ impl Fixture {
     fn with_two_backends() -> Self {
         let mut f = Self::new();
         f.ok(Request::AddVip { vip: vip(), ring_size: Some(251) });
-        f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.1"), weight: None });
-        f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.2"), weight: Some(50) });
+        f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.1"), weight: None, options: Default::default() });
+        f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.2"), weight: Some(50), options: Default::default() });
         f
     }
 
@@ -65,20 +66,26 @@ fn mutations_apply_persist_and_list() {
     let mut f = Fixture::new();
     let reply = f.ok(Request::AddVip { vip: vip(), ring_size: Some(251) });
     assert_eq!(reply, Reply::Done { slots_written: 251, tables_flipped: 1 });
-    f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.1"), weight: None });
-    f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.2"), weight: Some(50) });
-    assert_eq!(f.ok(Request::ListVips), Reply::Vips(VipList { vips: vec![VipEntry { vip: vip(), ring_size: 251, backends: 2 }] }));
+    f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.1"), weight: None, options: Default::default() });
+    f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.2"), weight: Some(50), options: Default::default() });
+    assert_eq!(
+        f.ok(Request::ListVips),
+        Reply::Vips(VipList {
+            vips: vec![VipEntry { vip: vip(), ring_size: 251, backends: 2, health: None, effective_budget: None }],
+            alerts: vec![]
+        })
+    );
     assert_eq!(f.backends(), [(ip("10.0.0.1"), DEFAULT_WEIGHT, BackendState::Active), (ip("10.0.0.2"), 50, BackendState::Active)]);
     assert_eq!(f.saved().as_ref(), Some(f.core.state()));
 
-    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2") });
+    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: None });
     assert_eq!(f.backends()[1], (ip("10.0.0.2"), 0, BackendState::Draining));
     f.ok(Request::SetWeight { vip: vip(), backend: ip("10.0.0.2"), weight: 7 });
     assert_eq!(f.backends()[1], (ip("10.0.0.2"), 7, BackendState::Active));
     f.ok(Request::RemoveBackend { vip: vip(), backend: ip("10.0.0.1") });
     assert_eq!(f.backends(), [(ip("10.0.0.2"), 7, BackendState::Active)]);
     f.ok(Request::RemoveVip { vip: vip() });
-    assert_eq!(f.ok(Request::ListVips), Reply::Vips(VipList { vips: vec![] }));
+    assert_eq!(f.ok(Request::ListVips), Reply::Vips(VipList { vips: vec![], alerts: vec![] }));
     assert_eq!(f.saved(), Some(DesiredState::default()));
     assert!(f.core.maps().vips.is_empty());
 }
@@ -95,14 +102,23 @@ fn refused_requests_name_the_problem_and_change_nothing() {
         (Request::AddVip { vip: unknown, ring_size: Some(100) }, "ring size 100"),
         (Request::RemoveVip { vip: unknown }, "unknown VIP 10.9.9.9:80/tcp"),
         (Request::ListBackends { vip: unknown }, "unknown VIP"),
-        (Request::AddBackend { vip: unknown, backend: ip("10.0.0.3"), weight: None }, "unknown VIP"),
-        (Request::AddBackend { vip: vip(), backend: ip("10.0.0.1"), weight: None }, "backend 10.0.0.1 already exists"),
-        (Request::AddBackend { vip: vip(), backend: ip("10.0.0.3"), weight: Some(0) }, "weight 0 is out of range"),
-        (Request::AddBackend { vip: vip(), backend: ip("10.0.0.3"), weight: Some(MAX_WEIGHT + 1) }, "out of range"),
-        (Request::AddBackend { vip: vip(), backend: ip("0.0.0.0"), weight: None }, "not usable"),
-        (Request::AddBackend { vip: v6, backend: ip("10.0.0.3"), weight: None }, "needs an IPv6 backend"),
+        (Request::AddBackend { vip: unknown, backend: ip("10.0.0.3"), weight: None, options: Default::default() }, "unknown VIP"),
+        (
+            Request::AddBackend { vip: vip(), backend: ip("10.0.0.1"), weight: None, options: Default::default() },
+            "backend 10.0.0.1 already exists",
+        ),
+        (
+            Request::AddBackend { vip: vip(), backend: ip("10.0.0.3"), weight: Some(0), options: Default::default() },
+            "weight 0 is out of range",
+        ),
+        (
+            Request::AddBackend { vip: vip(), backend: ip("10.0.0.3"), weight: Some(MAX_WEIGHT + 1), options: Default::default() },
+            "out of range",
+        ),
+        (Request::AddBackend { vip: vip(), backend: ip("0.0.0.0"), weight: None, options: Default::default() }, "not usable"),
+        (Request::AddBackend { vip: v6, backend: ip("10.0.0.3"), weight: None, options: Default::default() }, "needs an IPv6 backend"),
         (Request::RemoveBackend { vip: vip(), backend: ip("10.0.0.9") }, "backend 10.0.0.9 is not in VIP"),
-        (Request::DrainBackend { vip: vip(), backend: ip("10.0.0.9") }, "is not in VIP"),
+        (Request::DrainBackend { vip: vip(), backend: ip("10.0.0.9"), deadline_s: None }, "is not in VIP"),
         (Request::SetWeight { vip: vip(), backend: ip("10.0.0.1"), weight: 0 }, "out of range"),
     ];
     assert_all_refused(&mut f, cases, (&state, &maps, &file));
@@ -116,8 +132,9 @@ fn too_many_backends_in_a_vip_is_refused() {
     for i in 0..MAX_BACKENDS_PER_VIP {
         state.add_backend(&vip(), IpAddr::from([10, 1, (i >> 8) as u8, i as u8]), 1).unwrap();
     }
-    let (mut core, _) = Core::start(FakeMaps::default(), StateFile::open(tmp.path()).unwrap(), state).unwrap();
-    let err = core.handle(Request::AddBackend { vip: vip(), backend: ip("10.2.0.1"), weight: None }).unwrap_err();
+    let (mut core, _) = Core::start(FakeMaps::default(), StateFile::open(tmp.path()).unwrap(), state, None).unwrap();
+    let err =
+        core.handle(Request::AddBackend { vip: vip(), backend: ip("10.2.0.1"), weight: None, options: Default::default() }).unwrap_err();
     assert!(err.to_string().contains("too many backends"), "{err}");
 }
 
@@ -127,7 +144,8 @@ fn failed_apply_rolls_the_maps_back() {
     let (state, file) = (f.core.state().clone(), f.file_bytes());
     let active = f.core.maps().vips.clone();
     f.core.maps.fail_next_write = true;
-    let err = f.core.handle(Request::AddBackend { vip: vip(), backend: ip("10.0.0.3"), weight: None }).unwrap_err();
+    let err =
+        f.core.handle(Request::AddBackend { vip: vip(), backend: ip("10.0.0.3"), weight: None, options: Default::default() }).unwrap_err();
     assert!(matches!(err, CoreError::Apply(_)), "{err:?}");
     assert_eq!(err.to_api().kind, ErrorKind::Internal);
     assert!(err.to_api().message.contains("injected failure"), "{}", err.to_api().message);
@@ -138,7 +156,7 @@ fn failed_apply_rolls_the_maps_back() {
     let in_use = f.core.maps().backends.values().filter(|b| b.state == spillway_common::types::BACKEND_ACTIVE).count();
     assert_eq!(in_use, 2);
     // And the next change works.
-    f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.3"), weight: None });
+    f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.3"), weight: None, options: Default::default() });
     assert_eq!(f.backends().len(), 3);
 }
 
@@ -148,11 +166,15 @@ impl Store for BrokenStore {
     fn save(&mut self, _: &DesiredState) -> Result<(), StoreError> {
         Err(StoreError::Write { path: "/nowhere/state.json".into(), source: std::io::ErrorKind::StorageFull.into() })
     }
+
+    fn save_health(&mut self, _: &HealthSnapshot) -> Result<(), StoreError> {
+        Err(StoreError::Write { path: "/nowhere/health.json".into(), source: std::io::ErrorKind::StorageFull.into() })
+    }
 }
 
 #[test]
 fn failed_persist_rolls_the_maps_back() {
-    let (mut core, _) = Core::start(FakeMaps::default(), BrokenStore, DesiredState::default()).unwrap();
+    let (mut core, _) = Core::start(FakeMaps::default(), BrokenStore, DesiredState::default(), None).unwrap();
     let err = core.handle(Request::AddVip { vip: vip(), ring_size: Some(13) }).unwrap_err();
     assert!(matches!(err, CoreError::Persist(_)));
     assert!(err.to_api().message.contains("/nowhere/state.json"), "{}", err.to_api().message);
@@ -165,10 +187,10 @@ fn restart_with_the_same_state_writes_nothing_and_unchanged_edits_are_free() {
     let mut f = Fixture::with_two_backends();
     let state = f.core.state().clone();
     let maps = f.core.maps().clone();
-    let (_, report) = Core::start(maps, StateFile::open(f.tmp.path()).unwrap(), state).unwrap();
+    let (_, report) = Core::start(maps, StateFile::open(f.tmp.path()).unwrap(), state, None).unwrap();
     assert_eq!(report, ApplyReport::default());
-    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2") });
-    let again = f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2") });
+    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: None });
+    let again = f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: None });
     assert_eq!(again, Reply::Done { slots_written: 0, tables_flipped: 0 });
 }
 
@@ -194,8 +216,8 @@ fn backend_addrs_cover_every_vip() {
     let mut f = Fixture::with_two_backends();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
     f.ok(Request::AddVip { vip: v6, ring_size: Some(13) });
-    f.ok(Request::AddBackend { vip: v6, backend: ip("fd00::2"), weight: None });
-    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.1") });
+    f.ok(Request::AddBackend { vip: v6, backend: ip("fd00::2"), weight: None, options: Default::default() });
+    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.1"), deadline_s: None });
     let addrs: Vec<IpAddr> = f.core.backend_addrs().into_iter().collect();
     assert_eq!(addrs, [ip("10.0.0.1"), ip("10.0.0.2"), ip("fd00::2")]);
 }

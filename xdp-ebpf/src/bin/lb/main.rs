@@ -68,11 +68,13 @@ fn balance(ctx: &XdpContext) -> (u32, Reason) {
     // An established flow skips the VIP lookup: its backend's entry names the VIP, and a
     // removed VIP's backends are freed, which invalidates its flows. A SYN is a new
     // connection even on a known tuple (a client reusing a port after a reset), so it always
-    // goes through the limits; if admitted it keeps the tuple's backend.
-    let known = select::established(&key, now, cfg, icmp_error);
+    // goes through the limits and is placed afresh: the tuple's old backend may have been
+    // ejected or drained since (a retransmitted SYN lands on the same backend as the first
+    // while the table is unchanged).
+    let known = if syn { None } else { select::established(&key, now, cfg, icmp_error) };
     let choice = match known {
-        Some(choice) if !syn => choice,
-        _ => {
+        Some(choice) => choice,
+        None => {
             let Some(vip) = find_vip(&key) else {
                 return (XDP_PASS, Reason::PassNotVip);
             };
@@ -81,16 +83,11 @@ fn balance(ctx: &XdpContext) -> (u32, Reason) {
                 stats::vip(vip.id, frame_len);
                 return (XDP_DROP, reason);
             }
-            match known {
-                Some(choice) => choice,
-                None => {
-                    let Some(choice) = select::new_flow(&key, &vip, hash, now, icmp_error) else {
-                        stats::vip(vip.id, frame_len);
-                        return (XDP_DROP, Reason::DropNoBackend);
-                    };
-                    choice
-                }
-            }
+            let Some(choice) = select::new_flow(&key, &vip, hash, now, icmp_error) else {
+                stats::vip(vip.id, frame_len);
+                return (XDP_DROP, Reason::DropNoBackend);
+            };
+            choice
         }
     };
     stats::vip(choice.backend.vip_id, frame_len);

@@ -1,0 +1,160 @@
+//! Tables for VIPs and backends with their health, and for port pressure.
+
+use super::table::{Align, Table};
+use crate::{
+    api::{BackendList, PortsView, VipList},
+    ports::PortsReport,
+};
+
+fn dash() -> String {
+    "-".to_owned()
+}
+
+/// Alerts first, loud, so they are not lost above a long table.
+fn with_alerts(alerts: &[String], table: String) -> String {
+    let mut out: String = alerts.iter().map(|a| format!("{a}\n")).collect();
+    out.push_str(&table);
+    out
+}
+
+pub fn vips_table(list: &VipList) -> String {
+    let mut t = Table::new(&[
+        ("VIP", Align::Left),
+        ("RING_SIZE", Align::Right),
+        ("BACKENDS", Align::Right),
+        ("PROBE", Align::Left),
+        ("HEALTHY_WEIGHT", Align::Right),
+        ("PANIC", Align::Left),
+        ("BUDGET/S", Align::Right),
+        ("SPILL/S", Align::Right),
+    ]);
+    for v in &list.vips {
+        let (probe, healthy, panic, spill) = match &v.health {
+            Some(h) => (
+                serde_json::to_value(&h.probe).ok().and_then(|p| p["kind"].as_str().map(str::to_owned)).unwrap_or_else(dash),
+                format!("{}/{}", h.healthy_weight, h.total_weight),
+                match (h.panic, h.fail_closed) {
+                    (false, _) if h.ejection_capped => "no (ejection capped)".to_owned(),
+                    (false, _) => "no".to_owned(),
+                    (true, false) => "PANIC (fail open)".to_owned(),
+                    (true, true) => "PANIC (fail closed)".to_owned(),
+                },
+                h.spill_per_s.to_string(),
+            ),
+            None => (dash(), dash(), dash(), dash()),
+        };
+        let budget = v.effective_budget.map_or_else(dash, |b| b.per_s.to_string());
+        t.row(vec![v.vip.to_string(), v.ring_size.to_string(), v.backends.to_string(), probe, healthy, panic, budget, spill]);
+    }
+    with_alerts(&list.alerts, t.render())
+}
+
+pub fn backends_table(list: &BackendList) -> String {
+    let mut t = Table::new(&[
+        ("BACKEND", Align::Left),
+        ("WEIGHT", Align::Right),
+        ("STATE", Align::Left),
+        ("HEALTH", Align::Left),
+        ("EFFECTIVE", Align::Right),
+        ("ZONE", Align::Left),
+        ("LATENCY_MS", Align::Right),
+        ("PORTS", Align::Left),
+        ("FOR_S", Align::Right),
+        ("REASON", Align::Left),
+    ]);
+    for b in &list.backends {
+        let mut health = b.health.clone().unwrap_or_else(dash);
+        if b.kept_in {
+            health.push_str(" (kept in)");
+        }
+        if b.unknown_probes > 0 {
+            health.push_str(&format!(" ({} unknown)", b.unknown_probes));
+        }
+        let mut reason = b.reason.clone().unwrap_or_else(dash);
+        if let Some(s) = b.drain_deadline_in_s {
+            reason.push_str(&format!(" (removed in {s} s)"));
+        }
+        t.row(vec![
+            b.address.to_string(),
+            b.weight.to_string(),
+            b.state.label().to_owned(),
+            health,
+            b.effective_weight.map_or_else(dash, |w| w.to_string()),
+            b.options.zone.clone().unwrap_or_else(dash),
+            b.latency_ms.map_or_else(dash, |l| l.to_string()),
+            b.pressure.clone().unwrap_or_else(dash),
+            b.state_for_s.map_or_else(dash, |s| s.to_string()),
+            reason,
+        ]);
+    }
+    with_alerts(&list.alerts, t.render())
+}
+
+pub fn ports_tables(view: &PortsView) -> String {
+    let mut out = format!("host {} (report {} s old)\n", view.host, view.age_s);
+    if let Some(error) = &view.error {
+        out.push_str(&format!("no report: {error}\n"));
+    }
+    if let Some(report) = &view.report {
+        out.push_str(&report_tables(report));
+    }
+    out
+}
+
+fn report_tables(report: &PortsReport) -> String {
+    let mut d = Table::new(&[
+        ("PROTO", Align::Left),
+        ("LOCAL", Align::Left),
+        ("REMOTE", Align::Left),
+        ("IN_USE", Align::Right),
+        ("TIME_WAIT", Align::Right),
+        ("USABLE", Align::Right),
+        ("UTIL", Align::Right),
+        ("LEVEL", Align::Left),
+        ("FAILURES", Align::Right),
+    ]);
+    for u in &report.destinations {
+        d.row(vec![
+            u.protocol.clone(),
+            u.local.to_string(),
+            format!("{}:{}", u.remote, u.remote_port),
+            u.in_use.to_string(),
+            u.time_wait.to_string(),
+            u.usable_ports.map_or_else(dash, |p| p.to_string()),
+            u.utilisation.map_or_else(dash, |f| format!("{:.0}%", f * 100.0)),
+            format!("{:?}", u.level).to_lowercase(),
+            u.failures.to_string(),
+        ]);
+    }
+    let mut out = format!("level {}\n{}", format!("{:?}", report.level()).to_lowercase(), d.render());
+    if !report.failures.is_empty() {
+        let mut f = Table::new(&[("PID", Align::Right), ("COMM", Align::Left), ("REMOTE", Align::Left), ("FAILURES", Align::Right)]);
+        for p in &report.failures {
+            f.row(vec![p.pid.to_string(), p.comm.clone(), format!("{}:{}", p.remote, p.remote_port), p.failures.to_string()]);
+        }
+        out.push_str("\nconnect() failures for want of a port:\n");
+        out.push_str(&f.render());
+    }
+    if !report.leak_suspects.is_empty() {
+        let mut l = Table::new(&[
+            ("PID", Align::Right),
+            ("COMM", Align::Left),
+            ("CLOSE_WAIT", Align::Right),
+            ("OLDEST_S", Align::Right),
+            ("LOCAL_PORTS", Align::Left),
+        ]);
+        for s in &report.leak_suspects {
+            let ports: Vec<String> = s.local_ports.iter().map(u16::to_string).collect();
+            l.row(vec![
+                s.pid.map_or_else(dash, |p| p.to_string()),
+                s.comm.clone().unwrap_or_else(|| "(no process: never accepted)".to_owned()),
+                s.count.to_string(),
+                s.oldest_age_secs.to_string(),
+                ports.join(","),
+            ]);
+        }
+        out.push_str(&format!("\nleak suspects (sockets in CLOSE_WAIT over {} s):\n", report.thresholds.close_wait_secs));
+        out.push_str(&l.render());
+    }
+    out
+}

@@ -1,0 +1,350 @@
+//! The health checks' side of the core: one policy tracker per checked VIP, the zone and
+//! capacity placement on top of it, port pressure from the backends' agents, and the
+//! balancer's own trouble probing. Produces the *effective* state the maps are given; the
+//! operator's desired state (persisted) is never changed here.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+    time::Instant,
+};
+
+use log::{error, info};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    health::{Candidate, HealthConfig, HealthError, HealthTracker, Placement, Pressure, ProbeKey, ProbeOutcome, Restored, place},
+    model::{DesiredState, LimitConfig, Proto, RateSpec, Vip, VipConfig},
+    probe::ProbeSpec,
+};
+
+/// One backend of one VIP to probe, with the VIP's settings.
+#[derive(Clone, Debug)]
+pub struct ProbeTarget {
+    pub key: ProbeKey,
+    pub addr: SocketAddr,
+    pub spec: ProbeSpec,
+    pub config: HealthConfig,
+}
+
+/// What one probe found.
+#[derive(Clone, Debug)]
+pub struct ProbeResult {
+    pub key: ProbeKey,
+    pub outcome: ProbeOutcome,
+}
+
+/// How long after the last probe the balancer could not make (its own ports or sockets
+/// short) the local alert stays raised.
+const LOCAL_ALERT_HOLD_MS: u64 = 10_000;
+/// How often a raised local alert is logged again while it lasts.
+const LOCAL_ALERT_REPEAT_MS: u64 = 10_000;
+
+/// A derived budget admits this share of a second's worth at once: enough for the jitter of
+/// real arrivals, small enough that a burst cannot overrun the capacity it protects.
+const DERIVED_BURST_DIVISOR: u32 = 10;
+
+/// Settings of the checks that are `lbd`'s, not a VIP's.
+#[derive(Clone, Debug, Default)]
+pub struct ChecksConfig {
+    /// Policy of every VIP without its own.
+    pub defaults: HealthConfig,
+    /// The balancer's zone; `None`: every backend is local.
+    pub local_zone: Option<String>,
+}
+
+/// Health as persisted across restarts (`health.json` next to the state file).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HealthSnapshot {
+    pub backends: Vec<SnapshotEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotEntry {
+    pub vip: Vip,
+    pub backend: IpAddr,
+    pub state: SnapshotState,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SnapshotState {
+    Serving,
+    SlowStart { elapsed_ms: u64 },
+    Failed { flaps: u32 },
+}
+
+impl From<Restored> for SnapshotState {
+    fn from(r: Restored) -> Self {
+        match r {
+            Restored::Serving => Self::Serving,
+            Restored::SlowStart { elapsed_ms } => Self::SlowStart { elapsed_ms },
+            Restored::Failed { flaps } => Self::Failed { flaps },
+        }
+    }
+}
+
+impl From<SnapshotState> for Restored {
+    fn from(s: SnapshotState) -> Self {
+        match s {
+            SnapshotState::Serving => Self::Serving,
+            SnapshotState::SlowStart { elapsed_ms } => Self::SlowStart { elapsed_ms },
+            SnapshotState::Failed { flaps } => Self::Failed { flaps },
+        }
+    }
+}
+
+/// The balancer could not probe (its own ports, sockets or memory ran short).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalAlert {
+    pub since_ms: u64,
+    pub last_ms: u64,
+    /// Probes that came back `Unknown` since the alert was raised.
+    pub unknown_probes: u64,
+    last_logged_ms: u64,
+}
+
+pub struct Checks {
+    config: ChecksConfig,
+    trackers: BTreeMap<Vip, HealthTracker>,
+    placements: BTreeMap<Vip, Placement>,
+    /// Port pressure by backend host, from its agent.
+    pressure: BTreeMap<IpAddr, Pressure>,
+    local_alert: Option<LocalAlert>,
+    /// `now_ms` counts from here (monotonic).
+    epoch: Instant,
+    /// The effective state last applied to the maps.
+    pub programmed: DesiredState,
+    /// When the effective state was last programmed by a health round (`None`: never).
+    pub last_programmed_ms: Option<u64>,
+    /// Backend states changed since the snapshot was last taken.
+    pub snapshot_due: bool,
+}
+
+/// A VIP is health-checked when it has settings of its own, or is TCP (a TCP connect is a
+/// meaningful default; for UDP it says nothing, so UDP VIPs need a UDP probe configured).
+pub fn is_checked(vip: &Vip, config: &VipConfig) -> bool {
+    config.health.is_some() || vip.proto == Proto::Tcp
+}
+
+impl Checks {
+    pub fn new(config: ChecksConfig, state: &DesiredState) -> Result<Self, HealthError> {
+        config.defaults.validate()?;
+        let mut checks = Self {
+            config,
+            trackers: BTreeMap::new(),
+            placements: BTreeMap::new(),
+            pressure: BTreeMap::new(),
+            local_alert: None,
+            epoch: Instant::now(),
+            programmed: state.clone(),
+            last_programmed_ms: None,
+            snapshot_due: false,
+        };
+        checks.sync(state, 0)?;
+        Ok(checks)
+    }
+
+    pub fn defaults(&self) -> &HealthConfig {
+        &self.config.defaults
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn policy<'a>(&'a self, config: &'a VipConfig) -> &'a HealthConfig {
+        config.health.as_ref().map_or(&self.config.defaults, |h| &h.policy)
+    }
+
+    /// Makes the trackers follow `state`: one per checked VIP, with its settings, backends
+    /// and weights, and the port pressure known for its backends.
+    pub fn sync(&mut self, state: &DesiredState, now_ms: u64) -> Result<(), HealthError> {
+        self.trackers.retain(|vip, _| state.vips.get(vip).is_some_and(|c| is_checked(vip, c)));
+        for (vip, config) in state.vips.iter().filter(|(vip, c)| is_checked(vip, c)) {
+            let policy = self.policy(config).clone();
+            let tracker = match self.trackers.entry(*vip) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => e.insert(HealthTracker::new(*vip, policy.clone())?),
+            };
+            if *tracker.config() != policy {
+                tracker.set_config(policy, now_ms)?;
+            }
+            tracker.sync_config(config, now_ms);
+            for backend in config.backends.keys() {
+                let pressure = self.pressure.get(backend).copied().unwrap_or_default();
+                tracker.set_pressure(*backend, pressure, now_ms)?;
+            }
+        }
+        self.log_events();
+        Ok(())
+    }
+
+    /// Puts backends back in the states a previous `lbd` persisted.
+    pub fn restore(&mut self, snapshot: &HealthSnapshot) {
+        for entry in &snapshot.backends {
+            if let Some(tracker) = self.trackers.get_mut(&entry.vip) {
+                tracker.restore(entry.backend, entry.state.into(), 0);
+            }
+        }
+        let restored = snapshot.backends.len();
+        info!("event=health_restored entries={restored}");
+        self.log_events();
+    }
+
+    pub fn snapshot(&self, now_ms: u64) -> HealthSnapshot {
+        let backends = self
+            .trackers
+            .iter()
+            .flat_map(|(vip, t)| t.snapshot(now_ms).into_iter().map(|(backend, r)| SnapshotEntry { vip: *vip, backend, state: r.into() }))
+            .collect();
+        HealthSnapshot { backends }
+    }
+
+    /// Feeds probe outcomes and runs time-driven transitions.
+    pub fn observe(&mut self, results: Vec<ProbeResult>, now_ms: u64) {
+        for ProbeResult { key, outcome } in results {
+            if outcome == ProbeOutcome::Unknown {
+                self.raise_local_alert(&key, now_ms);
+            }
+            if let Some(tracker) = self.trackers.get_mut(&key.vip) {
+                // A backend removed while its probe was in flight: nothing to record.
+                let _ = tracker.observe(key.backend, &outcome, now_ms);
+            }
+        }
+        for tracker in self.trackers.values_mut() {
+            tracker.tick(now_ms);
+        }
+        if self.local_alert.as_ref().is_some_and(|a| now_ms.saturating_sub(a.last_ms) > LOCAL_ALERT_HOLD_MS) {
+            self.local_alert = None;
+            info!("event=lb_probe_alert_cleared");
+        }
+        self.log_events();
+    }
+
+    /// The balancer's own failure to probe: never the backend's fault, always loud.
+    fn raise_local_alert(&mut self, key: &ProbeKey, now_ms: u64) {
+        let alert = self.local_alert.get_or_insert(LocalAlert { since_ms: now_ms, last_ms: now_ms, unknown_probes: 0, last_logged_ms: 0 });
+        alert.last_ms = now_ms;
+        alert.unknown_probes += 1;
+        if alert.unknown_probes == 1 || now_ms.saturating_sub(alert.last_logged_ms) >= LOCAL_ALERT_REPEAT_MS {
+            alert.last_logged_ms = now_ms;
+            error!(
+                "event=lb_probe_alert ALERT: this balancer cannot open probe sockets (ephemeral ports, sockets or memory \
+                 exhausted on the LB host); backends keep their states. unknown_probes={} since_ms={} last_vip={} last_backend={}",
+                alert.unknown_probes, alert.since_ms, key.vip, key.backend
+            );
+        }
+    }
+
+    pub fn local_alert(&self) -> Option<&LocalAlert> {
+        self.local_alert.as_ref()
+    }
+
+    /// Records the port pressure a backend's agent reported, for every VIP it serves.
+    pub fn set_pressure(&mut self, backend: IpAddr, pressure: Pressure, now_ms: u64) {
+        self.pressure.insert(backend, pressure);
+        for tracker in self.trackers.values_mut() {
+            // Not every VIP has this backend.
+            let _ = tracker.set_pressure(backend, pressure, now_ms);
+        }
+        self.log_events();
+    }
+
+    /// What to probe: every backend of every checked VIP that has somewhere to probe (its
+    /// own probe target, or its address on the VIP's port; any-port VIPs need a target).
+    pub fn targets(&self, state: &DesiredState) -> Vec<ProbeTarget> {
+        let mut targets = Vec::new();
+        for (vip, tracker) in &self.trackers {
+            let Some(config) = state.vips.get(vip) else { continue };
+            let spec = config.health.as_ref().map(|h| h.probe.clone()).unwrap_or_default();
+            for (backend, b) in &config.backends {
+                let addr = match b.options.probe_target {
+                    Some(target) => target,
+                    None if vip.port != 0 => SocketAddr::new(*backend, vip.port),
+                    None => continue,
+                };
+                let key = ProbeKey { vip: *vip, backend: *backend };
+                targets.push(ProbeTarget { key, addr, spec: spec.clone(), config: tracker.config().clone() });
+            }
+        }
+        targets
+    }
+
+    /// `state` as the maps should carry it: every checked VIP's weights from its health
+    /// policy, then placed across zones; a VIP whose backends all declare a capacity gets a
+    /// budget no larger than what they can take.
+    pub fn effective(&mut self, state: &DesiredState, now_ms: u64) -> DesiredState {
+        let mut effective = state.clone();
+        self.placements.clear();
+        for (vip, config) in &mut effective.vips {
+            let Some(tracker) = self.trackers.get(vip) else { continue };
+            let weights = tracker.effective_weights(now_ms);
+            let candidates: Vec<Candidate<'_>> = state.vips[vip]
+                .backends
+                .iter()
+                .map(|(addr, b)| Candidate {
+                    backend: *addr,
+                    zone: b.options.zone.as_deref(),
+                    configured_weight: b.weight,
+                    weight: weights.get(addr).copied().unwrap_or(b.weight),
+                    capacity_per_s: b.options.capacity_per_s,
+                    spare_per_s: b.options.spare_per_s,
+                })
+                .collect();
+            let placement = place(self.config.local_zone.as_deref(), &candidates, tracker.config().spare_fraction);
+            for (addr, backend) in &mut config.backends {
+                if let Some(weight) = placement.weights.get(addr) {
+                    backend.weight = *weight;
+                }
+            }
+            if let Some(derived) = placement.budget_per_s {
+                let own = state.effective_limits(vip);
+                config.limits = Some(with_derived_budget(own, derived));
+            }
+            self.placements.insert(*vip, placement);
+        }
+        effective
+    }
+
+    pub fn tracker(&self, vip: &Vip) -> Option<&HealthTracker> {
+        self.trackers.get(vip)
+    }
+
+    pub fn placement(&self, vip: &Vip) -> Option<&Placement> {
+        self.placements.get(vip)
+    }
+
+    pub fn local_zone(&self) -> Option<&str> {
+        self.config.local_zone.as_deref()
+    }
+
+    fn log_events(&mut self) {
+        for tracker in self.trackers.values_mut() {
+            for event in tracker.take_events() {
+                if matches!(event, crate::health::HealthEvent::Backend(_)) {
+                    self.snapshot_due = true;
+                }
+                info!("{event}");
+            }
+        }
+    }
+}
+
+/// The VIP's limits with its budget lowered to `derived_per_s` new flows per second (when
+/// that is lower than the operator's, or there is none). A derived budget is enforced even
+/// if the operator's budget is in observe mode: it protects backends, not a guess.
+fn with_derived_budget(own: Option<LimitConfig>, derived_per_s: u32) -> LimitConfig {
+    let mut limits = own.unwrap_or_default();
+    // 0 reads as "no limit" in the kernel: an empty VIP admits one flow a second.
+    let derived = RateSpec::new(derived_per_s.max(1), Some((derived_per_s / DERIVED_BURST_DIVISOR).max(1)));
+    let binding = match limits.vip_budget {
+        Some(operator) if operator.per_s <= derived.per_s => RateSpec::new(operator.per_s, Some(operator.burst.min(derived.burst))),
+        _ => {
+            limits.observe_budget = false;
+            derived
+        }
+    };
+    limits.vip_budget = Some(binding);
+    limits
+}

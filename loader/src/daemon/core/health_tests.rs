@@ -1,0 +1,197 @@
+//! The core with health checks on: zones and capacity in the programmed state, per-VIP
+//! settings, drain deadlines, port pressure and restarts.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::{
+    api::{BackendEntry, VipEntry},
+    daemon::checks::{SnapshotEntry, SnapshotState},
+    health::{HealthConfig, ProbeOutcome},
+    model::BackendOptions,
+    ports::{DestinationUsage, Dropped, Level, Thresholds},
+    store::StateFile,
+    testing::{FakeMaps, TempDir},
+};
+
+fn vip() -> Vip {
+    "10.100.0.1:80/tcp".parse().unwrap()
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+struct Fixture {
+    core: Core<FakeMaps, StateFile>,
+    tmp: TempDir,
+}
+
+impl Fixture {
+    fn new(zone: Option<&str>) -> Self {
+        Self::restart(TempDir::new("core-health"), zone, HealthSnapshot::default())
+    }
+
+    fn restart(tmp: TempDir, zone: Option<&str>, snapshot: HealthSnapshot) -> Self {
+        let store = StateFile::open(tmp.path()).unwrap();
+        let state = store.load().unwrap().unwrap_or_default();
+        let config = ChecksConfig { defaults: HealthConfig::default(), local_zone: zone.map(str::to_owned) };
+        let (core, _) = Core::start(FakeMaps::default(), store, state, Some((config, snapshot))).unwrap();
+        Self { core, tmp }
+    }
+
+    fn ok(&mut self, request: Request) -> Reply {
+        self.core.handle(request.clone()).unwrap_or_else(|e| panic!("{request:?}: {e}"))
+    }
+
+    fn add(&mut self, backend: &str, zone: Option<&str>, capacity: Option<u32>) {
+        let options = BackendOptions { zone: zone.map(str::to_owned), capacity_per_s: capacity, ..BackendOptions::default() };
+        self.ok(Request::AddBackend { vip: vip(), backend: ip(backend), weight: None, options });
+    }
+
+    fn backends(&mut self) -> Vec<BackendEntry> {
+        match self.ok(Request::ListBackends { vip: vip() }) {
+            Reply::Backends(list) => list.backends,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn effective(&mut self) -> BTreeMap<IpAddr, u32> {
+        self.backends().into_iter().map(|b| (b.address, b.effective_weight.unwrap())).collect()
+    }
+
+    fn vip_entry(&mut self) -> VipEntry {
+        match self.ok(Request::ListVips) {
+            Reply::Vips(mut list) => list.vips.remove(0),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+fn serving(backends: &[&str]) -> HealthSnapshot {
+    HealthSnapshot {
+        backends: backends.iter().map(|b| SnapshotEntry { vip: vip(), backend: ip(b), state: SnapshotState::Serving }).collect(),
+    }
+}
+
+fn weights(f: &mut Fixture) -> Vec<u32> {
+    f.effective().values().copied().collect()
+}
+
+#[test]
+fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
+    let mut f = Fixture::new(Some("a"));
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13) });
+    f.add("10.0.0.1", Some("a"), Some(300));
+    f.add("10.0.0.2", Some("b"), Some(300));
+    let mut f = Fixture::restart(f.tmp, Some("a"), serving(&["10.0.0.1", "10.0.0.2"]));
+    assert_eq!(weights(&mut f), [100, 0], "local zone healthy: nothing for zone b");
+    assert_eq!(f.vip_entry().effective_budget, Some(RateSpec::new(300, Some(30))), "the local capacity");
+
+    // Zone a's only backend fails (half the weight: within the ejection cap, no panic).
+    let failed = ProbeOutcome::Failure { reason: "refused".into() };
+    let key = crate::health::ProbeKey { vip: vip(), backend: ip("10.0.0.1") };
+    let results = vec![ProbeResult { key, outcome: failed.clone() }, ProbeResult { key, outcome: failed }];
+    f.core.health_round(results).unwrap();
+    assert_eq!(weights(&mut f)[0], 0);
+    let entry = f.vip_entry();
+    assert_eq!(entry.effective_budget, Some(RateSpec::new(60, Some(6))), "zone b lends 20% of 300; the rest is shed");
+    assert_eq!(entry.health.unwrap().spill_per_s, 60);
+}
+
+#[test]
+fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
+    let mut f = Fixture::new(None);
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13) });
+    let set = |policy: &[(&str, serde_json::Value)]| Request::SetHealth {
+        vip: vip(),
+        probe: None,
+        policy: policy.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+        reset: false,
+    };
+    f.ok(set(&[("fall", 3.into())]));
+    f.ok(set(&[("fail_closed", true.into())]));
+    let saved = StateFile::open(f.tmp.path()).unwrap().load().unwrap().unwrap();
+    let policy = &saved.vips[&vip()].health.as_ref().unwrap().policy;
+    assert_eq!((policy.fall, policy.fail_closed, policy.rise), (3, true, 2));
+    assert_eq!(f.vip_entry().health.unwrap().policy.fall, 3);
+    for (bad, needle) in [(set(&[("fal", 3.into())]), "fal"), (set(&[("panic_threshold", 2.0.into())]), "panic_threshold")] {
+        let err = f.core.handle(bad).unwrap_err().to_api().message;
+        assert!(err.contains(needle), "{err}");
+    }
+    f.ok(Request::SetHealth { vip: vip(), probe: None, policy: BTreeMap::new(), reset: true });
+    assert_eq!(f.vip_entry().health.unwrap().policy, HealthConfig::default());
+}
+
+#[test]
+fn a_drain_deadline_survives_a_restart_and_removes_the_backend() {
+    let mut f = Fixture::new(None);
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13) });
+    f.add("10.0.0.1", None, None);
+    f.add("10.0.0.2", None, None);
+    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: Some(60) });
+    let err = f.core.handle(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.1"), deadline_s: Some(0) }).unwrap_err();
+    assert!(err.to_api().message.contains("drain deadline"), "{err}");
+    assert_eq!(f.core.expire_drains(unix_ms()).unwrap(), 0);
+    let in_s = f.backends()[1].drain_deadline_in_s.unwrap();
+    assert!((59..=60).contains(&in_s), "{in_s}");
+
+    let mut f = Fixture::restart(f.tmp, None, HealthSnapshot::default());
+    assert_eq!(f.core.expire_drains(unix_ms() + 61_000).unwrap(), 1);
+    assert_eq!(f.backends().len(), 1);
+    // Undraining clears a deadline.
+    f.add("10.0.0.3", None, None);
+    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.3"), deadline_s: Some(5) });
+    f.ok(Request::SetWeight { vip: vip(), backend: ip("10.0.0.3"), weight: 100 });
+    assert_eq!(f.core.expire_drains(unix_ms() + 10_000).unwrap(), 0);
+}
+
+fn report(utilisation: f64, failures: u64) -> PortsReport {
+    let level = if utilisation >= 0.9 { Level::Critical } else { Level::Ok };
+    PortsReport {
+        thresholds: Thresholds::default(),
+        destinations: vec![DestinationUsage {
+            netns: 1,
+            protocol: "tcp".into(),
+            local: ip("10.0.0.1"),
+            remote: ip("10.9.0.1"),
+            remote_port: 5432,
+            active: 90,
+            time_wait: 0,
+            in_use: 90,
+            failures,
+            opened: 90,
+            port_range: None,
+            usable_ports: Some(100),
+            utilisation: Some(utilisation),
+            level,
+        }],
+        failures: Vec::new(),
+        leak_suspects: Vec::new(),
+        dropped: Dropped::default(),
+    }
+}
+
+#[test]
+fn port_pressure_from_an_agent_cuts_only_that_backends_weight() {
+    let snapshot = serving(&["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
+    let tmp = TempDir::new("core-pressure");
+    {
+        let mut f = Fixture::restart(tmp, None, HealthSnapshot::default());
+        f.ok(Request::AddVip { vip: vip(), ring_size: Some(13) });
+        for b in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+            f.add(b, None, None);
+        }
+        let mut f = Fixture::restart(f.tmp, None, snapshot);
+        assert_eq!(weights(&mut f), [100, 100, 100], "restored as serving: no slow start");
+        f.core.record_agent_ports(ip("10.0.0.2"), Ok(report(0.95, 0))).unwrap();
+        assert_eq!(weights(&mut f), [100, 25, 100]);
+        assert_eq!(f.backends()[1].pressure.as_deref(), Some("critical"));
+        assert_eq!(f.backends()[1].health.as_deref(), Some("healthy"), "pressure is not a health state");
+        f.core.record_agent_ports(ip("10.0.0.2"), Ok(report(0.99, 7))).unwrap();
+        assert_eq!(weights(&mut f), [100, 0, 100], "failing connects: no new flows");
+        // An agent that cannot be reached says nothing: the pressure goes back to none.
+        f.core.record_agent_ports(ip("10.0.0.2"), Err("connection refused".into())).unwrap();
+        assert_eq!(weights(&mut f), [100, 100, 100]);
+    }
+}

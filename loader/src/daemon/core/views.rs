@@ -1,0 +1,192 @@
+//! The read-only answers of the API: lists, counters, health and limits as they stand.
+
+use std::cmp::Reverse;
+
+use spillway_common::{
+    addr::from_words,
+    types::{FAMILY_V4, RuleState, Traffic},
+};
+
+use super::{Core, CoreError, Counters, unix_ms};
+use crate::{
+    api::{
+        BackendEntry, BackendList, BackendStats, BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, ReasonCount, RuleActionKind,
+        RuleEntry, RuleList, ScopeLimits, SourceEntry, Stats, TopSourceList, VipEntry, VipHealthView, VipLimits, VipList, VipStats,
+    },
+    daemon::checks::Checks,
+    dataplane::DataplaneError,
+    health::BackendHealth,
+    model::{Cidr, LimitConfig, ModelError, RuleAction, Vip},
+    reconcile::Maps,
+    store::Store,
+};
+
+impl<M: Maps + Counters, S: Store> Core<M, S> {
+    pub(super) fn alerts(&self) -> Vec<String> {
+        let Some(alert) = self.health.as_ref().and_then(|c| c.local_alert()) else { return Vec::new() };
+        let now_ms = self.health.as_ref().map_or(0, Checks::now_ms);
+        vec![format!(
+            "ALERT: this balancer cannot open probe sockets ({} probes in {} s): its own ephemeral ports, sockets or \
+             memory are short; backends keep their states (see lbctl ports)",
+            alert.unknown_probes,
+            now_ms.saturating_sub(alert.since_ms) / 1000
+        )]
+    }
+
+    pub(super) fn vips(&self) -> VipList {
+        let vips = self
+            .state
+            .vips
+            .iter()
+            .map(|(vip, config)| {
+                let checks = self.health.as_ref();
+                let health = checks.and_then(|c| Some((c, c.tracker(vip)?))).map(|(c, tracker)| {
+                    let report = tracker.report(c.now_ms());
+                    VipHealthView {
+                        probe: config.health.as_ref().map(|h| h.probe.clone()).unwrap_or_default(),
+                        panic: report.panic,
+                        fail_closed: tracker.config().fail_closed,
+                        ejection_capped: report.ejection_capped,
+                        healthy_weight: report.healthy_weight,
+                        total_weight: report.total_weight,
+                        ejected_weight: report.ejected_weight,
+                        spill_per_s: c.placement(vip).map_or(0, |p| p.spill_per_s),
+                        policy: tracker.config().clone(),
+                    }
+                });
+                let effective_budget = self.programmed().effective_limits(vip).and_then(|l| l.vip_budget);
+                VipEntry { vip: *vip, ring_size: config.ring_size, backends: config.backends.len(), health, effective_budget }
+            })
+            .collect();
+        VipList { vips, alerts: self.alerts() }
+    }
+
+    pub(super) fn backends(&self, vip: &Vip) -> Result<BackendList, ModelError> {
+        let config = self.state.vip(vip)?;
+        let now_ms = self.health.as_ref().map_or(0, Checks::now_ms);
+        let now_unix_ms = unix_ms();
+        let health: Vec<BackendHealth> = self.health.as_ref().and_then(|c| c.tracker(vip)).map(|t| t.backends(now_ms)).unwrap_or_default();
+        let backends = config
+            .backends
+            .iter()
+            .map(|(address, b)| {
+                let h = health.iter().find(|h| h.backend == *address);
+                let effective_weight = self.programmed().vips.get(vip).and_then(|c| c.backends.get(address)).map_or(b.weight, |p| p.weight);
+                BackendEntry {
+                    health: h.map(|h| h.state.as_str().to_owned()),
+                    effective_weight: Some(effective_weight),
+                    options: b.options.clone(),
+                    reason: h.map(|h| h.reason.to_string()),
+                    state_for_s: h.map(|h| now_ms.saturating_sub(h.since_ms) / 1000),
+                    latency_ms: h.and_then(|h| h.latency_ewma_ms),
+                    pressure: h.map(|h| h.pressure.as_str().to_owned()),
+                    unknown_probes: h.map_or(0, |h| h.consecutive_unknown),
+                    kept_in: h.is_some_and(|h| h.kept_in),
+                    drain_deadline_in_s: b.drain_deadline_unix_ms.map(|d| d.saturating_sub(now_unix_ms).div_ceil(1000)),
+                    ..BackendEntry::configured(*address, b.weight)
+                }
+            })
+            .collect();
+        Ok(BackendList { vip: *vip, backends, alerts: self.alerts() })
+    }
+
+    pub(super) fn stats(&self) -> Result<Stats, DataplaneError> {
+        let traffic = |id: Option<u32>, read: &dyn Fn(u32) -> Result<Traffic, DataplaneError>| match id {
+            Some(id) => read(id),
+            None => Ok(Traffic::default()),
+        };
+        let mut vips = Vec::new();
+        for (vip, config) in &self.state.vips {
+            let t = traffic(self.reconciler.vip_id(vip), &|id| self.maps.vip_traffic(id))?;
+            let mut backends = Vec::new();
+            for address in config.backends.keys() {
+                let b = traffic(self.reconciler.backend_id(vip, address), &|id| self.maps.backend_traffic(id))?;
+                backends.push(BackendStats { address: *address, packets: b.packets, bytes: b.bytes });
+            }
+            vips.push(VipStats { vip: *vip, packets: t.packets, bytes: t.bytes, backends });
+        }
+        let reasons =
+            self.maps.reasons()?.into_iter().map(|(reason, packets)| ReasonCount { reason: reason.label().to_owned(), packets }).collect();
+        let observed =
+            self.maps.observed()?.into_iter().map(|(o, packets)| ReasonCount { reason: o.label().to_owned(), packets }).collect();
+        Ok(Stats { vips, reasons, observed })
+    }
+
+    pub(super) fn rate_limits(&self) -> RateLimitList {
+        let default = self.state.default_limits.as_ref();
+        let vips = self
+            .state
+            .vips
+            .iter()
+            .map(|(vip, config)| VipLimits { vip: *vip, effective: scope_limits(config.limits.as_ref(), default) })
+            .collect();
+        RateLimitList { default: scope_limits(None, default), vips }
+    }
+
+    pub(super) fn rules(&self) -> Result<RuleList, DataplaneError> {
+        let mut rules = Vec::new();
+        for (rule, config) in &self.state.rules {
+            let counters = match self.reconciler.rule_id(rule) {
+                Some(id) => self.maps.rule_state(id)?,
+                None => RuleState::default(),
+            };
+            let (action, rate) = match config.action {
+                RuleAction::Limit(rate) => (RuleActionKind::Limit, Some(rate)),
+                RuleAction::Block => (RuleActionKind::Block, None),
+                RuleAction::Exempt => (RuleActionKind::Exempt, None),
+            };
+            rules.push(RuleEntry {
+                cidr: rule.cidr,
+                vip: rule.vip,
+                action,
+                rate,
+                observe: config.observe,
+                hits: counters.hits,
+                dropped: counters.dropped,
+            });
+        }
+        Ok(RuleList { rules })
+    }
+
+    pub(super) fn top_sources(&self, vip: &Vip, limit: Option<u32>) -> Result<TopSourceList, CoreError> {
+        if limit == Some(0) {
+            return Err(CoreError::BadTopLimit);
+        }
+        self.state.vip(vip)?;
+        let Some(id) = self.reconciler.vip_id(vip) else {
+            return Ok(TopSourceList { vip: *vip, tracked: 0, sources: Vec::new() });
+        };
+        let limits = self.state.effective_limits(vip).unwrap_or_default();
+        let mut entries = self.maps.sources(id).map_err(CoreError::Counters)?;
+        let tracked = entries.len();
+        entries.sort_by_key(|(key, state)| (Reverse(state.dropped), Reverse(state.admitted), key.family, key.prefix));
+        let sources = entries
+            .into_iter()
+            .filter_map(|(key, state)| {
+                let addr = from_words(key.prefix, key.family)?;
+                let len = if key.family == FAMILY_V4 { limits.source_prefix_v4 } else { limits.source_prefix_v6 };
+                let prefix = Cidr { addr: Cidr::mask(addr, len), prefix_len: len };
+                Some(SourceEntry { prefix, admitted: state.admitted, dropped: state.dropped })
+            })
+            .take(limit.map_or(usize::MAX, |l| l as usize))
+            .collect();
+        Ok(TopSourceList { vip: *vip, tracked, sources })
+    }
+}
+
+/// A scope's effective limits, part by part, with where each part comes from.
+fn scope_limits(own: Option<&LimitConfig>, default: Option<&LimitConfig>) -> ScopeLimits {
+    let sources = [(own, LimitOrigin::Vip), (default, LimitOrigin::Default)];
+    let sources = sources.iter().filter_map(|(c, from)| c.map(|c| (c, *from)));
+    let per_source = sources.clone().find_map(|(c, from)| {
+        c.per_source.map(|rate| PerSourceLimit {
+            rate,
+            source_prefix_v4: c.source_prefix_v4,
+            source_prefix_v6: c.source_prefix_v6,
+            observe: c.observe_source,
+            from,
+        })
+    });
+    let vip_budget = sources.clone().find_map(|(c, from)| c.vip_budget.map(|rate| BudgetLimit { rate, observe: c.observe_budget, from }));
+    ScopeLimits { per_source, vip_budget }
+}

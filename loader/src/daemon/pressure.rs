@@ -1,0 +1,186 @@
+//! Port pressure: the balancer's own (from its socket watcher) and each backend host's
+//! (polled from its `lbd agent`), kept for `lbctl ports` and turned into a [`Pressure`]
+//! the health policy applies within its ejection and panic rules.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use log::{info, warn};
+use tokio::{sync::Semaphore, task::JoinSet};
+
+use super::{
+    core::{Counters, error_chain},
+    server::{self, SharedCore},
+};
+use crate::{
+    api::PortsView,
+    health::Pressure,
+    ports::{Level, NetnsResolver, PortsReport, SockWatch, Thresholds, endpoint, netns_inode},
+    reconcile::Maps,
+    store::Store,
+};
+
+/// How often the balancer's watcher is read and the agents are polled.
+pub const POLL: Duration = Duration::from_secs(2);
+/// One agent poll may take this long.
+const AGENT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Agents polled at once.
+const MAX_POLLS_IN_FLIGHT: usize = 16;
+
+/// What a report means for the backend: connects failing for want of ports since the last
+/// poll is `Exhausted`; any destination at the critical threshold is `Critical`.
+pub fn classify(previous: Option<&PortsReport>, report: &PortsReport) -> Pressure {
+    let failures = |r: &PortsReport| r.destinations.iter().map(|d| d.failures).sum::<u64>();
+    if previous.is_some_and(|p| failures(report) > failures(p)) {
+        return Pressure::Exhausted;
+    }
+    if report.level() == Level::Critical { Pressure::Critical } else { Pressure::None }
+}
+
+/// `report` cut down to one network namespace. The watcher sees every socket of the
+/// kernel; a host (a container, or a host of the test harness) must report only its own.
+pub fn only_netns(mut report: PortsReport, netns: u32) -> PortsReport {
+    report.destinations.retain(|d| d.netns == netns);
+    report.failures.retain(|f| f.netns == netns);
+    report.leak_suspects.retain(|l| l.netns == netns);
+    report
+}
+
+/// The inode of this process's network namespace.
+pub fn own_netns() -> Result<u32, String> {
+    netns_inode(std::path::Path::new("/proc/self/ns/net")).map_err(|e| format!("reading /proc/self/ns/net: {e}"))
+}
+
+struct Entry {
+    at: Instant,
+    report: Result<PortsReport, String>,
+}
+
+/// The latest report of every host.
+#[derive(Default)]
+pub struct PortsBook {
+    local: Option<Entry>,
+    agents: BTreeMap<IpAddr, Entry>,
+}
+
+impl PortsBook {
+    pub fn record_local(&mut self, report: Result<PortsReport, String>) {
+        self.local = Some(Entry { at: Instant::now(), report });
+    }
+
+    /// Keeps `report` and returns the backend's pressure. An agent that cannot be reached
+    /// says nothing about pressure: `None`, so a missing agent never costs a backend weight.
+    pub fn record_agent(&mut self, backend: IpAddr, report: Result<PortsReport, String>) -> Pressure {
+        let previous = self.agents.get(&backend).and_then(|e| e.report.as_ref().ok());
+        let pressure = match &report {
+            Ok(r) => classify(previous, r),
+            Err(_) => Pressure::None,
+        };
+        self.agents.insert(backend, Entry { at: Instant::now(), report });
+        pressure
+    }
+
+    /// Forgets hosts that are no longer backends.
+    pub fn retain(&mut self, backends: &std::collections::BTreeSet<IpAddr>) {
+        self.agents.retain(|addr, _| backends.contains(addr));
+    }
+
+    pub fn view(&self, host: Option<IpAddr>) -> PortsView {
+        let (name, entry) = match host {
+            None => ("lb".to_owned(), self.local.as_ref()),
+            Some(addr) => (addr.to_string(), self.agents.get(&addr)),
+        };
+        match entry {
+            None => PortsView {
+                host: name,
+                report: None,
+                error: Some(match host {
+                    None => "no report yet".to_owned(),
+                    Some(_) => "not a backend of any VIP, or not polled yet".to_owned(),
+                }),
+                age_s: 0,
+            },
+            Some(Entry { at, report }) => PortsView {
+                host: name,
+                report: report.as_ref().ok().cloned(),
+                error: report.as_ref().err().cloned(),
+                age_s: at.elapsed().as_secs(),
+            },
+        }
+    }
+}
+
+/// Reads the balancer's own watcher (if it loaded) and polls every backend's agent on
+/// `agent_port` (0: not polled), every [`POLL`], forever.
+pub async fn pressure_task<M, S>(core: SharedCore<M, S>, watch: Result<SockWatch, String>, agent_port: u16)
+where
+    M: Maps + Counters + Send + 'static,
+    S: Store + Send + 'static,
+{
+    let watch = Arc::new(std::sync::Mutex::new((watch, NetnsResolver::new())));
+    let limit = Arc::new(Semaphore::new(MAX_POLLS_IN_FLIGHT));
+    let mut tick = tokio::time::interval(POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let local = {
+            let watch = watch.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut guard = watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let (watch, resolver) = &mut *guard;
+                let report = match watch {
+                    Ok(w) => w.report(resolver, Thresholds::default()).map_err(|e| error_chain(&e)),
+                    Err(e) => Err(e.clone()),
+                };
+                Ok(only_netns(report?, own_netns()?))
+            })
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()))
+        };
+        if let Ok(report) = &local
+            && report.level() == Level::Critical
+        {
+            warn!("event=lb_ports_critical ALERT: this balancer's own ephemeral ports are at the critical threshold (see lbctl ports)");
+        }
+        let backends = {
+            let core = core.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut core = server::lock(&core);
+                core.record_local_ports(local);
+                core.backend_addrs()
+            })
+            .await
+            .unwrap_or_default()
+        };
+        if agent_port == 0 {
+            continue;
+        }
+        let mut polls = JoinSet::new();
+        for backend in backends {
+            let limit = limit.clone();
+            polls.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                let report = endpoint::fetch_report(SocketAddr::new(backend, agent_port), AGENT_TIMEOUT).await.map_err(|e| error_chain(&e));
+                (backend, report)
+            });
+        }
+        let results: Vec<(IpAddr, Result<PortsReport, String>)> = polls.join_all().await;
+        let core = core.clone();
+        let recorded = tokio::task::spawn_blocking(move || {
+            let mut core = server::lock(&core);
+            for (backend, report) in results {
+                if let Err(e) = core.record_agent_ports(backend, report) {
+                    warn!("port pressure of {backend}: {}", error_chain(&e));
+                }
+            }
+        })
+        .await;
+        if let Err(e) = recorded {
+            info!("port pressure round: {e}");
+        }
+    }
+}

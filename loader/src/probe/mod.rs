@@ -1,0 +1,74 @@
+//! Health probes: a TCP connect, an HTTP(S) GET expecting a status, a UDP request expecting a
+//! reply. Each is bounded as a whole by its timeout and closes its socket so that it leaves
+//! nothing behind on the balancer: TCP sockets are closed with an RST (`SO_LINGER 0`, no
+//! TIME_WAIT), UDP sockets have no TIME_WAIT, and every socket is dropped when the probe ends.
+//! The number in flight is bounded by the caller (`daemon::probes`).
+
+mod classify;
+mod http;
+mod spec;
+mod tcp;
+mod tls;
+mod udp;
+
+use std::{
+    io,
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+pub use spec::{Hex, MAX_PAYLOAD, NotHex, ProbeSpec, ProbeSpecError};
+
+use crate::health::ProbeOutcome;
+
+/// One probe of `target`, all of it within `timeout`; `Success` carries the time from the
+/// start to the backend's answer. `spec` is taken as valid ([`ProbeSpec::validate`]).
+pub async fn run(spec: &ProbeSpec, target: SocketAddr, timeout: Duration) -> ProbeOutcome {
+    let started = Instant::now();
+    let probe = async {
+        match spec {
+            ProbeSpec::Tcp {} => tcp::probe(target).await,
+            ProbeSpec::Http { path, expect_status, host, tls } => http::probe(target, path, *expect_status, host.as_deref(), *tls).await,
+            ProbeSpec::Udp { payload, expect } => udp::probe(target, &payload.0, expect.as_ref().map(|e| e.0.as_slice())).await,
+        }
+    };
+    match tokio::time::timeout(timeout, probe).await {
+        Ok(Ok(answered)) => ProbeOutcome::Success { latency_ms: answered.duration_since(started).as_millis() as u64 },
+        Ok(Err(Fail::Io(e))) => classify::classify(&e),
+        Ok(Err(Fail::Backend(reason))) => ProbeOutcome::Failure { reason },
+        Err(_) => ProbeOutcome::Timeout,
+    }
+}
+
+/// Why a probe did not pass: an error of the socket (classified: it may be the balancer's own)
+/// or a wrong answer from the backend.
+#[derive(Debug)]
+enum Fail {
+    Io(io::Error),
+    Backend(String),
+}
+
+impl From<io::Error> for Fail {
+    fn from(e: io::Error) -> Self {
+        Fail::Io(e)
+    }
+}
+
+impl Fail {
+    fn backend(reason: &str) -> Self {
+        Fail::Backend(reason.to_owned())
+    }
+}
+
+/// A socket the kernel connected to itself reached no backend: on a local target where nothing
+/// listens, its ephemeral port can happen to be the target's port (TCP simultaneous open, or a
+/// UDP socket receiving its own datagram). Nothing listening is a refusal.
+fn refuse_self_connection(local: SocketAddr, target: SocketAddr) -> io::Result<()> {
+    if local == target { Err(io::Error::from_raw_os_error(libc::ECONNREFUSED)) } else { Ok(()) }
+}
+
+/// When the backend answered (the socket is closed after that, outside the latency).
+type Answered = Result<Instant, Fail>;
+
+#[cfg(test)]
+mod tests;

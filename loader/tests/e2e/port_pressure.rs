@@ -1,0 +1,116 @@
+//! Port exhaustion with real sockets: a backend short of ephemeral ports loses share of new
+//! flows (and gets it back), and a balancer short of its own ports marks no backend
+//! unhealthy but raises a loud alert. Native mode only.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use spillway_harness::Host;
+use spillway_harness::cluster::{Cluster, TCP_PORT, XdpMode};
+
+use crate::support::*;
+
+/// Opens connections from `host` to `to` until `count` are open or the ports run out;
+/// returns what was opened and how many connects failed with EADDRNOTAVAIL.
+fn hold_ports(host: &Host, to: SocketAddr, count: usize) -> (Vec<TcpStream>, usize) {
+    host.in_netns(|| {
+        let mut held = Vec::new();
+        let mut exhausted = 0;
+        for _ in 0..count {
+            match TcpStream::connect_timeout(&to, Duration::from_secs(1)) {
+                Ok(s) => held.push(s),
+                Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => exhausted += 1,
+                Err(e) => panic!("connecting to {to}: {e}"),
+            }
+        }
+        (held, exhausted)
+    })
+}
+
+fn set_linger_zero(stream: &TcpStream) {
+    nix::sys::socket::setsockopt(stream, nix::sys::socket::sockopt::Linger, &libc::linger { l_onoff: 1, l_linger: 0 }).unwrap();
+}
+
+fn shares(c: &Cluster) -> Vec<f64> {
+    let tally = connections(c, tcp_target(false), 150);
+    assert_eq!(tally.failures, 0, "{:?}", tally.errors);
+    (1..=3).map(|i| tally.by_backend.get(&format!("b{i}")).copied().unwrap_or(0) as f64 / 150.0).collect()
+}
+
+#[test]
+fn a_backend_short_of_ports_loses_share_and_gets_it_back() {
+    let c = start(XdpMode::Native, 3);
+    let vip = tcp_vip(false);
+    vip_with_all_backends(&c, &vip, false);
+    wait_until(Duration::from_secs(10), "backends healthy", || {
+        let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
+        list["backends"].as_array().unwrap().iter().all(|b| b["health"] == "healthy")
+    });
+    let b1 = &c.topo.backends()[0];
+    let b1_addr = b1.ipv4().to_string();
+
+    // b1's service opens outbound connections (to a local dependency) until 95 of its
+    // 100 ephemeral ports are taken.
+    b1.sysctl("net.ipv4.ip_local_port_range", "40000 40099").unwrap();
+    let dependency = b1.in_netns(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 7000)).unwrap());
+    let (held, _) = hold_ports(b1, SocketAddr::from((Ipv4Addr::LOCALHOST, 7000)), 95);
+    wait_until(Duration::from_secs(8), "b1 at critical port pressure", || backend_json(&c, &vip, &b1_addr)["pressure"] == "critical");
+    let report = c.lbctl_json(&["ports", "--host", &b1_addr]).unwrap();
+    let worst = &report["report"]["destinations"][0];
+    assert!(worst["utilisation"].as_f64().unwrap() >= 0.9 && worst["remote_port"] == 7000, "{report}");
+    let under_pressure = shares(&c);
+    let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
+    let others: Vec<_> =
+        list["backends"].as_array().unwrap()[1..].iter().map(|b| (b["health"].clone(), b["effective_weight"].clone())).collect();
+    assert_eq!(others, [("healthy".into(), 100.into()), ("healthy".into(), 100.into())], "no other backend changes: {list}");
+    assert_eq!(backend_json(&c, &vip, &b1_addr)["health"], "healthy", "pressure is not a health failure");
+    println!("shares under pressure {under_pressure:.2?}");
+    // Weight 25 of 225: about 11%, against 33% before.
+    assert!(under_pressure[0] < 0.2, "b1 still gets {:.2} of new flows", under_pressure[0]);
+
+    // Closed with a reset, as a fixed service would: a normal close would hold each port in
+    // TIME_WAIT for another minute.
+    for stream in held {
+        set_linger_zero(&stream);
+    }
+    drop(dependency);
+    wait_until(Duration::from_secs(8), "b1's pressure gone", || backend_json(&c, &vip, &b1_addr)["pressure"] == "none");
+    assert_eq!(backend_json(&c, &vip, &b1_addr)["effective_weight"], 100);
+    let restored = shares(&c);
+    println!("shares restored {restored:.2?}");
+    assert!(restored[0] > 0.2, "b1 gets its share back: {restored:.2?}");
+}
+
+#[test]
+fn a_balancer_short_of_ports_marks_nobody_unhealthy_and_alerts() {
+    let c = start(XdpMode::Native, 3);
+    let vip = tcp_vip(false);
+    vip_with_all_backends(&c, &vip, false);
+    let healthy = || {
+        let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
+        list["backends"].as_array().unwrap().iter().all(|b| b["health"] == "healthy" && b["effective_weight"] == 100)
+    };
+    wait_until(Duration::from_secs(10), "backends healthy", healthy);
+
+    // The balancer's own ports towards every backend's probed port are used up.
+    let lb = c.topo.lb();
+    lb.sysctl("net.ipv4.ip_local_port_range", "50000 50009").unwrap();
+    let mut held = Vec::new();
+    for b in c.topo.backends() {
+        let (streams, exhausted) = hold_ports(lb, SocketAddr::from((b.ipv4(), TCP_PORT)), 12);
+        assert!(exhausted >= 2, "the 10 ports towards {} ran out", b.ipv4());
+        held.extend(streams);
+    }
+    wait_until(Duration::from_secs(6), "the alert", || c.lbctl(&["backends", "list", "--vip", &vip]).unwrap().contains("ALERT"));
+    // Several probe intervals (fall 2) later nobody was marked unhealthy.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(healthy(), "{}", c.lbctl(&["backends", "list", "--vip", &vip]).unwrap());
+    let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
+    assert!(list["backends"].as_array().unwrap().iter().all(|b| b["unknown_probes"].as_u64() > Some(2)), "{list}");
+    assert!(list["alerts"][0].as_str().unwrap().contains("cannot open probe sockets"), "{list}");
+    assert!(c.lbctl(&["vips", "list"]).unwrap().starts_with("ALERT"));
+    assert!(c.lbd_log().contains("event=lb_probe_alert"), "the alert is logged");
+    for stream in held {
+        set_linger_zero(&stream);
+    }
+}
