@@ -140,9 +140,11 @@ fn exhaustion_is_seen_per_destination_with_failing_process() {
     });
     assert_eq!(failed, FAILURES);
     // Every port is taken, by an open connection or a closed one's TIME_WAIT. (Now and then
-    // the kernel ends a TIME_WAIT early on this kernel and hands its port to a new connect.)
+    // the kernel ends a TIME_WAIT early on this kernel and hands its port to a new connect,
+    // or after the last failed one: 2% slack, the watcher's own tolerance.)
     let in_time_wait = ss_count(client, dst.ip(), PORT, "time-wait");
-    assert_eq!(open.len() + in_time_wait, 100, "{} open, {in_time_wait} in TIME-WAIT", open.len());
+    let taken = open.len() + in_time_wait;
+    assert!((98..=100).contains(&taken), "{} open, {in_time_wait} in TIME-WAIT", open.len());
 
     let mut resolver = NetnsResolver::new();
     let mut last = None;

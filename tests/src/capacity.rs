@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 
 use crate::host::Host;
-use crate::process::Daemon;
+use crate::process::{Daemon, harness_binary};
 
 /// Overrides where the `spillway-capacity` binary is looked up.
 pub const CAPACITY_BIN_ENV: &str = "SPILLWAY_CAPACITY_BIN";
@@ -90,22 +90,7 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16,
     Ok((status, body.to_owned()))
 }
 
-/// The `spillway-capacity` binary: `$SPILLWAY_CAPACITY_BIN`, or the one cargo built next
-/// to the running test (`target/<profile>/`, one level above `deps/`).
+/// The `spillway-capacity` binary (see [`harness_binary`]).
 pub fn capacity_binary() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os(CAPACITY_BIN_ENV) {
-        return Ok(PathBuf::from(path));
-    }
-    let exe = std::env::current_exe().context("locating the running executable")?;
-    let candidates = exe.ancestors().skip(1).take(2).map(|dir| dir.join(CAPACITY_BIN));
-    for candidate in candidates {
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    bail!(
-        "{CAPACITY_BIN} not found near {}; build it with `cargo build -p spillway-harness --bins` \
-         or set {CAPACITY_BIN_ENV}",
-        exe.display()
-    )
+    harness_binary(CAPACITY_BIN, CAPACITY_BIN_ENV)
 }

@@ -4,11 +4,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use crate::addrs::{VIP4, VIP6};
 use crate::host::Host;
-use crate::process::Daemon;
+use crate::process::{Daemon, harness_binary};
 
 /// Overrides where the `spillway-echo` binary is looked up.
 pub const ECHO_BIN_ENV: &str = "SPILLWAY_ECHO_BIN";
@@ -36,22 +36,7 @@ pub fn start_echo(host: &Host, tcp_port: u16, udp_port: u16) -> Result<Daemon> {
     Ok(daemon)
 }
 
-/// The `spillway-echo` binary: `$SPILLWAY_ECHO_BIN`, or the one cargo built
-/// next to the running test (`target/<profile>/`, one level above `deps/`).
+/// The `spillway-echo` binary (see [`harness_binary`]).
 pub fn echo_binary() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os(ECHO_BIN_ENV) {
-        return Ok(PathBuf::from(path));
-    }
-    let exe = std::env::current_exe().context("locating the running executable")?;
-    let candidates = exe.ancestors().skip(1).take(2).map(|dir| dir.join(ECHO_BIN));
-    for candidate in candidates {
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    bail!(
-        "{ECHO_BIN} not found near {}; build it with `cargo build -p spillway-harness --bins` \
-         or set {ECHO_BIN_ENV}",
-        exe.display()
-    )
+    harness_binary(ECHO_BIN, ECHO_BIN_ENV)
 }

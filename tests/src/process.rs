@@ -190,3 +190,19 @@ fn pid_of(child: &Child) -> Pid {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// A binary of this crate (`name`): `$env` when set, else the one cargo built next to the
+/// running test (`target/<profile>/`, one level above `deps/`).
+pub fn harness_binary(name: &str, env: &str) -> Result<std::path::PathBuf> {
+    if let Some(path) = std::env::var_os(env) {
+        return Ok(std::path::PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().context("locating the running executable")?;
+    let candidates = exe.ancestors().skip(1).take(2).map(|dir| dir.join(name));
+    for candidate in candidates {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    anyhow::bail!("{name} not found near {}; build it with `cargo build -p spillway-harness --bins` or set {env}", exe.display())
+}

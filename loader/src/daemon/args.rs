@@ -96,12 +96,9 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ZONE", value_parser = parse_zone)]
     pub zone: Option<String>,
     /// Port of the backends' `lbd agent` endpoint, polled for port pressure (0: do not poll).
-    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_AGENT_PORT)]
+    #[arg(long, value_name = "PORT", default_value_t = crate::ports::endpoint::DEFAULT_PORT)]
     pub agent_port: u16,
 }
-
-/// Where `lbd agent` serves its host's port pressure, and `lbd` polls it.
-pub const DEFAULT_AGENT_PORT: u16 = 9477;
 
 fn parse_zone(input: &str) -> Result<String, String> {
     crate::model::check_zone(input).map(|()| input.to_owned()).map_err(|e| e.to_string())

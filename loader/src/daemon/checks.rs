@@ -63,35 +63,7 @@ pub struct HealthSnapshot {
 pub struct SnapshotEntry {
     pub vip: Vip,
     pub backend: IpAddr,
-    pub state: SnapshotState,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum SnapshotState {
-    Serving,
-    SlowStart { elapsed_ms: u64 },
-    Failed { flaps: u32 },
-}
-
-impl From<Restored> for SnapshotState {
-    fn from(r: Restored) -> Self {
-        match r {
-            Restored::Serving => Self::Serving,
-            Restored::SlowStart { elapsed_ms } => Self::SlowStart { elapsed_ms },
-            Restored::Failed { flaps } => Self::Failed { flaps },
-        }
-    }
-}
-
-impl From<SnapshotState> for Restored {
-    fn from(s: SnapshotState) -> Self {
-        match s {
-            SnapshotState::Serving => Self::Serving,
-            SnapshotState::SlowStart { elapsed_ms } => Self::SlowStart { elapsed_ms },
-            SnapshotState::Failed { flaps } => Self::Failed { flaps },
-        }
-    }
+    pub state: Restored,
 }
 
 /// The balancer could not probe (its own ports, sockets or memory ran short).
@@ -184,7 +156,7 @@ impl Checks {
     pub fn restore(&mut self, snapshot: &HealthSnapshot) {
         for entry in &snapshot.backends {
             if let Some(tracker) = self.trackers.get_mut(&entry.vip) {
-                tracker.restore(entry.backend, entry.state.into(), 0);
+                tracker.restore(entry.backend, entry.state, 0);
             }
         }
         let restored = snapshot.backends.len();
@@ -196,7 +168,7 @@ impl Checks {
         let backends = self
             .trackers
             .iter()
-            .flat_map(|(vip, t)| t.snapshot(now_ms).into_iter().map(|(backend, r)| SnapshotEntry { vip: *vip, backend, state: r.into() }))
+            .flat_map(|(vip, t)| t.snapshot(now_ms).into_iter().map(|(backend, state)| SnapshotEntry { vip: *vip, backend, state }))
             .collect();
         HealthSnapshot { backends }
     }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::config::{HealthConfig, permille};
 
@@ -167,8 +167,10 @@ impl Health {
     }
 }
 
-/// A backend's health as a previous `lbd` left it (persisted across restarts).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A backend's health as a previous `lbd` left it (persisted across restarts; the JSON is
+/// `{"kind":"serving"}`, `{"kind":"slow_start","elapsed_ms":N}`, `{"kind":"failed","flaps":N}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Restored {
     /// Healthy or slow: serving at full weight again (slowness is re-measured).
     Serving,

@@ -24,7 +24,9 @@ use super::PortsReport;
 
 /// The endpoint's path.
 pub const PATH: &str = "/ports";
-/// `lbd agent --ports-listen`'s default.
+/// The port agents serve on and `lbd` polls (`lbd --agent-port`) by default.
+pub const DEFAULT_PORT: u16 = 9477;
+/// `lbd agent --ports-listen`'s default (on [`DEFAULT_PORT`], checked by a test).
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:9477";
 /// The largest response [`fetch_report`] accepts (a report with every TCP and UDP
 /// destination slot used is about 12 MiB).
@@ -334,6 +336,11 @@ mod tests {
     use crate::ports::{Dropped, Thresholds};
 
     const TIMEOUT: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn the_default_listen_address_is_on_the_default_port() {
+        assert_eq!(DEFAULT_LISTEN.parse::<Listen>(), Ok(Listen::On(SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)))));
+    }
 
     fn report(marker: u64) -> PortsReport {
         let dropped = Dropped { sock_table_full: marker, ..Dropped::default() };

@@ -40,11 +40,6 @@ fn http_vip_with_backends(c: &Cluster, capacity_per_s: Option<u32>, extra: &[&st
     }
 }
 
-fn all_healthy(c: &Cluster, vip: &str) -> bool {
-    let list = c.lbctl_json(&["backends", "list", "--vip", vip]).unwrap();
-    list["backends"].as_array().unwrap().iter().all(|b| b["health"] == "healthy" && b["effective_weight"] == b["weight"])
-}
-
 fn effective_weights(c: &Cluster, vip: &str) -> Vec<u64> {
     let list = c.lbctl_json(&["backends", "list", "--vip", vip]).unwrap();
     list["backends"].as_array().unwrap().iter().map(|b| b["effective_weight"].as_u64().unwrap()).collect()

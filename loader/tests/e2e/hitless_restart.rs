@@ -16,6 +16,7 @@ fn hitless_restart(mode: XdpMode) {
     let c = start(mode, 3);
     let vip = tcp_vip(false);
     vip_with_all_backends(&c, &vip, false);
+    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
     let before = stable_view(&c, &vip);
 
     let stream = c.topo.clients()[0].in_netns(|| Stream::open(tcp_target(false), CONNECT_TIMEOUT)).unwrap();

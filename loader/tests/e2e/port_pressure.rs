@@ -42,10 +42,7 @@ fn a_backend_short_of_ports_loses_share_and_gets_it_back() {
     let c = start(XdpMode::Native, 3);
     let vip = tcp_vip(false);
     vip_with_all_backends(&c, &vip, false);
-    wait_until(Duration::from_secs(10), "backends healthy", || {
-        let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
-        list["backends"].as_array().unwrap().iter().all(|b| b["health"] == "healthy")
-    });
+    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
     let b1 = &c.topo.backends()[0];
     let b1_addr = b1.ipv4().to_string();
 
@@ -86,10 +83,7 @@ fn a_balancer_short_of_ports_marks_nobody_unhealthy_and_alerts() {
     let c = start(XdpMode::Native, 3);
     let vip = tcp_vip(false);
     vip_with_all_backends(&c, &vip, false);
-    let healthy = || {
-        let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
-        list["backends"].as_array().unwrap().iter().all(|b| b["health"] == "healthy" && b["effective_weight"] == 100)
-    };
+    let healthy = || all_healthy(&c, &vip);
     wait_until(Duration::from_secs(10), "backends healthy", healthy);
 
     // The balancer's own ports towards every backend's probed port are used up.

@@ -109,3 +109,9 @@ pub fn stable_view(c: &Cluster, vip: &str) -> (Value, Value) {
     }
     (c.lbctl_json(&["vips", "list"]).unwrap(), backends)
 }
+
+/// Every backend of `vip` is healthy and carries its configured weight.
+pub fn all_healthy(c: &Cluster, vip: &str) -> bool {
+    let list = c.lbctl_json(&["backends", "list", "--vip", vip]).unwrap();
+    list["backends"].as_array().unwrap().iter().all(|b| b["health"] == "healthy" && b["effective_weight"] == b["weight"])
+}

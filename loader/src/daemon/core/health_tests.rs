@@ -3,24 +3,19 @@
 
 use std::collections::BTreeMap;
 
-use super::*;
+use super::{
+    tests::{ip, vip},
+    *,
+};
 use crate::{
     api::{BackendEntry, VipEntry},
-    daemon::checks::{SnapshotEntry, SnapshotState},
-    health::{HealthConfig, ProbeOutcome},
+    daemon::checks::SnapshotEntry,
+    health::{HealthConfig, ProbeOutcome, Restored},
     model::BackendOptions,
     ports::{DestinationUsage, Dropped, Level, Thresholds},
     store::StateFile,
     testing::{FakeMaps, TempDir},
 };
-
-fn vip() -> Vip {
-    "10.100.0.1:80/tcp".parse().unwrap()
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 struct Fixture {
     core: Core<FakeMaps, StateFile>,
@@ -69,9 +64,7 @@ impl Fixture {
 }
 
 fn serving(backends: &[&str]) -> HealthSnapshot {
-    HealthSnapshot {
-        backends: backends.iter().map(|b| SnapshotEntry { vip: vip(), backend: ip(b), state: SnapshotState::Serving }).collect(),
-    }
+    HealthSnapshot { backends: backends.iter().map(|b| SnapshotEntry { vip: vip(), backend: ip(b), state: Restored::Serving }).collect() }
 }
 
 fn weights(f: &mut Fixture) -> Vec<u32> {

@@ -12,11 +12,11 @@ use crate::{
     testing::{FakeMaps, TempDir},
 };
 
-fn vip() -> Vip {
+pub(super) fn vip() -> Vip {
     "10.100.0.1:80/tcp".parse().unwrap()
 }
 
-fn ip(s: &str) -> IpAddr {
+pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
