@@ -186,6 +186,15 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         self.program_changes(now_ms)
     }
 
+    /// Persists backend health as it is now (on a clean exit: slow starts resume exactly).
+    pub fn persist_health(&mut self) {
+        if let Some(checks) = &mut self.health {
+            checks.snapshot_due = true;
+            let now_ms = checks.now_ms();
+            self.save_health_snapshot(now_ms);
+        }
+    }
+
     /// Persists backend health when a state changed, so a restart keeps it.
     fn save_health_snapshot(&mut self, now_ms: u64) {
         let Some(checks) = &mut self.health else { return };

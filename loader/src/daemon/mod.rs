@@ -136,7 +136,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let prober = health_checks.then(|| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed())));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
-    server::serve(listener, core, answered, async {
+    server::serve(listener, core.clone(), answered, async {
         let name = signals.recv().await;
         info!("received {name}; exiting");
     })
@@ -146,6 +146,8 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     if let Some(prober) = prober {
         prober.abort();
     }
+    // A killed lbd restores the last state change; a clean exit saves the present.
+    server::lock(&core).persist_health();
     info!("exited; forwarding continues through link={}", link.display());
     Ok(())
 }

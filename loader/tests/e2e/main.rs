@@ -4,6 +4,7 @@
 
 mod health;
 mod health_policy;
+mod health_state;
 mod hitless_restart;
 mod input;
 mod membership;

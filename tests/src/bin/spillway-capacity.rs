@@ -11,6 +11,8 @@
 //!   [`SHEDDING_PERCENT`] of `/work` in the current or the last second: an overloaded
 //!   server asking to be taken out of rotation, as the routers of the Gmail outage did.
 //!   Else `200`.
+//! - SIGUSR1 toggles a [`SLOW_HEALTH`] delay before `/health` answers: a backend that got
+//!   slow, for the latency-based health tests.
 //! - `GET /stats`: JSON `{served, rejected, health_busy, max_in_service, in_service}`.
 //!
 //! Prints "ready" once every listener is bound. One thread runs everything (tokio), so
@@ -19,7 +21,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,6 +51,9 @@ struct Args {
 /// fails. A few rejections at a busy instant are no overload; sustained shedding is.
 const SHEDDING_PERCENT: u64 = 5;
 
+/// How long `/health` takes while slowed by SIGUSR1.
+const SLOW_HEALTH: Duration = Duration::from_millis(200);
+
 /// Longest request head read; a longer one is answered 400.
 const MAX_REQUEST: usize = 8 * 1024;
 /// How long a client may take to send its request, and to take the response.
@@ -68,6 +73,13 @@ fn main() -> Result<()> {
 
 async fn serve(args: Args) -> Result<()> {
     let server = Arc::new(Server::new(args.concurrency as usize, Duration::from_millis(args.service_ms)));
+    let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()).context("handling SIGUSR1")?;
+    let toggled = Arc::clone(&server);
+    tokio::spawn(async move {
+        while usr1.recv().await.is_some() {
+            toggled.slow_health.fetch_xor(true, Ordering::Relaxed);
+        }
+    });
     let mut accepting = JoinSet::new();
     for addr in args.listen {
         let listener = listen(addr).with_context(|| format!("listening on {addr}"))?;
@@ -108,6 +120,8 @@ struct Server {
     rejected: AtomicU64,
     health_busy: AtomicU64,
     open: Arc<AtomicUsize>,
+    /// `/health` waits [`SLOW_HEALTH`] before answering (toggled by SIGUSR1).
+    slow_health: AtomicBool,
     /// `/work` outcomes of the current and the previous second.
     windows: Mutex<Windows>,
 }
@@ -150,6 +164,7 @@ impl Server {
             rejected: AtomicU64::new(0),
             health_busy: AtomicU64::new(0),
             open: Arc::new(AtomicUsize::new(0)),
+            slow_health: AtomicBool::new(false),
             windows: Mutex::new(Windows { started: Instant::now(), current: (0, 0), previous: (0, 0) }),
         }
     }
@@ -158,7 +173,12 @@ impl Server {
         let head = timeout(IO_TIMEOUT, read_head(&mut conn)).await??;
         let (status, content_type, body) = match parse_request_line(&head) {
             Some(("GET", "/work")) => (self.work().await, "text/plain", String::new()),
-            Some(("GET", "/health")) => (self.health(), "text/plain", String::new()),
+            Some(("GET", "/health")) => {
+                if self.slow_health.load(Ordering::Relaxed) {
+                    tokio::time::sleep(SLOW_HEALTH).await;
+                }
+                (self.health(), "text/plain", String::new())
+            }
             Some(("GET", "/stats")) => (200, "application/json", self.stats()),
             Some(("GET", _)) => (404, "text/plain", String::new()),
             Some(_) => (405, "text/plain", String::new()),
