@@ -62,6 +62,11 @@ pub fn run() -> Result<()> {
     println!("  b2 drains: its open flows stay, new ones go elsewhere");
     drive(&cluster, "b2 draining")?;
 
+    cluster.stop_echo(2)?;
+    println!("  b3's service crashes: health checks take it out within ~3 s, no new connection fails after");
+    drive(&cluster, "b3 crashed")?;
+
+    lbctl(&cluster, &["vips", "list"])?;
     lbctl(&cluster, &["backends", "list", "--vip", &vip])?;
     lbctl(&cluster, &["stats"])?;
     println!("Cleaning up: lbd, agents, namespaces, pinned programs and maps.");
