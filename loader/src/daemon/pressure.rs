@@ -30,6 +30,8 @@ pub const POLL: Duration = Duration::from_secs(2);
 const AGENT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Agents polled at once.
 const MAX_POLLS_IN_FLIGHT: usize = 16;
+/// How often a lasting alert about the balancer's own ports is logged again.
+const ALERT_REPEAT: Duration = Duration::from_secs(60);
 
 /// What a report means for the backend: connects failing for want of ports since the last
 /// poll is `Exhausted`; any destination at the critical threshold is `Critical`.
@@ -125,6 +127,8 @@ where
     let limit = Arc::new(Semaphore::new(MAX_POLLS_IN_FLIGHT));
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When the balancer's own critical port level was last logged (`None`: not critical).
+    let mut lb_critical_logged: Option<Instant> = None;
     loop {
         tick.tick().await;
         let local = {
@@ -141,10 +145,18 @@ where
             .await
             .unwrap_or_else(|e| Err(e.to_string()))
         };
-        if let Ok(report) = &local
-            && report.level() == Level::Critical
-        {
-            warn!("event=lb_ports_critical ALERT: this balancer's own ephemeral ports are at the critical threshold (see lbctl ports)");
+        let critical = local.as_ref().is_ok_and(|r| r.level() == Level::Critical);
+        match (critical, lb_critical_logged) {
+            (true, Some(at)) if at.elapsed() < ALERT_REPEAT => {}
+            (true, _) => {
+                warn!("event=lb_ports_critical ALERT: this balancer's own ephemeral ports are at the critical threshold (see lbctl ports)");
+                lb_critical_logged = Some(Instant::now());
+            }
+            (false, Some(_)) => {
+                info!("event=lb_ports_critical_cleared");
+                lb_critical_logged = None;
+            }
+            (false, None) => {}
         }
         let backends = {
             let core = core.clone();
