@@ -296,6 +296,9 @@ pub struct VipHealthView {
     /// Healthy weight is below the panic threshold: traffic is spread over every backend
     /// (or, with `fail_closed`, only the healthy ones keep it).
     pub panic: bool,
+    /// Times the VIP entered panic since `lbd` started.
+    #[serde(default)]
+    pub panics_entered: u64,
     pub fail_closed: bool,
     /// Failed backends are kept in because ejecting them would pass `max_ejection_fraction`.
     pub ejection_capped: bool,

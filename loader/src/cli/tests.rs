@@ -559,6 +559,7 @@ fn health_panic_budget_and_alerts_are_shown() {
             health: Some(crate::api::VipHealthView {
                 probe: crate::probe::ProbeSpec::default(),
                 panic: true,
+                panics_entered: 1,
                 fail_closed: false,
                 ejection_capped: false,
                 healthy_weight: 100,

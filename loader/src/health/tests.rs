@@ -290,6 +290,7 @@ fn panic_and_cap_are_loud() {
         report,
         VipHealth {
             panic: false,
+            panics_entered: 0,
             ejection_capped: true,
             healthy_weight: 200,
             total_weight: 400,
@@ -299,6 +300,7 @@ fn panic_and_cap_are_loud() {
     );
     run(&mut t, &mut now, &["---+", "---+"]);
     assert!(t.report(now).panic);
+    assert_eq!(t.report(now).panics_entered, 1, "counted for alerting");
     assert_eq!(t.effective_weights(now), weights(&[(1, 100), (2, 100), (3, 100), (4, 100)]));
     let lines: Vec<String> = t.take_events().iter().map(ToString::to_string).filter(|l| !l.contains("health_state")).collect();
     assert_eq!(lines.len(), 3, "{lines:?}");
@@ -307,6 +309,7 @@ fn panic_and_cap_are_loud() {
     assert!(lines[2].starts_with("event=health_ejection_capped vip=10.100.0.1:80/tcp kept_in=[]"), "{lines:?}");
     run(&mut t, &mut now, &["++++", "++++"]);
     assert!(!t.report(now).panic);
+    assert_eq!(t.report(now).panics_entered, 1);
     assert!(t.take_events().iter().any(|e| matches!(e, HealthEvent::Panic { entered: false, .. })));
 }
 

@@ -88,6 +88,8 @@ impl fmt::Display for HealthEvent {
 pub struct VipHealth {
     /// The healthy share of weight is below `panic_threshold`.
     pub panic: bool,
+    /// Times the VIP entered panic since `lbd` started (a counter for alerting).
+    pub panics_entered: u64,
     /// Some failed backends are kept in because ejecting them would exceed
     /// `max_ejection_fraction`.
     pub ejection_capped: bool,
@@ -134,6 +136,7 @@ pub struct HealthTracker {
     events: Vec<HealthEvent>,
     /// What the last event said, so a VIP event is emitted only on a change.
     panic: bool,
+    panics_entered: u64,
     kept_in: Vec<IpAddr>,
 }
 
@@ -143,7 +146,7 @@ pub const MAX_QUEUED_EVENTS: usize = 4096;
 impl HealthTracker {
     pub fn new(vip: Vip, config: HealthConfig) -> Result<Self, HealthError> {
         config.validate()?;
-        Ok(Self { vip, config, backends: BTreeMap::new(), events: Vec::new(), panic: false, kept_in: Vec::new() })
+        Ok(Self { vip, config, backends: BTreeMap::new(), events: Vec::new(), panic: false, panics_entered: 0, kept_in: Vec::new() })
     }
 
     pub fn config(&self) -> &HealthConfig {
@@ -329,6 +332,7 @@ impl HealthTracker {
         let VipHealth { panic, healthy_weight, total_weight, kept_in, .. } = self.plan(now_ms).report;
         if panic != self.panic {
             self.panic = panic;
+            self.panics_entered += u64::from(panic);
             let fail_closed = self.config.fail_closed;
             self.push(HealthEvent::Panic { vip: self.vip, entered: panic, fail_closed, healthy_weight, total_weight, at_ms: now_ms });
         }
@@ -359,7 +363,7 @@ impl HealthTracker {
         let panic = total_weight > 0 && (healthy_weight as f64) < (total_weight as f64) * config.panic_threshold;
 
         let mut weights: BTreeMap<IpAddr, u32> = self.backends.iter().map(|(addr, b)| (*addr, b.own_weight(config, now_ms))).collect();
-        let mut report = VipHealth { panic, healthy_weight, total_weight, ..VipHealth::default() };
+        let mut report = VipHealth { panic, panics_entered: self.panics_entered, healthy_weight, total_weight, ..VipHealth::default() };
         if panic {
             for (addr, b) in active().filter(|(_, b)| b.is_failed()) {
                 if config.fail_closed {

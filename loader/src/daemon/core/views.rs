@@ -45,6 +45,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     VipHealthView {
                         probe: config.health.as_ref().map(|h| h.probe.clone()).unwrap_or_default(),
                         panic: report.panic,
+                        panics_entered: report.panics_entered,
                         fail_closed: tracker.config().fail_closed,
                         ejection_capped: report.ejection_capped,
                         healthy_weight: report.healthy_weight,
