@@ -48,7 +48,7 @@ Example:
 
 JSON output (-o json):
   {\"vips\":[{\"vip\":\"10.0.0.1:80/tcp\",\"ring_size\":65537,\"backends\":2,
-             \"health\":{\"probe\":{\"kind\":\"tcp\"},\"panic\":false,\"fail_closed\":false,
+             \"health\":{\"probe\":{\"kind\":\"tcp\"},\"panic\":false,\"panics_entered\":0,\"fail_closed\":false,
                        \"ejection_capped\":false,\"healthy_weight\":200,\"total_weight\":200,
                        \"ejected_weight\":0,\"spill_per_s\":0,\"policy\":{...}},
              \"effective_budget\":{\"per_s\":1000,\"burst\":100}}]}
