@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 //
 // sockwatch: counts, per destination, the TCP sockets that hold a local port for an
-// active open, the TIME_WAIT sockets still holding one, connects that failed with
-// EADDRNOTAVAIL (ephemeral-port exhaustion), the UDP sockets holding an ephemeral port, and
+// active open, the TIME_WAIT sockets still holding one, calls that failed for want of an
+// ephemeral port (TCP connect: EADDRNOTAVAIL; bind to port 0: EADDRINUSE; UDP
+// connect autobind: EAGAIN), the UDP sockets holding an ephemeral port, and
 // the TCP sockets sitting in CLOSE_WAIT (leaks). Userspace (loader/src/ports/) reads the maps.
 //
 // Self-contained: no vmlinux.h, no libbpf headers. Kernel structs are declared with only
@@ -77,6 +78,8 @@ static __u64 (*bpf_get_current_cgroup_id)(void) = (void *)80;
 static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 static long (*bpf_seq_write)(void *seq, const void *data, __u32 len) = (void *)127;
 static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *unsafe_ptr) = (void *)113;
+static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *unsafe_ptr) = (void *)112;
+static __u64 (*bpf_get_current_task)(void) = (void *)35;
 
 /* ---- kernel types: only what is read; CO-RE finds the real offsets ---- */
 
@@ -126,15 +129,33 @@ struct sock_common {
 } __attribute__((preserve_access_index));
 
 struct inode {
+	unsigned short i_mode;
 	unsigned long i_ino;
 } __attribute__((preserve_access_index));
 
 struct file {
 	struct inode *f_inode;
+	void *private_data;
 } __attribute__((preserve_access_index));
 
 struct socket {
 	struct file *file;
+	struct sock *sk;
+} __attribute__((preserve_access_index));
+
+/* The calling task's file table: task->files->fdt->fd[fd]->private_data (a socket's file
+ * points at its struct socket). */
+struct fdtable {
+	unsigned int max_fds;
+	struct file **fd;
+} __attribute__((preserve_access_index));
+
+struct files_struct {
+	struct fdtable *fdt;
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	struct files_struct *files;
 } __attribute__((preserve_access_index));
 
 struct kernfs_node {
@@ -218,10 +239,14 @@ struct port_counts {
 	__u32 tw_count[TW_BUCKETS];
 };
 
+/* Failed calls, per destination and process. For bind(): local is the address asked
+ * for, remote unspecified (port 0). For a UDP connect(): local is the
+ * socket's (unspecified: it had no port), remote the address asked for. */
 struct fail_key {
 	struct port_key key;
 	__u32 tgid;
-	__u32 pad;
+	__u16 call; /* enum call */
+	__u16 err;  /* the errno the call returned (positive) */
 	__u64 cgroup;
 	char comm[16];
 };
@@ -249,7 +274,29 @@ enum {
 	STAT_CLOSE_WAIT_TABLE_FULL = 3, /* a socket entering CLOSE_WAIT could not be tracked */
 	STAT_UDP_SOCK_TABLE_FULL = 4, /* a new UDP socket could not be tracked */
 	STAT_UDP_KEY_TABLE_FULL = 5, /* sockets left out of the last UDP sum (userspace zeroes it) */
-	STAT_COUNT = 6,
+	STAT_PENDING_TABLE_FULL = 6, /* a bind/connect/send could not be followed to its exit */
+	STAT_COUNT = 7,
+};
+
+/* fail_key.call: the call that failed for want of a port. */
+enum call {
+	CALL_CONNECT = 0, /* TCP (EADDRNOTAVAIL, from inet_sock_set_state) or UDP (EAGAIN) */
+	CALL_BIND = 1,    /* bind() to port 0: EADDRINUSE */
+};
+
+#define EAGAIN 11
+#define EADDRINUSE 98
+#define EADDRNOTAVAIL 99
+
+/* A bind/connect in flight on one thread, from its sys_enter to its
+ * sys_exit tracepoint: what the exit needs to count a failure. */
+struct pending {
+	__u32 fd;
+	__u16 call;
+	__u16 family; /* of the address asked for */
+	__u16 port;   /* asked for, host byte order */
+	__u16 pad;
+	__u8 addr[16]; /* asked for: IPv6, or IPv4-mapped */
 };
 
 struct {
@@ -302,6 +349,16 @@ struct {
 	__type(key, struct port_key);
 	__type(value, __u64);
 } sw_udp_ports SEC(".maps");
+
+/* Per thread (pid_tgid) in a watched syscall. Every exit deletes its thread's entry; an
+ * entry left by a thread that was in the call when the watcher attached is overwritten by
+ * its next call. Sized for that many threads blocked in connect() at once. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct pending);
+} sw_pending SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -415,28 +472,38 @@ static __always_inline int key_of_addr(struct sock *sk, struct port_key *key, __
 	return 0;
 }
 
+/* Counts one failure of `fail` (key, call and errno set) for its destination and for the
+ * current process. */
+static __always_inline void count_fail_key(struct fail_key *fail)
+{
+	struct port_counts *counts = counts_for(&fail->key);
+	if (counts)
+		__sync_fetch_and_add(&counts->failures, 1);
+	fail->tgid = bpf_get_current_pid_tgid() >> 32;
+	fail->cgroup = bpf_get_current_cgroup_id();
+	bpf_get_current_comm(fail->comm, sizeof(fail->comm));
+	__u64 *value = bpf_map_lookup_elem(&sw_failures, fail);
+	if (!value) {
+		__u64 zero = 0;
+		bpf_map_update_elem(&sw_failures, fail, &zero, BPF_NOEXIST);
+		value = bpf_map_lookup_elem(&sw_failures, fail);
+	}
+	if (value)
+		__sync_fetch_and_add(value, 1);
+	else
+		stat_inc(STAT_FAIL_TABLE_FULL);
+}
+
+/* A TCP connect() that found no free port (EADDRNOTAVAIL). */
 static __always_inline void count_failure(struct sock *sk)
 {
 	struct fail_key fail;
 	__builtin_memset(&fail, 0, sizeof(fail));
 	if (key_of(sk, &fail.key, IPPROTO_TCP))
 		return;
-	struct port_counts *counts = counts_for(&fail.key);
-	if (counts)
-		__sync_fetch_and_add(&counts->failures, 1);
-	fail.tgid = bpf_get_current_pid_tgid() >> 32;
-	fail.cgroup = bpf_get_current_cgroup_id();
-	bpf_get_current_comm(fail.comm, sizeof(fail.comm));
-	__u64 *value = bpf_map_lookup_elem(&sw_failures, &fail);
-	if (!value) {
-		__u64 zero = 0;
-		bpf_map_update_elem(&sw_failures, &fail, &zero, BPF_NOEXIST);
-		value = bpf_map_lookup_elem(&sw_failures, &fail);
-	}
-	if (value)
-		__sync_fetch_and_add(value, 1);
-	else
-		stat_inc(STAT_FAIL_TABLE_FULL);
+	fail.call = CALL_CONNECT;
+	fail.err = EADDRNOTAVAIL;
+	count_fail_key(&fail);
 }
 
 static __always_inline void count_time_wait(struct port_counts *counts)
@@ -600,6 +667,183 @@ int sockwatch_udp_sum(struct bpf_iter__bpf_map_elem *ctx)
 		__sync_fetch_and_add(count, 1);
 	else
 		stat_inc(STAT_UDP_KEY_TABLE_FULL);
+	return 0;
+}
+
+/* ---- bind()/connect() failing for want of a port ----
+ *
+ * TCP connect() is seen by inet_sock_set_state. The others fail before any socket state
+ * changes, so they are watched at the syscall tracepoints (kprobes and fexit are not
+ * available): the sys_enter program stashes, per thread, the fd and the address asked
+ * for; the sys_exit program takes the entry back and, only when the call failed with the
+ * exhaustion errno, finds the socket through the task's file table to check its protocol
+ * and read its namespace. Errnos, measured on 6.18 with the range exhausted:
+ *   bind() to port 0 (TCP or UDP)        EADDRINUSE (inet_csk_get_port/udp_lib_get_port)
+ *   UDP connect()                        EAGAIN (inet_autobind failing)
+ * An explicit port that is taken is EADDRINUSE too, but is not exhaustion: bind() is
+ * followed only for port 0. EAGAIN is also what a full send buffer of a non-blocking
+ * socket returns; a socket that failed autobind still has no port (skc_num == 0), which
+ * tells them apart. sendto()/sendmsg() autobind failures are not watched: their
+ * tracepoints fire for every datagram sent to an address (about 0.9 µs each, measured),
+ * too much for UDP servers that reply that way; an exhausted range still shows as the
+ * namespace's UDP utilisation. */
+
+/* The syscall tracepoints' records (events/syscalls/sys_{enter,exit}_* /format). */
+struct syscall_enter {
+	__u64 common;
+	int nr;
+	__u32 pad;
+	__u64 args[6];
+};
+
+struct syscall_exit {
+	__u64 common;
+	int nr;
+	__u32 pad;
+	__s64 ret;
+};
+
+/* The first bytes of a sockaddr_in / sockaddr_in6. */
+struct sockaddr_head {
+	__u16 family;
+	__be16 port;
+	__be32 v4; /* sin_addr; sin6_flowinfo for IPv6 */
+};
+
+#define S_IFMT 0170000
+#define S_IFSOCK 0140000
+
+/* Stashes the call for its exit if `uaddr` is an inet address (and port 0 for bind). */
+static __always_inline void stash(__u64 fd, const void *uaddr, __u16 call)
+{
+	struct sockaddr_head head;
+	if (!uaddr || bpf_probe_read_user(&head, sizeof(head), uaddr))
+		return;
+	if (head.family != AF_INET && head.family != AF_INET6)
+		return;
+	__u16 port = __builtin_bswap16(head.port);
+	if (call == CALL_BIND && port != 0)
+		return; /* an explicit port: EADDRINUSE would mean taken, not exhausted */
+	struct pending pending;
+	__builtin_memset(&pending, 0, sizeof(pending));
+	pending.fd = fd;
+	pending.call = call;
+	pending.family = head.family;
+	pending.port = port;
+	if (head.family == AF_INET)
+		v4_mapped(pending.addr, head.v4);
+	else if (bpf_probe_read_user(pending.addr, sizeof(pending.addr), (const __u8 *)uaddr + 8))
+		return;
+	__u64 id = bpf_get_current_pid_tgid();
+	if (bpf_map_update_elem(&sw_pending, &id, &pending, BPF_ANY))
+		stat_inc(STAT_PENDING_TABLE_FULL);
+}
+
+/* The sock behind the current task's `fd`, or 0: every read fault-safe and bounded by
+ * the table's size, the file checked to be a socket. */
+static __always_inline struct sock *sock_of_fd(__u32 fd)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct files_struct *files = 0;
+	struct fdtable *fdt = 0;
+	struct file **fds = 0;
+	struct file *file = 0;
+	struct inode *inode = 0;
+	struct socket *socket = 0;
+	struct sock *sk = 0;
+	unsigned int max_fds = 0;
+	unsigned short mode = 0;
+	READ(files, task->files);
+	READ(fdt, files->fdt);
+	READ(max_fds, fdt->max_fds);
+	if (fd >= max_fds)
+		return 0;
+	READ(fds, fdt->fd);
+	if (!fds || bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
+		return 0;
+	READ(inode, file->f_inode);
+	READ(mode, inode->i_mode);
+	if ((mode & S_IFMT) != S_IFSOCK)
+		return 0;
+	READ(socket, file->private_data);
+	READ(sk, socket->sk);
+	return sk;
+}
+
+/* The exit of `call`: counts a failure if it returned the exhaustion errno; always drops
+ * the thread's entry. */
+static __always_inline void finish(struct syscall_exit *ctx, __u16 call)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct pending *entry = bpf_map_lookup_elem(&sw_pending, &id);
+	if (!entry)
+		return;
+	struct pending pending = *entry;
+	bpf_map_delete_elem(&sw_pending, &id);
+	int err = call == CALL_BIND ? EADDRINUSE : EAGAIN;
+	if (pending.call != call || ctx->ret != -err)
+		return;
+	struct sock *sk = sock_of_fd(pending.fd);
+	if (!sk)
+		return;
+	unsigned short family = 0;
+	__u16 protocol = 0, num = 0;
+	struct net *net = 0;
+	READ(family, sk->__sk_common.skc_family);
+	READ(protocol, sk->sk_protocol);
+	READ(num, sk->__sk_common.skc_num);
+	if (family != AF_INET && family != AF_INET6)
+		return;
+	if (call == CALL_BIND ? (protocol != IPPROTO_TCP && protocol != IPPROTO_UDP) : (protocol != IPPROTO_UDP || num))
+		return;
+	struct fail_key fail;
+	__builtin_memset(&fail, 0, sizeof(fail));
+	READ(net, sk->__sk_common.skc_net.net);
+	READ(fail.key.netns, net->ns.inum);
+	fail.key.proto = protocol;
+	fail.key.family = pending.family;
+	if (call == CALL_BIND) {
+		__builtin_memcpy(fail.key.laddr, pending.addr, 16);
+		if (pending.family == AF_INET)
+			v4_mapped(fail.key.raddr, 0);
+	} else {
+		/* The socket has no port, so no local address either (bind() would have set
+		 * both): unspecified, IPv4-mapped when the address asked for is IPv4. */
+		if (pending.family == AF_INET)
+			v4_mapped(fail.key.laddr, 0);
+		__builtin_memcpy(fail.key.raddr, pending.addr, 16);
+		fail.key.rport = pending.port;
+	}
+	fail.call = call;
+	fail.err = err;
+	count_fail_key(&fail);
+}
+
+SEC("tracepoint/syscalls/sys_enter_bind")
+int sockwatch_bind_enter(struct syscall_enter *ctx)
+{
+	stash(ctx->args[0], (const void *)ctx->args[1], CALL_BIND);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_bind")
+int sockwatch_bind_exit(struct syscall_exit *ctx)
+{
+	finish(ctx, CALL_BIND);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_connect")
+int sockwatch_connect_enter(struct syscall_enter *ctx)
+{
+	stash(ctx->args[0], (const void *)ctx->args[1], CALL_CONNECT);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_connect")
+int sockwatch_connect_exit(struct syscall_exit *ctx)
+{
+	finish(ctx, CALL_CONNECT);
 	return 0;
 }
 

@@ -1,7 +1,9 @@
 //! The port-exhaustion watcher (`spillway::ports`) against real sockets: a client namespace
 //! exhausts a shrunken ephemeral range towards one backend, 10,000 open/close cycles must
 //! leave no drift, UDP sockets on ephemeral ports are counted like `ss` counts them, a
-//! server process that never closes its accepted sockets is named as a leak suspect, and
+//! server process that never closes its accepted sockets is named as a leak suspect,
+//! `bind()` to port 0 and UDP autobind failing on an exhausted range are counted per
+//! process (an explicit port that is taken is not), and
 //! `lbd agent` serves the report read-only. Needs root; everything lives in the harness's
 //! namespaces, removed on drop (also on panic).
 
@@ -14,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, SockaddrIn, bind, connect, sendto, socket};
 use spillway::ports::{Level, NetnsResolver, PortCounts, PortKey, PortsReport, STAT_NAMES, SockWatch, Thresholds, netns_inode};
 use spillway_harness::{Daemon, Host, Topology, TopologyConfig};
@@ -469,6 +472,89 @@ fn udp_sockets_on_ephemeral_ports_are_counted_per_destination() {
     });
     assert!(back, "after closing: (connected, unconnected, other namespace) = {last:?}");
     assert_eq!(ss_udp(client, dst, 0), 0);
+}
+
+#[test]
+fn bind_and_udp_autobind_failures_are_counted_per_process() {
+    let (topology, mut watch) = setup();
+    let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
+    // Four ports, shared by UDP bind(0) and autobind (TCP has its own table of them).
+    client.sysctl("net.ipv4.ip_local_port_range", "40000 40003").expect("shrinking the port range");
+    let client_ns = netns_inode(client.netns().path()).unwrap();
+    const PORT: u16 = 9330;
+    const BIND_FAILURES: u64 = 3;
+    let dst = SocketAddr::new(backend.ipv4().into(), PORT);
+    let any = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0);
+    let (held, errnos) = client.in_netns(|| {
+        let mut held = Vec::new();
+        let mut failed = 0;
+        // bind(port 0) until the range is exhausted, then a few more.
+        while failed < BIND_FAILURES {
+            let socket = udp_socket();
+            match bind(socket.as_raw_fd(), &v4(any)) {
+                Ok(()) => held.push(socket),
+                Err(Errno::EADDRINUSE) => failed += 1,
+                Err(e) => panic!("bind #{}: {e}", held.len()),
+            }
+            assert!(held.len() <= 4, "more sockets than ports");
+        }
+        // A port that is taken, asked for by number: EADDRINUSE, but not exhaustion.
+        let explicit = bind(udp_socket().as_raw_fd(), &v4(SocketAddr::new(any.ip(), 40000)));
+        // Autobind with the range exhausted.
+        let connected = connect(udp_socket().as_raw_fd(), &v4(dst));
+        // TCP bind(port 0) exhausts its own four ports.
+        let mut tcp_bind = Ok(());
+        for _ in 0..5 {
+            let socket = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).expect("socket");
+            tcp_bind = bind(socket.as_raw_fd(), &v4(any));
+            if tcp_bind.is_err() {
+                break;
+            }
+            held.push(socket);
+        }
+        (held, [explicit.err(), connected.err(), tcp_bind.err()])
+    });
+    // What this kernel returns (inet_autobind's EAGAIN reaches userspace for UDP).
+    let expected = [Some(Errno::EADDRINUSE), Some(Errno::EAGAIN), Some(Errno::EADDRINUSE)];
+    assert_eq!(errnos, expected, "explicit bind, UDP connect, TCP bind(0)");
+    assert_eq!(held.len(), 8, "four UDP and four TCP ports");
+
+    let report = watch.report(&mut NetnsResolver::new(), Thresholds::default()).expect("report");
+    let mut ours: Vec<_> = report
+        .failures
+        .iter()
+        .filter(|f| f.netns == client_ns)
+        .map(|f| {
+            (f.protocol.as_str(), f.call.as_str(), f.errno.as_str(), f.local.to_string(), f.remote.to_string(), f.remote_port, f.failures)
+        })
+        .collect();
+    ours.sort();
+    let unspecified = any.ip().to_string();
+    let backend_ip = dst.ip().to_string();
+    let row = |proto, call, errno, local: &String, remote: &String, port, n| (proto, call, errno, local.clone(), remote.clone(), port, n);
+    assert_eq!(
+        ours,
+        [
+            row("tcp", "bind", "EADDRINUSE", &unspecified, &unspecified, 0, 1),
+            row("udp", "bind", "EADDRINUSE", &unspecified, &unspecified, 0, BIND_FAILURES),
+            row("udp", "connect", "EAGAIN", &unspecified, &backend_ip, PORT, 1),
+        ],
+        "the explicit port that was taken is not counted"
+    );
+    for failure in report.failures.iter().filter(|f| f.netns == client_ns) {
+        assert_eq!((failure.pid, failure.comm.as_str()), (std::process::id(), "netns-c1"), "{failure:#?}");
+        assert!(failure.cgroup_id > 0);
+    }
+    // Per destination: the port-0 binds share the row of the unconnected UDP sockets.
+    let row = |remote: IpAddr, protocol: &str| {
+        report.destinations.iter().find(|d| d.netns == client_ns && d.protocol == protocol && d.remote == remote && d.local == any.ip())
+    };
+    let unconnected = row(any.ip(), "udp").expect("the unconnected UDP row");
+    assert_eq!((unconnected.in_use, unconnected.failures, unconnected.level), (4, BIND_FAILURES, Level::Critical));
+    assert_eq!(row(dst.ip(), "udp").map(|d| d.failures), Some(1), "the UDP connect");
+    assert_eq!(row(any.ip(), "tcp").map(|d| d.failures), Some(1));
+    assert_eq!(report.dropped.pending_table_full, 0);
+    drop(held);
 }
 
 #[test]

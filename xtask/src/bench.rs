@@ -591,6 +591,9 @@ fn print_table(cases: &[Case], medians: &[f64], calls: usize, reps: usize, cpu: 
 /// network namespace (so its TIME_WAIT sockets never run the port range out).
 const SOCKWATCH_TCP_CYCLES: usize = 2000;
 const SOCKWATCH_UDP_SOCKETS: usize = 2000;
+/// Datagrams sent from a bound UDP socket per repetition, half with sendto(), half with
+/// sendmsg(): the watcher must add nothing per datagram (it does not follow sends).
+const SOCKWATCH_UDP_SENDS: usize = 2000;
 /// Sockets open during the timed reads: connected UDP sockets, and server sockets left in
 /// CLOSE_WAIT (what the two iterators walk).
 const SOCKWATCH_READ_UDP: usize = 1000;
@@ -610,6 +613,10 @@ struct SockwatchCost {
     /// programs' run time per socket.
     udp_socket: f64,
     udp_socket_bpf: f64,
+    /// One datagram sent from a bound socket: wall time without the watcher, and the
+    /// programs' run time per datagram.
+    udp_send: f64,
+    udp_send_bpf: f64,
     /// One snapshot (maps read, both iterators run) with the read sockets open.
     read: f64,
 }
@@ -624,6 +631,8 @@ impl SockwatchCost {
             ("sockwatch_per_tcp_cycle", self.tcp_cycle_bpf),
             ("udp_socket", self.udp_socket),
             ("sockwatch_per_udp_socket", self.udp_socket_bpf),
+            ("udp_send", self.udp_send),
+            ("sockwatch_per_udp_send", self.udp_send_bpf),
             ("sockwatch_read", self.read),
         ];
         programs.chain(cycles.into_iter().map(|(k, v)| (k.to_owned(), v))).collect()
@@ -638,16 +647,18 @@ fn sockwatch_overhead(reps: usize) -> Result<SockwatchCost> {
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enabling BPF run-time statistics")?;
     let mut samples = Vec::with_capacity(reps);
     for _ in 0..reps {
-        let (tcp_cycle, udp_socket) = in_scratch_netns(|| Ok((time_tcp_cycles()?, time_udp_sockets()?)))?;
-        let (tcp_cycle_watched, read, [start, after_tcp, after_udp, end]) = in_scratch_netns(|| {
+        let (tcp_cycle, udp_socket, udp_send) = in_scratch_netns(|| Ok((time_tcp_cycles()?, time_udp_sockets()?, time_udp_sends()?)))?;
+        let (tcp_cycle_watched, read, [start, after_tcp, after_udp, after_sends, end]) = in_scratch_netns(|| {
             let mut watch = SockWatch::load().context("loading sockwatch")?;
             let start = watch.program_stats()?;
             let tcp_ns = time_tcp_cycles()?;
             let after_tcp = watch.program_stats()?;
             time_udp_sockets()?;
             let after_udp = watch.program_stats()?;
+            time_udp_sends()?;
+            let after_sends = watch.program_stats()?;
             let read_ns = time_reads(&mut watch)?;
-            Ok((tcp_ns, read_ns, [start, after_tcp, after_udp, watch.program_stats()?]))
+            Ok((tcp_ns, read_ns, [start, after_tcp, after_udp, after_sends, watch.program_stats()?]))
         })?;
         let mut per_run = Vec::with_capacity(PROGRAMS.len());
         for (before, after) in start.iter().zip(&end) {
@@ -662,6 +673,8 @@ fn sockwatch_overhead(reps: usize) -> Result<SockwatchCost> {
             tcp_cycle_bpf: run_ns(&start, &after_tcp) / SOCKWATCH_TCP_CYCLES as f64,
             udp_socket,
             udp_socket_bpf: run_ns(&after_tcp, &after_udp) / SOCKWATCH_UDP_SOCKETS as f64,
+            udp_send,
+            udp_send_bpf: run_ns(&after_udp, &after_sends) / SOCKWATCH_UDP_SENDS as f64,
             read,
         });
     }
@@ -673,6 +686,8 @@ fn sockwatch_overhead(reps: usize) -> Result<SockwatchCost> {
         tcp_cycle_bpf: med(&|s| s.tcp_cycle_bpf),
         udp_socket: med(&|s| s.udp_socket),
         udp_socket_bpf: med(&|s| s.udp_socket_bpf),
+        udp_send: med(&|s| s.udp_send),
+        udp_send_bpf: med(&|s| s.udp_send_bpf),
         read: med(&|s| s.read),
     })
 }
@@ -735,6 +750,35 @@ fn time_udp_sockets() -> Result<f64> {
     Ok(started.elapsed().as_nanos() as f64 / SOCKWATCH_UDP_SOCKETS as f64)
 }
 
+/// Wall ns per datagram sent from one bound UDP socket to a closed port on loopback, half
+/// with sendto(), half with sendmsg().
+fn time_udp_sends() -> Result<f64> {
+    let socket = UdpSocket::bind("127.0.0.1:0")?;
+    let discard: SocketAddr = "127.0.0.1:9".parse()?;
+    let mut to = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 9u16.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(Ipv4Addr::LOCALHOST).to_be() },
+        sin_zero: [0; 8],
+    };
+    let mut byte = *b"x";
+    let started = Instant::now();
+    for _ in 0..SOCKWATCH_UDP_SENDS / 2 {
+        socket.send_to(&byte, discard)?;
+        let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+        // SAFETY: a zeroed msghdr is valid; it points at live locals for the call only.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&raw mut to).cast();
+        msg.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        // SAFETY: a valid socket and a msghdr whose pointers outlive the call.
+        let sent = unsafe { libc::sendmsg(std::os::fd::AsRawFd::as_raw_fd(&socket), &raw const msg, 0) };
+        ensure!(sent == 1, "sendmsg: {}", std::io::Error::last_os_error());
+    }
+    Ok(started.elapsed().as_nanos() as f64 / SOCKWATCH_UDP_SENDS as f64)
+}
+
 /// Median ns per snapshot with [`SOCKWATCH_READ_UDP`] UDP and [`SOCKWATCH_READ_CLOSE_WAIT`]
 /// CLOSE_WAIT sockets open in this namespace, after checking that it counts them all.
 fn time_reads(watch: &mut SockWatch) -> Result<f64> {
@@ -780,21 +824,24 @@ fn print_sockwatch(cost: &SockwatchCost, reps: usize) {
     println!(
         "Socket watcher (sockwatch), median of {reps} repetitions, each in a new network namespace: {SOCKWATCH_TCP_CYCLES} \
          TCP connect+close cycles over loopback, {SOCKWATCH_UDP_SOCKETS} UDP sockets bound to port 0 and closed, \
+         {SOCKWATCH_UDP_SENDS} datagrams sent (sendto and sendmsg) from a bound socket, \
          {SOCKWATCH_READS} reads with {SOCKWATCH_READ_UDP} UDP and {SOCKWATCH_READ_CLOSE_WAIT} CLOSE_WAIT sockets open. \
          Program times from the kernel's run-time statistics (host-wide: other sockets' events count too)."
     );
     println!();
-    println!("{:<22} | {:>9}", "program", "ns/run");
-    println!("{:-<22}-|-{:->9}", "", "");
+    println!("{:<24} | {:>9}", "program", "ns/run");
+    println!("{:-<24}-|-{:->9}", "", "");
     for (name, ns) in &cost.per_run {
-        println!("{name:<22} | {ns:>9.1}");
+        println!("{name:<24} | {ns:>9.1}");
     }
     println!();
     println!("{:<22} | {:>12} | {:>15} | {:>8}", "per", "ns without", "ns in programs", "added");
     println!("{:-<22}-|-{:->12}-|-{:->15}-|-{:->8}", "", "", "", "");
-    for (what, base, bpf) in
-        [("TCP connect+close", cost.tcp_cycle, cost.tcp_cycle_bpf), ("UDP socket", cost.udp_socket, cost.udp_socket_bpf)]
-    {
+    for (what, base, bpf) in [
+        ("TCP connect+close", cost.tcp_cycle, cost.tcp_cycle_bpf),
+        ("UDP socket", cost.udp_socket, cost.udp_socket_bpf),
+        ("UDP datagram sent", cost.udp_send, cost.udp_send_bpf),
+    ] {
         println!("{what:<22} | {base:>12.0} | {bpf:>15.0} | {:>7.1}%", 100.0 * bpf / base);
     }
     println!(

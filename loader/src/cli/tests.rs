@@ -607,6 +607,9 @@ fn ports_show_destinations_failures_and_leak_suspects() {
             comm: "app".into(),
             cgroup_id: 1,
             failures: 7,
+            protocol: "tcp".into(),
+            call: "connect".into(),
+            errno: "EADDRNOTAVAIL".into(),
         }],
         dropped: Dropped::default(),
         leak_suspects: vec![LeakSuspect {

@@ -33,7 +33,8 @@ pub struct PortCounts {
     pub active: i64,
     /// Timewait socks created since the watcher was loaded.
     pub time_wait_total: u64,
-    /// `connect()`s that found no free port (`EADDRNOTAVAIL`).
+    /// Calls that found no free port: TCP `connect()` (`EADDRNOTAVAIL`), `bind()` to port 0
+    /// (`EADDRINUSE`), UDP `connect()` autobind (`EAGAIN`).
     pub failures: u64,
     /// Active opens seen since the watcher was loaded.
     pub opened: u64,
@@ -70,13 +71,19 @@ pub fn monotonic_secs() -> u32 {
     ts.tv_sec as u32
 }
 
-/// One process's failed connects to one destination (`struct fail_key`).
+/// One process's calls that failed for want of a port, per destination, call and errno
+/// (`struct fail_key`). For `bind()`, the local address is the one asked for and the remote
+/// is unspecified; for a UDP `connect()`, the remote is the one
+/// asked for and the local unspecified (the socket had no port).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FailKey {
     pub key: PortKey,
     pub tgid: u32,
-    pub pad: u32,
+    /// [`CALL_CONNECT`] or [`CALL_BIND`].
+    pub call: u16,
+    /// The (positive) errno the call returned.
+    pub err: u16,
     pub cgroup: u64,
     pub comm: [u8; 16],
 }
@@ -121,14 +128,26 @@ unsafe impl aya::Pod for FailKey {}
 
 /// Names of the `sw_stats` array's counters, by index: events the kernel side could not
 /// record because a map was full.
-pub const STAT_NAMES: [&str; 6] =
-    ["sock_table_full", "key_table_full", "fail_table_full", "close_wait_table_full", "udp_sock_table_full", "udp_key_table_full"];
+pub const STAT_NAMES: [&str; 7] = [
+    "sock_table_full",
+    "key_table_full",
+    "fail_table_full",
+    "close_wait_table_full",
+    "udp_sock_table_full",
+    "udp_key_table_full",
+    "pending_table_full",
+];
 /// `udp_key_table_full` counts per UDP sum (one read), not since load: userspace zeroes it.
 pub(crate) const STAT_UDP_KEY_TABLE_FULL: u32 = 5;
 
 pub(crate) const AF_INET: u8 = 2;
 pub(crate) const IPPROTO_TCP: u8 = 6;
 pub(crate) const IPPROTO_UDP: u8 = 17;
+
+/// [`FailKey::call`]: `connect()` (TCP, `EADDRNOTAVAIL`; or UDP autobind, `EAGAIN`).
+pub const CALL_CONNECT: u16 = 0;
+/// [`FailKey::call`]: `bind()` to port 0 (`EADDRINUSE`).
+pub const CALL_BIND: u16 = 1;
 
 impl PortKey {
     pub fn local(&self) -> IpAddr {
@@ -179,6 +198,25 @@ fn octets(addr: IpAddr) -> [u8; 16] {
 }
 
 impl FailKey {
+    /// The failed call's name: `connect` or `bind`.
+    pub fn call_name(&self) -> &'static str {
+        match self.call {
+            CALL_CONNECT => "connect",
+            CALL_BIND => "bind",
+            _ => "other",
+        }
+    }
+
+    /// The errno's name (`EADDRNOTAVAIL`, `EADDRINUSE`, `EAGAIN`), else its number.
+    pub fn errno_name(&self) -> String {
+        match i32::from(self.err) {
+            libc::EADDRNOTAVAIL => "EADDRNOTAVAIL".into(),
+            libc::EADDRINUSE => "EADDRINUSE".into(),
+            libc::EAGAIN => "EAGAIN".into(),
+            n => n.to_string(),
+        }
+    }
+
     /// The process name, up to its first NUL.
     pub fn comm(&self) -> String {
         let end = self.comm.iter().position(|&b| b == 0).unwrap_or(self.comm.len());

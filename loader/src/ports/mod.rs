@@ -1,7 +1,9 @@
 //! Ephemeral-port exhaustion, watched per destination through the `sockwatch` eBPF object
 //! (`sockwatch-ebpf/`): how many local ports each (network namespace, local address,
 //! remote address, remote port, protocol) holds, against the namespace's
-//! `ip_local_port_range`; which processes saw `connect()` fail with `EADDRNOTAVAIL`; and
+//! `ip_local_port_range`; which processes saw a call fail for want of a port (TCP
+//! `connect()` with `EADDRNOTAVAIL`, `bind()` to port 0 with `EADDRINUSE`, UDP
+//! `connect()` autobind with `EAGAIN`); and
 //! which processes leak sockets in CLOSE_WAIT. `lbd agent` serves the report read-only over
 //! HTTP ([`endpoint`]).
 //!
@@ -16,7 +18,7 @@
 //! (accepted) sockets hold no ephemeral port and are not counted, but they are watched for
 //! CLOSE_WAIT. A socket that `bind()`s an explicit port before `connect()` is counted too
 //! (it also holds a port for that destination). UDP sockets holding a port that `bind()`
-//! did not name (autobound by `connect()`/`sendmsg()`, or bound to port 0). Sockets
+//! did not name (autobound by `connect()`/`sendto()`, or bound to port 0). Sockets
 //! created before the watcher was loaded are not seen.
 
 mod cgroup;
@@ -29,7 +31,9 @@ mod report;
 mod watcher;
 
 pub use leaks::{Holder, LeakSuspect, leak_suspects, socket_owners};
-pub use maps::{CloseWaitRecord, FailKey, PortCounts, PortKey, STAT_NAMES, TIMEWAIT_LEN_SECS, TW_BUCKETS, monotonic_secs};
+pub use maps::{
+    CALL_BIND, CALL_CONNECT, CloseWaitRecord, FailKey, PortCounts, PortKey, STAT_NAMES, TIMEWAIT_LEN_SECS, TW_BUCKETS, monotonic_secs,
+};
 pub use range::{NetnsPorts, NetnsResolver, netns_inode, parse_port_list, read_netns_ports};
 pub use report::{DestinationUsage, Dropped, Level, PortsReport, ProcessFailures, Thresholds, build_report};
 pub use watcher::{PROGRAMS, PortsError, ProgramStats, Snapshot, SockWatch};

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::leaks::{Holder, LeakSuspect, leak_suspects};
-use super::maps::{PortCounts, PortKey};
+use super::maps::{IPPROTO_UDP, PortCounts, PortKey};
 use super::range::NetnsPorts;
 use super::watcher::Snapshot;
 
@@ -61,7 +61,10 @@ pub struct DestinationUsage {
     pub time_wait: u64,
     /// `active + time_wait`: local ports this destination holds.
     pub in_use: u64,
-    /// Cumulative `connect()` failures with EADDRNOTAVAIL since the watcher was loaded (TCP).
+    /// Cumulative calls that failed for want of a port since the watcher was loaded: TCP
+    /// `connect()` (EADDRNOTAVAIL), `bind()` to port 0 (EADDRINUSE; local is the address
+    /// asked for, remote unspecified), UDP `connect()` autobind
+    /// (EAGAIN; local unspecified). `failures` per process tells the calls apart.
     pub failures: u64,
     /// Cumulative active opens since the watcher was loaded (TCP).
     pub opened: u64,
@@ -77,7 +80,8 @@ pub struct DestinationUsage {
     pub level: Level,
 }
 
-/// A process whose connects failed for want of a port.
+/// A process whose calls failed for want of a port (one row per destination, call and
+/// errno; see [`DestinationUsage::failures`] for the addresses).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProcessFailures {
     pub netns: u32,
@@ -88,6 +92,28 @@ pub struct ProcessFailures {
     pub comm: String,
     pub cgroup_id: u64,
     pub failures: u64,
+    /// `tcp` or `udp` (reports from before bind/UDP failures were counted: `tcp`).
+    #[serde(default = "default_protocol")]
+    pub protocol: String,
+    /// `connect` or `bind`.
+    #[serde(default = "default_call")]
+    pub call: String,
+    /// What the call returned: `EADDRNOTAVAIL` (TCP connect), `EADDRINUSE` (bind to port 0),
+    /// `EAGAIN` (UDP autobind).
+    #[serde(default = "default_errno")]
+    pub errno: String,
+}
+
+fn default_protocol() -> String {
+    "tcp".into()
+}
+
+fn default_call() -> String {
+    "connect".into()
+}
+
+fn default_errno() -> String {
+    "EADDRNOTAVAIL".into()
 }
 
 /// Events the kernel side dropped because a map was full (non-zero: counts may be low).
@@ -105,6 +131,10 @@ pub struct Dropped {
     /// UDP sockets left out of this report because the destination table was full.
     #[serde(default)]
     pub udp_key_table_full: u64,
+    /// bind/connect calls that could not be followed to their return (a
+    /// failure among them is not counted).
+    #[serde(default)]
+    pub pending_table_full: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -140,10 +170,20 @@ pub fn build_report(
     for (key, count) in &snapshot.udp {
         *udp_per_netns.entry(key.netns).or_default() += count;
     }
+    let udp_sums: HashMap<PortKey, u64> = snapshot.udp.iter().copied().filter(|(_, count)| *count > 0).collect();
+    // UDP keys in the kernel's destination map only carry failures: one row with the sum.
+    let mut udp_done = HashSet::new();
     let mut destinations: Vec<DestinationUsage> = snapshot
         .destinations
         .iter()
         .filter_map(|(key, counts)| {
+            if key.proto == IPPROTO_UDP {
+                let active = udp_sums.get(key).copied().unwrap_or(0);
+                udp_done.insert(*key);
+                let counts = PortCounts { failures: counts.failures, ..PortCounts::default() };
+                let competing = udp_per_netns.get(&key.netns).copied().unwrap_or(0);
+                return (active > 0 || counts.failures > 0).then(|| usage(key, &counts, active, 0, competing, &mut ports, &thresholds));
+            }
             // A negative count would mean a missed open: show it as zero, never wrap.
             let active = counts.active.max(0) as u64;
             let time_wait = counts.time_wait_at(snapshot.now);
@@ -151,7 +191,7 @@ pub fn build_report(
             (held > 0 || counts.failures > 0).then(|| usage(key, counts, active, time_wait, held, &mut ports, &thresholds))
         })
         .collect();
-    let udp = snapshot.udp.iter().filter(|(_, count)| *count > 0);
+    let udp = snapshot.udp.iter().filter(|(key, count)| *count > 0 && !udp_done.contains(key));
     destinations
         .extend(udp.map(|(key, count)| usage(key, &PortCounts::default(), *count, 0, udp_per_netns[&key.netns], &mut ports, &thresholds)));
     destinations.sort_by(|a, b| b.utilisation.unwrap_or(0.0).total_cmp(&a.utilisation.unwrap_or(0.0)).then(b.in_use.cmp(&a.in_use)));
@@ -167,12 +207,30 @@ pub fn build_report(
             comm: fail.comm(),
             cgroup_id: fail.cgroup,
             failures: count,
+            protocol: fail.key.protocol().to_owned(),
+            call: fail.call_name().to_owned(),
+            errno: fail.errno_name(),
         })
         .collect();
     failures.sort_by_key(|f| std::cmp::Reverse(f.failures));
-    let [sock_table_full, key_table_full, fail_table_full, close_wait_table_full, udp_sock_table_full, udp_key_table_full] = snapshot.stats;
-    let dropped =
-        Dropped { sock_table_full, key_table_full, fail_table_full, close_wait_table_full, udp_sock_table_full, udp_key_table_full };
+    let [
+        sock_table_full,
+        key_table_full,
+        fail_table_full,
+        close_wait_table_full,
+        udp_sock_table_full,
+        udp_key_table_full,
+        pending_table_full,
+    ] = snapshot.stats;
+    let dropped = Dropped {
+        sock_table_full,
+        key_table_full,
+        fail_table_full,
+        close_wait_table_full,
+        udp_sock_table_full,
+        udp_key_table_full,
+        pending_table_full,
+    };
     let leak_suspects = leak_suspects(&snapshot.close_wait, snapshot.now, thresholds.close_wait_secs, owners);
     PortsReport { thresholds, destinations, failures, dropped, leak_suspects }
 }
@@ -242,8 +300,8 @@ mod tests {
                 (key(4), counts(0, 0)),
                 (key(5), counts(-1, 0)),
             ],
-            failures: vec![(FailKey { key: key(3), tgid: 9, pad: 0, cgroup: 1, comm }, 4)],
-            stats: [0, 1, 0, 0, 0, 0],
+            failures: vec![(FailKey { key: key(3), tgid: 9, call: 0, err: 99, cgroup: 1, comm }, 4)],
+            stats: [0, 1, 0, 0, 0, 0, 0],
             now: 1010,
             ..Snapshot::default()
         };
@@ -253,6 +311,7 @@ mod tests {
         assert_eq!(got, [(3, Level::Critical, 95), (2, Level::Warn, 70), (1, Level::Ok, 10)]);
         assert_eq!(report.level(), Level::Critical);
         assert_eq!(report.failures[0].comm, "curl");
+        assert_eq!((report.failures[0].call.as_str(), report.failures[0].errno.as_str()), ("connect", "EADDRNOTAVAIL"));
         assert_eq!(report.dropped.key_table_full, 1);
 
         let json = serde_json::to_value(&report).unwrap();
@@ -296,6 +355,29 @@ mod tests {
     }
 
     #[test]
+    fn udp_failures_share_the_row_of_their_destination() {
+        let any = "0.0.0.0".parse().unwrap();
+        let unconnected = PortKey::udp(42, any, any, 0);
+        let dns = PortKey::udp(42, any, "10.0.0.53".parse().unwrap(), 53);
+        let failed = |failures| PortCounts { failures, ..PortCounts::default() };
+        let mut comm = [0u8; 16];
+        comm[..3].copy_from_slice(b"app");
+        let bind = FailKey { key: unconnected, tgid: 7, call: crate::ports::CALL_BIND, err: 98, cgroup: 1, comm };
+        let snapshot = Snapshot {
+            destinations: vec![(unconnected, failed(3)), (dns, failed(2))],
+            udp: vec![(unconnected, 100)],
+            failures: vec![(bind, 3)],
+            ..Snapshot::default()
+        };
+        let ports = NetnsPorts { low: 40000, high: 40099, reserved: 0 };
+        let report = build_report(&snapshot, |_| Some(ports), no_owners, Thresholds::default());
+        let got: Vec<_> = report.destinations.iter().map(|d| (d.remote_port, d.in_use, d.failures, d.level)).collect();
+        assert_eq!(got, [(0, 100, 3, Level::Critical), (53, 0, 2, Level::Critical)], "one row per key; the namespace's range is full");
+        let fail = &report.failures[0];
+        assert_eq!((fail.protocol.as_str(), fail.call.as_str(), fail.errno.as_str(), fail.pid), ("udp", "bind", "EADDRINUSE", 7));
+    }
+
+    #[test]
     fn reports_round_trip_and_older_json_still_parses() {
         let mut record = crate::ports::CloseWaitRecord { since: 100, inode: 5, lport: 80, ..Default::default() };
         record.key = key(40000);
@@ -310,6 +392,10 @@ mod tests {
         let old = r#"{"thresholds":{"warn":0.7,"critical":0.9},"destinations":[],"failures":[],
             "dropped":{"sock_table_full":0,"key_table_full":0,"fail_table_full":0}}"#;
         let old: PortsReport = serde_json::from_str(old).unwrap();
+        // A failure row from before bind/UDP failures were counted: a TCP connect.
+        let row = r#"{"netns":1,"local":"10.0.0.1","remote":"10.0.0.2","remote_port":80,"pid":3,"comm":"a","cgroup_id":1,"failures":2}"#;
+        let row: ProcessFailures = serde_json::from_str(row).unwrap();
+        assert_eq!((row.protocol.as_str(), row.call.as_str(), row.errno.as_str()), ("tcp", "connect", "EADDRNOTAVAIL"));
         assert_eq!(old.thresholds, Thresholds::default());
         assert!(old.leak_suspects.is_empty());
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{Array, HashMap, Map, MapError},
-    programs::{BtfTracePoint, CgroupAttachMode, CgroupSock, Iter, ProgramError},
+    programs::{BtfTracePoint, CgroupAttachMode, CgroupSock, Iter, ProgramError, TracePoint},
 };
 
 use super::cgroup;
@@ -91,8 +91,26 @@ const UDP_CREATE: &str = "sockwatch_udp_create";
 const UDP_RELEASE: &str = "sockwatch_udp_release";
 const UDP_SUM: &str = "sockwatch_udp_sum";
 const CLOSE_WAIT: &str = "sockwatch_close_wait";
+/// bind()/connect() failing for want of a port: (program, tracepoint in
+/// the `syscalls` category). Each enter stashes the call per thread, its exit counts it.
+const SYSCALL_HOOKS: [(&str, &str); 4] = [
+    ("sockwatch_bind_enter", "sys_enter_bind"),
+    ("sockwatch_bind_exit", "sys_exit_bind"),
+    ("sockwatch_connect_enter", "sys_enter_connect"),
+    ("sockwatch_connect_exit", "sys_exit_connect"),
+];
 /// Every program, for [`SockWatch::program_stats`].
-pub const PROGRAMS: [&str; 5] = [SET_STATE, UDP_CREATE, UDP_RELEASE, UDP_SUM, CLOSE_WAIT];
+pub const PROGRAMS: [&str; 9] = [
+    SET_STATE,
+    UDP_CREATE,
+    UDP_RELEASE,
+    UDP_SUM,
+    CLOSE_WAIT,
+    SYSCALL_HOOKS[0].0,
+    SYSCALL_HOOKS[1].0,
+    SYSCALL_HOOKS[2].0,
+    SYSCALL_HOOKS[3].0,
+];
 const MAP_ITERATOR: &str = "bpf_map_elem";
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> PortsError {
@@ -147,7 +165,8 @@ pub struct SockWatch {
 
 impl SockWatch {
     /// Loads the object (CO-RE relocations against the running kernel's BTF) and attaches
-    /// it: the TCP tracepoint, the UDP socket hooks on the cgroup2 root (so every process on
+    /// it: the TCP tracepoint, the syscall tracepoints of bind/connect
+    /// (needs tracefs events, CONFIG_FTRACE_SYSCALLS), the UDP socket hooks on the cgroup2 root (so every process on
     /// the host, whatever its cgroup), and the two map iterators. Needs root (CAP_BPF +
     /// CAP_PERFMON + CAP_NET_ADMIN, and CAP_SYS_ADMIN if no cgroup2 is mounted) and Linux
     /// >= 5.9 with BTF.
@@ -162,6 +181,13 @@ impl SockWatch {
         let set_state: &mut BtfTracePoint = program(&mut ebpf, SET_STATE)?.try_into().map_err(hook_err(TRACEPOINT, SET_STATE))?;
         set_state.load(TRACEPOINT, &btf).map_err(hook_err(TRACEPOINT, SET_STATE))?;
         set_state.attach().map_err(hook_err(TRACEPOINT, SET_STATE))?;
+
+        for (name, tracepoint) in SYSCALL_HOOKS {
+            let hook_err = hook_err(&format!("tracepoint/syscalls/{tracepoint}"), name);
+            let program: &mut TracePoint = program(&mut ebpf, name)?.try_into().map_err(&hook_err)?;
+            program.load().map_err(&hook_err)?;
+            program.attach("syscalls", tracepoint).map_err(&hook_err)?;
+        }
 
         let (cgroup, root) = cgroup::open_root()?;
         for (name, hook) in [(UDP_CREATE, "sock_create"), (UDP_RELEASE, "sock_release")] {
