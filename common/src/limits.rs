@@ -30,6 +30,12 @@ pub const MAX_LOCAL_ADDRS: u32 = 64;
 pub const MAX_RULES: u32 = 1024;
 /// Sources tracked for per-source limits and `lbctl top-sources` (LRU: the quietest go).
 pub const SOURCE_TABLE_ENTRIES: u32 = 1 << 16;
+/// For a VIP without a per-source limit (enforced or observed), only one new flow in this
+/// many (chosen at random) updates the source table, adding this many to its counters: the
+/// table then only feeds `lbctl top-sources`, whose counts become estimates, and most new
+/// flows skip the LRU lookup and insert. A power of two.
+pub const SOURCE_SAMPLE_UNLIMITED: u32 = 16;
+const _: () = assert!(SOURCE_SAMPLE_UNLIMITED.is_power_of_two());
 /// Slot of the limits array holding the default for VIPs without their own limit.
 pub const DEFAULT_LIMIT_SLOT: u32 = MAX_VIPS;
 /// `RuleKey::vip_id` of a rule that applies to every VIP.

@@ -235,6 +235,11 @@ Counters are cumulative since the source's entry appeared. The table holds the
 most recently active sources (LRU): a source that went quiet can lose its entry
 and start again from zero.
 
+Counts are exact while the VIP has a per-source limit (enforced or observed).
+Without one, only a random 1 in 16 of its new flows is recorded, counting 16:
+the counts are estimates (multiples of 16) and a source with only a few new
+flows may be missing. Counts from before a limit was set or removed stay mixed.
+
 JSON output (-o json):
   {\"vip\":\"10.0.0.1:80/tcp\",\"tracked\":812,
    \"sources\":[{\"prefix\":\"198.51.100.0/24\",\"admitted\":1500,\"dropped\":9000}]}

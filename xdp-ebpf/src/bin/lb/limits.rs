@@ -1,6 +1,11 @@
 //! Overload protection for new flows (connection-table misses; established flows are never
 //! shed): operator rules, per-source buckets, the VIP's budget, each optionally observe-only.
 //!
+//! The source table also feeds `lbctl top-sources`. A VIP without a per-source limit needs no
+//! bucket, so only a random one in `SOURCE_SAMPLE_UNLIMITED` of its new flows touches the
+//! table (the LRU lookup, and the insert for a new source, were a third of a new flow's
+//! cost), adding that many to the counters: its top-sources counts are estimates.
+//!
 //! Buckets use GCRA: the state is the theoretical arrival time (TAT) of the next flow. A flow
 //! is admitted when `TAT + T - now <= burst * T`, which then advances TAT by `T = 1 s / rate`.
 //! Only atomic adds touch a TAT under load, so the admitted rate is exact when one source's
@@ -11,8 +16,9 @@
 
 use core::ptr::{read_volatile, write_volatile};
 
+use aya_ebpf::helpers::bpf_get_prandom_u32;
 use spillway_common::{
-    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6},
+    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6, SOURCE_SAMPLE_UNLIMITED},
     types::{
         Bucket, FAMILY_V4, FlowKey, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, Observed, RULE_BLOCK, RULE_KEY_SCOPE_BITS,
         RULE_LIMIT, Rate, Reason, RuleKey, RuleValue, SourceKey, SourceState,
@@ -28,12 +34,22 @@ const NS_PER_S: u64 = 1_000_000_000;
 #[inline(always)]
 pub fn admit_new_flow(key: &FlowKey, vip_id: u32, now: u64) -> Result<(), Reason> {
     let limits = effective_limits(vip_id);
-    let source = source_state(key, vip_id, limits.as_ref());
+    // With a per-source limit (enforced or observed) every new flow needs its source's
+    // bucket. Without one the source table only feeds `top-sources`: a random sample of new
+    // flows updates it, each counting for the flows it stands for.
+    let weight = if limits.as_ref().is_some_and(|l| l.per_source.per_s != 0) {
+        1
+    } else if unsafe { bpf_get_prandom_u32() } & (SOURCE_SAMPLE_UNLIMITED - 1) == 0 {
+        SOURCE_SAMPLE_UNLIMITED as u64
+    } else {
+        0
+    };
+    let source = if weight != 0 { source_state(key, vip_id, limits.as_ref()) } else { None };
     let verdict = decide(key, vip_id, limits.as_ref(), source, now);
     if let Some(source) = source {
         // SAFETY: a live map value; shared by CPUs, hence atomic adds.
         let counter = unsafe { if verdict.is_ok() { &mut (*source).admitted } else { &mut (*source).dropped } };
-        add(counter, 1);
+        add(counter, weight);
     }
     verdict
 }

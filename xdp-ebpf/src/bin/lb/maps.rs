@@ -66,7 +66,8 @@ pub static LIMITS: Array<Limits> = Array::with_max_entries(MAX_VIPS + 1, 0);
 #[map(name = "spw_budget")]
 pub static BUDGET: Array<Bucket> = Array::with_max_entries(MAX_VIPS, 0);
 
-/// Per-source buckets and counters; the LRU forgets the quietest sources first.
+/// Per-source buckets and counters; the LRU forgets the quietest sources first. VIPs
+/// without a per-source limit only record a sample of their new flows here (`limits.rs`).
 #[map(name = "spw_sources")]
 pub static SOURCES: LruHashMap<SourceKey, SourceState> = LruHashMap::with_max_entries(SOURCE_TABLE_ENTRIES, 0);
 
