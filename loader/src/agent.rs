@@ -128,7 +128,8 @@ async fn start_ports_endpoint(args: &AgentArgs) -> Option<EndpointTask> {
         message
     });
     let thresholds = Thresholds { close_wait_secs: args.leak_after_s, ..Thresholds::default() };
-    let mut source = PortSource { watch, resolver: NetnsResolver::new(), resolved_at: Instant::now(), thresholds, last_error: None };
+    let scope = if args.all_netns { None } else { Some(own_netns()) };
+    let mut source = PortSource { watch, resolver: NetnsResolver::new(), resolved_at: Instant::now(), thresholds, scope, last_error: None };
     info!("ports endpoint listening on http://{addr}{}", endpoint::PATH);
     Some(EndpointTask(tokio::spawn(endpoint::serve(listener, Limits::default(), move || source.report()))))
 }
@@ -139,6 +140,9 @@ struct PortSource {
     resolver: NetnsResolver,
     resolved_at: Instant,
     thresholds: Thresholds,
+    /// The namespace reported (`None`: all, `--all-netns`). The watcher sees the whole
+    /// kernel, and by default a host reports its own namespace only.
+    scope: Option<Result<u32, String>>,
     /// The last build error, logged when it first appears rather than on every request.
     last_error: Option<String>,
 }
@@ -150,11 +154,12 @@ impl PortSource {
             self.resolver.forget();
             self.resolved_at = Instant::now();
         }
-        // The watcher sees the whole kernel: report this host's namespace only.
-        let report = watch
-            .report(&mut self.resolver, self.thresholds)
-            .map_err(|e| format!("building the port report: {}", error_chain(&e)))
-            .and_then(|report| Ok(only_netns(report, own_netns()?)));
+        let report =
+            watch.report(&mut self.resolver, self.thresholds).map_err(|e| format!("building the port report: {}", error_chain(&e)));
+        let report = match &self.scope {
+            None => report,
+            Some(netns) => report.and_then(|report| Ok(only_netns(report, netns.clone()?))),
+        };
         match &report {
             Err(message) if self.last_error.as_ref() != Some(message) => warn!("ports endpoint: {message}"),
             _ => {}

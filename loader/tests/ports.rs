@@ -569,28 +569,54 @@ fn the_agent_serves_its_hosts_port_report_read_only() {
     agent.wait_for_output("ready", Duration::from_secs(10)).expect("agent ready");
     assert!(agent.log().contains(&format!("ports endpoint listening on http://{endpoint}/ports")), "{}", agent.log());
 
+    // An agent with --all-netns (on the client host) reports the other namespaces too.
+    let everywhere: SocketAddr = "127.0.0.1:9478".parse().unwrap();
+    let all_pin_dir = topology.pin_dir().expect("pin dir").join("agent-all");
+    let all_args = ["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", all_pin_dir.to_str().unwrap(), "--all-netns"];
+    let all_agent = client
+        .spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &all_args, &["--ports-listen", &everywhere.to_string()]].concat())
+        .expect("lbd agent --all-netns");
+    all_agent.wait_for_output("ready", Duration::from_secs(10)).expect("agent ready");
+
     const SOCKETS: usize = 10;
-    let (report, refused) = backend.in_netns(|| {
-        // Created after the agent's watcher loaded, in the agent's namespace.
-        let sockets: Vec<OwnedFd> = (0..SOCKETS)
-            .map(|_| {
-                let socket = udp_socket();
-                connect(socket.as_raw_fd(), &v4(SocketAddr::new(client.ipv4().into(), PORT))).expect("connect");
-                socket
-            })
-            .collect();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        let report = runtime.block_on(spillway::ports::endpoint::fetch_report(endpoint, Duration::from_secs(5)));
+    let connected_to = |host: &spillway_harness::Host, to: IpAddr| {
+        host.in_netns(|| {
+            (0..SOCKETS)
+                .map(|_| {
+                    let socket = udp_socket();
+                    connect(socket.as_raw_fd(), &v4(SocketAddr::new(to, PORT))).expect("connect");
+                    socket
+                })
+                .collect::<Vec<OwnedFd>>()
+        })
+    };
+    // Created after the agent's watcher loaded: in the agent's namespace, and in another.
+    let ours = connected_to(backend, client.ipv4().into());
+    let theirs = connected_to(client, backend.ipv4().into());
+    let fetch = |host: &spillway_harness::Host, at: SocketAddr| {
+        host.in_netns(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            runtime.block_on(spillway::ports::endpoint::fetch_report(at, Duration::from_secs(5)))
+        })
+    };
+    let report = fetch(backend, endpoint).expect("the agent's report");
+    let refused = backend.in_netns(|| {
         let mut stream = TcpStream::connect(endpoint).expect("connect to the endpoint");
         stream.write_all(b"POST /ports HTTP/1.0\r\n\r\n").unwrap();
         let mut refused = String::new();
         stream.read_to_string(&mut refused).unwrap();
-        drop(sockets);
-        (report, refused)
+        refused
     });
-    let report = report.expect("the agent's report");
-    let netns = netns_inode(backend.netns().path()).unwrap();
-    let udp = report.destinations.iter().find(|d| d.netns == netns && d.protocol == "udp" && d.remote == IpAddr::from(client.ipv4()));
-    assert_eq!(udp.map(|d| d.in_use), Some(SOCKETS as u64), "{report:#?}");
+    let all = fetch(client, everywhere).expect("the --all-netns agent's report");
+    drop((ours, theirs));
+
+    let (netns, client_netns) = (netns_inode(backend.netns().path()).unwrap(), netns_inode(client.netns().path()).unwrap());
+    let udp = |report: &spillway::ports::PortsReport, netns: u32, to: IpAddr| {
+        report.destinations.iter().find(|d| d.netns == netns && d.protocol == "udp" && d.remote == to).map(|d| d.in_use)
+    };
+    assert_eq!(udp(&report, netns, client.ipv4().into()), Some(SOCKETS as u64), "{report:#?}");
+    assert!(report.destinations.iter().all(|d| d.netns == netns), "a host reports its own namespace only: {report:#?}");
+    assert_eq!(udp(&all, netns, client.ipv4().into()), Some(SOCKETS as u64), "--all-netns sees the backend's sockets");
+    assert_eq!(udp(&all, client_netns, backend.ipv4().into()), Some(SOCKETS as u64), "and its own");
     assert!(refused.starts_with("HTTP/1.0 405 "), "{refused}");
 }

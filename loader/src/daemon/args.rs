@@ -123,6 +123,10 @@ pub struct AgentArgs {
     #[arg(long, value_name = "S", default_value_t = crate::ports::Thresholds::default().close_wait_secs,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub leak_after_s: u64,
+    /// Report every network namespace of the host, not only the agent's: for hosts whose
+    /// services run in containers with their own namespaces (each row names its namespace).
+    #[arg(long)]
+    pub all_netns: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
