@@ -133,6 +133,7 @@ impl Checks {
     /// and weights, and the port pressure known for its backends.
     pub fn sync(&mut self, state: &DesiredState, now_ms: u64) -> Result<(), HealthError> {
         self.trackers.retain(|vip, _| state.vips.get(vip).is_some_and(|c| is_checked(vip, c)));
+        self.pressure.retain(|backend, _| state.vips.values().any(|c| c.backends.contains_key(backend)));
         for (vip, config) in state.vips.iter().filter(|(vip, c)| is_checked(vip, c)) {
             let policy = self.policy(config).clone();
             let tracker = match self.trackers.entry(*vip) {
@@ -214,13 +215,17 @@ impl Checks {
     }
 
     /// Records the port pressure a backend's agent reported, for every VIP it serves.
-    pub fn set_pressure(&mut self, backend: IpAddr, pressure: Pressure, now_ms: u64) {
-        self.pressure.insert(backend, pressure);
+    /// Returns whether it changed.
+    pub fn set_pressure(&mut self, backend: IpAddr, pressure: Pressure, now_ms: u64) -> bool {
+        if self.pressure.insert(backend, pressure).unwrap_or_default() == pressure {
+            return false;
+        }
         for tracker in self.trackers.values_mut() {
             // Not every VIP has this backend.
             let _ = tracker.set_pressure(backend, pressure, now_ms);
         }
         self.log_events();
+        true
     }
 
     /// What to probe: every backend of every checked VIP that has somewhere to probe (its
@@ -285,10 +290,6 @@ impl Checks {
 
     pub fn placement(&self, vip: &Vip) -> Option<&Placement> {
         self.placements.get(vip)
-    }
-
-    pub fn local_zone(&self) -> Option<&str> {
-        self.config.local_zone.as_deref()
     }
 
     fn log_events(&mut self) {

@@ -181,9 +181,9 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     pub fn set_pressure(&mut self, backend: IpAddr, pressure: Pressure) -> Result<(), CoreError> {
         let Some(checks) = &mut self.health else { return Ok(()) };
         let now_ms = checks.now_ms();
-        checks.set_pressure(backend, pressure, now_ms);
-        // Pressure changes at most once per agent poll: no need to wait for the interval.
-        self.program_changes(now_ms)
+        // Pressure changes at most once per agent poll: no need to wait for the interval,
+        // and nothing to compute when it stays the same.
+        if checks.set_pressure(backend, pressure, now_ms) { self.program_changes(now_ms) } else { Ok(()) }
     }
 
     /// Persists backend health as it is now (on a clean exit: slow starts resume exactly).
@@ -273,9 +273,13 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         Ok(Some(health))
     }
 
-    /// Records the balancer's own port report (from its watcher) or why there is none.
-    pub fn record_local_ports(&mut self, report: Result<PortsReport, String>) {
+    /// Records the balancer's own port report (from its watcher) or why there is none, and
+    /// returns the hosts whose agents to poll (reports of hosts no longer backends are dropped).
+    pub fn record_local_ports(&mut self, report: Result<PortsReport, String>) -> BTreeSet<IpAddr> {
         self.ports.record_local(report);
+        let hosts = self.backend_addrs();
+        self.ports.retain(&hosts);
+        hosts
     }
 
     /// Records an agent's report, and the pressure it means for the backend.

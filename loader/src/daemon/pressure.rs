@@ -3,7 +3,7 @@
 //! the health policy applies within its ejection and panic rules.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
     sync::Arc,
     time::{Duration, Instant},
@@ -87,7 +87,7 @@ impl PortsBook {
     }
 
     /// Forgets hosts that are no longer backends.
-    pub fn retain(&mut self, backends: &std::collections::BTreeSet<IpAddr>) {
+    pub fn retain(&mut self, backends: &BTreeSet<IpAddr>) {
         self.agents.retain(|addr, _| backends.contains(addr));
     }
 
@@ -160,13 +160,7 @@ where
         }
         let backends = {
             let core = core.clone();
-            tokio::task::spawn_blocking(move || {
-                let mut core = server::lock(&core);
-                core.record_local_ports(local);
-                core.backend_addrs()
-            })
-            .await
-            .unwrap_or_default()
+            tokio::task::spawn_blocking(move || server::lock(&core).record_local_ports(local)).await.unwrap_or_default()
         };
         if agent_port == 0 {
             continue;
