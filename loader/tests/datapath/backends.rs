@@ -60,6 +60,25 @@ fn draining_backend_keeps_its_flows_and_gets_no_new_ones() {
     });
 }
 
+/// Regression (found by the router-overload replay): a client reusing a port sent its new
+/// connection's SYN to the tuple's old backend even after that backend was drained or
+/// ejected (weight 0), so reused ports kept failing against a dead backend.
+#[test]
+fn a_syn_reusing_a_known_tuple_is_placed_afresh() {
+    with_env(|env| {
+        let (v, d, open) = three_backends_with_flows(env, 40000..40100);
+        let drained = open[0].1;
+        env.update(|s| s.set_weight(&v, drained, 0).unwrap());
+        let reused: Vec<SocketAddr> = open.iter().filter(|(_, b)| *b == drained).map(|(c, _)| *c).collect();
+        assert!(!reused.is_empty());
+        for c in reused {
+            env.expect(&frames::tcp(c, d, true, &[]), XDP_TX, Reason::Tx);
+            let now = env.pinned_backend(&flow_key(c, d, PROTO_TCP)).unwrap();
+            assert_ne!(now, drained, "the SYN of a new connection on {c} went to the drained backend");
+        }
+    });
+}
+
 #[test]
 fn removed_backends_flows_are_rehashed_and_others_stay() {
     with_env(|env| {
