@@ -9,10 +9,12 @@
 //! ```
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 
+use crate::bpffs::{self, BPFFS_ROOT};
 use crate::netns::Netns;
 use crate::process::Registry;
 use crate::topology::{TempDir, next_id};
@@ -60,6 +62,7 @@ pub fn neighbour_mac(addr: IpAddr) -> Option<[u8; 6]> {
 
 pub struct PacketLab {
     netns: Netns,
+    pin_dir: Mutex<Option<PathBuf>>,
     _registry: Arc<Registry>,
     _tempdir: TempDir,
 }
@@ -70,7 +73,7 @@ impl PacketLab {
         let tempdir = TempDir::create(std::env::temp_dir().join(&id))?;
         let registry = Arc::new(Registry::new(tempdir.path().to_owned()));
         let netns = Netns::create("pkt", format!("{id}-pkt"), Arc::clone(&registry))?;
-        let lab = PacketLab { netns, _registry: registry, _tempdir: tempdir };
+        let lab = PacketLab { netns, pin_dir: Mutex::new(None), _registry: registry, _tempdir: tempdir };
         lab.configure().context("configuring the packet lab")?;
         Ok(lab)
     }
@@ -112,6 +115,20 @@ impl PacketLab {
         &self.netns
     }
 
+    /// A fresh directory on bpffs for maps two objects share (mounting bpffs if needed).
+    /// The same path on every call; removed with everything pinned in it on drop.
+    pub fn pin_dir(&self) -> Result<PathBuf> {
+        let mut pin_dir = self.pin_dir.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(dir) = &*pin_dir {
+            return Ok(dir.clone());
+        }
+        bpffs::ensure_mounted()?;
+        let dir = Path::new(BPFFS_ROOT).join(self.netns.name());
+        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        *pin_dir = Some(dir.clone());
+        Ok(dir)
+    }
+
     /// Index of interface `dev` in the lab.
     pub fn ifindex(&self, dev: &str) -> Result<u32> {
         // sysfs shows the namespace it was mounted in, so ask `ip` inside the lab.
@@ -129,5 +146,16 @@ impl PacketLab {
             *byte = u8::from_str_radix(part, 16)?;
         }
         Ok(mac)
+    }
+}
+
+impl Drop for PacketLab {
+    fn drop(&mut self) {
+        let pin_dir = self.pin_dir.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(dir) = pin_dir.take()
+            && let Err(err) = std::fs::remove_dir_all(&dir)
+        {
+            eprintln!("spillway-harness: cannot remove {}: {err}", dir.display());
+        }
     }
 }

@@ -100,19 +100,7 @@ impl Balancer {
     /// Loads the balancer object and its program; maps are created, or reused from
     /// `options.map_pin_dir`.
     pub fn load(options: &LoadOptions) -> Result<Self, DataplaneError> {
-        let object = objects::check(objects::BALANCER, "spillway-lb")?;
-        let mut loader = EbpfLoader::new();
-        if let Some(dir) = &options.map_pin_dir {
-            std::fs::create_dir_all(dir).map_err(|source| DataplaneError::Pin { path: dir.clone(), source })?;
-            for name in PINNED_MAPS {
-                loader.map_pin_path(name, dir.join(name));
-            }
-        }
-        let mut ebpf = loader.load(object).map_err(|source| DataplaneError::Load {
-            name: "spillway-lb",
-            pin_dir: options.map_pin_dir.clone(),
-            source: Box::new(source),
-        })?;
+        let mut ebpf = load_balancer_object(objects::BALANCER, "spillway-lb", options)?;
         load_xdp(&mut ebpf, program_names::BALANCER)?;
         let maps = BalancerMaps::take(&mut ebpf)?;
         Ok(Self { ebpf, maps })
@@ -128,6 +116,33 @@ impl Balancer {
         let program = self.ebpf.program(name).ok_or(DataplaneError::MissingProgram { name })?;
         program.try_into().map_err(|source| DataplaneError::Program { name, source })
     }
+}
+
+/// Loads `object`, an object with the balancer's maps (the bench's stage variants), using
+/// the maps a balancer loaded with the same `options` pinned, and loads its XDP `programs`.
+pub fn load_sharing_maps(
+    object: &'static [u8],
+    object_name: &'static str,
+    options: &LoadOptions,
+    programs: &[&'static str],
+) -> Result<Ebpf, DataplaneError> {
+    let mut ebpf = load_balancer_object(object, object_name, options)?;
+    for name in programs {
+        load_xdp(&mut ebpf, name)?;
+    }
+    Ok(ebpf)
+}
+
+fn load_balancer_object(object: &'static [u8], name: &'static str, options: &LoadOptions) -> Result<Ebpf, DataplaneError> {
+    let object = objects::check(object, name)?;
+    let mut loader = EbpfLoader::new();
+    if let Some(dir) = &options.map_pin_dir {
+        std::fs::create_dir_all(dir).map_err(|source| DataplaneError::Pin { path: dir.clone(), source })?;
+        for map in PINNED_MAPS {
+            loader.map_pin_path(map, dir.join(map));
+        }
+    }
+    loader.load(object).map_err(|source| DataplaneError::Load { name, pin_dir: options.map_pin_dir.clone(), source: Box::new(source) })
 }
 
 /// Loads a single-program object that needs no map setup (decap, floor) and returns it.

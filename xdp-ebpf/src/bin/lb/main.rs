@@ -1,198 +1,26 @@
-//! The balancer: parse, find the VIP, choose a backend, encapsulate, send.
+//! The balancer: parse, find the VIP, choose a backend, encapsulate, send (`path.rs`, top
+//! to bottom).
 //!
-//! Every packet ends in exactly one [`Reason`], counted once in the entry point. Anything
-//! that is not VIP traffic is XDP_PASS, so the host stays reachable; XDP_ABORTED is never
-//! returned.
+//! Every packet ends in exactly one [`Reason`](spillway_common::types::Reason), counted once
+//! here. Anything that is not VIP traffic is XDP_PASS, so the host stays reachable;
+//! XDP_ABORTED is never returned.
 #![no_std]
 #![no_main]
 
 mod limits;
 mod maps;
 mod nexthop;
+mod path;
 mod select;
 mod stats;
 
-use aya_ebpf::{
-    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX},
-    helpers::bpf_ktime_get_coarse_ns,
-    macros::xdp,
-    programs::XdpContext,
-};
-use spillway_common::{
-    hash::{FLOW_SEED, flow_hash, vip_filter_slot},
-    types::{CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, Reason, VipKey, VipMeta},
-};
-use xdp_ebpf::{
-    encap::{self, Macs, Tunnel},
-    fib::NextHop,
-    headers::EthHdr,
-    packet,
-    parse::{Layout, Parsed, parse},
-};
-
-use crate::{
-    maps::{CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS},
-    select::Choice,
-};
+use aya_ebpf::{macros::xdp, programs::XdpContext};
 
 #[xdp]
 pub fn spillway_lb(ctx: XdpContext) -> u32 {
-    let (action, reason) = balance(&ctx);
-    stats::reason(reason);
-    action
-}
-
-#[inline(always)]
-fn balance(ctx: &XdpContext) -> (u32, Reason) {
-    let (key, layout, icmp_error, syn) = match parse(ctx) {
-        Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
-        Parsed::NotIp => return (XDP_PASS, Reason::PassNotIp),
-        Parsed::Malformed => return (XDP_PASS, Reason::PassMalformed),
-        Parsed::Other => return (XDP_PASS, Reason::PassNotVip),
-        Parsed::Fragment(addr) => {
-            return if VIP_ADDRS.get_ptr(&addr).is_some() { (XDP_DROP, Reason::DropFragment) } else { (XDP_PASS, Reason::PassNotVip) };
-        }
-    };
-    if !maybe_vip(&key.dst) {
-        return (XDP_PASS, Reason::PassNotVip);
-    }
-    // Slot 0 of an array always exists; the check is for the verifier.
-    let Some(cfg) = CONFIG.get(0) else {
-        return (XDP_PASS, Reason::PassNotVip);
-    };
-    let frame_len = packet::len(ctx);
-    let hash = flow_hash(&key, FLOW_SEED);
-    // Coarse (tick-resolution) time is enough for second-scale timeouts and costs no
-    // clocksource read.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
-    // An established flow skips the VIP lookup: its backend's entry names the VIP, and a
-    // removed VIP's backends are freed, which invalidates its flows. A SYN is a new
-    // connection even on a known tuple (a client reusing a port after a reset), so it always
-    // goes through the limits and is placed afresh: the tuple's old backend may have been
-    // ejected or drained since (a retransmitted SYN lands on the same backend as the first
-    // while the table is unchanged).
-    let known = if syn { None } else { select::established(&key, now, cfg, icmp_error) };
-    let choice = match known {
-        Some(choice) => choice,
-        None => {
-            let Some(vip) = find_vip(&key) else {
-                return (XDP_PASS, Reason::PassNotVip);
-            };
-            // ICMP errors belong to an existing flow: they are never limited.
-            if !icmp_error && let Err(reason) = limits::admit_new_flow(&key, vip.id, now) {
-                stats::vip(vip.id, frame_len);
-                return (XDP_DROP, reason);
-            }
-            let Some(choice) = select::new_flow(&key, &vip, hash, now, icmp_error) else {
-                stats::vip(vip.id, frame_len);
-                return (XDP_DROP, Reason::DropNoBackend);
-            };
-            choice
-        }
-    };
-    stats::vip(choice.backend.vip_id, frame_len);
-    let verdict = forward(ctx, &key, &layout, &choice, hash, cfg, now);
-    if matches!(verdict.1, Reason::Tx | Reason::Redirect | Reason::KernelNoNeigh | Reason::KernelNoTxPort) {
-        stats::backend(choice.id, frame_len);
-    }
-    verdict
-}
-
-/// False only for addresses no VIP uses (one inlined array read).
-#[inline(always)]
-fn maybe_vip(addr: &[u32; 4]) -> bool {
-    let (word, bit) = vip_filter_slot(addr);
-    VIP_FILTER.get(word).is_some_and(|w| w & bit != 0)
-}
-
-/// Exact (address, port, protocol) first, then the address's "any port" VIP.
-#[inline(always)]
-fn find_vip(key: &FlowKey) -> Option<VipMeta> {
-    let mut vip = VipKey { addr: key.dst, port: key.dport, proto: key.proto, family: key.family };
-    if let Some(meta) = VIPS.get_ptr(&vip) {
-        return Some(unsafe { *meta });
-    }
-    vip.port = 0;
-    VIPS.get_ptr(&vip).map(|meta| unsafe { *meta })
-}
-
-#[inline(always)]
-fn forward(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, hash: u32, cfg: &LbConfig, now: u64) -> (u32, Reason) {
-    let be = &choice.backend;
-    if !encap::supported(be.family, key.family) {
-        return (XDP_DROP, Reason::DropEncapFailed);
-    }
-    let Some(eth) = packet::at::<EthHdr>(ctx, 0) else {
-        return (XDP_PASS, Reason::PassMalformed);
-    };
-    // The frame arrived addressed to us: these MACs make the kernel accept it if we must
-    // hand the encapsulated packet over.
-    let arrived = unsafe { Macs { src: (*eth).src, dst: (*eth).dst } };
-    let tunnel = Tunnel {
-        family: be.family,
-        src: outer_source(cfg, be.family, hash),
-        dst: be.addr,
-        inner_family: key.family,
-        inner_len: layout.l3_len,
-        tos: layout.tos,
-        flow_hash: hash,
-    };
-    let outer_len = (encap::outer_len(be.family) + layout.l3_len) as u16;
-    let hop = if cfg.flags & CFG_F_STATIC_NEXTHOP != 0 {
-        NextHop::Resolved { ifindex: cfg.static_ifindex, macs: Macs { src: cfg.static_src_mac, dst: cfg.static_dst_mac } }
-    } else {
-        nexthop::resolve(ctx, choice.id, be, &tunnel.src, outer_len, now)
-    };
-    match hop {
-        NextHop::FragNeeded => (XDP_DROP, Reason::DropOversize),
-        NextHop::NoRoute => (XDP_DROP, Reason::DropNoRoute),
-        NextHop::NoNeigh => match encap::push(ctx, layout.l2_len, &tunnel, &arrived) {
-            Ok(()) => (XDP_PASS, Reason::KernelNoNeigh),
-            Err(()) => (XDP_DROP, Reason::DropEncapFailed),
-        },
-        NextHop::Resolved { ifindex, macs } => {
-            if encap::push(ctx, layout.l2_len, &tunnel, &macs).is_err() {
-                return (XDP_DROP, Reason::DropEncapFailed);
-            }
-            if ifindex as usize == ctx.ingress_ifindex() {
-                return (XDP_TX, Reason::Tx);
-            }
-            match TX_PORTS.redirect(ifindex, XDP_PASS as u64) {
-                Ok(_) => (XDP_REDIRECT, Reason::Redirect),
-                Err(_) => hand_to_kernel(ctx, &arrived),
-            }
-        }
-    }
-}
-
-/// The egress is not in the redirect map: restore the MACs the frame arrived with so the
-/// kernel accepts and forwards the encapsulated packet.
-#[inline(always)]
-fn hand_to_kernel(ctx: &XdpContext, arrived: &Macs) -> (u32, Reason) {
-    match packet::at_mut::<EthHdr>(ctx, 0) {
-        Some(eth) => {
-            unsafe {
-                (*eth).src = arrived.src;
-                (*eth).dst = arrived.dst;
-            }
-            (XDP_PASS, Reason::KernelNoTxPort)
-        }
-        None => (XDP_DROP, Reason::DropEncapFailed),
-    }
-}
-
-/// The configured outer source, with the host bits of its prefix taken from the flow hash.
-#[inline(always)]
-fn outer_source(cfg: &LbConfig, family: u8, hash: u32) -> [u32; 4] {
-    if family == FAMILY_V4 {
-        let mask = cfg.outer_src_v4_hostmask;
-        [(cfg.outer_src_v4 & !mask) | (hash & mask), 0, 0, 0]
-    } else {
-        let mask = cfg.outer_src_v6_hostmask;
-        let mut src = cfg.outer_src_v6;
-        src[3] = (src[3] & !mask) | (hash & mask);
-        src
-    }
+    let verdict = path::balance::<{ path::stage::ALL }>(&ctx);
+    stats::count(&verdict);
+    verdict.action
 }
 
 #[cfg(not(test))]

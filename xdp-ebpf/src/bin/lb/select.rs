@@ -14,26 +14,28 @@ pub struct Choice {
     pub backend: BackendInfo,
 }
 
-/// A new flow's backend, from the VIP's active Maglev table; the choice is remembered in the
-/// connection table (ICMP errors read but never create entries).
+/// The backend id a new flow's hash selects in the VIP's active Maglev table.
 #[inline(always)]
-pub fn new_flow(key: &FlowKey, vip: &VipMeta, hash: u32, now: u64, icmp_error: bool) -> Option<Choice> {
+pub fn maglev_slot(vip: &VipMeta, hash: u32) -> Option<u32> {
     if vip.ring_size == 0 {
         return None;
     }
-    let slot = VipMeta::ring_base(vip.id, vip.active_half) + hash % vip.ring_size;
-    let id = *RINGS.get(slot)?;
-    let backend = *BACKENDS.get(id)?;
-    if backend.state != BACKEND_ACTIVE {
-        return None;
-    }
-    if !icmp_error {
-        let entry = FlowValue { backend_id: id, generation: backend.generation, touched_ns: now };
-        // A full table evicts the least recently used flow; an error here only means this
-        // flow is re-hashed on its next packet, to the same backend while the table holds.
-        let _ = FLOWS.insert(key, &entry, 0);
-    }
-    Some(Choice { id, backend })
+    RINGS.get(VipMeta::ring_base(vip.id, vip.active_half) + hash % vip.ring_size).copied()
+}
+
+/// Backend `id`'s entry, if it is in use.
+#[inline(always)]
+pub fn active_backend(id: u32) -> Option<BackendInfo> {
+    BACKENDS.get(id).filter(|b| b.state == BACKEND_ACTIVE).copied()
+}
+
+/// Remembers a new flow's backend in the connection table.
+#[inline(always)]
+pub fn remember(key: &FlowKey, id: u32, backend: &BackendInfo, now: u64) {
+    let entry = FlowValue { backend_id: id, generation: backend.generation, touched_ns: now };
+    // A full table evicts the least recently used flow; an error here only means this flow
+    // is re-hashed on its next packet, to the same backend while the table holds.
+    let _ = FLOWS.insert(key, &entry, 0);
 }
 
 /// A known flow keeps its backend while that backend exists (draining included) and the

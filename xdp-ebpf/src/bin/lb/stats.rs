@@ -1,27 +1,27 @@
 //! Per-CPU counters; userspace sums them.
 
-use spillway_common::types::{Reason, Traffic};
+use spillway_common::types::Traffic;
 
-use crate::maps::{BACKEND_STATS, REASONS, VIP_STATS};
+use crate::{
+    maps::{BACKEND_STATS, REASONS, VIP_STATS},
+    path::Verdict,
+};
 
+/// Counts a frame under its reason, and its VIP's and backend's traffic.
 #[inline(always)]
-pub fn reason(reason: Reason) {
-    if let Some(count) = REASONS.get_ptr_mut(reason as u32) {
+pub fn count(verdict: &Verdict) {
+    if let Some(count) = REASONS.get_ptr_mut(verdict.reason as u32) {
         unsafe { *count += 1 };
     }
-}
-
-#[inline(always)]
-pub fn vip(id: u32, bytes: usize) {
-    if let Some(t) = VIP_STATS.get_ptr_mut(id) {
-        add(t, bytes);
+    if let Some(id) = verdict.vip
+        && let Some(t) = VIP_STATS.get_ptr_mut(id)
+    {
+        add(t, verdict.bytes);
     }
-}
-
-#[inline(always)]
-pub fn backend(id: u32, bytes: usize) {
-    if let Some(t) = BACKEND_STATS.get_ptr_mut(id) {
-        add(t, bytes);
+    if let Some(id) = verdict.backend
+        && let Some(t) = BACKEND_STATS.get_ptr_mut(id)
+    {
+        add(t, verdict.bytes);
     }
 }
 

@@ -1,0 +1,266 @@
+//! The path every frame takes, top to bottom: parse, pre-filter, connection table, VIP,
+//! limits, Maglev, next hop, encapsulation. Returns the [`Verdict`] the entry point counts.
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX},
+    helpers::bpf_ktime_get_coarse_ns,
+    programs::XdpContext,
+};
+use spillway_common::{
+    hash::{FLOW_SEED, flow_hash, vip_filter_slot},
+    types::{CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, Reason, VipKey, VipMeta},
+};
+use xdp_ebpf::{
+    encap::{self, Macs, Tunnel},
+    fib::NextHop,
+    headers::EthHdr,
+    packet,
+    parse::{Layout, Parsed, parse},
+};
+
+use crate::{
+    limits,
+    maps::{CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS},
+    nexthop, select,
+    select::Choice,
+};
+
+/// The stages of the path, in order. The balancer runs them all; the bench-only object
+/// (`lb_stages.rs`) also builds the path cut short after each one, which is how the bench
+/// measures each stage's share. Comparisons with the constant fold away at compile time.
+pub mod stage {
+    pub const PARSE: u8 = 1;
+    /// The VIP pre-filter, the config, the flow hash and the clock.
+    pub const FILTER: u8 = 2;
+    /// The connection-table lookup (a hit includes reading its backend).
+    pub const TABLE: u8 = 3;
+    pub const VIP: u8 = 4;
+    pub const LIMITS: u8 = 5;
+    /// The Maglev slot read.
+    pub const SLOT: u8 = 6;
+    pub const BACKEND: u8 = 7;
+    pub const INSERT: u8 = 8;
+    pub const NEXT_HOP: u8 = 9;
+    /// Everything, encapsulation included; the entry point then counts the verdict.
+    pub const ALL: u8 = u8::MAX;
+}
+
+/// Ends a cut-short build after `$stage`, keeping what it computed alive.
+macro_rules! cut {
+    ($stop:ident, $stage:ident $(, $keep:expr)*) => {
+        if $stop == stage::$stage {
+            $(core::hint::black_box($keep);)*
+            return Cut::CUT;
+        }
+    };
+}
+
+/// What a cut-short build returns: XDP_TX, never counted.
+trait Cut {
+    const CUT: Self;
+}
+
+impl Cut for Verdict {
+    const CUT: Self = Verdict { action: XDP_TX, reason: Reason::Tx, vip: None, backend: None, bytes: 0 };
+}
+
+impl Cut for (u32, Reason) {
+    const CUT: Self = (XDP_TX, Reason::Tx);
+}
+
+/// How a frame ended, and what its counters are.
+pub struct Verdict {
+    pub action: u32,
+    pub reason: Reason,
+    /// The VIP it was for and the backend it was sent to (their traffic counters).
+    pub vip: Option<u32>,
+    pub backend: Option<u32>,
+    pub bytes: usize,
+}
+
+impl Verdict {
+    #[inline(always)]
+    fn ended(action: u32, reason: Reason) -> Verdict {
+        Verdict { action, reason, vip: None, backend: None, bytes: 0 }
+    }
+}
+
+#[inline(always)]
+pub fn balance<const STOP: u8>(ctx: &XdpContext) -> Verdict {
+    let (key, layout, icmp_error, syn) = match parse(ctx) {
+        Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
+        Parsed::NotIp => return Verdict::ended(XDP_PASS, Reason::PassNotIp),
+        Parsed::Malformed => return Verdict::ended(XDP_PASS, Reason::PassMalformed),
+        Parsed::Other => return Verdict::ended(XDP_PASS, Reason::PassNotVip),
+        Parsed::Fragment(addr) => {
+            return if VIP_ADDRS.get_ptr(&addr).is_some() {
+                Verdict::ended(XDP_DROP, Reason::DropFragment)
+            } else {
+                Verdict::ended(XDP_PASS, Reason::PassNotVip)
+            };
+        }
+    };
+    cut!(STOP, PARSE, &key, &layout, &icmp_error, &syn);
+    if !maybe_vip(&key.dst) {
+        return Verdict::ended(XDP_PASS, Reason::PassNotVip);
+    }
+    // Slot 0 of an array always exists; the check is for the verifier.
+    let Some(cfg) = CONFIG.get(0) else {
+        return Verdict::ended(XDP_PASS, Reason::PassNotVip);
+    };
+    let bytes = packet::len(ctx);
+    let hash = flow_hash(&key, FLOW_SEED);
+    // Coarse (tick-resolution) time is enough for second-scale timeouts and costs no
+    // clocksource read.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    cut!(STOP, FILTER, &hash, &now, cfg);
+    // An established flow skips the VIP lookup: its backend's entry names the VIP, and a
+    // removed VIP's backends are freed, which invalidates its flows. A SYN is a new
+    // connection even on a known tuple (a client reusing a port after a reset), so it always
+    // goes through the limits and is placed afresh: the tuple's old backend may have been
+    // ejected or drained since (a retransmitted SYN lands on the same backend as the first
+    // while the table is unchanged).
+    let known = if syn { None } else { select::established(&key, now, cfg, icmp_error) };
+    cut!(STOP, TABLE, &known);
+    let choice = match known {
+        Some(choice) => choice,
+        None => {
+            let Some(vip) = find_vip(&key) else {
+                return Verdict::ended(XDP_PASS, Reason::PassNotVip);
+            };
+            cut!(STOP, VIP, &vip);
+            let refused = |reason| Verdict { action: XDP_DROP, reason, vip: Some(vip.id), backend: None, bytes };
+            // ICMP errors belong to an existing flow: they are never limited.
+            if !icmp_error {
+                let admitted = limits::admit_new_flow(&key, vip.id, now);
+                cut!(STOP, LIMITS, &admitted);
+                if let Err(reason) = admitted {
+                    return refused(reason);
+                }
+            }
+            let Some(id) = select::maglev_slot(&vip, hash) else {
+                return refused(Reason::DropNoBackend);
+            };
+            cut!(STOP, SLOT, &id);
+            let Some(backend) = select::active_backend(id) else {
+                return refused(Reason::DropNoBackend);
+            };
+            cut!(STOP, BACKEND, &backend);
+            // ICMP errors read the table but never create entries.
+            if !icmp_error {
+                select::remember(&key, id, &backend, now);
+            }
+            cut!(STOP, INSERT);
+            Choice { id, backend }
+        }
+    };
+    let (action, reason) = forward::<STOP>(ctx, &key, &layout, &choice, hash, cfg, now);
+    let sent = matches!(reason, Reason::Tx | Reason::Redirect | Reason::KernelNoNeigh | Reason::KernelNoTxPort);
+    Verdict { action, reason, vip: Some(choice.backend.vip_id), backend: sent.then_some(choice.id), bytes }
+}
+
+/// False only for addresses no VIP uses (one inlined array read).
+#[inline(always)]
+fn maybe_vip(addr: &[u32; 4]) -> bool {
+    let (word, bit) = vip_filter_slot(addr);
+    VIP_FILTER.get(word).is_some_and(|w| w & bit != 0)
+}
+
+/// Exact (address, port, protocol) first, then the address's "any port" VIP.
+#[inline(always)]
+fn find_vip(key: &FlowKey) -> Option<VipMeta> {
+    let mut vip = VipKey { addr: key.dst, port: key.dport, proto: key.proto, family: key.family };
+    if let Some(meta) = VIPS.get_ptr(&vip) {
+        return Some(unsafe { *meta });
+    }
+    vip.port = 0;
+    VIPS.get_ptr(&vip).map(|meta| unsafe { *meta })
+}
+
+#[inline(always)]
+fn forward<const STOP: u8>(
+    ctx: &XdpContext,
+    key: &FlowKey,
+    layout: &Layout,
+    choice: &Choice,
+    hash: u32,
+    cfg: &LbConfig,
+    now: u64,
+) -> (u32, Reason) {
+    let be = &choice.backend;
+    if !encap::supported(be.family, key.family) {
+        return (XDP_DROP, Reason::DropEncapFailed);
+    }
+    let Some(eth) = packet::at::<EthHdr>(ctx, 0) else {
+        return (XDP_PASS, Reason::PassMalformed);
+    };
+    // The frame arrived addressed to us: these MACs make the kernel accept it if we must
+    // hand the encapsulated packet over.
+    let arrived = unsafe { Macs { src: (*eth).src, dst: (*eth).dst } };
+    let tunnel = Tunnel {
+        family: be.family,
+        src: outer_source(cfg, be.family, hash),
+        dst: be.addr,
+        inner_family: key.family,
+        inner_len: layout.l3_len,
+        tos: layout.tos,
+        flow_hash: hash,
+    };
+    let outer_len = (encap::outer_len(be.family) + layout.l3_len) as u16;
+    let hop = if cfg.flags & CFG_F_STATIC_NEXTHOP != 0 {
+        NextHop::Resolved { ifindex: cfg.static_ifindex, macs: Macs { src: cfg.static_src_mac, dst: cfg.static_dst_mac } }
+    } else {
+        nexthop::resolve(ctx, choice.id, be, &tunnel.src, outer_len, now)
+    };
+    cut!(STOP, NEXT_HOP, &hop);
+    match hop {
+        NextHop::FragNeeded => (XDP_DROP, Reason::DropOversize),
+        NextHop::NoRoute => (XDP_DROP, Reason::DropNoRoute),
+        NextHop::NoNeigh => match encap::push(ctx, layout.l2_len, &tunnel, &arrived) {
+            Ok(()) => (XDP_PASS, Reason::KernelNoNeigh),
+            Err(()) => (XDP_DROP, Reason::DropEncapFailed),
+        },
+        NextHop::Resolved { ifindex, macs } => {
+            if encap::push(ctx, layout.l2_len, &tunnel, &macs).is_err() {
+                return (XDP_DROP, Reason::DropEncapFailed);
+            }
+            if ifindex as usize == ctx.ingress_ifindex() {
+                return (XDP_TX, Reason::Tx);
+            }
+            match TX_PORTS.redirect(ifindex, XDP_PASS as u64) {
+                Ok(_) => (XDP_REDIRECT, Reason::Redirect),
+                Err(_) => hand_to_kernel(ctx, &arrived),
+            }
+        }
+    }
+}
+
+/// The egress is not in the redirect map: restore the MACs the frame arrived with so the
+/// kernel accepts and forwards the encapsulated packet.
+#[inline(always)]
+fn hand_to_kernel(ctx: &XdpContext, arrived: &Macs) -> (u32, Reason) {
+    match packet::at_mut::<EthHdr>(ctx, 0) {
+        Some(eth) => {
+            unsafe {
+                (*eth).src = arrived.src;
+                (*eth).dst = arrived.dst;
+            }
+            (XDP_PASS, Reason::KernelNoTxPort)
+        }
+        None => (XDP_DROP, Reason::DropEncapFailed),
+    }
+}
+
+/// The configured outer source, with the host bits of its prefix taken from the flow hash.
+#[inline(always)]
+fn outer_source(cfg: &LbConfig, family: u8, hash: u32) -> [u32; 4] {
+    if family == FAMILY_V4 {
+        let mask = cfg.outer_src_v4_hostmask;
+        [(cfg.outer_src_v4 & !mask) | (hash & mask), 0, 0, 0]
+    } else {
+        let mask = cfg.outer_src_v6_hostmask;
+        let mut src = cfg.outer_src_v6;
+        src[3] = (src[3] & !mask) | (hash & mask);
+        src
+    }
+}

@@ -1,0 +1,58 @@
+//! Bench only: the balancer's path cut short after each stage (see `lb/path.rs`), from the
+//! same modules, so `cargo xtask bench` can measure what each stage costs. Shares its maps
+//! with the balancer through pins; never loaded by `lbd`.
+#![no_std]
+#![no_main]
+
+#[path = "lb/limits.rs"]
+mod limits;
+#[path = "lb/maps.rs"]
+mod maps;
+#[path = "lb/nexthop.rs"]
+mod nexthop;
+#[path = "lb/path.rs"]
+mod path;
+#[path = "lb/select.rs"]
+mod select;
+#[path = "lb/stats.rs"]
+mod stats;
+
+use aya_ebpf::{macros::xdp, programs::XdpContext};
+use path::{balance, stage};
+
+/// One program per stage, named after the last stage it runs.
+macro_rules! cut_after {
+    ($($name:ident => $stage:expr,)+) => {$(
+        #[xdp]
+        pub fn $name(ctx: XdpContext) -> u32 {
+            balance::<{ $stage }>(&ctx).action
+        }
+    )+};
+}
+
+cut_after!(
+    lb_to_parse => stage::PARSE,
+    lb_to_filter => stage::FILTER,
+    lb_to_table => stage::TABLE,
+    lb_to_vip => stage::VIP,
+    lb_to_limits => stage::LIMITS,
+    lb_to_slot => stage::SLOT,
+    lb_to_backend => stage::BACKEND,
+    lb_to_insert => stage::INSERT,
+    lb_to_next_hop => stage::NEXT_HOP,
+    lb_to_encap => stage::ALL,
+);
+
+/// The whole balancer, counters included: the same program `lbd` loads.
+#[xdp]
+pub fn lb_all(ctx: XdpContext) -> u32 {
+    let verdict = balance::<{ stage::ALL }>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}

@@ -1,0 +1,493 @@
+//! Per-packet timing in a [`PacketLab`], so `bpf_fib_lookup` resolves the backends, with the
+//! balancer configured through the real reconciler as the packet tests do it. Every whole-
+//! balancer case is verified (action, reason counters, encapsulation, table entries); the
+//! floor and the stage cuts are checked for their action only.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use anyhow::{Context, Result, bail, ensure};
+use aya::{
+    Ebpf,
+    programs::{Xdp, XdpMode},
+};
+use nix::{
+    sched::{CpuSet, sched_getaffinity, sched_setaffinity},
+    unistd::Pid,
+};
+use spillway::{
+    dataplane::{
+        self, Balancer, LoadOptions,
+        test_run::{self, HEADROOM_BYTES},
+    },
+    model::{DEFAULT_WEIGHT, DesiredState, LimitConfig, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip},
+    objects,
+    reconcile::Reconciler,
+};
+use spillway_common::{
+    addr::{from_words, to_words},
+    hash::{FLOW_SEED, flow_hash},
+    limits::{DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, program_names},
+    types::{Bucket, FAMILY_V4, FlowKey, LbConfig, Reason, RuleState, VipKey, VipMeta},
+};
+use spillway_harness::{
+    frames::{self, ETH_LEN},
+    packet_lab::{self, PacketLab},
+};
+
+use super::median;
+
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+
+/// Calls of one case before switching to the next, so slow drifts (clock frequency, a
+/// noisy neighbour) reach every case alike.
+pub const CHUNK: usize = 10_000;
+/// Calls of each case checked one at a time (counters, table entry) before timing.
+const CHECKED_CALLS: usize = 3;
+/// What IPIP adds: an outer IPv4 header without options.
+const IPV4_HEADER_LEN: usize = 20;
+
+pub const VIP: &str = "10.200.1.1:80/tcp";
+/// A second VIP, with a per-source limit, for the overload-protection cases.
+pub const LIMITED_VIP: &str = "10.200.1.2:80/tcp";
+/// Its per-source limit: generous, so each new source's first flow is admitted.
+const SOURCE_LIMIT: RateSpec = RateSpec { per_s: 1000, burst: 100 };
+/// A client whose class (an operator rule) is deep in debt: every new flow from it is dropped.
+pub const LIMITED_CLIENT: &str = "192.168.10.30:40000";
+/// The established flow's client, and the client that repeats one SYN.
+pub const CLIENT: &str = "192.168.10.20:40000";
+pub const SYN_CLIENT: &str = "192.168.10.21:40000";
+pub const NON_VIP: &str = "10.1.0.1:22";
+
+/// Which program a case runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    /// `return XDP_TX`.
+    Floor,
+    /// The balancer `lbd` loads.
+    Balancer,
+    /// A program of the bench-only stage object (the path cut short), sharing the maps.
+    Stage(&'static str),
+}
+
+pub enum Frames {
+    /// The same frame on every call.
+    Fixed(Vec<u8>),
+    /// The same frame on every call, of a flow whose `syn` the balancer saw during setup.
+    Established { syn: Vec<u8>, frame: Vec<u8> },
+    /// This SYN from a source never used before on every call (see [`write_new_source`]).
+    NewFlows(Vec<u8>),
+    /// This SYN from the same source with a new port on every call (never admitted).
+    NewPorts(Vec<u8>),
+}
+
+pub struct Case {
+    /// Stable: the key in the JSON output.
+    pub name: String,
+    pub program: Program,
+    pub frames: Frames,
+    pub action: u32,
+    /// The balancer counter every call must land in, for cases whose output and table
+    /// entries are checked too; `None` for the floor and the stage cuts (action only).
+    pub reason: Option<Reason>,
+    /// Every call adds a flow to the connection table.
+    pub inserts: bool,
+}
+
+/// The frames of the bench's flows.
+pub struct Flows {
+    pub syn: Vec<u8>,
+    pub ack: Vec<u8>,
+    pub same_syn: Vec<u8>,
+    pub non_vip: Vec<u8>,
+    pub limited: Vec<u8>,
+    pub through_limit: Vec<u8>,
+}
+
+impl Flows {
+    pub fn new() -> Result<Self> {
+        let client: SocketAddr = CLIENT.parse()?;
+        let vip = vip_addr(VIP)?;
+        let limited = vip_addr(LIMITED_VIP)?;
+        Ok(Self {
+            syn: frames::tcp(client, vip, true, &[]),
+            ack: frames::tcp(client, vip, false, &[]),
+            same_syn: frames::tcp(SYN_CLIENT.parse()?, vip, true, &[]),
+            non_vip: frames::tcp(client, NON_VIP.parse()?, true, &[]),
+            limited: frames::tcp(LIMITED_CLIENT.parse()?, limited, true, &[]),
+            through_limit: frames::tcp(client, limited, true, &[]),
+        })
+    }
+}
+
+fn vip_addr(vip: &str) -> Result<SocketAddr> {
+    let vip: Vip = vip.parse().with_context(|| format!("parsing {vip}"))?;
+    Ok(SocketAddr::new(vip.addr, vip.port))
+}
+
+/// Everything a part measures with, loaded inside a packet lab's namespace.
+pub struct Lab {
+    pub balancer: Balancer,
+    stages: Ebpf,
+    floor: Ebpf,
+    ingress: u32,
+    ingress_mac: [u8; 6],
+    /// The CPU every call runs on.
+    pub cpu: usize,
+    new_flows: NewFlows,
+    /// Attached natively to the lab's interfaces, which gives test runs a receive queue.
+    _decap: Ebpf,
+}
+
+/// The stage object's programs (see `xdp-ebpf/src/bin/lb_stages.rs`).
+pub const STAGE_PROGRAMS: [&str; 11] = [
+    "lb_to_parse",
+    "lb_to_filter",
+    "lb_to_table",
+    "lb_to_vip",
+    "lb_to_limits",
+    "lb_to_slot",
+    "lb_to_backend",
+    "lb_to_insert",
+    "lb_to_next_hop",
+    "lb_to_encap",
+    "lb_all",
+];
+
+impl Lab {
+    /// Builds a packet lab, loads and configures everything in it and runs `f` there, on a
+    /// thread pinned to one CPU.
+    pub fn with<T: Send>(f: impl FnOnce(&mut Lab) -> Result<T> + Send) -> Result<T> {
+        let lab = PacketLab::build().context("building the packet lab (needs root)")?;
+        let ingress = lab.ifindex(packet_lab::INGRESS)?;
+        let egress = lab.ifindex(packet_lab::EGRESS)?;
+        let ingress_mac = lab.mac(packet_lab::INGRESS)?;
+        let pins = LoadOptions { map_pin_dir: Some(lab.pin_dir()?.join("maps")) };
+        lab.in_lab(|| {
+            // Pinned before anything is loaded, so per-CPU state fills on this CPU.
+            let cpu = pin_to_one_cpu()?;
+            let mut lab = Lab::load(ingress, egress, ingress_mac, cpu, &pins)?;
+            f(&mut lab)
+        })
+    }
+
+    fn load(ingress: u32, egress: u32, ingress_mac: [u8; 6], cpu: usize, pins: &LoadOptions) -> Result<Self> {
+        let mut decap = dataplane::load_simple(objects::DECAP, "spillway-decap", program_names::DECAP)?;
+        let program = dataplane::xdp(&mut decap, program_names::DECAP)?;
+        program.attach(ingress, XdpMode::Driver).context("attaching the decap program to the ingress")?;
+        program.attach(egress, XdpMode::Driver).context("attaching the decap program to the egress")?;
+        let floor = dataplane::load_simple(objects::FLOOR, "spillway-floor", program_names::FLOOR)?;
+
+        let mut balancer = Balancer::load(pins)?;
+        let stages = dataplane::load_sharing_maps(objects::BALANCER_STAGES, "spillway-lb-stages", pins, &STAGE_PROGRAMS)?;
+        balancer.maps.set_config(&LbConfig {
+            outer_src_v4: to_words(packet_lab::LOCAL4.into()).0[0],
+            outer_src_v6: to_words(packet_lab::LOCAL6.into()).0,
+            tcp_idle_timeout_s: DEFAULT_TCP_IDLE_TIMEOUT_S,
+            udp_idle_timeout_s: DEFAULT_UDP_IDLE_TIMEOUT_S,
+            ..LbConfig::default()
+        })?;
+        balancer.maps.tx_ports.insert(egress, egress, None, 0).context("adding the egress to the redirect map")?;
+        let vip: Vip = VIP.parse()?;
+        let limited_vip: Vip = LIMITED_VIP.parse()?;
+        let mut state = DesiredState::default();
+        for vip in [vip, limited_vip] {
+            state.add_vip(vip, DEFAULT_RING_SIZE)?;
+            for n in packet_lab::RESOLVED_BACKENDS {
+                state.add_backend(&vip, packet_lab::backend4(n).into(), DEFAULT_WEIGHT)?;
+            }
+        }
+        let limits = LimitConfig { per_source: Some(SOURCE_LIMIT), ..LimitConfig::default() };
+        state.set_limits(Some(&limited_vip), limits)?;
+        // The limited client is a client class of its own, held to one flow a second...
+        let class = RuleMatch { cidr: format!("{}/32", LIMITED_CLIENT.parse::<SocketAddr>()?.ip()).parse()?, vip: Some(limited_vip) };
+        let one_per_s = RuleConfig { action: RuleAction::Limit(RateSpec { per_s: 1, burst: 0 }), observe: false };
+        state.set_rule(class, one_per_s)?;
+        Reconciler::adopt(&balancer.maps)?.apply(&mut balancer.maps, &state).context("configuring the VIPs")?;
+        // ...and its bucket is an hour in debt, so every flow it starts during the run is
+        // dropped. (A rule's bucket lives in an array; a source's could be evicted from its
+        // LRU by the new-flow cases' sources.)
+        let rule = balancer.maps.rules.iter().next().context("the rule is not in the trie")??.1;
+        let in_debt = RuleState { bucket: Bucket { tat_ns: u64::MAX / 2 }, ..RuleState::default() };
+        balancer.maps.rule_state.set(rule.id, &in_debt, 0).context("indebting the limited client's class")?;
+        Ok(Self { balancer, stages, floor, ingress, ingress_mac, cpu, new_flows: NewFlows::default(), _decap: decap })
+    }
+
+    fn program(&self, program: Program) -> Result<&Xdp> {
+        program_in(&self.balancer, &self.floor, &self.stages, program)
+    }
+
+    /// One BPF_PROG_TEST_RUN (repeat = 1): the action, the output length and the run time
+    /// the kernel measured (what the reference figures use).
+    pub fn run(&self, program: Program, frame: &[u8], out: &mut [u8]) -> Result<(u32, usize, u64)> {
+        let run = test_run::run_into(self.program(program)?, frame, self.ingress, out).context("BPF_PROG_TEST_RUN")?;
+        Ok((run.action, run.len, run.duration_ns))
+    }
+
+    /// Checks every case, then times them; returns each case's median ns/packet.
+    pub fn measure(&mut self, cases: &[Case], calls: usize, reps: usize) -> Result<Vec<f64>> {
+        let mut slots = Vec::with_capacity(cases.len());
+        for case in cases {
+            let frame = self.first_frame(case).with_context(|| format!("setting up {}", case.name))?;
+            let out = vec![0; frame.len() + HEADROOM_BYTES];
+            slots.push(Slot { case, frame, out, next_port: 0, len: 0, ns: 0 });
+        }
+        for slot in &mut slots {
+            self.check_calls(slot).with_context(|| format!("checking {}", slot.case.name))?;
+        }
+        self.forget_new_flows()?;
+
+        let mut per_rep: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); cases.len()];
+        for _ in 0..reps {
+            let before = self.reasons()?;
+            self.time_rep(&mut slots, calls)?;
+            let after = self.reasons()?;
+            for (reason, n) in counted(&before, &after) {
+                let expected = cases.iter().filter(|c| c.reason == Some(reason)).count() * calls;
+                ensure!(n == expected as u64, "{n} calls counted as {}, expected {expected}", reason.label());
+            }
+            self.forget_new_flows()?;
+            for (slot, times) in slots.iter_mut().zip(&mut per_rep) {
+                times.push(slot.ns as f64 / calls as f64);
+                slot.ns = 0;
+            }
+        }
+        Ok(per_rep.into_iter().map(median).collect())
+    }
+
+    fn first_frame(&mut self, case: &Case) -> Result<Vec<u8>> {
+        Ok(match &case.frames {
+            Frames::Fixed(frame) | Frames::NewFlows(frame) | Frames::NewPorts(frame) => frame.clone(),
+            Frames::Established { syn, frame } => {
+                let mut out = vec![0; syn.len() + HEADROOM_BYTES];
+                let (action, ..) = self.run(Program::Balancer, syn, &mut out)?;
+                ensure!(action == XDP_TX, "the flow's SYN got action {action}");
+                self.pinned_backend(&flow_key(syn)?)?.context("the SYN left no connection-table entry")?;
+                frame.clone()
+            }
+        })
+    }
+
+    /// Runs a few calls of `slot`'s case one at a time, checking each completely.
+    fn check_calls(&mut self, slot: &mut Slot) -> Result<()> {
+        let case = slot.case;
+        for _ in 0..CHECKED_CALLS {
+            self.new_flows.next_frame(slot);
+            let key = flow_key(&slot.frame)?;
+            let existed = self.pinned_backend(&key)?.is_some();
+            let before = self.reasons()?;
+            let (action, len, _) = self.run(case.program, &slot.frame, &mut slot.out)?;
+            let after = self.reasons()?;
+            ensure!(action == case.action, "action {action}, expected {}", case.action);
+            let Some(reason) = case.reason else { continue };
+            let reasons: Vec<Reason> = counted(&before, &after).filter(|(_, n)| *n > 0).map(|(r, _)| r).collect();
+            ensure!(reasons == [reason], "counted as {reasons:?}, expected {reason:?}");
+            self.check_output(case, &slot.frame, &slot.out[..len])?;
+            if action == XDP_TX {
+                let pinned = self.pinned_backend(&key)?;
+                let expected = self.maglev_backend(&key)?;
+                ensure!(pinned == Some(expected), "connection table holds {pinned:?}, expected {expected}");
+            }
+            if let Frames::NewFlows(_) = case.frames {
+                ensure!(!existed, "a new flow was already in the connection table");
+            }
+        }
+        Ok(())
+    }
+
+    /// One repetition: every case `calls` times, in alternating chunks. The action of every
+    /// call and the output of each chunk's last call are checked.
+    fn time_rep(&mut self, slots: &mut [Slot], calls: usize) -> Result<()> {
+        let mut done = 0;
+        while done < calls {
+            let chunk = CHUNK.min(calls - done);
+            for slot in slots.iter_mut() {
+                let case = slot.case;
+                let program = program_in(&self.balancer, &self.floor, &self.stages, case.program)?;
+                for _ in 0..chunk {
+                    self.new_flows.next_frame(slot);
+                    let run = test_run::run_into(program, &slot.frame, self.ingress, &mut slot.out).context("BPF_PROG_TEST_RUN")?;
+                    ensure!(run.action == case.action, "{}: action {}, expected {}", case.name, run.action, case.action);
+                    slot.len = run.len;
+                    slot.ns += run.duration_ns;
+                }
+                self.check_output(case, &slot.frame, &slot.out[..slot.len]).with_context(|| format!("{} while timing", case.name))?;
+            }
+            done += chunk;
+        }
+        Ok(())
+    }
+
+    /// Removes every new flow from the connection table, checking that each inserting call
+    /// made one, so the next repetition starts from the same table.
+    pub fn forget_new_flows(&mut self) -> Result<()> {
+        let flows = &mut self.balancer.maps.flows;
+        let mut keys = Vec::new();
+        for key in flows.keys() {
+            let key = key.context("listing the connection table")?;
+            if is_new_flow(&key) {
+                keys.push(key);
+            }
+        }
+        let inserted = self.new_flows.inserted;
+        ensure!(keys.len() == inserted, "{} new flows in the connection table after {inserted} inserting calls", keys.len());
+        for key in &keys {
+            flows.remove(key).context("removing a new flow")?;
+        }
+        self.new_flows = NewFlows::default();
+        Ok(())
+    }
+
+    /// The balancer's reason counters, summed over CPUs.
+    fn reasons(&self) -> Result<Vec<u64>> {
+        Ok(self.balancer.maps.reasons()?.into_iter().map(|(_, n)| n).collect())
+    }
+
+    /// What a checked call must leave: the frame encapsulated to the flow's backend when the
+    /// balancer sends it, the frame untouched otherwise. The floor and stage cuts leave what
+    /// they leave.
+    fn check_output(&self, case: &Case, frame: &[u8], out: &[u8]) -> Result<()> {
+        match (case.reason, case.action) {
+            (None, _) => Ok(()),
+            (Some(_), XDP_TX) => self.check_ipip(frame, out, self.maglev_backend(&flow_key(frame)?)?),
+            (Some(_), _) => {
+                ensure!(out == frame, "the frame was changed");
+                Ok(())
+            }
+        }
+    }
+
+    /// `out` is `input` in IPIP to `backend`, addressed to its neighbour in the lab.
+    fn check_ipip(&self, input: &[u8], out: &[u8], backend: Ipv4Addr) -> Result<()> {
+        ensure!(out.len() == input.len() + IPV4_HEADER_LEN, "output of {} bytes for a {}-byte frame", out.len(), input.len());
+        let mac = packet_lab::neighbour_mac(backend.into()).with_context(|| format!("{backend} has no neighbour in the lab"))?;
+        ensure!(out[6..12] == self.ingress_mac, "source MAC {:02x?} is not the ingress interface's", &out[6..12]);
+        let src = frames::check_encap(out, input, ETH_LEN, backend.into(), Some(mac))?;
+        ensure!(src == IpAddr::V4(packet_lab::LOCAL4), "outer source {src}");
+        Ok(())
+    }
+
+    /// The backend the VIP's Maglev table gives `key`, computed here with the same hash.
+    fn maglev_backend(&self, key: &FlowKey) -> Result<Ipv4Addr> {
+        let maps = &self.balancer.maps;
+        let vip = VipKey { addr: key.dst, port: key.dport, proto: key.proto, family: key.family };
+        let meta = maps.vips.get(&vip, 0).context("reading the VIP")?;
+        let slot = VipMeta::ring_base(meta.id, meta.active_half) + flow_hash(key, FLOW_SEED) % meta.ring_size;
+        let id = maps.rings.get(&slot, 0).context("reading the Maglev table")?;
+        self.backend_addr(id)
+    }
+
+    /// The backend the connection table holds for `key`, if any.
+    fn pinned_backend(&self, key: &FlowKey) -> Result<Option<Ipv4Addr>> {
+        self.balancer.maps.flow(key).map(|v| self.backend_addr(v.backend_id)).transpose()
+    }
+
+    fn backend_addr(&self, id: u32) -> Result<Ipv4Addr> {
+        let info = self.balancer.maps.backend(id)?;
+        match from_words(info.addr, info.family) {
+            Some(IpAddr::V4(addr)) => Ok(addr),
+            other => bail!("backend {id} is {other:?}, not an IPv4 backend"),
+        }
+    }
+}
+
+fn program_in<'a>(balancer: &'a Balancer, floor: &'a Ebpf, stages: &'a Ebpf, program: Program) -> Result<&'a Xdp> {
+    let (ebpf, name) = match program {
+        Program::Balancer => return Ok(balancer.program_ref()?),
+        Program::Floor => (floor, program_names::FLOOR),
+        Program::Stage(name) => (stages, name),
+    };
+    Ok(ebpf.program(name).with_context(|| format!("{name} missing"))?.try_into()?)
+}
+
+/// The new-flow sources handed out since the new flows were last removed.
+#[derive(Default)]
+struct NewFlows {
+    /// Index of the next source.
+    next: u32,
+    /// Calls that put a new flow in the connection table.
+    inserted: usize,
+}
+
+impl NewFlows {
+    /// Puts the next new-flow source in a new-flow case's frame, or the next port in a
+    /// new-port case's; other frames stay as they are.
+    fn next_frame(&mut self, slot: &mut Slot) {
+        match slot.case.frames {
+            Frames::NewFlows(_) => {
+                write_new_source(&mut slot.frame, self.next);
+                self.next += 1;
+            }
+            Frames::NewPorts(_) => {
+                slot.next_port = slot.next_port.wrapping_add(1).max(1024);
+                slot.frame[ETH_LEN + 20..ETH_LEN + 22].copy_from_slice(&slot.next_port.to_be_bytes());
+            }
+            Frames::Fixed(_) | Frames::Established { .. } => {}
+        }
+        if slot.case.inserts {
+            self.inserted += 1;
+        }
+    }
+}
+
+/// A case's buffers during a measurement.
+struct Slot<'c> {
+    case: &'c Case,
+    frame: Vec<u8>,
+    /// Source port of the next call of a new-port case.
+    next_port: u16,
+    out: Vec<u8>,
+    len: usize,
+    ns: u64,
+}
+
+/// Pins the calling thread to the last CPU it may run on (CPU 0 usually takes more
+/// interrupts); returns that CPU.
+fn pin_to_one_cpu() -> Result<usize> {
+    let allowed = sched_getaffinity(Pid::from_raw(0)).context("reading the CPU affinity")?;
+    let cpu = (0..CpuSet::count()).rev().find(|&c| allowed.is_set(c).unwrap_or(false)).context("the CPU affinity mask is empty")?;
+    let mut only = CpuSet::new();
+    only.set(cpu)?;
+    sched_setaffinity(Pid::from_raw(0), &only).with_context(|| format!("pinning to CPU {cpu}"))?;
+    Ok(cpu)
+}
+
+/// Rewrites an untagged IPv4 SYN's source to the `n`-th new-flow source: the low 15 bits of
+/// `n` in the address (192.168.128.0/17, apart from the fixed frames' clients), the rest in
+/// the port (from 1024). Checksums are left stale: the balancer does not check them.
+pub fn write_new_source(frame: &mut [u8], n: u32) {
+    let low = n % 0x8000;
+    let ip = ETH_LEN;
+    frame[ip + 12..ip + 16].copy_from_slice(&[192, 168, 0x80 | (low >> 8) as u8, low as u8]);
+    frame[ip + 20..ip + 22].copy_from_slice(&(1024 + n / 0x8000).to_be_bytes()[2..]);
+}
+
+fn is_new_flow(key: &FlowKey) -> bool {
+    let [a, b, c, _] = key.src[0].to_ne_bytes();
+    key.family == FAMILY_V4 && [a, b] == [192, 168] && c & 0x80 != 0
+}
+
+/// The connection-table key the balancer builds for an untagged IPv4 TCP/UDP frame.
+pub fn flow_key(frame: &[u8]) -> Result<FlowKey> {
+    ensure!(
+        frame.len() >= ETH_LEN + 24 && frame[12..14] == [0x08, 0x00] && frame[ETH_LEN] == 0x45,
+        "not an untagged IPv4 frame without options"
+    );
+    let ip = &frame[ETH_LEN..];
+    let addr = |at: usize| to_words(IpAddr::from([ip[at], ip[at + 1], ip[at + 2], ip[at + 3]])).0;
+    Ok(FlowKey {
+        src: addr(12),
+        dst: addr(16),
+        sport: u16::from_ne_bytes([ip[20], ip[21]]),
+        dport: u16::from_ne_bytes([ip[22], ip[23]]),
+        proto: ip[9],
+        family: FAMILY_V4,
+        _pad: [0; 2],
+    })
+}
+
+/// How much each reason counter grew between two readings.
+fn counted(before: &[u64], after: &[u64]) -> impl Iterator<Item = (Reason, u64)> {
+    Reason::ALL.iter().zip(before.iter().zip(after)).map(|(r, (b, a))| (*r, a - b))
+}

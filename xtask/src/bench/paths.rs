@@ -1,0 +1,103 @@
+//! The paths that matter, whole, as multiples of the floor measured in the same run, next to
+//! Katran's figures taken the same way (`shared/bench-reference.md`).
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use spillway_common::{limits::DEFAULT_RING_SIZE, types::Reason};
+use spillway_harness::packet_lab;
+
+use super::{
+    Section,
+    packets::{CHUNK, CLIENT, Case, Flows, Frames, Lab, Program, VIP, XDP_DROP, XDP_PASS, XDP_TX},
+};
+
+/// A case with its goal and Katran's ratio (`None`: not measured there).
+struct Path {
+    case: Case,
+    goal: Option<f64>,
+    katran: Option<f64>,
+}
+
+fn paths(flows: Flows) -> Vec<Path> {
+    let balancer = |name: &str, frames, action, reason, inserts| Case {
+        name: name.to_owned(),
+        program: Program::Balancer,
+        frames,
+        action,
+        reason: Some(reason),
+        inserts,
+    };
+    vec![
+        Path {
+            case: Case {
+                name: "floor".into(),
+                program: Program::Floor,
+                frames: Frames::Fixed(flows.syn.clone()),
+                action: XDP_TX,
+                reason: None,
+                inserts: false,
+            },
+            goal: Some(1.0),
+            katran: Some(1.0),
+        },
+        Path {
+            case: balancer("table_hit", Frames::Established { syn: flows.syn.clone(), frame: flows.ack }, XDP_TX, Reason::Tx, false),
+            goal: Some(2.2),
+            katran: Some(2.77),
+        },
+        Path { case: balancer("new_flow", Frames::NewFlows(flows.syn), XDP_TX, Reason::Tx, true), goal: Some(6.4), katran: Some(8.08) },
+        Path {
+            case: balancer("syn_same_tuple", Frames::Fixed(flows.same_syn), XDP_TX, Reason::Tx, false),
+            goal: Some(4.6),
+            katran: Some(5.92),
+        },
+        Path {
+            case: balancer("non_vip_pass", Frames::Fixed(flows.non_vip), XDP_PASS, Reason::PassNotVip, false),
+            goal: Some(1.3),
+            katran: Some(1.81),
+        },
+        Path {
+            // Katran's counterpart: its SYN flood limiter, tripped.
+            case: balancer("rate_limited_drop", Frames::NewPorts(flows.limited), XDP_DROP, Reason::DropRuleLimit, false),
+            goal: Some(2.2),
+            katran: Some(2.82),
+        },
+        Path {
+            case: balancer("admitted_through_limit", Frames::NewFlows(flows.through_limit), XDP_TX, Reason::Tx, true),
+            goal: None,
+            katran: None,
+        },
+    ]
+}
+
+pub fn part(calls: usize, reps: usize) -> Result<Section> {
+    let (cases, references): (Vec<Case>, Vec<_>) = paths(Flows::new()?).into_iter().map(|p| (p.case, (p.goal, p.katran))).unzip();
+    let (cpu, medians) = Lab::with(|lab| Ok((lab.cpu, lab.measure(&cases, calls, reps)?)))?;
+    let floor = medians[0];
+    let mut text = String::new();
+    let backends = packet_lab::RESOLVED_BACKENDS.count();
+    writeln!(
+        text,
+        "Method: BPF_PROG_TEST_RUN with repeat=1 in a loop, kernel-measured time per call; {calls} calls per case per \
+         repetition, cases alternating in chunks of {CHUNK}; thread pinned to CPU {cpu}; median of {reps} repetitions."
+    )?;
+    writeln!(
+        text,
+        "Setup: VIP {VIP}, {backends} backends, Maglev table {DEFAULT_RING_SIZE}; 54-byte Ethernet/IPv4/TCP frames from \
+         {CLIENT} (new_flow: a new source address and port on every call)."
+    )?;
+    text.push('\n');
+    writeln!(text, "{:<22} | {:>9} | {:>7} | {:>6} | {:>6}", "case", "ns/packet", "x floor", "goal", "Katran")?;
+    writeln!(text, "{:-<22}-|-{:->9}-|-{:->7}-|-{:->6}-|-{:->6}", "", "", "", "", "")?;
+    let mut rows = Vec::new();
+    for ((case, (goal, katran)), ns) in cases.iter().zip(references).zip(&medians) {
+        let ratio = ns / floor;
+        let show = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
+        let name = &case.name;
+        writeln!(text, "{name:<22} | {ns:>9.1} | {ratio:>7.2} | {:>6} | {:>6}", show(goal), show(katran))?;
+        rows.push((name.clone(), *ns));
+        rows.push((format!("{name}_x_floor"), ratio));
+    }
+    Ok(Section { text, rows })
+}
