@@ -3,7 +3,7 @@
 //! Fixed-size and branch-free so the verifier sees straight-line code, and identical on the
 //! host so tests and the loader can predict the kernel's choices.
 
-use crate::types::FlowKey;
+use crate::types::{FAMILY_V4, FlowKey};
 
 const C1: u32 = 0xcc9e_2d51;
 const C2: u32 = 0x1b87_3593;
@@ -24,10 +24,19 @@ const fn finish(h: u32, len_words: u32) -> u32 {
     h ^ (h >> 16)
 }
 
-/// Hash of a connection's 5-tuple; picks the Maglev slot and the outer source's host bits.
+/// Hash of a connection's 5-tuple; picks the Maglev slot, the connection table's buckets and
+/// the outer source's host bits. An IPv4 tuple mixes only the words it uses.
 #[inline(always)]
 pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
+    let ports = (key.sport as u32) | ((key.dport as u32) << 16);
     let mut h = seed;
+    if key.family == FAMILY_V4 {
+        h = mix(h, key.src[0]);
+        h = mix(h, key.dst[0]);
+        h = mix(h, ports);
+        h = mix(h, key.proto as u32);
+        return finish(h, 4);
+    }
     h = mix(h, key.src[0]);
     h = mix(h, key.src[1]);
     h = mix(h, key.src[2]);
@@ -36,27 +45,50 @@ pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
     h = mix(h, key.dst[1]);
     h = mix(h, key.dst[2]);
     h = mix(h, key.dst[3]);
-    h = mix(h, (key.sport as u32) | ((key.dport as u32) << 16));
+    h = mix(h, ports);
     h = mix(h, key.proto as u32);
     finish(h, 10)
 }
 
-/// Hash of a backend's address; seeds pick Maglev's offset and skip.
+/// The two buckets a flow may live in, in a connection table of `mask + 1` buckets: the
+/// flow hash's low bits, and the same hash mixed again (two choices keep buckets even).
+#[inline(always)]
+pub const fn flow_buckets(hash: u32, mask: u32) -> (u32, u32) {
+    (hash & mask, finish(hash ^ FLOW_BUCKET_SEED, 1) & mask)
+}
+
+/// Hash of an address (an IPv4 address, with only word 0 set, mixes one word); seeds pick
+/// Maglev's offset and skip, and place VIP addresses.
 #[inline(always)]
 pub const fn addr_hash(addr: &[u32; 4], seed: u32) -> u32 {
-    let mut h = seed;
-    h = mix(h, addr[0]);
+    let mut h = mix(seed, addr[0]);
+    if addr[1] | addr[2] | addr[3] == 0 {
+        return finish(h, 1);
+    }
     h = mix(h, addr[1]);
     h = mix(h, addr[2]);
     h = mix(h, addr[3]);
     finish(h, 4)
 }
 
-/// Word index and bit of `addr` in the VIP address pre-filter.
+/// Hash of a VIP's address, computed once per packet: it places the address in the
+/// pre-filter and, with the port and protocol, the VIP in the VIP index.
 #[inline(always)]
-pub const fn vip_filter_slot(addr: &[u32; 4]) -> (u32, u64) {
-    let h = addr_hash(addr, VIP_FILTER_SEED);
-    ((h >> 6) % crate::limits::VIP_FILTER_WORDS, 1u64 << (h & 63))
+pub const fn vip_addr_hash(addr: &[u32; 4]) -> u32 {
+    addr_hash(addr, VIP_FILTER_SEED)
+}
+
+/// Word index and bit of an address (by [`vip_addr_hash`]) in the VIP address pre-filter.
+#[inline(always)]
+pub const fn vip_filter_slot(addr_hash: u32) -> (u32, u64) {
+    ((addr_hash >> 6) % crate::limits::VIP_FILTER_WORDS, 1u64 << (addr_hash & 63))
+}
+
+/// Home slot of a VIP (address by [`vip_addr_hash`], port in network order, protocol) in a
+/// VIP index of `mask + 1` slots.
+#[inline(always)]
+pub const fn vip_home(addr_hash: u32, port: u16, proto: u8, mask: u32) -> u32 {
+    finish(mix(addr_hash, port as u32 | ((proto as u32) << 16)), 2) & mask
 }
 
 /// Seed of the VIP address pre-filter.
@@ -66,6 +98,8 @@ pub const FLOW_SEED: u32 = 0x5370_696c; // "Spil"
 /// Seeds of Maglev's per-backend offset and skip.
 pub const MAGLEV_OFFSET_SEED: u32 = 0x6c77_6179; // "lway"
 pub const MAGLEV_SKIP_SEED: u32 = 0x4d61_676c; // "Magl"
+/// Seed of a flow's second bucket.
+const FLOW_BUCKET_SEED: u32 = 0x466c_6f77; // "Flow"
 
 #[cfg(test)]
 mod tests {
@@ -94,7 +128,29 @@ mod tests {
 
     #[test]
     fn addr_hash_seeds_differ() {
-        let a = [1, 2, 3, 4];
-        assert_ne!(addr_hash(&a, MAGLEV_OFFSET_SEED), addr_hash(&a, MAGLEV_SKIP_SEED));
+        for a in [[1, 2, 3, 4], [1, 0, 0, 0]] {
+            assert_ne!(addr_hash(&a, MAGLEV_OFFSET_SEED), addr_hash(&a, MAGLEV_SKIP_SEED));
+        }
+    }
+
+    #[test]
+    fn v6_keys_hash_every_word() {
+        let v6 = |word: usize| {
+            let mut k = FlowKey { family: 6, ..key(1) };
+            k.src[word] = 7;
+            flow_hash(&k, FLOW_SEED)
+        };
+        let hashes: std::collections::BTreeSet<u32> = (0..4).map(v6).collect();
+        assert_eq!(hashes.len(), 4);
+        assert_ne!(addr_hash(&[1, 0, 0, 0], FLOW_SEED), addr_hash(&[1, 0, 0, 1], FLOW_SEED));
+    }
+
+    #[test]
+    fn a_flows_two_buckets_spread_independently() {
+        // Flows sharing a first bucket spread their second over the table.
+        let mask = 1023;
+        let seconds: std::collections::BTreeSet<u32> =
+            (0..20_000u16).map(|p| flow_hash(&key(p), FLOW_SEED)).filter(|h| h & mask == 5).map(|h| flow_buckets(h, mask).1).collect();
+        assert!(seconds.len() >= 10, "{seconds:?}");
     }
 }

@@ -4,24 +4,73 @@
 //! new `lbd` never reuses a map of the old shape.
 
 /// Version of the pinned layout under the bpffs directory (`/sys/fs/bpf/spillway/v<N>`).
-pub const PIN_VERSION: u32 = 1;
+pub const PIN_VERSION: u32 = 2;
 
-/// Most VIPs one balancer serves.
-pub const MAX_VIPS: u32 = 64;
-/// Most backends over all VIPs (a backend serving two VIPs counts twice). Id 0 is never used.
-pub const MAX_BACKENDS: u32 = 4096;
+/// How big the balancer's tables are. Chosen when `lbd` starts (its options); the maps are
+/// created with these sizes, and pinned maps of another shape are refused by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// VIPs at once (each VIP's id indexes its counters and limits).
+    pub vips: u32,
+    /// Backends over all VIPs (a backend serving two VIPs counts twice); ids start at 1.
+    pub backends: u32,
+    /// Connections the table holds at once (see [`Capacity::flow_buckets`]).
+    pub flows: u32,
+    /// Maglev slots over all VIPs: a VIP with a table of M slots takes 2 M (its two tables).
+    pub ring_slots: u32,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl Capacity {
+    /// What an `lbd` without size options gets.
+    pub const DEFAULT: Capacity = Capacity { vips: 64, backends: 4096, flows: 1 << 20, ring_slots: 64 * 2 * DEFAULT_RING_SIZE };
+    /// The largest of each: ids are 16 bits in flow entries and ring slots.
+    pub const MAX: Capacity = Capacity { vips: 1 << 16, backends: (1 << 16) - 1, flows: 1 << 28, ring_slots: 1 << 30 };
+
+    /// Buckets of the connection table: room for twice `flows`, so even a full table's
+    /// buckets almost never overflow (two choices of four ways; see `ARCHITECTURE.md`).
+    pub const fn flow_buckets(&self) -> u32 {
+        (self.flows.div_ceil(FLOW_WAYS / 2)).next_power_of_two()
+    }
+
+    /// Slots of the VIP index: four per VIP, so probe windows stay short.
+    pub const fn vip_slots(&self) -> u32 {
+        (self.vips * 4).next_power_of_two()
+    }
+
+    /// Words of the ring pool (four slots each).
+    pub const fn ring_words(&self) -> u32 {
+        self.ring_slots.div_ceil(RING_SLOTS_PER_WORD)
+    }
+
+    /// Slot of the limits array holding the default for VIPs without their own limit.
+    pub const fn default_limit_slot(&self) -> u32 {
+        self.vips
+    }
+
+    /// Array slots for backend ids (id 0 is never used).
+    pub const fn backend_slots(&self) -> u32 {
+        self.backends + 1
+    }
+}
+
+/// Ways (entries) of a connection-table bucket; a flow may live in either of two buckets.
+pub const FLOW_WAYS: u32 = 4;
+/// Maglev slots per word of the ring pool (16-bit backend ids).
+pub const RING_SLOTS_PER_WORD: u32 = 4;
+/// Most slots of the VIP index a lookup scans from a VIP's home slot.
+pub const VIP_PROBES: u32 = 8;
 /// Most backends in one VIP; keeps every Maglev table at least 64 slots per backend.
 pub const MAX_BACKENDS_PER_VIP: u32 = 1024;
 /// Largest Maglev table (also the default). Must be prime.
 pub const MAX_RING_SIZE: u32 = 65537;
 /// Default Maglev table size.
 pub const DEFAULT_RING_SIZE: u32 = MAX_RING_SIZE;
-/// Every VIP owns two tables (double buffering); see `types::VipMeta::active_half`.
-pub const RING_HALVES: u32 = 2;
-/// Slots in the flat ring array holding every VIP's two tables.
-pub const RING_MAP_ENTRIES: u32 = MAX_VIPS * RING_HALVES * MAX_RING_SIZE;
-/// Connection-table entries (LRU). ~2^20 flows at ~120 bytes each including kernel overhead.
-pub const FLOW_TABLE_ENTRIES: u32 = 1 << 20;
 /// Interfaces the balancer may redirect to.
 pub const MAX_TX_PORTS: u32 = 64;
 /// Addresses the backend agent decapsulates for.
@@ -36,8 +85,6 @@ pub const SOURCE_TABLE_ENTRIES: u32 = 1 << 16;
 /// flows skip the LRU lookup and insert. A power of two.
 pub const SOURCE_SAMPLE_UNLIMITED: u32 = 16;
 const _: () = assert!(SOURCE_SAMPLE_UNLIMITED.is_power_of_two());
-/// Slot of the limits array holding the default for VIPs without their own limit.
-pub const DEFAULT_LIMIT_SLOT: u32 = MAX_VIPS;
 /// `RuleKey::vip_id` of a rule that applies to every VIP.
 pub const ANY_VIP: u32 = u32::MAX;
 /// Default source prefixes that share one per-source bucket.
@@ -54,8 +101,11 @@ pub const NEXTHOP_CACHE_TTL_NS: u64 = 1_000_000_000;
 /// Default idle timeouts after which a connection-table entry is treated as a new flow.
 pub const DEFAULT_TCP_IDLE_TIMEOUT_S: u32 = 900;
 pub const DEFAULT_UDP_IDLE_TIMEOUT_S: u32 = 120;
-/// A flow entry's timestamp is refreshed at most this often, so hits rarely write.
-pub const FLOW_TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
+/// Connection-table timestamps count ticks of 2^20 ns (about 1.05 ms) in 31 bits.
+pub const FLOW_TICK_SHIFT: u32 = 20;
+/// A flow entry's timestamp is refreshed at most this often (in ticks, about 1 s), so hits
+/// rarely write.
+pub const FLOW_TOUCH_TICKS: u32 = 1 << 10;
 
 /// Map names (at most 15 bytes: BPF_OBJ_NAME_LEN).
 pub mod map_names {
@@ -75,7 +125,8 @@ pub mod map_names {
     pub const BUDGET_STATE: &str = "spw_budget";
     pub const SOURCES: &str = "spw_sources";
     pub const RULES: &str = "spw_rules";
-    pub const RULE_STATS: &str = "spw_rule_stats";
+    pub const RULE_BUCKETS: &str = "spw_rule_bucket";
+    pub const RULE_COUNTERS: &str = "spw_rule_ctrs";
     pub const RULE_COUNT: &str = "spw_rule_count";
     pub const OBSERVED: &str = "spw_observed";
     pub const LOCAL_ADDRS: &str = "spw_local_addrs";
@@ -109,5 +160,4 @@ pub const fn valid_ring_size(n: u32) -> bool {
 }
 
 const _: () = assert!(valid_ring_size(DEFAULT_RING_SIZE));
-const _: () = assert!(MAX_BACKENDS_PER_VIP <= MAX_BACKENDS);
-const _: () = assert!(RING_MAP_ENTRIES as u64 == MAX_VIPS as u64 * 2 * MAX_RING_SIZE as u64);
+const _: () = assert!(MAX_BACKENDS_PER_VIP <= Capacity::DEFAULT.backends);

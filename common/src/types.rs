@@ -26,25 +26,58 @@ pub struct VipKey {
     pub family: u8,
 }
 
-/// Where a VIP's Maglev table lives and how big it is.
+/// A Maglev table in the ring pool: its first word and its size M (prime). Word `base + s / 4`
+/// holds slot `s` in bits `16 * (s % 4)..`; the value is a backend id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RingRef {
+    pub base: u32,
+    pub size: u32,
+}
+
+impl RingRef {
+    /// Words of the pool a table of `size` slots takes.
+    pub const fn words(size: u32) -> u32 {
+        size.div_ceil(crate::limits::RING_SLOTS_PER_WORD)
+    }
+
+    /// The reference as the one word userspace stores (atomically) into a VIP's slot.
+    pub const fn to_word(self) -> u64 {
+        self.base as u64 | ((self.size as u64) << 32)
+    }
+}
+
+/// `VipMeta::flags`: some operator rule is scoped to this VIP (else new flows skip its trie
+/// lookup).
+pub const VIP_F_SCOPED_RULES: u32 = 1;
+
+/// What the data path knows about a VIP.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VipMeta {
-    /// Index of the VIP's pair of tables in the ring array (0..MAX_VIPS).
+    /// Dense index (`0..Capacity::vips`): its counters, its limits slot, its flows' key.
     pub id: u32,
-    /// Table size M (prime); the slot is `flow_hash % ring_size`.
-    pub ring_size: u32,
-    /// Which of the two tables packets read. The loader fills the other one and then flips
-    /// this field with one map update, so a packet never sees a half-written table.
-    pub active_half: u32,
+    /// `VIP_F_*` bits.
+    pub flags: u32,
+    /// The table packets read. The loader fills the standby table and then swaps the two
+    /// with one 8-byte store, so a packet reads either the old table or the new one.
+    pub active: RingRef,
+    /// The other table: the next one being written, or the previous one.
+    pub standby: RingRef,
 }
 
-impl VipMeta {
-    /// Index of slot 0 of the table `half` of this VIP in the flat ring array.
-    #[inline(always)]
-    pub const fn ring_base(id: u32, half: u32) -> u32 {
-        (id * crate::limits::RING_HALVES + half) * crate::limits::MAX_RING_SIZE
-    }
+/// One slot of the VIP index, an array of `Capacity::vip_slots` slots: a VIP lives in the
+/// first free slot at or after its home (`hash::vip_home`), within `VIP_PROBES`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipSlot {
+    /// `family` 0: the slot is free.
+    pub key: VipKey,
+    /// How many slots from here hold the VIPs whose home is this slot (0: none); a lookup
+    /// scans no further.
+    pub probes: u32,
+    pub meta: VipMeta,
+    pub _pad: [u32; 4],
 }
 
 /// An address that some VIP uses; lets the program tell VIP-bound fragments from the host's.
@@ -90,15 +123,46 @@ pub struct FlowKey {
     pub _pad: [u8; 2],
 }
 
-/// The backend a connection was given on its first packet.
+/// `FlowEntry::tag` bits above the ports and VIP id. An entry is usable only with `LIVE`
+/// set; `BUSY` alone marks it claimed (by compare-and-swap) by a CPU writing it.
+pub const FLOW_TAG_LIVE: u64 = 1 << 48;
+pub const FLOW_TAG_BUSY: u64 = 1 << 49;
+/// The flow is UDP (idle timeouts differ).
+pub const FLOW_TAG_UDP: u64 = 1 << 50;
+/// `FlowEntry::touched` bit: a packet after the first one was seen (a SYN's handshake
+/// completed). Inserts never evict confirmed entries.
+pub const FLOW_CONFIRMED: u32 = 1 << 31;
+
+/// One connection in the connection table: who it is (its client address and ports, and its
+/// VIP, which stands for the destination and protocol) and where it goes. 32 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FlowValue {
-    pub backend_id: u32,
-    pub generation: u32,
-    /// `bpf_ktime_get_ns` when the flow was last refreshed (at most every
-    /// `FLOW_TOUCH_INTERVAL_NS`).
-    pub touched_ns: u64,
+pub struct FlowEntry {
+    /// Source port, destination port (network order, bits 0 and 16), VIP id (bit 32) and the
+    /// `FLOW_TAG_*` bits: compared, claimed and published as one word.
+    pub tag: u64,
+    pub src: [u32; 4],
+    pub backend_id: u16,
+    /// The backend's generation (low 16 bits) when the flow was placed.
+    pub generation: u16,
+    /// Tick (`FLOW_TICK_SHIFT`) of the last refresh, in the low 31 bits; `FLOW_CONFIRMED`.
+    pub touched: u32,
+}
+
+impl FlowEntry {
+    /// The tag of a live entry for these ports (network order) and VIP.
+    #[inline(always)]
+    pub const fn tag_of(sport: u16, dport: u16, vip_id: u32, udp: bool) -> u64 {
+        let udp = if udp { FLOW_TAG_UDP } else { 0 };
+        sport as u64 | (dport as u64) << 16 | ((vip_id as u64 & 0xffff) << 32) | FLOW_TAG_LIVE | udp
+    }
+}
+
+/// A bucket of the connection table: two cache lines.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowBucket {
+    pub ways: [FlowEntry; crate::limits::FLOW_WAYS as usize],
 }
 
 /// A CPU's cached `bpf_fib_lookup` result for one backend (kernel-side only).
@@ -212,8 +276,16 @@ pub struct RuleValue {
     pub _pad: [u8; 2],
 }
 
-/// Per-rule state: the class's bucket (`RULE_LIMIT`) and counters (atomic adds).
+/// Per-rule counters (per CPU in the kernel; summed in userspace).
 #[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleCounters {
+    pub hits: u64,
+    /// What the rule dropped or, in observe mode, would have dropped.
+    pub dropped: u64,
+}
+
+/// What userspace reads for a rule: its class's bucket, and its counters summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RuleState {
     pub bucket: Bucket,
@@ -336,11 +408,14 @@ reasons!(
 
 // Layout checks: these sizes are part of the pinned-map contract.
 const _: () = assert!(size_of::<VipKey>() == 20);
-const _: () = assert!(size_of::<VipMeta>() == 12);
+const _: () = assert!(size_of::<VipMeta>() == 24);
+const _: () = assert!(size_of::<VipSlot>() == 64);
+const _: () = assert!(core::mem::offset_of!(VipSlot, meta.active) % 8 == 0);
 const _: () = assert!(size_of::<AddrKey>() == 20);
 const _: () = assert!(size_of::<BackendInfo>() == 28);
 const _: () = assert!(size_of::<FlowKey>() == 40);
-const _: () = assert!(size_of::<FlowValue>() == 16);
+const _: () = assert!(size_of::<FlowEntry>() == 32);
+const _: () = assert!(size_of::<FlowBucket>() == 128);
 const _: () = assert!(size_of::<LbConfig>() == 56);
 const _: () = assert!(size_of::<Traffic>() == 16);
 const _: () = assert!(size_of::<CachedNextHop>() == 32);
@@ -349,7 +424,7 @@ const _: () = assert!(size_of::<SourceKey>() == 24);
 const _: () = assert!(size_of::<SourceState>() == 24);
 const _: () = assert!(size_of::<RuleKey>() == 24);
 const _: () = assert!(size_of::<RuleValue>() == 20);
-const _: () = assert!(size_of::<RuleState>() == 24);
+const _: () = assert!(size_of::<RuleCounters>() == 16);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -365,11 +440,14 @@ mod pod {
     }
     pod!(
         VipKey,
+        RingRef,
         VipMeta,
+        VipSlot,
         AddrKey,
         BackendInfo,
         FlowKey,
-        FlowValue,
+        FlowEntry,
+        FlowBucket,
         LbConfig,
         Traffic,
         Rate,
@@ -379,6 +457,6 @@ mod pod {
         SourceState,
         RuleKey,
         RuleValue,
-        RuleState
+        RuleCounters
     );
 }

@@ -12,8 +12,7 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use spillway_common::{
     limits::{
-        DEFAULT_RING_SIZE, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, MAX_RULES, MAX_VIPS,
-        valid_ring_size,
+        Capacity, DEFAULT_RING_SIZE, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6, MAX_BACKENDS_PER_VIP, MAX_RULES, valid_ring_size,
     },
     maglev::MAX_WEIGHT,
     types::{LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP, Rate},
@@ -65,11 +64,11 @@ pub enum ModelError {
     WeightOutOfRange { weight: u32 },
     #[error("ring size {size} must be a prime between 13 and 65537")]
     BadRingSize { size: u32 },
-    #[error("too many VIPs (limit {MAX_VIPS})")]
+    #[error("too many VIPs (limit {})", Capacity::MAX.vips)]
     TooManyVips,
     #[error("too many backends in VIP {vip} (limit {MAX_BACKENDS_PER_VIP})")]
     TooManyBackendsInVip { vip: Vip },
-    #[error("too many backends in total (limit {})", MAX_BACKENDS - 1)]
+    #[error("too many backends in total (limit {})", Capacity::MAX.backends)]
     TooManyBackends,
     #[error("backend {backend}: an IPv6 VIP needs an IPv6 backend (IPv6 cannot be carried in IPv4)")]
     FamilyMismatch { backend: IpAddr },
@@ -192,7 +191,7 @@ impl DesiredState {
         if self.vips.contains_key(&vip) {
             return Err(ModelError::DuplicateVip { vip });
         }
-        if self.vips.len() >= MAX_VIPS as usize {
+        if self.vips.len() >= Capacity::MAX.vips as usize {
             return Err(ModelError::TooManyVips);
         }
         if !valid_ring_size(ring_size) {
@@ -233,7 +232,7 @@ impl DesiredState {
         if vip_config.backends.len() >= MAX_BACKENDS_PER_VIP as usize {
             return Err(ModelError::TooManyBackendsInVip { vip: *vip });
         }
-        if total >= (MAX_BACKENDS - 1) as usize {
+        if total >= Capacity::MAX.backends as usize {
             return Err(ModelError::TooManyBackends);
         }
         vip_config.backends.insert(backend, config);

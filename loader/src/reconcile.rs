@@ -1,18 +1,23 @@
 //! Turns the desired state into map updates.
 //!
-//! Guarantees: a packet never reads a half-written table (each VIP has two tables; the
-//! inactive one is brought up to date, then one `VipMeta` update flips which one packets
-//! read); only slots that differ from the inactive table's known contents are written;
-//! a backend's map entry exists before any slot names it and is freed only after the flip.
-//! `adopt` rebuilds all of this from pinned maps, so a restarted `lbd` writes nothing when
-//! the state it restores matches what the kernel already holds.
+//! Guarantees: a packet never reads a half-written table (each VIP has two tables in the
+//! ring pool; the standby one is brought up to date, then one 8-byte store in the VIP's
+//! index slot swaps which one packets read); only slots that differ from the standby
+//! table's known contents are written; a backend's map entry exists before any slot names
+//! it and is freed only after the flip. `adopt` rebuilds all of this from pinned maps, so a
+//! restarted `lbd` writes nothing when the state it restores matches what the kernel
+//! already holds.
 //!
 //! New-flow limits: every VIP's slot of the limits array holds its effective limits when it
 //! has its own (`configured = 0` when it has none, so the data path falls back to the
 //! default slot). Rules: one trie entry per rule, keyed by VIP scope, family and CIDR; each
 //! rule keeps its id (the index of its counters) for as long as it exists, also across
-//! restarts (ids are adopted back from the trie). A new id, like a new VIP id, starts with
-//! zeroed kernel state. Slots and entries are written only when they differ.
+//! restarts (ids are adopted back from the trie). A VIP with rules of its own carries a flag,
+//! and a count says how many global rules exist, so new flows look up only the tries that
+//! can match. A new id, like a new VIP id, starts with zeroed kernel state. Slots and
+//! entries are written only when they differ.
+
+mod pool;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -21,15 +26,16 @@ use std::{
 
 use spillway_common::{
     addr::{from_words, to_words},
-    hash::vip_filter_slot,
-    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, MAX_BACKENDS, MAX_RULES, MAX_VIPS, VIP_FILTER_WORDS},
+    hash::{vip_addr_hash, vip_filter_slot},
+    limits::{ANY_VIP, Capacity, MAX_RULES, VIP_FILTER_WORDS},
     maglev::{self, MaglevBackend, MaglevError},
     types::{
         AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, FAMILY_V4, FAMILY_V6, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP,
-        RULE_BLOCK, RULE_EXEMPT, RULE_KEY_SCOPE_BITS, RULE_LIMIT, Rate, RuleKey, RuleValue, VipKey, VipMeta,
+        RULE_BLOCK, RULE_EXEMPT, RULE_KEY_SCOPE_BITS, RULE_LIMIT, Rate, RingRef, RuleKey, RuleValue, VIP_F_SCOPED_RULES, VipKey, VipMeta,
     },
 };
 
+use self::pool::RingPool;
 use crate::{
     dataplane::DataplaneError,
     model::{Cidr, DesiredState, LimitConfig, Proto, RuleAction, RuleConfig, RuleMatch, Vip, VipConfig},
@@ -45,21 +51,35 @@ pub enum ReconcileError {
         #[source]
         source: MaglevError,
     },
-    #[error("no free {what} id (limit {limit})")]
+    #[error("no free {what} id (limit {limit}; lbd --max-{what}s raises it)")]
     OutOfIds { what: &'static str, limit: u32 },
+    #[error(
+        "no room in the ring pool for VIP {vip}'s table of {size} slots ({free} of {total} slots free; lbd --ring-slots raises it, \
+         a smaller --ring-size needs fewer)"
+    )]
+    RingPoolFull { vip: Vip, size: u32, free: u64, total: u64 },
+    #[error("no slot for VIP {vip} in the VIP index near its home (lbd --max-vips raises the index)")]
+    VipIndexFull { vip: Vip },
+    #[error("the pinned maps are inconsistent ({what}); run `lbd --cleanup` (this drops the connection table)")]
+    Inconsistent { what: String },
 }
 
 /// The map operations the reconciler needs; implemented by the real maps and, in tests,
 /// by an in-memory model.
 pub trait Maps {
+    /// The sizes the maps were created with.
+    fn capacity(&self) -> Capacity;
     fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, DataplaneError>;
+    /// Inserts the VIP, or updates it in place: its flags, then its standby table, then (in
+    /// one store) its active table.
     fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError>;
     fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError>;
     fn vip_addrs(&self) -> Result<Vec<AddrKey>, DataplaneError>;
     fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError>;
     fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError>;
-    fn write_slots(&mut self, vip_id: u32, half: u32, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError>;
-    fn read_ring(&self, vip_id: u32, half: u32, size: u32) -> Result<Vec<u32>, DataplaneError>;
+    /// Writes `(slot, backend id)` pairs into `table`.
+    fn write_slots(&mut self, table: RingRef, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError>;
+    fn read_ring(&self, table: RingRef) -> Result<Vec<u32>, DataplaneError>;
     fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError>;
     fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError>;
     /// The VIP address pre-filter's words (`VIP_FILTER_WORDS` of them).
@@ -69,7 +89,7 @@ pub trait Maps {
     /// counters, its new-flow budget's bucket and the per-source entries of that id.
     fn reset_vip_stats(&mut self, id: u32) -> Result<(), DataplaneError>;
     fn reset_backend_stats(&mut self, id: u32) -> Result<(), DataplaneError>;
-    /// Every slot of the limits array (`DEFAULT_LIMIT_SLOT + 1` of them).
+    /// Every slot of the limits array (`Capacity::default_limit_slot() + 1` of them).
     fn limits(&self) -> Result<Vec<Limits>, DataplaneError>;
     fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), DataplaneError>;
     /// Every rule trie entry: (prefix length of the whole key, key, value).
@@ -79,7 +99,7 @@ pub trait Maps {
     fn remove_rule(&mut self, prefix_len: u32, key: &RuleKey) -> Result<(), DataplaneError>;
     /// Zeroes a rule id's bucket and counters before the id is handed out.
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError>;
-    /// How many rules exist; the data path skips its trie lookups while it is zero.
+    /// How many global rules exist; the data path skips their trie lookup while it is zero.
     fn set_rule_count(&mut self, count: u32) -> Result<(), DataplaneError>;
 }
 
@@ -102,17 +122,32 @@ struct RuleRuntime {
     value: RuleValue,
 }
 
+/// A table and its contents as far as we know (`None`: unknown, write every slot).
+struct Table {
+    at: RingRef,
+    slots: Option<Vec<u32>>,
+}
+
 struct VipRuntime {
     id: u32,
-    ring_size: u32,
-    active_half: u32,
-    /// Contents of each half as far as we know; `None` = unknown (write every slot).
-    halves: [Option<Vec<u32>>; 2],
+    flags: u32,
+    /// Not yet in the VIP index: its first table is being written.
+    unpublished: bool,
+    active: Table,
+    standby: Table,
     backends: BTreeMap<IpAddr, u32>,
 }
 
+impl VipRuntime {
+    fn meta(&self) -> VipMeta {
+        VipMeta { id: self.id, flags: self.flags, active: self.active.at, standby: self.standby.at }
+    }
+}
+
 pub struct Reconciler {
+    capacity: Capacity,
     vips: HashMap<Vip, VipRuntime>,
+    pool: RingPool,
     /// Generation of every backend id, and whether it is in use.
     generations: Vec<u32>,
     in_use: BTreeSet<u32>,
@@ -129,10 +164,11 @@ pub struct Reconciler {
 impl Reconciler {
     /// Rebuilds the runtime view from the maps (empty maps give an empty view).
     pub fn adopt(maps: &dyn Maps) -> Result<Self, ReconcileError> {
-        let mut generations = vec![0; MAX_BACKENDS as usize];
+        let capacity = maps.capacity();
+        let mut generations = vec![0; capacity.backend_slots() as usize];
         let mut by_vip: HashMap<u32, BTreeMap<IpAddr, u32>> = HashMap::new();
         let mut active = Vec::new();
-        for id in 1..MAX_BACKENDS {
+        for id in 1..capacity.backend_slots() {
             let info = maps.backend(id)?;
             generations[id as usize] = info.generation;
             if info.state == BACKEND_ACTIVE
@@ -145,15 +181,25 @@ impl Reconciler {
         let mut vips = HashMap::new();
         for (key, meta) in maps.vips()? {
             let Some(vip) = vip_from_key(&key) else { continue };
-            let mut halves = [None, None];
-            halves[(meta.active_half & 1) as usize] = Some(maps.read_ring(meta.id, meta.active_half & 1, meta.ring_size)?);
+            let table = |at: RingRef| -> Result<Table, ReconcileError> { Ok(Table { at, slots: Some(maps.read_ring(at)?) }) };
             let backends = by_vip.remove(&meta.id).unwrap_or_default();
-            vips.insert(vip, VipRuntime { id: meta.id, ring_size: meta.ring_size, active_half: meta.active_half & 1, halves, backends });
+            let runtime = VipRuntime {
+                id: meta.id,
+                flags: meta.flags,
+                unpublished: false,
+                active: table(meta.active)?,
+                standby: table(meta.standby)?,
+                backends,
+            };
+            vips.insert(vip, runtime);
         }
+        let tables = vips.values().flat_map(|r| [r.active.at, r.standby.at]);
+        let pool = RingPool::with_used(capacity.ring_words(), tables)
+            .ok_or_else(|| ReconcileError::Inconsistent { what: "two VIPs' Maglev tables overlap, or one lies outside the pool".into() })?;
         let orphans: Vec<u32> = by_vip.into_values().flat_map(|b| b.into_values()).collect();
         let in_use = active.into_iter().collect();
         let mut limits = maps.limits()?;
-        limits.resize(DEFAULT_LIMIT_SLOT as usize + 1, Limits::default());
+        limits.resize(capacity.default_limit_slot() as usize + 1, Limits::default());
         let vip_by_id: HashMap<u32, Vip> = vips.iter().map(|(vip, r)| (r.id, *vip)).collect();
         let mut rules = BTreeMap::new();
         let mut stale_rules = Vec::new();
@@ -170,7 +216,7 @@ impl Reconciler {
                 _ => stale_rules.push((prefix_len, key)),
             }
         }
-        Ok(Self { vips, generations, in_use, orphans, limits, rules, stale_rules })
+        Ok(Self { capacity, vips, pool, generations, in_use, orphans, limits, rules, stale_rules })
     }
 
     /// Makes the maps carry `desired`.
@@ -190,6 +236,7 @@ impl Reconciler {
         }
         self.sync_limits(maps, desired, &mut report)?;
         self.sync_rules(maps, desired, &mut report)?;
+        self.sync_vip_flags(maps, desired)?;
         sync_vip_addrs(maps, desired)?;
         sync_vip_filter(maps, desired)?;
         Ok(report)
@@ -210,6 +257,11 @@ impl Reconciler {
         self.vips.get(vip).map(|r| r.id)
     }
 
+    /// Slots of the ring pool: (free, total).
+    pub fn ring_pool(&self) -> (u64, u64) {
+        (self.pool.free_slots(), self.pool.slots())
+    }
+
     fn apply_vip(
         &mut self,
         maps: &mut dyn Maps,
@@ -222,19 +274,41 @@ impl Reconciler {
             Some(runtime) => runtime,
             None => {
                 let id = self.free_vip_id(maps)?;
+                let active = self.alloc_table(vip, config.ring_size)?;
+                let standby = match self.alloc_table(vip, config.ring_size) {
+                    Ok(table) => table,
+                    Err(e) => {
+                        self.pool.free(active.at);
+                        return Err(e);
+                    }
+                };
                 // The VIP's limits are in place before its first packet.
                 self.write_limits(maps, id, vip_limits(desired, vip), report)?;
-                VipRuntime {
-                    id,
-                    ring_size: config.ring_size,
-                    // A new VIP is "flipping" to half 0, whose stale contents are unknown.
-                    active_half: 1,
-                    halves: [None, None],
-                    backends: BTreeMap::new(),
-                }
+                VipRuntime { id, flags: 0, unpublished: true, active, standby, backends: BTreeMap::new() }
             }
         };
-        let is_new = runtime.halves.iter().all(Option::is_none);
+        let result = self.update_vip(maps, vip, config, &mut runtime, report);
+        if result.is_err() && runtime.unpublished {
+            // Never in the index: nothing refers to its tables or backends.
+            self.pool.free(runtime.active.at);
+            self.pool.free(runtime.standby.at);
+            for id in runtime.backends.into_values() {
+                self.free_backend(maps, id)?;
+            }
+            return result;
+        }
+        self.vips.insert(*vip, runtime);
+        result
+    }
+
+    fn update_vip(
+        &mut self,
+        maps: &mut dyn Maps,
+        vip: &Vip,
+        config: &VipConfig,
+        runtime: &mut VipRuntime,
+        report: &mut ApplyReport,
+    ) -> Result<(), ReconcileError> {
         // New backends exist in the map before any slot can name them.
         for addr in config.backends.keys() {
             if !runtime.backends.contains_key(addr) {
@@ -249,22 +323,26 @@ impl Reconciler {
             .collect();
         let table = maglev::build(&members, config.ring_size).map_err(|source| ReconcileError::Maglev { vip: *vip, source })?;
 
-        let active = runtime.active_half as usize;
-        let unchanged = !is_new && runtime.ring_size == config.ring_size && runtime.halves[active].as_deref() == Some(&table[..]);
+        let unchanged =
+            !runtime.unpublished && runtime.active.at.size == config.ring_size && runtime.active.slots.as_deref() == Some(&table[..]);
         if !unchanged {
-            let target = 1 - runtime.active_half;
-            let mut slots: Box<dyn Iterator<Item = (u32, u32)>> = match &runtime.halves[target as usize] {
+            if runtime.standby.at.size != config.ring_size {
+                let resized = self.alloc_table(vip, config.ring_size)?;
+                self.pool.free(std::mem::replace(&mut runtime.standby, resized).at);
+            }
+            // Unknown while being written, in case the writes fail half way.
+            let known = runtime.standby.slots.take();
+            let mut slots: Box<dyn Iterator<Item = (u32, u32)>> = match &known {
                 Some(known) => Box::new(maglev::changed_slots(known, &table)),
                 None => Box::new(table.iter().enumerate().map(|(i, &id)| (i as u32, id))),
             };
-            report.slots_written += maps.write_slots(runtime.id, target, &mut slots)?;
+            report.slots_written += maps.write_slots(runtime.standby.at, &mut slots)?;
             drop(slots);
-            let meta = VipMeta { id: runtime.id, ring_size: config.ring_size, active_half: target };
-            maps.set_vip(&vip_key(vip), &meta)?;
+            runtime.standby.slots = Some(table);
+            std::mem::swap(&mut runtime.active, &mut runtime.standby);
+            maps.set_vip(&vip_key(vip), &runtime.meta())?;
+            runtime.unpublished = false;
             report.tables_flipped += 1;
-            runtime.active_half = target;
-            runtime.ring_size = config.ring_size;
-            runtime.halves[target as usize] = Some(table);
         }
         // Backends leaving the VIP are freed only after packets stopped reading their slots.
         let leaving: Vec<IpAddr> = runtime.backends.keys().filter(|a| !config.backends.contains_key(a)).copied().collect();
@@ -273,30 +351,54 @@ impl Reconciler {
                 self.free_backend(maps, id)?;
             }
         }
-        self.vips.insert(*vip, runtime);
         Ok(())
+    }
+
+    fn alloc_table(&mut self, vip: &Vip, size: u32) -> Result<Table, ReconcileError> {
+        let at = self.pool.alloc(size).ok_or(ReconcileError::RingPoolFull {
+            vip: *vip,
+            size,
+            free: self.pool.free_slots(),
+            total: self.pool.slots(),
+        })?;
+        Ok(Table { at, slots: None })
     }
 
     fn remove_vip(&mut self, maps: &mut dyn Maps, vip: &Vip) -> Result<(), ReconcileError> {
         let Some(runtime) = self.vips.remove(vip) else { return Ok(()) };
         maps.remove_vip(&vip_key(vip))?;
+        self.pool.free(runtime.active.at);
+        self.pool.free(runtime.standby.at);
         for id in runtime.backends.into_values() {
             self.free_backend(maps, id)?;
         }
         Ok(())
     }
 
+    /// Sets the scoped-rules flag on exactly the VIPs that have rules of their own.
+    fn sync_vip_flags(&mut self, maps: &mut dyn Maps, desired: &DesiredState) -> Result<(), ReconcileError> {
+        let scoped: BTreeSet<Vip> = desired.rules.keys().filter_map(|r| r.vip).collect();
+        for (vip, runtime) in self.vips.iter_mut() {
+            let flags = if scoped.contains(vip) { runtime.flags | VIP_F_SCOPED_RULES } else { runtime.flags & !VIP_F_SCOPED_RULES };
+            if flags != runtime.flags {
+                runtime.flags = flags;
+                maps.set_vip(&vip_key(vip), &runtime.meta())?;
+            }
+        }
+        Ok(())
+    }
+
     fn free_vip_id(&self, maps: &mut dyn Maps) -> Result<u32, ReconcileError> {
         let used: BTreeSet<u32> = self.vips.values().map(|r| r.id).collect();
-        let id = (0..MAX_VIPS).find(|id| !used.contains(id)).ok_or(ReconcileError::OutOfIds { what: "VIP", limit: MAX_VIPS })?;
+        let limit = self.capacity.vips;
+        let id = (0..limit).find(|id| !used.contains(id)).ok_or(ReconcileError::OutOfIds { what: "VIP", limit })?;
         maps.reset_vip_stats(id)?;
         Ok(id)
     }
 
     fn allocate_backend(&mut self, maps: &mut dyn Maps, vip_id: u32, addr: IpAddr) -> Result<u32, ReconcileError> {
-        let id = (1..MAX_BACKENDS)
-            .find(|id| !self.in_use.contains(id))
-            .ok_or(ReconcileError::OutOfIds { what: "backend", limit: MAX_BACKENDS - 1 })?;
+        let limit = self.capacity.backends;
+        let id = (1..=limit).find(|id| !self.in_use.contains(id)).ok_or(ReconcileError::OutOfIds { what: "backend", limit })?;
         maps.reset_backend_stats(id)?;
         let (words, family) = to_words(addr);
         let info =
@@ -309,8 +411,9 @@ impl Reconciler {
     /// Writes every limits slot that differs from what it holds: the default slot, each VIP's
     /// (zero for a VIP without its own limits and for ids no VIP uses).
     fn sync_limits(&mut self, maps: &mut dyn Maps, desired: &DesiredState, report: &mut ApplyReport) -> Result<(), ReconcileError> {
-        let mut want = vec![Limits::default(); DEFAULT_LIMIT_SLOT as usize + 1];
-        want[DEFAULT_LIMIT_SLOT as usize] = desired.default_limits.map(|l| l.to_limits()).unwrap_or_default();
+        let default_slot = self.capacity.default_limit_slot() as usize;
+        let mut want = vec![Limits::default(); default_slot + 1];
+        want[default_slot] = desired.default_limits.map(|l| l.to_limits()).unwrap_or_default();
         for vip in desired.vips.keys() {
             if let Some(runtime) = self.vips.get(vip) {
                 want[runtime.id as usize] = vip_limits(desired, vip);
@@ -352,8 +455,8 @@ impl Reconciler {
     /// free id, whose kernel state is zeroed first.
     fn sync_rules(&mut self, maps: &mut dyn Maps, desired: &DesiredState, report: &mut ApplyReport) -> Result<(), ReconcileError> {
         // Runs after stale entries are gone and before new ones go in, so the count is
-        // non-zero whenever the trie holds a rule.
-        maps.set_rule_count(desired.rules.len() as u32)?;
+        // non-zero whenever the trie holds a global rule.
+        maps.set_rule_count(desired.rules.keys().filter(|r| r.vip.is_none()).count() as u32)?;
         for (rule, config) in &desired.rules {
             let vip_id = match &rule.vip {
                 None => ANY_VIP,
@@ -429,7 +532,7 @@ fn sync_vip_addrs(maps: &mut dyn Maps, desired: &DesiredState) -> Result<(), Dat
 fn sync_vip_filter(maps: &mut dyn Maps, desired: &DesiredState) -> Result<(), DataplaneError> {
     let mut want = vec![0u64; VIP_FILTER_WORDS as usize];
     for vip in desired.vips.keys() {
-        let (word, bit) = vip_filter_slot(&to_words(vip.addr).0);
+        let (word, bit) = vip_filter_slot(vip_addr_hash(&to_words(vip.addr).0));
         want[word as usize] |= bit;
     }
     let have = maps.vip_filter()?;

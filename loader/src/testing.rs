@@ -8,11 +8,11 @@ use std::{
 };
 
 use spillway_common::{
-    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, MAX_RULES, VIP_FILTER_WORDS},
+    limits::{ANY_VIP, Capacity, MAX_RULES, VIP_FILTER_WORDS},
     maglev::EMPTY_SLOT,
     types::{
-        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, Limits, Observed, Reason, RuleKey, RuleState, RuleValue, SourceKey,
-        SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, Limits, Observed, Reason, RingRef, RuleKey, RuleState, RuleValue,
+        SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
 
@@ -43,9 +43,11 @@ impl Drop for TempDir {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FakeMaps {
+    pub capacity: Capacity,
     pub vips: HashMap<VipKey, VipMeta>,
     pub addrs: Vec<AddrKey>,
-    pub rings: HashMap<u32, u32>,
+    /// Ring pool slots written, by `4 * word + lane`.
+    pub rings: HashMap<u64, u32>,
     pub backends: HashMap<u32, BackendInfo>,
     pub vip_traffic: HashMap<u32, Traffic>,
     pub backend_traffic: HashMap<u32, Traffic>,
@@ -70,15 +72,23 @@ pub struct FakeMaps {
 
 impl FakeMaps {
     pub fn active_table(&self, key: &VipKey) -> Vec<u32> {
-        let meta = self.vips[key];
-        self.read_ring(meta.id, meta.active_half, meta.ring_size).unwrap()
+        self.read_ring(self.vips[key].active).unwrap()
     }
 
-    /// The reconciler's guarantee, checked after every flip and every free: each slot of
-    /// each active table names an active backend of that VIP.
+    /// The reconciler's guarantees, checked after every flip and every free: each slot of
+    /// each active table names an active backend of that VIP, and no two tables overlap or
+    /// leave the pool.
     fn assert_consistent(&self) {
+        let mut tables: Vec<RingRef> = self.vips.values().flat_map(|m| [m.active, m.standby]).collect();
+        tables.sort();
+        for pair in tables.windows(2) {
+            assert!(pair[0].base + RingRef::words(pair[0].size) <= pair[1].base, "tables {pair:?} overlap");
+        }
+        if let Some(last) = tables.last() {
+            assert!(last.base + RingRef::words(last.size) <= self.capacity.ring_words(), "table {last:?} beyond the pool");
+        }
         for meta in self.vips.values() {
-            for id in self.read_ring(meta.id, meta.active_half, meta.ring_size).unwrap() {
+            for id in self.read_ring(meta.active).unwrap() {
                 if id != EMPTY_SLOT {
                     let b = self.backends[&id];
                     assert_eq!((b.state, b.vip_id), (BACKEND_ACTIVE, meta.id), "slot names backend {id}");
@@ -102,6 +112,9 @@ impl FakeMaps {
 }
 
 impl Maps for FakeMaps {
+    fn capacity(&self) -> Capacity {
+        self.capacity
+    }
     fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, DataplaneError> {
         Ok(self.vips.iter().map(|(k, v)| (*k, *v)).collect())
     }
@@ -128,23 +141,25 @@ impl Maps for FakeMaps {
         self.addrs.retain(|k| k != key);
         Ok(())
     }
-    fn write_slots(&mut self, vip_id: u32, half: u32, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
+    fn write_slots(&mut self, table: RingRef, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
         if std::mem::take(&mut self.fail_next_write) {
             return Err(DataplaneError::MissingMap { name: "injected failure" });
         }
-        // Writing the half packets read would expose a half-written table.
-        assert!(!self.vips.values().any(|m| m.id == vip_id && m.active_half == half), "wrote the active table");
+        // Writing a table packets read would expose a half-written table.
+        let overlaps = |a: RingRef| a.base < table.base + RingRef::words(table.size) && table.base < a.base + RingRef::words(a.size);
+        assert!(!self.vips.values().any(|m| overlaps(m.active)), "wrote into an active table");
         let mut n = 0;
         for (slot, owner) in slots {
-            self.rings.insert(VipMeta::ring_base(vip_id, half) + slot, owner);
+            assert!(slot < table.size, "slot {slot} of a table of {}", table.size);
+            self.rings.insert(4 * u64::from(table.base) + u64::from(slot), owner);
             n += 1;
         }
         self.slot_writes += n;
         Ok(n)
     }
-    fn read_ring(&self, vip_id: u32, half: u32, size: u32) -> Result<Vec<u32>, DataplaneError> {
-        let base = VipMeta::ring_base(vip_id, half);
-        Ok((base..base + size).map(|i| self.rings.get(&i).copied().unwrap_or(0)).collect())
+    fn read_ring(&self, table: RingRef) -> Result<Vec<u32>, DataplaneError> {
+        let base = 4 * u64::from(table.base);
+        Ok((0..u64::from(table.size)).map(|s| self.rings.get(&(base + s)).copied().unwrap_or(0)).collect())
     }
     fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError> {
         Ok(self.backends.get(&id).copied().unwrap_or_default())
@@ -177,10 +192,10 @@ impl Maps for FakeMaps {
         Ok(())
     }
     fn limits(&self) -> Result<Vec<Limits>, DataplaneError> {
-        Ok((0..=DEFAULT_LIMIT_SLOT).map(|slot| self.limits.get(&slot).copied().unwrap_or_default()).collect())
+        Ok((0..=self.capacity.default_limit_slot()).map(|slot| self.limits.get(&slot).copied().unwrap_or_default()).collect())
     }
     fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), DataplaneError> {
-        assert!(slot <= DEFAULT_LIMIT_SLOT, "limits slot {slot} out of range");
+        assert!(slot <= self.capacity.default_limit_slot(), "limits slot {slot} out of range");
         self.limits.insert(slot, *limits);
         self.limit_writes += 1;
         Ok(())
@@ -192,7 +207,8 @@ impl Maps for FakeMaps {
         if std::mem::take(&mut self.fail_next_rule) {
             return Err(DataplaneError::MissingMap { name: "injected rule failure" });
         }
-        assert!(self.rule_count > 0, "a rule entered the trie while the rule count says there are none");
+        let global = u32::from_be(key.vip_id_be) == ANY_VIP;
+        assert!(!global || self.rule_count > 0, "a global rule entered the trie while the rule count says there are none");
         self.rules.insert((prefix_len, *key), *value);
         self.rule_writes += 1;
         self.assert_rules_consistent();
@@ -209,7 +225,8 @@ impl Maps for FakeMaps {
         Ok(())
     }
     fn set_rule_count(&mut self, count: u32) -> Result<(), DataplaneError> {
-        assert!(count > 0 || self.rules.is_empty(), "rule count 0 while the trie holds rules");
+        let globals = self.rules.keys().filter(|(_, k)| u32::from_be(k.vip_id_be) == ANY_VIP).count();
+        assert!(count > 0 || globals == 0, "rule count 0 while the trie holds global rules");
         self.rule_count = count;
         Ok(())
     }

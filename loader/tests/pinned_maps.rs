@@ -8,7 +8,7 @@ use spillway::{
     dataplane::{Balancer, LoadOptions},
     objects,
 };
-use spillway_common::limits::map_names;
+use spillway_common::limits::{Capacity, map_names};
 
 /// A bpffs directory removed on drop, also when the test fails.
 struct PinDir(PathBuf);
@@ -31,7 +31,7 @@ fn pin_dir(label: &str) -> PinDir {
 #[test]
 fn maps_pinned_by_a_previous_load_are_reused() {
     let dir = pin_dir("reuse");
-    let options = LoadOptions { map_pin_dir: Some(dir.0.clone()) };
+    let options = LoadOptions { map_pin_dir: Some(dir.0.clone()), ..LoadOptions::default() };
     let mut first = Balancer::load(&options).unwrap();
     first.maps.set_config(&spillway_common::types::LbConfig { tcp_idle_timeout_s: 77, ..Default::default() }).unwrap();
     let second = Balancer::load(&options).unwrap();
@@ -45,9 +45,34 @@ fn a_pinned_map_of_another_shape_is_refused_by_name() {
     // map has the VIP key's size (20 bytes) but a 4-byte value.
     let impostor = dir.0.join(map_names::VIPS);
     let _decap = EbpfLoader::new().map_pin_path(map_names::LOCAL_ADDRS, impostor.as_path()).load(objects::DECAP).unwrap();
-    let err = match Balancer::load(&LoadOptions { map_pin_dir: Some(dir.0.clone()) }) {
+    let err = match Balancer::load(&LoadOptions { map_pin_dir: Some(dir.0.clone()), ..LoadOptions::default() }) {
         Ok(_) => panic!("a pinned map of the wrong shape was accepted"),
         Err(err) => format!("{:?}", anyhow::Error::from(err)),
     };
-    assert!(err.contains(map_names::VIPS) && err.contains("value_size"), "{err}");
+    assert!(err.contains(map_names::VIPS) && err.contains("cannot reuse pinned map"), "{err}");
+}
+
+#[test]
+fn maps_pinned_with_other_sizes_are_refused_by_name() {
+    let dir = pin_dir("sizes");
+    let pinned = |capacity| LoadOptions { map_pin_dir: Some(dir.0.clone()), capacity };
+    let small = Capacity { vips: 8, backends: 64, flows: 4096, ring_slots: 8 * 2 * 4099 };
+    drop(Balancer::load(&pinned(small)).unwrap());
+    Balancer::load(&pinned(small)).expect("the same sizes load again");
+    // Each size, and the maps sized by it (the first one checked names the error).
+    for (changed, maps) in [
+        (Capacity { flows: 8192, ..small }, &[map_names::FLOWS][..]),
+        (
+            Capacity { vips: 16, ..small },
+            &[map_names::VIPS, map_names::VIP_ADDRS, map_names::VIP_STATS, map_names::LIMITS, map_names::BUDGET_STATE],
+        ),
+        (Capacity { backends: 128, ..small }, &[map_names::BACKENDS, map_names::BACKEND_STATS]),
+        (Capacity { ring_slots: 16 * 2 * 4099, ..small }, &[map_names::RINGS]),
+    ] {
+        let err = match Balancer::load(&pinned(changed)) {
+            Ok(_) => panic!("maps pinned for {small:?} were reused for {changed:?}"),
+            Err(err) => format!("{:?}", anyhow::Error::from(err)),
+        };
+        assert!(maps.iter().any(|m| err.contains(&format!("`{m}`"))) && err.contains("max_entries"), "{changed:?}: {err}");
+    }
 }

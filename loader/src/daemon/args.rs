@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use aya::programs::XdpMode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use spillway_common::limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S};
+use spillway_common::limits::{Capacity, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S};
 
 use super::outer_src::{OuterSrc4, OuterSrc6};
 use crate::{api::DEFAULT_SOCKET, health::HealthConfig, pins::DEFAULT_PIN_DIR};
@@ -98,6 +98,47 @@ pub struct DaemonArgs {
     /// Port of the backends' `lbd agent` endpoint, polled for port pressure (0: do not poll).
     #[arg(long, value_name = "PORT", default_value_t = crate::ports::endpoint::DEFAULT_PORT)]
     pub agent_port: u16,
+    /// VIPs the maps hold at once. Like every size option, fixed when the maps are created:
+    /// changing it needs `lbd --cleanup` (which drops the connection table).
+    #[arg(long, value_name = "N", default_value_t = Capacity::DEFAULT.vips, value_parser = count(Capacity::MAX.vips))]
+    pub max_vips: u32,
+    /// Backends over all VIPs (a backend in two VIPs counts twice).
+    #[arg(long, value_name = "N", default_value_t = Capacity::DEFAULT.backends, value_parser = count(Capacity::MAX.backends))]
+    pub max_backends: u32,
+    /// Connections the table holds (k and M suffixes: thousands, millions); it takes about
+    /// 64 bytes each.
+    #[arg(long, value_name = "N", default_value_t = Capacity::DEFAULT.flows, value_parser = count(Capacity::MAX.flows))]
+    pub max_flows: u32,
+    /// Maglev slots over all VIPs; a VIP with a table of M slots (`lbctl vips add
+    /// --ring-size`) takes 2 M, 4 bytes each [default: room for every VIP at the default
+    /// size, 2 x 65537 x --max-vips].
+    #[arg(long, value_name = "N", value_parser = count(Capacity::MAX.ring_slots))]
+    pub ring_slots: Option<u32>,
+}
+
+impl DaemonArgs {
+    /// The sizes of the maps.
+    pub fn capacity(&self) -> Capacity {
+        let every_vip_at_default = u64::from(self.max_vips) * 2 * u64::from(DEFAULT_RING_SIZE);
+        let ring_slots = self.ring_slots.unwrap_or(every_vip_at_default.min(u64::from(Capacity::MAX.ring_slots)) as u32);
+        Capacity { vips: self.max_vips, backends: self.max_backends, flows: self.max_flows, ring_slots }
+    }
+}
+
+/// A count of at least 1 and at most `max`, with an optional k (1,000) or M (1,000,000) suffix.
+fn count(max: u32) -> impl Fn(&str) -> Result<u32, String> + Clone + Send + Sync + 'static {
+    move |input: &str| {
+        let (digits, unit) = match input.strip_suffix(['k', 'K']) {
+            Some(d) => (d, 1_000),
+            None => match input.strip_suffix('M') {
+                Some(d) => (d, 1_000_000),
+                None => (input, 1),
+            },
+        };
+        let n: u64 = digits.parse().map_err(|_| format!("{input:?} is not a count (digits, optionally k or M)"))?;
+        let n = n.checked_mul(unit).filter(|n| (1..=u64::from(max)).contains(n)).ok_or(format!("{input} is out of range (1..={max})"))?;
+        Ok(n as u32)
+    }
 }
 
 fn parse_zone(input: &str) -> Result<String, String> {
@@ -169,6 +210,22 @@ mod tests {
         assert_eq!((d.outer_src, d.outer_src6), (None, None));
         assert_eq!((d.tcp_idle_timeout_s, d.udp_idle_timeout_s), (DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S));
         assert!(!d.cleanup && d.tx_ifaces.is_empty());
+        assert_eq!(d.capacity(), Capacity::DEFAULT);
+    }
+
+    #[test]
+    fn sizes() {
+        let d = parse(&["--iface", "eth0", "--max-vips", "1000", "--max-backends", "10k", "--max-flows", "8M"]).unwrap().daemon;
+        let c = d.capacity();
+        assert_eq!((c.vips, c.backends, c.flows, c.ring_slots), (1000, 10_000, 8_000_000, 1000 * 2 * 65537));
+        let d = parse(&["--iface", "eth0", "--ring-slots", "2000000"]).unwrap().daemon;
+        assert_eq!(d.capacity().ring_slots, 2_000_000);
+        for bad in [&["--max-vips", "0"][..], &["--max-backends", "65536"], &["--max-flows", "8G"], &["--max-flows", "1.5M"]] {
+            let args: Vec<&str> = ["--iface", "eth0"].iter().chain(bad).copied().collect();
+            let err = parse(&args).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{bad:?}");
+            assert!(err.to_string().contains(bad[0]), "{err}");
+        }
     }
 
     #[test]

@@ -89,8 +89,8 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     let tx_ports =
         std::iter::once(iface).chain(args.tx_ifaces.iter().map(String::as_str)).map(netif::ifindex).collect::<Result<Vec<_>, _>>()?;
 
-    let mut balancer =
-        Balancer::load(&LoadOptions { map_pin_dir: Some(layout.balancer_maps()) }).map_err(|e| explain_load_error(e, &layout))?;
+    let mut balancer = Balancer::load(&LoadOptions { map_pin_dir: Some(layout.balancer_maps()), capacity: args.capacity() })
+        .map_err(|e| explain_load_error(e, &layout))?;
     // Attach before writing anything: if this fails (wrong interface, another program on
     // it), the maps a running balancer may share are left untouched.
     let link = layout.balancer_link();
@@ -102,6 +102,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
         }
     }
     let mut maps = balancer.maps;
+    log_memory(&maps);
     maps.set_config(&config)?;
     maps.set_tx_ports(&tx_ports)?;
     let checks = (!args.no_health_checks).then(|| {
@@ -150,6 +151,19 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     server::lock(&core).persist_health();
     info!("exited; forwarding continues through link={}", link.display());
     Ok(())
+}
+
+/// One line per map with the memory the kernel charges for it, and the total.
+fn log_memory(maps: &crate::dataplane::BalancerMaps) {
+    for m in maps.memory() {
+        info!("event=map_memory map={} kind={} entries={} bytes={}", m.name, m.kind, m.entries, m.bytes);
+    }
+    let c = maps.capacity();
+    let total: u64 = maps.memory().iter().map(|m| m.bytes).sum();
+    info!(
+        "event=map_memory_total bytes={total} max_vips={} max_backends={} max_flows={} ring_slots={}",
+        c.vips, c.backends, c.flows, c.ring_slots
+    );
 }
 
 /// `lbd --cleanup`: detaches the balancer and the agent and removes every pin.

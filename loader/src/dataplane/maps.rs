@@ -6,36 +6,44 @@ use aya::{
     maps::{Array, DevMapHash, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, lpm_trie::Key},
 };
 use spillway_common::{
-    limits::{DEFAULT_LIMIT_SLOT, map_names},
+    limits::{Capacity, map_names},
     types::{
-        AddrKey, BackendInfo, Bucket, FlowKey, FlowValue, LbConfig, Limits, Observed, Reason, RuleKey, RuleState, RuleValue, SourceKey,
-        SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, Reason, RingRef, RuleCounters, RuleKey, RuleState, RuleValue,
+        SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
 
-use super::DataplaneError;
+use super::{
+    DataplaneError, MapMemory,
+    mmap::Mapped,
+    tables::{FlowInfo, FlowSummary, FlowTable, RingPool, VipIndex},
+};
 
 pub struct BalancerMaps {
+    capacity: Capacity,
+    /// Every map of the object (pinned or not) with what it takes, as loaded.
+    memory: Vec<MapMemory>,
     pub config: Array<MapData, LbConfig>,
-    pub vips: HashMap<MapData, VipKey, VipMeta>,
+    pub vips: VipIndex,
     pub vip_addrs: HashMap<MapData, AddrKey, u32>,
-    pub rings: Array<MapData, u32>,
+    pub rings: RingPool,
     pub backends: Array<MapData, BackendInfo>,
-    pub flows: HashMap<MapData, FlowKey, FlowValue>,
+    pub flows: FlowTable,
     pub vip_stats: PerCpuArray<MapData, Traffic>,
     pub backend_stats: PerCpuArray<MapData, Traffic>,
     pub reasons: PerCpuArray<MapData, u64>,
     pub tx_ports: DevMapHash<MapData>,
     pub vip_filter: Array<MapData, u64>,
-    /// New-flow limits per VIP id, and the default at `DEFAULT_LIMIT_SLOT`.
+    /// New-flow limits per VIP id, and the default at `Capacity::default_limit_slot`.
     pub limits: Array<MapData, Limits>,
     /// Kernel-owned: each VIP's new-flow budget bucket (zeroed when the id is handed out).
     pub budget: Array<MapData, Bucket>,
     /// Kernel-owned (LRU): per-source buckets and counters; read for `lbctl top-sources`.
     pub sources: HashMap<MapData, SourceKey, SourceState>,
     pub rules: LpmTrie<MapData, RuleKey, RuleValue>,
-    /// Kernel-owned: per rule id, the class's bucket and counters.
-    pub rule_state: Array<MapData, RuleState>,
+    /// Kernel-owned: per rule id, the class's bucket, and its counters per CPU.
+    pub rule_buckets: Array<MapData, Bucket>,
+    pub rule_counters: PerCpuArray<MapData, RuleCounters>,
     pub rule_count: Array<MapData, u32>,
     /// What limits in observe mode would have dropped, per `Observed`.
     pub observed: PerCpuArray<MapData, u64>,
@@ -46,20 +54,30 @@ fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) 
     T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
 }
 
+/// Maps an mmapable array (the mapping outlives the descriptor, closed here).
+fn take_mapped<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<Mapped<T>, DataplaneError> {
+    match ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })? {
+        Map::Array(data) => Mapped::new(&data, name),
+        _ => Err(DataplaneError::MissingMap { name }),
+    }
+}
+
 /// Wraps a map error with the map's name.
 pub(crate) fn named<T>(name: &'static str, r: Result<T, MapError>) -> Result<T, DataplaneError> {
     r.map_err(|source| DataplaneError::Map { name, source })
 }
 
 impl BalancerMaps {
-    pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
+    pub(super) fn take(ebpf: &mut Ebpf, capacity: Capacity, memory: Vec<MapMemory>) -> Result<Self, DataplaneError> {
         Ok(Self {
+            capacity,
+            memory,
             config: take(ebpf, map_names::CONFIG)?,
-            vips: take(ebpf, map_names::VIPS)?,
+            vips: VipIndex { slots: take_mapped(ebpf, map_names::VIPS)? },
             vip_addrs: take(ebpf, map_names::VIP_ADDRS)?,
-            rings: take(ebpf, map_names::RINGS)?,
+            rings: RingPool { words: take_mapped(ebpf, map_names::RINGS)? },
             backends: take(ebpf, map_names::BACKENDS)?,
-            flows: take(ebpf, map_names::FLOWS)?,
+            flows: FlowTable { buckets: take_mapped(ebpf, map_names::FLOWS)? },
             vip_stats: take(ebpf, map_names::VIP_STATS)?,
             backend_stats: take(ebpf, map_names::BACKEND_STATS)?,
             reasons: take(ebpf, map_names::REASONS)?,
@@ -69,10 +87,20 @@ impl BalancerMaps {
             budget: take(ebpf, map_names::BUDGET_STATE)?,
             sources: take(ebpf, map_names::SOURCES)?,
             rules: take(ebpf, map_names::RULES)?,
-            rule_state: take(ebpf, map_names::RULE_STATS)?,
+            rule_buckets: take(ebpf, map_names::RULE_BUCKETS)?,
+            rule_counters: take(ebpf, map_names::RULE_COUNTERS)?,
             rule_count: take(ebpf, map_names::RULE_COUNT)?,
             observed: take(ebpf, map_names::OBSERVED)?,
         })
+    }
+
+    pub fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+
+    /// Every map of the balancer and the memory the kernel charges for it, largest first.
+    pub fn memory(&self) -> &[MapMemory] {
+        &self.memory
     }
 
     pub fn set_config(&mut self, config: &LbConfig) -> Result<(), DataplaneError> {
@@ -81,23 +109,6 @@ impl BalancerMaps {
 
     pub fn config(&self) -> Result<LbConfig, DataplaneError> {
         named(map_names::CONFIG, self.config.get(&0, 0))
-    }
-
-    /// Writes `(slot, backend id)` pairs into table `half` of VIP `vip_id`.
-    pub fn write_slots(&mut self, vip_id: u32, half: u32, slots: impl IntoIterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
-        let base = VipMeta::ring_base(vip_id, half);
-        let mut written = 0;
-        for (slot, owner) in slots {
-            named(map_names::RINGS, self.rings.set(base + slot, &owner, 0))?;
-            written += 1;
-        }
-        Ok(written)
-    }
-
-    /// Reads table `half` of VIP `vip_id` (`size` slots).
-    pub fn read_ring(&self, vip_id: u32, half: u32, size: u32) -> Result<Vec<u32>, DataplaneError> {
-        let base = VipMeta::ring_base(vip_id, half);
-        (base..base + size).map(|i| named(map_names::RINGS, self.rings.get(&i, 0))).collect()
     }
 
     /// Makes the redirect map hold exactly `ifindexes`, each redirecting to itself.
@@ -122,8 +133,37 @@ impl BalancerMaps {
         named(map_names::BACKENDS, self.backends.get(&id, 0))
     }
 
-    pub fn flow(&self, key: &FlowKey) -> Option<FlowValue> {
-        self.flows.get(key, 0).ok()
+    /// The backend id the VIP's active Maglev table gives a flow of this hash (what a new
+    /// flow gets), if the packet's VIP exists.
+    pub fn maglev_choice(&self, key: &FlowKey, hash: u32) -> Option<u32> {
+        let meta = self.vips.for_packet(&vip_of(key))?;
+        let table = meta.active;
+        (table.size != 0).then(|| self.rings.read(table)[(hash % table.size) as usize])
+    }
+
+    /// The connection table's entry for a client -> VIP 5-tuple.
+    pub fn flow(&self, key: &FlowKey) -> Option<FlowInfo> {
+        let meta = self.vips.for_packet(&vip_of(key))?;
+        self.flows.get(key, meta.id)
+    }
+
+    /// Removes a flow from the connection table; false if it was not there.
+    pub fn remove_flow(&mut self, key: &FlowKey) -> bool {
+        match self.vips.for_packet(&vip_of(key)) {
+            Some(meta) => self.flows.remove(key, meta.id),
+            None => false,
+        }
+    }
+
+    /// Every live connection-table entry with its 5-tuple (entries of VIP ids no VIP has are
+    /// left out: they only wait to be reused).
+    pub fn each_flow(&self, mut visit: impl FnMut(FlowKey, &FlowSummary)) {
+        let by_id: std::collections::HashMap<u32, VipKey> = self.vips.all().into_iter().map(|(key, meta)| (meta.id, key)).collect();
+        self.flows.each(|flow| {
+            if let Some(vip) = by_id.get(&flow.vip_id) {
+                visit(flow.key(vip), &flow);
+            }
+        });
     }
 
     pub fn vip_traffic(&self, id: u32) -> Result<Traffic, DataplaneError> {
@@ -156,8 +196,13 @@ impl BalancerMaps {
             .collect()
     }
 
+    /// A rule's bucket and its counters summed over CPUs.
     pub fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError> {
-        named(map_names::RULE_STATS, self.rule_state.get(&id, 0))
+        let bucket = named(map_names::RULE_BUCKETS, self.rule_buckets.get(&id, 0))?;
+        let per_cpu = named(map_names::RULE_COUNTERS, self.rule_counters.get(&id, 0))?;
+        let hits = per_cpu.iter().map(|c| c.hits).sum();
+        let dropped = per_cpu.iter().map(|c| c.dropped).sum();
+        Ok(RuleState { bucket, hits, dropped })
     }
 
     /// The per-source entries of VIP `vip_id` (a walk of the whole LRU table; entries the
@@ -174,22 +219,32 @@ impl BalancerMaps {
     }
 }
 
+/// The VIP key a packet of `key` looks up first.
+pub fn vip_of(key: &FlowKey) -> VipKey {
+    VipKey { addr: key.dst, port: key.dport, proto: key.proto, family: key.family }
+}
+
 fn sum_traffic(name: &'static str, map: &PerCpuArray<MapData, Traffic>, id: u32) -> Result<Traffic, DataplaneError> {
     let per_cpu = named(name, map.get(&id, 0))?;
     Ok(per_cpu.iter().fold(Traffic::default(), |acc, t| Traffic { packets: acc.packets + t.packets, bytes: acc.bytes + t.bytes }))
 }
 
 impl crate::reconcile::Maps for BalancerMaps {
+    fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+
     fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, DataplaneError> {
-        self.vips.iter().map(|r| named(map_names::VIPS, r)).collect()
+        Ok(self.vips.all())
     }
 
     fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
-        named(map_names::VIPS, self.vips.insert(key, meta, 0))
+        self.vips.set(key, meta)
     }
 
     fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
-        named(map_names::VIPS, self.vips.remove(key))
+        self.vips.remove(key);
+        Ok(())
     }
 
     fn vip_addrs(&self) -> Result<Vec<AddrKey>, DataplaneError> {
@@ -204,12 +259,12 @@ impl crate::reconcile::Maps for BalancerMaps {
         named(map_names::VIP_ADDRS, self.vip_addrs.remove(key))
     }
 
-    fn write_slots(&mut self, vip_id: u32, half: u32, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
-        BalancerMaps::write_slots(self, vip_id, half, slots)
+    fn write_slots(&mut self, table: RingRef, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
+        Ok(self.rings.write(table, slots))
     }
 
-    fn read_ring(&self, vip_id: u32, half: u32, size: u32) -> Result<Vec<u32>, DataplaneError> {
-        BalancerMaps::read_ring(self, vip_id, half, size)
+    fn read_ring(&self, table: RingRef) -> Result<Vec<u32>, DataplaneError> {
+        Ok(self.rings.read(table))
     }
 
     fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError> {
@@ -229,7 +284,7 @@ impl crate::reconcile::Maps for BalancerMaps {
     }
 
     fn reset_vip_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
-        zero_traffic(map_names::VIP_STATS, &mut self.vip_stats, id)?;
+        zero_per_cpu(map_names::VIP_STATS, &mut self.vip_stats, id)?;
         named(map_names::BUDGET_STATE, self.budget.set(id, &Bucket::default(), 0))?;
         // The previous owner's sources would show up in top-sources and keep its buckets.
         let mut stale = Vec::new();
@@ -249,11 +304,11 @@ impl crate::reconcile::Maps for BalancerMaps {
     }
 
     fn reset_backend_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
-        zero_traffic(map_names::BACKEND_STATS, &mut self.backend_stats, id)
+        zero_per_cpu(map_names::BACKEND_STATS, &mut self.backend_stats, id)
     }
 
     fn limits(&self) -> Result<Vec<Limits>, DataplaneError> {
-        (0..=DEFAULT_LIMIT_SLOT).map(|slot| named(map_names::LIMITS, self.limits.get(&slot, 0))).collect()
+        (0..=self.capacity.default_limit_slot()).map(|slot| named(map_names::LIMITS, self.limits.get(&slot, 0))).collect()
     }
 
     fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), DataplaneError> {
@@ -282,7 +337,8 @@ impl crate::reconcile::Maps for BalancerMaps {
     }
 
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
-        named(map_names::RULE_STATS, self.rule_state.set(id, &RuleState::default(), 0))
+        named(map_names::RULE_BUCKETS, self.rule_buckets.set(id, &Bucket::default(), 0))?;
+        zero_per_cpu(map_names::RULE_COUNTERS, &mut self.rule_counters, id)
     }
 
     fn set_rule_count(&mut self, count: u32) -> Result<(), DataplaneError> {
@@ -290,8 +346,12 @@ impl crate::reconcile::Maps for BalancerMaps {
     }
 }
 
-fn zero_traffic(name: &'static str, map: &mut PerCpuArray<MapData, Traffic>, id: u32) -> Result<(), DataplaneError> {
+fn zero_per_cpu<T: aya::Pod + Default + Clone>(
+    name: &'static str,
+    map: &mut PerCpuArray<MapData, T>,
+    id: u32,
+) -> Result<(), DataplaneError> {
     let cpus = aya::util::nr_cpus().map_err(|(_, source)| DataplaneError::Cpus(source))?;
-    let zeros = aya::maps::PerCpuValues::try_from(vec![Traffic::default(); cpus.get() as usize]).map_err(DataplaneError::Cpus)?;
+    let zeros = aya::maps::PerCpuValues::try_from(vec![T::default(); cpus.get() as usize]).map_err(DataplaneError::Cpus)?;
     named(name, map.set(id, zeros, 0))
 }

@@ -2,6 +2,8 @@
 //! access to every map. Only this module (and `agent`'s decap loader) talk to the kernel.
 
 mod maps;
+mod mmap;
+mod tables;
 pub mod test_run;
 
 use std::path::{Path, PathBuf};
@@ -10,8 +12,9 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{ProgramError, Xdp},
 };
-pub use maps::BalancerMaps;
-use spillway_common::limits::{map_names, program_names};
+pub use maps::{BalancerMaps, vip_of};
+use spillway_common::limits::{Capacity, map_names, program_names};
+pub use tables::{FlowInfo, FlowSummary, FlowTable, RingPool, VipIndex};
 
 use crate::objects;
 
@@ -51,6 +54,16 @@ pub enum DataplaneError {
     },
     #[error("reading the number of possible CPUs")]
     Cpus(#[source] std::io::Error),
+    #[error("map {name} holds values of {value_size} bytes, not the {expected} this build maps")]
+    Layout { name: &'static str, value_size: u32, expected: usize },
+    #[error("mapping map {name} into memory")]
+    Mmap {
+        name: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no free slot in the VIP index near this VIP's home")]
+    VipIndexFull,
     #[error("pin path {path}")]
     Pin {
         path: PathBuf,
@@ -59,12 +72,29 @@ pub enum DataplaneError {
     },
 }
 
-/// Where the maps live: in memory only (tests, benchmarks) or pinned for reuse.
-#[derive(Clone, Debug, Default)]
+/// Where the maps live (in memory only, for tests and benchmarks, or pinned for reuse) and
+/// how big they are.
+#[derive(Clone, Debug)]
 pub struct LoadOptions {
     /// Directory on bpffs for the maps; an existing map there is reused when its shape
     /// matches and refused otherwise.
     pub map_pin_dir: Option<PathBuf>,
+    pub capacity: Capacity,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { map_pin_dir: None, capacity: Capacity::DEFAULT }
+    }
+}
+
+/// One map of the loaded object and the memory the kernel charges for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapMemory {
+    pub name: String,
+    pub kind: String,
+    pub entries: u32,
+    pub bytes: u64,
 }
 
 /// The loaded balancer object: its program (loaded, not attached) and its maps.
@@ -75,7 +105,7 @@ pub struct Balancer {
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 18] = [
+const PINNED_MAPS: [&str; 19] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -91,7 +121,8 @@ const PINNED_MAPS: [&str; 18] = [
     map_names::BUDGET_STATE,
     map_names::SOURCES,
     map_names::RULES,
-    map_names::RULE_STATS,
+    map_names::RULE_BUCKETS,
+    map_names::RULE_COUNTERS,
     map_names::RULE_COUNT,
     map_names::OBSERVED,
 ];
@@ -102,7 +133,8 @@ impl Balancer {
     pub fn load(options: &LoadOptions) -> Result<Self, DataplaneError> {
         let mut ebpf = load_balancer_object(objects::BALANCER, "spillway-lb", options)?;
         load_xdp(&mut ebpf, program_names::BALANCER)?;
-        let maps = BalancerMaps::take(&mut ebpf)?;
+        let memory = map_memory(&ebpf);
+        let maps = BalancerMaps::take(&mut ebpf, options.capacity, memory)?;
         Ok(Self { ebpf, maps })
     }
 
@@ -136,6 +168,26 @@ pub fn load_sharing_maps(
 fn load_balancer_object(object: &'static [u8], name: &'static str, options: &LoadOptions) -> Result<Ebpf, DataplaneError> {
     let object = objects::check(object, name)?;
     let mut loader = EbpfLoader::new();
+    let c = options.capacity;
+    for (map, entries) in [
+        (map_names::VIPS, c.vip_slots()),
+        (map_names::VIP_ADDRS, c.vips),
+        (map_names::RINGS, c.ring_words()),
+        (map_names::BACKENDS, c.backend_slots()),
+        (map_names::FLOWS, c.flow_buckets()),
+        (map_names::VIP_STATS, c.vips),
+        (map_names::BACKEND_STATS, c.backend_slots()),
+        (map_names::NEXTHOP_CACHE, c.backend_slots()),
+        (map_names::LIMITS, c.default_limit_slot() + 1),
+        (map_names::BUDGET_STATE, c.vips),
+    ] {
+        loader.map_max_entries(map, entries);
+    }
+    // The program's view of the sizes (`xdp-ebpf/src/bin/lb/maps.rs`).
+    let (flow_mask, vip_mask, default_slot) = (c.flow_buckets() - 1, c.vip_slots() - 1, c.default_limit_slot());
+    loader.override_global("FLOW_BUCKET_MASK", &flow_mask, true);
+    loader.override_global("VIP_SLOT_MASK", &vip_mask, true);
+    loader.override_global("DEFAULT_LIMIT_SLOT", &default_slot, true);
     if let Some(dir) = &options.map_pin_dir {
         std::fs::create_dir_all(dir).map_err(|source| DataplaneError::Pin { path: dir.clone(), source })?;
         for map in PINNED_MAPS {
@@ -143,6 +195,28 @@ fn load_balancer_object(object: &'static [u8], name: &'static str, options: &Loa
         }
     }
     loader.load(object).map_err(|source| DataplaneError::Load { name, pin_dir: options.map_pin_dir.clone(), source: Box::new(source) })
+}
+
+/// Each map of `ebpf` with the memory the kernel charges for it (`memlock` in its fdinfo).
+fn map_memory(ebpf: &Ebpf) -> Vec<MapMemory> {
+    use aya::maps::Map;
+    let mut out: Vec<MapMemory> = ebpf
+        .maps()
+        .filter_map(|(name, map)| {
+            let data = match map {
+                Map::Array(d) | Map::HashMap(d) | Map::LruHashMap(d) | Map::PerCpuArray(d) | Map::LpmTrie(d) | Map::DevMapHash(d) => d,
+                _ => return None,
+            };
+            let info = data.info().ok()?;
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(data.fd()));
+            let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+            let bytes = fdinfo.lines().find_map(|l| l.strip_prefix("memlock:")?.trim().parse().ok())?;
+            let kind = info.map_type().map(|t| format!("{t:?}")).unwrap_or_else(|_| "unknown".into());
+            Some(MapMemory { name: name.to_owned(), kind, entries: info.max_entries(), bytes })
+        })
+        .collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+    out
 }
 
 /// Loads a single-program object that needs no map setup (decap, floor) and returns it.

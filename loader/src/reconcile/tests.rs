@@ -129,7 +129,7 @@ fn ring_size_change_flips_to_a_full_table_of_the_new_size() {
     bigger.vips.get_mut(&vip()).unwrap().ring_size = MAX_RING_SIZE;
     let report = r.apply(&mut maps, &bigger).unwrap();
     assert_eq!(report.slots_written, MAX_RING_SIZE as usize);
-    assert_eq!(maps.vips[&vip_key(&vip())].ring_size, MAX_RING_SIZE);
+    assert_eq!(maps.vips[&vip_key(&vip())].active.size, MAX_RING_SIZE);
 }
 
 #[test]
@@ -146,7 +146,7 @@ fn vip_filter_holds_exactly_the_vip_addresses() {
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
-    let (word, bit) = spillway_common::hash::vip_filter_slot(&to_words(vip().addr).0);
+    let (word, bit) = spillway_common::hash::vip_filter_slot(spillway_common::hash::vip_addr_hash(&to_words(vip().addr).0));
     assert_eq!(maps.filter.iter().map(|w| w.count_ones()).sum::<u32>(), 1);
     assert_eq!(maps.filter[word as usize], bit);
     r.apply(&mut maps, &DesiredState::default()).unwrap();
@@ -171,7 +171,7 @@ fn reused_ids_start_with_zeroed_counters() {
 // --- New-flow limits and rules ---
 
 use spillway_common::{
-    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT},
+    limits::{ANY_VIP, Capacity},
     types::{Bucket, RuleState, SourceKey, SourceState},
 };
 
@@ -220,7 +220,7 @@ fn limits_slots_hold_each_vips_effective_limits_and_the_default() {
     let report = r.apply(&mut maps, &s).unwrap();
     assert_eq!(report.limits_written, 2, "the default slot and the one VIP with its own limits");
     let (a, b) = (r.vip_id(&vip()).unwrap(), r.vip_id(&vip2()).unwrap());
-    assert_eq!(slot(&maps, DEFAULT_LIMIT_SLOT), s.default_limits.unwrap().to_limits());
+    assert_eq!(slot(&maps, Capacity::DEFAULT.default_limit_slot()), s.default_limits.unwrap().to_limits());
     // VIP a: its own budget, and the default per-source limit (which it does not override).
     let want = s.effective_limits(&vip()).unwrap().to_limits();
     assert_eq!(slot(&maps, a), want);
@@ -241,7 +241,7 @@ fn limits_slots_hold_each_vips_effective_limits_and_the_default() {
     assert_eq!(slot(&maps, a), Limits::default());
     s.clear_limits(None).unwrap();
     r.apply(&mut maps, &s).unwrap();
-    assert_eq!(slot(&maps, DEFAULT_LIMIT_SLOT), Limits::default());
+    assert_eq!(slot(&maps, Capacity::DEFAULT.default_limit_slot()), Limits::default());
 }
 
 #[test]

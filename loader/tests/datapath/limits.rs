@@ -104,7 +104,7 @@ fn most_specific_rule_wins_block_exempt_and_scope() {
         env.expect(&syn("192.168.10.200:1000"), XDP_DROP, Reason::DropRuleBlock);
         // No rule: the per-source limit applies.
         assert_eq!(admitted(env, "10.9.9.9", 5, 1000), 1);
-        let stats = env.balancer.maps.rule_state.get(&0, 0).unwrap();
+        let stats = env.balancer.maps.rule_state(0).unwrap();
         assert_eq!((stats.hits, stats.dropped), (1, 1), "the /16 block's counters");
     });
 }

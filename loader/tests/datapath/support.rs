@@ -128,9 +128,9 @@ impl Env {
     /// The backend the Maglev table gives a new flow, computed on the host with the same
     /// hash and the table read back from the kernel.
     pub fn predicted_backend(&self, vip: &Vip, key: &FlowKey) -> IpAddr {
-        let meta: VipMeta = self.balancer.maps.vips.get(&vip_key(vip), 0).unwrap();
-        let slot = flow_hash(key, FLOW_SEED) % meta.ring_size;
-        let ring = self.balancer.maps.read_ring(meta.id, meta.active_half, meta.ring_size).unwrap();
+        let meta: VipMeta = self.balancer.maps.vips.get(&vip_key(vip)).unwrap();
+        let slot = flow_hash(key, FLOW_SEED) % meta.active.size;
+        let ring = self.balancer.maps.rings.read(meta.active);
         self.backend_addr(ring[slot as usize])
     }
 

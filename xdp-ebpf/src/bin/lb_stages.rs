@@ -33,8 +33,8 @@ macro_rules! cut_after {
 cut_after!(
     lb_to_parse => stage::PARSE,
     lb_to_filter => stage::FILTER,
-    lb_to_table => stage::TABLE,
     lb_to_vip => stage::VIP,
+    lb_to_table => stage::TABLE,
     lb_to_limits => stage::LIMITS,
     lb_to_slot => stage::SLOT,
     lb_to_backend => stage::BACKEND,

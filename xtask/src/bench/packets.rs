@@ -27,7 +27,7 @@ use spillway_common::{
     addr::{from_words, to_words},
     hash::{FLOW_SEED, flow_hash},
     limits::{DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, program_names},
-    types::{Bucket, FAMILY_V4, FlowKey, LbConfig, Reason, RuleState, VipKey, VipMeta},
+    types::{Bucket, FAMILY_V4, FlowKey, LbConfig, Reason},
 };
 use spillway_harness::{
     frames::{self, ETH_LEN},
@@ -144,8 +144,8 @@ pub struct Lab {
 pub const STAGE_PROGRAMS: [&str; 11] = [
     "lb_to_parse",
     "lb_to_filter",
-    "lb_to_table",
     "lb_to_vip",
+    "lb_to_table",
     "lb_to_limits",
     "lb_to_slot",
     "lb_to_backend",
@@ -163,7 +163,7 @@ impl Lab {
         let ingress = lab.ifindex(packet_lab::INGRESS)?;
         let egress = lab.ifindex(packet_lab::EGRESS)?;
         let ingress_mac = lab.mac(packet_lab::INGRESS)?;
-        let pins = LoadOptions { map_pin_dir: Some(lab.pin_dir()?.join("maps")) };
+        let pins = LoadOptions { map_pin_dir: Some(lab.pin_dir()?.join("maps")), ..LoadOptions::default() };
         lab.in_lab(|| {
             // Pinned before anything is loaded, so per-CPU state fills on this CPU.
             let cpu = pin_to_one_cpu()?;
@@ -209,8 +209,8 @@ impl Lab {
         // dropped. (A rule's bucket lives in an array; a source's could be evicted from its
         // LRU by the new-flow cases' sources.)
         let rule = balancer.maps.rules.iter().next().context("the rule is not in the trie")??.1;
-        let in_debt = RuleState { bucket: Bucket { tat_ns: u64::MAX / 2 }, ..RuleState::default() };
-        balancer.maps.rule_state.set(rule.id, &in_debt, 0).context("indebting the limited client's class")?;
+        let in_debt = Bucket { tat_ns: u64::MAX / 2 };
+        balancer.maps.rule_buckets.set(rule.id, &in_debt, 0).context("indebting the limited client's class")?;
         Ok(Self { balancer, stages, floor, ingress, ingress_mac, cpu, new_flows: NewFlows::default(), _decap: decap })
     }
 
@@ -322,18 +322,17 @@ impl Lab {
     /// Removes every new flow from the connection table, checking that each inserting call
     /// made one, so the next repetition starts from the same table.
     pub fn forget_new_flows(&mut self) -> Result<()> {
-        let flows = &mut self.balancer.maps.flows;
+        let maps = &mut self.balancer.maps;
         let mut keys = Vec::new();
-        for key in flows.keys() {
-            let key = key.context("listing the connection table")?;
+        maps.each_flow(|key, _| {
             if is_new_flow(&key) {
                 keys.push(key);
             }
-        }
+        });
         let inserted = self.new_flows.inserted;
         ensure!(keys.len() == inserted, "{} new flows in the connection table after {inserted} inserting calls", keys.len());
         for key in &keys {
-            flows.remove(key).context("removing a new flow")?;
+            ensure!(maps.remove_flow(key), "removing the new flow {key:?}");
         }
         self.new_flows = NewFlows::default();
         Ok(())
@@ -370,11 +369,7 @@ impl Lab {
 
     /// The backend the VIP's Maglev table gives `key`, computed here with the same hash.
     fn maglev_backend(&self, key: &FlowKey) -> Result<Ipv4Addr> {
-        let maps = &self.balancer.maps;
-        let vip = VipKey { addr: key.dst, port: key.dport, proto: key.proto, family: key.family };
-        let meta = maps.vips.get(&vip, 0).context("reading the VIP")?;
-        let slot = VipMeta::ring_base(meta.id, meta.active_half) + flow_hash(key, FLOW_SEED) % meta.ring_size;
-        let id = maps.rings.get(&slot, 0).context("reading the Maglev table")?;
+        let id = self.balancer.maps.maglev_choice(key, flow_hash(key, FLOW_SEED)).context("the flow's VIP has no table")?;
         self.backend_addr(id)
     }
 

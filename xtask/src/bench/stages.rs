@@ -16,8 +16,8 @@ use super::{
 const STAGES: [(&str, &str); 11] = [
     ("parse", "lb_to_parse"),
     ("filter", "lb_to_filter"),
-    ("table", "lb_to_table"),
     ("vip", "lb_to_vip"),
+    ("table", "lb_to_table"),
     ("limits", "lb_to_limits"),
     ("slot", "lb_to_slot"),
     ("backend", "lb_to_backend"),
@@ -43,7 +43,7 @@ const PATHS: [StagedPath; 3] = [
     StagedPath {
         name: "table_hit",
         frames: |f| Frames::Established { syn: f.syn.clone(), frame: f.ack.clone() },
-        stages: &["parse", "filter", "table", "next_hop", "encap", "stats"],
+        stages: &["parse", "filter", "vip", "table", "next_hop", "encap", "stats"],
         action: XDP_TX,
         reason: Reason::Tx,
         inserts_from: None,
@@ -51,7 +51,7 @@ const PATHS: [StagedPath; 3] = [
     StagedPath {
         name: "new_flow",
         frames: |f| Frames::NewFlows(f.syn.clone()),
-        stages: &["parse", "filter", "table", "vip", "limits", "slot", "backend", "insert", "next_hop", "encap", "stats"],
+        stages: &["parse", "filter", "vip", "table", "limits", "slot", "backend", "insert", "next_hop", "encap", "stats"],
         action: XDP_TX,
         reason: Reason::Tx,
         inserts_from: Some("insert"),
@@ -59,7 +59,7 @@ const PATHS: [StagedPath; 3] = [
     StagedPath {
         name: "rate_limited_drop",
         frames: |f| Frames::NewPorts(f.limited.clone()),
-        stages: &["parse", "filter", "table", "vip", "limits", "encap", "stats"],
+        stages: &["parse", "filter", "vip", "table", "limits", "encap", "stats"],
         action: XDP_DROP,
         reason: Reason::DropRuleLimit,
         inserts_from: None,

@@ -225,7 +225,7 @@ fn backend_addrs_cover_every_vip() {
 // --- Rate limits, rules, top sources ---
 
 use spillway_common::{
-    limits::DEFAULT_LIMIT_SLOT,
+    limits::Capacity,
     types::{Bucket, RuleState, SourceKey, SourceState},
 };
 
@@ -270,7 +270,7 @@ fn rate_limits_are_set_listed_persisted_and_cleared() {
     assert_eq!(list.vips[1].effective, list.default, "a VIP without limits of its own has the default's");
     // The maps carry it.
     let vip_id = f.core.reconciler.vip_id(&vip()).unwrap();
-    assert_eq!(f.core.maps().limits[&DEFAULT_LIMIT_SLOT].per_source.burst, 300);
+    assert_eq!(f.core.maps().limits[&Capacity::DEFAULT.default_limit_slot()].per_source.burst, 300);
     assert_eq!(f.core.maps().limits[&vip_id].vip_budget.per_s, 5000);
 
     f.ok(Request::ClearRateLimit { scope: Scope::Vip(vip()), part: LimitPart::PerSource });
@@ -281,7 +281,7 @@ fn rate_limits_are_set_listed_persisted_and_cleared() {
     let Reply::RateLimits(list) = f.ok(Request::ListRateLimits) else { panic!() };
     assert!(list.default.per_source.is_none() && list.vips.iter().all(|v| v.effective.per_source.is_none()));
     assert_eq!(f.saved(), Some(f.core.state().clone()));
-    assert_eq!(f.core.maps().limits[&DEFAULT_LIMIT_SLOT].configured, 0);
+    assert_eq!(f.core.maps().limits[&Capacity::DEFAULT.default_limit_slot()].configured, 0);
 }
 
 #[test]

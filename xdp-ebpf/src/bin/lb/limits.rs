@@ -1,51 +1,59 @@
 //! Overload protection for new flows (connection-table misses; established flows are never
 //! shed): operator rules, per-source buckets, the VIP's budget, each optionally observe-only.
 //!
-//! The source table also feeds `lbctl top-sources`. A VIP without a per-source limit needs no
-//! bucket, so only a random one in `SOURCE_SAMPLE_UNLIMITED` of its new flows touches the
-//! table (the LRU lookup, and the insert for a new source, were a third of a new flow's
-//! cost), adding that many to the counters: its top-sources counts are estimates.
+//! The source table also feeds `lbctl top-sources`. A flow needs a source bucket only when
+//! its VIP has a per-source limit and no rule matched it; other new flows only touch the
+//! table at random, one in `SOURCE_SAMPLE_UNLIMITED`, adding that many to the counters (the
+//! LRU lookup, and the insert for a new source, were a third of a new flow's cost): their
+//! top-sources counts are estimates. Rules are looked up only where some exist (a VIP flag
+//! for scoped rules, a count for global ones), and a rule's counters are per CPU.
 //!
 //! Buckets use GCRA: the state is the theoretical arrival time (TAT) of the next flow. A flow
 //! is admitted when `TAT + T - now <= burst * T`, which then advances TAT by `T = 1 s / rate`.
 //! Only atomic adds touch a TAT under load, so the admitted rate is exact when one source's
-//! packets arrive on several CPUs. The one racy write is the catch-up of an idle bucket
-//! (`TAT < now`): CPUs catching up the same bucket at the same instant may each lose the
-//! other's add, admitting at most `ncpu - 1` extra flows per idle-to-busy transition — never
-//! under sustained overload, when TAT stays ahead of now.
+//! packets arrive on several CPUs; a flow a plain read already shows over the limit is refused
+//! without writing, so a flood refused by a bucket bounces no cache line between CPUs. The
+//! one racy write is the catch-up of an idle bucket (`TAT < now`): CPUs catching up the same
+//! bucket at the same instant may each lose the other's add, admitting at most `ncpu - 1`
+//! extra flows per idle-to-busy transition — never under sustained overload, when TAT stays
+//! ahead of now.
 
 use core::ptr::{read_volatile, write_volatile};
 
 use aya_ebpf::helpers::bpf_get_prandom_u32;
 use spillway_common::{
-    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6, SOURCE_SAMPLE_UNLIMITED},
+    limits::{ANY_VIP, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6, SOURCE_SAMPLE_UNLIMITED},
     types::{
         Bucket, FAMILY_V4, FlowKey, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, Observed, RULE_BLOCK, RULE_KEY_SCOPE_BITS,
-        RULE_LIMIT, Rate, Reason, RuleKey, RuleValue, SourceKey, SourceState,
+        RULE_LIMIT, Rate, Reason, RuleKey, RuleValue, SourceKey, SourceState, VIP_F_SCOPED_RULES,
     },
 };
 use xdp_ebpf::atomic::add_u64;
 
-use crate::maps::{BUDGET, LIMITS, OBSERVED, RULE_COUNT, RULE_STATE, RULES, RuleLookup, SOURCES};
+use crate::maps::{BUDGET, LIMITS, OBSERVED, RULE_BUCKETS, RULE_COUNT, RULE_COUNTERS, RULES, RuleLookup, SOURCES, default_limit_slot};
+use crate::select::Vip;
 
 const NS_PER_S: u64 = 1_000_000_000;
 
-/// Decides whether a new flow to VIP `vip_id` may be created; `Err` carries the drop reason.
+/// Decides whether a new flow to `vip` may be created; `Err` carries the drop reason.
 #[inline(always)]
-pub fn admit_new_flow(key: &FlowKey, vip_id: u32, now: u64) -> Result<(), Reason> {
-    let limits = effective_limits(vip_id);
-    // With a per-source limit (enforced or observed) every new flow needs its source's
-    // bucket. Without one the source table only feeds `top-sources`: a random sample of new
-    // flows updates it, each counting for the flows it stands for.
-    let weight = if limits.as_ref().is_some_and(|l| l.per_source.per_s != 0) {
+pub fn admit_new_flow(key: &FlowKey, vip: &Vip, now: u64) -> Result<(), Reason> {
+    let limits = effective_limits(vip.id);
+    let rule = matching_rule(key, vip);
+    // Rules replace the per-source limit for the sources they match. A flow the per-source
+    // limit applies to (enforced or observed) needs its source's bucket; any other only
+    // feeds `top-sources`: a random sample updates the table, each counting for the flows it
+    // stands for.
+    let per_source = limits.filter(|l| rule.is_none() && l.per_source.per_s != 0);
+    let weight = if per_source.is_some() {
         1
     } else if unsafe { bpf_get_prandom_u32() } & (SOURCE_SAMPLE_UNLIMITED - 1) == 0 {
         SOURCE_SAMPLE_UNLIMITED as u64
     } else {
         0
     };
-    let source = if weight != 0 { source_state(key, vip_id, limits.as_ref()) } else { None };
-    let verdict = decide(key, vip_id, limits.as_ref(), source, now);
+    let source = if weight != 0 { source_state(key, vip.id, limits) } else { None };
+    let verdict = decide(vip.id, limits, rule, per_source.and(source), now);
     if let Some(source) = source {
         // SAFETY: a live map value; shared by CPUs, hence atomic adds.
         let counter = unsafe { if verdict.is_ok() { &mut (*source).admitted } else { &mut (*source).dropped } };
@@ -54,22 +62,22 @@ pub fn admit_new_flow(key: &FlowKey, vip_id: u32, now: u64) -> Result<(), Reason
     verdict
 }
 
+/// `bucket`: the source's, when its per-source limit applies.
 #[inline(always)]
-fn decide(key: &FlowKey, vip_id: u32, limits: Option<&Limits>, source: Option<*mut SourceState>, now: u64) -> Result<(), Reason> {
+fn decide(
+    vip_id: u32,
+    limits: Option<&Limits>,
+    rule: Option<&RuleValue>,
+    bucket: Option<*mut SourceState>,
+    now: u64,
+) -> Result<(), Reason> {
     let flags = limits.map_or(0, |l| l.flags);
-    match matching_rule(key, vip_id) {
-        Some(rule) => apply_rule(&rule, now)?,
-        None => {
-            // Rules replace the per-source limit for the sources they match.
-            if let (Some(l), Some(source)) = (limits, source)
-                && l.per_source.per_s != 0
-            {
-                let bucket = unsafe { &mut (*source).bucket };
-                if !gcra_admit(bucket, &l.per_source, now) {
-                    enforce(flags & LIMIT_F_OBSERVE_SOURCE != 0, Observed::SourceLimit, Reason::DropSourceLimit)?;
-                }
-            }
-        }
+    if let Some(rule) = rule {
+        apply_rule(rule, now)?;
+    } else if let (Some(l), Some(source)) = (limits, bucket)
+        && !gcra_admit(unsafe { &mut (*source).bucket }, &l.per_source, now)
+    {
+        enforce(flags & LIMIT_F_OBSERVE_SOURCE != 0, Observed::SourceLimit, Reason::DropSourceLimit)?;
     }
     if let Some(l) = limits
         && l.vip_budget.per_s != 0
@@ -83,15 +91,17 @@ fn decide(key: &FlowKey, vip_id: u32, limits: Option<&Limits>, source: Option<*m
 
 #[inline(always)]
 fn apply_rule(rule: &RuleValue, now: u64) -> Result<(), Reason> {
-    let Some(state) = RULE_STATE.get_ptr_mut(rule.id) else {
+    let Some(counters) = RULE_COUNTERS.get_ptr_mut(rule.id) else {
         return Ok(());
     };
-    // SAFETY: a live map value, updated with atomic adds only (see the module docs).
-    let state = unsafe { &mut *state };
-    add(&mut state.hits, 1);
+    // SAFETY: a per-CPU slot, no other writer on this CPU while we run.
+    let counters = unsafe { &mut *counters };
+    counters.hits += 1;
     let over = match rule.action {
         RULE_BLOCK => Some((Observed::RuleBlock, Reason::DropRuleBlock)),
-        RULE_LIMIT if !gcra_admit(&mut state.bucket, &rule.rate, now) => Some((Observed::RuleLimit, Reason::DropRuleLimit)),
+        RULE_LIMIT if RULE_BUCKETS.get_ptr_mut(rule.id).is_some_and(|bucket| !gcra_admit(unsafe { &mut *bucket }, &rule.rate, now)) => {
+            Some((Observed::RuleLimit, Reason::DropRuleLimit))
+        }
         // RULE_EXEMPT, or within the class's limit.
         _ => None,
     };
@@ -99,7 +109,7 @@ fn apply_rule(rule: &RuleValue, now: u64) -> Result<(), Reason> {
         return Ok(());
     };
     // `dropped` counts what the rule dropped or, in observe mode, would have dropped.
-    add(&mut state.dropped, 1);
+    counters.dropped += 1;
     enforce(rule.flags & LIMIT_F_OBSERVE_SOURCE != 0, observed, reason)
 }
 
@@ -117,13 +127,13 @@ fn enforce(observe: bool, observed: Observed, reason: Reason) -> Result<(), Reas
 
 /// The VIP's own limits, else the default, else none.
 #[inline(always)]
-fn effective_limits(vip_id: u32) -> Option<Limits> {
+fn effective_limits(vip_id: u32) -> Option<&'static Limits> {
     if let Some(l) = LIMITS.get(vip_id)
         && l.configured != 0
     {
-        return Some(*l);
+        return Some(l);
     }
-    LIMITS.get(DEFAULT_LIMIT_SLOT).filter(|l| l.configured != 0).copied()
+    LIMITS.get(default_limit_slot()).filter(|l| l.configured != 0)
 }
 
 /// The source prefix's entry, created on its first new flow.
@@ -162,13 +172,10 @@ fn masked(addr: &[u32; 4], len: u8) -> [u32; 4] {
 /// The most specific of the rule scoped to this VIP and the global one (a tie goes to the
 /// scoped rule).
 #[inline(always)]
-fn matching_rule(key: &FlowKey, vip_id: u32) -> Option<RuleValue> {
-    // Trie lookups are the costliest step here; without rules there is nothing to find.
-    if RULE_COUNT.get(0).is_none_or(|&n| n == 0) {
-        return None;
-    }
-    let scoped = rule_lookup(key, vip_id);
-    let global = rule_lookup(key, ANY_VIP);
+fn matching_rule(key: &FlowKey, vip: &Vip) -> Option<&'static RuleValue> {
+    // Trie lookups are the costliest step here: only where rules exist.
+    let scoped = if vip.flags & VIP_F_SCOPED_RULES != 0 { rule_lookup(key, vip.id) } else { None };
+    let global = if RULE_COUNT.get(0).is_some_and(|&n| n != 0) { rule_lookup(key, ANY_VIP) } else { None };
     match (scoped, global) {
         (Some(s), Some(g)) => Some(if g.addr_prefix_len > s.addr_prefix_len { g } else { s }),
         (s, g) => s.or(g),
@@ -176,14 +183,14 @@ fn matching_rule(key: &FlowKey, vip_id: u32) -> Option<RuleValue> {
 }
 
 #[inline(always)]
-fn rule_lookup(key: &FlowKey, vip_id: u32) -> Option<RuleValue> {
+fn rule_lookup(key: &FlowKey, vip_id: u32) -> Option<&'static RuleValue> {
     // SAFETY: [u32; 4] and [u8; 16] have the same size; the words are in network order,
     // so their bytes are the address as written on the wire.
     let addr: [u8; 16] = unsafe { core::mem::transmute(key.src) };
     let addr_bits = if key.family == FAMILY_V4 { 32 } else { 128 };
     let lookup =
         RuleLookup::new(RULE_KEY_SCOPE_BITS + addr_bits, RuleKey { vip_id_be: vip_id.to_be(), family: key.family, addr, _pad: [0; 3] });
-    RULES.get(&lookup).copied()
+    RULES.get(&lookup)
 }
 
 /// GCRA admission (see the module docs); a zero rate admits everything.
@@ -197,7 +204,12 @@ fn gcra_admit(bucket: &mut Bucket, rate: &Rate, now: u64) -> bool {
     let tat: *mut u64 = &mut bucket.tat_ns;
     // SAFETY: a live, 8-byte aligned map value; volatile so every read sees other CPUs' adds.
     unsafe {
-        if read_volatile(tat) < now {
+        let seen = read_volatile(tat);
+        // Over the limit already: refuse without writing (the add below could only fail).
+        if seen.max(now) + interval - now > tolerance {
+            return false;
+        }
+        if seen < now {
             write_volatile(tat, now);
         }
         add_u64(tat, interval);

@@ -1,25 +1,56 @@
-//! The balancer's maps. Names and sizes must match `spillway_common::limits`; the loader
-//! checks every pinned map's shape before reusing it.
+//! The balancer's maps. Names must match `spillway_common::limits::map_names`; sizes here
+//! are `Capacity::DEFAULT`'s, and the loader sets the ones `lbd` was started with (and
+//! checks every pinned map's shape before reusing it). The tables packets look up in are
+//! arrays indexed by hashes the program computes itself: one inlined array access each, no
+//! kernel hashing, locks or byte-wise key compares.
 
 use aya_ebpf::{
+    bindings::BPF_F_MMAPABLE,
     macros::map,
     maps::{Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
 use spillway_common::{
-    limits::{
-        FLOW_TABLE_ENTRIES, MAX_BACKENDS, MAX_RULES, MAX_TX_PORTS, MAX_VIPS, RING_MAP_ENTRIES, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS,
-    },
+    limits::{Capacity, MAX_RULES, MAX_TX_PORTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS},
     types::{
-        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowKey, FlowValue, LbConfig, Limits, Observed, Reason, RuleKey, RuleState, RuleValue,
-        SourceKey, SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, Reason, RuleCounters, RuleKey, RuleValue,
+        SourceKey, SourceState, Traffic, VipSlot,
     },
 };
+
+const DEFAULT: Capacity = Capacity::DEFAULT;
+
+/// Sizes the loader sets at load time (`.rodata`, so the verifier sees constants).
+#[unsafe(no_mangle)]
+static FLOW_BUCKET_MASK: u32 = DEFAULT.flow_buckets() - 1;
+#[unsafe(no_mangle)]
+static VIP_SLOT_MASK: u32 = DEFAULT.vip_slots() - 1;
+#[unsafe(no_mangle)]
+static DEFAULT_LIMIT_SLOT: u32 = DEFAULT.default_limit_slot();
+
+/// `FLOW_BUCKET_MASK`: buckets of the connection table, minus one.
+#[inline(always)]
+pub fn flow_bucket_mask() -> u32 {
+    // Volatile: the value is patched at load; the compiler must not fold the default.
+    unsafe { core::ptr::read_volatile(&FLOW_BUCKET_MASK) }
+}
+
+#[inline(always)]
+pub fn vip_slot_mask() -> u32 {
+    unsafe { core::ptr::read_volatile(&VIP_SLOT_MASK) }
+}
+
+#[inline(always)]
+pub fn default_limit_slot() -> u32 {
+    unsafe { core::ptr::read_volatile(&DEFAULT_LIMIT_SLOT) }
+}
 
 #[map(name = "spw_cfg")]
 pub static CONFIG: Array<LbConfig> = Array::with_max_entries(1, 0);
 
+/// The VIP index (see `VipSlot`); written by the loader through a memory mapping, so a
+/// table flip is one 8-byte store.
 #[map(name = "spw_vips")]
-pub static VIPS: HashMap<VipKey, VipMeta> = HashMap::with_max_entries(MAX_VIPS, 0);
+pub static VIPS: Array<VipSlot> = Array::with_max_entries(DEFAULT.vip_slots(), BPF_F_MMAPABLE);
 
 /// Bloom filter over VIP addresses (see `hash::vip_filter_slot`): a clear bit proves a
 /// packet is not VIP traffic.
@@ -27,47 +58,45 @@ pub static VIPS: HashMap<VipKey, VipMeta> = HashMap::with_max_entries(MAX_VIPS, 
 pub static VIP_FILTER: Array<u64> = Array::with_max_entries(VIP_FILTER_WORDS, 0);
 
 #[map(name = "spw_vip_addrs")]
-pub static VIP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(MAX_VIPS, 0);
+pub static VIP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(DEFAULT.vips, 0);
 
+/// Every VIP's two Maglev tables, four 16-bit backend ids per word (see `RingRef`).
 #[map(name = "spw_rings")]
-pub static RINGS: Array<u32> = Array::with_max_entries(RING_MAP_ENTRIES, 0);
+pub static RINGS: Array<u64> = Array::with_max_entries(DEFAULT.ring_words(), BPF_F_MMAPABLE);
 
 #[map(name = "spw_backends")]
-pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(MAX_BACKENDS, 0);
+pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(DEFAULT.backend_slots(), 0);
 
-/// The connection table: one LRU hash shared by all CPUs, with the kernel's common LRU
-/// (per-CPU free lists refilled in batches). Measured here, it inserts ~20% faster than
-/// per-CPU LRU lists (`BPF_F_NO_COMMON_LRU`, which rotate the list on every insert), and a
-/// flow seen on two CPUs still has one entry.
+/// The connection table (see `select.rs`): buckets of four entries, a flow in one of two.
 #[map(name = "spw_flows")]
-pub static FLOWS: LruHashMap<FlowKey, FlowValue> = LruHashMap::with_max_entries(FLOW_TABLE_ENTRIES, 0);
+pub static FLOWS: Array<FlowBucket> = Array::with_max_entries(DEFAULT.flow_buckets(), BPF_F_MMAPABLE);
 
 #[map(name = "spw_vip_stats")]
-pub static VIP_STATS: PerCpuArray<Traffic> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
+pub static VIP_STATS: PerCpuArray<Traffic> = PerCpuArray::with_max_entries(DEFAULT.vips, 0);
 
 #[map(name = "spw_be_stats")]
-pub static BACKEND_STATS: PerCpuArray<Traffic> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+pub static BACKEND_STATS: PerCpuArray<Traffic> = PerCpuArray::with_max_entries(DEFAULT.backend_slots(), 0);
 
 #[map(name = "spw_reasons")]
 pub static REASONS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Reason::COUNT, 0);
 
 /// Per-CPU next hop per backend id (see `nexthop.rs`); never pinned, it refills itself.
 #[map(name = "spw_nh_cache")]
-pub static NEXTHOP_CACHE: PerCpuArray<CachedNextHop> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+pub static NEXTHOP_CACHE: PerCpuArray<CachedNextHop> = PerCpuArray::with_max_entries(DEFAULT.backend_slots(), 0);
 
 #[map(name = "spw_tx_ports")]
 pub static TX_PORTS: DevMapHash = DevMapHash::with_max_entries(MAX_TX_PORTS, 0);
 
 /// New-flow limits per VIP id, plus the default at `DEFAULT_LIMIT_SLOT`.
 #[map(name = "spw_limits")]
-pub static LIMITS: Array<Limits> = Array::with_max_entries(MAX_VIPS + 1, 0);
+pub static LIMITS: Array<Limits> = Array::with_max_entries(DEFAULT.vips + 1, 0);
 
 /// Each VIP's budget bucket (shared by all CPUs; atomic adds).
 #[map(name = "spw_budget")]
-pub static BUDGET: Array<Bucket> = Array::with_max_entries(MAX_VIPS, 0);
+pub static BUDGET: Array<Bucket> = Array::with_max_entries(DEFAULT.vips, 0);
 
-/// Per-source buckets and counters; the LRU forgets the quietest sources first. VIPs
-/// without a per-source limit only record a sample of their new flows here (`limits.rs`).
+/// Per-source buckets and counters; the LRU forgets the quietest sources first. New flows
+/// that need no per-source bucket only record a sample here (`limits.rs`).
 #[map(name = "spw_sources")]
 pub static SOURCES: LruHashMap<SourceKey, SourceState> = LruHashMap::with_max_entries(SOURCE_TABLE_ENTRIES, 0);
 
@@ -75,13 +104,18 @@ pub static SOURCES: LruHashMap<SourceKey, SourceState> = LruHashMap::with_max_en
 #[map(name = "spw_rules")]
 pub static RULES: LpmTrie<RuleKey, RuleValue> = LpmTrie::with_max_entries(MAX_RULES, 0);
 
-/// Slot 0: how many rules exist. Zero lets new flows skip both trie lookups.
+/// Slot 0: how many global rules exist (rules scoped to a VIP are flagged on the VIP). Zero
+/// lets new flows skip the global trie lookup.
 #[map(name = "spw_rule_count")]
 pub static RULE_COUNT: Array<u32> = Array::with_max_entries(1, 0);
 
-/// Per rule id: the client class's bucket and the rule's counters.
-#[map(name = "spw_rule_stats")]
-pub static RULE_STATE: Array<RuleState> = Array::with_max_entries(MAX_RULES, 0);
+/// Per rule id: the client class's bucket (shared by all CPUs).
+#[map(name = "spw_rule_bucket")]
+pub static RULE_BUCKETS: Array<Bucket> = Array::with_max_entries(MAX_RULES, 0);
+
+/// Per rule id: hits and drops, per CPU (so a flood from a class bounces no cache line).
+#[map(name = "spw_rule_ctrs")]
+pub static RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entries(MAX_RULES, 0);
 
 /// What limits in observe mode would have dropped.
 #[map(name = "spw_observed")]

@@ -1,4 +1,4 @@
-//! The path every frame takes, top to bottom: parse, pre-filter, connection table, VIP,
+//! The path every frame takes, top to bottom: parse, pre-filter, VIP, connection table,
 //! limits, Maglev, next hop, encapsulation. Returns the [`Verdict`] the entry point counts.
 
 use aya_ebpf::{
@@ -6,9 +6,12 @@ use aya_ebpf::{
     helpers::bpf_ktime_get_coarse_ns,
     programs::XdpContext,
 };
+use core::ptr::{addr_of, read_volatile};
+
 use spillway_common::{
-    hash::{FLOW_SEED, flow_hash, vip_filter_slot},
-    types::{CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, Reason, VipKey, VipMeta},
+    hash::{FLOW_SEED, flow_hash, vip_addr_hash, vip_filter_slot, vip_home},
+    limits::VIP_PROBES,
+    types::{CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, Reason, RingRef, VipKey},
 };
 use xdp_ebpf::{
     encap::{self, Macs, Tunnel},
@@ -20,9 +23,9 @@ use xdp_ebpf::{
 
 use crate::{
     limits,
-    maps::{CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS},
+    maps::{CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
     nexthop, select,
-    select::Choice,
+    select::{Choice, Flow, Vip},
 };
 
 /// The stages of the path, in order. The balancer runs them all; the bench-only object
@@ -30,11 +33,12 @@ use crate::{
 /// measures each stage's share. Comparisons with the constant fold away at compile time.
 pub mod stage {
     pub const PARSE: u8 = 1;
-    /// The VIP pre-filter, the config, the flow hash and the clock.
+    /// The VIP pre-filter, the config and the clock.
     pub const FILTER: u8 = 2;
-    /// The connection-table lookup (a hit includes reading its backend).
-    pub const TABLE: u8 = 3;
-    pub const VIP: u8 = 4;
+    pub const VIP: u8 = 3;
+    /// The flow hash and the connection-table lookup (a hit includes reading its backend;
+    /// a SYN skips the lookup).
+    pub const TABLE: u8 = 4;
     pub const LIMITS: u8 = 5;
     /// The Maglev slot read.
     pub const SLOT: u8 = 6;
@@ -101,7 +105,8 @@ pub fn balance<const STOP: u8>(ctx: &XdpContext) -> Verdict {
         }
     };
     cut!(STOP, PARSE, &key, &layout, &icmp_error, &syn);
-    if !maybe_vip(&key.dst) {
+    let addr_hash = vip_addr_hash(&key.dst);
+    if !maybe_vip(addr_hash) {
         return Verdict::ended(XDP_PASS, Reason::PassNotVip);
     }
     // Slot 0 of an array always exists; the check is for the verifier.
@@ -109,36 +114,35 @@ pub fn balance<const STOP: u8>(ctx: &XdpContext) -> Verdict {
         return Verdict::ended(XDP_PASS, Reason::PassNotVip);
     };
     let bytes = packet::len(ctx);
-    let hash = flow_hash(&key, FLOW_SEED);
     // Coarse (tick-resolution) time is enough for second-scale timeouts and costs no
     // clocksource read.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
-    cut!(STOP, FILTER, &hash, &now, cfg);
-    // An established flow skips the VIP lookup: its backend's entry names the VIP, and a
-    // removed VIP's backends are freed, which invalidates its flows. A SYN is a new
-    // connection even on a known tuple (a client reusing a port after a reset), so it always
-    // goes through the limits and is placed afresh: the tuple's old backend may have been
-    // ejected or drained since (a retransmitted SYN lands on the same backend as the first
-    // while the table is unchanged).
-    let known = if syn { None } else { select::established(&key, now, cfg, icmp_error) };
+    let now_ns = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = select::ticks(now_ns);
+    cut!(STOP, FILTER, &now_ns, cfg);
+    let Some(vip) = find_vip(&key, addr_hash) else {
+        return Verdict::ended(XDP_PASS, Reason::PassNotVip);
+    };
+    cut!(STOP, VIP, &vip);
+    // A SYN is a new connection even on a known tuple (a client reusing a port after a
+    // reset), so it skips the table: it always goes through the limits and is placed afresh
+    // (the tuple's old backend may have been ejected or drained since; a retransmitted SYN
+    // lands on the same backend as the first while the table is unchanged).
+    let flow = Flow::new(&key, vip.id, flow_hash(&key, FLOW_SEED));
+    let known = if syn { None } else { select::established(&flow, now, cfg, !icmp_error) };
     cut!(STOP, TABLE, &known);
     let choice = match known {
         Some(choice) => choice,
         None => {
-            let Some(vip) = find_vip(&key) else {
-                return Verdict::ended(XDP_PASS, Reason::PassNotVip);
-            };
-            cut!(STOP, VIP, &vip);
             let refused = |reason| Verdict { action: XDP_DROP, reason, vip: Some(vip.id), backend: None, bytes };
             // ICMP errors belong to an existing flow: they are never limited.
             if !icmp_error {
-                let admitted = limits::admit_new_flow(&key, vip.id, now);
+                let admitted = limits::admit_new_flow(&key, &vip, now_ns);
                 cut!(STOP, LIMITS, &admitted);
                 if let Err(reason) = admitted {
                     return refused(reason);
                 }
             }
-            let Some(id) = select::maglev_slot(&vip, hash) else {
+            let Some(id) = select::maglev_slot(&vip, flow.hash()) else {
                 return refused(Reason::DropNoBackend);
             };
             cut!(STOP, SLOT, &id);
@@ -148,46 +152,70 @@ pub fn balance<const STOP: u8>(ctx: &XdpContext) -> Verdict {
             cut!(STOP, BACKEND, &backend);
             // ICMP errors read the table but never create entries.
             if !icmp_error {
-                select::remember(&key, id, &backend, now);
+                select::remember(&flow, id, &backend, now, cfg);
             }
             cut!(STOP, INSERT);
-            Choice { id, backend }
+            Choice { id, backend, hash: flow.hash() }
         }
     };
-    let (action, reason) = forward::<STOP>(ctx, &key, &layout, &choice, hash, cfg, now);
+    let (action, reason) = forward::<STOP>(ctx, &key, &layout, &choice, cfg, now_ns);
     let sent = matches!(reason, Reason::Tx | Reason::Redirect | Reason::KernelNoNeigh | Reason::KernelNoTxPort);
-    Verdict { action, reason, vip: Some(choice.backend.vip_id), backend: sent.then_some(choice.id), bytes }
+    Verdict { action, reason, vip: Some(vip.id), backend: sent.then_some(choice.id), bytes }
 }
 
 /// False only for addresses no VIP uses (one inlined array read).
 #[inline(always)]
-fn maybe_vip(addr: &[u32; 4]) -> bool {
-    let (word, bit) = vip_filter_slot(addr);
+fn maybe_vip(addr_hash: u32) -> bool {
+    let (word, bit) = vip_filter_slot(addr_hash);
     VIP_FILTER.get(word).is_some_and(|w| w & bit != 0)
 }
 
 /// Exact (address, port, protocol) first, then the address's "any port" VIP.
 #[inline(always)]
-fn find_vip(key: &FlowKey) -> Option<VipMeta> {
+fn find_vip(key: &FlowKey, addr_hash: u32) -> Option<Vip> {
     let mut vip = VipKey { addr: key.dst, port: key.dport, proto: key.proto, family: key.family };
-    if let Some(meta) = VIPS.get_ptr(&vip) {
-        return Some(unsafe { *meta });
+    if let Some(meta) = indexed_vip(&vip, addr_hash) {
+        return Some(meta);
     }
     vip.port = 0;
-    VIPS.get_ptr(&vip).map(|meta| unsafe { *meta })
+    indexed_vip(&vip, addr_hash)
+}
+
+/// `vip` in the VIP index: at most its home slot's `probes` slots from there. The loader
+/// writes slots while packets read them: a slot's family is published last (and cleared
+/// first), and a table flip is one 8-byte store, so volatile reads in this order see either
+/// a whole VIP or none.
+#[inline(always)]
+fn indexed_vip(vip: &VipKey, addr_hash: u32) -> Option<Vip> {
+    let mask = vip_slot_mask();
+    let home = vip_home(addr_hash, vip.port, vip.proto, mask);
+    let probes = unsafe { read_volatile(addr_of!((*VIPS.get_ptr(home)?).probes)) };
+    for i in 0..VIP_PROBES {
+        if i >= probes {
+            break;
+        }
+        let slot = VIPS.get_ptr((home + i) & mask)?;
+        // SAFETY: a live map value.
+        unsafe {
+            if read_volatile(addr_of!((*slot).key.family)) != vip.family || read_volatile(addr_of!((*slot).key)) != *vip {
+                continue;
+            }
+            let meta = addr_of!((*slot).meta);
+            let active = read_volatile(addr_of!((*meta).active).cast::<u64>());
+            return Some(Vip {
+                id: read_volatile(addr_of!((*meta).id)),
+                flags: read_volatile(addr_of!((*meta).flags)),
+                ring: RingRef { base: active as u32, size: (active >> 32) as u32 },
+            });
+        }
+    }
+    None
 }
 
 #[inline(always)]
-fn forward<const STOP: u8>(
-    ctx: &XdpContext,
-    key: &FlowKey,
-    layout: &Layout,
-    choice: &Choice,
-    hash: u32,
-    cfg: &LbConfig,
-    now: u64,
-) -> (u32, Reason) {
+fn forward<const STOP: u8>(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, cfg: &LbConfig, now: u64) -> (u32, Reason) {
     let be = &choice.backend;
+    let hash = choice.hash;
     if !encap::supported(be.family, key.family) {
         return (XDP_DROP, Reason::DropEncapFailed);
     }

@@ -1,26 +1,118 @@
 //! Backend choice: the connection table for established flows, Maglev for new ones.
+//!
+//! The connection table is an array of buckets of four 32-byte entries, and a flow lives in
+//! one of its two buckets (`hash::flow_buckets`): one inlined array access per bucket, keys
+//! compared as four words. A CPU claims an entry by compare-and-swap of its tag before
+//! writing it and publishes it by storing the tag last, so two CPUs never interleave writes
+//! to one entry; a reader that sees the tag unchanged around its reads saw a whole entry.
+//!
+//! Flood-proof by construction: an insert takes the way already holding the flow, a free or
+//! expired way, or else the stalest *unconfirmed* one (no packet after its first). A
+//! confirmed flow is never evicted by an insert, so spoofed SYNs, however many, only churn
+//! each other; when all eight candidate ways hold live confirmed flows the new flow goes
+//! unremembered, and its next packet tries again (Maglev sends it to the same backend while
+//! the table holds).
+
+use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
 use spillway_common::{
-    limits::FLOW_TOUCH_INTERVAL_NS,
-    types::{BACKEND_ACTIVE, BackendInfo, FlowKey, FlowValue, LbConfig, PROTO_TCP, VipMeta},
+    hash::flow_buckets,
+    limits::{FLOW_TICK_SHIFT, FLOW_TOUCH_TICKS, FLOW_WAYS},
+    types::{
+        BACKEND_ACTIVE, BackendInfo, FLOW_CONFIRMED, FLOW_TAG_BUSY, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowEntry, FlowKey, LbConfig, PROTO_UDP,
+        RingRef,
+    },
 };
+use xdp_ebpf::atomic::cmpxchg_u64;
 
-use crate::maps::{BACKENDS, FLOWS, RINGS};
+use crate::maps::{BACKENDS, FLOWS, RINGS, flow_bucket_mask};
 
 const NS_PER_S: u64 = 1_000_000_000;
+/// Ticks are 31 bits; differences wrap within them.
+const TICK_MASK: u32 = !FLOW_CONFIRMED;
+
+/// What the path needs of a VIP (see `VipMeta`).
+#[derive(Clone, Copy)]
+pub struct Vip {
+    pub id: u32,
+    pub flags: u32,
+    /// Its active Maglev table.
+    pub ring: RingRef,
+}
 
 pub struct Choice {
     pub id: u32,
     pub backend: BackendInfo,
+    /// The flow hash (the outer header's entropy).
+    pub hash: u32,
+}
+
+/// A flow as the connection table knows it: its tag, its source and its two buckets.
+pub struct Flow {
+    hash: u32,
+    tag: u64,
+    src: [u64; 2],
+    buckets: (u32, u32),
+}
+
+impl Flow {
+    #[inline(always)]
+    pub fn new(key: &FlowKey, vip_id: u32, hash: u32) -> Flow {
+        let word = |lo: u32, hi: u32| lo as u64 | (hi as u64) << 32;
+        Flow {
+            hash,
+            tag: FlowEntry::tag_of(key.sport, key.dport, vip_id, key.proto == PROTO_UDP),
+            src: [word(key.src[0], key.src[1]), word(key.src[2], key.src[3])],
+            buckets: flow_buckets(hash, flow_bucket_mask()),
+        }
+    }
+
+    #[inline(always)]
+    pub fn hash(&self) -> u32 {
+        self.hash
+    }
+}
+
+/// The clock as the table counts it.
+#[inline(always)]
+pub fn ticks(now_ns: u64) -> u32 {
+    (now_ns >> FLOW_TICK_SHIFT) as u32 & TICK_MASK
+}
+
+/// A known flow keeps its backend while that backend exists (draining included) and the
+/// flow is not idle past its timeout. `refresh`: a packet of the flow itself (not an ICMP
+/// error about it), which confirms the entry and keeps it fresh.
+#[inline(always)]
+pub fn established(flow: &Flow, now: u32, cfg: &LbConfig, refresh: bool) -> Option<Choice> {
+    let (entry, found) = find(flow)?;
+    let id = found.backend_id as u32;
+    let backend = *BACKENDS.get(id)?;
+    if backend.state != BACKEND_ACTIVE || backend.generation as u16 != found.generation {
+        return None;
+    }
+    let idle = now.wrapping_sub(found.touched) & TICK_MASK;
+    if expired(flow.tag, idle, cfg) {
+        return None;
+    }
+    // Written rarely (confirmation, then about once a second), so a hit almost never
+    // dirties a shared cache line.
+    if refresh && (found.touched & FLOW_CONFIRMED == 0 || idle > FLOW_TOUCH_TICKS) {
+        // SAFETY: a live map value; a racing writer of this entry only loses a timestamp.
+        unsafe { write_volatile(addr_of_mut!((*entry).touched), now | FLOW_CONFIRMED) };
+    }
+    Some(Choice { id, backend, hash: flow.hash })
 }
 
 /// The backend id a new flow's hash selects in the VIP's active Maglev table.
 #[inline(always)]
-pub fn maglev_slot(vip: &VipMeta, hash: u32) -> Option<u32> {
-    if vip.ring_size == 0 {
+pub fn maglev_slot(vip: &Vip, hash: u32) -> Option<u32> {
+    let ring = vip.ring;
+    if ring.size == 0 {
         return None;
     }
-    RINGS.get(VipMeta::ring_base(vip.id, vip.active_half) + hash % vip.ring_size).copied()
+    let slot = hash % ring.size;
+    let word = *RINGS.get(ring.base + slot / 4)?;
+    Some((word >> ((slot % 4) * 16)) as u16 as u32)
 }
 
 /// Backend `id`'s entry, if it is in use.
@@ -29,34 +121,150 @@ pub fn active_backend(id: u32) -> Option<BackendInfo> {
     BACKENDS.get(id).filter(|b| b.state == BACKEND_ACTIVE).copied()
 }
 
-/// Remembers a new flow's backend in the connection table.
+/// Remembers a new flow's backend, unconfirmed (see the module docs for which way it takes).
 #[inline(always)]
-pub fn remember(key: &FlowKey, id: u32, backend: &BackendInfo, now: u64) {
-    let entry = FlowValue { backend_id: id, generation: backend.generation, touched_ns: now };
-    // A full table evicts the least recently used flow; an error here only means this flow
-    // is re-hashed on its next packet, to the same backend while the table holds.
-    let _ = FLOWS.insert(key, &entry, 0);
+pub fn remember(flow: &Flow, id: u32, backend: &BackendInfo, now: u32, cfg: &LbConfig) {
+    let Some((entry, seen)) = victim(flow, now, cfg) else {
+        return;
+    };
+    // SAFETY: `entry` is a live map value; only the CPU whose compare-and-swap succeeds
+    // writes it until it publishes the tag.
+    unsafe {
+        if cmpxchg_u64(addr_of_mut!((*entry).tag), seen, FLOW_TAG_BUSY) != seen {
+            return;
+        }
+        write_volatile(addr_of_mut!((*entry).src).cast::<[u64; 2]>(), flow.src);
+        write_volatile(addr_of_mut!((*entry).backend_id), id as u16);
+        write_volatile(addr_of_mut!((*entry).generation), backend.generation as u16);
+        write_volatile(addr_of_mut!((*entry).touched), now);
+        write_volatile(addr_of_mut!((*entry).tag), flow.tag);
+    }
 }
 
-/// A known flow keeps its backend while that backend exists (draining included) and the
-/// flow is not idle past its timeout.
+/// What a lookup read from an entry.
+struct Found {
+    backend_id: u16,
+    generation: u16,
+    touched: u32,
+}
+
+/// The entry holding `flow`, and what it holds.
 #[inline(always)]
-pub fn established(key: &FlowKey, now: u64, cfg: &LbConfig, icmp_error: bool) -> Option<Choice> {
-    let entry = FLOWS.get_ptr_mut(key)?;
-    // SAFETY: the pointer is a live map value; racing writers only store timestamps.
-    let entry = unsafe { &mut *entry };
-    let backend = *BACKENDS.get(entry.backend_id)?;
-    if backend.state != BACKEND_ACTIVE || backend.generation != entry.generation {
+fn find(flow: &Flow) -> Option<(*mut FlowEntry, Found)> {
+    let (first, second) = flow.buckets;
+    if let Some(found) = find_in(first, flow) {
+        return Some(found);
+    }
+    if second == first {
         return None;
     }
-    let idle_s = if key.proto == PROTO_TCP { cfg.tcp_idle_timeout_s } else { cfg.udp_idle_timeout_s };
-    let idle_ns = now.wrapping_sub(entry.touched_ns);
-    if idle_ns > idle_s as u64 * NS_PER_S {
-        return None;
+    find_in(second, flow)
+}
+
+#[inline(always)]
+fn find_in(bucket: u32, flow: &Flow) -> Option<(*mut FlowEntry, Found)> {
+    let bucket = FLOWS.get_ptr_mut(bucket)?;
+    for way in 0..FLOW_WAYS as usize {
+        // SAFETY: `way` < FLOW_WAYS stays inside the bucket, a live map value. Volatile
+        // reads, because other CPUs write entries while we read them.
+        unsafe {
+            let entry = addr_of_mut!((*bucket).ways[way]);
+            let tag = read_volatile(addr_of!((*entry).tag));
+            if tag != flow.tag || read_volatile(addr_of!((*entry).src).cast::<[u64; 2]>()) != flow.src {
+                continue;
+            }
+            let found = Found {
+                backend_id: read_volatile(addr_of!((*entry).backend_id)),
+                generation: read_volatile(addr_of!((*entry).generation)),
+                touched: read_volatile(addr_of!((*entry).touched)),
+            };
+            // Rewritten for another flow while we read: not ours any more.
+            if read_volatile(addr_of!((*entry).tag)) != tag {
+                continue;
+            }
+            return Some((entry, found));
+        }
     }
-    // Refresh rarely, so a hit almost never writes a shared cache line.
-    if !icmp_error && idle_ns > FLOW_TOUCH_INTERVAL_NS {
-        entry.touched_ns = now;
+    None
+}
+
+/// The way a new flow takes, and the tag it holds now (for the compare-and-swap). Best
+/// first: the flow's own entry; a free way, in the bucket with more of them (two choices
+/// keep buckets even, so a table at half its entries almost never overflows); an expired
+/// way; the unconfirmed one idle longest. Never a confirmed live flow, nor a way another CPU
+/// is writing.
+#[inline(always)]
+fn victim(flow: &Flow, now: u32, cfg: &LbConfig) -> Option<(*mut FlowEntry, u64)> {
+    let (first, second) = flow.buckets;
+    // Passes rather than one loop remembering ways: counts are all that cross from one pass
+    // to the next, which keeps the verifier's states few enough to prune.
+    let mut free = [0u32; 2];
+    for (b, index) in [first, second].into_iter().enumerate() {
+        let bucket = FLOWS.get_ptr_mut(index)?;
+        for way in 0..FLOW_WAYS as usize {
+            // SAFETY: as in `find_in`.
+            unsafe {
+                let entry = addr_of_mut!((*bucket).ways[way]);
+                let tag = read_volatile(addr_of!((*entry).tag));
+                if tag == flow.tag && read_volatile(addr_of!((*entry).src).cast::<[u64; 2]>()) == flow.src {
+                    return Some((entry, tag));
+                }
+                if tag & (FLOW_TAG_LIVE | FLOW_TAG_BUSY) == 0 {
+                    free[b] += 1;
+                }
+            }
+        }
     }
-    Some(Choice { id: entry.backend_id, backend })
+    if free[0] + free[1] != 0 {
+        let bucket = FLOWS.get_ptr_mut(if free[1] > free[0] { second } else { first })?;
+        for way in 0..FLOW_WAYS as usize {
+            // SAFETY: as in `find_in`.
+            unsafe {
+                let entry = addr_of_mut!((*bucket).ways[way]);
+                let tag = read_volatile(addr_of!((*entry).tag));
+                if tag & (FLOW_TAG_LIVE | FLOW_TAG_BUSY) == 0 {
+                    return Some((entry, tag));
+                }
+            }
+        }
+    }
+    const EXPIRED: u64 = u64::MAX;
+    let mut best = None;
+    let mut best_score = 0;
+    for index in [first, second] {
+        let bucket = FLOWS.get_ptr_mut(index)?;
+        for way in 0..FLOW_WAYS as usize {
+            // SAFETY: as in `find_in`.
+            let (entry, tag, score) = unsafe {
+                let entry = addr_of_mut!((*bucket).ways[way]);
+                let tag = read_volatile(addr_of!((*entry).tag));
+                let touched = read_volatile(addr_of!((*entry).touched));
+                let idle = now.wrapping_sub(touched) & TICK_MASK;
+                let score = if tag & FLOW_TAG_LIVE == 0 {
+                    // Busy: another CPU is writing it.
+                    0
+                } else if expired(tag, idle, cfg) {
+                    EXPIRED
+                } else if touched & FLOW_CONFIRMED == 0 {
+                    // +1: even an unconfirmed entry touched this tick may go.
+                    idle as u64 + 1
+                } else {
+                    0
+                };
+                (entry, tag, score)
+            };
+            if score > best_score {
+                best_score = score;
+                best = Some((entry, tag));
+            }
+        }
+    }
+    best
+}
+
+/// True when an entry idle for `idle` ticks has outlived its protocol's timeout.
+#[inline(always)]
+fn expired(tag: u64, idle: u32, cfg: &LbConfig) -> bool {
+    let timeout_s = if tag & FLOW_TAG_UDP != 0 { cfg.udp_idle_timeout_s } else { cfg.tcp_idle_timeout_s };
+    (idle as u64) << FLOW_TICK_SHIFT > timeout_s as u64 * NS_PER_S
 }
