@@ -91,6 +91,13 @@ pub const fn vip_home(addr_hash: u32, port: u16, proto: u8, mask: u32) -> u32 {
     finish(mix(addr_hash, port as u32 | ((proto as u32) << 16)), 2) & mask
 }
 
+/// Home slot of a rule (its address by [`addr_hash`] with [`RULE_SEED`]) in a rule index of
+/// `mask + 1` slots.
+#[inline(always)]
+pub const fn rule_home(addr_hash: u32, scope: u32, family: u8, prefix_len: u8, mask: u32) -> u32 {
+    finish(mix(mix(addr_hash, scope), family as u32 | (prefix_len as u32) << 8), 3) & mask
+}
+
 /// Seed of the VIP address pre-filter.
 pub const VIP_FILTER_SEED: u32 = 0x5669_7046; // "VipF"
 /// Seed of the flow hash used to choose a backend.
@@ -98,6 +105,8 @@ pub const FLOW_SEED: u32 = 0x5370_696c; // "Spil"
 /// Seeds of Maglev's per-backend offset and skip.
 pub const MAGLEV_OFFSET_SEED: u32 = 0x6c77_6179; // "lway"
 pub const MAGLEV_SKIP_SEED: u32 = 0x4d61_676c; // "Magl"
+/// Seed of the rule index.
+pub const RULE_SEED: u32 = 0x5275_6c65; // "Rule"
 /// Seed of a flow's second bucket.
 const FLOW_BUCKET_SEED: u32 = 0x466c_6f77; // "Flow"
 

@@ -12,6 +12,7 @@ extern crate std;
 
 pub mod hash;
 pub mod limits;
+pub mod prefix;
 pub mod types;
 
 #[cfg(feature = "user")]

@@ -48,7 +48,8 @@ impl Capacity {
         self.ring_slots.div_ceil(RING_SLOTS_PER_WORD)
     }
 
-    /// Slot of the limits array holding the default for VIPs without their own limit.
+    /// Slot of the limits array holding the default for VIPs without their own limit, and
+    /// of the rule-lengths array holding the global rules'.
     pub const fn default_limit_slot(&self) -> u32 {
         self.vips
     }
@@ -77,6 +78,12 @@ pub const MAX_TX_PORTS: u32 = 64;
 pub const MAX_LOCAL_ADDRS: u32 = 64;
 /// Operator rules (CIDR, optionally per VIP) and their counters.
 pub const MAX_RULES: u32 = 1024;
+/// Distinct prefix lengths the rules of one scope (the global rules, or one VIP's) may use
+/// per family: a new flow probes the rule index once per length in use, longest first.
+pub const MAX_RULE_LENGTHS: usize = 8;
+/// Slots of the rule index: four per rule keeps probe windows short.
+pub const RULE_SLOTS: u32 = 4 * MAX_RULES;
+const _: () = assert!(RULE_SLOTS.is_power_of_two());
 /// Sources tracked for per-source limits and `lbctl top-sources` (LRU: the quietest go).
 pub const SOURCE_TABLE_ENTRIES: u32 = 1 << 16;
 /// For a VIP without a per-source limit (enforced or observed), only one new flow in this
@@ -84,7 +91,10 @@ pub const SOURCE_TABLE_ENTRIES: u32 = 1 << 16;
 /// table then only feeds `lbctl top-sources`, whose counts become estimates, and most new
 /// flows skip the LRU lookup and insert. A power of two.
 pub const SOURCE_SAMPLE_UNLIMITED: u32 = 16;
-const _: () = assert!(SOURCE_SAMPLE_UNLIMITED.is_power_of_two());
+/// Of those samples, only one in this many adds a source the table does not hold yet (the
+/// insert is the costly part), counting for as many. A power of two.
+pub const SOURCE_SAMPLE_NEW: u32 = 16;
+const _: () = assert!(SOURCE_SAMPLE_UNLIMITED.is_power_of_two() && SOURCE_SAMPLE_NEW.is_power_of_two());
 /// `RuleKey::vip_id` of a rule that applies to every VIP.
 pub const ANY_VIP: u32 = u32::MAX;
 /// Default source prefixes that share one per-source bucket.
@@ -127,7 +137,7 @@ pub mod map_names {
     pub const RULES: &str = "spw_rules";
     pub const RULE_BUCKETS: &str = "spw_rule_bucket";
     pub const RULE_COUNTERS: &str = "spw_rule_ctrs";
-    pub const RULE_COUNT: &str = "spw_rule_count";
+    pub const RULE_LENS: &str = "spw_rule_lens";
     pub const OBSERVED: &str = "spw_observed";
     pub const LOCAL_ADDRS: &str = "spw_local_addrs";
     pub const DECAP_REASONS: &str = "spw_decap_rsn";

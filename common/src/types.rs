@@ -183,7 +183,8 @@ pub struct CachedNextHop {
 
 /// A rate as the data path enforces it: GCRA ("virtual scheduling"), one `u64` of state
 /// per bucket updated with atomic adds only, so it stays exact when one source's packets
-/// arrive on several CPUs. 0 `per_s` = no limit.
+/// arrive on several CPUs. 0 `per_s` = no limit. Build it with [`Rate::new`], which works
+/// out the two figures the data path uses, so a packet pays no division.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Rate {
@@ -191,6 +192,17 @@ pub struct Rate {
     pub per_s: u32,
     /// Extra new flows admitted at once after a quiet period.
     pub burst: u32,
+    /// `1 s / per_s`: how far each admitted flow moves the bucket's clock.
+    pub interval_ns: u64,
+    /// `interval_ns * (burst + 1)`: how far ahead of now the clock may run.
+    pub tolerance_ns: u64,
+}
+
+impl Rate {
+    pub const fn new(per_s: u32, burst: u32) -> Rate {
+        let interval_ns = if per_s == 0 { 0 } else { 1_000_000_000 / per_s as u64 };
+        Rate { per_s, burst, interval_ns, tolerance_ns: interval_ns * (burst as u64 + 1) }
+    }
 }
 
 /// `Limits::flags` and `RuleValue::flags`: count what would be dropped, drop nothing.
@@ -265,15 +277,55 @@ pub const RULE_EXEMPT: u8 = 3;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RuleValue {
-    pub id: u32,
     /// For `RULE_LIMIT`: one bucket for everything the prefix matches (a client class).
     pub rate: Rate,
+    pub id: u32,
     pub flags: u32,
     pub action: u8,
     /// The rule's address prefix length: the most specific of a scoped and a global match
     /// wins.
     pub addr_prefix_len: u8,
+    pub _pad: [u8; 6],
+}
+
+/// A rule as the data path finds it: its scope (a VIP id, or `ANY_VIP`), family, prefix
+/// length and address with the host bits cleared.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RuleSlotKey {
+    pub scope: u32,
+    /// 0: the slot is free.
+    pub family: u8,
+    pub prefix_len: u8,
     pub _pad: [u8; 2],
+    pub addr: [u32; 4],
+}
+
+/// One slot of the rule index (`spw_rules`), placed like the VIP index (home slot by
+/// `hash::rule_home`, `probes` at the home).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleSlot {
+    pub key: RuleSlotKey,
+    pub probes: u32,
+    pub _pad: u32,
+    pub value: RuleValue,
+}
+
+/// The prefix lengths a scope's rules use, so a lookup probes only those: per family, each
+/// length plus one, longest first, 0 after the last.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleLens {
+    pub v4: [u8; crate::limits::MAX_RULE_LENGTHS],
+    pub v6: [u8; crate::limits::MAX_RULE_LENGTHS],
+}
+
+impl RuleLens {
+    /// The lengths of `family`, plus one each.
+    pub fn of_mut(&mut self, family: u8) -> &mut [u8; crate::limits::MAX_RULE_LENGTHS] {
+        if family == FAMILY_V4 { &mut self.v4 } else { &mut self.v6 }
+    }
 }
 
 /// Per-rule counters (per CPU in the kernel; summed in userspace).
@@ -419,12 +471,15 @@ const _: () = assert!(size_of::<FlowBucket>() == 128);
 const _: () = assert!(size_of::<LbConfig>() == 56);
 const _: () = assert!(size_of::<Traffic>() == 16);
 const _: () = assert!(size_of::<CachedNextHop>() == 32);
-const _: () = assert!(size_of::<Limits>() == 24);
+const _: () = assert!(size_of::<Limits>() == 56);
 const _: () = assert!(size_of::<SourceKey>() == 24);
 const _: () = assert!(size_of::<SourceState>() == 24);
 const _: () = assert!(size_of::<RuleKey>() == 24);
-const _: () = assert!(size_of::<RuleValue>() == 20);
+const _: () = assert!(size_of::<RuleValue>() == 40);
 const _: () = assert!(size_of::<RuleCounters>() == 16);
+const _: () = assert!(size_of::<RuleSlotKey>() == 24);
+const _: () = assert!(size_of::<RuleSlot>() == 72);
+const _: () = assert!(size_of::<RuleLens>() == 16);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -457,6 +512,9 @@ mod pod {
         SourceState,
         RuleKey,
         RuleValue,
-        RuleCounters
+        RuleCounters,
+        RuleSlotKey,
+        RuleSlot,
+        RuleLens
     );
 }

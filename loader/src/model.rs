@@ -3,7 +3,7 @@
 //! updates.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     str::FromStr,
@@ -12,7 +12,8 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use spillway_common::{
     limits::{
-        Capacity, DEFAULT_RING_SIZE, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6, MAX_BACKENDS_PER_VIP, MAX_RULES, valid_ring_size,
+        Capacity, DEFAULT_RING_SIZE, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6, MAX_BACKENDS_PER_VIP, MAX_RULE_LENGTHS, MAX_RULES,
+        valid_ring_size,
     },
     maglev::MAX_WEIGHT,
     types::{LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP, Rate},
@@ -94,6 +95,11 @@ pub enum ModelError {
     UnknownRule { rule: String },
     #[error("too many rules (limit {MAX_RULES})")]
     TooManyRules,
+    #[error(
+        "rule {rule}: the {scope} IPv{family} rules would use more than {MAX_RULE_LENGTHS} distinct prefix lengths \
+         (each length in use costs every new flow a lookup)"
+    )]
+    TooManyRuleLengths { rule: String, scope: String, family: u8 },
     #[error("zone {zone:?}: expected 1 to {MAX_ZONE_LEN} of a-z, 0-9, '.', '_', '-'")]
     BadZone { zone: String },
     #[error("backend {backend} spare_per_s: needs capacity_per_s too (spare is a share of capacity)")]
@@ -373,6 +379,16 @@ impl DesiredState {
         if !self.rules.contains_key(&rule) && self.rules.len() >= MAX_RULES as usize {
             return Err(ModelError::TooManyRules);
         }
+        let same_scope = |r: &RuleMatch| r.vip == rule.vip && r.cidr.addr.is_ipv4() == rule.cidr.addr.is_ipv4();
+        let lengths: BTreeSet<u8> = self.rules.keys().chain([&rule]).filter(|r| same_scope(r)).map(|r| r.cidr.prefix_len).collect();
+        if lengths.len() > MAX_RULE_LENGTHS {
+            let scope = rule.vip.map_or("global".to_owned(), |v| format!("VIP {v}'s"));
+            return Err(ModelError::TooManyRuleLengths {
+                rule: rule.describe(),
+                scope,
+                family: if rule.cidr.addr.is_ipv4() { 4 } else { 6 },
+            });
+        }
         self.rules.insert(rule, config);
         Ok(())
     }
@@ -445,7 +461,7 @@ impl RateSpec {
     }
 
     pub const fn to_rate(self) -> Rate {
-        Rate { per_s: self.per_s, burst: self.burst }
+        Rate::new(self.per_s, self.burst)
     }
 }
 
@@ -1028,8 +1044,8 @@ mod tests {
         assert_eq!(
             limits.to_limits(),
             Limits {
-                per_source: Rate { per_s: 10, burst: 20 },
-                vip_budget: Rate { per_s: 0, burst: 0 },
+                per_source: Rate::new(10, 20),
+                vip_budget: Rate::new(0, 0),
                 flags: LIMIT_F_OBSERVE_BUDGET,
                 source_prefix_v4: 24,
                 source_prefix_v6: 56,
@@ -1085,6 +1101,23 @@ mod tests {
         }
         assert_eq!(state.set_rule(rule("192.0.2.0/24"), block()), Err(ModelError::TooManyRules));
         state.set_rule(rule("10.0.0.0/32"), RuleConfig { action: RuleAction::Exempt, observe: false }).unwrap();
+        state.validate().unwrap();
+    }
+
+    #[test]
+    fn a_scope_uses_a_bounded_number_of_prefix_lengths_per_family() {
+        let mut state = DesiredState::default();
+        for len in 17..=24 {
+            state.set_rule(rule(&format!("10.0.0.0/{len}")), block()).unwrap();
+        }
+        // Another length in the same scope and family is refused, naming the rule...
+        let err = state.set_rule(rule("10.0.0.0/25"), block()).unwrap_err();
+        assert!(matches!(err, ModelError::TooManyRuleLengths { .. }) && err.to_string().contains("10.0.0.0/25"), "{err}");
+        // ...a length already in use, another family or another scope is not.
+        state.set_rule(rule("10.9.0.0/24"), block()).unwrap();
+        state.set_rule(rule("2001:db8::/40"), block()).unwrap();
+        state.add_vip(vip("10.0.0.1:80/tcp"), 13).unwrap();
+        state.set_rule(rule("10.0.0.0/25@10.0.0.1:80/tcp"), block()).unwrap();
         state.validate().unwrap();
     }
 

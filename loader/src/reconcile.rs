@@ -10,18 +10,18 @@
 //!
 //! New-flow limits: every VIP's slot of the limits array holds its effective limits when it
 //! has its own (`configured = 0` when it has none, so the data path falls back to the
-//! default slot). Rules: one trie entry per rule, keyed by VIP scope, family and CIDR; each
-//! rule keeps its id (the index of its counters) for as long as it exists, also across
-//! restarts (ids are adopted back from the trie). A VIP with rules of its own carries a flag,
-//! and a count says how many global rules exist, so new flows look up only the tries that
-//! can match. A new id, like a new VIP id, starts with zeroed kernel state. Slots and
-//! entries are written only when they differ.
+//! default slot). Rules: one entry per rule in the rule index, keyed by VIP scope, family
+//! and CIDR; each rule keeps its id (the index of its counters) for as long as it exists,
+//! also across restarts (ids are adopted back from the index). A VIP with rules of its own
+//! carries a flag, so its new flows look up scoped rules only when there are some. A new id,
+//! like a new VIP id, starts with zeroed kernel state. Slots and entries are written only
+//! when they differ.
 
 mod pool;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::IpAddr,
 };
 
 use spillway_common::{
@@ -29,9 +29,10 @@ use spillway_common::{
     hash::{vip_addr_hash, vip_filter_slot},
     limits::{ANY_VIP, Capacity, MAX_RULES, VIP_FILTER_WORDS},
     maglev::{self, MaglevBackend, MaglevError},
+    prefix::masked,
     types::{
-        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, FAMILY_V4, FAMILY_V6, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP,
-        RULE_BLOCK, RULE_EXEMPT, RULE_KEY_SCOPE_BITS, RULE_LIMIT, Rate, RingRef, RuleKey, RuleValue, VIP_F_SCOPED_RULES, VipKey, VipMeta,
+        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP, RULE_BLOCK, RULE_EXEMPT,
+        RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_SCOPED_RULES, VipKey, VipMeta,
     },
 };
 
@@ -58,8 +59,6 @@ pub enum ReconcileError {
          a smaller --ring-size needs fewer)"
     )]
     RingPoolFull { vip: Vip, size: u32, free: u64, total: u64 },
-    #[error("no slot for VIP {vip} in the VIP index near its home (lbd --max-vips raises the index)")]
-    VipIndexFull { vip: Vip },
     #[error("the pinned maps are inconsistent ({what}); run `lbd --cleanup` (this drops the connection table)")]
     Inconsistent { what: String },
 }
@@ -92,15 +91,13 @@ pub trait Maps {
     /// Every slot of the limits array (`Capacity::default_limit_slot() + 1` of them).
     fn limits(&self) -> Result<Vec<Limits>, DataplaneError>;
     fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), DataplaneError>;
-    /// Every rule trie entry: (prefix length of the whole key, key, value).
-    fn rules(&self) -> Result<Vec<(u32, RuleKey, RuleValue)>, DataplaneError>;
-    /// Inserts or replaces one trie entry.
-    fn set_rule(&mut self, prefix_len: u32, key: &RuleKey, value: &RuleValue) -> Result<(), DataplaneError>;
-    fn remove_rule(&mut self, prefix_len: u32, key: &RuleKey) -> Result<(), DataplaneError>;
+    /// Every rule in the rule index.
+    fn rules(&self) -> Result<Vec<(RuleSlotKey, RuleValue)>, DataplaneError>;
+    /// Inserts or replaces one rule (a replaced value is never seen half-written).
+    fn set_rule(&mut self, key: &RuleSlotKey, value: &RuleValue) -> Result<(), DataplaneError>;
+    fn remove_rule(&mut self, key: &RuleSlotKey) -> Result<(), DataplaneError>;
     /// Zeroes a rule id's bucket and counters before the id is handed out.
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError>;
-    /// How many global rules exist; the data path skips their trie lookup while it is zero.
-    fn set_rule_count(&mut self, count: u32) -> Result<(), DataplaneError>;
 }
 
 /// What one `apply` did.
@@ -110,15 +107,14 @@ pub struct ApplyReport {
     pub tables_flipped: usize,
     /// Slots of the limits array written.
     pub limits_written: usize,
-    /// Rule trie entries inserted, replaced or removed.
+    /// Rule index entries inserted, replaced or removed.
     pub rules_written: usize,
 }
 
-/// A rule's trie entry as the reconciler last wrote (or adopted) it.
+/// A rule's entry as the reconciler last wrote (or adopted) it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct RuleRuntime {
-    prefix_len: u32,
-    key: RuleKey,
+    key: RuleSlotKey,
     value: RuleValue,
 }
 
@@ -155,10 +151,10 @@ pub struct Reconciler {
     orphans: Vec<u32>,
     /// What every slot of the limits array holds.
     limits: Vec<Limits>,
-    /// The trie entry of every rule in the maps.
+    /// The entry of every rule in the maps.
     rules: BTreeMap<RuleMatch, RuleRuntime>,
-    /// Trie entries found in the maps that no rule can own (removed on the next apply).
-    stale_rules: Vec<(u32, RuleKey)>,
+    /// Entries found in the maps that no rule can own (removed on the next apply).
+    stale_rules: Vec<RuleSlotKey>,
 }
 
 impl Reconciler {
@@ -204,16 +200,16 @@ impl Reconciler {
         let mut rules = BTreeMap::new();
         let mut stale_rules = Vec::new();
         let mut ids = BTreeSet::new();
-        for (prefix_len, key, mut value) in maps.rules()? {
-            match rule_from_key(prefix_len, &key, &vip_by_id) {
+        for (key, mut value) in maps.rules()? {
+            match rule_from_key(&key, &vip_by_id) {
                 Some(rule) if !rules.contains_key(&rule) => {
                     // An id out of range or taken twice is replaced on the next apply.
                     if value.id >= MAX_RULES || !ids.insert(value.id) {
                         value.id = u32::MAX;
                     }
-                    rules.insert(rule, RuleRuntime { prefix_len, key, value });
+                    rules.insert(rule, RuleRuntime { key, value });
                 }
-                _ => stale_rules.push((prefix_len, key)),
+                _ => stale_rules.push(key),
             }
         }
         Ok(Self { capacity, vips, pool, generations, in_use, orphans, limits, rules, stale_rules })
@@ -434,29 +430,26 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Removes the trie entries of rules that are gone (also those of VIPs that are gone) and
-    /// of entries no rule owns.
+    /// Removes the entries of rules that are gone (also those of VIPs that are gone) and of
+    /// entries no rule owns.
     fn remove_rules(&mut self, maps: &mut dyn Maps, desired: &DesiredState, report: &mut ApplyReport) -> Result<(), ReconcileError> {
-        for (prefix_len, key) in std::mem::take(&mut self.stale_rules) {
-            maps.remove_rule(prefix_len, &key)?;
+        for key in std::mem::take(&mut self.stale_rules) {
+            maps.remove_rule(&key)?;
             report.rules_written += 1;
         }
         let gone: Vec<RuleMatch> = self.rules.keys().filter(|r| !desired.rules.contains_key(r)).copied().collect();
         for rule in gone {
             if let Some(runtime) = self.rules.remove(&rule) {
-                maps.remove_rule(runtime.prefix_len, &runtime.key)?;
+                maps.remove_rule(&runtime.key)?;
                 report.rules_written += 1;
             }
         }
         Ok(())
     }
 
-    /// Inserts or updates the trie entry of every desired rule; a new rule gets the lowest
+    /// Inserts or updates the entry of every desired rule; a new rule gets the lowest
     /// free id, whose kernel state is zeroed first.
     fn sync_rules(&mut self, maps: &mut dyn Maps, desired: &DesiredState, report: &mut ApplyReport) -> Result<(), ReconcileError> {
-        // Runs after stale entries are gone and before new ones go in, so the count is
-        // non-zero whenever the trie holds a global rule.
-        maps.set_rule_count(desired.rules.keys().filter(|r| r.vip.is_none()).count() as u32)?;
         for (rule, config) in &desired.rules {
             let vip_id = match &rule.vip {
                 None => ANY_VIP,
@@ -475,16 +468,16 @@ impl Reconciler {
                     id
                 }
             };
-            let (prefix_len, key) = rule_key(&rule.cidr, vip_id);
+            let key = rule_key(&rule.cidr, vip_id);
             let value = rule_value(id, &rule.cidr, config);
-            let want = RuleRuntime { prefix_len, key, value };
+            let want = RuleRuntime { key, value };
             if old == Some(want) {
                 continue;
             }
-            maps.set_rule(prefix_len, &key, &value)?;
+            maps.set_rule(&key, &value)?;
             report.rules_written += 1;
-            if let Some(old) = old.filter(|o| (o.prefix_len, o.key) != (prefix_len, key)) {
-                maps.remove_rule(old.prefix_len, &old.key)?;
+            if let Some(old) = old.filter(|o| o.key != key) {
+                maps.remove_rule(&old.key)?;
                 report.rules_written += 1;
             }
             self.rules.insert(*rule, want);
@@ -554,21 +547,10 @@ fn vip_limits(desired: &DesiredState, vip: &Vip) -> Limits {
     }
 }
 
-/// The trie key of a rule: its scope (`vip_id`, or `ANY_VIP`), family and CIDR.
-pub fn rule_key(cidr: &Cidr, vip_id: u32) -> (u32, RuleKey) {
-    let mut addr = [0u8; 16];
-    let family = match cidr.addr {
-        IpAddr::V4(v4) => {
-            addr[..4].copy_from_slice(&v4.octets());
-            FAMILY_V4
-        }
-        IpAddr::V6(v6) => {
-            addr.copy_from_slice(&v6.octets());
-            FAMILY_V6
-        }
-    };
-    let key = RuleKey { vip_id_be: vip_id.to_be(), family, addr, _pad: [0; 3] };
-    (RULE_KEY_SCOPE_BITS + u32::from(cidr.prefix_len), key)
+/// The index key of a rule: its scope (`vip_id`, or `ANY_VIP`), family and CIDR.
+pub fn rule_key(cidr: &Cidr, vip_id: u32) -> RuleSlotKey {
+    let (addr, family) = to_words(cidr.addr);
+    RuleSlotKey { scope: vip_id, family, prefix_len: cidr.prefix_len, _pad: [0; 2], addr: masked(&addr, cidr.prefix_len) }
 }
 
 fn rule_value(id: u32, cidr: &Cidr, config: &RuleConfig) -> RuleValue {
@@ -578,27 +560,18 @@ fn rule_value(id: u32, cidr: &Cidr, config: &RuleConfig) -> RuleValue {
         RuleAction::Exempt => (RULE_EXEMPT, Rate::default()),
     };
     let flags = if config.observe { LIMIT_F_OBSERVE_SOURCE } else { 0 };
-    RuleValue { id, rate, flags, action, addr_prefix_len: cidr.prefix_len, _pad: [0; 2] }
+    RuleValue { rate, id, flags, action, addr_prefix_len: cidr.prefix_len, _pad: [0; 6] }
 }
 
-/// The rule a trie entry carries, if it is one this reconciler could have written.
-fn rule_from_key(prefix_len: u32, key: &RuleKey, vip_by_id: &HashMap<u32, Vip>) -> Option<RuleMatch> {
-    let vip = match u32::from_be(key.vip_id_be) {
+/// The rule an index entry carries, if it is one this reconciler could have written.
+fn rule_from_key(key: &RuleSlotKey, vip_by_id: &HashMap<u32, Vip>) -> Option<RuleMatch> {
+    let vip = match key.scope {
         ANY_VIP => None,
         id => Some(*vip_by_id.get(&id)?),
     };
-    let addr = match key.family {
-        FAMILY_V4 => IpAddr::V4(Ipv4Addr::new(key.addr[0], key.addr[1], key.addr[2], key.addr[3])),
-        FAMILY_V6 => IpAddr::V6(Ipv6Addr::from(key.addr)),
-        _ => return None,
-    };
-    let addr_len = u8::try_from(prefix_len.checked_sub(RULE_KEY_SCOPE_BITS)?).ok()?;
-    let cidr = Cidr::new(addr, addr_len).ok()?;
-    // Bytes past the family's address must be zero, or the key is not ours.
-    if (key.family == FAMILY_V4 && key.addr[4..].iter().any(|&b| b != 0)) || key._pad != [0; 3] {
-        return None;
-    }
-    if vip.is_some_and(|v| v.addr.is_ipv4() != cidr.is_ipv4()) {
+    let cidr = Cidr::new(from_words(key.addr, key.family)?, key.prefix_len).ok()?;
+    // Host bits and padding must be zero, or the key is not ours.
+    if *key != rule_key(&cidr, key.scope) || vip.is_some_and(|v| v.addr.is_ipv4() != cidr.is_ipv4()) {
         return None;
     }
     Some(RuleMatch { cidr, vip })

@@ -11,7 +11,7 @@ use spillway_common::{
     limits::{ANY_VIP, Capacity, MAX_RULES, VIP_FILTER_WORDS},
     maglev::EMPTY_SLOT,
     types::{
-        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, Limits, Observed, Reason, RingRef, RuleKey, RuleState, RuleValue,
+        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, Limits, Observed, Reason, RingRef, RuleSlotKey, RuleState, RuleValue,
         SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
@@ -58,9 +58,8 @@ pub struct FakeMaps {
     pub budget: HashMap<u32, Bucket>,
     pub sources: HashMap<SourceKey, SourceState>,
     pub rule_state: HashMap<u32, RuleState>,
-    /// Rule trie entries by (prefix length, key).
-    pub rules: HashMap<(u32, RuleKey), RuleValue>,
-    pub rule_count: u32,
+    /// Rule index entries.
+    pub rules: HashMap<RuleSlotKey, RuleValue>,
     /// Makes the next `write_slots` fail, to exercise rollback.
     pub fail_next_write: bool,
     /// Makes the next `set_rule` fail, to exercise rollback.
@@ -99,13 +98,13 @@ impl FakeMaps {
 }
 
 impl FakeMaps {
-    /// Rule guarantees, checked on every trie write: ids are unique and in range, and a
+    /// Rule guarantees, checked on every index write: ids are unique and in range, and a
     /// scoped entry names a VIP packets can reach.
     fn assert_rules_consistent(&self) {
         let mut ids = BTreeSet::new();
-        for ((_, key), value) in &self.rules {
+        for (key, value) in &self.rules {
             assert!(value.id < MAX_RULES && ids.insert(value.id), "rule id {} out of range or used twice", value.id);
-            let vip_id = u32::from_be(key.vip_id_be);
+            let vip_id = key.scope;
             assert!(vip_id == ANY_VIP || self.vips.values().any(|m| m.id == vip_id), "rule scoped to VIP id {vip_id}, which is not live");
         }
     }
@@ -125,7 +124,7 @@ impl Maps for FakeMaps {
     }
     fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
         if let Some(meta) = self.vips.remove(key) {
-            let scoped = self.rules.keys().any(|(_, k)| u32::from_be(k.vip_id_be) == meta.id);
+            let scoped = self.rules.keys().any(|k| k.scope == meta.id);
             assert!(!scoped, "VIP id {} removed while rules are scoped to it", meta.id);
         }
         Ok(())
@@ -200,34 +199,26 @@ impl Maps for FakeMaps {
         self.limit_writes += 1;
         Ok(())
     }
-    fn rules(&self) -> Result<Vec<(u32, RuleKey, RuleValue)>, DataplaneError> {
-        Ok(self.rules.iter().map(|((len, key), value)| (*len, *key, *value)).collect())
+    fn rules(&self) -> Result<Vec<(RuleSlotKey, RuleValue)>, DataplaneError> {
+        Ok(self.rules.iter().map(|(key, value)| (*key, *value)).collect())
     }
-    fn set_rule(&mut self, prefix_len: u32, key: &RuleKey, value: &RuleValue) -> Result<(), DataplaneError> {
+    fn set_rule(&mut self, key: &RuleSlotKey, value: &RuleValue) -> Result<(), DataplaneError> {
         if std::mem::take(&mut self.fail_next_rule) {
             return Err(DataplaneError::MissingMap { name: "injected rule failure" });
         }
-        let global = u32::from_be(key.vip_id_be) == ANY_VIP;
-        assert!(!global || self.rule_count > 0, "a global rule entered the trie while the rule count says there are none");
-        self.rules.insert((prefix_len, *key), *value);
+        self.rules.insert(*key, *value);
         self.rule_writes += 1;
         self.assert_rules_consistent();
         Ok(())
     }
-    fn remove_rule(&mut self, prefix_len: u32, key: &RuleKey) -> Result<(), DataplaneError> {
-        self.rules.remove(&(prefix_len, *key));
+    fn remove_rule(&mut self, key: &RuleSlotKey) -> Result<(), DataplaneError> {
+        self.rules.remove(key);
         self.rule_writes += 1;
         Ok(())
     }
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
         assert!(!self.rules.values().any(|v| v.id == id), "zeroed the counters of live rule id {id}");
         self.rule_state.remove(&id);
-        Ok(())
-    }
-    fn set_rule_count(&mut self, count: u32) -> Result<(), DataplaneError> {
-        let globals = self.rules.keys().filter(|(_, k)| u32::from_be(k.vip_id_be) == ANY_VIP).count();
-        assert!(count > 0 || globals == 0, "rule count 0 while the trie holds global rules");
-        self.rule_count = count;
         Ok(())
     }
 }

@@ -3,20 +3,20 @@
 
 use aya::{
     Ebpf,
-    maps::{Array, DevMapHash, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, lpm_trie::Key},
+    maps::{Array, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray},
 };
 use spillway_common::{
     limits::{Capacity, map_names},
     types::{
-        AddrKey, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, Reason, RingRef, RuleCounters, RuleKey, RuleState, RuleValue,
-        SourceKey, SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, Reason, RingRef, RuleCounters, RuleSlotKey, RuleState,
+        RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
 
 use super::{
     DataplaneError, MapMemory,
     mmap::Mapped,
-    tables::{FlowInfo, FlowSummary, FlowTable, RingPool, VipIndex},
+    tables::{FlowInfo, FlowSummary, FlowTable, Index, RingPool, RuleIndex, VipIndex},
 };
 
 pub struct BalancerMaps {
@@ -40,11 +40,10 @@ pub struct BalancerMaps {
     pub budget: Array<MapData, Bucket>,
     /// Kernel-owned (LRU): per-source buckets and counters; read for `lbctl top-sources`.
     pub sources: HashMap<MapData, SourceKey, SourceState>,
-    pub rules: LpmTrie<MapData, RuleKey, RuleValue>,
+    pub rules: RuleIndex,
     /// Kernel-owned: per rule id, the class's bucket, and its counters per CPU.
     pub rule_buckets: Array<MapData, Bucket>,
     pub rule_counters: PerCpuArray<MapData, RuleCounters>,
-    pub rule_count: Array<MapData, u32>,
     /// What limits in observe mode would have dropped, per `Observed`.
     pub observed: PerCpuArray<MapData, u64>,
 }
@@ -73,7 +72,7 @@ impl BalancerMaps {
             capacity,
             memory,
             config: take(ebpf, map_names::CONFIG)?,
-            vips: VipIndex { slots: take_mapped(ebpf, map_names::VIPS)? },
+            vips: Index { slots: take_mapped(ebpf, map_names::VIPS)? },
             vip_addrs: take(ebpf, map_names::VIP_ADDRS)?,
             rings: RingPool { words: take_mapped(ebpf, map_names::RINGS)? },
             backends: take(ebpf, map_names::BACKENDS)?,
@@ -86,10 +85,13 @@ impl BalancerMaps {
             limits: take(ebpf, map_names::LIMITS)?,
             budget: take(ebpf, map_names::BUDGET_STATE)?,
             sources: take(ebpf, map_names::SOURCES)?,
-            rules: take(ebpf, map_names::RULES)?,
+            rules: RuleIndex {
+                index: Index { slots: take_mapped(ebpf, map_names::RULES)? },
+                lens: take(ebpf, map_names::RULE_LENS)?,
+                global_lens: capacity.default_limit_slot(),
+            },
             rule_buckets: take(ebpf, map_names::RULE_BUCKETS)?,
             rule_counters: take(ebpf, map_names::RULE_COUNTERS)?,
-            rule_count: take(ebpf, map_names::RULE_COUNT)?,
             observed: take(ebpf, map_names::OBSERVED)?,
         })
     }
@@ -158,7 +160,7 @@ impl BalancerMaps {
     /// Every live connection-table entry with its 5-tuple (entries of VIP ids no VIP has are
     /// left out: they only wait to be reused).
     pub fn each_flow(&self, mut visit: impl FnMut(FlowKey, &FlowSummary)) {
-        let by_id: std::collections::HashMap<u32, VipKey> = self.vips.all().into_iter().map(|(key, meta)| (meta.id, key)).collect();
+        let by_id: std::collections::HashMap<u32, VipKey> = self.vips.all().map(|s| (s.meta.id, s.key)).collect();
         self.flows.each(|flow| {
             if let Some(vip) = by_id.get(&flow.vip_id) {
                 visit(flow.key(vip), &flow);
@@ -235,7 +237,7 @@ impl crate::reconcile::Maps for BalancerMaps {
     }
 
     fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, DataplaneError> {
-        Ok(self.vips.all())
+        Ok(self.vips.vips())
     }
 
     fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
@@ -315,34 +317,21 @@ impl crate::reconcile::Maps for BalancerMaps {
         named(map_names::LIMITS, self.limits.set(slot, limits, 0))
     }
 
-    fn rules(&self) -> Result<Vec<(u32, RuleKey, RuleValue)>, DataplaneError> {
-        self.rules
-            .iter()
-            .map(|entry| {
-                let (key, value) = named(map_names::RULES, entry)?;
-                Ok((key.prefix_len(), key.data(), value))
-            })
-            .collect()
+    fn rules(&self) -> Result<Vec<(RuleSlotKey, RuleValue)>, DataplaneError> {
+        Ok(self.rules.rules())
     }
 
-    fn set_rule(&mut self, prefix_len: u32, key: &RuleKey, value: &RuleValue) -> Result<(), DataplaneError> {
-        named(map_names::RULES, self.rules.insert(&Key::new(prefix_len, *key), value, 0))
+    fn set_rule(&mut self, key: &RuleSlotKey, value: &RuleValue) -> Result<(), DataplaneError> {
+        self.rules.set(key, value)
     }
 
-    fn remove_rule(&mut self, prefix_len: u32, key: &RuleKey) -> Result<(), DataplaneError> {
-        match self.rules.remove(&Key::new(prefix_len, *key)) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(source) => Err(DataplaneError::Map { name: map_names::RULES, source }),
-        }
+    fn remove_rule(&mut self, key: &RuleSlotKey) -> Result<(), DataplaneError> {
+        self.rules.remove(key)
     }
 
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
         named(map_names::RULE_BUCKETS, self.rule_buckets.set(id, &Bucket::default(), 0))?;
         zero_per_cpu(map_names::RULE_COUNTERS, &mut self.rule_counters, id)
-    }
-
-    fn set_rule_count(&mut self, count: u32) -> Result<(), DataplaneError> {
-        named(map_names::RULE_COUNT, self.rule_count.set(0, &count, 0))
     }
 }
 

@@ -14,7 +14,7 @@ use aya::{
 };
 pub use maps::{BalancerMaps, vip_of};
 use spillway_common::limits::{Capacity, map_names, program_names};
-pub use tables::{FlowInfo, FlowSummary, FlowTable, RingPool, VipIndex};
+pub use tables::{FlowInfo, FlowSummary, FlowTable, RingPool, RuleIndex, VipIndex};
 
 use crate::objects;
 
@@ -62,8 +62,10 @@ pub enum DataplaneError {
         #[source]
         source: std::io::Error,
     },
-    #[error("no free slot in the VIP index near this VIP's home")]
-    VipIndexFull,
+    #[error("no free slot near the key's home in the VIP or rule index")]
+    IndexFull,
+    #[error("the rules of one scope and family may use at most {max} distinct prefix lengths")]
+    RuleLengths { max: usize },
     #[error("pin path {path}")]
     Pin {
         path: PathBuf,
@@ -123,7 +125,7 @@ const PINNED_MAPS: [&str; 19] = [
     map_names::RULES,
     map_names::RULE_BUCKETS,
     map_names::RULE_COUNTERS,
-    map_names::RULE_COUNT,
+    map_names::RULE_LENS,
     map_names::OBSERVED,
 ];
 
@@ -180,6 +182,7 @@ fn load_balancer_object(object: &'static [u8], name: &'static str, options: &Loa
         (map_names::NEXTHOP_CACHE, c.backend_slots()),
         (map_names::LIMITS, c.default_limit_slot() + 1),
         (map_names::BUDGET_STATE, c.vips),
+        (map_names::RULE_LENS, c.default_limit_slot() + 1),
     ] {
         loader.map_max_entries(map, entries);
     }

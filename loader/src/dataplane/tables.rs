@@ -1,8 +1,9 @@
-//! The three tables packets index with the program's own hashes, as userspace sees them
-//! through their memory mappings: the VIP index, the ring pool and the connection table.
-//! The writes keep the data path's reading protocols (see `xdp-ebpf/src/bin/lb/path.rs` and
-//! `select.rs`): a VIP slot's family is published last and cleared first, a table flip is
-//! one atomic 8-byte store, and a flow entry is only changed by compare-and-swap of its tag.
+//! The tables packets index with the program's own hashes, as userspace sees them through
+//! their memory mappings: the VIP index, the rule index, the ring pool and the connection
+//! table. The writes keep the data path's reading protocols (see `xdp-ebpf/src/bin/lb/`
+//! `path.rs`, `limits.rs` and `select.rs`): an index slot's family is published last and
+//! cleared first, a table flip is one atomic 8-byte store, and a flow entry is only changed
+//! by compare-and-swap of its tag.
 
 use std::{
     net::SocketAddr,
@@ -10,41 +11,148 @@ use std::{
     sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering, fence},
 };
 
+use aya::maps::{Array, MapData};
 use spillway_common::{
     addr::from_words,
-    hash::{FLOW_SEED, flow_buckets, flow_hash, vip_addr_hash, vip_home},
-    limits::{FLOW_WAYS, RING_SLOTS_PER_WORD, VIP_PROBES},
+    hash::{FLOW_SEED, RULE_SEED, addr_hash, flow_buckets, flow_hash, rule_home, vip_addr_hash, vip_home},
+    limits::{ANY_VIP, FLOW_WAYS, MAX_RULE_LENGTHS, RING_SLOTS_PER_WORD, VIP_PROBES, map_names},
     types::{
-        FLOW_CONFIRMED, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowBucket, FlowEntry, FlowKey, PROTO_TCP, PROTO_UDP, RingRef, VipKey, VipMeta,
-        VipSlot,
+        FLOW_CONFIRMED, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowBucket, FlowEntry, FlowKey, PROTO_TCP, PROTO_UDP, RingRef, RuleLens, RuleSlot,
+        RuleSlotKey, RuleValue, VipKey, VipMeta, VipSlot,
     },
 };
 
 use super::{DataplaneError, mmap::Mapped};
 
-/// The VIP index (`spw_vips`).
-pub struct VipIndex {
-    pub(super) slots: Mapped<VipSlot>,
+/// A slot of an array placed by home slot and probe window (the VIP and rule indexes): a
+/// key lives in the first free slot within `VIP_PROBES` of its home, and the home counts how
+/// far its keys reach.
+pub trait Probed: Copy {
+    type Key: Copy + PartialEq;
+    fn key(&self) -> Self::Key;
+    fn is_free(&self) -> bool;
+    fn home(key: &Self::Key, mask: u32) -> usize;
+    /// The slot's family byte (published last, cleared first) and its home count.
+    ///
+    /// # Safety
+    /// `slot` must point into a live mapping.
+    unsafe fn family(slot: *mut Self) -> *mut u8;
+    /// # Safety
+    /// As for [`Probed::family`].
+    unsafe fn probes(slot: *mut Self) -> *mut u32;
 }
 
+/// A mapped, probed index.
+pub struct Index<S> {
+    pub(super) slots: Mapped<S>,
+}
+
+impl<S: Probed> Index<S> {
+    fn mask(&self) -> u32 {
+        self.slots.len() as u32 - 1
+    }
+
+    fn window(&self, key: &S::Key) -> impl Iterator<Item = usize> + use<'_, S> {
+        let home = S::home(key, self.mask());
+        let mask = self.mask() as usize;
+        (0..VIP_PROBES as usize).map(move |i| (home + i) & mask)
+    }
+
+    fn find(&self, key: &S::Key) -> Option<usize> {
+        self.window(key).find(|&i| {
+            let slot = self.slots.read(i);
+            !slot.is_free() && slot.key() == *key
+        })
+    }
+
+    /// Every slot in use.
+    pub fn all(&self) -> impl Iterator<Item = S> + '_ {
+        (0..self.slots.len()).map(|i| self.slots.read(i)).filter(|s| !s.is_free())
+    }
+
+    /// Writes `slot` (with its family cleared) into a free slot of `key`'s window, then
+    /// publishes it; returns where.
+    fn insert(&mut self, key: &S::Key, slot: S) -> Result<usize, DataplaneError> {
+        let home = S::home(key, self.mask());
+        let (distance, i) = self.window(key).enumerate().find(|&(_, i)| self.slots.read(i).is_free()).ok_or(DataplaneError::IndexFull)?;
+        let at = self.slots.at(i);
+        let mut unpublished = slot;
+        // SAFETY: `unpublished` is a local; `at` a free slot of the live mapping, which no
+        // packet matches until its family is set. The slot keeps its own home count (of
+        // other keys).
+        unsafe {
+            let family = std::mem::replace(&mut *S::family(&mut unpublished), 0);
+            *S::probes(&mut unpublished) = std::ptr::read_volatile(S::probes(at));
+            std::ptr::write_volatile(at, unpublished);
+            AtomicU8::from_ptr(S::family(at)).store(family, Ordering::Release);
+            AtomicU32::from_ptr(S::probes(self.slots.at(home))).fetch_max(distance as u32 + 1, Ordering::Release);
+        }
+        Ok(i)
+    }
+
+    /// Frees slot `i` (packets stop finding it at once) and shortens its home's window.
+    fn remove_at(&mut self, i: usize) {
+        let key = self.slots.read(i).key();
+        // SAFETY: a slot of the live mapping.
+        unsafe { AtomicU8::from_ptr(S::family(self.slots.at(i))).store(0, Ordering::Release) };
+        let home = S::home(&key, self.mask());
+        let probes = self
+            .window(&key)
+            .enumerate()
+            .filter(|&(_, j)| {
+                let other = self.slots.read(j);
+                !other.is_free() && S::home(&other.key(), self.mask()) == home
+            })
+            .map(|(distance, _)| distance as u32 + 1)
+            .max()
+            .unwrap_or(0);
+        // SAFETY: as above.
+        unsafe { AtomicU32::from_ptr(S::probes(self.slots.at(home))).store(probes, Ordering::Release) };
+    }
+}
+
+impl Probed for VipSlot {
+    type Key = VipKey;
+    fn key(&self) -> VipKey {
+        self.key
+    }
+    fn is_free(&self) -> bool {
+        self.key.family == 0
+    }
+    fn home(key: &VipKey, mask: u32) -> usize {
+        vip_home(vip_addr_hash(&key.addr), key.port, key.proto, mask) as usize
+    }
+    unsafe fn family(slot: *mut Self) -> *mut u8 {
+        unsafe { addr_of_mut!((*slot).key.family) }
+    }
+    unsafe fn probes(slot: *mut Self) -> *mut u32 {
+        unsafe { addr_of_mut!((*slot).probes) }
+    }
+}
+
+impl Probed for RuleSlot {
+    type Key = RuleSlotKey;
+    fn key(&self) -> RuleSlotKey {
+        self.key
+    }
+    fn is_free(&self) -> bool {
+        self.key.family == 0
+    }
+    fn home(key: &RuleSlotKey, mask: u32) -> usize {
+        rule_home(addr_hash(&key.addr, RULE_SEED), key.scope, key.family, key.prefix_len, mask) as usize
+    }
+    unsafe fn family(slot: *mut Self) -> *mut u8 {
+        unsafe { addr_of_mut!((*slot).key.family) }
+    }
+    unsafe fn probes(slot: *mut Self) -> *mut u32 {
+        unsafe { addr_of_mut!((*slot).probes) }
+    }
+}
+
+/// The VIP index (`spw_vips`).
+pub type VipIndex = Index<VipSlot>;
+
 impl VipIndex {
-    fn mask(&self) -> usize {
-        self.slots.len() - 1
-    }
-
-    fn home(&self, key: &VipKey) -> usize {
-        vip_home(vip_addr_hash(&key.addr), key.port, key.proto, self.mask() as u32) as usize
-    }
-
-    fn window(&self, key: &VipKey) -> impl Iterator<Item = usize> + '_ {
-        let home = self.home(key);
-        (0..VIP_PROBES as usize).map(move |i| (home + i) & self.mask())
-    }
-
-    fn find(&self, key: &VipKey) -> Option<usize> {
-        self.window(key).find(|&i| self.slots.read(i).key == *key)
-    }
-
     /// The VIP's meta, if it is in the index.
     pub fn get(&self, key: &VipKey) -> Option<VipMeta> {
         self.find(key).map(|i| self.slots.read(i).meta)
@@ -56,57 +164,86 @@ impl VipIndex {
     }
 
     /// Every VIP in the index.
-    pub fn all(&self) -> Vec<(VipKey, VipMeta)> {
-        (0..self.slots.len()).map(|i| self.slots.read(i)).filter(|s| s.key.family != 0).map(|s| (s.key, s.meta)).collect()
+    pub fn vips(&self) -> Vec<(VipKey, VipMeta)> {
+        self.all().map(|s| (s.key, s.meta)).collect()
     }
 
     /// Inserts `key`, or updates its meta in place (flags, standby, then the active table in
     /// one store).
     pub fn set(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
-        if let Some(i) = self.find(key) {
-            let slot = self.slots.at(i);
-            // SAFETY: a slot of the live mapping; fields are aligned (see `VipSlot`).
-            unsafe {
-                AtomicU32::from_ptr(addr_of_mut!((*slot).meta.flags)).store(meta.flags, Ordering::Relaxed);
-                AtomicU64::from_ptr(addr_of_mut!((*slot).meta.standby).cast()).store(meta.standby.to_word(), Ordering::Relaxed);
-                // Release: the table's slots, written before, are visible once packets read it.
-                AtomicU64::from_ptr(addr_of_mut!((*slot).meta.active).cast()).store(meta.active.to_word(), Ordering::Release);
-            }
-            return Ok(());
-        }
-        let home = self.home(key);
-        let (distance, i) =
-            self.window(key).enumerate().find(|&(_, i)| self.slots.read(i).key.family == 0).ok_or(DataplaneError::VipIndexFull)?;
+        let Some(i) = self.find(key) else {
+            return self.insert(key, VipSlot { key: *key, meta: *meta, ..VipSlot::default() }).map(drop);
+        };
         let slot = self.slots.at(i);
-        // SAFETY: as above; the slot is free, so no packet reads it until its family is set.
+        // SAFETY: a slot of the live mapping; fields are aligned (see `VipSlot`).
         unsafe {
-            std::ptr::write_volatile(addr_of_mut!((*slot).meta), *meta);
-            std::ptr::write_volatile(addr_of_mut!((*slot).key), VipKey { family: 0, ..*key });
-            AtomicU8::from_ptr(addr_of_mut!((*slot).key.family)).store(key.family, Ordering::Release);
-            let probes = AtomicU32::from_ptr(addr_of_mut!((*self.slots.at(home)).probes));
-            probes.fetch_max(distance as u32 + 1, Ordering::Release);
+            AtomicU32::from_ptr(addr_of_mut!((*slot).meta.flags)).store(meta.flags, Ordering::Relaxed);
+            AtomicU64::from_ptr(addr_of_mut!((*slot).meta.standby).cast()).store(meta.standby.to_word(), Ordering::Relaxed);
+            // Release: the table's slots, written before, are visible once packets read it.
+            AtomicU64::from_ptr(addr_of_mut!((*slot).meta.active).cast()).store(meta.active.to_word(), Ordering::Release);
         }
         Ok(())
     }
 
-    /// Removes `key` (packets stop finding it at once) and shortens its home's window.
     pub fn remove(&mut self, key: &VipKey) {
-        let Some(i) = self.find(key) else { return };
-        // SAFETY: a slot of the live mapping.
-        unsafe { AtomicU8::from_ptr(addr_of_mut!((*self.slots.at(i)).key.family)).store(0, Ordering::Release) };
-        let home = self.home(key);
-        let probes = self
-            .window(key)
-            .enumerate()
-            .filter(|&(_, j)| {
-                let other = self.slots.read(j).key;
-                other.family != 0 && self.home(&other) == home
-            })
-            .map(|(distance, _)| distance as u32 + 1)
-            .max()
-            .unwrap_or(0);
-        // SAFETY: as above.
-        unsafe { AtomicU32::from_ptr(addr_of_mut!((*self.slots.at(home)).probes)).store(probes, Ordering::Release) };
+        if let Some(i) = self.find(key) {
+            self.remove_at(i);
+        }
+    }
+}
+
+/// The rule index (`spw_rules`) and the prefix lengths each scope uses (`spw_rule_lens`).
+pub struct RuleIndex {
+    pub(super) index: Index<RuleSlot>,
+    pub(super) lens: Array<MapData, RuleLens>,
+    /// The lens slot of the global rules.
+    pub(super) global_lens: u32,
+}
+
+impl RuleIndex {
+    pub fn rules(&self) -> Vec<(RuleSlotKey, RuleValue)> {
+        self.index.all().map(|s| (s.key, s.value)).collect()
+    }
+
+    /// Inserts or replaces a rule. A replacement goes into another slot before the old one
+    /// is freed, so a packet reads the old value or the new one, never a mix.
+    pub fn set(&mut self, key: &RuleSlotKey, value: &RuleValue) -> Result<(), DataplaneError> {
+        let old = self.index.find(key);
+        self.index.insert(key, RuleSlot { key: *key, value: *value, ..RuleSlot::default() })?;
+        match old {
+            Some(i) => self.index.remove_at(i),
+            None => self.set_len(key, true)?,
+        }
+        Ok(())
+    }
+
+    pub fn remove(&mut self, key: &RuleSlotKey) -> Result<(), DataplaneError> {
+        let Some(i) = self.index.find(key) else { return Ok(()) };
+        self.index.remove_at(i);
+        let shared = self.index.all().any(|s| (s.key.scope, s.key.family, s.key.prefix_len) == (key.scope, key.family, key.prefix_len));
+        if !shared {
+            self.set_len(key, false)?;
+        }
+        Ok(())
+    }
+
+    /// Marks (or clears) `key`'s prefix length as in use by its scope.
+    fn set_len(&mut self, key: &RuleSlotKey, used: bool) -> Result<(), DataplaneError> {
+        let slot = if key.scope == ANY_VIP { self.global_lens } else { key.scope };
+        let named = |source| DataplaneError::Map { name: map_names::RULE_LENS, source };
+        let mut lens = self.lens.get(&slot, 0).map_err(named)?;
+        let list = lens.of_mut(key.family);
+        let mut in_use: Vec<u8> = list.iter().copied().filter(|&l| l != 0 && l != key.prefix_len + 1).collect();
+        if used {
+            in_use.push(key.prefix_len + 1);
+        }
+        in_use.sort_unstable_by(|a, b| b.cmp(a));
+        if in_use.len() > list.len() {
+            return Err(DataplaneError::RuleLengths { max: list.len() });
+        }
+        *list = [0; MAX_RULE_LENGTHS];
+        list[..in_use.len()].copy_from_slice(&in_use);
+        self.lens.set(slot, &lens, 0).map_err(named)
     }
 }
 

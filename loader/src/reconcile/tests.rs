@@ -172,7 +172,7 @@ fn reused_ids_start_with_zeroed_counters() {
 
 use spillway_common::{
     limits::{ANY_VIP, Capacity},
-    types::{Bucket, RuleState, SourceKey, SourceState},
+    types::{Bucket, FAMILY_V4, FAMILY_V6, RuleSlotKey, RuleState, SourceKey, SourceState},
 };
 
 use crate::model::RateSpec;
@@ -203,11 +203,11 @@ fn slot(maps: &FakeMaps, slot: u32) -> Limits {
     maps.limits.get(&slot).copied().unwrap_or_default()
 }
 
-/// The trie entry of `rule` (there must be exactly one with its CIDR and scope).
-fn entry(maps: &FakeMaps, r: &Reconciler, m: &RuleMatch) -> (u32, RuleKey, RuleValue) {
+/// The index entry of `rule` (there must be exactly one with its CIDR and scope).
+fn entry(maps: &FakeMaps, r: &Reconciler, m: &RuleMatch) -> (RuleSlotKey, RuleValue) {
     let vip_id = m.vip.map_or(ANY_VIP, |v| r.vip_id(&v).unwrap());
-    let (len, key) = rule_key(&m.cidr, vip_id);
-    (len, key, maps.rules[&(len, key)])
+    let key = rule_key(&m.cidr, vip_id);
+    (key, maps.rules[&key])
 }
 
 #[test]
@@ -281,24 +281,16 @@ fn rules_get_stable_lowest_free_ids_and_exact_trie_entries() {
     assert_eq!(report.rules_written, 3);
     assert_eq!(maps.rules.len(), 3);
 
-    let (len, key, value) = entry(&maps, &r, &rule("192.0.2.0/24@10.100.0.1:80/tcp"));
+    let (key, value) = entry(&maps, &r, &rule("192.0.2.0/24@10.100.0.1:80/tcp"));
     let vip_id = r.vip_id(&vip()).unwrap();
-    assert_eq!(len, RULE_KEY_SCOPE_BITS + 24);
-    assert_eq!(key.vip_id_be, vip_id.to_be());
-    assert_eq!(key.family, FAMILY_V4);
-    assert_eq!(key.addr[..4], [192, 0, 2, 0]);
-    assert!(key.addr[4..].iter().all(|&b| b == 0) && key._pad == [0; 3]);
-    assert_eq!(
-        (value.action, value.rate, value.flags, value.addr_prefix_len),
-        (RULE_LIMIT, Rate { per_s: 7, burst: 9 }, LIMIT_F_OBSERVE_SOURCE, 24)
-    );
-    let (len, key, value) = entry(&maps, &r, &rule("2001:db8::/32"));
-    assert_eq!(
-        (len, key.vip_id_be, key.family, value.action, value.rate),
-        (RULE_KEY_SCOPE_BITS + 32, ANY_VIP, FAMILY_V6, RULE_EXEMPT, Rate::default())
-    );
-    assert_eq!(key.addr, "2001:db8::".parse::<std::net::Ipv6Addr>().unwrap().octets());
-    assert_eq!(entry(&maps, &r, &rule("10.1.0.0/16")).2.action, RULE_BLOCK);
+    assert_eq!((key.scope, key.family, key.prefix_len), (vip_id, FAMILY_V4, 24));
+    assert_eq!(key.addr[0].to_ne_bytes(), [192, 0, 2, 0]);
+    assert!(key.addr[1..].iter().all(|&w| w == 0) && key._pad == [0; 2]);
+    assert_eq!((value.action, value.rate, value.flags, value.addr_prefix_len), (RULE_LIMIT, Rate::new(7, 9), LIMIT_F_OBSERVE_SOURCE, 24));
+    let (key, value) = entry(&maps, &r, &rule("2001:db8::/32"));
+    assert_eq!((key.prefix_len, key.scope, key.family, value.action, value.rate), (32, ANY_VIP, FAMILY_V6, RULE_EXEMPT, Rate::default()));
+    assert_eq!(key.addr, to_words("2001:db8::".parse().unwrap()).0);
+    assert_eq!(entry(&maps, &r, &rule("10.1.0.0/16")).1.action, RULE_BLOCK);
 
     // Ids follow the rules' order in the state, lowest first, and stay put.
     let ids: Vec<u32> = s.rules.keys().map(|m| r.rule_id(m).unwrap()).collect();
@@ -311,7 +303,7 @@ fn rules_get_stable_lowest_free_ids_and_exact_trie_entries() {
     assert_eq!((report.rules_written, report.limits_written, report.slots_written), (1, 0, 0));
     assert_eq!(r.rule_id(&rule("10.1.0.0/16")), Some(blocked));
     assert_eq!(maps.rule_state[&blocked].hits, 10);
-    assert_eq!(entry(&maps, &r, &rule("10.1.0.0/16")).2.action, RULE_LIMIT);
+    assert_eq!(entry(&maps, &r, &rule("10.1.0.0/16")).1.action, RULE_LIMIT);
     assert_eq!(r.apply(&mut maps, &s).unwrap(), ApplyReport::default());
 
     // A removed rule's id goes to the next new rule, with zeroed counters.
@@ -337,7 +329,7 @@ fn a_vips_rules_go_before_the_vip_and_never_reach_its_ids_next_owner() {
     s.remove_vip(&vip()).unwrap();
     r.apply(&mut maps, &s).unwrap();
     assert_eq!(maps.rules.len(), 1);
-    assert!(maps.rules.keys().all(|(_, k)| k.vip_id_be == ANY_VIP));
+    assert!(maps.rules.keys().all(|k| k.scope == ANY_VIP));
     let mut again = s.clone();
     again.add_vip("10.100.0.3:80/tcp".parse().unwrap(), 13).unwrap();
     r.apply(&mut maps, &again).unwrap();
@@ -378,19 +370,22 @@ fn a_restarted_reconciler_adopts_rule_ids_and_limits_and_writes_nothing() {
 }
 
 #[test]
-fn adopted_trie_entries_no_rule_owns_are_removed_and_bad_ids_replaced() {
+fn adopted_index_entries_no_rule_owns_are_removed_and_bad_ids_replaced() {
     let mut maps = FakeMaps::default();
     let mut s = state(&[("10.0.0.101", 100)]);
     s.set_rule(rule("10.1.0.0/16"), block()).unwrap();
     s.set_rule(rule("10.2.0.0/16"), block()).unwrap();
     Reconciler::adopt(&maps).unwrap().apply(&mut maps, &s).unwrap();
     // Damage: a second entry with id 0, and entries for a VIP id and a family nobody has.
-    let (len, key) = rule_key(&"10.2.0.0/16".parse().unwrap(), ANY_VIP);
-    maps.rules.get_mut(&(len, key)).unwrap().id = 0;
-    let (len, stale) = rule_key(&"10.3.0.0/16".parse().unwrap(), 42);
-    maps.rules.insert((len, stale), RuleValue { id: 7, ..RuleValue::default() });
-    let odd = RuleKey { family: 9, ..stale };
-    maps.rules.insert((len, odd), RuleValue { id: 8, ..RuleValue::default() });
+    let key = rule_key(&"10.2.0.0/16".parse().unwrap(), ANY_VIP);
+    maps.rules.get_mut(&key).unwrap().id = 0;
+    let stale = rule_key(&"10.3.0.0/16".parse().unwrap(), 42);
+    maps.rules.insert(stale, RuleValue { id: 7, ..RuleValue::default() });
+    let odd = RuleSlotKey { family: 9, ..stale };
+    maps.rules.insert(odd, RuleValue { id: 8, ..RuleValue::default() });
+    // Host bits set: not a key this reconciler writes.
+    let unmasked = RuleSlotKey { addr: to_words("10.4.0.1".parse().unwrap()).0, ..rule_key(&"10.4.0.0/16".parse().unwrap(), ANY_VIP) };
+    maps.rules.insert(unmasked, RuleValue { id: 9, ..RuleValue::default() });
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.apply(&mut maps, &s).unwrap();
     assert_eq!(maps.rules.len(), 2);
@@ -415,18 +410,19 @@ fn a_failed_rule_write_is_retried_by_the_next_apply() {
 }
 
 #[test]
-fn the_rule_count_lets_the_data_path_skip_the_trie_only_when_it_is_empty() {
+fn a_vip_is_flagged_while_rules_are_scoped_to_it() {
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();
-    let mut s = state(&[("10.0.0.101", 100)]);
-    r.apply(&mut maps, &s).unwrap();
-    assert_eq!(maps.rule_count, 0);
+    let mut s = two_vips();
+    let flagged = |maps: &FakeMaps, v: &Vip| maps.vips[&vip_key(v)].flags & VIP_F_SCOPED_RULES != 0;
     s.set_rule(rule("192.168.0.0/16"), block()).unwrap();
-    s.set_rule(rule("10.9.0.0/16"), block()).unwrap();
     r.apply(&mut maps, &s).unwrap();
-    assert_eq!((maps.rule_count, maps.rules.len()), (2, 2));
-    s.remove_rule(&rule("192.168.0.0/16")).unwrap();
-    s.remove_rule(&rule("10.9.0.0/16")).unwrap();
+    assert!(!flagged(&maps, &vip()) && !flagged(&maps, &vip2()), "a global rule flags no VIP");
+    s.set_rule(rule("10.9.0.0/16@10.100.0.2:80/tcp"), block()).unwrap();
     r.apply(&mut maps, &s).unwrap();
-    assert_eq!((maps.rule_count, maps.rules.len()), (0, 0));
+    assert!(!flagged(&maps, &vip()) && flagged(&maps, &vip2()));
+    s.remove_rule(&rule("10.9.0.0/16@10.100.0.2:80/tcp")).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert!(!flagged(&maps, &vip2()));
+    assert_eq!(maps.rules.len(), 1);
 }

@@ -29,7 +29,13 @@ pub struct BenchArgs {
     /// says otherwise), with `skipped` naming the parts that could not run and why.
     #[arg(short, long, value_enum, default_value_t = Format::Text)]
     output: Format,
+    /// Run only these parts (repeatable) [default: all].
+    #[arg(long = "part", value_name = "PART", value_parser = clap::builder::PossibleValuesParser::new(PARTS))]
+    parts: Vec<String>,
 }
+
+/// Every part, in the order they run.
+const PARTS: [&str; 3] = ["paths", "stages", "sockwatch"];
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -54,7 +60,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     ];
     let mut rows = serde_json::Map::new();
     let mut skipped = serde_json::Map::new();
-    for (name, part) in parts {
+    for (name, part) in parts.into_iter().filter(|(name, _)| args.parts.is_empty() || args.parts.iter().any(|p| p == name)) {
         match part() {
             Ok(section) => {
                 if args.output == Format::Text {

@@ -53,6 +53,8 @@ pub const VIP: &str = "10.200.1.1:80/tcp";
 pub const LIMITED_VIP: &str = "10.200.1.2:80/tcp";
 /// Its per-source limit: generous, so each new source's first flow is admitted.
 const SOURCE_LIMIT: RateSpec = RateSpec { per_s: 1000, burst: 100 };
+/// A third VIP whose budget is deep in debt: every new flow to it is dropped, no rule involved.
+pub const BUDGET_VIP: &str = "10.200.1.3:80/tcp";
 /// A client whose class (an operator rule) is deep in debt: every new flow from it is dropped.
 pub const LIMITED_CLIENT: &str = "192.168.10.30:40000";
 /// The established flow's client, and the client that repeats one SYN.
@@ -103,6 +105,7 @@ pub struct Flows {
     pub non_vip: Vec<u8>,
     pub limited: Vec<u8>,
     pub through_limit: Vec<u8>,
+    pub over_budget: Vec<u8>,
 }
 
 impl Flows {
@@ -117,6 +120,7 @@ impl Flows {
             non_vip: frames::tcp(client, NON_VIP.parse()?, true, &[]),
             limited: frames::tcp(LIMITED_CLIENT.parse()?, limited, true, &[]),
             through_limit: frames::tcp(client, limited, true, &[]),
+            over_budget: frames::tcp(client, vip_addr(BUDGET_VIP)?, true, &[]),
         })
     }
 }
@@ -191,8 +195,9 @@ impl Lab {
         balancer.maps.tx_ports.insert(egress, egress, None, 0).context("adding the egress to the redirect map")?;
         let vip: Vip = VIP.parse()?;
         let limited_vip: Vip = LIMITED_VIP.parse()?;
+        let budget_vip: Vip = BUDGET_VIP.parse()?;
         let mut state = DesiredState::default();
-        for vip in [vip, limited_vip] {
+        for vip in [vip, limited_vip, budget_vip] {
             state.add_vip(vip, DEFAULT_RING_SIZE)?;
             for n in packet_lab::RESOLVED_BACKENDS {
                 state.add_backend(&vip, packet_lab::backend4(n).into(), DEFAULT_WEIGHT)?;
@@ -200,17 +205,22 @@ impl Lab {
         }
         let limits = LimitConfig { per_source: Some(SOURCE_LIMIT), ..LimitConfig::default() };
         state.set_limits(Some(&limited_vip), limits)?;
+        let budget = LimitConfig { vip_budget: Some(RateSpec { per_s: 1, burst: 0 }), ..LimitConfig::default() };
+        state.set_limits(Some(&budget_vip), budget)?;
         // The limited client is a client class of its own, held to one flow a second...
         let class = RuleMatch { cidr: format!("{}/32", LIMITED_CLIENT.parse::<SocketAddr>()?.ip()).parse()?, vip: Some(limited_vip) };
         let one_per_s = RuleConfig { action: RuleAction::Limit(RateSpec { per_s: 1, burst: 0 }), observe: false };
         state.set_rule(class, one_per_s)?;
-        Reconciler::adopt(&balancer.maps)?.apply(&mut balancer.maps, &state).context("configuring the VIPs")?;
+        let mut reconciler = Reconciler::adopt(&balancer.maps)?;
+        reconciler.apply(&mut balancer.maps, &state).context("configuring the VIPs")?;
         // ...and its bucket is an hour in debt, so every flow it starts during the run is
         // dropped. (A rule's bucket lives in an array; a source's could be evicted from its
         // LRU by the new-flow cases' sources.)
-        let rule = balancer.maps.rules.iter().next().context("the rule is not in the trie")??.1;
+        let rule = balancer.maps.rules.rules().first().context("the rule is not in the rule index")?.1;
         let in_debt = Bucket { tat_ns: u64::MAX / 2 };
         balancer.maps.rule_buckets.set(rule.id, &in_debt, 0).context("indebting the limited client's class")?;
+        let budget_id = reconciler.vip_id(&budget_vip).context("the budget VIP has no id")?;
+        balancer.maps.budget.set(budget_id, &in_debt, 0).context("indebting the budget VIP")?;
         Ok(Self { balancer, stages, floor, ingress, ingress_mac, cpu, new_flows: NewFlows::default(), _decap: decap })
     }
 

@@ -64,6 +64,12 @@ fn paths(flows: Flows) -> Vec<Path> {
             katran: Some(2.82),
         },
         Path {
+            // The same, refused by the VIP's budget (no rule).
+            case: balancer("budget_drop", Frames::NewPorts(flows.over_budget), XDP_DROP, Reason::DropVipBudget, false),
+            goal: Some(2.2),
+            katran: Some(2.82),
+        },
+        Path {
             case: balancer("admitted_through_limit", Frames::NewFlows(flows.through_limit), XDP_TX, Reason::Tx, true),
             goal: None,
             katran: None,

@@ -3,10 +3,12 @@
 //!
 //! The source table also feeds `lbctl top-sources`. A flow needs a source bucket only when
 //! its VIP has a per-source limit and no rule matched it; other new flows only touch the
-//! table at random, one in `SOURCE_SAMPLE_UNLIMITED`, adding that many to the counters (the
-//! LRU lookup, and the insert for a new source, were a third of a new flow's cost): their
-//! top-sources counts are estimates. Rules are looked up only where some exist (a VIP flag
-//! for scoped rules, a count for global ones), and a rule's counters are per CPU.
+//! table at random, one in `SOURCE_SAMPLE_UNLIMITED`, adding that many to the counters, and
+//! a sample of a source not in the table yet adds it only one time in `SOURCE_SAMPLE_NEW`,
+//! counting for as many (the LRU lookup, and above all the insert, were a third of a new
+//! flow's cost): their top-sources counts are unbiased estimates. Rules are looked up only
+//! at the prefix lengths in use (a VIP flag says whether it has rules of its own), and a
+//! rule's counters are per CPU.
 //!
 //! Buckets use GCRA: the state is the theoretical arrival time (TAT) of the next flow. A flow
 //! is admitted when `TAT + T - now <= burst * T`, which then advances TAT by `T = 1 s / rate`.
@@ -18,22 +20,25 @@
 //! extra flows per idle-to-busy transition — never under sustained overload, when TAT stays
 //! ahead of now.
 
-use core::ptr::{read_volatile, write_volatile};
+use core::ptr::{addr_of, read_volatile, write_volatile};
 
 use aya_ebpf::helpers::bpf_get_prandom_u32;
 use spillway_common::{
-    limits::{ANY_VIP, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6, SOURCE_SAMPLE_UNLIMITED},
+    hash::{RULE_SEED, addr_hash, rule_home},
+    limits::{
+        ANY_VIP, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6, MAX_RULE_LENGTHS, RULE_SLOTS, SOURCE_SAMPLE_NEW,
+        SOURCE_SAMPLE_UNLIMITED, VIP_PROBES,
+    },
+    prefix::masked,
     types::{
-        Bucket, FAMILY_V4, FlowKey, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, Observed, RULE_BLOCK, RULE_KEY_SCOPE_BITS,
-        RULE_LIMIT, Rate, Reason, RuleKey, RuleValue, SourceKey, SourceState, VIP_F_SCOPED_RULES,
+        Bucket, FAMILY_V4, FlowKey, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, Observed, RULE_BLOCK, RULE_LIMIT, Rate, Reason,
+        RuleSlotKey, RuleValue, SourceKey, SourceState, VIP_F_SCOPED_RULES,
     },
 };
 use xdp_ebpf::atomic::add_u64;
 
-use crate::maps::{BUDGET, LIMITS, OBSERVED, RULE_BUCKETS, RULE_COUNT, RULE_COUNTERS, RULES, RuleLookup, SOURCES, default_limit_slot};
+use crate::maps::{BUDGET, LIMITS, OBSERVED, RULE_BUCKETS, RULE_COUNTERS, RULE_LENS, RULES, SOURCES, default_limit_slot};
 use crate::select::Vip;
-
-const NS_PER_S: u64 = 1_000_000_000;
 
 /// Decides whether a new flow to `vip` may be created; `Err` carries the drop reason.
 #[inline(always)]
@@ -45,19 +50,25 @@ pub fn admit_new_flow(key: &FlowKey, vip: &Vip, now: u64) -> Result<(), Reason> 
     // feeds `top-sources`: a random sample updates the table, each counting for the flows it
     // stands for.
     let per_source = limits.filter(|l| rule.is_none() && l.per_source.per_s != 0);
-    let weight = if per_source.is_some() {
-        1
-    } else if unsafe { bpf_get_prandom_u32() } & (SOURCE_SAMPLE_UNLIMITED - 1) == 0 {
-        SOURCE_SAMPLE_UNLIMITED as u64
+    // (weight of a known source, weight of a source not in the table yet; 0: not counted).
+    let (weight, new_weight) = if per_source.is_some() {
+        (1, 1)
     } else {
-        0
+        let r = unsafe { bpf_get_prandom_u32() };
+        if r & (SOURCE_SAMPLE_UNLIMITED - 1) != 0 {
+            (0, 0)
+        } else if (r / SOURCE_SAMPLE_UNLIMITED) & (SOURCE_SAMPLE_NEW - 1) == 0 {
+            (SOURCE_SAMPLE_UNLIMITED as u64, (SOURCE_SAMPLE_UNLIMITED * SOURCE_SAMPLE_NEW) as u64)
+        } else {
+            (SOURCE_SAMPLE_UNLIMITED as u64, 0)
+        }
     };
-    let source = if weight != 0 { source_state(key, vip.id, limits) } else { None };
-    let verdict = decide(vip.id, limits, rule, per_source.and(source), now);
-    if let Some(source) = source {
+    let source = if weight != 0 { source_state(key, vip.id, limits, new_weight != 0) } else { None };
+    let verdict = decide(vip.id, limits, rule, per_source.and(source.map(|(s, _)| s)), now);
+    if let Some((source, created)) = source {
         // SAFETY: a live map value; shared by CPUs, hence atomic adds.
         let counter = unsafe { if verdict.is_ok() { &mut (*source).admitted } else { &mut (*source).dropped } };
-        add(counter, weight);
+        add(counter, if created { new_weight } else { weight });
     }
     verdict
 }
@@ -136,9 +147,9 @@ fn effective_limits(vip_id: u32) -> Option<&'static Limits> {
     LIMITS.get(default_limit_slot()).filter(|l| l.configured != 0)
 }
 
-/// The source prefix's entry, created on its first new flow.
+/// The source prefix's entry, and whether this flow created it (only if `create`).
 #[inline(always)]
-fn source_state(key: &FlowKey, vip_id: u32, limits: Option<&Limits>) -> Option<*mut SourceState> {
+fn source_state(key: &FlowKey, vip_id: u32, limits: Option<&Limits>, create: bool) -> Option<(*mut SourceState, bool)> {
     let prefix_len = match (key.family, limits) {
         (FAMILY_V4, Some(l)) => l.source_prefix_v4,
         (FAMILY_V4, None) => DEFAULT_SOURCE_PREFIX_V4,
@@ -147,60 +158,83 @@ fn source_state(key: &FlowKey, vip_id: u32, limits: Option<&Limits>) -> Option<*
     };
     let skey = SourceKey { vip_id, family: key.family, _pad: [0; 3], prefix: masked(&key.src, prefix_len) };
     if let Some(state) = SOURCES.get_ptr_mut(&skey) {
-        return Some(state);
+        return Some((state, false));
+    }
+    if !create {
+        return None;
     }
     // BPF_NOEXIST: of two CPUs creating the entry at once, the second keeps the first's.
     let _ = SOURCES.insert(&skey, &SourceState::default(), 1);
-    SOURCES.get_ptr_mut(&skey)
+    SOURCES.get_ptr_mut(&skey).map(|s| (s, true))
 }
 
-/// `addr` (network-order words) with only its first `len` bits kept.
-#[inline(always)]
-fn masked(addr: &[u32; 4], len: u8) -> [u32; 4] {
-    let mut out = [0u32; 4];
-    let mut i = 0;
-    while i < 4 {
-        let start = (i * 32) as u32;
-        let keep = (len as u32).saturating_sub(start).min(32);
-        let mask = if keep == 0 { 0 } else { u32::MAX << (32 - keep) };
-        out[i] = addr[i] & mask.to_be();
-        i += 1;
-    }
-    out
-}
-
-/// The most specific of the rule scoped to this VIP and the global one (a tie goes to the
-/// scoped rule).
+/// The most specific of the rules scoped to this VIP and the global ones (at equal length
+/// the scoped rule wins): the rule index is probed at the prefix lengths in use only, longest
+/// first, so without rules this costs one array read.
 #[inline(always)]
 fn matching_rule(key: &FlowKey, vip: &Vip) -> Option<&'static RuleValue> {
-    // Trie lookups are the costliest step here: only where rules exist.
-    let scoped = if vip.flags & VIP_F_SCOPED_RULES != 0 { rule_lookup(key, vip.id) } else { None };
-    let global = if RULE_COUNT.get(0).is_some_and(|&n| n != 0) { rule_lookup(key, ANY_VIP) } else { None };
-    match (scoped, global) {
-        (Some(s), Some(g)) => Some(if g.addr_prefix_len > s.addr_prefix_len { g } else { s }),
-        (s, g) => s.or(g),
+    let none = [0u8; MAX_RULE_LENGTHS];
+    let lens = |slot| match RULE_LENS.get(slot) {
+        Some(l) if key.family == FAMILY_V4 => l.v4,
+        Some(l) => l.v6,
+        None => none,
+    };
+    let mut found: Option<&'static RuleValue> = None;
+    // Both lists are longest first: the first scoped match is the VIP's most specific rule,
+    // and only a strictly longer global one beats it.
+    if vip.flags & VIP_F_SCOPED_RULES != 0 {
+        for len in lens(vip.id) {
+            if len == 0 {
+                break;
+            }
+            found = rule_at(key, vip.id, len - 1);
+            if found.is_some() {
+                break;
+            }
+        }
     }
+    let beat = found.map_or(0, |rule| rule.addr_prefix_len as u32 + 1);
+    for len in lens(default_limit_slot()) {
+        if (len as u32) <= beat {
+            break;
+        }
+        if let Some(rule) = rule_at(key, ANY_VIP, len - 1) {
+            return Some(rule);
+        }
+    }
+    found
 }
 
+/// The rule of `scope` for the source's `/len` prefix, if there is one.
 #[inline(always)]
-fn rule_lookup(key: &FlowKey, vip_id: u32) -> Option<&'static RuleValue> {
-    // SAFETY: [u32; 4] and [u8; 16] have the same size; the words are in network order,
-    // so their bytes are the address as written on the wire.
-    let addr: [u8; 16] = unsafe { core::mem::transmute(key.src) };
-    let addr_bits = if key.family == FAMILY_V4 { 32 } else { 128 };
-    let lookup =
-        RuleLookup::new(RULE_KEY_SCOPE_BITS + addr_bits, RuleKey { vip_id_be: vip_id.to_be(), family: key.family, addr, _pad: [0; 3] });
-    RULES.get(&lookup)
+fn rule_at(key: &FlowKey, scope: u32, len: u8) -> Option<&'static RuleValue> {
+    let want = RuleSlotKey { scope, family: key.family, prefix_len: len, _pad: [0; 2], addr: masked(&key.src, len) };
+    let mask = RULE_SLOTS - 1;
+    let home = rule_home(addr_hash(&want.addr, RULE_SEED), scope, key.family, len, mask);
+    // SAFETY (all): live map values, written by the loader as the VIP index is (family
+    // published last, cleared first).
+    let probes = unsafe { read_volatile(addr_of!((*RULES.get_ptr(home)?).probes)) };
+    for i in 0..VIP_PROBES {
+        if i >= probes {
+            break;
+        }
+        let slot = RULES.get_ptr((home + i) & mask)?;
+        unsafe {
+            if read_volatile(addr_of!((*slot).key.family)) == key.family && read_volatile(addr_of!((*slot).key)) == want {
+                return Some(&(*slot).value);
+            }
+        }
+    }
+    None
 }
 
 /// GCRA admission (see the module docs); a zero rate admits everything.
 #[inline(always)]
 fn gcra_admit(bucket: &mut Bucket, rate: &Rate, now: u64) -> bool {
-    // checked_div: no panic path for the verifier to trip on.
-    let Some(interval) = NS_PER_S.checked_div(rate.per_s as u64) else {
+    let (interval, tolerance) = (rate.interval_ns, rate.tolerance_ns);
+    if rate.per_s == 0 {
         return true;
-    };
-    let tolerance = interval * (rate.burst as u64 + 1);
+    }
     let tat: *mut u64 = &mut bucket.tat_ns;
     // SAFETY: a live, 8-byte aligned map value; volatile so every read sees other CPUs' adds.
     unsafe {

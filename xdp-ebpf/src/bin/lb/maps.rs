@@ -7,12 +7,12 @@
 use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
     macros::map,
-    maps::{Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+    maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray},
 };
 use spillway_common::{
-    limits::{Capacity, MAX_RULES, MAX_TX_PORTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS},
+    limits::{Capacity, MAX_RULES, MAX_TX_PORTS, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS},
     types::{
-        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, Reason, RuleCounters, RuleKey, RuleValue,
+        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, Reason, RuleCounters, RuleLens, RuleSlot,
         SourceKey, SourceState, Traffic, VipSlot,
     },
 };
@@ -100,14 +100,15 @@ pub static BUDGET: Array<Bucket> = Array::with_max_entries(DEFAULT.vips, 0);
 #[map(name = "spw_sources")]
 pub static SOURCES: LruHashMap<SourceKey, SourceState> = LruHashMap::with_max_entries(SOURCE_TABLE_ENTRIES, 0);
 
-/// Operator rules: longest prefix within a VIP scope (or `ANY_VIP`) and family.
+/// Operator rules by (scope, family, prefix length, masked address), placed like the VIP
+/// index; written by the loader through a memory mapping (see `RuleSlot`).
 #[map(name = "spw_rules")]
-pub static RULES: LpmTrie<RuleKey, RuleValue> = LpmTrie::with_max_entries(MAX_RULES, 0);
+pub static RULES: Array<RuleSlot> = Array::with_max_entries(RULE_SLOTS, BPF_F_MMAPABLE);
 
-/// Slot 0: how many global rules exist (rules scoped to a VIP are flagged on the VIP). Zero
-/// lets new flows skip the global trie lookup.
-#[map(name = "spw_rule_count")]
-pub static RULE_COUNT: Array<u32> = Array::with_max_entries(1, 0);
+/// The prefix lengths each scope's rules use (VIP id; the global rules at
+/// `DEFAULT_LIMIT_SLOT`): a lookup probes the rule index at those lengths only.
+#[map(name = "spw_rule_lens")]
+pub static RULE_LENS: Array<RuleLens> = Array::with_max_entries(DEFAULT.vips + 1, 0);
 
 /// Per rule id: the client class's bucket (shared by all CPUs).
 #[map(name = "spw_rule_bucket")]
@@ -120,6 +121,3 @@ pub static RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entr
 /// What limits in observe mode would have dropped.
 #[map(name = "spw_observed")]
 pub static OBSERVED: PerCpuArray<u64> = PerCpuArray::with_max_entries(Observed::COUNT, 0);
-
-/// Key type of `RULES`, named for the code that builds lookups.
-pub type RuleLookup = Key<RuleKey>;
