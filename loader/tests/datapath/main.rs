@@ -4,6 +4,7 @@
 
 mod backends;
 mod decap;
+mod flood;
 mod forwarding;
 mod fuzz;
 mod icmp;

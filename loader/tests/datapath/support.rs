@@ -16,7 +16,7 @@ use spillway::{
 use spillway_common::{
     addr::{from_words, to_words},
     hash::{FLOW_SEED, flow_hash},
-    limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
+    limits::{Capacity, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
     types::{FlowKey, LbConfig, Reason, VipMeta},
 };
 use spillway_harness::{
@@ -57,8 +57,17 @@ pub fn with_env<T: Send>(body: impl FnOnce(&mut Env) -> T + Send) -> T {
     with_env_in(&PacketLab::build().expect("building the packet lab"), body)
 }
 
+/// [`with_env`] with maps of these sizes.
+pub fn with_env_sized<T: Send>(capacity: Capacity, body: impl FnOnce(&mut Env) -> T + Send) -> T {
+    with_env_options(&PacketLab::build().expect("building the packet lab"), LoadOptions { capacity, ..LoadOptions::default() }, body)
+}
+
 /// [`with_env`] in a lab the caller keeps (to change its routes or neighbours mid-test).
 pub fn with_env_in<T: Send>(lab: &PacketLab, body: impl FnOnce(&mut Env) -> T + Send) -> T {
+    with_env_options(lab, LoadOptions::default(), body)
+}
+
+fn with_env_options<T: Send>(lab: &PacketLab, options: LoadOptions, body: impl FnOnce(&mut Env) -> T + Send) -> T {
     let ingress = lab.ifindex(packet_lab::INGRESS).unwrap();
     let egress = lab.ifindex(packet_lab::EGRESS).unwrap();
     let ingress_mac = lab.mac(packet_lab::INGRESS).unwrap();
@@ -68,7 +77,7 @@ pub fn with_env_in<T: Send>(lab: &PacketLab, body: impl FnOnce(&mut Env) -> T + 
         program.attach(ingress, XdpMode::Driver).unwrap();
         program.attach(egress, XdpMode::Driver).unwrap();
 
-        let mut balancer = Balancer::load(&LoadOptions::default()).unwrap();
+        let mut balancer = Balancer::load(&options).unwrap();
         balancer.maps.set_config(&default_config()).unwrap();
         balancer.maps.tx_ports.insert(egress, egress, None, 0).unwrap();
         let reconciler = Reconciler::adopt(&balancer.maps).unwrap();
