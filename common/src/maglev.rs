@@ -47,9 +47,9 @@ pub enum MaglevError {
 struct Walker {
     id: u32,
     weight: u64,
-    offset: u64,
+    /// The next slot of the walk, `(offset + k * skip) % m`, kept without a division.
+    pos: u64,
     skip: u64,
-    next: u64,
     credit: u64,
 }
 
@@ -71,9 +71,8 @@ pub fn build(backends: &[MaglevBackend], size: u32) -> Result<Vec<u32>, MaglevEr
         .map(|b| Walker {
             id: b.id,
             weight: u64::from(b.weight),
-            offset: u64::from(addr_hash(&b.addr, MAGLEV_OFFSET_SEED)) % m,
+            pos: u64::from(addr_hash(&b.addr, MAGLEV_OFFSET_SEED)) % m,
             skip: u64::from(addr_hash(&b.addr, MAGLEV_SKIP_SEED)) % (m - 1) + 1,
-            next: 0,
             credit: 0,
         })
         .collect();
@@ -87,8 +86,11 @@ pub fn build(backends: &[MaglevBackend], size: u32) -> Result<Vec<u32>, MaglevEr
                 // `skip` is coprime with the prime `m`, so the walk visits every slot and
                 // finds a free one within `m` steps.
                 loop {
-                    let slot = ((w.offset + w.next * w.skip) % m) as usize;
-                    w.next += 1;
+                    let slot = w.pos as usize;
+                    w.pos += w.skip;
+                    if w.pos >= m {
+                        w.pos -= m;
+                    }
                     if table[slot] == EMPTY_SLOT {
                         table[slot] = w.id;
                         filled += 1;
@@ -108,7 +110,6 @@ fn validate(backends: &[MaglevBackend], size: u32) -> Result<(), MaglevError> {
     if backends.len() > MAX_BACKENDS_PER_VIP as usize {
         return Err(MaglevError::TooManyBackends { count: backends.len() });
     }
-    let mut addrs: Vec<[u32; 4]> = Vec::with_capacity(backends.len());
     for b in backends {
         if b.id == EMPTY_SLOT {
             return Err(MaglevError::ReservedId);
@@ -116,12 +117,16 @@ fn validate(backends: &[MaglevBackend], size: u32) -> Result<(), MaglevError> {
         if b.weight > MAX_WEIGHT {
             return Err(MaglevError::WeightTooLarge { id: b.id, weight: b.weight });
         }
-        if addrs.contains(&b.addr) {
-            return Err(MaglevError::DuplicateAddress { id: b.id });
-        }
-        addrs.push(b.addr);
     }
-    Ok(())
+    // Sorted by address, then position: the first backend (in input order) whose address an
+    // earlier one has is the one named.
+    let mut by_addr: Vec<(&[u32; 4], usize)> = backends.iter().enumerate().map(|(i, b)| (&b.addr, i)).collect();
+    by_addr.sort_unstable();
+    let repeated = by_addr.windows(2).filter(|w| w[0].0 == w[1].0).map(|w| w[1].1).min();
+    match repeated {
+        Some(i) => Err(MaglevError::DuplicateAddress { id: backends[i].id }),
+        None => Ok(()),
+    }
 }
 
 /// The slots whose owner differs between `old` and `new`, as (slot, new owner). Tables of

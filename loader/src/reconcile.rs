@@ -20,7 +20,7 @@
 mod pool;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::IpAddr,
 };
 
@@ -126,6 +126,9 @@ struct Table {
 
 struct VipRuntime {
     id: u32,
+    /// The ring size and members the active table was built from (`None` after adopting:
+    /// built again once to compare).
+    built: Option<(u32, Vec<MaglevBackend>)>,
     flags: u32,
     /// Not yet in the VIP index: its first table is being written.
     unpublished: bool,
@@ -155,6 +158,9 @@ pub struct Reconciler {
     rules: BTreeMap<RuleMatch, RuleRuntime>,
     /// Entries found in the maps that no rule can own (removed on the next apply).
     stale_rules: Vec<RuleSlotKey>,
+    /// What the VIP address map and the pre-filter hold (read once, then kept).
+    vip_addrs: HashSet<AddrKey>,
+    vip_filter: Vec<u64>,
 }
 
 impl Reconciler {
@@ -181,6 +187,7 @@ impl Reconciler {
             let backends = by_vip.remove(&meta.id).unwrap_or_default();
             let runtime = VipRuntime {
                 id: meta.id,
+                built: None,
                 flags: meta.flags,
                 unpublished: false,
                 active: table(meta.active)?,
@@ -212,7 +219,10 @@ impl Reconciler {
                 _ => stale_rules.push(key),
             }
         }
-        Ok(Self { capacity, vips, pool, generations, in_use, orphans, limits, rules, stale_rules })
+        let vip_addrs = maps.vip_addrs()?.into_iter().collect();
+        let mut vip_filter = maps.vip_filter()?;
+        vip_filter.resize(VIP_FILTER_WORDS as usize, 0);
+        Ok(Self { capacity, vips, pool, generations, in_use, orphans, limits, rules, stale_rules, vip_addrs, vip_filter })
     }
 
     /// Makes the maps carry `desired`.
@@ -233,8 +243,8 @@ impl Reconciler {
         self.sync_limits(maps, desired, &mut report)?;
         self.sync_rules(maps, desired, &mut report)?;
         self.sync_vip_flags(maps, desired)?;
-        sync_vip_addrs(maps, desired)?;
-        sync_vip_filter(maps, desired)?;
+        sync_vip_addrs(maps, &mut self.vip_addrs, desired)?;
+        sync_vip_filter(maps, &mut self.vip_filter, desired)?;
         Ok(report)
     }
 
@@ -280,7 +290,7 @@ impl Reconciler {
                 };
                 // The VIP's limits are in place before its first packet.
                 self.write_limits(maps, id, vip_limits(desired, vip), report)?;
-                VipRuntime { id, flags: 0, unpublished: true, active, standby, backends: BTreeMap::new() }
+                VipRuntime { id, built: None, flags: 0, unpublished: true, active, standby, backends: BTreeMap::new() }
             }
         };
         let result = self.update_vip(maps, vip, config, &mut runtime, report);
@@ -317,10 +327,17 @@ impl Reconciler {
             .iter()
             .map(|(addr, b)| MaglevBackend { id: runtime.backends[addr], addr: to_words(*addr).0, weight: b.weight })
             .collect();
-        let table = maglev::build(&members, config.ring_size).map_err(|source| ReconcileError::Maglev { vip: *vip, source })?;
-
-        let unchanged =
-            !runtime.unpublished && runtime.active.at.size == config.ring_size && runtime.active.slots.as_deref() == Some(&table[..]);
+        let inputs = Some((config.ring_size, members));
+        // Most VIPs are untouched by a change: no table to build for them.
+        let same_inputs = !runtime.unpublished && runtime.built == inputs;
+        let table = match &inputs {
+            Some((size, members)) if !same_inputs => {
+                maglev::build(members, *size).map_err(|source| ReconcileError::Maglev { vip: *vip, source })?
+            }
+            _ => Vec::new(),
+        };
+        let unchanged = same_inputs
+            || (!runtime.unpublished && runtime.active.at.size == config.ring_size && runtime.active.slots.as_deref() == Some(&table[..]));
         if !unchanged {
             if runtime.standby.at.size != config.ring_size {
                 let resized = self.alloc_table(vip, config.ring_size)?;
@@ -340,6 +357,8 @@ impl Reconciler {
             runtime.unpublished = false;
             report.tables_flipped += 1;
         }
+        // Only once packets read the table built from them.
+        runtime.built = inputs;
         // Backends leaving the VIP are freed only after packets stopped reading their slots.
         let leaving: Vec<IpAddr> = runtime.backends.keys().filter(|a| !config.backends.contains_key(a)).copied().collect();
         for addr in leaving {
@@ -502,36 +521,33 @@ impl Reconciler {
     }
 }
 
-fn sync_vip_addrs(maps: &mut dyn Maps, desired: &DesiredState) -> Result<(), DataplaneError> {
-    let want: BTreeSet<([u32; 4], u8)> = desired.vips.keys().map(|v| to_words(v.addr)).collect();
-    let have = maps.vip_addrs()?;
-    for key in &have {
-        if !want.contains(&(key.addr, key.family)) {
-            maps.remove_vip_addr(key)?;
-        }
+/// Makes the VIP address map hold exactly the desired VIPs' addresses.
+fn sync_vip_addrs(maps: &mut dyn Maps, have: &mut HashSet<AddrKey>, desired: &DesiredState) -> Result<(), DataplaneError> {
+    let want: HashSet<AddrKey> =
+        desired.vips.keys().map(|v| to_words(v.addr)).map(|(addr, family)| AddrKey { addr, family, _pad: [0; 3] }).collect();
+    for key in have.difference(&want) {
+        maps.remove_vip_addr(key)?;
     }
-    for (addr, family) in want {
-        let key = AddrKey { addr, family, _pad: [0; 3] };
-        if !have.contains(&key) {
-            maps.set_vip_addr(&key)?;
-        }
+    for key in want.difference(have) {
+        maps.set_vip_addr(key)?;
     }
+    *have = want;
     Ok(())
 }
 
 /// Sets exactly the pre-filter bits of the desired VIP addresses, writing changed words only.
 /// Bits are set before the VIP entries that need them exist (apply runs this last, but a
 /// new VIP's packets pass as non-VIP until then, which is what an absent VIP does anyway).
-fn sync_vip_filter(maps: &mut dyn Maps, desired: &DesiredState) -> Result<(), DataplaneError> {
+fn sync_vip_filter(maps: &mut dyn Maps, have: &mut [u64], desired: &DesiredState) -> Result<(), DataplaneError> {
     let mut want = vec![0u64; VIP_FILTER_WORDS as usize];
     for vip in desired.vips.keys() {
         let (word, bit) = vip_filter_slot(vip_addr_hash(&to_words(vip.addr).0));
         want[word as usize] |= bit;
     }
-    let have = maps.vip_filter()?;
-    for (i, (&w, &h)) in want.iter().zip(&have).enumerate() {
-        if w != h {
+    for (i, (&w, h)) in want.iter().zip(have.iter_mut()).enumerate() {
+        if w != *h {
             maps.set_vip_filter_word(i as u32, w)?;
+            *h = w;
         }
     }
     Ok(())

@@ -218,6 +218,26 @@ impl Cluster {
             .with_context(|| format!("running lbctl {}", args.join(" ")))
     }
 
+    /// Starts `lbctl` with `args` without waiting for it (see [`Cluster::lbctl_wait`]).
+    pub fn lbctl_spawn(&self, args: &[&str]) -> Result<std::process::Child> {
+        Command::new(&self.bins.lbctl)
+            .arg("--api")
+            .arg(self.api_socket())
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running lbctl {}", args.join(" ")))
+    }
+
+    /// Waits for an `lbctl` from [`Cluster::lbctl_spawn`]; fails with its stderr on a
+    /// non-zero exit.
+    pub fn lbctl_wait(&self, child: std::process::Child) -> Result<()> {
+        let out = child.wait_with_output().context("waiting for lbctl")?;
+        ensure!(out.status.success(), "lbctl failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+        Ok(())
+    }
+
     /// Runs `lbctl` and returns its stdout; fails with its stderr on a non-zero exit.
     pub fn lbctl(&self, args: &[&str]) -> Result<String> {
         let out = self.lbctl_output(args)?;

@@ -7,8 +7,6 @@
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
-    path::PathBuf,
-    process::Command,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
@@ -16,7 +14,7 @@ use std::{
 use anyhow::{Context, Result, ensure};
 use spillway_harness::{
     TopologyConfig, VIP4,
-    cluster::{Binaries, Cluster, ClusterConfig, TCP_PORT, XdpMode},
+    cluster::{Cluster, ClusterConfig, TCP_PORT, XdpMode},
     run_connections,
 };
 
@@ -40,7 +38,7 @@ pub fn run() -> Result<()> {
         libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_interrupt as *const () as libc::sighandler_t);
     }
-    let bins = build_binaries()?;
+    let bins = crate::bins::build(false)?;
     println!("Building the sandbox: client c1, balancer lb (lbd), backends b1-b3 (lbd agent)...");
     let config = ClusterConfig { topology: TopologyConfig { backends: 3, clients: 1 }, mode: XdpMode::Native, lbd_args: Vec::new() };
     let mut cluster = Cluster::start(bins, config)?;
@@ -74,16 +72,6 @@ pub fn run() -> Result<()> {
 }
 
 /// Builds `lbd` and `lbctl` (same profile as this task) and returns their paths.
-fn build_binaries() -> Result<Binaries> {
-    let status = Command::new(env!("CARGO")).args(["build", "--quiet", "-p", "spillway-loader", "--bins"]).status()?;
-    ensure!(status.success(), "building lbd and lbctl failed");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let dir = target.join(if cfg!(debug_assertions) { "debug" } else { "release" });
-    Ok(Binaries { lbd: dir.join("lbd"), lbctl: dir.join("lbctl") })
-}
-
 /// Runs and echoes an `lbctl` command, as an operator would type it.
 fn lbctl(cluster: &Cluster, args: &[&str]) -> Result<()> {
     println!("$ lbctl {}", args.join(" "));

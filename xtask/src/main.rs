@@ -3,6 +3,7 @@
 //! crate before that.
 
 mod bench;
+mod bins;
 mod demo;
 mod test;
 

@@ -222,6 +222,43 @@ fn map_memory(ebpf: &Ebpf) -> Vec<MapMemory> {
     out
 }
 
+/// A look at a running balancer's maps through their pins (the bench watches a table flip
+/// with it): its VIP index, Maglev tables and backends.
+pub struct PinnedView {
+    pub vips: VipIndex,
+    pub rings: RingPool,
+    backends: aya::maps::Array<aya::maps::MapData, spillway_common::types::BackendInfo>,
+}
+
+impl PinnedView {
+    /// Opens the maps pinned in `maps_dir` (`PinLayout::balancer_maps`).
+    pub fn open(maps_dir: &Path) -> Result<Self, DataplaneError> {
+        let data =
+            |name: &'static str| aya::maps::MapData::from_pin(maps_dir.join(name)).map_err(|source| DataplaneError::Map { name, source });
+        let backends = aya::maps::Map::Array(data(map_names::BACKENDS)?);
+        Ok(Self {
+            vips: tables::Index { slots: mmap::Mapped::new(&data(map_names::VIPS)?, map_names::VIPS)? },
+            rings: RingPool { words: mmap::Mapped::new(&data(map_names::RINGS)?, map_names::RINGS)? },
+            backends: backends.try_into().map_err(|source| DataplaneError::Map { name: map_names::BACKENDS, source })?,
+        })
+    }
+
+    /// The addresses of the backends `table` names.
+    pub fn backends_in(
+        &self,
+        table: spillway_common::types::RingRef,
+    ) -> Result<std::collections::BTreeSet<std::net::IpAddr>, DataplaneError> {
+        let ids: std::collections::BTreeSet<u32> = self.rings.read(table).into_iter().collect();
+        ids.into_iter()
+            .map(|id| {
+                let info = self.backends.get(&id, 0).map_err(|source| DataplaneError::Map { name: map_names::BACKENDS, source })?;
+                Ok(spillway_common::addr::from_words(info.addr, info.family))
+            })
+            .filter_map(|r| r.transpose())
+            .collect()
+    }
+}
+
 /// Loads a single-program object that needs no map setup (decap, floor) and returns it.
 pub fn load_simple(object: &'static [u8], object_name: &'static str, program: &'static str) -> Result<Ebpf, DataplaneError> {
     let object = objects::check(object, object_name)?;

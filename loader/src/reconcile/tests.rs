@@ -426,3 +426,19 @@ fn a_vip_is_flagged_while_rules_are_scoped_to_it() {
     assert!(!flagged(&maps, &vip2()));
     assert_eq!(maps.rules.len(), 1);
 }
+
+#[test]
+fn a_change_whose_table_write_failed_is_written_when_applied_again() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
+    let two = state(&[("10.0.0.101", 100), ("10.0.0.102", 100)]);
+    maps.fail_next_write = true;
+    assert!(r.apply(&mut maps, &two).is_err());
+    assert_eq!(owners(&maps).len(), 1, "the failed change reached packets");
+    let report = r.apply(&mut maps, &two).unwrap();
+    assert_eq!(report.tables_flipped, 1);
+    assert_eq!(owners(&maps).len(), 2);
+    // Unchanged VIPs next to it build nothing and write nothing.
+    assert_eq!(r.apply(&mut maps, &two).unwrap(), ApplyReport::default());
+}

@@ -9,10 +9,12 @@
 //! (no tracefs for the socket watcher, say) says why, and the others still run. Every result
 //! is verified; performance is only reported, never asserted.
 
+mod control;
 mod packets;
 mod paths;
 mod sockwatch;
 mod stages;
+mod table;
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
@@ -35,7 +37,7 @@ pub struct BenchArgs {
 }
 
 /// Every part, in the order they run.
-const PARTS: [&str; 3] = ["paths", "stages", "sockwatch"];
+const PARTS: [&str; 5] = ["paths", "stages", "table", "control", "sockwatch"];
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -56,6 +58,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let parts: Vec<Part> = vec![
         ("paths", Box::new(|| paths::part(calls, reps))),
         ("stages", Box::new(|| stages::part(calls, reps))),
+        ("table", Box::new(|| table::part(calls, reps))),
+        ("control", Box::new(control::part)),
         ("sockwatch", Box::new(|| sockwatch::part(reps))),
     ];
     let mut rows = serde_json::Map::new();

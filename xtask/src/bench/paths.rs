@@ -29,18 +29,7 @@ fn paths(flows: Flows) -> Vec<Path> {
         inserts,
     };
     vec![
-        Path {
-            case: Case {
-                name: "floor".into(),
-                program: Program::Floor,
-                frames: Frames::Fixed(flows.syn.clone()),
-                action: XDP_TX,
-                reason: None,
-                inserts: false,
-            },
-            goal: Some(1.0),
-            katran: Some(1.0),
-        },
+        Path { case: Case::floor(&flows.syn), goal: Some(1.0), katran: Some(1.0) },
         Path {
             case: balancer("table_hit", Frames::Established { syn: flows.syn.clone(), frame: flows.ack }, XDP_TX, Reason::Tx, false),
             goal: Some(2.2),

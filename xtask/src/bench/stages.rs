@@ -68,14 +68,7 @@ const PATHS: [StagedPath; 3] = [
 
 pub fn part(calls: usize, reps: usize) -> Result<Section> {
     let flows = Flows::new()?;
-    let mut cases = vec![Case {
-        name: "floor".into(),
-        program: Program::Floor,
-        frames: Frames::Fixed(flows.syn.clone()),
-        action: XDP_TX,
-        reason: None,
-        inserts: false,
-    }];
+    let mut cases = vec![Case::floor(&flows.syn)];
     for path in &PATHS {
         let inserts_at = path.inserts_from.and_then(|s| path.stages.iter().position(|x| *x == s));
         for (i, stage) in path.stages.iter().enumerate() {
