@@ -16,7 +16,11 @@ use spillway_common::{
     },
 };
 
-use crate::{daemon::core::Counters, dataplane::DataplaneError, reconcile::Maps};
+use crate::{
+    daemon::core::Counters,
+    dataplane::{DataplaneError, MapMemory},
+    reconcile::Maps,
+};
 
 pub struct TempDir(PathBuf);
 
@@ -241,5 +245,11 @@ impl Counters for FakeMaps {
     }
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
         Ok(self.sources.iter().filter(|(k, _)| k.vip_id == vip_id).map(|(k, v)| (*k, *v)).collect())
+    }
+    fn memory(&self) -> Vec<MapMemory> {
+        vec![
+            MapMemory { name: "spw_flows".into(), kind: "Array".into(), entries: self.capacity.flow_buckets(), bytes: 64 << 20 },
+            MapMemory { name: "spw_cfg".into(), kind: "Array".into(), entries: 1, bytes: 4096 },
+        ]
     }
 }

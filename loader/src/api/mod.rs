@@ -92,6 +92,8 @@ pub enum Request {
         weight: u32,
     },
     Stats,
+    /// The balancer's maps: their sizes and the memory each takes.
+    Maps,
     /// Sets (replaces) the per-source limit of a scope, keeping its budget. `burst` defaults
     /// to `per_s`, the prefix lengths to 32 (IPv4) and 64 (IPv6).
     SetRateLimit {
@@ -245,6 +247,7 @@ pub enum Reply {
     Rules(RuleList),
     TopSources(TopSourceList),
     Ports(PortsView),
+    Maps(MapsReport),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -414,6 +417,30 @@ impl BackendState {
             Self::Draining => "draining",
         }
     }
+}
+
+/// The balancer's maps as loaded (`lbctl maps`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapsReport {
+    /// The sizes `lbd` was started with.
+    pub max_vips: u32,
+    pub max_backends: u32,
+    pub max_flows: u32,
+    pub ring_slots: u32,
+    /// Maglev slots no VIP's tables take.
+    pub ring_slots_free: u64,
+    /// Largest first.
+    pub maps: Vec<MapEntry>,
+    /// What the kernel charges for all of them.
+    pub total_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapEntry {
+    pub name: String,
+    pub kind: String,
+    pub entries: u32,
+    pub bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -17,6 +17,7 @@ fn ip(s: &str) -> IpAddr {
 fn requests_have_stable_names() {
     let cases = [
         (Request::ListVips, json!({"op": "list_vips"})),
+        (Request::Maps, json!({"op": "maps"})),
         (Request::AddVip { vip: vip(), ring_size: None }, json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp"})),
         (Request::AddVip { vip: vip(), ring_size: Some(251) }, json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp", "ring_size": 251})),
         (Request::RemoveVip { vip: vip() }, json!({"op": "remove_vip", "vip": "10.0.0.1:80/tcp"})),

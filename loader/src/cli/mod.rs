@@ -127,6 +127,17 @@ JSON output (-o json):
   (would_drop_source_limit, would_drop_rule_block, would_drop_rule_limit,
   would_drop_vip_budget); those packets went through and are counted in reasons.";
 
+const MAPS_HELP: &str = "\
+Example:
+  lbctl maps -o json
+
+JSON output (-o json):
+  {\"max_vips\":64,\"max_backends\":4096,\"max_flows\":1048576,\"ring_slots\":8388736,
+   \"ring_slots_free\":8257662,\"total_bytes\":96469000,
+   \"maps\":[{\"name\":\"spw_flows\",\"kind\":\"Array\",\"entries\":524288,\"bytes\":67112960}, ...]}
+  bytes is what the kernel charges for each map (its memlock); the sizes are lbd's --max-*
+  and --ring-slots options, fixed when the maps were created.";
+
 const RATELIMIT_HELP: &str = "\
 Examples:
   lbctl ratelimit set --default --per-source 100 --burst 200
@@ -285,6 +296,9 @@ pub enum Command {
         #[command(flatten)]
         output: OutputArgs,
     },
+    /// The balancer's maps: the sizes lbd was started with and the memory each map takes.
+    #[command(after_help = MAPS_HELP)]
+    Maps(OutputArgs),
     /// Ephemeral-port pressure of the balancer or of a backend host.
     #[command(after_help = PORTS_HELP)]
     Ports {
@@ -598,6 +612,7 @@ impl Command {
                 Request::SetWeight { vip: target.vip, backend: target.backend, weight: *weight }
             }
             Command::Stats(_) => Request::Stats,
+            Command::Maps(_) => Request::Maps,
             Command::Ratelimit(RatelimitCommand::Set { scope, per_source, burst, source_prefix_v4, source_prefix_v6, observe }) => {
                 Request::SetRateLimit {
                     scope: scope.scope(),

@@ -10,7 +10,7 @@ use super::{
     table::{Align, Table},
 };
 use crate::{
-    api::{BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, Reply, RuleList, Stats, TopSourceList},
+    api::{BudgetLimit, LimitOrigin, MapsReport, PerSourceLimit, RateLimitList, Reply, RuleList, Stats, TopSourceList},
     model::{RateSpec, Vip},
 };
 
@@ -21,6 +21,7 @@ pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<(),
             output(o.output, &list, render_health::backends_table)?
         }
         (Command::Stats(o), Reply::Stats(stats)) => output(o.output, &stats, stats_tables)?,
+        (Command::Maps(o), Reply::Maps(report)) => output(o.output, &report, maps_table)?,
         (Command::Ratelimit(RatelimitCommand::List(o)), Reply::RateLimits(list)) => output(o.output, &list, rate_limits_table)?,
         (Command::Rules(RulesCommand::List(o)), Reply::Rules(list)) => output(o.output, &list, rules_table)?,
         (Command::TopSources { output: o, .. }, Reply::TopSources(list)) => output(o.output, &list, top_sources_table)?,
@@ -98,6 +99,7 @@ fn done(command: &Command) -> Option<String> {
         Command::Vips(VipsCommand::List(_))
         | Command::Backends(BackendsCommand::List { .. })
         | Command::Stats(_)
+        | Command::Maps(_)
         | Command::Ratelimit(RatelimitCommand::List(_))
         | Command::Rules(RulesCommand::List(_))
         | Command::TopSources { .. }
@@ -122,6 +124,27 @@ fn vip_text(vip: &Option<Vip>) -> String {
 
 fn observe_text(observe: bool) -> &'static str {
     if observe { " (observe: counted, nothing dropped)" } else { "" }
+}
+
+fn maps_table(report: &MapsReport) -> String {
+    let mut t = Table::new(&[("MAP", Align::Left), ("KIND", Align::Left), ("ENTRIES", Align::Right), ("MEMORY", Align::Right)]);
+    for m in &report.maps {
+        t.row(vec![m.name.clone(), m.kind.clone(), m.entries.to_string(), mib(m.bytes)]);
+    }
+    t.row(vec!["total".into(), String::new(), String::new(), mib(report.total_bytes)]);
+    format!(
+        "sizes: --max-vips {} --max-backends {} --max-flows {} --ring-slots {} ({} slots free)\n{}",
+        report.max_vips,
+        report.max_backends,
+        report.max_flows,
+        report.ring_slots,
+        report.ring_slots_free,
+        t.render()
+    )
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
 }
 
 fn stats_tables(stats: &Stats) -> String {

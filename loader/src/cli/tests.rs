@@ -3,7 +3,7 @@
 use clap::{CommandFactory, error::ErrorKind};
 
 use super::*;
-use crate::api::{BackendEntry, BackendList, BackendStats, ReasonCount, Reply, Stats, VipEntry, VipList, VipStats};
+use crate::api::{BackendEntry, BackendList, BackendStats, MapEntry, MapsReport, ReasonCount, Reply, Stats, VipEntry, VipList, VipStats};
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
     Cli::try_parse_from(std::iter::once("lbctl").chain(args.iter().copied()))
@@ -31,6 +31,8 @@ fn commands_map_to_requests() {
             Request::AddVip { vip: vip("[fd00::1]:0/udp"), ring_size: Some(4099) },
         ),
         (&["vips", "list"], Request::ListVips),
+        (&["maps"], Request::Maps),
+        (&["maps", "-o", "json"], Request::Maps),
         (&["vips", "list", "-o", "json"], Request::ListVips),
         (&["vips", "remove", "10.0.0.1:80/tcp"], Request::RemoveVip { vip: v }),
         (
@@ -106,7 +108,7 @@ fn every_help_has_an_example() {
     }
     let mut seen = 0;
     walk(&Cli::command(), &mut Vec::new(), &mut seen);
-    assert_eq!(seen, 25, "lbctl, vips (4), backends (6), stats, ratelimit (4), rules (3), top-sources, ports");
+    assert_eq!(seen, 26, "lbctl, vips (4), backends (6), stats, maps, ratelimit (4), rules (3), top-sources, ports");
 }
 
 fn rendered(args: &[&str], reply: Reply) -> String {
@@ -628,4 +630,27 @@ fn ports_show_destinations_failures_and_leak_suspects() {
     for needle in ["10.9.0.1:5432", "95%", "critical", "app", "leaky", "8080", "over 30 s"] {
         assert!(out.contains(needle), "{needle} missing:\n{out}");
     }
+}
+
+#[test]
+fn maps_show_each_map_its_memory_and_the_sizes() {
+    let report = MapsReport {
+        max_vips: 1000,
+        max_backends: 10_000,
+        max_flows: 8_000_000,
+        ring_slots: 8_198_000,
+        ring_slots_free: 2_000,
+        maps: vec![
+            MapEntry { name: "spw_flows".into(), kind: "Array".into(), entries: 4_194_304, bytes: 536_875_008 },
+            MapEntry { name: "spw_cfg".into(), kind: "Array".into(), entries: 1, bytes: 4096 },
+        ],
+        total_bytes: 536_879_104,
+    };
+    let out = rendered(&["maps"], Reply::Maps(report.clone()));
+    assert!(out.contains("--max-vips 1000 --max-backends 10000 --max-flows 8000000 --ring-slots 8198000 (2000 slots free)"), "{out}");
+    let flows = out.lines().find(|l| l.starts_with("spw_flows")).unwrap();
+    assert!(flows.contains("4194304") && flows.ends_with("512.0 MiB"), "{flows}");
+    assert!(out.lines().last().unwrap().starts_with("total") && out.contains("512.0 MiB"), "{out}");
+    let json: serde_json::Value = serde_json::from_str(&rendered(&["maps", "-o", "json"], Reply::Maps(report))).unwrap();
+    assert_eq!((json["max_flows"].as_u64(), json["maps"][0]["bytes"].as_u64()), (Some(8_000_000), Some(536_875_008)));
 }

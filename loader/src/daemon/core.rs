@@ -20,7 +20,7 @@ use super::{
 };
 use crate::{
     api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, RuleActionKind},
-    dataplane::{BalancerMaps, DataplaneError},
+    dataplane::{BalancerMaps, DataplaneError, MapMemory},
     health::{HealthError, Pressure},
     model::{Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip, VipHealth},
     ports::PortsReport,
@@ -39,6 +39,8 @@ pub trait Counters {
     fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError>;
     /// The source table's entries of VIP id `vip_id`.
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError>;
+    /// Every map and the memory it takes.
+    fn memory(&self) -> Vec<MapMemory>;
 }
 
 impl Counters for BalancerMaps {
@@ -59,6 +61,9 @@ impl Counters for BalancerMaps {
     }
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
         BalancerMaps::sources(self, vip_id)
+    }
+    fn memory(&self) -> Vec<MapMemory> {
+        BalancerMaps::memory(self).to_vec()
     }
 }
 
@@ -334,6 +339,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::ListVips => Ok(Reply::Vips(self.vips())),
             Request::ListBackends { vip } => Ok(Reply::Backends(self.backends(&vip)?)),
             Request::Stats => self.stats().map(Reply::Stats).map_err(CoreError::Counters),
+            Request::Maps => Ok(Reply::Maps(self.maps_report())),
             Request::AddVip { vip, ring_size } => {
                 let ring_size = ring_size.unwrap_or(DEFAULT_RING_SIZE);
                 self.mutate(&format!("op=add_vip vip={vip} ring_size={ring_size}"), |s| s.add_vip(vip, ring_size))

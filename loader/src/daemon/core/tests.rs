@@ -453,3 +453,17 @@ fn assert_all_refused<'a>(
     assert_eq!(f.core.maps(), before.1);
     assert_eq!(&f.file_bytes(), before.2);
 }
+
+#[test]
+fn maps_report_the_sizes_the_ring_pool_and_each_maps_memory() {
+    let mut f = Fixture::new();
+    let Reply::Maps(before) = f.ok(Request::Maps) else { panic!("not a maps reply") };
+    let c = spillway_common::limits::Capacity::DEFAULT;
+    assert_eq!((before.max_vips, before.max_flows, before.ring_slots_free), (c.vips, c.flows, c.ring_words() as u64 * 4));
+    assert_eq!(before.total_bytes, before.maps.iter().map(|m| m.bytes).sum::<u64>());
+    assert!(before.maps.iter().any(|m| m.name == "spw_flows" && m.entries == c.flow_buckets()));
+    // A VIP takes its two tables from the pool.
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(251) });
+    let Reply::Maps(after) = f.ok(Request::Maps) else { panic!("not a maps reply") };
+    assert_eq!(before.ring_slots_free - after.ring_slots_free, 2 * 252);
+}

@@ -10,8 +10,9 @@ use spillway_common::{
 use super::{Core, CoreError, Counters, unix_ms};
 use crate::{
     api::{
-        BackendEntry, BackendList, BackendStats, BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, ReasonCount, RuleActionKind,
-        RuleEntry, RuleList, ScopeLimits, SourceEntry, Stats, TopSourceList, VipEntry, VipHealthView, VipLimits, VipList, VipStats,
+        BackendEntry, BackendList, BackendStats, BudgetLimit, LimitOrigin, MapEntry, MapsReport, PerSourceLimit, RateLimitList,
+        ReasonCount, RuleActionKind, RuleEntry, RuleList, ScopeLimits, SourceEntry, Stats, TopSourceList, VipEntry, VipHealthView,
+        VipLimits, VipList, VipStats,
     },
     daemon::checks::Checks,
     dataplane::DataplaneError,
@@ -89,6 +90,21 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             })
             .collect();
         Ok(BackendList { vip: *vip, backends, alerts: self.alerts() })
+    }
+
+    pub(super) fn maps_report(&self) -> MapsReport {
+        let capacity = self.maps.capacity();
+        let maps: Vec<MapEntry> =
+            self.maps.memory().into_iter().map(|m| MapEntry { name: m.name, kind: m.kind, entries: m.entries, bytes: m.bytes }).collect();
+        MapsReport {
+            max_vips: capacity.vips,
+            max_backends: capacity.backends,
+            max_flows: capacity.flows,
+            ring_slots: capacity.ring_slots,
+            ring_slots_free: self.reconciler.ring_pool().0,
+            total_bytes: maps.iter().map(|m| m.bytes).sum(),
+            maps,
+        }
     }
 
     pub(super) fn stats(&self) -> Result<Stats, DataplaneError> {
