@@ -98,6 +98,17 @@ impl Netns {
     /// Writes /proc/sys from a thread inside the namespace: /proc/sys/net
     /// follows the writing thread's namespace, and this needs no `sysctl`
     /// binary.
+    /// MAC address of interface `dev` in this namespace.
+    pub fn mac(&self, dev: &str) -> Result<[u8; 6]> {
+        let out = self.run(&["ip", "-o", "link", "show", "dev", dev])?;
+        let text = out.split("link/ether ").nth(1).and_then(|s| s.split_whitespace().next()).context("no MAC")?;
+        let mut mac = [0u8; 6];
+        for (byte, part) in mac.iter_mut().zip(text.split(':')) {
+            *byte = u8::from_str_radix(part, 16)?;
+        }
+        Ok(mac)
+    }
+
     pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
         let file = Path::new("/proc/sys").join(key.replace('.', "/"));
         self.in_netns(|| std::fs::write(&file, value)).with_context(|| format!("sysctl {key}={value} in {}", self.label))

@@ -139,13 +139,7 @@ impl PacketLab {
 
     /// MAC address of interface `dev` in the lab.
     pub fn mac(&self, dev: &str) -> Result<[u8; 6]> {
-        let out = self.netns.run(&["ip", "-o", "link", "show", "dev", dev])?;
-        let text = out.split("link/ether ").nth(1).and_then(|s| s.split_whitespace().next()).context("no MAC")?;
-        let mut mac = [0u8; 6];
-        for (byte, part) in mac.iter_mut().zip(text.split(':')) {
-            *byte = u8::from_str_radix(part, 16)?;
-        }
-        Ok(mac)
+        self.netns.mac(dev)
     }
 }
 
