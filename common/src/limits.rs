@@ -28,7 +28,8 @@ impl Default for Capacity {
 
 impl Capacity {
     /// What an `lbd` without size options gets.
-    pub const DEFAULT: Capacity = Capacity { vips: 64, backends: 4096, flows: 1 << 20, ring_slots: 64 * 2 * DEFAULT_RING_SIZE };
+    pub const DEFAULT: Capacity =
+        Capacity { vips: 64, backends: 4096, flows: 1 << 20, ring_slots: Capacity::ring_slots_for(64, DEFAULT_RING_SIZE) };
     /// The largest of each: ids are 16 bits in flow entries and ring slots.
     pub const MAX: Capacity = Capacity { vips: 1 << 16, backends: (1 << 16) - 1, flows: 1 << 28, ring_slots: 1 << 30 };
 
@@ -41,6 +42,12 @@ impl Capacity {
     /// Slots of the VIP index: four per VIP, so probe windows stay short.
     pub const fn vip_slots(&self) -> u32 {
         (self.vips * 4).next_power_of_two()
+    }
+
+    /// Ring slots `vips` VIPs with tables of `ring_size` slots take: two tables each, every
+    /// table a whole number of words.
+    pub const fn ring_slots_for(vips: u32, ring_size: u32) -> u32 {
+        vips * 2 * ring_size.div_ceil(RING_SLOTS_PER_WORD) * RING_SLOTS_PER_WORD
     }
 
     /// Words of the ring pool (four slots each).

@@ -147,9 +147,9 @@ pub struct Reconciler {
     capacity: Capacity,
     vips: HashMap<Vip, VipRuntime>,
     pool: RingPool,
-    /// Generation of every backend id, and whether it is in use.
+    /// Generation of every backend id, and the ids not in use (lowest handed out first).
     generations: Vec<u32>,
-    in_use: BTreeSet<u32>,
+    free_ids: BTreeSet<u32>,
     /// Active backends found in the maps that no VIP owns (freed on the next apply).
     orphans: Vec<u32>,
     /// What every slot of the limits array holds.
@@ -200,7 +200,8 @@ impl Reconciler {
         let pool = RingPool::with_used(capacity.ring_words(), tables)
             .ok_or_else(|| ReconcileError::Inconsistent { what: "two VIPs' Maglev tables overlap, or one lies outside the pool".into() })?;
         let orphans: Vec<u32> = by_vip.into_values().flat_map(|b| b.into_values()).collect();
-        let in_use = active.into_iter().collect();
+        let in_use: BTreeSet<u32> = active.into_iter().collect();
+        let free_ids = (1..capacity.backend_slots()).filter(|id| !in_use.contains(id)).collect();
         let mut limits = maps.limits()?;
         limits.resize(capacity.default_limit_slot() as usize + 1, Limits::default());
         let vip_by_id: HashMap<u32, Vip> = vips.iter().map(|(vip, r)| (r.id, *vip)).collect();
@@ -222,7 +223,7 @@ impl Reconciler {
         let vip_addrs = maps.vip_addrs()?.into_iter().collect();
         let mut vip_filter = maps.vip_filter()?;
         vip_filter.resize(VIP_FILTER_WORDS as usize, 0);
-        Ok(Self { capacity, vips, pool, generations, in_use, orphans, limits, rules, stale_rules, vip_addrs, vip_filter })
+        Ok(Self { capacity, vips, pool, generations, free_ids, orphans, limits, rules, stale_rules, vip_addrs, vip_filter })
     }
 
     /// Makes the maps carry `desired`.
@@ -413,13 +414,13 @@ impl Reconciler {
 
     fn allocate_backend(&mut self, maps: &mut dyn Maps, vip_id: u32, addr: IpAddr) -> Result<u32, ReconcileError> {
         let limit = self.capacity.backends;
-        let id = (1..=limit).find(|id| !self.in_use.contains(id)).ok_or(ReconcileError::OutOfIds { what: "backend", limit })?;
+        let id = self.free_ids.first().copied().ok_or(ReconcileError::OutOfIds { what: "backend", limit })?;
         maps.reset_backend_stats(id)?;
         let (words, family) = to_words(addr);
         let info =
             BackendInfo { addr: words, family, state: BACKEND_ACTIVE, _pad: [0; 2], generation: self.generations[id as usize], vip_id };
         maps.set_backend(id, &info)?;
-        self.in_use.insert(id);
+        self.free_ids.remove(&id);
         Ok(id)
     }
 
@@ -516,7 +517,7 @@ impl Reconciler {
         let info = BackendInfo { state: BACKEND_FREE, generation, ..BackendInfo::default() };
         maps.set_backend(id, &info)?;
         self.generations[id as usize] = generation;
-        self.in_use.remove(&id);
+        self.free_ids.insert(id);
         Ok(())
     }
 }

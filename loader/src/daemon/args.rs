@@ -110,8 +110,8 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "N", default_value_t = Capacity::DEFAULT.flows, value_parser = count(Capacity::MAX.flows))]
     pub max_flows: u32,
     /// Maglev slots over all VIPs; a VIP with a table of M slots (`lbctl vips add
-    /// --ring-size`) takes 2 M, 4 bytes each [default: room for every VIP at the default
-    /// size, 2 x 65537 x --max-vips].
+    /// --ring-size`) takes 2 M (rounded up to a multiple of 4 each), 2 bytes each [default:
+    /// room for every VIP at the default size, 2 x 65540 x --max-vips].
     #[arg(long, value_name = "N", value_parser = count(Capacity::MAX.ring_slots))]
     pub ring_slots: Option<u32>,
 }
@@ -119,7 +119,8 @@ pub struct DaemonArgs {
 impl DaemonArgs {
     /// The sizes of the maps.
     pub fn capacity(&self) -> Capacity {
-        let every_vip_at_default = u64::from(self.max_vips) * 2 * u64::from(DEFAULT_RING_SIZE);
+        let per_vip = u64::from(Capacity::ring_slots_for(1, DEFAULT_RING_SIZE));
+        let every_vip_at_default = u64::from(self.max_vips) * per_vip;
         let ring_slots = self.ring_slots.unwrap_or(every_vip_at_default.min(u64::from(Capacity::MAX.ring_slots)) as u32);
         Capacity { vips: self.max_vips, backends: self.max_backends, flows: self.max_flows, ring_slots }
     }
@@ -217,7 +218,7 @@ mod tests {
     fn sizes() {
         let d = parse(&["--iface", "eth0", "--max-vips", "1000", "--max-backends", "10k", "--max-flows", "8M"]).unwrap().daemon;
         let c = d.capacity();
-        assert_eq!((c.vips, c.backends, c.flows, c.ring_slots), (1000, 10_000, 8_000_000, 1000 * 2 * 65537));
+        assert_eq!((c.vips, c.backends, c.flows, c.ring_slots), (1000, 10_000, 8_000_000, 1000 * 2 * 65540));
         let d = parse(&["--iface", "eth0", "--ring-slots", "2000000"]).unwrap().daemon;
         assert_eq!(d.capacity().ring_slots, 2_000_000);
         for bad in [&["--max-vips", "0"][..], &["--max-backends", "65536"], &["--max-flows", "8G"], &["--max-flows", "1.5M"]] {

@@ -12,6 +12,7 @@
 mod control;
 mod packets;
 mod paths;
+mod scale;
 mod sockwatch;
 mod stages;
 mod table;
@@ -37,7 +38,7 @@ pub struct BenchArgs {
 }
 
 /// Every part, in the order they run.
-const PARTS: [&str; 5] = ["paths", "stages", "table", "control", "sockwatch"];
+const PARTS: [&str; 6] = ["paths", "stages", "table", "scale", "control", "sockwatch"];
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -59,6 +60,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ("paths", Box::new(|| paths::part(calls, reps))),
         ("stages", Box::new(|| stages::part(calls, reps))),
         ("table", Box::new(|| table::part(calls, reps))),
+        ("scale", Box::new(|| scale::part(calls, reps))),
         ("control", Box::new(control::part)),
         ("sockwatch", Box::new(|| sockwatch::part(reps))),
     ];

@@ -26,7 +26,7 @@ use spillway::{
 use spillway_common::{
     addr::{from_words, to_words},
     hash::{FLOW_SEED, flow_hash},
-    limits::{DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, program_names},
+    limits::{Capacity, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, program_names},
     types::{Bucket, FAMILY_V4, FlowKey, LbConfig, Reason},
 };
 use spillway_harness::{
@@ -150,6 +150,7 @@ fn vip_addr(vip: &str) -> Result<SocketAddr> {
 /// Everything a part measures with, loaded inside a packet lab's namespace.
 pub struct Lab {
     pub balancer: Balancer,
+    pub reconciler: Reconciler,
     stages: Ebpf,
     floor: Ebpf,
     ingress: u32,
@@ -182,14 +183,22 @@ pub const STAGE_PROGRAMS: [&str; 11] = [
 ];
 
 impl Lab {
-    /// Builds a packet lab, loads and configures everything in it and runs `f` there, on a
-    /// thread pinned to one CPU.
+    /// Builds a packet lab, loads everything in it with the bench's VIPs and runs `f` there,
+    /// on a thread pinned to one CPU.
     pub fn with<T: Send>(f: impl FnOnce(&mut Lab) -> Result<T> + Send) -> Result<T> {
+        Self::sized(Capacity::DEFAULT, |lab| {
+            lab.configure_bench_vips()?;
+            f(lab)
+        })
+    }
+
+    /// [`Lab::with`] with maps of these sizes and no VIP.
+    pub fn sized<T: Send>(capacity: Capacity, f: impl FnOnce(&mut Lab) -> Result<T> + Send) -> Result<T> {
         let lab = PacketLab::build().context("building the packet lab (needs root)")?;
         let ingress = lab.ifindex(packet_lab::INGRESS)?;
         let egress = lab.ifindex(packet_lab::EGRESS)?;
         let ingress_mac = lab.mac(packet_lab::INGRESS)?;
-        let pins = LoadOptions { map_pin_dir: Some(lab.pin_dir()?.join("maps")), ..LoadOptions::default() };
+        let pins = LoadOptions { map_pin_dir: Some(lab.pin_dir()?.join("maps")), capacity };
         lab.in_lab(|| {
             // Pinned before anything is loaded, so per-CPU state fills on this CPU.
             let cpu = pin_to_one_cpu()?;
@@ -215,6 +224,25 @@ impl Lab {
             ..LbConfig::default()
         })?;
         balancer.maps.tx_ports.insert(egress, egress, None, 0).context("adding the egress to the redirect map")?;
+        let reconciler = Reconciler::adopt(&balancer.maps)?;
+        Ok(Self {
+            balancer,
+            reconciler,
+            stages,
+            floor,
+            ingress,
+            ingress_mac,
+            cpu,
+            new_flows: NewFlows::default(),
+            may_overflow: 0.0,
+            unremembered: 0,
+            _decap: decap,
+        })
+    }
+
+    /// The bench's VIPs (each on the lab's ten backends): one plain, one with a per-source
+    /// limit and a rule holding a client class in debt, one with its budget in debt.
+    fn configure_bench_vips(&mut self) -> Result<()> {
         let vip: Vip = VIP.parse()?;
         let limited_vip: Vip = LIMITED_VIP.parse()?;
         let budget_vip: Vip = BUDGET_VIP.parse()?;
@@ -233,7 +261,7 @@ impl Lab {
         let class = RuleMatch { cidr: format!("{}/32", LIMITED_CLIENT.parse::<SocketAddr>()?.ip()).parse()?, vip: Some(limited_vip) };
         let one_per_s = RuleConfig { action: RuleAction::Limit(RateSpec { per_s: 1, burst: 0 }), observe: false };
         state.set_rule(class, one_per_s)?;
-        let mut reconciler = Reconciler::adopt(&balancer.maps)?;
+        let (reconciler, balancer) = (&mut self.reconciler, &mut self.balancer);
         reconciler.apply(&mut balancer.maps, &state).context("configuring the VIPs")?;
         // ...and its bucket is an hour in debt, so every flow it starts during the run is
         // dropped. (A rule's bucket lives in an array; a source's could be evicted from its
@@ -243,18 +271,7 @@ impl Lab {
         balancer.maps.rule_buckets.set(rule.id, &in_debt, 0).context("indebting the limited client's class")?;
         let budget_id = reconciler.vip_id(&budget_vip).context("the budget VIP has no id")?;
         balancer.maps.budget.set(budget_id, &in_debt, 0).context("indebting the budget VIP")?;
-        Ok(Self {
-            balancer,
-            stages,
-            floor,
-            ingress,
-            ingress_mac,
-            cpu,
-            new_flows: NewFlows::default(),
-            may_overflow: 0.0,
-            unremembered: 0,
-            _decap: decap,
-        })
+        Ok(())
     }
 
     fn program(&self, program: Program) -> Result<&Xdp> {
@@ -266,6 +283,14 @@ impl Lab {
     pub fn run(&self, program: Program, frame: &[u8], out: &mut [u8]) -> Result<(u32, usize, u64)> {
         let run = test_run::run_into(self.program(program)?, frame, self.ingress, out).context("BPF_PROG_TEST_RUN")?;
         Ok((run.action, run.len, run.duration_ns))
+    }
+
+    /// Runs `frame` through the balancer and checks it was sent in IPIP to its Maglev choice.
+    pub fn check_forwarded(&self, frame: &[u8]) -> Result<()> {
+        let mut out = vec![0; frame.len() + HEADROOM_BYTES];
+        let (action, len, _) = self.run(Program::Balancer, frame, &mut out)?;
+        ensure!(action == XDP_TX, "action {action}");
+        self.check_ipip(frame, &out[..len], self.maglev_backend(&flow_key(frame)?)?)
     }
 
     /// Checks every case, then times them; returns each case's median ns/packet.
