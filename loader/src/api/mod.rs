@@ -244,7 +244,8 @@ pub enum Reply {
     RateLimits(RateLimitList),
     Rules(RuleList),
     TopSources(TopSourceList),
-    Ports(PortsView),
+    /// Boxed: a report is much larger than the other replies.
+    Ports(Box<PortsView>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
