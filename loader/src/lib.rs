@@ -7,6 +7,7 @@ pub mod cli;
 pub mod daemon;
 pub mod dataplane;
 pub mod errors;
+pub mod forwarding;
 pub mod health;
 pub mod model;
 pub mod neighbours;

@@ -66,6 +66,7 @@ impl Env {
         ] {
             run(Command::new("ip").arg("-n").arg(&env.name).args(args));
         }
+        env.set_forwarding("1");
         fs::create_dir_all(&env.tmp).unwrap();
         // World-traversable, so the unprivileged lbctl below meets the socket's own mode.
         fs::set_permissions(&env.tmp, fs::Permissions::from_mode(0o755)).unwrap();
@@ -74,6 +75,17 @@ impl Env {
 
     fn socket(&self) -> PathBuf {
         self.tmp.join("api.sock")
+    }
+
+    /// Sets veth0's forwarding sysctls (both families), which lbd requires.
+    fn set_forwarding(&self, value: &str) {
+        for family in ["ipv4", "ipv6"] {
+            run(self.in_netns("sysctl").args(["-qw", &format!("net.{family}.conf.veth0.forwarding={value}")]));
+        }
+    }
+
+    fn forwarding(&self, family: &str) -> String {
+        stdout(&run(self.in_netns("sysctl").args(["-n", &format!("net.{family}.conf.veth0.forwarding")]))).trim().to_owned()
     }
 
     fn state_file(&self) -> PathBuf {
@@ -376,6 +388,48 @@ fn corrupt_state_file_is_refused_and_nothing_is_attached() {
     assert!(log.contains(&format!("state file {} is corrupt", env.state_file().display())), "{log}");
     assert_eq!(fs::read_to_string(env.state_file()).unwrap(), "{\"vips\": {");
     assert!(!env.xdp_on("veth0") && !env.link_pin().exists());
+}
+
+#[test]
+fn an_interface_that_does_not_forward_is_refused_unless_lbd_may_enable_it() {
+    let mut env = Env::new("fwd");
+    env.set_forwarding("0");
+    let args = env.lbd_args();
+    let log = env.spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let status = env.daemon.take().unwrap().wait().unwrap();
+    assert!(!status.success());
+    let log = fs::read_to_string(log).unwrap();
+    for needle in ["net.ipv4.conf.veth0.forwarding = 0", "net.ipv6.conf.veth0.forwarding = 0", "--enable-forwarding"] {
+        assert!(log.contains(needle), "the refusal names {needle}: {log}");
+    }
+    assert!(!env.xdp_on("veth0") && !env.link_pin().exists(), "a refused start changes nothing");
+    assert_eq!((env.forwarding("ipv4"), env.forwarding("ipv6")), ("0".into(), "0".into()));
+
+    // Allowed to, lbd turns forwarding on, says so, and runs.
+    let mut args = env.lbd_args();
+    args.push("--enable-forwarding".into());
+    let log = env.spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    env.wait_until(&log, |env| env.lbctl(&["vips", "list"]).status.success());
+    assert_eq!((env.forwarding("ipv4"), env.forwarding("ipv6")), ("1".into(), "1".into()));
+    assert!(fs::read_to_string(&log).unwrap().contains("event=forwarding_enabled iface=veth0"));
+    assert!(env.json(&["vips", "list"]).get("alerts").is_none());
+
+    // Switched off while running: an alert in lbctl, one log line; gone once it is back.
+    env.set_forwarding("0");
+    let alerted = |env: &Env| {
+        let (vips, stats) = (env.ok(&["vips", "list"]), env.ok(&["stats"]));
+        vips.starts_with("ALERT: forwarding is disabled")
+            && stats.starts_with("ALERT: forwarding is disabled")
+            && stats.contains("drop_forwarding_disabled")
+    };
+    env.wait_until(&log, alerted);
+    let json = env.json(&["stats"]);
+    assert!(json["alerts"][0].as_str().unwrap().contains("net.ipv4.conf.veth0.forwarding = 0"), "{json}");
+    env.set_forwarding("1");
+    env.wait_until(&log, |env| !env.ok(&["vips", "list"]).contains("ALERT"));
+    let log = fs::read_to_string(&log).unwrap();
+    assert_eq!(log.matches("event=forwarding_disabled").count(), 1, "{log}");
+    assert!(log.contains("event=forwarding_restored"), "{log}");
 }
 
 #[test]

@@ -113,12 +113,7 @@ fn within_2_percent(a: u64, b: u64) -> bool {
 /// namespaces of this one kernel). `None`, said on stderr, when the kernel refuses the mode;
 /// any other failure is one.
 fn load(mode: Mode) -> Option<SockWatch> {
-    let forced = match mode {
-        Mode::Btf => WatcherMode::Btf,
-        Mode::Tracepoint => WatcherMode::Tracepoint,
-        Mode::SockDiag => WatcherMode::SockDiag,
-    };
-    match SockWatch::load(WatchOptions { mode: forced, scope: Scope::All }) {
+    match SockWatch::load(WatchOptions { mode: mode.into(), scope: Scope::All }) {
         Ok(watch) => {
             assert_eq!(watch.status().mode, mode);
             Some(watch)

@@ -426,6 +426,9 @@ pub struct Stats {
     /// would have dropped (those packets were let through and counted under `reasons`).
     #[serde(default)]
     pub observed: Vec<ReasonCount>,
+    /// Loud local problems of the balancer, as in `VipList::alerts`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -141,7 +141,8 @@ fn stats_tables(stats: &Stats) -> String {
     for o in &stats.observed {
         observed.row(vec![o.reason.clone(), o.packets.to_string()]);
     }
-    [vips.render(), backends.render(), reasons.render(), observed.render()].join("\n")
+    let alerts: String = stats.alerts.iter().map(|a| format!("{a}\n")).collect();
+    alerts + &[vips.render(), backends.render(), reasons.render(), observed.render()].join("\n")
 }
 
 /// `100/s burst 200`, then ` observe` and ` (default)` when they apply.

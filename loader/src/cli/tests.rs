@@ -126,6 +126,7 @@ fn sample_stats() -> Stats {
         }],
         reasons: vec![ReasonCount { reason: "tx".into(), packets: 12 }, ReasonCount { reason: "pass_not_vip".into(), packets: 3 }],
         observed: vec![ReasonCount { reason: "would_drop_source_limit".into(), packets: 4 }],
+        alerts: vec![],
     }
 }
 

@@ -98,6 +98,11 @@ pub struct DaemonArgs {
     /// Port of the backends' `lbd agent` endpoint, polled for port pressure (0: do not poll).
     #[arg(long, value_name = "PORT", default_value_t = crate::ports::endpoint::DEFAULT_PORT)]
     pub agent_port: u16,
+    /// Set the interface's forwarding sysctls (net.ipv4.conf.<IF>.forwarding and its IPv6
+    /// twin) to 1 if they are 0, instead of refusing to start: the kernel's route lookup
+    /// refuses to route packets that arrive on an interface that does not forward.
+    #[arg(long)]
+    pub enable_forwarding: bool,
     /// How this balancer's own port watcher hooks the kernel (`lbctl ports --host lb`):
     /// the best mode the kernel allows, or one forced.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = WatcherMode::Auto)]

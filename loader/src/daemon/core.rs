@@ -117,6 +117,9 @@ pub struct Core<M, S> {
     health: Option<Checks>,
     /// Port pressure of the balancer and of the backends (from their agents).
     ports: PortsBook,
+    /// The balancer interface's forwarding sysctls found at 0 since the last check (VIP
+    /// packets are then dropped as `drop_forwarding_disabled`), e.g. `net.ipv4.conf.eth0.forwarding = 0`.
+    forwarding_off: Option<String>,
 }
 
 pub use super::checks::{ProbeResult, ProbeTarget};
@@ -150,7 +153,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             None => state.clone(),
         };
         let report = reconciler.apply(&mut maps, &target).map_err(CoreError::Apply)?;
-        Ok((Self { state, reconciler, maps, store, health, ports: PortsBook::default() }, report))
+        Ok((Self { state, reconciler, maps, store, health, ports: PortsBook::default(), forwarding_off: None }, report))
     }
 
     /// Feeds probe outcomes, runs time-driven transitions, logs health events and, at most
@@ -164,6 +167,21 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         self.save_health_snapshot(now_ms);
         self.program_effective(now_ms)?;
         Ok((targets, now_ms))
+    }
+
+    /// Records whether the balancer's interface forwards: `off` names the forwarding
+    /// sysctls at 0 (`None`: all on). Logged when it changes; shown as an alert meanwhile.
+    pub fn set_forwarding_off(&mut self, off: Option<String>) {
+        if off == self.forwarding_off {
+            return;
+        }
+        match &off {
+            Some(sysctls) => {
+                warn!("event=forwarding_disabled sysctls=\"{sysctls}\" effect=\"VIP packets are dropped (drop_forwarding_disabled)\"")
+            }
+            None => info!("event=forwarding_restored"),
+        }
+        self.forwarding_off = off;
     }
 
     /// Records port pressure reported by a backend's agent (see `pressure::classify`).

@@ -34,6 +34,7 @@ use self::{
 };
 use crate::{
     dataplane::{Balancer, DataplaneError, LoadOptions},
+    forwarding::{self, ForwardingError},
     health::HealthConfig,
     neighbours,
     netif::{self, NetifError},
@@ -66,6 +67,13 @@ pub enum DaemonError {
     Start(#[source] CoreError),
     #[error("installing signal handlers")]
     Signals(#[source] io::Error),
+    #[error(transparent)]
+    Forwarding(#[from] ForwardingError),
+    #[error(
+        "forwarding is disabled on {iface} ({sysctls}): the kernel's route lookup refuses every packet arriving there, so \
+         no VIP packet could be forwarded; set it to 1 (sysctl -w ...=1) or start lbd with --enable-forwarding"
+    )]
+    ForwardingDisabled { iface: String, sysctls: String },
 }
 
 /// Runs the balancer on `iface` until SIGTERM or SIGINT.
@@ -79,6 +87,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     if state.is_none() {
         info!("no state file at {}; starting with no VIPs", store.path().display());
     }
+    check_forwarding(iface, args.enable_forwarding)?;
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
     let _lock = pins::create_and_lock(&layout.balancer_dir())?;
@@ -134,6 +143,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     info!("ready api={}", args.api.display());
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
+    let forwarding_watch = tokio::spawn(forwarding_watch(core.clone(), iface.to_owned()));
     let prober = health_checks.then(|| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed())));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
     server::serve(listener, core.clone(), answered, async {
@@ -142,6 +152,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     })
     .await;
     upkeep.abort();
+    forwarding_watch.abort();
     pressure.abort();
     if let Some(prober) = prober {
         prober.abort();
@@ -150,6 +161,51 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     server::lock(&core).persist_health();
     info!("exited; forwarding continues through link={}", link.display());
     Ok(())
+}
+
+/// Refuses to start on an interface that does not forward, unless `enable` lets it set the
+/// sysctls (logged).
+fn check_forwarding(iface: &str, enable: bool) -> Result<(), DaemonError> {
+    let off = forwarding::disabled(iface)?;
+    if off.is_empty() {
+        return Ok(());
+    }
+    let sysctls = forwarding::describe(&off);
+    if !enable {
+        return Err(DaemonError::ForwardingDisabled { iface: iface.to_owned(), sysctls });
+    }
+    forwarding::enable(&off)?;
+    info!("event=forwarding_enabled iface={iface} was=\"{sysctls}\" reason=--enable-forwarding");
+    Ok(())
+}
+
+/// How often the interface's forwarding sysctls are re-read once running.
+const FORWARDING_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Keeps the core told whether `iface` still forwards (an alert in `lbctl` and one log line
+/// per change when it stops).
+async fn forwarding_watch<M, S>(core: SharedCore<M, S>, iface: String)
+where
+    M: Maps + Counters + Send + 'static,
+    S: Store + Send + 'static,
+{
+    let mut tick = tokio::time::interval(FORWARDING_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let off = match forwarding::disabled(&iface) {
+            Ok(off) if off.is_empty() => None,
+            Ok(off) => Some(forwarding::describe(&off)),
+            Err(e) => {
+                warn!("event=forwarding_check_failed iface={iface} error=\"{}\"", error_chain(&e));
+                continue;
+            }
+        };
+        let core = core.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || server::lock(&core).set_forwarding_off(off)).await {
+            warn!("forwarding check: {e}");
+        }
+    }
 }
 
 /// `lbd --cleanup`: detaches the balancer and the agent and removes every pin.

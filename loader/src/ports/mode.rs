@@ -69,6 +69,17 @@ impl WatcherMode {
     }
 }
 
+impl From<Mode> for WatcherMode {
+    /// The choice that forces `mode`.
+    fn from(mode: Mode) -> WatcherMode {
+        match mode {
+            Mode::Btf => WatcherMode::Btf,
+            Mode::Tracepoint => WatcherMode::Tracepoint,
+            Mode::SockDiag => WatcherMode::SockDiag,
+        }
+    }
+}
+
 /// One watched thing and how it is watched (or why it is not).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Part {
@@ -150,6 +161,9 @@ mod tests {
     fn candidates_go_from_best_to_last_resort() {
         assert_eq!(WatcherMode::Auto.candidates(), [Mode::Btf, Mode::Tracepoint, Mode::SockDiag]);
         assert_eq!(WatcherMode::SockDiag.candidates(), [Mode::SockDiag]);
+        for mode in Mode::ALL {
+            assert_eq!(WatcherMode::from(mode).candidates(), [mode], "forcing {mode}");
+        }
         assert!(Mode::Btf < Mode::Tracepoint && Mode::Tracepoint < Mode::SockDiag, "better modes sort first");
     }
 

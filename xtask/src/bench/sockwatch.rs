@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, ensure};
 use spillway::{
     errors::error_chain,
-    ports::{Mode, PortKey, ProgramStats, Scope, SockWatch, WatchOptions, WatcherMode, netns_inode},
+    ports::{Mode, PortKey, ProgramStats, Scope, SockWatch, WatchOptions, netns_inode},
 };
 
 use super::{Figures, median};
@@ -73,7 +73,7 @@ impl SockwatchBench {
             };
             let key = |figure: &str| format!("sockwatch_{mode}_{figure}");
             let rows = &mut figures.rows;
-            rows.extend(cost.per_run.iter().map(|(name, ns)| (key(&format!("{name}_per_run")), *ns)));
+            rows.extend(cost.per_run.iter().map(|(name, ns)| (key(&format!("{}_per_run", name.trim_start_matches("sockwatch_"))), *ns)));
             rows.extend([
                 (key("tcp_cycle"), cost.tcp_cycle_watched),
                 (key("per_tcp_cycle"), cost.tcp_cycle_bpf),
@@ -103,13 +103,8 @@ pub fn measure(reps: usize) -> Result<SockwatchBench> {
 }
 
 fn forced(mode: Mode) -> WatchOptions {
-    let mode = match mode {
-        Mode::Btf => WatcherMode::Btf,
-        Mode::Tracepoint => WatcherMode::Tracepoint,
-        Mode::SockDiag => WatcherMode::SockDiag,
-    };
     // The namespace of the benchmark's thread (a fresh one per repetition).
-    WatchOptions { mode, scope: Scope::Own }
+    WatchOptions { mode: mode.into(), scope: Scope::Own }
 }
 
 fn measure_mode(mode: Mode, reps: usize) -> Result<ModeCost> {
