@@ -16,6 +16,10 @@
 // caused it (connect() for the failures), and needs neither ftrace nor kprobes:
 // fentry/fexit/kprobe are refused (EPERM) on the target kernel, so the obvious hooks on
 // inet_twsk_hashdance_schedule / inet_twsk_kill / __inet_hash_connect are not usable.
+// Kernels that refuse every tracing program (tp_btf, iterators) still run the classic
+// tracepoint/sock/inet_sock_set_state: its record carries the sock's address, read with
+// bpf_probe_read_kernel. Both programs share one handler (on_state); the loader attaches
+// one of them (loader/src/ports/bpf.rs).
 //   CLOSE -> SYN_SENT        an active open: track the socket, count it for its
 //                            destination.
 //   SYN_SENT -> CLOSE with no local port (skc_num == 0)
@@ -43,8 +47,9 @@
 // cgroup/sock_create and cgroup/sock_release (on the cgroup2 root; release needs 5.9+)
 // keep the address of every live UDP socket in sw_udp_socks.
 //
-// Both socket sets are read by iterators over those maps (iter/bpf_map_elem, 5.9+), which
-// userspace runs once per report: sockwatch_udp_sum sums the UDP sockets holding an
+// Both socket sets are read by iterators over those maps (iter/bpf_map_elem, 5.9+; where
+// iterators are refused, userspace reads the CLOSE_WAIT table itself, and UDP from sock_diag),
+// which userspace runs once per report: sockwatch_udp_sum sums the UDP sockets holding an
 // ephemeral port into sw_udp_ports, sockwatch_close_wait writes one record per socket in
 // CLOSE_WAIT, with the socket's inode read then: a socket still in the accept queue when
 // the FIN came has one once accepted. The iterators read the socks through their

@@ -20,8 +20,14 @@ use super::watcher::Counts;
 /// The namespaces a snapshot reads, each with a file to join it by.
 pub(super) type Namespaces = Vec<(u32, PathBuf)>;
 
+/// The namespace's sockets; none if it went away since it was listed (its last process
+/// exited, its name was deleted), which is normal when reading every namespace.
 fn dump(netns: &(u32, PathBuf), proto: Proto, states: u32) -> Result<Vec<DiagSocket>, PortsError> {
-    dump_netns(&netns.1, proto, states).map_err(|source| PortsError::SockDiag { netns: netns.1.clone(), source })
+    match dump_netns(&netns.1, proto, states) {
+        Ok(sockets) => Ok(sockets),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) => Ok(Vec::new()),
+        Err(source) => Err(PortsError::SockDiag { netns: netns.1.clone(), source }),
+    }
 }
 
 fn key(netns: u32, proto: u8, socket: &DiagSocket) -> PortKey {
@@ -122,6 +128,12 @@ pub(super) fn probe() -> Result<(), PortsError> {
 mod tests {
     use super::*;
     use crate::ports::maps::AF_INET;
+
+    #[test]
+    fn a_namespace_gone_since_it_was_listed_has_no_sockets() {
+        let gone = (7, PathBuf::from("/run/netns/spw-no-such-namespace"));
+        assert_eq!(dump(&gone, Proto::Tcp, state::ALL).unwrap(), []);
+    }
 
     #[test]
     fn records_carry_the_connection_and_keys_map_ipv4() {
