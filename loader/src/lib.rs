@@ -7,6 +7,8 @@ pub mod cli;
 pub mod daemon;
 pub mod dataplane;
 pub mod health;
+pub mod logging;
+pub mod metrics;
 pub mod model;
 pub mod neighbours;
 pub mod netif;
