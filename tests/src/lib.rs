@@ -28,6 +28,7 @@ mod load;
 mod netns;
 pub mod packet_lab;
 mod process;
+pub mod promql;
 mod stream;
 mod topology;
 mod traffic;

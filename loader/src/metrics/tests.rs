@@ -46,6 +46,7 @@ fn sample() -> Sample {
             ReasonCount { reason: "tx".into(), packets: 9 },
             ReasonCount { reason: "pass_not_vip".into(), packets: 5 },
             ReasonCount { reason: "drop_rule_block".into(), packets: 1 },
+            ReasonCount { reason: "drop_vip_budget".into(), packets: 0 },
         ],
         observed: vec![ReasonCount { reason: "would_drop_vip_budget".into(), packets: 6 }],
         rules: vec![RuleSample {
@@ -182,3 +183,20 @@ pub fn promtool_check(text: &str) -> String {
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     if out.status.success() && said.trim().is_empty() { String::new() } else { format!("({}) {said}", out.status) }
 }
+
+/// Every metric, label and exact label value the dashboard's queries use is served (the
+/// e2e test checks the same against a real `lbd`).
+#[test]
+fn the_dashboard_queries_what_is_served() {
+    let dashboard: serde_json::Value = serde_json::from_str(DASHBOARD).unwrap();
+    let mut served = spillway_harness::promql::series(&balancer(&sample(), Ok(&report())).text);
+    served.extend(spillway_harness::promql::series(&ports(Ok(&report())).text));
+    let queries = spillway_harness::promql::dashboard_queries(&dashboard);
+    assert!(queries.len() >= 20, "{queries:?}");
+    for (panel, expr) in queries {
+        let missing = spillway_harness::promql::missing(&expr, "spillway_", &served);
+        assert!(missing.is_empty(), "panel {panel:?}: {expr}: {missing:?}");
+    }
+}
+
+pub const DASHBOARD: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/grafana/spillway.json"));
