@@ -6,6 +6,7 @@ pub mod api;
 pub mod cli;
 pub mod daemon;
 pub mod dataplane;
+pub mod errors;
 pub mod health;
 pub mod logging;
 pub mod metrics;

@@ -11,10 +11,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aya::{
+    maps::{Array, LpmTrie, Map, MapData},
+    programs::links::{FdLink, PinnedLink},
+};
 use serde_json::Value;
 use spillway_common::{
-    limits::PIN_VERSION,
-    types::{Observed, Reason},
+    limits::{PIN_VERSION, map_names},
+    types::{Observed, Reason, RuleKey, RuleState, RuleValue},
 };
 
 const LBD: &str = env!("CARGO_BIN_EXE_lbd");
@@ -170,11 +174,11 @@ impl Env {
         (vips, backends, fs::read(self.state_file()).unwrap())
     }
 
-    /// `(link id, program id)` of the pinned balancer link, per bpftool.
-    fn pinned_link(&self) -> (u64, u64) {
-        let out = run(Command::new("bpftool").args(["-j", "link", "show", "pinned"]).arg(self.link_pin()));
-        let link: Value = serde_json::from_slice(&out.stdout).unwrap();
-        (link["id"].as_u64().unwrap(), link["prog_id"].as_u64().unwrap())
+    /// `(link id, program id)` of the pinned balancer link, as the kernel reports them.
+    fn pinned_link(&self) -> (u32, u32) {
+        let link = FdLink::from(PinnedLink::from_pin(self.link_pin()).expect("opening the pinned link"));
+        let info = link.info().expect("the pinned link's info");
+        (info.id(), info.program_id())
     }
 
     fn xdp_on(&self, iface: &str) -> bool {
@@ -400,6 +404,11 @@ impl Env {
     }
 }
 
+/// The pinned map `name`, opened as the data path sees it.
+fn pinned_map(env: &Env, name: &str) -> Map {
+    Map::from_map_data(MapData::from_pin(env.pinned_map(name)).unwrap_or_else(|e| panic!("opening pinned map {name}: {e}"))).unwrap()
+}
+
 fn rule_row(rule: &Value) -> (String, String, String, u64, u64) {
     let s = |k: &str| rule[k].as_str().unwrap().to_owned();
     (s("cidr"), s("vip"), s("action"), rule["hits"].as_u64().unwrap(), rule["dropped"].as_u64().unwrap())
@@ -464,8 +473,8 @@ fn rate_limits_and_rules_round_trip_refuse_bad_input_and_survive_a_restart() {
     assert_eq!(observed, Observed::ALL.iter().map(|o| o.label()).collect::<Vec<_>>());
 
     // The kernel holds one trie entry per rule.
-    let out = run(Command::new("bpftool").args(["-j", "map", "dump", "pinned"]).arg(env.pinned_map("spw_rules")));
-    assert_eq!(serde_json::from_slice::<Value>(&out.stdout).unwrap().as_array().unwrap().len(), 3);
+    let rules: LpmTrie<_, RuleKey, RuleValue> = LpmTrie::try_from(pinned_map(&env, map_names::RULES)).unwrap();
+    assert_eq!(rules.keys().count(), 3);
 
     // Refusals name the problem, exit non-zero and change nothing.
     let before = env.limits_snapshot();
@@ -493,15 +502,8 @@ fn rate_limits_and_rules_round_trip_refuse_bad_input_and_survive_a_restart() {
 
     // Counters of a rule (as the data path would leave them) survive a restart: its id is
     // adopted back from the trie. 192.0.2.0/24 was the first rule added: id 0.
-    let mut value = Vec::new();
-    for word in [0u64, 7, 3] {
-        value.extend(word.to_le_bytes().iter().map(|b| b.to_string()));
-    }
-    run(Command::new("bpftool")
-        .args(["map", "update", "pinned"])
-        .arg(env.pinned_map("spw_rule_stats"))
-        .args(["key", "0", "0", "0", "0", "value"])
-        .args(&value));
+    let mut stats: Array<_, RuleState> = Array::try_from(pinned_map(&env, map_names::RULE_STATS)).unwrap();
+    stats.set(0, &RuleState { hits: 7, dropped: 3, ..RuleState::default() }, 0).unwrap();
     let counted = |env: &Env| rule_row(&env.json(&["rules", "list"])["rules"][1]);
     assert_eq!(counted(&env), ("192.0.2.0/24".into(), "*".into(), "block".into(), 7, 3));
     let before = env.limits_snapshot();

@@ -275,7 +275,8 @@ pub enum Reply {
     RateLimits(RateLimitList),
     Rules(RuleList),
     TopSources(TopSourceList),
-    Ports(PortsView),
+    /// Boxed: a report is much larger than the other replies.
+    Ports(Box<PortsView>),
     Sample(Box<sample::Sample>),
     Flow(flows::FlowAnswer),
     Flows(flows::FlowList),

@@ -7,7 +7,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use spillway_common::limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S};
 
 use super::outer_src::{OuterSrc4, OuterSrc6};
-use crate::{api::DEFAULT_SOCKET, health::HealthConfig, logging::LogFormat, metrics::MetricsListen, pins::DEFAULT_PIN_DIR};
+use crate::{
+    api::DEFAULT_SOCKET, health::HealthConfig, logging::LogFormat, metrics::MetricsListen, pins::DEFAULT_PIN_DIR, ports::WatcherMode,
+};
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/spillway";
 
@@ -101,6 +103,10 @@ pub struct DaemonArgs {
     /// Port of the backends' `lbd agent` endpoint, polled for port pressure (0: do not poll).
     #[arg(long, value_name = "PORT", default_value_t = crate::ports::endpoint::DEFAULT_PORT)]
     pub agent_port: u16,
+    /// How this balancer's own port watcher hooks the kernel (`lbctl ports --host lb`):
+    /// the best mode the kernel allows, or one forced.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = WatcherMode::Auto)]
+    pub watcher_mode: WatcherMode,
     /// Where to serve Prometheus metrics (GET /metrics, OpenMetrics text), or `off`.
     /// Read-only and bounded; counters are read from the maps at most once a second.
     #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::metrics::DEFAULT_LISTEN)]
@@ -134,6 +140,10 @@ pub struct AgentArgs {
     /// services run in containers with their own namespaces (each row names its namespace).
     #[arg(long)]
     pub all_netns: bool,
+    /// How the port watcher hooks the kernel: the best mode the kernel allows (btf, else
+    /// tracepoint, else sock_diag), or one forced.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = WatcherMode::Auto)]
+    pub watcher_mode: WatcherMode,
     /// Where to serve this host's port pressure as Prometheus metrics (GET /metrics), or
     /// `off`. Read-only and bounded like --ports-listen.
     #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::metrics::DEFAULT_AGENT_LISTEN)]

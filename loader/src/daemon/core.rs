@@ -127,18 +127,7 @@ impl CoreError {
         ApiError { kind, message: error_chain(self) }
     }
 }
-
-/// `error: cause: cause`, so a single line names the root problem.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub use crate::errors::error_chain;
 
 pub struct Core<M, S> {
     state: DesiredState,
@@ -430,7 +419,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 let health = self.health_settings(&vip, probe, policy, reset)?;
                 self.mutate(change, |s| s.set_health(&vip, health))
             }
-            Request::Ports { host } => Ok(Reply::Ports(self.ports(host))),
+            Request::Ports { host } => Ok(Reply::Ports(Box::new(self.ports(host)))),
             Request::RemoveBackend { vip, backend } => {
                 self.mutate(change("remove_backend").field("vip", &vip).field("backend", &backend), |s| s.remove_backend(&vip, backend))
             }

@@ -41,7 +41,7 @@ use crate::{
     neighbours,
     netif::{self, NetifError},
     pins::{self, Attachment, PinError, PinLayout},
-    ports::SockWatch,
+    ports::{Scope, SockWatch, WatchOptions},
     reconcile::Maps,
     store::{StateFile, Store, StoreError},
 };
@@ -144,7 +144,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     );
     // The balancer's own port watcher: `lbctl ports --host lb`, and loud alerts when the
     // balancer itself runs short of ports. Not fatal: forwarding does not need it.
-    let watch = SockWatch::load().map_err(|e| {
+    let watch = SockWatch::load(WatchOptions { mode: args.watcher_mode, scope: Scope::Own }).map_err(|e| {
         let message = error_chain(&e);
         event!(warn, "socket_watcher_not_loaded", error = message, message = "lbctl ports --host lb has no data");
         message

@@ -22,6 +22,10 @@ pub(super) fn add(f: &mut Families, report: Result<&PortsReport, &str>) {
     f.gauge("ports_watcher_up", "1 when the socket watcher reports this host's ports, 0 when it is not loaded.", None)
         .gauge(Labels::new(), f64::from(u8::from(report.is_ok())));
     let Ok(report) = report else { return };
+    if let Some(watcher) = &report.watcher {
+        f.gauge("ports_watcher_mode", "1 for how the watcher hooks the kernel (btf, tracepoint, sock_diag).", None)
+            .gauge(vec![("mode", watcher.mode.to_string())], 1.0);
+    }
     let worst = report.level();
     let mut level = f.gauge("ports_level", "1 for the worst ephemeral-port level over the host's destinations (ok, warn, critical).", None);
     for (l, name) in [(Level::Ok, "ok"), (Level::Warn, "warn"), (Level::Critical, "critical")] {

@@ -10,7 +10,7 @@ use crate::{
         },
     },
     model::RateSpec,
-    ports::{DestinationUsage, Dropped, Level, PortsReport, Thresholds},
+    ports::{DestinationUsage, Dropped, Level, Mode, PortsReport, Thresholds, WatcherStatus},
 };
 
 fn backend(addr: &str, health: Option<&str>) -> BackendSample {
@@ -94,6 +94,7 @@ fn report() -> PortsReport {
         failures: Vec::new(),
         dropped: Dropped::default(),
         leak_suspects: Vec::new(),
+        watcher: Some(WatcherStatus { mode: Mode::Tracepoint, watching: Vec::new(), not_watched: Vec::new(), refused: Vec::new() }),
     }
 }
 
@@ -147,6 +148,7 @@ fn balancer_families_follow_the_conventions() {
 fn ports_keep_only_the_worst_destinations() {
     let text = ports(Ok(&report())).openmetrics;
     assert_eq!(value(&text, "spillway_ports_watcher_up"), 1.0);
+    assert_eq!(value(&text, r#"spillway_ports_watcher_mode{mode="tracepoint"}"#), 1.0);
     assert_eq!(value(&text, r#"spillway_ports_level{level="critical"}"#), 1.0);
     assert_eq!(value(&text, r#"spillway_ports_level{level="ok"}"#), 0.0);
     assert_eq!(value(&text, "spillway_ports_max_utilisation_ratio"), 0.95);
