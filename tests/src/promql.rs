@@ -139,6 +139,24 @@ pub fn missing(expr: &str, prefix: &str, exposition: &[Series]) -> Vec<String> {
     problems
 }
 
+/// What `promtool check metrics` (Debian's prometheus package) says about `text`: empty
+/// when it accepts it. Panics when promtool is missing: `./x setup` installs it.
+pub fn promtool_check(text: &str) -> String {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; ./x setup installs it)");
+    child.stdin.take().expect("piped").write_all(text.as_bytes()).expect("writing to promtool");
+    let out = child.wait_with_output().expect("waiting for promtool");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.success() && said.trim().is_empty() { String::new() } else { format!("({}) {said}", out.status) }
+}
+
 /// Every `expr` of a Grafana dashboard's panels (rows' nested panels included).
 pub fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<(String, String)> {
     let mut out = Vec::new();

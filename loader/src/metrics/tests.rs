@@ -164,26 +164,9 @@ fn ports_keep_only_the_worst_destinations() {
 fn promtool_accepts_the_output() {
     for exposition in [balancer(&sample(), Ok(&report())), ports(Ok(&report())), ports(Err("not loaded"))] {
         let text = exposition.text;
-        let problems = promtool_check(&text);
+        let problems = spillway_harness::promql::promtool_check(&text);
         assert!(problems.is_empty(), "promtool check metrics: {problems}\n{text}");
     }
-}
-
-/// What `promtool check metrics` says about `text` (empty: nothing). Panics when promtool is
-/// missing: `./x setup` installs it.
-pub fn promtool_check(text: &str) -> String {
-    use std::io::Write;
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; ./x setup installs it)");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    if out.status.success() && said.trim().is_empty() { String::new() } else { format!("({}) {said}", out.status) }
 }
 
 /// Every metric, label and exact label value the dashboard's queries use is served (the

@@ -35,17 +35,8 @@ fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 }
 
 fn promtool(text: &str) {
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; ./x setup installs it)");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}\n{text}");
+    let problems = promql::promtool_check(text);
+    assert!(problems.is_empty(), "promtool check metrics: {problems}\n{text}");
 }
 
 fn backend_ip(c: &Cluster, name: &str) -> String {
