@@ -9,6 +9,8 @@ pub mod dataplane;
 pub mod errors;
 pub mod forwarding;
 pub mod health;
+pub mod logging;
+pub mod metrics;
 pub mod model;
 pub mod neighbours;
 pub mod netif;
