@@ -9,6 +9,7 @@ pub mod dataplane;
 pub mod errors;
 pub mod forwarding;
 pub mod health;
+pub mod map_batch;
 pub mod logging;
 pub mod metrics;
 pub mod model;
