@@ -57,7 +57,8 @@ pub fn for_each<K: Pod, V: Pod>(map: BorrowedFd<'_>, visit: &mut dyn FnMut(&K, &
         // SAFETY: `attr` is the `batch` member of `union bpf_attr`; the buffers it points to
         // hold `count` keys and values of the map's sizes (the caller's types) and the
         // batch positions, all alive for the call.
-        let rc = unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, (&raw mut attr).cast::<libc::c_void>(), size_of::<BatchAttr>()) };
+        let rc =
+            unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, (&raw mut attr).cast::<libc::c_void>(), size_of::<BatchAttr>()) };
         let done = if rc == 0 {
             false
         } else {
