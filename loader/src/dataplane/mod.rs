@@ -2,6 +2,7 @@
 //! access to every map. Only this module (and `agent`'s decap loader) talk to the kernel.
 
 mod maps;
+mod probe;
 pub mod test_run;
 
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use aya::{
     programs::{ProgramError, Xdp},
 };
 pub use maps::BalancerMaps;
+pub use probe::ProbeMaps;
 use spillway_common::limits::{map_names, program_names};
 
 use crate::objects;
