@@ -63,7 +63,7 @@ async fn thousands_of_probes_leave_sockets_and_time_wait_flat() {
     // One probe of each kind first: what is set up once (TLS configuration, runtime threads)
     // is not a leak.
     for (spec, target, timeout, expected) in &cases {
-        assert!(expected(&run(spec, *target, *timeout).await), "{spec:?} {target}");
+        assert!(expected(&run(spec, *target, None, *timeout).await), "{spec:?} {target}");
     }
     let fds = settled_fd_count().await;
     let time_wait = time_wait_towards(&tcp_ports);
@@ -96,7 +96,7 @@ async fn probe_many(spec: &ProbeSpec, target: SocketAddr, timeout: Duration, exp
         workers.spawn(async move {
             let mut as_expected = 0;
             for _ in 0..count {
-                as_expected += usize::from(expected(&run(&spec, target, timeout).await));
+                as_expected += usize::from(expected(&run(&spec, target, None, timeout).await));
             }
             as_expected
         });

@@ -24,7 +24,7 @@ use crate::{
     health::{HealthError, Pressure},
     model::{Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip, VipHealth},
     ports::PortsReport,
-    probe::ProbeSpec,
+    probe::{ProbePath, ProbeSpec},
     reconcile::{ApplyReport, Maps, ReconcileError, Reconciler},
     store::{Store, StoreError},
 };
@@ -171,7 +171,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let Some(checks) = &mut self.health else { return Ok((Vec::new(), 0)) };
         let now_ms = checks.now_ms();
         checks.observe(results, now_ms);
-        let targets = checks.targets(&self.state);
+        let reconciler = &self.reconciler;
+        let targets = checks.targets(&self.state, |vip, backend| reconciler.backend_slot(vip, backend));
         self.save_health_snapshot(now_ms);
         self.program_effective(now_ms)?;
         Ok((targets, now_ms))
@@ -251,17 +252,25 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         &self,
         vip: &Vip,
         probe: Option<ProbeSpec>,
+        probe_path: Option<ProbePath>,
         policy: BTreeMap<String, serde_json::Value>,
         reset: bool,
     ) -> Result<Option<VipHealth>, CoreError> {
         let checks = self.health.as_ref().ok_or(CoreError::HealthChecksOff)?;
         let current = self.state.vip(vip)?.health.clone().filter(|_| !reset);
-        if reset && probe.is_none() && policy.is_empty() {
+        if reset && probe.is_none() && probe_path.is_none() && policy.is_empty() {
             return Ok(None);
         }
-        let mut health = current.unwrap_or_else(|| VipHealth { probe: ProbeSpec::default(), policy: checks.defaults().clone() });
+        let mut health = current.unwrap_or_else(|| VipHealth {
+            probe: ProbeSpec::default(),
+            policy: checks.defaults().clone(),
+            probe_path: ProbePath::default(),
+        });
         if let Some(probe) = probe {
             health.probe = probe;
+        }
+        if let Some(probe_path) = probe_path {
+            health.probe_path = probe_path;
         }
         let bad = |e: serde_json::Error| CoreError::BadHealthPolicy { message: e.to_string() };
         let mut fields = match serde_json::to_value(&health.policy).map_err(bad)? {
@@ -349,8 +358,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 .mutate(&format!("op=set_backend_options vip={vip} backend={backend} options={options:?}"), |s| {
                     s.set_backend_options(&vip, backend, options)
                 }),
-            Request::SetHealth { vip, probe, policy, reset } => {
-                let health = self.health_settings(&vip, probe, policy, reset)?;
+            Request::SetHealth { vip, probe, probe_path, policy, reset } => {
+                let health = self.health_settings(&vip, probe, probe_path, policy, reset)?;
                 self.mutate(&format!("op=set_health vip={vip} health={health:?}"), |s| s.set_health(&vip, health))
             }
             Request::Ports { host } => Ok(Reply::Ports(self.ports(host))),

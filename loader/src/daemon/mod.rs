@@ -17,7 +17,7 @@ use std::{
 };
 
 use aya::{EbpfError, maps::MapError};
-use log::{debug, info, warn};
+use log::{debug, error, info, warn};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::types::LbConfig;
 use tokio::{
@@ -41,6 +41,7 @@ use crate::{
     ports::SockWatch,
     reconcile::Maps,
     store::{StateFile, Store, StoreError},
+    vip_path::{VipPath, VipPathArgs, VipPathError},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +67,8 @@ pub enum DaemonError {
     Start(#[source] CoreError),
     #[error("installing signal handlers")]
     Signals(#[source] io::Error),
+    #[error(transparent)]
+    VipPath(#[from] VipPathError),
 }
 
 /// Runs the balancer on `iface` until SIGTERM or SIGINT.
@@ -101,6 +104,15 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
             info!("took over link={} iface={iface} replaced_prog_id={replaced_program_id}", link.display())
         }
     }
+    // Probes through the tunnel need the probe path; without it they count as unknown (and
+    // say why, loudly), and forwarding is unaffected.
+    let vip_path = (!args.no_health_checks).then(|| {
+        VipPath::install(&mut balancer, &layout, iface, &args.vip_path).map_err(|e| {
+            let message = error_chain(&e);
+            error!("event=probe_path_unavailable ALERT: probes through the tunnel count as unknown: {message}");
+            message
+        })
+    });
     let mut maps = balancer.maps;
     maps.set_config(&config)?;
     maps.set_tx_ports(&tx_ports)?;
@@ -129,12 +141,11 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
         warn!("socket watcher not loaded; lbctl ports --host lb has no data: {message}");
         message
     });
-    let health_checks = !args.no_health_checks;
     let core = Arc::new(Mutex::new(core));
     info!("ready api={}", args.api.display());
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
-    let prober = health_checks.then(|| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed())));
+    let prober = vip_path.map(|path| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed(), Arc::new(path))));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
     server::serve(listener, core.clone(), answered, async {
         let name = signals.recv().await;
@@ -152,12 +163,14 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// `lbd --cleanup`: detaches the balancer and the agent and removes every pin.
-pub fn cleanup(pin_dir: &Path) -> Result<(), DaemonError> {
+/// `lbd --cleanup`: detaches the balancer, its probe path and the agent, removes every pin,
+/// and the probe path's device and routing rules.
+pub fn cleanup(pin_dir: &Path, vip_path: &VipPathArgs) -> Result<(), DaemonError> {
     for link in pins::cleanup(&PinLayout::new(pin_dir))? {
         info!("detached link={}", link.display());
     }
     info!("removed pin_dir={}", pin_dir.display());
+    VipPath::remove(vip_path)?;
     Ok(())
 }
 

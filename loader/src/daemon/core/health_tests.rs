@@ -84,7 +84,8 @@ fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
     // Zone a's only backend fails (half the weight: within the ejection cap, no panic).
     let failed = ProbeOutcome::Failure { reason: "refused".into() };
     let key = crate::health::ProbeKey { vip: vip(), backend: ip("10.0.0.1") };
-    let results = vec![ProbeResult { key, outcome: failed.clone() }, ProbeResult { key, outcome: failed }];
+    let results =
+        vec![ProbeResult { key, outcome: failed.clone(), local_cause: None }, ProbeResult { key, outcome: failed, local_cause: None }];
     f.core.health_round(results).unwrap();
     assert_eq!(weights(&mut f)[0], 0);
     let entry = f.vip_entry();
@@ -99,6 +100,7 @@ fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
     let set = |policy: &[(&str, serde_json::Value)]| Request::SetHealth {
         vip: vip(),
         probe: None,
+        probe_path: None,
         policy: policy.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
         reset: false,
     };
@@ -112,7 +114,7 @@ fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
         let err = f.core.handle(bad).unwrap_err().to_api().message;
         assert!(err.contains(needle), "{err}");
     }
-    f.ok(Request::SetHealth { vip: vip(), probe: None, policy: BTreeMap::new(), reset: true });
+    f.ok(Request::SetHealth { vip: vip(), probe: None, probe_path: None, policy: BTreeMap::new(), reset: true });
     assert_eq!(f.vip_entry().health.unwrap().policy, HealthConfig::default());
 }
 
