@@ -254,3 +254,121 @@ fn direct_probes_are_kept_per_vip_and_per_backend() {
     assert_eq!(vip_json(&c, &vip)["health"]["probe_path"], "direct");
     assert_eq!(backend_json(&c, &vip, &a2)["options"]["probe_path"], "tunnel");
 }
+
+/// The backends list's alerts, joined.
+fn alerts(c: &Cluster, vip: &str) -> String {
+    let list = c.lbctl_json(&["backends", "list", "--vip", vip]).unwrap();
+    list["alerts"].as_array().map(|a| a.iter().filter_map(|s| s.as_str()).collect::<Vec<_>>().join("\n")).unwrap_or_default()
+}
+
+/// Every backend of `vip` has had more probes count as unknown than it takes to fail one
+/// (`fall`), and none changed state or weight for it: the balancer's trouble is its own.
+fn nobody_blamed(c: &Cluster, vip: &str) {
+    let unknown = |b: &serde_json::Value| b["unknown_probes"].as_u64().unwrap_or(0);
+    wait_until(Duration::from_secs(6), "every backend's probes unknown", || {
+        let list = c.lbctl_json(&["backends", "list", "--vip", vip]).unwrap();
+        list["backends"].as_array().unwrap().iter().all(|b| unknown(b) > 2)
+    });
+    let list = c.lbctl_json(&["backends", "list", "--vip", vip]).unwrap();
+    for b in list["backends"].as_array().unwrap() {
+        assert_eq!((b["health"].as_str(), b["effective_weight"].as_u64()), (Some("healthy"), b["weight"].as_u64()), "{b}");
+    }
+}
+
+fn probe_link(c: &Cluster) -> std::path::PathBuf {
+    c.lbd_pin_dir().unwrap().join(format!("v{}", spillway_common::limits::PIN_VERSION)).join("probe_link")
+}
+
+#[test]
+fn the_balancers_own_probe_path_trouble_is_unknown_with_an_alert() {
+    let c = start(XdpMode::Native, 2);
+    let vip = tcp_vip(false);
+    vip_with_all_backends(&c, &vip, false);
+    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
+
+    // The probe program detached (its pinned link removed): probes through the tunnel go
+    // nowhere, while the direct ones pass.
+    std::fs::remove_file(probe_link(&c)).unwrap();
+    wait_until(Duration::from_secs(6), "the alert", || alerts(&c, &vip).contains("not attached"));
+    nobody_blamed(&c, &vip);
+    assert!(alerts(&c, &vip).starts_with("ALERT: this balancer cannot probe through the tunnel"), "{}", alerts(&c, &vip));
+    assert!(c.lbctl(&["vips", "list"]).unwrap().starts_with("ALERT"));
+    assert!(c.lbd_log().contains("event=lb_probe_alert cause=vip_path"), "logged");
+
+    // A restarted lbd attaches it again.
+    c.stop_lbd(Signal::SIGTERM).unwrap();
+    c.start_lbd().unwrap();
+    assert!(c.lbd_log().contains("event=probe_path_attached"), "{}", c.lbd_log());
+    wait_until(Duration::from_secs(6), "probes through the tunnel pass again", || {
+        let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
+        list["backends"].as_array().unwrap().iter().all(|b| b["unknown_probes"].is_null()) && alerts(&c, &vip).is_empty()
+    });
+
+    // Strict reverse-path filtering: the balancer has no route to the VIP, so it drops the
+    // backends' replies (source: the VIP) itself.
+    let lb = c.topo.lb();
+    for key in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.eth0.rp_filter"] {
+        lb.sysctl(key, "1").unwrap();
+    }
+    wait_until(Duration::from_secs(6), "the rp_filter alert", || alerts(&c, &vip).contains("rp_filter"));
+    nobody_blamed(&c, &vip);
+    for key in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.eth0.rp_filter"] {
+        lb.sysctl(key, "0").unwrap();
+    }
+    wait_until(Duration::from_secs(6), "probes pass again", || {
+        let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
+        list["backends"].as_array().unwrap().iter().all(|b| b["unknown_probes"].is_null())
+    });
+    assert!(all_healthy(&c, &vip));
+}
+
+#[test]
+fn a_probe_device_that_is_not_lbds_is_refused_and_left_alone() {
+    // eth0 is a veth: lbd must neither take it nor delete it.
+    let c = start_with(XdpMode::Native, 1, 1, &["--probe-device", "eth0"]);
+    let vip = tcp_vip(false);
+    vip_with_all_backends(&c, &vip, false);
+    wait_until(Duration::from_secs(6), "the alert", || alerts(&c, &vip).contains("is not an ifb device"));
+    nobody_blamed(&c, &vip);
+    assert!(c.lbd_log().contains("event=probe_path_unavailable"));
+    c.stop_lbd(Signal::SIGTERM).unwrap();
+    let pin_dir = c.lbd_pin_dir().unwrap();
+    let out = c.lbd_once(&["--cleanup", "--pin-dir", pin_dir.to_str().unwrap(), "--probe-device", "eth0"]).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    c.topo.lb().run(&["ip", "link", "show", "eth0"]).expect("eth0 is still there");
+}
+
+#[test]
+fn a_restarted_lbd_takes_the_probe_path_over_and_cleanup_removes_it() {
+    let c = start(XdpMode::Native, 2);
+    let vip = tcp_vip(false);
+    vip_with_all_backends(&c, &vip, false);
+    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
+    let lb = c.topo.lb();
+    let programs =
+        || lb.in_netns(|| aya::programs::SchedClassifier::query_tcx(c"spw-probe", aya::programs::TcAttachType::Egress)).unwrap().1;
+    assert_eq!(programs().len(), 1);
+    let before = programs()[0].id();
+
+    c.stop_lbd(Signal::SIGKILL).unwrap();
+    c.start_lbd().unwrap();
+    assert!(c.lbd_log().contains(&format!("event=probe_path_took_over device=spw-probe link={}", probe_link(&c).display())));
+    let after = programs();
+    assert_eq!(after.len(), 1, "the program is replaced in its link, not added");
+    assert_ne!(after[0].id(), before, "the new lbd's program runs");
+    // And it works: a broken VIP path is still seen.
+    let b1 = &c.topo.backends()[0];
+    remove_vip(b1, false);
+    wait_vip_path_failed(&c, &vip, &b1.ipv4().to_string(), Instant::now());
+
+    c.stop_lbd(Signal::SIGTERM).unwrap();
+    let pin_dir = c.lbd_pin_dir().unwrap();
+    let out = c.lbd_once(&["--cleanup", "--pin-dir", pin_dir.to_str().unwrap()]).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(lb.run(&["ip", "link", "show", "spw-probe"]).is_err(), "the probe device is gone");
+    for family in ["-4", "-6"] {
+        let rules = lb.run(&["ip", family, "rule", "show"]).unwrap();
+        assert!(!rules.contains("0x53000000"), "{family} rules left: {rules}");
+    }
+    assert!(lb.run(&["ip", "route", "show", "table", "5357"]).map_or(true, |r| r.trim().is_empty()));
+}
