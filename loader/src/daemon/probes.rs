@@ -93,7 +93,7 @@ where
                 let (outcome, local_cause) = match target.route {
                     ProbeRoute::Direct(addr) => (probe::run(&target.spec, addr, None, timeout).await, None),
                     ProbeRoute::Tunnel { vip, backend_id, generation, direct } => {
-                        tunnelled(vip_path, &target.spec, vip, (backend_id, generation), direct, timeout).await
+                        probe_through_tunnel(vip_path, &target.spec, vip, (backend_id, generation), direct, timeout).await
                     }
                 };
                 drop(permit);
@@ -106,7 +106,7 @@ where
 /// A probe of `vip` through the tunnel to the backend in `slot` (id, generation), with a direct
 /// probe of `direct` beside it (see [`probe::diagnose`]). `Unknown` with the cause when the
 /// balancer's probe path is at fault.
-async fn tunnelled(
+pub async fn probe_through_tunnel(
     vip_path: Arc<ProbePathState>,
     spec: &ProbeSpec,
     vip: SocketAddr,
