@@ -209,6 +209,21 @@ mod tests {
     }
 
     #[test]
+    fn probe_path_options() {
+        let d = parse(&["--iface", "eth0"]).unwrap().daemon;
+        assert_eq!((d.vip_path.probe_device.as_str(), d.vip_path.probe_table, d.vip_path.probe_mark), ("spw-probe", 5357, 0x53));
+        let d = parse(&["--iface", "eth0", "--probe-device", "p0", "--probe-table", "100", "--probe-mark", "0x7e"]).unwrap().daemon;
+        assert_eq!((d.vip_path.probe_device.as_str(), d.vip_path.probe_table, d.vip_path.probe_mark), ("p0", 100, 0x7e));
+        let d = parse(&["--cleanup", "--probe-device", "p0"]).unwrap().daemon;
+        assert_eq!(d.vip_path.probe_device, "p0", "--cleanup removes what lbd made with the same options");
+        for (flag, value) in [("--probe-table", "254"), ("--probe-mark", "0"), ("--probe-device", "a/b")] {
+            let err = parse(&["--iface", "eth0", flag, value]).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{flag} {value}");
+            assert!(err.to_string().contains(flag), "{err}");
+        }
+    }
+
+    #[test]
     fn refusals() {
         for (args, kind) in [
             (&[][..], ErrorKind::MissingRequiredArgument),
