@@ -17,11 +17,7 @@
 //! detached, rule gone, replies dropped by its reverse-path filter) from the backend's, so a
 //! probe failing for the balancer's reasons is `Unknown`, never a backend failure.
 
-use std::{
-    net::IpAddr,
-    path::{Path, PathBuf},
-    sync::Mutex,
-};
+use std::{net::IpAddr, path::PathBuf, sync::Mutex};
 
 use clap::Args;
 use log::info;
@@ -255,14 +251,6 @@ impl VipPath {
             }
         }
         None
-    }
-
-    pub fn device(&self) -> &str {
-        &self.args.probe_device
-    }
-
-    pub fn link_path(&self) -> &Path {
-        &self.link_path
     }
 }
 

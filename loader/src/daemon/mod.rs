@@ -67,8 +67,9 @@ pub enum DaemonError {
     Start(#[source] CoreError),
     #[error("installing signal handlers")]
     Signals(#[source] io::Error),
+    // Boxed: it would make every daemon result larger for one rare error.
     #[error(transparent)]
-    VipPath(#[from] VipPathError),
+    VipPath(Box<VipPathError>),
 }
 
 /// Runs the balancer on `iface` until SIGTERM or SIGINT.
@@ -170,7 +171,7 @@ pub fn cleanup(pin_dir: &Path, vip_path: &VipPathArgs) -> Result<(), DaemonError
         info!("detached link={}", link.display());
     }
     info!("removed pin_dir={}", pin_dir.display());
-    VipPath::remove(vip_path)?;
+    VipPath::remove(vip_path).map_err(|e| DaemonError::VipPath(Box::new(e)))?;
     Ok(())
 }
 
