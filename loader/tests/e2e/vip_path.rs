@@ -16,6 +16,19 @@ const DETECTION_BOUND: Duration = Duration::from_secs(4);
 /// Slow start for the scenarios that watch a backend come back.
 const SLOW_START: &str = "slow_start_ms=4000";
 
+/// A cluster of `backends` with the IPv4 TCP VIP on all of them (its health settings
+/// `settings`, as `--set` takes them), once every backend is healthy at full weight.
+fn healthy_cluster(backends: usize, settings: &[&str]) -> (Cluster, String) {
+    let c = start(XdpMode::Native, backends);
+    let vip = tcp_vip(false);
+    vip_with_all_backends(&c, &vip, false);
+    for setting in settings {
+        c.lbctl(&["vips", "health", &vip, "--set", setting]).unwrap();
+    }
+    wait_until(Duration::from_secs(15), "backends healthy", || all_healthy(&c, &vip));
+    (c, vip)
+}
+
 fn vip_addr(v6: bool) -> String {
     if v6 { format!("{VIP6}/128") } else { format!("{VIP4}/32") }
 }
@@ -79,11 +92,7 @@ fn all_succeed_elsewhere(c: &Cluster, target: std::net::SocketAddr, host: &str) 
 
 #[test]
 fn a_vip_missing_from_a_backend_fails_its_vip_path_and_it_returns_through_slow_start() {
-    let c = start(XdpMode::Native, 3);
-    let vip = tcp_vip(false);
-    vip_with_all_backends(&c, &vip, false);
-    c.lbctl(&["vips", "health", &vip, "--set", SLOW_START]).unwrap();
-    wait_until(Duration::from_secs(15), "backends healthy", || all_healthy(&c, &vip));
+    let (c, vip) = healthy_cluster(3, &[SLOW_START]);
     assert_eq!(connections(&c, tcp_target(false), 60).failures, 0);
     let b1 = &c.topo.backends()[0];
     let addr = b1.ipv4().to_string();
@@ -111,11 +120,7 @@ fn a_vip_missing_from_a_backend_fails_its_vip_path_and_it_returns_through_slow_s
 
 #[test]
 fn a_backend_with_its_decapsulation_detached_fails_its_vip_path() {
-    let mut c = start(XdpMode::Native, 3);
-    let vip = tcp_vip(false);
-    vip_with_all_backends(&c, &vip, false);
-    c.lbctl(&["vips", "health", &vip, "--set", SLOW_START]).unwrap();
-    wait_until(Duration::from_secs(15), "backends healthy", || all_healthy(&c, &vip));
+    let (mut c, vip) = healthy_cluster(3, &[SLOW_START]);
     let addr = c.topo.backends()[1].ipv4().to_string();
 
     c.detach_decap(1).unwrap();
@@ -130,10 +135,7 @@ fn a_backend_with_its_decapsulation_detached_fails_its_vip_path() {
 
 #[test]
 fn a_service_that_stops_listening_is_refused_through_the_tunnel_as_directly() {
-    let c = start(XdpMode::Native, 3);
-    let vip = tcp_vip(false);
-    vip_with_all_backends(&c, &vip, false);
-    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
+    let (c, vip) = healthy_cluster(3, &[]);
     let addr = c.topo.backends()[2].ipv4().to_string();
     c.stop_echo(2).unwrap();
     wait_until(DETECTION_BOUND, "b3 out", || backend_json(&c, &vip, &addr)["effective_weight"] == 0);
@@ -143,10 +145,7 @@ fn a_service_that_stops_listening_is_refused_through_the_tunnel_as_directly() {
 
 #[test]
 fn a_vip_missing_on_every_backend_is_kept_in_by_panic_and_then_by_the_ejection_cap() {
-    let c = start(XdpMode::Native, 3);
-    let vip = tcp_vip(false);
-    vip_with_all_backends(&c, &vip, false);
-    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
+    let (c, vip) = healthy_cluster(3, &[]);
     for b in c.topo.backends() {
         remove_vip(b, false);
     }
@@ -281,10 +280,7 @@ fn probe_link(c: &Cluster) -> std::path::PathBuf {
 
 #[test]
 fn the_balancers_own_probe_path_trouble_is_unknown_with_an_alert() {
-    let c = start(XdpMode::Native, 2);
-    let vip = tcp_vip(false);
-    vip_with_all_backends(&c, &vip, false);
-    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
+    let (c, vip) = healthy_cluster(2, &[]);
 
     // The probe program detached (its pinned link removed): probes through the tunnel go
     // nowhere, while the direct ones pass.
@@ -340,10 +336,7 @@ fn a_probe_device_that_is_not_lbds_is_refused_and_left_alone() {
 
 #[test]
 fn a_restarted_lbd_takes_the_probe_path_over_and_cleanup_removes_it() {
-    let c = start(XdpMode::Native, 2);
-    let vip = tcp_vip(false);
-    vip_with_all_backends(&c, &vip, false);
-    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
+    let (c, vip) = healthy_cluster(2, &[]);
     let lb = c.topo.lb();
     let programs =
         || lb.in_netns(|| aya::programs::SchedClassifier::query_tcx(c"spw-probe", aya::programs::TcAttachType::Egress)).unwrap().1;
