@@ -7,11 +7,7 @@
 //! `lbd` polls. Decapsulation never depends on it: if the socket watcher cannot load, the
 //! endpoint answers 503 saying why.
 
-use std::{
-    collections::BTreeSet,
-    net::IpAddr,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
 use aya::maps::{HashMap, MapData};
 use log::{error, info, warn};
@@ -23,26 +19,19 @@ use spillway_common::{
 };
 
 use crate::{
-    daemon::{
-        DaemonError, Signals,
-        args::AgentArgs,
-        core::error_chain,
-        pressure::{only_netns, own_netns},
-    },
+    daemon::{DaemonError, Signals, args::AgentArgs, core::error_chain},
     dataplane::{self, DataplaneError},
     netif::{self, NetifError},
     objects,
     pins::{self, Attachment, PinError, PinLayout},
     ports::{
-        NetnsResolver, PortsReport, SockWatch, Thresholds,
+        PortsReport, Scope, SockWatch, Thresholds, WatchOptions,
         endpoint::{self, Limits, Listen},
     },
 };
 
 /// How often the host's addresses are re-read.
 const REFRESH: Duration = Duration::from_secs(5);
-/// How long namespaces' port ranges are cached (the sysctl may change).
-const PORT_RANGES_TTL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -121,15 +110,17 @@ async fn start_ports_endpoint(args: &AgentArgs) -> Option<EndpointTask> {
             return None;
         }
     };
-    let watch = tokio::task::spawn_blocking(SockWatch::load).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    // The watcher sees the whole kernel; a host reports its own namespace unless told.
+    let options = WatchOptions { mode: args.watcher_mode, scope: if args.all_netns { Scope::All } else { Scope::Own } };
+    let watch =
+        tokio::task::spawn_blocking(move || SockWatch::load(options)).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
     let watch = watch.map_err(|e| {
         let message = format!("the socket watcher is not loaded: {}", error_chain(&e));
         error!("ports endpoint: {message}; answering 503");
         message
     });
     let thresholds = Thresholds { close_wait_secs: args.leak_after_s, ..Thresholds::default() };
-    let scope = if args.all_netns { None } else { Some(own_netns()) };
-    let mut source = PortSource { watch, resolver: NetnsResolver::new(), resolved_at: Instant::now(), thresholds, scope, last_error: None };
+    let mut source = PortSource { watch, thresholds, last_error: None };
     info!("ports endpoint listening on http://{addr}{}", endpoint::PATH);
     Some(EndpointTask(tokio::spawn(endpoint::serve(listener, Limits::default(), move || source.report()))))
 }
@@ -137,12 +128,7 @@ async fn start_ports_endpoint(args: &AgentArgs) -> Option<EndpointTask> {
 /// Builds the endpoint's reports (on a blocking thread, at most once per second).
 struct PortSource {
     watch: Result<SockWatch, String>,
-    resolver: NetnsResolver,
-    resolved_at: Instant,
     thresholds: Thresholds,
-    /// The namespace reported (`None`: all, `--all-netns`). The watcher sees the whole
-    /// kernel, and by default a host reports its own namespace only.
-    scope: Option<Result<u32, String>>,
     /// The last build error, logged when it first appears rather than on every request.
     last_error: Option<String>,
 }
@@ -150,16 +136,7 @@ struct PortSource {
 impl PortSource {
     fn report(&mut self) -> Result<PortsReport, String> {
         let watch = self.watch.as_mut().map_err(|message| message.clone())?;
-        if self.resolved_at.elapsed() >= PORT_RANGES_TTL {
-            self.resolver.forget();
-            self.resolved_at = Instant::now();
-        }
-        let report =
-            watch.report(&mut self.resolver, self.thresholds).map_err(|e| format!("building the port report: {}", error_chain(&e)));
-        let report = match &self.scope {
-            None => report,
-            Some(netns) => report.and_then(|report| Ok(only_netns(report, netns.clone()?))),
-        };
+        let report = watch.report(self.thresholds).map_err(|e| format!("building the port report: {}", error_chain(&e)));
         match &report {
             Err(message) if self.last_error.as_ref() != Some(message) => warn!("ports endpoint: {message}"),
             _ => {}

@@ -6,6 +6,8 @@ pub mod api;
 pub mod cli;
 pub mod daemon;
 pub mod dataplane;
+pub mod errors;
+pub mod forwarding;
 pub mod health;
 pub mod model;
 pub mod neighbours;

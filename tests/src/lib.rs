@@ -25,6 +25,7 @@ pub mod frames;
 mod host;
 mod icmp;
 mod load;
+pub mod locked_kernel;
 mod netns;
 pub mod packet_lab;
 mod process;

@@ -246,7 +246,8 @@ pub enum Reply {
     RateLimits(RateLimitList),
     Rules(RuleList),
     TopSources(TopSourceList),
-    Ports(PortsView),
+    /// Boxed: a report is much larger than the other replies.
+    Ports(Box<PortsView>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -443,6 +444,9 @@ pub struct Stats {
     /// would have dropped (those packets were let through and counted under `reasons`).
     #[serde(default)]
     pub observed: Vec<ReasonCount>,
+    /// Loud local problems of the balancer, as in `VipList::alerts`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -24,7 +24,7 @@ pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<(),
         (Command::Ratelimit(RatelimitCommand::List(o)), Reply::RateLimits(list)) => output(o.output, &list, rate_limits_table)?,
         (Command::Rules(RulesCommand::List(o)), Reply::Rules(list)) => output(o.output, &list, rules_table)?,
         (Command::TopSources { output: o, .. }, Reply::TopSources(list)) => output(o.output, &list, top_sources_table)?,
-        (Command::Ports { output: o, .. }, Reply::Ports(view)) => output(o.output, &view, render_health::ports_tables)?,
+        (Command::Ports { output: o, .. }, Reply::Ports(view)) => output(o.output, view.as_ref(), render_health::ports_tables)?,
         (command, Reply::Done { .. }) => done(command).ok_or(CliError::UnexpectedReply)?,
         _ => return Err(CliError::UnexpectedReply),
     };
@@ -141,7 +141,8 @@ fn stats_tables(stats: &Stats) -> String {
     for o in &stats.observed {
         observed.row(vec![o.reason.clone(), o.packets.to_string()]);
     }
-    [vips.render(), backends.render(), reasons.render(), observed.render()].join("\n")
+    let alerts: String = stats.alerts.iter().map(|a| format!("{a}\n")).collect();
+    alerts + &[vips.render(), backends.render(), reasons.render(), observed.render()].join("\n")
 }
 
 /// `100/s burst 200`, then ` observe` and ` (default)` when they apply.

@@ -126,6 +126,7 @@ fn sample_stats() -> Stats {
         }],
         reasons: vec![ReasonCount { reason: "tx".into(), packets: 12 }, ReasonCount { reason: "pass_not_vip".into(), packets: 3 }],
         observed: vec![ReasonCount { reason: "would_drop_source_limit".into(), packets: 4 }],
+        alerts: vec![],
     }
 }
 
@@ -592,7 +593,9 @@ fn health_panic_budget_and_alerts_are_shown() {
 
 #[test]
 fn ports_show_destinations_failures_and_leak_suspects() {
-    use crate::ports::{DestinationUsage, Dropped, LeakSuspect, Level, PortsReport, ProcessFailures, Thresholds};
+    use crate::ports::{
+        DestinationUsage, Dropped, LeakSuspect, Level, Mode, Part, PortsReport, ProcessFailures, Thresholds, WatcherStatus,
+    };
     let report = PortsReport {
         thresholds: Thresholds::default(),
         destinations: vec![DestinationUsage {
@@ -634,10 +637,18 @@ fn ports_show_destinations_failures_and_leak_suspects() {
             oldest_age_secs: 45,
             local_ports: vec![8080],
         }],
+        watcher: Some(WatcherStatus {
+            mode: Mode::Tracepoint,
+            watching: vec![Part { what: "tcp ports".into(), how: "tracepoint/sock/inet_sock_set_state".into() }],
+            not_watched: vec![Part { what: "bind/udp connect failures".into(), how: "no syscall tracepoints".into() }],
+            refused: vec![],
+        }),
     };
     let view = crate::api::PortsView { host: "10.0.1.1".into(), report: Some(report), error: None, age_s: 1 };
-    let out = rendered(&["ports", "--host", "10.0.1.1"], Reply::Ports(view));
-    assert!(out.starts_with("host 10.0.1.1 (report 1 s old)\nlevel critical\n"), "{out}");
+    let out = rendered(&["ports", "--host", "10.0.1.1"], Reply::Ports(Box::new(view)));
+    let watcher = "watcher mode tracepoint; watching with: tcp ports (tracepoint/sock/inet_sock_set_state); \
+                   not watched: bind/udp connect failures (no syscall tracepoints)\n";
+    assert!(out.starts_with(&format!("host 10.0.1.1 (report 1 s old)\n{watcher}level critical\n")), "{out}");
     for needle in ["10.9.0.1:5432", "95%", "critical", "app", "leaky", "8080", "over 30 s"] {
         assert!(out.contains(needle), "{needle} missing:\n{out}");
     }

@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use spillway_common::limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S};
 
 use super::outer_src::{OuterSrc4, OuterSrc6};
-use crate::{api::DEFAULT_SOCKET, health::HealthConfig, pins::DEFAULT_PIN_DIR, vip_path::VipPathArgs};
+use crate::{api::DEFAULT_SOCKET, health::HealthConfig, pins::DEFAULT_PIN_DIR, ports::WatcherMode, vip_path::VipPathArgs};
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/spillway";
 
@@ -98,6 +98,15 @@ pub struct DaemonArgs {
     /// Port of the backends' `lbd agent` endpoint, polled for port pressure (0: do not poll).
     #[arg(long, value_name = "PORT", default_value_t = crate::ports::endpoint::DEFAULT_PORT)]
     pub agent_port: u16,
+    /// Set the interface's forwarding sysctls (net.ipv4.conf.<IF>.forwarding and its IPv6
+    /// twin) to 1 if they are 0, instead of refusing to start: the kernel's route lookup
+    /// refuses to route packets that arrive on an interface that does not forward.
+    #[arg(long)]
+    pub enable_forwarding: bool,
+    /// How this balancer's own port watcher hooks the kernel (`lbctl ports --host lb`):
+    /// the best mode the kernel allows, or one forced.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = WatcherMode::Auto)]
+    pub watcher_mode: WatcherMode,
     #[command(flatten)]
     pub vip_path: VipPathArgs,
 }
@@ -129,6 +138,10 @@ pub struct AgentArgs {
     /// services run in containers with their own namespaces (each row names its namespace).
     #[arg(long)]
     pub all_netns: bool,
+    /// How the port watcher hooks the kernel: the best mode the kernel allows (btf, else
+    /// tracepoint, else sock_diag), or one forced.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = WatcherMode::Auto)]
+    pub watcher_mode: WatcherMode,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -106,18 +106,7 @@ impl CoreError {
         ApiError { kind, message: error_chain(self) }
     }
 }
-
-/// `error: cause: cause`, so a single line names the root problem.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub use crate::errors::error_chain;
 
 pub struct Core<M, S> {
     state: DesiredState,
@@ -128,6 +117,9 @@ pub struct Core<M, S> {
     health: Option<Checks>,
     /// Port pressure of the balancer and of the backends (from their agents).
     ports: PortsBook,
+    /// The balancer interface's forwarding sysctls found at 0 since the last check (VIP
+    /// packets are then dropped as `drop_forwarding_disabled`), e.g. `net.ipv4.conf.eth0.forwarding = 0`.
+    forwarding_off: Option<String>,
 }
 
 pub use super::checks::{ProbeResult, ProbeTarget};
@@ -161,7 +153,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             None => state.clone(),
         };
         let report = reconciler.apply(&mut maps, &target).map_err(CoreError::Apply)?;
-        Ok((Self { state, reconciler, maps, store, health, ports: PortsBook::default() }, report))
+        Ok((Self { state, reconciler, maps, store, health, ports: PortsBook::default(), forwarding_off: None }, report))
     }
 
     /// Feeds probe outcomes, runs time-driven transitions, logs health events and, at most
@@ -176,6 +168,21 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         self.save_health_snapshot(now_ms);
         self.program_effective(now_ms)?;
         Ok((targets, now_ms))
+    }
+
+    /// Records whether the balancer's interface forwards: `off` names the forwarding
+    /// sysctls at 0 (`None`: all on). Logged when it changes; shown as an alert meanwhile.
+    pub fn set_forwarding_off(&mut self, off: Option<String>) {
+        if off == self.forwarding_off {
+            return;
+        }
+        match &off {
+            Some(sysctls) => {
+                warn!("event=forwarding_disabled sysctls=\"{sysctls}\" effect=\"VIP packets are dropped (drop_forwarding_disabled)\"")
+            }
+            None => info!("event=forwarding_restored"),
+        }
+        self.forwarding_off = off;
     }
 
     /// Records port pressure reported by a backend's agent (see `pressure::classify`).
@@ -362,7 +369,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 let health = self.health_settings(&vip, probe, probe_path, policy, reset)?;
                 self.mutate(&format!("op=set_health vip={vip} health={health:?}"), |s| s.set_health(&vip, health))
             }
-            Request::Ports { host } => Ok(Reply::Ports(self.ports(host))),
+            Request::Ports { host } => Ok(Reply::Ports(Box::new(self.ports(host)))),
             Request::RemoveBackend { vip, backend } => {
                 self.mutate(&format!("op=remove_backend vip={vip} backend={backend}"), |s| s.remove_backend(&vip, backend))
             }

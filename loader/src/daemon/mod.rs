@@ -34,11 +34,12 @@ use self::{
 };
 use crate::{
     dataplane::{Balancer, DataplaneError, LoadOptions},
+    forwarding::{self, ForwardingError},
     health::HealthConfig,
     neighbours,
     netif::{self, NetifError},
     pins::{self, Attachment, PinError, PinLayout},
-    ports::SockWatch,
+    ports::{Scope, SockWatch, WatchOptions},
     reconcile::Maps,
     store::{StateFile, Store, StoreError},
     vip_path::{VipPath, VipPathArgs, VipPathError},
@@ -70,6 +71,13 @@ pub enum DaemonError {
     // Boxed: it would make every daemon result larger for one rare error.
     #[error(transparent)]
     VipPath(Box<VipPathError>),
+    #[error(transparent)]
+    Forwarding(#[from] ForwardingError),
+    #[error(
+        "forwarding is disabled on {iface} ({sysctls}): the kernel's route lookup refuses every packet arriving there, so \
+         no VIP packet could be forwarded; set it to 1 (sysctl -w ...=1) or start lbd with --enable-forwarding"
+    )]
+    ForwardingDisabled { iface: String, sysctls: String },
 }
 
 /// Runs the balancer on `iface` until SIGTERM or SIGINT.
@@ -83,6 +91,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     if state.is_none() {
         info!("no state file at {}; starting with no VIPs", store.path().display());
     }
+    check_forwarding(iface, args.enable_forwarding)?;
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
     let _lock = pins::create_and_lock(&layout.balancer_dir())?;
@@ -137,7 +146,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     );
     // The balancer's own port watcher: `lbctl ports --host lb`, and loud alerts when the
     // balancer itself runs short of ports. Not fatal: forwarding does not need it.
-    let watch = SockWatch::load().map_err(|e| {
+    let watch = SockWatch::load(WatchOptions { mode: args.watcher_mode, scope: Scope::Own }).map_err(|e| {
         let message = error_chain(&e);
         warn!("socket watcher not loaded; lbctl ports --host lb has no data: {message}");
         message
@@ -146,6 +155,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     info!("ready api={}", args.api.display());
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
+    let forwarding_watch = tokio::spawn(forwarding_watch(core.clone(), iface.to_owned()));
     let prober = vip_path.map(|path| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed(), Arc::new(path))));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
     server::serve(listener, core.clone(), answered, async {
@@ -154,6 +164,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     })
     .await;
     upkeep.abort();
+    forwarding_watch.abort();
     pressure.abort();
     if let Some(prober) = prober {
         prober.abort();
@@ -162,6 +173,51 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     server::lock(&core).persist_health();
     info!("exited; forwarding continues through link={}", link.display());
     Ok(())
+}
+
+/// Refuses to start on an interface that does not forward, unless `enable` lets it set the
+/// sysctls (logged).
+fn check_forwarding(iface: &str, enable: bool) -> Result<(), DaemonError> {
+    let off = forwarding::disabled(iface)?;
+    if off.is_empty() {
+        return Ok(());
+    }
+    let sysctls = forwarding::describe(&off);
+    if !enable {
+        return Err(DaemonError::ForwardingDisabled { iface: iface.to_owned(), sysctls });
+    }
+    forwarding::enable(&off)?;
+    info!("event=forwarding_enabled iface={iface} was=\"{sysctls}\" reason=--enable-forwarding");
+    Ok(())
+}
+
+/// How often the interface's forwarding sysctls are re-read once running.
+const FORWARDING_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Keeps the core told whether `iface` still forwards (an alert in `lbctl` and one log line
+/// per change when it stops).
+async fn forwarding_watch<M, S>(core: SharedCore<M, S>, iface: String)
+where
+    M: Maps + Counters + Send + 'static,
+    S: Store + Send + 'static,
+{
+    let mut tick = tokio::time::interval(FORWARDING_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let off = match forwarding::disabled(&iface) {
+            Ok(off) if off.is_empty() => None,
+            Ok(off) => Some(forwarding::describe(&off)),
+            Err(e) => {
+                warn!("event=forwarding_check_failed iface={iface} error=\"{}\"", error_chain(&e));
+                continue;
+            }
+        };
+        let core = core.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || server::lock(&core).set_forwarding_off(off)).await {
+            warn!("forwarding check: {e}");
+        }
+    }
 }
 
 /// `lbd --cleanup`: detaches the balancer, its probe path and the agent, removes every pin,

@@ -168,6 +168,21 @@ fn what_lbd_never_sends_is_refused() {
 }
 
 #[test]
+fn a_balancer_interface_that_does_not_forward_drops_the_probe_as_it_drops_traffic() {
+    let lab = packet_lab::PacketLab::build().unwrap();
+    with_env_in(&lab, |env| {
+        let maps = load_probe(env);
+        let (v, backend) = ("10.200.1.1:80/tcp", IpAddr::from(packet_lab::backend4(101)));
+        env.add_vip(vip(v), &[backend]);
+        let frame = probe_frame(v, false);
+        lab.netns().sysctl(&format!("net.ipv4.conf.{}.forwarding", packet_lab::INGRESS), "0").unwrap();
+        expect_probe(env, &maps, &frame, mark(env, v, backend), TC_ACT_SHOT, ProbeReason::DropForwardingDisabled);
+        lab.netns().sysctl(&format!("net.ipv4.conf.{}.forwarding", packet_lab::INGRESS), "1").unwrap();
+        expect_probe(env, &maps, &frame, mark(env, v, backend), TC_ACT_REDIRECT, ProbeReason::Redirect);
+    });
+}
+
+#[test]
 fn no_route_and_oversize_are_dropped() {
     with_env(|env| {
         let maps = load_probe(env);

@@ -23,25 +23,29 @@ use crate::{
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
     pub(super) fn alerts(&self) -> Vec<String> {
-        let Some(checks) = self.health.as_ref() else { return Vec::new() };
+        let mut alerts = Vec::new();
+        if let Some(sysctls) = &self.forwarding_off {
+            alerts.push(format!(
+                "ALERT: forwarding is disabled on the balancer's interface ({sysctls}): every VIP packet of that family \
+                 is dropped (drop_forwarding_disabled in lbctl stats); set it back to 1"
+            ));
+        }
+        let Some(checks) = self.health.as_ref() else { return alerts };
         let now_ms = checks.now_ms();
-        checks
-            .local_alerts()
-            .iter()
-            .map(|(cause, alert)| {
-                let (probes, for_s) = (alert.unknown_probes, now_ms.saturating_sub(alert.since_ms) / 1000);
-                match cause {
-                    LocalCause::Sockets => format!(
-                        "ALERT: this balancer cannot open probe sockets ({probes} probes in {for_s} s): its own ephemeral ports, \
-                         sockets or memory are short; backends keep their states (see lbctl ports)"
-                    ),
-                    LocalCause::VipPath(why) => format!(
-                        "ALERT: this balancer cannot probe through the tunnel ({probes} probes in {for_s} s): {why}; backends keep \
-                         their states"
-                    ),
-                }
-            })
-            .collect()
+        alerts.extend(checks.local_alerts().iter().map(|(cause, alert)| {
+            let (probes, for_s) = (alert.unknown_probes, now_ms.saturating_sub(alert.since_ms) / 1000);
+            match cause {
+                LocalCause::Sockets => format!(
+                    "ALERT: this balancer cannot open probe sockets ({probes} probes in {for_s} s): its own ephemeral ports, \
+                     sockets or memory are short; backends keep their states (see lbctl ports)"
+                ),
+                LocalCause::VipPath(why) => format!(
+                    "ALERT: this balancer cannot probe through the tunnel ({probes} probes in {for_s} s): {why}; backends keep \
+                     their states"
+                ),
+            }
+        }));
+        alerts
     }
 
     pub(super) fn vips(&self) -> VipList {
@@ -128,7 +132,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             self.maps.reasons()?.into_iter().map(|(reason, packets)| ReasonCount { reason: reason.label().to_owned(), packets }).collect();
         let observed =
             self.maps.observed()?.into_iter().map(|(o, packets)| ReasonCount { reason: o.label().to_owned(), packets }).collect();
-        Ok(Stats { vips, reasons, observed })
+        Ok(Stats { vips, reasons, observed, alerts: self.alerts() })
     }
 
     pub(super) fn rate_limits(&self) -> RateLimitList {

@@ -115,6 +115,7 @@ fn encapsulate(ctx: &TcContext) -> (i32, ProbeReason, Option<u32>) {
     let macs = match hop {
         NextHop::FragNeeded => return drop(ProbeReason::DropOversize, Some(id)),
         NextHop::NoRoute => return drop(ProbeReason::DropNoRoute, Some(id)),
+        NextHop::ForwardingDisabled => return drop(ProbeReason::DropForwardingDisabled, Some(id)),
         NextHop::NoNeigh => None,
         NextHop::Resolved { macs, .. } => Some(macs),
     };
