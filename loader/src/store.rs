@@ -10,10 +10,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use log::warn;
-
 use crate::{
     daemon::checks::HealthSnapshot,
+    event,
     model::{DesiredState, ModelError},
 };
 
@@ -91,11 +90,11 @@ impl StateFile {
             Ok(text) => text,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
             Err(e) => {
-                warn!("ignoring {}: {e}", path.display());
+                event!(warn, "health_file_ignored", path = path.display(), error = e);
                 return None;
             }
         };
-        serde_json::from_str(&text).map_err(|e| warn!("ignoring {}: {e}", path.display())).ok()
+        serde_json::from_str(&text).map_err(|e| event!(warn, "health_file_ignored", path = path.display(), error = e)).ok()
     }
 
     fn write_json(&self, name: &str, value: &impl serde::Serialize) -> Result<(), StoreError> {

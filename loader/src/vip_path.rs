@@ -20,11 +20,11 @@
 use std::{net::IpAddr, path::PathBuf, sync::Mutex};
 
 use clap::Args;
-use log::info;
 use spillway_common::types::{PROBE_MARK_TAG_MASK, PROBE_MARK_TAG_SHIFT, ProbeConfig, ProbeReason, probe_mark};
 
 use crate::{
     dataplane::{Balancer, DataplaneError, ProbeMaps},
+    event,
     netif::{self, NetifError},
     pins::{self, Attachment, PinError, PinLayout},
     rtnl::{Family, Link, Lookup, MarkRule, RTN_LOCAL, Rtnl, RtnlError},
@@ -130,9 +130,9 @@ impl VipPath {
         let link_path = layout.probe_link();
         match pins::attach_pinned_tc(program, link.ifindex, device, &link_path)? {
             Attachment::TookOver { replaced_program_id } => {
-                info!("event=probe_path_took_over device={device} link={} replaced_prog_id={replaced_program_id}", link_path.display())
+                event!(info, "probe_path_took_over", device = device, link = link_path.display(), replaced_prog_id = replaced_program_id)
             }
-            _ => info!("event=probe_path_attached device={device} link={}", link_path.display()),
+            _ => event!(info, "probe_path_attached", device = device, link = link_path.display()),
         }
         let addrs = netif::addresses()?;
         let source_v4 = netif::first_ipv4(&addrs, iface).map(IpAddr::V4);
@@ -144,12 +144,15 @@ impl VipPath {
         for rule in rules(args) {
             rtnl.add_rule(&rule).map_err(routing)?;
         }
-        info!(
-            "event=probe_path_ready device={device} table={} mark=0x{:08x}/0x{PROBE_MARK_TAG_MASK:08x} source_v4={} source_v6={}",
-            args.probe_table,
-            u32::from(args.probe_mark) << PROBE_MARK_TAG_SHIFT,
-            source_v4.map_or("-".to_owned(), |a| a.to_string()),
-            source_v6.map_or("-".to_owned(), |a| a.to_string()),
+        let source = |s: Option<IpAddr>| s.map_or("-".to_owned(), |a| a.to_string());
+        event!(
+            info,
+            "probe_path_ready",
+            device = device,
+            table = args.probe_table,
+            mark = format!("0x{:08x}/0x{PROBE_MARK_TAG_MASK:08x}", u32::from(args.probe_mark) << PROBE_MARK_TAG_SHIFT),
+            source_v4 = source(source_v4),
+            source_v6 = source(source_v6)
         );
         Ok(Self {
             args: args.clone(),
@@ -177,7 +180,7 @@ impl VipPath {
             && link.kind.as_deref() == Some("ifb")
         {
             rtnl.del_link(link.ifindex).map_err(routing)?;
-            info!("event=probe_path_removed device={device}");
+            event!(info, "probe_path_removed", device = device);
         }
         Ok(())
     }
@@ -261,7 +264,7 @@ fn ensure_device(rtnl: &mut Rtnl, device: &str) -> Result<Link, VipPathError> {
         Some(link) => link,
         None => {
             rtnl.add_ifb(device).map_err(create)?;
-            info!("event=probe_device_created device={device} kind=ifb");
+            event!(info, "probe_device_created", device = device, kind = "ifb");
             rtnl.link(device).map_err(create)?.ok_or(create(RtnlError::Malformed { op: "get link" }))?
         }
     };

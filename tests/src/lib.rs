@@ -29,6 +29,7 @@ pub mod locked_kernel;
 mod netns;
 pub mod packet_lab;
 mod process;
+pub mod promql;
 mod stream;
 mod topology;
 mod traffic;

@@ -8,8 +8,15 @@
 //! ```
 
 pub mod client;
+pub mod flows;
+pub mod sample;
 
-use std::{collections::BTreeMap, fmt, net::IpAddr, str::FromStr};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{IpAddr, SocketAddr},
+    str::FromStr,
+};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -151,6 +158,30 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         limit: Option<u32>,
     },
+    /// Every counter and state `lbctl top` and the metrics show (`sample::Sample`).
+    Sample,
+    /// Where the flow from `client` to `vip` goes and why (`flows::FlowAnswer`); an any-port
+    /// VIP needs the destination `port`.
+    FlowGet {
+        vip: Vip,
+        client: SocketAddr,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        port: Option<u16>,
+    },
+    /// The VIP's connection-table entries, optionally only those of `backend`; `limit`
+    /// defaults to `flows::DEFAULT_FLOW_LIST`, at most `flows::MAX_FLOW_LIST`.
+    FlowList {
+        vip: Vip,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        backend: Option<IpAddr>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+    },
+    /// Deletes the connection-table entries of `backend`; refused unless it is drained in
+    /// every VIP it serves, or no longer a backend.
+    FlowPurge {
+        backend: IpAddr,
+    },
 }
 
 /// Which limits a request edits: `"default"` (every VIP without its own) or a VIP.
@@ -248,6 +279,10 @@ pub enum Reply {
     TopSources(TopSourceList),
     /// Boxed: a report is much larger than the other replies.
     Ports(Box<PortsView>),
+    Sample(Box<sample::Sample>),
+    Flow(flows::FlowAnswer),
+    Flows(flows::FlowList),
+    Purged(flows::PurgeReport),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

@@ -15,8 +15,9 @@ use spillway::{
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    match run(LbdArgs::parse()).await {
+    let args = LbdArgs::parse();
+    spillway::logging::init(args.log_format);
+    match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{e:#}");

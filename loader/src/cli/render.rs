@@ -6,7 +6,9 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::{
-    BackendsCommand, CliError, Command, Format, RatelimitCommand, RulesCommand, ScopeArgs, VipsCommand, render_health,
+    BackendsCommand, CliError, Command, Format, RatelimitCommand, RulesCommand, ScopeArgs, VipsCommand,
+    flows::{self, FlowsCommand},
+    render_health,
     table::{Align, Table},
 };
 use crate::{
@@ -25,6 +27,9 @@ pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<(),
         (Command::Rules(RulesCommand::List(o)), Reply::Rules(list)) => output(o.output, &list, rules_table)?,
         (Command::TopSources { output: o, .. }, Reply::TopSources(list)) => output(o.output, &list, top_sources_table)?,
         (Command::Ports { output: o, .. }, Reply::Ports(view)) => output(o.output, view.as_ref(), render_health::ports_tables)?,
+        (Command::Flows(FlowsCommand::Get { output: o, .. }), Reply::Flow(answer)) => output(o.output, &answer, flows::answer_text)?,
+        (Command::Flows(FlowsCommand::List { output: o, .. }), Reply::Flows(list)) => output(o.output, &list, flows::list_table)?,
+        (Command::Flows(FlowsCommand::Purge { .. }), Reply::Purged(report)) => flows::purged_text(&report),
         (command, Reply::Done { .. }) => done(command).ok_or(CliError::UnexpectedReply)?,
         _ => return Err(CliError::UnexpectedReply),
     };
@@ -101,6 +106,8 @@ fn done(command: &Command) -> Option<String> {
         | Command::Ratelimit(RatelimitCommand::List(_))
         | Command::Rules(RulesCommand::List(_))
         | Command::TopSources { .. }
+        | Command::Top(_)
+        | Command::Flows(_)
         | Command::Ports { .. } => return None,
     };
     Some(line + "\n")

@@ -106,7 +106,7 @@ fn every_help_has_an_example() {
     }
     let mut seen = 0;
     walk(&Cli::command(), &mut Vec::new(), &mut seen);
-    assert_eq!(seen, 25, "lbctl, vips (4), backends (6), stats, ratelimit (4), rules (3), top-sources, ports");
+    assert_eq!(seen, 30, "lbctl, vips (4), backends (6), stats, ratelimit (4), rules (3), top-sources, top, flows (3), ports");
 }
 
 fn rendered(args: &[&str], reply: Reply) -> String {

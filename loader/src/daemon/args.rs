@@ -7,7 +7,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use spillway_common::limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S};
 
 use super::outer_src::{OuterSrc4, OuterSrc6};
-use crate::{api::DEFAULT_SOCKET, health::HealthConfig, pins::DEFAULT_PIN_DIR, ports::WatcherMode, vip_path::VipPathArgs};
+use crate::{
+    api::DEFAULT_SOCKET, health::HealthConfig, logging::LogFormat, metrics::MetricsListen, pins::DEFAULT_PIN_DIR, ports::WatcherMode,
+    vip_path::VipPathArgs,
+};
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/spillway";
 
@@ -37,6 +40,9 @@ Examples:
 pub struct LbdArgs {
     #[command(subcommand)]
     pub command: Option<LbdCommand>,
+    /// How log lines are written to stderr: logfmt `key=value` text, or JSON objects.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(flatten)]
     pub daemon: DaemonArgs,
 }
@@ -107,6 +113,10 @@ pub struct DaemonArgs {
     /// the best mode the kernel allows, or one forced.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = WatcherMode::Auto)]
     pub watcher_mode: WatcherMode,
+    /// Where to serve Prometheus metrics (GET /metrics, OpenMetrics text), or `off`.
+    /// Read-only and bounded; counters are read from the maps at most once a second.
+    #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::metrics::DEFAULT_LISTEN)]
+    pub metrics_listen: MetricsListen,
     #[command(flatten)]
     pub vip_path: VipPathArgs,
 }
@@ -142,6 +152,10 @@ pub struct AgentArgs {
     /// tracepoint, else sock_diag), or one forced.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = WatcherMode::Auto)]
     pub watcher_mode: WatcherMode,
+    /// Where to serve this host's port pressure as Prometheus metrics (GET /metrics), or
+    /// `off`. Read-only and bounded like --ports-listen.
+    #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::metrics::DEFAULT_AGENT_LISTEN)]
+    pub metrics_listen: MetricsListen,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -150,6 +164,16 @@ pub enum XdpModeArg {
     Native,
     /// In the kernel's network stack (works everywhere; slower).
     Generic,
+}
+
+impl XdpModeArg {
+    /// The flag's value, as logs and metrics name the mode.
+    pub const fn label(self) -> &'static str {
+        match self {
+            XdpModeArg::Native => "native",
+            XdpModeArg::Generic => "generic",
+        }
+    }
 }
 
 impl From<XdpModeArg> for XdpMode {

@@ -9,10 +9,10 @@ use std::{
     time::Instant,
 };
 
-use log::{error, info};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    event,
     health::{Candidate, HealthConfig, HealthError, HealthTracker, Placement, Pressure, ProbeKey, ProbeOutcome, Restored, place},
     model::{Backend, DesiredState, LimitConfig, Proto, RateSpec, Vip, VipConfig},
     probe::{ProbePath, ProbeSpec},
@@ -196,7 +196,7 @@ impl Checks {
             }
         }
         let restored = snapshot.backends.len();
-        info!("event=health_restored entries={restored}");
+        event!(info, "health_restored", entries = restored);
         self.log_events();
     }
 
@@ -226,7 +226,7 @@ impl Checks {
         self.local_alerts.retain(|cause, alert| {
             let holds = now_ms.saturating_sub(alert.last_ms) <= LOCAL_ALERT_HOLD_MS;
             if !holds {
-                info!("event=lb_probe_alert_cleared cause={}", cause.label());
+                event!(info, "lb_probe_alert_cleared", cause = cause.label());
             }
             holds
         });
@@ -245,20 +245,23 @@ impl Checks {
         alert.unknown_probes += 1;
         if alert.unknown_probes == 1 || now_ms.saturating_sub(alert.last_logged_ms) >= LOCAL_ALERT_REPEAT_MS {
             alert.last_logged_ms = now_ms;
-            let what = match &cause {
-                LocalCause::Sockets => {
-                    "this balancer cannot open probe sockets (ephemeral ports, sockets or memory exhausted on the LB host)".to_owned()
+            let message = match &cause {
+                LocalCause::Sockets => "ALERT: this balancer cannot open probe sockets (ephemeral ports, sockets or memory exhausted on \
+                                        the LB host); backends keep their states"
+                    .to_owned(),
+                LocalCause::VipPath(why) => {
+                    format!("ALERT: this balancer cannot probe through the tunnel: {why}; backends keep their states")
                 }
-                LocalCause::VipPath(why) => format!("this balancer cannot probe through the tunnel: {why}"),
             };
-            error!(
-                "event=lb_probe_alert cause={} ALERT: {what}; backends keep their states. unknown_probes={} since_ms={} last_vip={} \
-                 last_backend={}",
-                cause.label(),
-                alert.unknown_probes,
-                alert.since_ms,
-                key.vip,
-                key.backend
+            event!(
+                error,
+                "lb_probe_alert",
+                cause = cause.label(),
+                message = message,
+                unknown_probes = alert.unknown_probes,
+                since_ms = alert.since_ms,
+                last_vip = key.vip,
+                last_backend = key.backend
             );
         }
     }
@@ -362,7 +365,7 @@ impl Checks {
                 if matches!(event, crate::health::HealthEvent::Backend(_)) {
                     self.snapshot_due = true;
                 }
-                info!("{event}");
+                log::info!("{event}");
             }
         }
     }

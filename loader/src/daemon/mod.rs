@@ -5,10 +5,12 @@
 pub mod args;
 pub mod checks;
 pub mod core;
+pub mod metrics;
 pub mod outer_src;
 pub mod pressure;
 pub mod probes;
 pub mod server;
+pub mod telemetry;
 
 use std::{
     io,
@@ -17,7 +19,6 @@ use std::{
 };
 
 use aya::{EbpfError, maps::MapError};
-use log::{debug, error, info, warn};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::types::LbConfig;
 use tokio::{
@@ -33,7 +34,9 @@ use self::{
     server::{ServerError, SharedCore},
 };
 use crate::{
+    api::sample::BuildInfo,
     dataplane::{Balancer, DataplaneError, LoadOptions},
+    event,
     forwarding::{self, ForwardingError},
     health::HealthConfig,
     neighbours,
@@ -89,7 +92,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     let store = StateFile::open(&args.state_dir)?;
     let state = store.load()?;
     if state.is_none() {
-        info!("no state file at {}; starting with no VIPs", store.path().display());
+        event!(info, "no_state", path = store.path().display(), message = "starting with no VIPs");
     }
     check_forwarding(iface, args.enable_forwarding)?;
     pins::ensure_bpffs()?;
@@ -107,19 +110,34 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     // Attach before writing anything: if this fails (wrong interface, another program on
     // it), the maps a running balancer may share are left untouched.
     let link = layout.balancer_link();
+    let program_tag = balancer.program()?.info().map(|i| format!("{:016x}", i.tag())).unwrap_or_default();
+    let mode = args.xdp_mode.label();
     match pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link)? {
-        Attachment::Attached => info!("attached iface={iface} mode={:?} link={}", args.xdp_mode, link.display()),
-        Attachment::Reattached => info!("attached iface={iface} link={} (the old link's interface was gone)", link.display()),
-        Attachment::TookOver { replaced_program_id } => {
-            info!("took over link={} iface={iface} replaced_prog_id={replaced_program_id}", link.display())
-        }
+        Attachment::Attached => event!(info, "attached", iface = iface, mode = mode, link = link.display(), program_tag = program_tag),
+        Attachment::Reattached => event!(
+            info,
+            "attached",
+            iface = iface,
+            mode = mode,
+            link = link.display(),
+            program_tag = program_tag,
+            note = "the old link's interface was gone"
+        ),
+        Attachment::TookOver { replaced_program_id } => event!(
+            info,
+            "took_over",
+            iface = iface,
+            link = link.display(),
+            replaced_prog_id = replaced_program_id,
+            program_tag = program_tag
+        ),
     }
     // Probes through the tunnel need the probe path; without it they count as unknown (and
     // say why, loudly), and forwarding is unaffected.
     let vip_path = (!args.no_health_checks).then(|| {
         VipPath::install(&mut balancer, &layout, iface, &args.vip_path).map_err(|e| {
             let message = error_chain(&e);
-            error!("event=probe_path_unavailable ALERT: probes through the tunnel count as unknown: {message}");
+            event!(error, "probe_path_unavailable", error = message, message = "ALERT: probes through the tunnel count as unknown");
             message
         })
     });
@@ -130,29 +148,32 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
         let defaults = HealthConfig { slow_start_ms: args.health_slow_start_ms, ..HealthConfig::default() };
         (ChecksConfig { defaults, local_zone: args.zone.clone() }, store.load_health().unwrap_or_default())
     });
-    let (core, report) = Core::start(maps, store, state.unwrap_or_default(), checks).map_err(DaemonError::Start)?;
+    let (mut core, report) = Core::start(maps, store, state.unwrap_or_default(), checks).map_err(DaemonError::Start)?;
+    core.set_build_info(BuildInfo { version: env!("CARGO_PKG_VERSION").to_owned(), program_tag, xdp_mode: mode.to_owned() });
     let vips = &core.state().vips;
-    info!(
-        "state restored vips={} backends={} rules={} health_checks={} zone={} slots_written={} tables_flipped={} limits_written={} rules_written={}",
-        vips.len(),
-        vips.values().map(|c| c.backends.len()).sum::<usize>(),
-        core.state().rules.len(),
-        !args.no_health_checks,
-        args.zone.as_deref().unwrap_or("-"),
-        report.slots_written,
-        report.tables_flipped,
-        report.limits_written,
-        report.rules_written
+    event!(
+        info,
+        "state_restored",
+        vips = vips.len(),
+        backends = vips.values().map(|c| c.backends.len()).sum::<usize>(),
+        rules = core.state().rules.len(),
+        health_checks = !args.no_health_checks,
+        zone = args.zone.as_deref().unwrap_or("-"),
+        slots_written = report.slots_written,
+        tables_flipped = report.tables_flipped,
+        limits_written = report.limits_written,
+        rules_written = report.rules_written
     );
     // The balancer's own port watcher: `lbctl ports --host lb`, and loud alerts when the
     // balancer itself runs short of ports. Not fatal: forwarding does not need it.
     let watch = SockWatch::load(WatchOptions { mode: args.watcher_mode, scope: Scope::Own }).map_err(|e| {
         let message = error_chain(&e);
-        warn!("socket watcher not loaded; lbctl ports --host lb has no data: {message}");
+        event!(warn, "socket_watcher_not_loaded", error = message, message = "lbctl ports --host lb has no data");
         message
     });
     let core = Arc::new(Mutex::new(core));
-    info!("ready api={}", args.api.display());
+    let _metrics = metrics::start(args.metrics_listen, core.clone()).await;
+    event!(info, "ready", api = args.api.display());
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let forwarding_watch = tokio::spawn(forwarding_watch(core.clone(), iface.to_owned()));
@@ -160,7 +181,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
     server::serve(listener, core.clone(), answered, async {
         let name = signals.recv().await;
-        info!("received {name}; exiting");
+        event!(info, "exiting", signal = name);
     })
     .await;
     upkeep.abort();
@@ -171,7 +192,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     }
     // A killed lbd restores the last state change; a clean exit saves the present.
     server::lock(&core).persist_health();
-    info!("exited; forwarding continues through link={}", link.display());
+    event!(info, "exited", link = link.display(), message = "forwarding continues through the pinned link");
     Ok(())
 }
 
@@ -187,7 +208,7 @@ fn check_forwarding(iface: &str, enable: bool) -> Result<(), DaemonError> {
         return Err(DaemonError::ForwardingDisabled { iface: iface.to_owned(), sysctls });
     }
     forwarding::enable(&off)?;
-    info!("event=forwarding_enabled iface={iface} was=\"{sysctls}\" reason=--enable-forwarding");
+    event!(info, "forwarding_enabled", iface = iface, was = sysctls, reason = "--enable-forwarding");
     Ok(())
 }
 
@@ -209,13 +230,13 @@ where
             Ok(off) if off.is_empty() => None,
             Ok(off) => Some(forwarding::describe(&off)),
             Err(e) => {
-                warn!("event=forwarding_check_failed iface={iface} error=\"{}\"", error_chain(&e));
+                event!(warn, "forwarding_check_failed", iface = iface, error = error_chain(&e));
                 continue;
             }
         };
         let core = core.clone();
         if let Err(e) = tokio::task::spawn_blocking(move || server::lock(&core).set_forwarding_off(off)).await {
-            warn!("forwarding check: {e}");
+            event!(warn, "forwarding_check_failed", iface = iface, error = e);
         }
     }
 }
@@ -224,9 +245,9 @@ where
 /// and the probe path's device and routing rules.
 pub fn cleanup(pin_dir: &Path, vip_path: &VipPathArgs) -> Result<(), DaemonError> {
     for link in pins::cleanup(&PinLayout::new(pin_dir))? {
-        info!("detached link={}", link.display());
+        event!(info, "detached", link = link.display());
     }
-    info!("removed pin_dir={}", pin_dir.display());
+    event!(info, "removed", pin_dir = pin_dir.display());
     VipPath::remove(vip_path).map_err(|e| DaemonError::VipPath(Box::new(e)))?;
     Ok(())
 }
@@ -236,12 +257,26 @@ fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
     let v4 = args.outer_src.or_else(|| netif::first_ipv4(&addrs, iface).map(OuterSrc4::host));
     let v6 = args.outer_src6.or_else(|| netif::first_global_ipv6(&addrs, iface).map(OuterSrc6::host));
     match v4 {
-        Some(src) => info!("outer_src={src}"),
-        None => warn!("{iface} has no IPv4 address and --outer-src is not set: IPv4 backends are unreachable"),
+        Some(src) => event!(info, "outer_src", family = 4, src = src),
+        None => event!(
+            warn,
+            "no_outer_src",
+            family = 4,
+            iface = iface,
+            message = "no IPv4 address and no --outer-src: IPv4 backends are unreachable"
+        ),
     }
     match v6 {
-        Some(src) => info!("outer_src6={src}"),
-        None => warn!("{iface} has no global IPv6 address and --outer-src6 is not set: IPv6 backends are unreachable"),
+        Some(src) => event!(info, "outer_src", family = 6, src = src),
+        None => {
+            event!(
+                warn,
+                "no_outer_src",
+                family = 6,
+                iface = iface,
+                message = "no global IPv6 address and no --outer-src6: IPv6 backends are unreachable"
+            )
+        }
     }
     let (outer_src_v4, outer_src_v4_hostmask) = v4.map(|s| s.words()).unwrap_or_default();
     let (outer_src_v6, outer_src_v6_hostmask) = v6.map(|s| s.words()).unwrap_or_default();
@@ -293,7 +328,7 @@ where
             let backends = {
                 let mut core = server::lock(&core);
                 if let Err(e) = core.expire_drains(unix_ms()) {
-                    warn!("removing backends past their drain deadline: {}", error_chain(&e));
+                    event!(warn, "drain_deadline_failed", error = error_chain(&e));
                 }
                 core.backend_addrs()
             };
@@ -301,9 +336,9 @@ where
         };
         match tokio::task::spawn_blocking(round).await {
             Ok(Ok(0)) => {}
-            Ok(Ok(n)) => debug!("nudged backends={n} without a resolved neighbour"),
-            Ok(Err(e)) => warn!("neighbour upkeep: {}", error_chain(&e)),
-            Err(e) => warn!("neighbour upkeep: {e}"),
+            Ok(Ok(n)) => event!(debug, "neighbours_nudged", backends = n),
+            Ok(Err(e)) => event!(warn, "neighbour_upkeep_failed", error = error_chain(&e)),
+            Err(e) => event!(warn, "neighbour_upkeep_failed", error = e),
         }
     }
 }

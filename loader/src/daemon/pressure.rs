@@ -9,7 +9,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use log::{info, warn};
 use tokio::{sync::Semaphore, task::JoinSet};
 
 use super::{
@@ -18,6 +17,7 @@ use super::{
 };
 use crate::{
     api::PortsView,
+    event,
     health::Pressure,
     ports::{Level, PortsReport, SockWatch, Thresholds, endpoint},
     reconcile::Maps,
@@ -133,11 +133,15 @@ where
         match (critical, lb_critical_logged) {
             (true, Some(at)) if at.elapsed() < ALERT_REPEAT => {}
             (true, _) => {
-                warn!("event=lb_ports_critical ALERT: this balancer's own ephemeral ports are at the critical threshold (see lbctl ports)");
+                event!(
+                    warn,
+                    "lb_ports_critical",
+                    message = "ALERT: this balancer's own ephemeral ports are at the critical threshold (see lbctl ports)"
+                );
                 lb_critical_logged = Some(Instant::now());
             }
             (false, Some(_)) => {
-                info!("event=lb_ports_critical_cleared");
+                event!(info, "lb_ports_critical_cleared");
                 lb_critical_logged = None;
             }
             (false, None) => {}
@@ -164,13 +168,13 @@ where
             let mut core = server::lock(&core);
             for (backend, report) in results {
                 if let Err(e) = core.record_agent_ports(backend, report) {
-                    warn!("port pressure of {backend}: {}", error_chain(&e));
+                    event!(warn, "port_pressure_failed", backend = backend, error = error_chain(&e));
                 }
             }
         })
         .await;
         if let Err(e) = recorded {
-            info!("port pressure round: {e}");
+            event!(info, "port_pressure_round_failed", error = e);
         }
     }
 }

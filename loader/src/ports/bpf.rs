@@ -20,7 +20,6 @@ use aya::{
     programs::{BtfTracePoint, CgroupAttachMode, CgroupSock, Iter, ProgramError, TracePoint},
 };
 
-use super::batch;
 use super::cgroup;
 use super::iter::MapIterator;
 use super::maps::{CloseWaitRecord, CloseWaitValue, FailKey, PortCounts, PortKey, STAT_NAMES, STAT_UDP_KEY_TABLE_FULL};
@@ -205,7 +204,7 @@ impl BpfWatch {
     /// Every entry of hash map `name`, in batches.
     fn lookup_all<K: aya::Pod, V: aya::Pod>(&self, name: &'static str) -> Result<Vec<(K, V)>, PortsError> {
         let data = map_data(self.map(name)?, name)?;
-        batch::lookup_all(data.fd().as_fd()).map_err(|source| PortsError::MapRead { name, source })
+        crate::map_batch::lookup_all(data.fd().as_fd()).map_err(|source| PortsError::MapRead { name, source })
     }
 
     fn map(&self, name: &'static str) -> Result<&Map, PortsError> {

@@ -21,7 +21,6 @@
 //! did not name (autobound by `connect()`/`sendto()`, or bound to port 0). Sockets
 //! created before the watcher was loaded are not seen.
 
-mod batch;
 mod bpf;
 mod cgroup;
 mod diag;

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use aya::maps::MapError;
 use aya::programs::ProgramError;
-use log::{info, warn};
 
 use super::bpf::BpfWatch;
 use super::diag::{self, Namespaces};
@@ -263,9 +262,9 @@ impl SockWatch {
                 Ok(bpf) => {
                     status.refused = refused;
                     for refusal in &status.refused {
-                        warn!("event=sockwatch_mode_refused mode={} reason=\"{}\"", refusal.mode, refusal.reason);
+                        crate::event!(warn, "sockwatch_mode_refused", mode = refusal.mode, reason = refusal.reason);
                     }
-                    info!("event=sockwatch_mode mode={mode} coverage=\"{}\"", status.summary());
+                    crate::event!(info, "sockwatch_mode", mode = mode, coverage = status.summary());
                     let mut resolver = NetnsResolver::new();
                     if let Some(own) = &own {
                         resolver.know(own.inode, own.path.clone());

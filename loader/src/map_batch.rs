@@ -1,18 +1,20 @@
-//! Reading a whole BPF hash map from userspace with `BPF_MAP_LOOKUP_BATCH` (5.6+): a few
-//! syscalls per map instead of two per entry (`get_next_key` + lookup), and a consistent
-//! view of each bucket. This is how the watcher reads its counters, and how it walks the
-//! CLOSE_WAIT table where the kernel refuses map iterators.
+//! Reading BPF hash maps from userspace with `BPF_MAP_LOOKUP_BATCH` (5.6+): a few syscalls
+//! per map instead of two per entry (`get_next_key` + lookup: seconds for a full connection
+//! table), and a consistent view of each bucket. The connection table (`lbctl flows`) and
+//! the port watcher's maps are read this way.
 
 use std::io;
+use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use aya::Pod;
 
 // include/uapi/linux/bpf.h: enum bpf_cmd.
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-/// Entries asked for per call. A hash map's batch never splits a bucket, so this must
-/// exceed the longest bucket chain (a handful in practice); ENOSPC says it did not.
-const BATCH: usize = 1024;
+/// Entries asked for per call (~224 KiB of buffers for the connection table). A hash map's
+/// batch never splits a bucket, so this must exceed the longest bucket chain (a handful in
+/// practice); ENOSPC says it did not.
+pub const BATCH: usize = 4096;
 
 /// `bpf_attr.batch`.
 #[repr(C)]
@@ -27,17 +29,20 @@ struct BatchAttr {
     flags: u64,
 }
 
-/// Every `(key, value)` of the hash map `map`, whose key and value types must be the map's.
-pub(super) fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>> {
+/// Visits the entries of hash map `map` (whose key and value types must be `K` and `V`),
+/// `BATCH` per syscall, until `visit` breaks or the map ends; returns how many were
+/// visited. Entries the kernel adds or removes meanwhile may be seen or not; none is seen
+/// twice.
+pub fn for_each<K: Pod, V: Pod>(map: BorrowedFd<'_>, visit: &mut dyn FnMut(&K, &V) -> ControlFlow<()>) -> io::Result<u64> {
     // SAFETY: `Pod` types are valid for every bit pattern, all zeroes included.
     let (zero_key, zero_value) = unsafe { (std::mem::zeroed::<K>(), std::mem::zeroed::<V>()) };
     let mut keys = vec![zero_key; BATCH];
     let mut values = vec![zero_value; BATCH];
-    let mut out = Vec::new();
     // A hash map's batch position is a bucket index (u32).
     let mut position = 0u32;
     let mut next = 0u32;
     let mut first = true;
+    let mut visited = 0;
     loop {
         let mut attr = BatchAttr {
             in_batch: if first { 0 } else { (&raw const position) as u64 },
@@ -64,14 +69,28 @@ pub(super) fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> io::Result<Vec<
             }
             true
         };
-        let count = attr.count as usize;
-        out.extend(keys[..count].iter().copied().zip(values[..count].iter().copied()));
+        for (key, value) in keys.iter().zip(&values).take(attr.count as usize) {
+            visited += 1;
+            if visit(key, value).is_break() {
+                return Ok(visited);
+            }
+        }
         if done {
-            return Ok(out);
+            return Ok(visited);
         }
         position = next;
         first = false;
     }
+}
+
+/// Every `(key, value)` of hash map `map` (see [`for_each`]).
+pub fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>> {
+    let mut out = Vec::new();
+    for_each::<K, V>(map, &mut |k, v| {
+        out.push((*k, *v));
+        ControlFlow::Continue(())
+    })?;
+    Ok(out)
 }
 
 #[cfg(test)]
