@@ -9,6 +9,7 @@ use spillway_common::limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEO
 use super::outer_src::{OuterSrc4, OuterSrc6};
 use crate::{
     api::DEFAULT_SOCKET, health::HealthConfig, logging::LogFormat, metrics::MetricsListen, pins::DEFAULT_PIN_DIR, ports::WatcherMode,
+    vip_path::VipPathArgs,
 };
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/spillway";
@@ -116,6 +117,8 @@ pub struct DaemonArgs {
     /// Read-only and bounded; counters are read from the maps at most once a second.
     #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::metrics::DEFAULT_LISTEN)]
     pub metrics_listen: MetricsListen,
+    #[command(flatten)]
+    pub vip_path: VipPathArgs,
 }
 
 fn parse_zone(input: &str) -> Result<String, String> {
@@ -240,6 +243,21 @@ mod tests {
         assert_eq!(d.outer_src6, Some(OuterSrc6 { addr: "fd00::".parse().unwrap(), prefix: 112 }));
         assert_eq!((d.tcp_idle_timeout_s, d.udp_idle_timeout_s), (60, 30));
         assert_eq!(d.tx_ifaces, ["eth1", "eth2"]);
+    }
+
+    #[test]
+    fn probe_path_options() {
+        let d = parse(&["--iface", "eth0"]).unwrap().daemon;
+        assert_eq!((d.vip_path.probe_device.as_str(), d.vip_path.probe_table, d.vip_path.probe_mark), ("spw-probe", 5357, 0x53));
+        let d = parse(&["--iface", "eth0", "--probe-device", "p0", "--probe-table", "100", "--probe-mark", "0x7e"]).unwrap().daemon;
+        assert_eq!((d.vip_path.probe_device.as_str(), d.vip_path.probe_table, d.vip_path.probe_mark), ("p0", 100, 0x7e));
+        let d = parse(&["--cleanup", "--probe-device", "p0"]).unwrap().daemon;
+        assert_eq!(d.vip_path.probe_device, "p0", "--cleanup removes what lbd made with the same options");
+        for (flag, value) in [("--probe-table", "254"), ("--probe-mark", "0"), ("--probe-device", "a/b")] {
+            let err = parse(&["--iface", "eth0", flag, value]).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{flag} {value}");
+            assert!(err.to_string().contains(flag), "{err}");
+        }
     }
 
     #[test]
