@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod health;

@@ -13,6 +13,7 @@ use std::{collections::BTreeMap, fmt, net::IpAddr, str::FromStr};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use crate::model::RuleActionKind;
 use crate::{
     model::{BackendOptions, Cidr, ModelError, RateSpec, Vip},
     ports::PortsReport,
@@ -203,24 +204,6 @@ pub enum LimitPart {
     All,
     PerSource,
     Budget,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RuleActionKind {
-    Limit,
-    Block,
-    Exempt,
-}
-
-impl RuleActionKind {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Limit => "limit",
-            Self::Block => "block",
-            Self::Exempt => "exempt",
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

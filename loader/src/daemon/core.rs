@@ -10,7 +10,6 @@ use std::{
 use log::{error, info, warn};
 use spillway_common::{
     limits::{DEFAULT_RING_SIZE, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6},
-    maglev::MAX_WEIGHT,
     types::{Observed, Reason, RuleState, SourceKey, SourceState, Traffic},
 };
 
@@ -19,10 +18,10 @@ use super::{
     pressure::PortsBook,
 };
 use crate::{
-    api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, RuleActionKind},
+    api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request},
     dataplane::{BalancerMaps, DataplaneError},
     health::{HealthError, Pressure},
-    model::{Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip, VipHealth},
+    model::{Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth, check_serving_weight},
     ports::PortsReport,
     probe::ProbeSpec,
     reconcile::{ApplyReport, Maps, ReconcileError, Reconciler},
@@ -66,10 +65,6 @@ impl Counters for BalancerMaps {
 pub enum CoreError {
     #[error(transparent)]
     Model(#[from] ModelError),
-    #[error("weight {weight} is out of range (1..={MAX_WEIGHT}); weight 0 is set by draining the backend")]
-    WeightOutOfRange { weight: u32 },
-    #[error("rule {rule}: {problem}")]
-    BadRule { rule: String, problem: &'static str },
     #[error("top sources: limit must be at least 1")]
     BadTopLimit,
     #[error("applying the change to the balancer's maps (rolled back)")]
@@ -94,13 +89,9 @@ pub const MAX_DRAIN_DEADLINE_S: u64 = 7 * 24 * 3600;
 impl CoreError {
     pub fn to_api(&self) -> ApiError {
         let kind = match self {
-            Self::Model(_)
-            | Self::WeightOutOfRange { .. }
-            | Self::BadRule { .. }
-            | Self::BadTopLimit
-            | Self::BadDrainDeadline { .. }
-            | Self::BadHealthPolicy { .. }
-            | Self::HealthChecksOff => ErrorKind::Invalid,
+            Self::Model(_) | Self::BadTopLimit | Self::BadDrainDeadline { .. } | Self::BadHealthPolicy { .. } | Self::HealthChecksOff => {
+                ErrorKind::Invalid
+            }
             Self::Apply(_) | Self::Persist(_) | Self::Counters(_) | Self::Health(_) => ErrorKind::Internal,
         };
         ApiError { kind, message: error_chain(self) }
@@ -340,7 +331,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             }
             Request::RemoveVip { vip } => self.mutate(&format!("op=remove_vip vip={vip}"), |s| s.remove_vip(&vip).map(drop)),
             Request::AddBackend { vip, backend, weight, options } => {
-                let weight = check_weight(weight.unwrap_or(DEFAULT_WEIGHT))?;
+                let weight = check_serving_weight(weight.unwrap_or(DEFAULT_WEIGHT))?;
                 self.mutate(&format!("op=add_backend vip={vip} backend={backend} weight={weight} options={options:?}"), |s| {
                     s.add_backend_with(&vip, backend, Backend { weight, options, drain_deadline_unix_ms: None })
                 })
@@ -368,7 +359,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 })
             }
             Request::SetWeight { vip, backend, weight } => {
-                let weight = check_weight(weight)?;
+                let weight = check_serving_weight(weight)?;
                 self.mutate(&format!("op=set_weight vip={vip} backend={backend} weight={weight}"), |s| s.set_weight(&vip, backend, weight))
             }
             Request::SetRateLimit { scope, per_s, burst, source_prefix_v4, source_prefix_v6, observe } => {
@@ -400,7 +391,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::ListRateLimits => Ok(Reply::RateLimits(self.rate_limits())),
             Request::SetRule { cidr, vip, action, per_s, burst, observe } => {
                 let rule = RuleMatch { cidr, vip };
-                let config = rule_config(&rule, action, per_s, burst, observe)?;
+                let config = RuleConfig::from_parts(&rule, action, per_s, burst, observe)?;
                 self.mutate(&format!("op=set_rule rule={rule} action={action:?} per_s={per_s:?} burst={burst:?} observe={observe}"), |s| {
                     s.set_rule(rule, config)
                 })
@@ -480,28 +471,6 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     }
 }
 
-/// A rule's configuration from the request's flat fields.
-fn rule_config(
-    rule: &RuleMatch,
-    action: RuleActionKind,
-    per_s: Option<u32>,
-    burst: Option<u32>,
-    observe: bool,
-) -> Result<RuleConfig, CoreError> {
-    let bad = |problem| CoreError::BadRule { rule: rule.describe(), problem };
-    let action = match (action, per_s) {
-        (RuleActionKind::Limit, Some(per_s)) => RuleAction::Limit(RateSpec::new(per_s, burst)),
-        (RuleActionKind::Limit, None) => return Err(bad("a limit needs a rate (per_s)")),
-        (_, Some(_)) => return Err(bad("only a limit takes a rate")),
-        (RuleActionKind::Block, None) => RuleAction::Block,
-        (RuleActionKind::Exempt, None) => RuleAction::Exempt,
-    };
-    if burst.is_some() && !matches!(action, RuleAction::Limit(_)) {
-        return Err(bad("only a limit takes a burst"));
-    }
-    Ok(RuleConfig { action, observe })
-}
-
 /// `addr:old->new` for every backend whose programmed weight changed, for the log.
 fn changed_weights(old: &DesiredState, new: &DesiredState) -> String {
     let mut changed = Vec::new();
@@ -514,13 +483,6 @@ fn changed_weights(old: &DesiredState, new: &DesiredState) -> String {
         }
     }
     changed.join(",")
-}
-
-fn check_weight(weight: u32) -> Result<u32, CoreError> {
-    if weight == 0 || weight > MAX_WEIGHT {
-        return Err(CoreError::WeightOutOfRange { weight });
-    }
-    Ok(weight)
 }
 
 /// Wall-clock milliseconds since the Unix epoch (drain deadlines outlive the process).

@@ -2,7 +2,7 @@
 
 use std::fs;
 
-use spillway_common::{limits::MAX_BACKENDS_PER_VIP, types::Reason};
+use spillway_common::{limits::MAX_BACKENDS_PER_VIP, maglev::MAX_WEIGHT, types::Reason};
 
 use super::*;
 use crate::{
