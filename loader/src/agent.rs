@@ -27,6 +27,7 @@ use crate::{
         DaemonError, Signals,
         args::AgentArgs,
         core::error_chain,
+        notify,
         pressure::{only_netns, own_netns},
     },
     dataplane::{self, DataplaneError},
@@ -58,8 +59,8 @@ pub enum AgentError {
 
 type LocalAddrs = HashMap<MapData, AddrKey, u32>;
 
-/// Runs the decapsulator on `args.iface` until SIGTERM or SIGINT.
-pub async fn run(args: &AgentArgs) -> Result<(), AgentError> {
+/// Runs the decapsulator on `iface` until SIGTERM or SIGINT.
+pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     umask(Mode::from_bits_truncate(0o077));
     let mut signals = Signals::install()?;
     pins::ensure_bpffs()?;
@@ -73,19 +74,21 @@ pub async fn run(args: &AgentArgs) -> Result<(), AgentError> {
     sync_local_addrs(&mut local)?;
     let link = layout.agent_link();
     let program = dataplane::xdp(&mut ebpf, program_names::DECAP)?;
-    match pins::attach_pinned(program, &args.iface, args.xdp_mode.into(), &link)? {
+    match pins::attach_pinned(program, iface, args.xdp_mode.into(), &link)? {
         Attachment::TookOver { replaced_program_id } => {
-            info!("agent took over link={} iface={} replaced_prog_id={replaced_program_id}", link.display(), args.iface)
+            info!("agent took over link={} iface={iface} replaced_prog_id={replaced_program_id}", link.display())
         }
-        _ => info!("agent attached iface={} mode={:?} link={}", args.iface, args.xdp_mode, link.display()),
+        _ => info!("agent attached iface={iface} mode={:?} link={}", args.xdp_mode, link.display()),
     }
     let _endpoint = start_ports_endpoint(args).await;
-    info!("ready iface={} link={}", args.iface, link.display());
+    info!("ready iface={iface} link={}", link.display());
+    notify::ready(&format!("decapsulating on {iface}"));
     let mut tick = tokio::time::interval(REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             name = signals.recv() => {
+                notify::stopping();
                 info!("received {name}; exiting; decapsulation continues through link={}", link.display());
                 return Ok(());
             }
@@ -218,7 +221,7 @@ mod tests {
         let args = ["lbd", "agent", "--iface", "eth0"].iter().chain(extra);
         match LbdArgs::try_parse_from(args)?.command {
             Some(LbdCommand::Agent(agent)) => Ok(agent),
-            None => panic!("not the agent"),
+            _ => panic!("not the agent"),
         }
     }
 

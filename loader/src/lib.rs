@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod docs;
 pub mod health;
 pub mod model;
 pub mod neighbours;

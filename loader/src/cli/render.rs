@@ -6,7 +6,8 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::{
-    BackendsCommand, CliError, Command, Format, RatelimitCommand, RulesCommand, ScopeArgs, VipsCommand, render_health,
+    BackendsCommand, CliError, Command, Format, Outcome, RatelimitCommand, RulesCommand, ScopeArgs, VipsCommand, config_file,
+    render_health,
     table::{Align, Table},
 };
 use crate::{
@@ -14,8 +15,18 @@ use crate::{
     model::{RateSpec, Vip},
 };
 
-pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<Outcome, CliError> {
+    let mut outcome = Outcome::Done;
     let text = match (command, reply) {
+        (Command::Apply { output: o, .. }, Reply::Applied(applied)) => output(o.output, &applied, config_file::applied_text)?,
+        (Command::Diff { output: o, .. }, Reply::Applied(applied)) => {
+            if !applied.changes.is_empty() {
+                outcome = Outcome::Differs;
+            }
+            output(o.output, &applied, config_file::applied_text)?
+        }
+        (Command::Export, Reply::Exported(exported)) => exported.config,
+        (Command::Status(o), Reply::Status(status)) => output(o.output, &status, config_file::status_text)?,
         (Command::Vips(VipsCommand::List(o)), Reply::Vips(list)) => output(o.output, &list, render_health::vips_table)?,
         (Command::Backends(BackendsCommand::List { output: o, .. }), Reply::Backends(list)) => {
             output(o.output, &list, render_health::backends_table)?
@@ -29,7 +40,7 @@ pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<(),
         _ => return Err(CliError::UnexpectedReply),
     };
     out.write_all(text.as_bytes())?;
-    Ok(())
+    Ok(outcome)
 }
 
 fn output<T: Serialize>(format: Format, value: &T, table: fn(&T) -> String) -> Result<String, CliError> {
@@ -101,7 +112,13 @@ fn done(command: &Command) -> Option<String> {
         | Command::Ratelimit(RatelimitCommand::List(_))
         | Command::Rules(RulesCommand::List(_))
         | Command::TopSources { .. }
-        | Command::Ports { .. } => return None,
+        | Command::Ports { .. }
+        | Command::Apply { .. }
+        | Command::Diff { .. }
+        | Command::Export
+        | Command::Status(_)
+        | Command::Completions(_)
+        | Command::Man(_) => return None,
     };
     Some(line + "\n")
 }

@@ -10,7 +10,12 @@ fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
 }
 
 fn request(args: &[&str]) -> Request {
-    parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}")).command.request().unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    parse(args)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        .command
+        .request()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        .expect("a request")
 }
 
 fn vip(s: &str) -> Vip {

@@ -19,7 +19,8 @@ use super::{
 };
 use crate::{
     api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request},
-    dataplane::{BalancerMaps, DataplaneError},
+    config::{ConfigError, Document},
+    dataplane::{BalancerMaps, DataplaneError, MapOccupancy},
     health::{HealthError, Pressure},
     model::{Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth, check_serving_weight},
     ports::PortsReport,
@@ -38,6 +39,8 @@ pub trait Counters {
     fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError>;
     /// The source table's entries of VIP id `vip_id`.
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError>;
+    /// Capacity of every map, entries of the hash maps (`lbctl status`).
+    fn occupancy(&self) -> Result<Vec<MapOccupancy>, DataplaneError>;
 }
 
 impl Counters for BalancerMaps {
@@ -58,6 +61,9 @@ impl Counters for BalancerMaps {
     }
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
         BalancerMaps::sources(self, vip_id)
+    }
+    fn occupancy(&self) -> Result<Vec<MapOccupancy>, DataplaneError> {
+        BalancerMaps::occupancy(self)
     }
 }
 
@@ -81,6 +87,13 @@ pub enum CoreError {
     BadHealthPolicy { message: String },
     #[error("health: this lbd runs without health checks (--no-health-checks)")]
     HealthChecksOff,
+    #[error(transparent)]
+    Config(ConfigError),
+    #[error(
+        "{file}: removes VIP {vips}, whose connections would break; remove or drain its backends first, \
+         or apply with --allow-vip-removal"
+    )]
+    VipRemoval { file: String, vips: String },
 }
 
 /// Longest drain deadline: a week. Longer is a forgotten drain, not a plan.
@@ -89,9 +102,13 @@ pub const MAX_DRAIN_DEADLINE_S: u64 = 7 * 24 * 3600;
 impl CoreError {
     pub fn to_api(&self) -> ApiError {
         let kind = match self {
-            Self::Model(_) | Self::BadTopLimit | Self::BadDrainDeadline { .. } | Self::BadHealthPolicy { .. } | Self::HealthChecksOff => {
-                ErrorKind::Invalid
-            }
+            Self::Model(_)
+            | Self::BadTopLimit
+            | Self::BadDrainDeadline { .. }
+            | Self::BadHealthPolicy { .. }
+            | Self::HealthChecksOff
+            | Self::Config(_)
+            | Self::VipRemoval { .. } => ErrorKind::Invalid,
             Self::Apply(_) | Self::Persist(_) | Self::Counters(_) | Self::Health(_) => ErrorKind::Internal,
         };
         ApiError { kind, message: error_chain(self) }
@@ -119,8 +136,10 @@ pub struct Core<M, S> {
     health: Option<Checks>,
     /// Port pressure of the balancer and of the backends (from their agents).
     ports: PortsBook,
+    info: DaemonInfo,
 }
 
+pub use self::apply::{ApplyOptions, DaemonInfo};
 pub use super::checks::{ProbeResult, ProbeTarget};
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
@@ -152,7 +171,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             None => state.clone(),
         };
         let report = reconciler.apply(&mut maps, &target).map_err(CoreError::Apply)?;
-        Ok((Self { state, reconciler, maps, store, health, ports: PortsBook::default() }, report))
+        Ok((Self { state, reconciler, maps, store, health, ports: PortsBook::default(), info: DaemonInfo::default() }, report))
     }
 
     /// Feeds probe outcomes, runs time-driven transitions, logs health events and, at most
@@ -402,6 +421,12 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             }
             Request::ListRules => self.rules().map(Reply::Rules).map_err(CoreError::Counters),
             Request::TopSources { vip, limit } => self.top_sources(&vip, limit).map(Reply::TopSources),
+            Request::Apply { config, source, dry_run, allow_vip_removal } => {
+                let doc = Document::parse(&source, config).map_err(CoreError::Config)?;
+                self.apply_file(&doc, ApplyOptions { dry_run, allow_vip_removal, mark_as: None }).map(Reply::Applied)
+            }
+            Request::Export => Ok(Reply::Exported(self.export())),
+            Request::Status => self.status().map(Reply::Status),
         }
     }
 
@@ -490,6 +515,7 @@ pub fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+mod apply;
 #[cfg(test)]
 mod health_tests;
 #[cfg(test)]

@@ -5,10 +5,12 @@
 pub mod args;
 pub mod checks;
 pub mod core;
+pub mod notify;
 pub mod outer_src;
 pub mod pressure;
 pub mod probes;
 pub mod server;
+pub mod settings;
 
 use std::{
     io,
@@ -17,7 +19,7 @@ use std::{
 };
 
 use aya::{EbpfError, maps::MapError};
-use log::{debug, info, warn};
+use log::{debug, error, info, warn};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::types::LbConfig;
 use tokio::{
@@ -28,19 +30,23 @@ use tokio::{
 use self::{
     args::DaemonArgs,
     checks::ChecksConfig,
-    core::{Core, CoreError, Counters, error_chain, unix_ms},
+    core::{ApplyOptions, Core, CoreError, Counters, DaemonInfo, error_chain, unix_ms},
     outer_src::{OuterSrc4, OuterSrc6},
     server::{ServerError, SharedCore},
+    settings::RunningSettings,
 };
 use crate::{
+    api::ConfigStatus,
+    config::{ConfigError, Document},
     dataplane::{Balancer, DataplaneError, LoadOptions},
     health::HealthConfig,
+    model::DesiredState,
     neighbours,
     netif::{self, NetifError},
     pins::{self, Attachment, PinError, PinLayout},
     ports::SockWatch,
     reconcile::Maps,
-    store::{StateFile, Store, StoreError},
+    store::{ConfigMark, StateFile, Store, StoreError},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -66,19 +72,26 @@ pub enum DaemonError {
     Start(#[source] CoreError),
     #[error("installing signal handlers")]
     Signals(#[source] io::Error),
+    #[error("the configuration file is refused and there is no persisted state to start from")]
+    Config(#[source] ConfigError),
+    #[error("applying the configuration file at start")]
+    ApplyConfig(#[source] CoreError),
 }
 
-/// Runs the balancer on `iface` until SIGTERM or SIGINT.
-pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
+/// Runs the balancer on `iface` until SIGTERM or SIGINT; with `config` (the `--config`
+/// file, already read), starts from it as [`plan_start`] says and re-applies it on SIGHUP.
+pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, settings: RunningSettings) -> Result<(), DaemonError> {
     // Everything lbd creates (socket, state file, pin directories) is root's alone.
     umask(Mode::from_bits_truncate(0o077));
     let mut signals = Signals::install()?;
     // Read the state before touching the dataplane: a bad file must change nothing.
     let store = StateFile::open(&args.state_dir)?;
-    let state = store.load()?;
-    if state.is_none() {
+    let persisted = store.load()?;
+    if persisted.is_none() && config.is_none() {
         info!("no state file at {}; starting with no VIPs", store.path().display());
     }
+    let config_path = args.config.clone();
+    let start = plan_start(config, config_path.as_deref(), persisted, store.load_config_mark())?;
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
     let _lock = pins::create_and_lock(&layout.balancer_dir())?;
@@ -94,13 +107,21 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     // Attach before writing anything: if this fails (wrong interface, another program on
     // it), the maps a running balancer may share are left untouched.
     let link = layout.balancer_link();
-    match pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link)? {
-        Attachment::Attached => info!("attached iface={iface} mode={:?} link={}", args.xdp_mode, link.display()),
-        Attachment::Reattached => info!("attached iface={iface} link={} (the old link's interface was gone)", link.display()),
-        Attachment::TookOver { replaced_program_id } => {
-            info!("took over link={} iface={iface} replaced_prog_id={replaced_program_id}", link.display())
+    let started = std::time::Instant::now();
+    let attachment = match pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link)? {
+        Attachment::Attached => {
+            info!("attached iface={iface} mode={:?} link={}", args.xdp_mode, link.display());
+            "attached"
         }
-    }
+        Attachment::Reattached => {
+            info!("attached iface={iface} link={} (the old link's interface was gone)", link.display());
+            "reattached"
+        }
+        Attachment::TookOver { replaced_program_id } => {
+            info!("took over link={} iface={iface} replaced_prog_id={replaced_program_id}", link.display());
+            "took_over"
+        }
+    };
     let mut maps = balancer.maps;
     maps.set_config(&config)?;
     maps.set_tx_ports(&tx_ports)?;
@@ -108,7 +129,10 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
         let defaults = HealthConfig { slow_start_ms: args.health_slow_start_ms, ..HealthConfig::default() };
         (ChecksConfig { defaults, local_zone: args.zone.clone() }, store.load_health().unwrap_or_default())
     });
-    let (core, report) = Core::start(maps, store, state.unwrap_or_default(), checks).map_err(DaemonError::Start)?;
+    let (mut core, report) = Core::start(maps, store, start.state, checks).map_err(DaemonError::Start)?;
+    if let Some(mark) = &start.first {
+        core.save_started_state(mark).map_err(DaemonError::ApplyConfig)?;
+    }
     let vips = &core.state().vips;
     info!(
         "state restored vips={} backends={} rules={} health_checks={} zone={} slots_written={} tables_flipped={} limits_written={} rules_written={}",
@@ -129,20 +153,42 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
         warn!("socket watcher not loaded; lbctl ports --host lb has no data: {message}");
         message
     });
+    core.set_info(DaemonInfo {
+        started,
+        iface: iface.to_owned(),
+        xdp_mode: args.xdp_mode.label(),
+        attachment,
+        pin_dir: args.pin_dir.clone(),
+        state_dir: args.state_dir.clone(),
+        zone: args.zone.clone(),
+        settings,
+        config: None,
+        watcher: watch.as_ref().map(drop).map_err(Clone::clone),
+    });
+    if let Some((doc, path)) = start.apply.as_ref().zip(config_path.as_deref()) {
+        apply_config(&mut core, doc, path, "start");
+    } else if let Some(status) = start.status {
+        core.set_config_status(status);
+    }
     let health_checks = !args.no_health_checks;
     let core = Arc::new(Mutex::new(core));
-    info!("ready api={}", args.api.display());
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let prober = health_checks.then(|| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed())));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
+    let reloader = tokio::spawn(reload_on_hup(core.clone(), config_path, signals.take_hup()));
+    // The API is bound, the state restored and the program attached: systemd may go on.
+    info!("ready api={}", args.api.display());
+    notify::ready(&serving(&server::lock(&core)));
     server::serve(listener, core.clone(), answered, async {
         let name = signals.recv().await;
+        notify::stopping();
         info!("received {name}; exiting");
     })
     .await;
     upkeep.abort();
     pressure.abort();
+    reloader.abort();
     if let Some(prober) = prober {
         prober.abort();
     }
@@ -238,23 +284,165 @@ where
     }
 }
 
-/// SIGTERM and SIGINT, installed early so neither kills the process mid-change.
+/// SIGTERM and SIGINT (and SIGHUP, whose default would kill the daemon), installed early so
+/// none kills the process mid-change.
 pub struct Signals {
     term: Signal,
     int: Signal,
+    hup: Option<Signal>,
 }
 
 impl Signals {
     pub fn install() -> Result<Self, DaemonError> {
         let install = |kind| signal(kind).map_err(DaemonError::Signals);
-        Ok(Self { term: install(SignalKind::terminate())?, int: install(SignalKind::interrupt())? })
+        Ok(Self {
+            term: install(SignalKind::terminate())?,
+            int: install(SignalKind::interrupt())?,
+            hup: Some(install(SignalKind::hangup())?),
+        })
     }
 
-    /// Waits for either signal and returns its name.
+    /// SIGHUP, for whoever reloads (a SIGHUP nobody takes is ignored).
+    pub fn take_hup(&mut self) -> Option<Signal> {
+        self.hup.take()
+    }
+
+    /// Waits for SIGTERM or SIGINT and returns its name.
     pub async fn recv(&mut self) -> &'static str {
         tokio::select! {
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "SIGINT",
         }
     }
+}
+
+/// What `lbd` starts from, and what it does with its `--config` file.
+struct Start {
+    state: DesiredState,
+    /// The file to apply once started (its declared state changed since it was applied).
+    apply: Option<Document>,
+    /// Set on a first start from the file: the state is the file's, to persist with its mark.
+    first: Option<ConfigMark>,
+    status: Option<ConfigStatus>,
+}
+
+/// Decides, before the dataplane is touched, what to start from: without a file, the
+/// persisted state; with one, the file's state on a first start (none persisted), else the
+/// persisted one, and the file is applied over it (like `lbctl apply`) only if what it
+/// declares changed since `lbd` last applied it. A refused file keeps the persisted state;
+/// with nothing persisted there is nothing to run, and `lbd` exits.
+fn plan_start(
+    config: Option<Document>,
+    path: Option<&Path>,
+    persisted: Option<DesiredState>,
+    mark: Option<ConfigMark>,
+) -> Result<Start, DaemonError> {
+    let (Some(doc), Some(path)) = (config, path) else {
+        return Ok(Start { state: persisted.unwrap_or_default(), apply: None, first: None, status: None });
+    };
+    let file = path.display();
+    let status = |last: &str, error: Option<String>| Some(ConfigStatus { file: file.to_string(), last: last.to_owned(), error });
+    let declared = match (doc.desired_state(), persisted) {
+        (Ok(declared), persisted) => (declared, persisted),
+        (Err(e), None) => return Err(DaemonError::Config(e)),
+        (Err(e), Some(state)) => {
+            error!("event=config_refused file={file} trigger=start error=\"{e}\" kept=persisted_state");
+            return Ok(Start {
+                state,
+                apply: None,
+                first: None,
+                status: status("refused at start; kept the persisted state", Some(e.to_string())),
+            });
+        }
+    };
+    let now = ConfigMark::of(path, &declared.0);
+    Ok(match declared {
+        (declared, None) => {
+            info!("event=config_used source=file file={file} reason=no_persisted_state vips={}", declared.vips.len());
+            Start { state: declared, apply: None, first: Some(now), status: status("applied at start (no persisted state)", None) }
+        }
+        (_, Some(state)) if mark.as_ref() == Some(&now) => {
+            info!("event=config_used source=state file={file} reason=file_unchanged vips={}", state.vips.len());
+            let last = "kept the persisted state at start (what the file declares is unchanged since lbd applied it)";
+            Start { state, apply: None, first: None, status: status(last, None) }
+        }
+        (_, Some(state)) => {
+            info!("event=config_used source=file file={file} reason=file_changed");
+            Start { state, apply: Some(doc), first: None, status: None }
+        }
+    })
+}
+
+/// Applies `lbd`'s own configuration file; a refusal keeps the running state (logged, and
+/// shown by `lbctl status`).
+fn apply_config<M: Maps + Counters, S: Store>(core: &mut Core<M, S>, doc: &Document, path: &Path, trigger: &str) -> bool {
+    let file = path.display();
+    let options = ApplyOptions { mark_as: Some(path.to_owned()), ..ApplyOptions::default() };
+    match core.apply_file(doc, options) {
+        Ok(applied) => {
+            info!(
+                "event=config_applied file={file} trigger={trigger} changes={} slots_written={} tables_flipped={}",
+                applied.changes.len(),
+                applied.slots_written,
+                applied.tables_flipped
+            );
+            for note in &applied.notes {
+                warn!("event=config_setting_not_applied file={file} note=\"{note}\"");
+            }
+            core.set_config_status(ConfigStatus { file: file.to_string(), last: format!("applied on {trigger}"), error: None });
+            true
+        }
+        Err(e) => {
+            let error = error_chain(&e);
+            error!("event=config_refused file={file} trigger={trigger} error=\"{error}\" kept=running_state");
+            core.set_config_status(ConfigStatus {
+                file: file.to_string(),
+                last: format!("refused on {trigger}; kept the running state"),
+                error: Some(error),
+            });
+            false
+        }
+    }
+}
+
+/// Re-reads and applies the `--config` file on each SIGHUP (`systemctl reload`), telling
+/// systemd it is reloading meanwhile.
+async fn reload_on_hup<M, S>(core: SharedCore<M, S>, path: Option<PathBuf>, hup: Option<Signal>)
+where
+    M: Maps + Counters + Send + 'static,
+    S: Store + Send + 'static,
+{
+    let Some(mut hup) = hup else { return };
+    while hup.recv().await.is_some() {
+        let Some(path) = path.clone() else {
+            warn!("received SIGHUP, but lbd runs without --config: nothing to reload");
+            continue;
+        };
+        notify::reloading();
+        let core = core.clone();
+        let reload = move || {
+            let mut core = server::lock(&core);
+            match Document::read(&path) {
+                Ok(doc) => {
+                    apply_config(&mut core, &doc, &path, "SIGHUP");
+                }
+                Err(e) => {
+                    error!("event=config_refused file={} trigger=SIGHUP error=\"{e}\" kept=running_state", path.display());
+                    let last = "refused on SIGHUP; kept the running state".to_owned();
+                    core.set_config_status(ConfigStatus { file: path.display().to_string(), last, error: Some(e.to_string()) });
+                }
+            }
+            serving(&core)
+        };
+        match tokio::task::spawn_blocking(reload).await {
+            Ok(status) => notify::ready(&status),
+            Err(e) => error!("reloading the configuration: {e}"),
+        }
+    }
+}
+
+/// The one-line status systemd shows.
+fn serving<M: Maps + Counters, S: Store>(core: &Core<M, S>) -> String {
+    let state = core.state();
+    format!("serving vips={} backends={}", state.vips.len(), state.vips.values().map(|c| c.backends.len()).sum::<usize>())
 }

@@ -10,7 +10,7 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{ProgramError, Xdp},
 };
-pub use maps::BalancerMaps;
+pub use maps::{BalancerMaps, MapOccupancy};
 use spillway_common::limits::{map_names, program_names};
 
 use crate::objects;

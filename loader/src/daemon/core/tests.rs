@@ -170,6 +170,10 @@ impl Store for BrokenStore {
     fn save_health(&mut self, _: &HealthSnapshot) -> Result<(), StoreError> {
         Err(StoreError::Write { path: "/nowhere/health.json".into(), source: std::io::ErrorKind::StorageFull.into() })
     }
+
+    fn save_config_mark(&mut self, _: &crate::store::ConfigMark) -> Result<(), StoreError> {
+        Err(StoreError::Write { path: "/nowhere/config-applied.json".into(), source: std::io::ErrorKind::StorageFull.into() })
+    }
 }
 
 #[test]
