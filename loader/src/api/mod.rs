@@ -249,7 +249,8 @@ pub enum Reply {
     Ports(PortsView),
     Applied(Applied),
     Exported(Exported),
-    Status(Status),
+    // Boxed: the largest reply by far, and a rare one.
+    Status(Box<Status>),
 }
 
 /// What an `Apply` changed (or, dry, would change).

@@ -26,7 +26,7 @@ pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<Out
             output(o.output, &applied, config_file::applied_text)?
         }
         (Command::Export, Reply::Exported(exported)) => exported.config,
-        (Command::Status(o), Reply::Status(status)) => output(o.output, &status, config_file::status_text)?,
+        (Command::Status(o), Reply::Status(status)) => output(o.output, &*status, config_file::status_text)?,
         (Command::Vips(VipsCommand::List(o)), Reply::Vips(list)) => output(o.output, &list, render_health::vips_table)?,
         (Command::Backends(BackendsCommand::List { output: o, .. }), Reply::Backends(list)) => {
             output(o.output, &list, render_health::backends_table)?

@@ -426,7 +426,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 self.apply_file(&doc, ApplyOptions { dry_run, allow_vip_removal, mark_as: None }).map(Reply::Applied)
             }
             Request::Export => Ok(Reply::Exported(self.export())),
-            Request::Status => self.status().map(Reply::Status),
+            Request::Status => self.status().map(|status| Reply::Status(Box::new(status))),
         }
     }
 
@@ -516,6 +516,8 @@ pub fn unix_ms() -> u64 {
 }
 
 mod apply;
+#[cfg(test)]
+mod apply_tests;
 #[cfg(test)]
 mod health_tests;
 #[cfg(test)]

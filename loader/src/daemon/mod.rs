@@ -446,3 +446,66 @@ fn serving<M: Maps + Counters, S: Store>(core: &Core<M, S>) -> String {
     let state = core.state();
     format!("serving vips={} backends={}", state.vips.len(), state.vips.values().map(|c| c.backends.len()).sum::<usize>())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 13\n[[vips.backends]]\naddress = \"10.0.1.1\"\n";
+
+    fn doc(text: &str) -> Document {
+        Document::parse("spillway.toml", text.to_owned()).unwrap()
+    }
+
+    fn path() -> &'static Path {
+        Path::new("/etc/spillway/spillway.toml")
+    }
+
+    #[test]
+    fn the_file_is_the_state_on_a_first_start() {
+        let start = plan_start(Some(doc(FILE)), Some(path()), None, None).unwrap();
+        assert_eq!(start.state, doc(FILE).desired_state().unwrap());
+        assert_eq!(start.first, Some(ConfigMark::of(path(), &start.state)));
+        assert!(start.apply.is_none());
+        assert_eq!(start.status.unwrap().last, "applied at start (no persisted state)");
+    }
+
+    #[test]
+    fn later_starts_keep_the_persisted_state_unless_the_file_changed() {
+        let declared = doc(FILE).desired_state().unwrap();
+        let mut edited = declared.clone();
+        edited.set_weight(&"10.0.0.1:80/tcp".parse().unwrap(), "10.0.1.1".parse().unwrap(), 7).unwrap();
+        let mark = ConfigMark::of(path(), &declared);
+        // Unchanged (comments do not count): the persisted state, lbctl edits included.
+        let commented = doc(&format!("# a comment\n{FILE}"));
+        let start = plan_start(Some(commented), Some(path()), Some(edited.clone()), Some(mark.clone())).unwrap();
+        assert_eq!(start.state, edited);
+        assert!(start.apply.is_none() && start.first.is_none());
+        assert!(start.status.unwrap().last.starts_with("kept the persisted state"));
+        // Changed: start from the persisted state, then apply the file over it.
+        let changed = FILE.replace("ring_size = 13", "ring_size = 17");
+        let start = plan_start(Some(doc(&changed)), Some(path()), Some(edited.clone()), Some(mark.clone())).unwrap();
+        assert_eq!(start.state, edited);
+        assert!(start.apply.is_some() && start.first.is_none());
+        // Another file, or no mark at all, is a change too.
+        let other = plan_start(Some(doc(FILE)), Some(Path::new("/etc/other.toml")), Some(edited.clone()), Some(mark)).unwrap();
+        assert!(other.apply.is_some());
+        assert!(plan_start(Some(doc(FILE)), Some(path()), Some(edited), None).unwrap().apply.is_some());
+    }
+
+    #[test]
+    fn a_refused_file_keeps_the_persisted_state_or_stops_a_first_start() {
+        let bad = doc("[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 100\n");
+        let persisted = doc(FILE).desired_state().unwrap();
+        let start = plan_start(Some(bad.clone()), Some(path()), Some(persisted.clone()), None).unwrap();
+        assert_eq!(start.state, persisted);
+        assert!(start.apply.is_none() && start.first.is_none());
+        let status = start.status.unwrap();
+        assert_eq!(status.last, "refused at start; kept the persisted state");
+        assert!(status.error.unwrap().contains("spillway.toml:3:13: vips[0].ring_size: ring size 100"));
+        let err = plan_start(Some(bad), Some(path()), None, None).err().unwrap();
+        assert!(matches!(err, DaemonError::Config(_)), "{err}");
+        // Without a file: the persisted state, as before.
+        assert_eq!(plan_start(None, None, Some(persisted.clone()), None).unwrap().state, persisted);
+    }
+}

@@ -206,3 +206,123 @@ impl RunningSettings {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{ffi::OsString, fs};
+
+    use super::*;
+    use crate::{daemon::args::resolve, testing::TempDir};
+
+    const EXAMPLE: &str = include_str!("../../../deploy/spillway.toml");
+
+    fn argv(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    fn file(tmp: &TempDir, text: &str) -> String {
+        let path = tmp.path().join("spillway.toml");
+        fs::write(&path, text).unwrap();
+        path.display().to_string()
+    }
+
+    #[test]
+    fn the_example_documents_every_setting() {
+        let doc = Document::parse("example", EXAMPLE.to_owned()).unwrap();
+        for section in [Section::Lbd, Section::Agent] {
+            let table = section.table(&doc).unwrap();
+            for key in section.command().get_arguments().filter_map(key_of) {
+                assert!(table.contains_key(&key), "[{}] {key} is not in deploy/spillway.toml", section.name());
+            }
+            Settings::from_file(&doc, section).unwrap();
+        }
+    }
+
+    #[test]
+    fn file_settings_are_options_and_the_command_line_wins() {
+        let tmp = TempDir::new("settings");
+        let path = file(
+            &tmp,
+            "vips = []\n[lbd]\niface = \"eth9\"\nzone = \"a\"\ntcp_idle_timeout_s = 60\nno_health_checks = true\ntx_iface = [\"eth1\", \"eth2\"]\n\
+             [agent]\niface = \"eth3\"\nleak_after_s = 7\n",
+        );
+        let resolved = resolve(argv(&["lbd", "--config", &path, "--zone", "b"])).unwrap();
+        let d = &resolved.args.daemon;
+        assert_eq!((d.iface.as_deref(), d.zone.as_deref(), d.tcp_idle_timeout_s), (Some("eth9"), Some("b"), 60));
+        assert!(d.no_health_checks);
+        assert_eq!(d.tx_ifaces, ["eth1", "eth2"]);
+        assert!(resolved.config.is_some());
+        let settings = &resolved.settings;
+        assert_eq!(settings.command_line.get("zone"), Some(&["b".to_owned()][..]));
+        assert_eq!(settings.command_line.get("iface"), None);
+        assert_eq!(settings.effective.get("iface"), Some(&["eth9".to_owned()][..]));
+        assert_eq!(settings.effective.get("no_health_checks"), Some(&["true".to_owned()][..]));
+        // The file's settings differ from nothing it runs with, except where the command
+        // line overrode them.
+        let from_file = Settings::from_file(resolved.config.as_ref().unwrap(), Section::Lbd).unwrap();
+        assert_eq!(settings.notes(&from_file), ["lbd.zone: the file says a, but lbd's command line sets b and wins"]);
+        let table = settings.effective.to_table(Section::Lbd);
+        assert_eq!(table["tcp_idle_timeout_s"], toml::Value::Integer(60));
+        assert_eq!(table["no_health_checks"], toml::Value::Boolean(true));
+        assert_eq!(table["tx_iface"], toml::Value::Array(vec!["eth1".into(), "eth2".into()]));
+
+        let agent = resolve(argv(&["lbd", "agent", "--config", &path])).unwrap();
+        let Some(crate::daemon::args::LbdCommand::Agent(a)) = &agent.args.command else { panic!("not the agent") };
+        assert_eq!((a.iface.as_deref(), a.leak_after_s), (Some("eth3"), 7));
+
+        // Without a file, the command line is what runs.
+        let plain = resolve(argv(&["lbd", "--iface", "eth0"])).unwrap();
+        assert!(plain.config.is_none());
+        assert_eq!(plain.settings.effective, plain.settings.command_line);
+        assert_eq!(plain.settings.effective.get("iface"), Some(&["eth0".to_owned()][..]));
+    }
+
+    #[test]
+    fn notes_name_settings_that_wait_for_a_restart() {
+        let running = RunningSettings {
+            effective: Settings(BTreeMap::from([("zone".to_owned(), vec!["a".to_owned()]), ("iface".to_owned(), vec!["eth0".to_owned()])])),
+            command_line: Settings::default(),
+        };
+        let file = Settings(BTreeMap::from([
+            ("zone".to_owned(), vec!["b".to_owned()]),
+            ("iface".to_owned(), vec!["eth0".to_owned()]),
+            ("agent_port".to_owned(), vec!["1".to_owned()]),
+        ]));
+        assert_eq!(
+            running.notes(&file),
+            [
+                "lbd.agent_port: the file says 1, lbd runs with its default: takes effect when lbd restarts",
+                "lbd.zone: the file says b, lbd runs with a: takes effect when lbd restarts",
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_their_place() {
+        let tmp = TempDir::new("settings-bad");
+        for (text, message) in [
+            ("[lbd]\nifac = \"eth0\"\n", ":3:8: lbd.ifac: unknown setting of lbd; the settings are iface, xdp_mode"),
+            ("[lbd]\niface = \"eth0\"\ncleanup = true\n", ":4:11: lbd.cleanup: unknown setting of lbd"),
+            ("[lbd]\nconfig = \"/x\"\n", "lbd.config: unknown setting"),
+            ("[lbd]\nouter_src6 = \"fd00::/64\"\n", ":3:14: lbd.outer_src6: invalid value 'fd00::/64' for '--outer-src6 <ADDR[/PREFIX]>'"),
+            ("[lbd]\nxdp_mode = \"offload\"\n", "lbd.xdp_mode: invalid value 'offload' for '--xdp-mode <XDP_MODE>'"),
+            ("[lbd]\ntcp_idle_timeout_s = 0\n", "lbd.tcp_idle_timeout_s: invalid value '0' for '--tcp-idle-timeout-s <S>'"),
+            ("[lbd]\nzone = \"Zone A\"\n", "lbd.zone: invalid value 'Zone A' for '--zone <ZONE>': zone \"Zone A\""),
+            ("[lbd]\nno_health_checks = \"yes\"\n", ":3:20: lbd.no_health_checks: expected true or false, found string"),
+            ("[lbd]\ntx_iface = [[\"eth1\"]]\n", "lbd.tx_iface: expected a string or a number, found array"),
+            ("[agent]\nports_listen = \"nowhere\"\n", "agent.ports_listen: invalid value 'nowhere'"),
+            ("[agent]\nzone = \"a\"\n", "agent.zone: unknown setting of agent"),
+        ] {
+            let path = file(&tmp, &format!("vips = []\n{text}"));
+            let err = resolve(argv(&["lbd", "--config", &path])).and_then(|_| resolve(argv(&["lbd", "agent", "--config", &path])));
+            let err = err.map(|_| ()).unwrap_err().to_string();
+            assert!(err.starts_with(&path) && err.contains(message), "{text:?}: {err}\n  lacks {message:?}");
+        }
+        // The file is read whole before anything else: a bad state is refused by the caller,
+        // a missing --iface here.
+        let path = file(&tmp, "vips = []\n");
+        let resolved = resolve(argv(&["lbd", "--config", &path])).unwrap();
+        assert_eq!(resolved.args.daemon.iface, None);
+        assert!(matches!(resolve(argv(&["lbd", "--config", "/nonexistent.toml"])), Err(crate::daemon::args::ArgsError::Config(_))));
+    }
+}
