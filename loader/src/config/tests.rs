@@ -38,7 +38,7 @@ fn the_example_declares_what_it_says() {
     assert_eq!(state.vips[&vip("192.0.2.20:53/udp")].backends.values().next().unwrap().weight, 100);
     let doc = Document::parse("example", EXAMPLE.to_owned()).unwrap();
     assert_eq!(doc.lbd().unwrap()["iface"].as_str(), Some("eth0"));
-    assert_eq!(doc.agent().unwrap()["ports_listen"].as_str(), Some("0.0.0.0:9477"));
+    assert_eq!(doc.agent().unwrap()["iface"].as_str(), Some("eth0"));
 }
 
 #[test]

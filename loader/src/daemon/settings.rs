@@ -228,13 +228,21 @@ mod tests {
 
     #[test]
     fn the_example_documents_every_setting() {
-        let doc = Document::parse("example", EXAMPLE.to_owned()).unwrap();
+        // Set, or commented out with its default, in its section.
+        let setting = |l: &str| {
+            l.split_once(" = ").is_some_and(|(k, _)| k.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'))
+        };
+        let uncommented: Vec<&str> = EXAMPLE.lines().map(|l| l.strip_prefix("# ").filter(|l| setting(l)).unwrap_or(l)).collect();
+        let uncommented = uncommented.join("\n");
+        let doc = Document::parse("example", uncommented).unwrap();
         for section in [Section::Lbd, Section::Agent] {
             let table = section.table(&doc).unwrap();
             for key in section.command().get_arguments().filter_map(key_of) {
                 assert!(table.contains_key(&key), "[{}] {key} is not in deploy/spillway.toml", section.name());
             }
+            // Every example value is valid, commented or not.
             Settings::from_file(&doc, section).unwrap();
+            Settings::from_file(&Document::parse("example", EXAMPLE.to_owned()).unwrap(), section).unwrap();
         }
     }
 
