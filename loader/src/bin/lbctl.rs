@@ -13,7 +13,7 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("lbctl: {:#}", anyhow::Error::new(e));
             // diff(1)'s convention: 1 means "differs", so trouble is 2.
-            ExitCode::from(if matches!(cli.command, Command::Diff { .. }) { 2 } else { 1 })
+            ExitCode::from(if matches!(cli.command, Command::Diff(_)) { 2 } else { 1 })
         }
     }
 }

@@ -301,26 +301,10 @@ pub enum Command {
     },
     /// Make the desired state the one a configuration file declares: all of it, or nothing.
     #[command(after_help = APPLY_HELP)]
-    Apply {
-        #[command(flatten)]
-        file: FileArg,
-        /// Also remove VIPs that still have backends (their connections break).
-        #[arg(long)]
-        allow_vip_removal: bool,
-        #[command(flatten)]
-        output: OutputArgs,
-    },
+    Apply(ApplyArgs),
     /// What applying a configuration file would change; changes nothing.
     #[command(after_help = DIFF_HELP)]
-    Diff {
-        #[command(flatten)]
-        file: FileArg,
-        /// Report as if --allow-vip-removal were given to apply.
-        #[arg(long)]
-        allow_vip_removal: bool,
-        #[command(flatten)]
-        output: OutputArgs,
-    },
+    Diff(ApplyArgs),
     /// Print the running desired state as a configuration file.
     #[command(after_help = EXPORT_HELP)]
     Export,
@@ -348,6 +332,19 @@ Example:
   lbctl man --dir /usr/local/share/man/man8    # lbctl.8, lbctl-vips.8, lbctl-vips-add.8, ...
 
 ./x install does this.";
+
+/// `lbctl apply` and `lbctl diff`.
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub file: FileArg,
+    /// Also remove VIPs that still have backends (their connections break); with diff,
+    /// report as apply would with it.
+    #[arg(long)]
+    pub allow_vip_removal: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
 
 /// `lbctl ports --host`: the balancer or a backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -686,9 +683,9 @@ impl Command {
                     HostArg::Backend(addr) => Some(*addr),
                 },
             },
-            Command::Apply { file, allow_vip_removal, .. } | Command::Diff { file, allow_vip_removal, .. } => {
-                let (config, source) = file.read()?;
-                Request::Apply { config, source, dry_run: matches!(self, Command::Diff { .. }), allow_vip_removal: *allow_vip_removal }
+            Command::Apply(args) | Command::Diff(args) => {
+                let (config, source) = args.file.read()?;
+                Request::Apply { config, source, dry_run: matches!(self, Command::Diff(_)), allow_vip_removal: args.allow_vip_removal }
             }
             Command::Export => Request::Export,
             Command::Status(_) => Request::Status,

@@ -18,12 +18,12 @@ use crate::{
 pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<Outcome, CliError> {
     let mut outcome = Outcome::Done;
     let text = match (command, reply) {
-        (Command::Apply { output: o, .. }, Reply::Applied(applied)) => output(o.output, &applied, config_file::applied_text)?,
-        (Command::Diff { output: o, .. }, Reply::Applied(applied)) => {
+        (Command::Apply(a), Reply::Applied(applied)) => output(a.output.output, &applied, config_file::applied_text)?,
+        (Command::Diff(a), Reply::Applied(applied)) => {
             if !applied.changes.is_empty() {
                 outcome = Outcome::Differs;
             }
-            output(o.output, &applied, config_file::applied_text)?
+            output(a.output.output, &applied, config_file::applied_text)?
         }
         (Command::Export, Reply::Exported(exported)) => exported.config,
         (Command::Status(o), Reply::Status(status)) => output(o.output, &*status, config_file::status_text)?,
@@ -113,8 +113,8 @@ fn done(command: &Command) -> Option<String> {
         | Command::Rules(RulesCommand::List(_))
         | Command::TopSources { .. }
         | Command::Ports { .. }
-        | Command::Apply { .. }
-        | Command::Diff { .. }
+        | Command::Apply(_)
+        | Command::Diff(_)
         | Command::Export
         | Command::Status(_)
         | Command::Completions(_)

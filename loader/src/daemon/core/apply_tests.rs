@@ -3,13 +3,12 @@
 
 use std::path::Path;
 
-use super::*;
+use super::{tests::Fixture, *};
 use crate::{
     api::{Applied, Exported, Status},
     config::ChangeKind,
     model::Vip,
     store::{ConfigMark, StateFile},
-    testing::{FakeMaps, TempDir},
 };
 
 const FILE: &str = "\
@@ -34,19 +33,7 @@ cidr = \"192.0.2.0/24\"
 action = \"block\"
 ";
 
-struct Fixture {
-    core: Core<FakeMaps, StateFile>,
-    tmp: TempDir,
-}
-
 impl Fixture {
-    fn new() -> Self {
-        let tmp = TempDir::new("core-apply");
-        let store = StateFile::open(tmp.path()).unwrap();
-        let (core, _) = Core::start(FakeMaps::default(), store, DesiredState::default(), None).unwrap();
-        Self { core, tmp }
-    }
-
     fn apply(&mut self, text: &str, dry_run: bool, allow_vip_removal: bool) -> Result<Applied, CoreError> {
         let request = Request::Apply { config: text.to_owned(), source: "test.toml".to_owned(), dry_run, allow_vip_removal };
         self.core.handle(request).map(|reply| match reply {
@@ -60,10 +47,6 @@ impl Fixture {
             Reply::Exported(Exported { config }) => config,
             other => panic!("{other:?}"),
         }
-    }
-
-    fn saved(&self) -> Option<DesiredState> {
-        StateFile::open(self.tmp.path()).unwrap().load().unwrap()
     }
 }
 

@@ -20,13 +20,14 @@ pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-struct Fixture {
-    core: Core<FakeMaps, StateFile>,
-    tmp: TempDir,
+/// A core on fake maps with a real state file (also for `apply_tests`).
+pub(super) struct Fixture {
+    pub(super) core: Core<FakeMaps, StateFile>,
+    pub(super) tmp: TempDir,
 }
 
 impl Fixture {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         let tmp = TempDir::new("core");
         let store = StateFile::open(tmp.path()).unwrap();
         let (core, _) = Core::start(FakeMaps::default(), store, DesiredState::default(), None).unwrap();
@@ -37,7 +38,7 @@ impl Fixture {
         self.core.handle(request.clone()).unwrap_or_else(|e| panic!("{request:?}: {e}"))
     }
 
-    fn saved(&self) -> Option<DesiredState> {
+    pub(super) fn saved(&self) -> Option<DesiredState> {
         StateFile::open(self.tmp.path()).unwrap().load().unwrap()
     }
 
