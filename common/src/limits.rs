@@ -4,7 +4,7 @@
 //! new `lbd` never reuses a map of the old shape.
 
 /// Version of the pinned layout under the bpffs directory (`/sys/fs/bpf/spillway/v<N>`).
-pub const PIN_VERSION: u32 = 1;
+pub const PIN_VERSION: u32 = 2;
 
 /// Most VIPs one balancer serves.
 pub const MAX_VIPS: u32 = 64;
@@ -78,6 +78,8 @@ pub mod map_names {
     pub const RULE_STATS: &str = "spw_rule_stats";
     pub const RULE_COUNT: &str = "spw_rule_count";
     pub const OBSERVED: &str = "spw_observed";
+    pub const VIP_NEW_FLOWS: &str = "spw_vip_nflows";
+    pub const BACKEND_NEW_FLOWS: &str = "spw_be_nflows";
     pub const LOCAL_ADDRS: &str = "spw_local_addrs";
     pub const DECAP_REASONS: &str = "spw_decap_rsn";
 }

@@ -294,8 +294,7 @@ reasons!(
         DropOversize = "drop_oversize",
         /// The VIP has no backend to send a new flow to.
         DropNoBackend = "drop_no_backend",
-        /// The FIB has no usable route to the backend (unreachable, blackhole, forwarding
-        /// disabled, ...).
+        /// The FIB has no usable route to the backend (unreachable, blackhole, prohibited).
         DropNoRoute = "drop_no_route",
         /// The encapsulation could not make room in the frame, or cannot carry the family.
         DropEncapFailed = "drop_encap_failed",
@@ -307,6 +306,9 @@ reasons!(
         DropRuleLimit = "drop_rule_limit",
         /// A new flow over the VIP's budget (load shedding).
         DropVipBudget = "drop_vip_budget",
+        /// The interface the packet arrived on does not forward (`net.ipv4.conf.<if>.forwarding`
+        /// or its IPv6 twin is 0): `bpf_fib_lookup` refuses to route.
+        DropForwardingDisabled = "drop_forwarding_disabled",
     }
 );
 

@@ -6,6 +6,7 @@
 //! Backends behind a gateway never have an entry of their own and are nudged every round:
 //! one tiny datagram per backend and round, bounded by the backend limit.
 
+use crate::event;
 use std::{
     collections::{BTreeSet, HashSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket},
@@ -13,7 +14,6 @@ use std::{
     time::Duration,
 };
 
-use log::debug;
 use nix::{
     errno::Errno,
     sys::{
@@ -153,8 +153,8 @@ fn nudge<'a>(addrs: impl Iterator<Item = &'a IpAddr>) -> usize {
         let socket = if addr.is_ipv4() { &v4 } else { &v6 };
         match socket.as_ref().map(|s| s.send_to(&[], (*addr, DISCARD_PORT))) {
             Some(Ok(_)) => sent += 1,
-            Some(Err(e)) => debug!("nudging backend={addr}: {e}"),
-            None => debug!("nudging backend={addr}: no socket of its family"),
+            Some(Err(e)) => event!(debug, "neighbour_nudge_failed", backend = addr, error = e),
+            None => event!(debug, "neighbour_nudge_failed", backend = addr, error = "no socket of its family"),
         }
     }
     sent

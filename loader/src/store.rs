@@ -10,10 +10,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use log::warn;
-
 use crate::{
     daemon::checks::HealthSnapshot,
+    event,
     model::{DesiredState, ModelError},
 };
 
@@ -112,18 +111,18 @@ impl StateFile {
             Ok(text) => text,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
             Err(e) => {
-                warn!("ignoring {}: {e}", path.display());
+                event!(warn, "health_file_ignored", path = path.display(), error = e);
                 return None;
             }
         };
-        serde_json::from_str(&text).map_err(|e| warn!("ignoring {}: {e}", path.display())).ok()
+        serde_json::from_str(&text).map_err(|e| event!(warn, "health_file_ignored", path = path.display(), error = e)).ok()
     }
 
     /// The mark of the last applied `--config` file; `None` if there is none (or it is
     /// unreadable: then the file is applied again, which changes nothing it did not declare).
     pub fn load_config_mark(&self) -> Option<ConfigMark> {
         let text = fs::read_to_string(self.dir.join(CONFIG_MARK_FILE)).ok()?;
-        serde_json::from_str(&text).map_err(|e| warn!("ignoring {CONFIG_MARK_FILE}: {e}")).ok()
+        serde_json::from_str(&text).map_err(|e| event!(warn, "config_mark_ignored", file = CONFIG_MARK_FILE, error = e)).ok()
     }
 
     fn write_json(&self, name: &str, value: &impl serde::Serialize) -> Result<(), StoreError> {

@@ -3,6 +3,7 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
+    ops::ControlFlow,
     path::{Path, PathBuf},
     sync::atomic::{AtomicUsize, Ordering},
 };
@@ -11,13 +12,13 @@ use spillway_common::{
     limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, MAX_BACKENDS, MAX_RULES, MAX_VIPS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, map_names},
     maglev::EMPTY_SLOT,
     types::{
-        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, Limits, Observed, Reason, RuleKey, RuleState, RuleValue, SourceKey,
-        SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, FlowKey, FlowValue, LbConfig, Limits, Observed, Reason, RuleKey,
+        RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
 
 use crate::{
-    daemon::core::Counters,
+    daemon::core::{Counters, FlowTable},
     dataplane::{DataplaneError, MapOccupancy},
     reconcile::Maps,
 };
@@ -63,6 +64,10 @@ pub struct FakeMaps {
     /// Rule trie entries by (prefix length, key).
     pub rules: HashMap<(u32, RuleKey), RuleValue>,
     pub rule_count: u32,
+    /// The connection table and the new-flow counters, as a data path would leave them.
+    pub flows: HashMap<FlowKey, FlowValue>,
+    pub vip_new_flows: HashMap<u32, u64>,
+    pub backend_new_flows: HashMap<u32, u64>,
     /// Makes the next `write_slots` fail, to exercise rollback.
     pub fail_next_write: bool,
     /// Makes the next `set_rule` fail, to exercise rollback.
@@ -226,6 +231,15 @@ impl Counters for FakeMaps {
     fn backend_traffic(&self, id: u32) -> Result<Traffic, DataplaneError> {
         Ok(self.backend_traffic.get(&id).copied().unwrap_or_default())
     }
+    fn vip_new_flows(&self, id: u32) -> Result<u64, DataplaneError> {
+        Ok(self.vip_new_flows.get(&id).copied().unwrap_or_default())
+    }
+    fn backend_new_flows(&self, id: u32) -> Result<u64, DataplaneError> {
+        Ok(self.backend_new_flows.get(&id).copied().unwrap_or_default())
+    }
+    fn memory(&self) -> Vec<(&'static str, Option<u64>)> {
+        vec![("spw_flows", Some(1 << 20)), ("spw_unreadable", None)]
+    }
     fn reasons(&self) -> Result<Vec<(Reason, u64)>, DataplaneError> {
         Ok(Reason::ALL.iter().enumerate().map(|(i, r)| (*r, i as u64)).collect())
     }
@@ -245,5 +259,45 @@ impl Counters for FakeMaps {
             MapOccupancy { name: map_names::BACKENDS, max_entries: MAX_BACKENDS, entries: None },
             counted(map_names::SOURCES, SOURCE_TABLE_ENTRIES, self.sources.len()),
         ])
+    }
+}
+
+impl FlowTable for FakeMaps {
+    fn flow(&self, key: &FlowKey) -> Option<FlowValue> {
+        self.flows.get(key).copied()
+    }
+    fn scan_flows(&self, visit: &mut dyn FnMut(&FlowKey, &FlowValue) -> ControlFlow<()>) -> Result<u64, DataplaneError> {
+        let mut visited = 0;
+        for (key, value) in &self.flows {
+            visited += 1;
+            if visit(key, value).is_break() {
+                break;
+            }
+        }
+        Ok(visited)
+    }
+    fn remove_flow(&mut self, key: &FlowKey) -> Result<bool, DataplaneError> {
+        Ok(self.flows.remove(key).is_some())
+    }
+    fn flow_capacity(&self) -> u64 {
+        1 << 20
+    }
+    fn ring_slot(&self, vip_id: u32, half: u32, slot: u32) -> Result<u32, DataplaneError> {
+        Ok(self.rings.get(&(VipMeta::ring_base(vip_id, half) + slot)).copied().unwrap_or(0))
+    }
+    /// Longest-prefix match over the trie entries, as the kernel's LPM trie answers.
+    fn rule_lookup(&self, prefix_len: u32, key: &RuleKey) -> Result<Option<RuleValue>, DataplaneError> {
+        let bits = |k: &RuleKey, i: u32| bytemuck::bytes_of(k)[(i / 8) as usize] >> (7 - i % 8) & 1;
+        let matches = |len: u32, k: &RuleKey| len <= prefix_len && (0..len).all(|i| bits(k, i) == bits(key, i));
+        Ok(self.rules.iter().filter(|((len, k), _)| matches(*len, k)).max_by_key(|((len, _), _)| *len).map(|(_, v)| *v))
+    }
+    fn budget_bucket(&self, vip_id: u32) -> Result<Bucket, DataplaneError> {
+        Ok(self.budget.get(&vip_id).copied().unwrap_or_default())
+    }
+    fn source_state(&self, key: &SourceKey) -> Option<SourceState> {
+        self.sources.get(key).copied()
+    }
+    fn lb_config(&self) -> Result<LbConfig, DataplaneError> {
+        Ok(LbConfig { tcp_idle_timeout_s: 900, udp_idle_timeout_s: 120, ..LbConfig::default() })
     }
 }

@@ -50,6 +50,8 @@ pub struct ClusterConfig {
     /// More `lbd` arguments (e.g. `--zone a`), after the cluster's own; a later
     /// `--health-slow-start-ms` overrides the cluster's 0.
     pub lbd_args: Vec<String>,
+    /// More arguments for every `lbd agent` (e.g. `--watcher-mode sock_diag`).
+    pub agent_args: Vec<String>,
 }
 
 pub struct Cluster {
@@ -60,6 +62,7 @@ pub struct Cluster {
     bins: Binaries,
     mode: XdpMode,
     lbd_args: Vec<String>,
+    agent_args: Vec<String>,
     pub topo: Topology,
 }
 
@@ -74,6 +77,7 @@ impl Cluster {
             bins,
             mode: config.mode,
             lbd_args: config.lbd_args,
+            agent_args: config.agent_args,
             topo,
         };
         for i in 0..cluster.topo.backends().len() {
@@ -95,7 +99,7 @@ impl Cluster {
         let host = &self.topo.backends()[i];
         self.echo.push(start_echo(host, TCP_PORT, UDP_PORT)?);
         let pin_dir = self.topo.pin_dir()?.join(format!("agent-{}", host.name()));
-        let agent = host.spawn(&[
+        let mut args = vec![
             self.bins.lbd.as_os_str(),
             "agent".as_ref(),
             "--iface".as_ref(),
@@ -104,7 +108,9 @@ impl Cluster {
             self.mode.flag().as_ref(),
             "--pin-dir".as_ref(),
             pin_dir.as_os_str(),
-        ])?;
+        ];
+        args.extend(self.agent_args.iter().map(std::ffi::OsStr::new));
+        let agent = host.spawn(&args)?;
         agent.wait_for_output("ready", START_TIMEOUT).with_context(|| format!("agent on {}:\n{}", host.name(), agent.log()))?;
         self.agents.push(agent);
         Ok(())

@@ -11,7 +11,9 @@ use crate::encap::Macs;
 
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
+// enum bpf_fib_lookup_ret (include/uapi/linux/bpf.h).
 const RET_SUCCESS: i64 = 0;
+const RET_FWD_DISABLED: i64 = 5;
 const RET_NO_NEIGH: i64 = 7;
 const RET_FRAG_NEEDED: i64 = 8;
 
@@ -22,7 +24,10 @@ pub enum NextHop {
     NoNeigh,
     /// The outer packet exceeds the egress MTU.
     FragNeeded,
-    /// No usable route (unreachable, blackhole, prohibited, forwarding disabled, ...).
+    /// The ingress interface does not forward (its `forwarding` sysctl is 0): a host
+    /// setting, not a route, so it is told apart.
+    ForwardingDisabled,
+    /// No usable route (unreachable, blackhole, prohibited, ...).
     NoRoute,
 }
 
@@ -53,6 +58,7 @@ pub fn lookup(ctx: &XdpContext, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_
         }
         RET_NO_NEIGH => NextHop::NoNeigh,
         RET_FRAG_NEEDED => NextHop::FragNeeded,
+        RET_FWD_DISABLED => NextHop::ForwardingDisabled,
         _ => NextHop::NoRoute,
     }
 }

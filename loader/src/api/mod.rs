@@ -8,8 +8,15 @@
 //! ```
 
 pub mod client;
+pub mod flows;
+pub mod sample;
 
-use std::{collections::BTreeMap, fmt, net::IpAddr, str::FromStr};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{IpAddr, SocketAddr},
+    str::FromStr,
+};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -169,6 +176,30 @@ pub enum Request {
     Export,
     /// The daemon at a glance: version, uptime, attachment, maps, watcher, alerts.
     Status,
+    /// Every counter and state `lbctl top` and the metrics show (`sample::Sample`).
+    Sample,
+    /// Where the flow from `client` to `vip` goes and why (`flows::FlowAnswer`); an any-port
+    /// VIP needs the destination `port`.
+    FlowGet {
+        vip: Vip,
+        client: SocketAddr,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        port: Option<u16>,
+    },
+    /// The VIP's connection-table entries, optionally only those of `backend`; `limit`
+    /// defaults to `flows::DEFAULT_FLOW_LIST`, at most `flows::MAX_FLOW_LIST`.
+    FlowList {
+        vip: Vip,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        backend: Option<IpAddr>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+    },
+    /// Deletes the connection-table entries of `backend`; refused unless it is drained in
+    /// every VIP it serves, or no longer a backend.
+    FlowPurge {
+        backend: IpAddr,
+    },
 }
 
 /// Which limits a request edits: `"default"` (every VIP without its own) or a VIP.
@@ -246,7 +277,12 @@ pub enum Reply {
     RateLimits(RateLimitList),
     Rules(RuleList),
     TopSources(TopSourceList),
-    Ports(PortsView),
+    /// Boxed: a report is much larger than the other replies.
+    Ports(Box<PortsView>),
+    Sample(Box<sample::Sample>),
+    Flow(flows::FlowAnswer),
+    Flows(flows::FlowList),
+    Purged(flows::PurgeReport),
     Applied(Applied),
     Exported(Exported),
     // Boxed: the largest reply by far, and a rare one.
@@ -311,7 +347,7 @@ pub struct ConfigStatus {
     pub error: Option<String>,
 }
 
-/// One BPF map: its capacity and, where known without a walk of the kernel's table, its use.
+/// One BPF map: its capacity, its use and the memory the kernel accounts for it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MapUsage {
     pub name: String,
@@ -319,6 +355,9 @@ pub struct MapUsage {
     /// Entries (slots for the rings) in use; absent for counters and per-CPU maps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used: Option<u64>,
+    /// The kernel's `memlock` for the map; absent when unreadable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 /// The balancer's own port watcher (`lbctl ports --host lb`).
@@ -326,6 +365,12 @@ pub struct MapUsage {
 pub struct WatcherStatus {
     /// `loaded` or `not_loaded`.
     pub state: String,
+    /// When loaded: its mode (`btf`, `tracepoint`, `sock_diag`) and what it watches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// Why it is not loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -514,6 +559,9 @@ pub struct Stats {
     /// would have dropped (those packets were let through and counted under `reasons`).
     #[serde(default)]
     pub observed: Vec<ReasonCount>,
+    /// Loud local problems of the balancer, as in `VipList::alerts`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

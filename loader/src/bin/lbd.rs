@@ -17,7 +17,7 @@ use spillway::{
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // Before logging starts: the file may set the log format. Its refusals go to stderr.
     let resolved = match daemon::args::resolve(std::env::args_os().collect()) {
         Ok(resolved) => resolved,
         Err(ArgsError::Clap(e)) => e.exit(),
@@ -26,6 +26,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    spillway::logging::init(resolved.args.log_format);
     match run(resolved).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -70,12 +70,13 @@ JSON output (-o json):
    \"config\":{\"file\":\"/etc/spillway/spillway.toml\",\"last\":\"applied on SIGHUP\"},
    \"vips\":2,\"backends\":6,\"rules\":1,
    \"maps\":[{\"name\":\"spw_flows\",\"max_entries\":1048576,\"used\":1200}, ...],
-   \"watcher\":{\"state\":\"loaded\"},\"announcements\":{\"state\":\"off\"},\"alerts\":[]}
+   \"watcher\":{\"state\":\"loaded\",\"mode\":\"btf\",\"summary\":\"mode btf; watching ...\"},
+   \"announcements\":{\"state\":\"off\"},\"alerts\":[]}
   attachment is attached, took_over (a running link's program was replaced) or
   reattached. config is absent without --config; its error says why it was last
-  refused. used is absent for maps of counters. watcher.state is loaded or
-  not_loaded (with error). Counting the connection table walks it: about half a
-  second when it is full.";
+  refused. used is absent for maps of counters (the connection table's count is at
+  most 15 s old); bytes is the kernel's memory accounting of the map. watcher.state
+  is loaded (with its mode: btf, tracepoint or sock_diag) or not_loaded (with error).";
 
 #[derive(Debug, Args)]
 pub struct FileArg {
@@ -138,17 +139,21 @@ pub fn status_text(status: &Status) -> String {
             line("", format!("error: {error}"));
         }
     }
-    let watcher = match &status.watcher.error {
-        Some(error) => format!("{}: {error}", status.watcher.state),
-        None => status.watcher.state.clone(),
+    let w = &status.watcher;
+    let watcher = match (&w.error, &w.summary) {
+        (Some(error), _) => format!("{}: {error}", w.state),
+        (None, Some(summary)) => summary.clone(),
+        (None, None) => w.state.clone(),
     };
     line("port watcher", watcher);
     line("announcements", status.announcements.state.clone());
-    let mut maps = Table::new(&[("MAP", Align::Left), ("USED", Align::Right), ("MAX", Align::Right), ("USE", Align::Right)]);
+    let columns = [("MAP", Align::Left), ("USED", Align::Right), ("MAX", Align::Right), ("USE", Align::Right), ("MEMORY", Align::Right)];
+    let mut maps = Table::new(&columns);
     for m in &status.maps {
-        let share =
-            m.used.filter(|_| m.max_entries > 0).map_or("-".to_owned(), |u| format!("{:.0}%", u as f64 * 100.0 / f64::from(m.max_entries)));
-        maps.row(vec![m.name.clone(), m.used.map_or("-".to_owned(), |u| u.to_string()), m.max_entries.to_string(), share]);
+        let share = m.used.filter(|_| m.max_entries > 0).map(|u| format!("{:.0}%", u as f64 * 100.0 / f64::from(m.max_entries)));
+        let memory = m.bytes.map(|b| format!("{:.1} MiB", b as f64 / f64::from(1 << 20)));
+        let dash = |cell: Option<String>| cell.unwrap_or_else(|| "-".to_owned());
+        maps.row(vec![m.name.clone(), dash(m.used.map(|u| u.to_string())), m.max_entries.to_string(), dash(share), dash(memory)]);
     }
     out.push('\n');
     out.push_str(&maps.render());

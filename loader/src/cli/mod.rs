@@ -2,13 +2,16 @@
 //! the rendering of replies live here so they can be tested without a daemon.
 
 mod config_file;
+mod flows;
 mod health_args;
 mod render;
 mod render_health;
 mod table;
+pub mod top;
 
 use std::{io, net::IpAddr, path::PathBuf};
 
+use flows::{FLOWS_HELP, FlowsCommand};
 use health_args::{BACKENDS_OPTIONS_HELP, BackendOptionArgs, HealthArgs, PORTS_HELP, VIPS_HEALTH_HELP, parse_deadline};
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
@@ -290,6 +293,12 @@ pub enum Command {
         #[command(flatten)]
         output: OutputArgs,
     },
+    /// A live view: per VIP and backend rates, shares and health, drops by reason.
+    #[command(after_help = top::TOP_HELP)]
+    Top(top::TopArgs),
+    /// One flow's way through the balancer; a VIP's connection-table entries; purging them.
+    #[command(subcommand, after_help = FLOWS_HELP)]
+    Flows(FlowsCommand),
     /// Ephemeral-port pressure of the balancer or of a backend host.
     #[command(after_help = PORTS_HELP)]
     Ports {
@@ -677,6 +686,12 @@ impl Command {
             Command::Rules(RulesCommand::Remove { cidr, vip }) => Request::RemoveRule { cidr: *cidr, vip: *vip },
             Command::Rules(RulesCommand::List(_)) => Request::ListRules,
             Command::TopSources { vip, limit, .. } => Request::TopSources { vip: *vip, limit: Some(*limit) },
+            Command::Top(_) => Request::Sample,
+            Command::Flows(FlowsCommand::Get { vip, client, port, .. }) => Request::FlowGet { vip: *vip, client: *client, port: *port },
+            Command::Flows(FlowsCommand::List { vip, backend, limit, .. }) => {
+                Request::FlowList { vip: *vip, backend: *backend, limit: Some(*limit) }
+            }
+            Command::Flows(FlowsCommand::Purge { backend }) => Request::FlowPurge { backend: *backend },
             Command::Ports { host, .. } => Request::Ports {
                 host: match host {
                     HostArg::Lb => None,
@@ -714,9 +729,13 @@ pub enum Outcome {
     Differs,
 }
 
-/// Sends the command's request to lbd and writes the answer to `out`.
+/// Sends the command's request to lbd and writes the answer to `out` (`top` repeats it).
 pub fn run(cli: &Cli, out: &mut dyn io::Write) -> Result<Outcome, CliError> {
     match &cli.command {
+        Command::Top(args) => {
+            use std::io::IsTerminal;
+            top::run(&cli.api, args, io::stdout().is_terminal(), out)?;
+        }
         Command::Completions(c) => docs::completions(Cli::command(), c.shell, out),
         Command::Man(m) => {
             docs::man_pages(Cli::command(), &m.dir)?;

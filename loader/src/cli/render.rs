@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::{
     BackendsCommand, CliError, Command, Format, Outcome, RatelimitCommand, RulesCommand, ScopeArgs, VipsCommand, config_file,
+    flows::{self, FlowsCommand},
     render_health,
     table::{Align, Table},
 };
@@ -35,7 +36,10 @@ pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<Out
         (Command::Ratelimit(RatelimitCommand::List(o)), Reply::RateLimits(list)) => output(o.output, &list, rate_limits_table)?,
         (Command::Rules(RulesCommand::List(o)), Reply::Rules(list)) => output(o.output, &list, rules_table)?,
         (Command::TopSources { output: o, .. }, Reply::TopSources(list)) => output(o.output, &list, top_sources_table)?,
-        (Command::Ports { output: o, .. }, Reply::Ports(view)) => output(o.output, &view, render_health::ports_tables)?,
+        (Command::Ports { output: o, .. }, Reply::Ports(view)) => output(o.output, view.as_ref(), render_health::ports_tables)?,
+        (Command::Flows(FlowsCommand::Get { output: o, .. }), Reply::Flow(answer)) => output(o.output, &answer, flows::answer_text)?,
+        (Command::Flows(FlowsCommand::List { output: o, .. }), Reply::Flows(list)) => output(o.output, &list, flows::list_table)?,
+        (Command::Flows(FlowsCommand::Purge { .. }), Reply::Purged(report)) => flows::purged_text(&report),
         (command, Reply::Done { .. }) => done(command).ok_or(CliError::UnexpectedReply)?,
         _ => return Err(CliError::UnexpectedReply),
     };
@@ -112,6 +116,8 @@ fn done(command: &Command) -> Option<String> {
         | Command::Ratelimit(RatelimitCommand::List(_))
         | Command::Rules(RulesCommand::List(_))
         | Command::TopSources { .. }
+        | Command::Top(_)
+        | Command::Flows(_)
         | Command::Ports { .. }
         | Command::Apply(_)
         | Command::Diff(_)
@@ -158,7 +164,8 @@ fn stats_tables(stats: &Stats) -> String {
     for o in &stats.observed {
         observed.row(vec![o.reason.clone(), o.packets.to_string()]);
     }
-    [vips.render(), backends.render(), reasons.render(), observed.render()].join("\n")
+    let alerts: String = stats.alerts.iter().map(|a| format!("{a}\n")).collect();
+    alerts + &[vips.render(), backends.render(), reasons.render(), observed.render()].join("\n")
 }
 
 /// `100/s burst 200`, then ` observe` and ` (default)` when they apply.

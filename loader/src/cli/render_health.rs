@@ -126,7 +126,11 @@ fn report_tables(report: &PortsReport) -> String {
             u.failures.to_string(),
         ]);
     }
-    let mut out = format!("level {}\n{}", format!("{:?}", report.level()).to_lowercase(), d.render());
+    let mut out = match &report.watcher {
+        Some(watcher) => format!("watcher {}\n", watcher.summary()),
+        None => String::new(),
+    };
+    out.push_str(&format!("level {}\n{}", format!("{:?}", report.level()).to_lowercase(), d.render()));
     if !report.failures.is_empty() {
         let mut f = Table::new(&[("PID", Align::Right), ("COMM", Align::Left), ("REMOTE", Align::Left), ("FAILURES", Align::Right)]);
         for p in &report.failures {

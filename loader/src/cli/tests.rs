@@ -112,8 +112,9 @@ fn every_help_has_an_example() {
     let mut seen = 0;
     walk(&Cli::command(), &mut Vec::new(), &mut seen);
     assert_eq!(
-        seen, 31,
-        "lbctl, vips (4), backends (6), stats, ratelimit (4), rules (3), top-sources, ports, apply, diff, export, status, completions, man"
+        seen, 36,
+        "lbctl, vips (4), backends (6), stats, ratelimit (4), rules (3), top-sources, top, flows (3), ports, apply, diff, export, \
+         status, completions, man"
     );
 }
 
@@ -134,6 +135,7 @@ fn sample_stats() -> Stats {
         }],
         reasons: vec![ReasonCount { reason: "tx".into(), packets: 12 }, ReasonCount { reason: "pass_not_vip".into(), packets: 3 }],
         observed: vec![ReasonCount { reason: "would_drop_source_limit".into(), packets: 4 }],
+        alerts: vec![],
     }
 }
 
@@ -587,7 +589,9 @@ fn health_panic_budget_and_alerts_are_shown() {
 
 #[test]
 fn ports_show_destinations_failures_and_leak_suspects() {
-    use crate::ports::{DestinationUsage, Dropped, LeakSuspect, Level, PortsReport, ProcessFailures, Thresholds};
+    use crate::ports::{
+        DestinationUsage, Dropped, LeakSuspect, Level, Mode, Part, PortsReport, ProcessFailures, Thresholds, WatcherStatus,
+    };
     let report = PortsReport {
         thresholds: Thresholds::default(),
         destinations: vec![DestinationUsage {
@@ -629,10 +633,18 @@ fn ports_show_destinations_failures_and_leak_suspects() {
             oldest_age_secs: 45,
             local_ports: vec![8080],
         }],
+        watcher: Some(WatcherStatus {
+            mode: Mode::Tracepoint,
+            watching: vec![Part { what: "tcp ports".into(), how: "tracepoint/sock/inet_sock_set_state".into() }],
+            not_watched: vec![Part { what: "bind/udp connect failures".into(), how: "no syscall tracepoints".into() }],
+            refused: vec![],
+        }),
     };
     let view = crate::api::PortsView { host: "10.0.1.1".into(), report: Some(report), error: None, age_s: 1 };
-    let out = rendered(&["ports", "--host", "10.0.1.1"], Reply::Ports(view));
-    assert!(out.starts_with("host 10.0.1.1 (report 1 s old)\nlevel critical\n"), "{out}");
+    let out = rendered(&["ports", "--host", "10.0.1.1"], Reply::Ports(Box::new(view)));
+    let watcher = "watcher mode tracepoint; watching with: tcp ports (tracepoint/sock/inet_sock_set_state); \
+                   not watched: bind/udp connect failures (no syscall tracepoints)\n";
+    assert!(out.starts_with(&format!("host 10.0.1.1 (report 1 s old)\n{watcher}level critical\n")), "{out}");
     for needle in ["10.9.0.1:5432", "95%", "critical", "app", "leaky", "8080", "over 30 s"] {
         assert!(out.contains(needle), "{needle} missing:\n{out}");
     }
@@ -719,11 +731,11 @@ fn status_fits_one_screen() {
         backends: 5,
         rules: 1,
         maps: vec![
-            crate::api::MapUsage { name: "spw_vips".into(), max_entries: 64, used: Some(2) },
-            crate::api::MapUsage { name: "spw_flows".into(), max_entries: 1_048_576, used: Some(524_288) },
-            crate::api::MapUsage { name: "spw_rules".into(), max_entries: 1024, used: None },
+            crate::api::MapUsage { name: "spw_vips".into(), max_entries: 64, used: Some(2), bytes: Some(8192) },
+            crate::api::MapUsage { name: "spw_flows".into(), max_entries: 1_048_576, used: Some(524_288), bytes: Some(125_829_120) },
+            crate::api::MapUsage { name: "spw_rules".into(), max_entries: 1024, used: None, bytes: None },
         ],
-        watcher: crate::api::WatcherStatus { state: "not_loaded".into(), error: Some("no tracefs".into()) },
+        watcher: crate::api::WatcherStatus { state: "not_loaded".into(), mode: None, summary: None, error: Some("no tracefs".into()) },
         announcements: crate::api::AnnouncementsStatus { state: "off".into() },
         alerts: vec!["ALERT: something".into()],
     };
@@ -740,10 +752,10 @@ config        /etc/spillway/spillway.toml: refused on SIGHUP; kept the running s
 port watcher  not_loaded: no tracefs
 announcements off
 
-MAP          USED      MAX  USE
-spw_vips        2       64   3%
-spw_flows  524288  1048576  50%
-spw_rules       -     1024    -
+MAP          USED      MAX  USE     MEMORY
+spw_vips        2       64   3%    0.0 MiB
+spw_flows  524288  1048576  50%  120.0 MiB
+spw_rules       -     1024    -          -
 
 ALERT: something
 "

@@ -14,7 +14,10 @@ use crate::{
     api::DEFAULT_SOCKET,
     config::{ConfigError, Document},
     health::HealthConfig,
+    logging::LogFormat,
+    metrics::MetricsListen,
     pins::DEFAULT_PIN_DIR,
+    ports::WatcherMode,
 };
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/spillway";
@@ -55,6 +58,9 @@ Examples:
 pub struct LbdArgs {
     #[command(subcommand)]
     pub command: Option<LbdCommand>,
+    /// How log lines are written to stderr: logfmt `key=value` text, or JSON objects.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(flatten)]
     pub daemon: DaemonArgs,
 }
@@ -126,6 +132,19 @@ pub struct DaemonArgs {
     /// Port of the backends' `lbd agent` endpoint, polled for port pressure (0: do not poll).
     #[arg(long, value_name = "PORT", default_value_t = crate::ports::endpoint::DEFAULT_PORT)]
     pub agent_port: u16,
+    /// Set the interface's forwarding sysctls (net.ipv4.conf.<IF>.forwarding and its IPv6
+    /// twin) to 1 if they are 0, instead of refusing to start: the kernel's route lookup
+    /// refuses to route packets that arrive on an interface that does not forward.
+    #[arg(long)]
+    pub enable_forwarding: bool,
+    /// How this balancer's own port watcher hooks the kernel (`lbctl ports --host lb`):
+    /// the best mode the kernel allows, or one forced.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = WatcherMode::Auto)]
+    pub watcher_mode: WatcherMode,
+    /// Where to serve Prometheus metrics (GET /metrics, OpenMetrics text), or `off`.
+    /// Read-only and bounded; counters are read from the maps at most once a second.
+    #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::metrics::DEFAULT_LISTEN)]
+    pub metrics_listen: MetricsListen,
 }
 
 /// What `lbd` runs with: its arguments with those of the `--config` file's section.
@@ -205,6 +224,14 @@ pub struct AgentArgs {
     /// services run in containers with their own namespaces (each row names its namespace).
     #[arg(long)]
     pub all_netns: bool,
+    /// How the port watcher hooks the kernel: the best mode the kernel allows (btf, else
+    /// tracepoint, else sock_diag), or one forced.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = WatcherMode::Auto)]
+    pub watcher_mode: WatcherMode,
+    /// Where to serve this host's port pressure as Prometheus metrics (GET /metrics), or
+    /// `off`. Read-only and bounded like --ports-listen.
+    #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::metrics::DEFAULT_AGENT_LISTEN)]
+    pub metrics_listen: MetricsListen,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -216,6 +243,7 @@ pub enum XdpModeArg {
 }
 
 impl XdpModeArg {
+    /// The flag's value, as logs and metrics name the mode.
     pub const fn label(self) -> &'static str {
         match self {
             XdpModeArg::Native => "native",

@@ -9,10 +9,10 @@ use std::{
     time::Instant,
 };
 
-use log::{error, info};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    event,
     health::{Candidate, HealthConfig, HealthError, HealthTracker, Placement, Pressure, ProbeKey, ProbeOutcome, Restored, place},
     model::{DesiredState, LimitConfig, Proto, RateSpec, Vip, VipConfig},
     probe::ProbeSpec,
@@ -161,7 +161,7 @@ impl Checks {
             }
         }
         let restored = snapshot.backends.len();
-        info!("event=health_restored entries={restored}");
+        event!(info, "health_restored", entries = restored);
         self.log_events();
     }
 
@@ -190,7 +190,7 @@ impl Checks {
         }
         if self.local_alert.as_ref().is_some_and(|a| now_ms.saturating_sub(a.last_ms) > LOCAL_ALERT_HOLD_MS) {
             self.local_alert = None;
-            info!("event=lb_probe_alert_cleared");
+            event!(info, "lb_probe_alert_cleared");
         }
         self.log_events();
     }
@@ -202,10 +202,15 @@ impl Checks {
         alert.unknown_probes += 1;
         if alert.unknown_probes == 1 || now_ms.saturating_sub(alert.last_logged_ms) >= LOCAL_ALERT_REPEAT_MS {
             alert.last_logged_ms = now_ms;
-            error!(
-                "event=lb_probe_alert ALERT: this balancer cannot open probe sockets (ephemeral ports, sockets or memory \
-                 exhausted on the LB host); backends keep their states. unknown_probes={} since_ms={} last_vip={} last_backend={}",
-                alert.unknown_probes, alert.since_ms, key.vip, key.backend
+            event!(
+                error,
+                "lb_probe_alert",
+                message = "ALERT: this balancer cannot open probe sockets (ephemeral ports, sockets or memory exhausted on the LB \
+                           host); backends keep their states",
+                unknown_probes = alert.unknown_probes,
+                since_ms = alert.since_ms,
+                last_vip = key.vip,
+                last_backend = key.backend
             );
         }
     }
@@ -298,7 +303,7 @@ impl Checks {
                 if matches!(event, crate::health::HealthEvent::Backend(_)) {
                     self.snapshot_due = true;
                 }
-                info!("{event}");
+                log::info!("{event}");
             }
         }
     }

@@ -5,12 +5,14 @@
 pub mod args;
 pub mod checks;
 pub mod core;
+pub mod metrics;
 pub mod notify;
 pub mod outer_src;
 pub mod pressure;
 pub mod probes;
 pub mod server;
 pub mod settings;
+pub mod telemetry;
 
 use std::{
     io,
@@ -19,7 +21,6 @@ use std::{
 };
 
 use aya::{EbpfError, maps::MapError};
-use log::{debug, error, info, warn};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::types::LbConfig;
 use tokio::{
@@ -37,14 +38,17 @@ use self::{
 };
 use crate::{
     api::ConfigStatus,
+    api::sample::BuildInfo,
     config::{ConfigError, Document},
     dataplane::{Balancer, DataplaneError, LoadOptions},
+    event,
+    forwarding::{self, ForwardingError},
     health::HealthConfig,
     model::DesiredState,
     neighbours,
     netif::{self, NetifError},
     pins::{self, Attachment, PinError, PinLayout},
-    ports::SockWatch,
+    ports::{Scope, SockWatch, WatchOptions},
     reconcile::Maps,
     store::{ConfigMark, StateFile, Store, StoreError},
 };
@@ -72,6 +76,13 @@ pub enum DaemonError {
     Start(#[source] CoreError),
     #[error("installing signal handlers")]
     Signals(#[source] io::Error),
+    #[error(transparent)]
+    Forwarding(#[from] ForwardingError),
+    #[error(
+        "forwarding is disabled on {iface} ({sysctls}): the kernel's route lookup refuses every packet arriving there, so \
+         no VIP packet could be forwarded; set it to 1 (sysctl -w ...=1) or start lbd with --enable-forwarding"
+    )]
+    ForwardingDisabled { iface: String, sysctls: String },
     #[error("the configuration file is refused and there is no persisted state to start from")]
     Config(#[source] ConfigError),
     #[error("applying the configuration file at start")]
@@ -88,10 +99,11 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let store = StateFile::open(&args.state_dir)?;
     let persisted = store.load()?;
     if persisted.is_none() && config.is_none() {
-        info!("no state file at {}; starting with no VIPs", store.path().display());
+        event!(info, "no_state", path = store.path().display(), message = "starting with no VIPs");
     }
     let config_path = args.config.clone();
     let start = plan_start(config, config_path.as_deref(), persisted, store.load_config_mark())?;
+    check_forwarding(iface, args.enable_forwarding)?;
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
     let _lock = pins::create_and_lock(&layout.balancer_dir())?;
@@ -107,18 +119,35 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     // Attach before writing anything: if this fails (wrong interface, another program on
     // it), the maps a running balancer may share are left untouched.
     let link = layout.balancer_link();
+    let program_tag = balancer.program()?.info().map(|i| format!("{:016x}", i.tag())).unwrap_or_default();
+    let mode = args.xdp_mode.label();
     let started = std::time::Instant::now();
     let attachment = match pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link)? {
         Attachment::Attached => {
-            info!("attached iface={iface} mode={:?} link={}", args.xdp_mode, link.display());
+            event!(info, "attached", iface = iface, mode = mode, link = link.display(), program_tag = program_tag);
             "attached"
         }
         Attachment::Reattached => {
-            info!("attached iface={iface} link={} (the old link's interface was gone)", link.display());
+            event!(
+                info,
+                "attached",
+                iface = iface,
+                mode = mode,
+                link = link.display(),
+                program_tag = program_tag,
+                note = "the old link's interface was gone"
+            );
             "reattached"
         }
         Attachment::TookOver { replaced_program_id } => {
-            info!("took over link={} iface={iface} replaced_prog_id={replaced_program_id}", link.display());
+            event!(
+                info,
+                "took_over",
+                iface = iface,
+                link = link.display(),
+                replaced_prog_id = replaced_program_id,
+                program_tag = program_tag
+            );
             "took_over"
         }
     };
@@ -133,24 +162,26 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     if let Some(mark) = &start.first {
         core.save_started_state(mark).map_err(DaemonError::ApplyConfig)?;
     }
+    core.set_build_info(BuildInfo { version: env!("CARGO_PKG_VERSION").to_owned(), program_tag, xdp_mode: mode.to_owned() });
     let vips = &core.state().vips;
-    info!(
-        "state restored vips={} backends={} rules={} health_checks={} zone={} slots_written={} tables_flipped={} limits_written={} rules_written={}",
-        vips.len(),
-        vips.values().map(|c| c.backends.len()).sum::<usize>(),
-        core.state().rules.len(),
-        !args.no_health_checks,
-        args.zone.as_deref().unwrap_or("-"),
-        report.slots_written,
-        report.tables_flipped,
-        report.limits_written,
-        report.rules_written
+    event!(
+        info,
+        "state_restored",
+        vips = vips.len(),
+        backends = vips.values().map(|c| c.backends.len()).sum::<usize>(),
+        rules = core.state().rules.len(),
+        health_checks = !args.no_health_checks,
+        zone = args.zone.as_deref().unwrap_or("-"),
+        slots_written = report.slots_written,
+        tables_flipped = report.tables_flipped,
+        limits_written = report.limits_written,
+        rules_written = report.rules_written
     );
     // The balancer's own port watcher: `lbctl ports --host lb`, and loud alerts when the
     // balancer itself runs short of ports. Not fatal: forwarding does not need it.
-    let watch = SockWatch::load().map_err(|e| {
+    let watch = SockWatch::load(WatchOptions { mode: args.watcher_mode, scope: Scope::Own }).map_err(|e| {
         let message = error_chain(&e);
-        warn!("socket watcher not loaded; lbctl ports --host lb has no data: {message}");
+        event!(warn, "socket_watcher_not_loaded", error = message, message = "lbctl ports --host lb has no data");
         message
     });
     core.set_info(DaemonInfo {
@@ -163,7 +194,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
         zone: args.zone.clone(),
         settings,
         config: None,
-        watcher: watch.as_ref().map(drop).map_err(Clone::clone),
+        watcher: watch.as_ref().map(|w| w.status().clone()).map_err(Clone::clone),
     });
     if let Some((doc, path)) = start.apply.as_ref().zip(config_path.as_deref()) {
         apply_config(&mut core, doc, path, "start");
@@ -172,21 +203,24 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     }
     let health_checks = !args.no_health_checks;
     let core = Arc::new(Mutex::new(core));
+    let _metrics = metrics::start(args.metrics_listen, core.clone()).await;
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
+    let forwarding_watch = tokio::spawn(forwarding_watch(core.clone(), iface.to_owned()));
     let prober = health_checks.then(|| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed())));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
     let reloader = tokio::spawn(reload_on_hup(core.clone(), config_path, signals.take_hup()));
     // The API is bound, the state restored and the program attached: systemd may go on.
-    info!("ready api={}", args.api.display());
+    event!(info, "ready", api = args.api.display());
     notify::ready(&serving(&server::lock(&core)));
     server::serve(listener, core.clone(), answered, async {
         let name = signals.recv().await;
         notify::stopping();
-        info!("received {name}; exiting");
+        event!(info, "exiting", signal = name);
     })
     .await;
     upkeep.abort();
+    forwarding_watch.abort();
     pressure.abort();
     reloader.abort();
     if let Some(prober) = prober {
@@ -194,16 +228,61 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     }
     // A killed lbd restores the last state change; a clean exit saves the present.
     server::lock(&core).persist_health();
-    info!("exited; forwarding continues through link={}", link.display());
+    event!(info, "exited", link = link.display(), message = "forwarding continues through the pinned link");
     Ok(())
+}
+
+/// Refuses to start on an interface that does not forward, unless `enable` lets it set the
+/// sysctls (logged).
+fn check_forwarding(iface: &str, enable: bool) -> Result<(), DaemonError> {
+    let off = forwarding::disabled(iface)?;
+    if off.is_empty() {
+        return Ok(());
+    }
+    let sysctls = forwarding::describe(&off);
+    if !enable {
+        return Err(DaemonError::ForwardingDisabled { iface: iface.to_owned(), sysctls });
+    }
+    forwarding::enable(&off)?;
+    event!(info, "forwarding_enabled", iface = iface, was = sysctls, reason = "--enable-forwarding");
+    Ok(())
+}
+
+/// How often the interface's forwarding sysctls are re-read once running.
+const FORWARDING_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Keeps the core told whether `iface` still forwards (an alert in `lbctl` and one log line
+/// per change when it stops).
+async fn forwarding_watch<M, S>(core: SharedCore<M, S>, iface: String)
+where
+    M: Maps + Counters + Send + 'static,
+    S: Store + Send + 'static,
+{
+    let mut tick = tokio::time::interval(FORWARDING_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let off = match forwarding::disabled(&iface) {
+            Ok(off) if off.is_empty() => None,
+            Ok(off) => Some(forwarding::describe(&off)),
+            Err(e) => {
+                event!(warn, "forwarding_check_failed", iface = iface, error = error_chain(&e));
+                continue;
+            }
+        };
+        let core = core.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || server::lock(&core).set_forwarding_off(off)).await {
+            event!(warn, "forwarding_check_failed", iface = iface, error = e);
+        }
+    }
 }
 
 /// `lbd --cleanup`: detaches the balancer and the agent and removes every pin.
 pub fn cleanup(pin_dir: &Path) -> Result<(), DaemonError> {
     for link in pins::cleanup(&PinLayout::new(pin_dir))? {
-        info!("detached link={}", link.display());
+        event!(info, "detached", link = link.display());
     }
-    info!("removed pin_dir={}", pin_dir.display());
+    event!(info, "removed", pin_dir = pin_dir.display());
     Ok(())
 }
 
@@ -212,12 +291,26 @@ fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
     let v4 = args.outer_src.or_else(|| netif::first_ipv4(&addrs, iface).map(OuterSrc4::host));
     let v6 = args.outer_src6.or_else(|| netif::first_global_ipv6(&addrs, iface).map(OuterSrc6::host));
     match v4 {
-        Some(src) => info!("outer_src={src}"),
-        None => warn!("{iface} has no IPv4 address and --outer-src is not set: IPv4 backends are unreachable"),
+        Some(src) => event!(info, "outer_src", family = 4, src = src),
+        None => event!(
+            warn,
+            "no_outer_src",
+            family = 4,
+            iface = iface,
+            message = "no IPv4 address and no --outer-src: IPv4 backends are unreachable"
+        ),
     }
     match v6 {
-        Some(src) => info!("outer_src6={src}"),
-        None => warn!("{iface} has no global IPv6 address and --outer-src6 is not set: IPv6 backends are unreachable"),
+        Some(src) => event!(info, "outer_src", family = 6, src = src),
+        None => {
+            event!(
+                warn,
+                "no_outer_src",
+                family = 6,
+                iface = iface,
+                message = "no global IPv6 address and no --outer-src6: IPv6 backends are unreachable"
+            )
+        }
     }
     let (outer_src_v4, outer_src_v4_hostmask) = v4.map(|s| s.words()).unwrap_or_default();
     let (outer_src_v6, outer_src_v6_hostmask) = v6.map(|s| s.words()).unwrap_or_default();
@@ -269,7 +362,7 @@ where
             let backends = {
                 let mut core = server::lock(&core);
                 if let Err(e) = core.expire_drains(unix_ms()) {
-                    warn!("removing backends past their drain deadline: {}", error_chain(&e));
+                    event!(warn, "drain_deadline_failed", error = error_chain(&e));
                 }
                 core.backend_addrs()
             };
@@ -277,9 +370,9 @@ where
         };
         match tokio::task::spawn_blocking(round).await {
             Ok(Ok(0)) => {}
-            Ok(Ok(n)) => debug!("nudged backends={n} without a resolved neighbour"),
-            Ok(Err(e)) => warn!("neighbour upkeep: {}", error_chain(&e)),
-            Err(e) => warn!("neighbour upkeep: {e}"),
+            Ok(Ok(n)) => event!(debug, "neighbours_nudged", backends = n),
+            Ok(Err(e)) => event!(warn, "neighbour_upkeep_failed", error = error_chain(&e)),
+            Err(e) => event!(warn, "neighbour_upkeep_failed", error = e),
         }
     }
 }
@@ -346,7 +439,7 @@ fn plan_start(
         (Ok(declared), persisted) => (declared, persisted),
         (Err(e), None) => return Err(DaemonError::Config(e)),
         (Err(e), Some(state)) => {
-            error!("event=config_refused file={file} trigger=start error=\"{e}\" kept=persisted_state");
+            event!(error, "config_refused", file = file, trigger = "start", error = e, kept = "persisted_state");
             return Ok(Start {
                 state,
                 apply: None,
@@ -358,16 +451,16 @@ fn plan_start(
     let now = ConfigMark::of(path, &declared.0);
     Ok(match declared {
         (declared, None) => {
-            info!("event=config_used source=file file={file} reason=no_persisted_state vips={}", declared.vips.len());
+            event!(info, "config_used", source = "file", file = file, reason = "no_persisted_state", vips = declared.vips.len());
             Start { state: declared, apply: None, first: Some(now), status: status("applied at start (no persisted state)", None) }
         }
         (_, Some(state)) if mark.as_ref() == Some(&now) => {
-            info!("event=config_used source=state file={file} reason=file_unchanged vips={}", state.vips.len());
+            event!(info, "config_used", source = "state", file = file, reason = "file_unchanged", vips = state.vips.len());
             let last = "kept the persisted state at start (what the file declares is unchanged since lbd applied it)";
             Start { state, apply: None, first: None, status: status(last, None) }
         }
         (_, Some(state)) => {
-            info!("event=config_used source=file file={file} reason=file_changed");
+            event!(info, "config_used", source = "file", file = file, reason = "file_changed");
             Start { state, apply: Some(doc), first: None, status: None }
         }
     })
@@ -380,21 +473,24 @@ fn apply_config<M: Maps + Counters, S: Store>(core: &mut Core<M, S>, doc: &Docum
     let options = ApplyOptions { mark_as: Some(path.to_owned()), ..ApplyOptions::default() };
     match core.apply_file(doc, options) {
         Ok(applied) => {
-            info!(
-                "event=config_applied file={file} trigger={trigger} changes={} slots_written={} tables_flipped={}",
-                applied.changes.len(),
-                applied.slots_written,
-                applied.tables_flipped
+            event!(
+                info,
+                "config_applied",
+                file = file,
+                trigger = trigger,
+                changes = applied.changes.len(),
+                slots_written = applied.slots_written,
+                tables_flipped = applied.tables_flipped
             );
             for note in &applied.notes {
-                warn!("event=config_setting_not_applied file={file} note=\"{note}\"");
+                event!(warn, "config_setting_not_applied", file = file, note = note);
             }
             core.set_config_status(ConfigStatus { file: file.to_string(), last: format!("applied on {trigger}"), error: None });
             true
         }
         Err(e) => {
             let error = error_chain(&e);
-            error!("event=config_refused file={file} trigger={trigger} error=\"{error}\" kept=running_state");
+            event!(error, "config_refused", file = file, trigger = trigger, error = error, kept = "running_state");
             core.set_config_status(ConfigStatus {
                 file: file.to_string(),
                 last: format!("refused on {trigger}; kept the running state"),
@@ -415,7 +511,7 @@ where
     let Some(mut hup) = hup else { return };
     while hup.recv().await.is_some() {
         let Some(path) = path.clone() else {
-            warn!("received SIGHUP, but lbd runs without --config: nothing to reload");
+            event!(warn, "reload_ignored", signal = "SIGHUP", message = "lbd runs without --config: nothing to reload");
             continue;
         };
         notify::reloading();
@@ -427,7 +523,7 @@ where
                     apply_config(&mut core, &doc, &path, "SIGHUP");
                 }
                 Err(e) => {
-                    error!("event=config_refused file={} trigger=SIGHUP error=\"{e}\" kept=running_state", path.display());
+                    event!(error, "config_refused", file = path.display(), trigger = "SIGHUP", error = e, kept = "running_state");
                     let last = "refused on SIGHUP; kept the running state".to_owned();
                     core.set_config_status(ConfigStatus { file: path.display().to_string(), last, error: Some(e.to_string()) });
                 }
@@ -436,7 +532,7 @@ where
         };
         match tokio::task::spawn_blocking(reload).await {
             Ok(status) => notify::ready(&status),
-            Err(e) => error!("reloading the configuration: {e}"),
+            Err(e) => event!(error, "config_reload_failed", error = e),
         }
     }
 }

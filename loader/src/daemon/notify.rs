@@ -8,14 +8,14 @@ use std::{
     os::{linux::net::SocketAddrExt, unix::net::UnixDatagram},
 };
 
-use log::{debug, warn};
+use crate::event;
 
 /// Sends `message` (newline-separated `KEY=VALUE` assignments) to systemd.
 pub fn notify(message: &str) {
     let Some(target) = std::env::var_os("NOTIFY_SOCKET") else { return };
     match send(&target.to_string_lossy(), message) {
-        Ok(()) => debug!("sd_notify {}", message.replace('\n', " ")),
-        Err(e) => warn!("telling systemd {:?} through NOTIFY_SOCKET: {e}", message.replace('\n', " ")),
+        Ok(()) => event!(debug, "sd_notify", message = message.replace('\n', " ")),
+        Err(e) => event!(warn, "sd_notify_failed", message = message.replace('\n', " "), error = e),
     }
 }
 

@@ -11,7 +11,6 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use log::warn;
 use tokio::{sync::Semaphore, task::JoinSet};
 
 use super::{
@@ -19,6 +18,7 @@ use super::{
     server::{self, SharedCore},
 };
 use crate::{
+    event,
     health::{ProbeKey, next_probe_at},
     reconcile::Maps,
     store::Store,
@@ -48,7 +48,7 @@ where
             Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
                 match done {
                     Ok(result) => results.push(result),
-                    Err(e) => warn!("a health probe failed: {e}"),
+                    Err(e) => event!(warn, "probe_task_failed", error = e),
                 }
                 continue;
             }
@@ -60,11 +60,11 @@ where
         let (targets, now_ms) = match tokio::task::spawn_blocking(round).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) => {
-                warn!("health: programming effective weights: {}", error_chain(&e));
+                event!(warn, "health_program_failed", error = error_chain(&e));
                 continue;
             }
             Err(e) => {
-                warn!("health round: {e}");
+                event!(warn, "health_round_failed", error = e);
                 continue;
             }
         };

@@ -309,7 +309,7 @@ mod tests {
     fn bad_settings_are_refused_with_their_place() {
         let tmp = TempDir::new("settings-bad");
         for (text, message) in [
-            ("[lbd]\nifac = \"eth0\"\n", ":3:8: lbd.ifac: unknown setting of lbd; the settings are iface, xdp_mode"),
+            ("[lbd]\nifac = \"eth0\"\n", ":3:8: lbd.ifac: unknown setting of lbd; the settings are log_format, iface, xdp_mode"),
             ("[lbd]\niface = \"eth0\"\ncleanup = true\n", ":4:11: lbd.cleanup: unknown setting of lbd"),
             ("[lbd]\nconfig = \"/x\"\n", "lbd.config: unknown setting"),
             ("[lbd]\nouter_src6 = \"fd00::/64\"\n", ":3:14: lbd.outer_src6: invalid value 'fd00::/64' for '--outer-src6 <ADDR[/PREFIX]>'"),

@@ -1,6 +1,8 @@
 //! Typed handles on the balancer's maps, and the few operations the rest of the daemon
 //! needs. Per-CPU counters are summed here.
 
+use std::ops::ControlFlow;
+
 use aya::{
     Ebpf,
     maps::{Array, DevMapHash, HashMap, IterableMap, LpmTrie, Map, MapData, MapError, PerCpuArray, lpm_trie::Key},
@@ -13,7 +15,7 @@ use spillway_common::{
     },
 };
 
-use super::DataplaneError;
+use super::{DataplaneError, flows};
 
 /// A map's capacity and, when counted, its entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +49,9 @@ pub struct BalancerMaps {
     pub rule_count: Array<MapData, u32>,
     /// What limits in observe mode would have dropped, per `Observed`.
     pub observed: PerCpuArray<MapData, u64>,
+    /// New flows admitted per VIP id and per backend id.
+    pub vip_new_flows: PerCpuArray<MapData, u64>,
+    pub backend_new_flows: PerCpuArray<MapData, u64>,
 }
 
 fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
@@ -80,6 +85,8 @@ impl BalancerMaps {
             rule_state: take(ebpf, map_names::RULE_STATS)?,
             rule_count: take(ebpf, map_names::RULE_COUNT)?,
             observed: take(ebpf, map_names::OBSERVED)?,
+            vip_new_flows: take(ebpf, map_names::VIP_NEW_FLOWS)?,
+            backend_new_flows: take(ebpf, map_names::BACKEND_NEW_FLOWS)?,
         })
     }
 
@@ -134,12 +141,91 @@ impl BalancerMaps {
         self.flows.get(key, 0).ok()
     }
 
+    /// Visits connection-table entries, in batches, until `visit` breaks; returns how many
+    /// it visited.
+    pub fn scan_flows(&self, visit: &mut dyn FnMut(&FlowKey, &FlowValue) -> ControlFlow<()>) -> Result<u64, DataplaneError> {
+        flows::scan(self.flows.map(), visit).map_err(|source| DataplaneError::Read { name: map_names::FLOWS, source })
+    }
+
+    /// Deletes a connection-table entry; false if it was gone already.
+    pub fn remove_flow(&mut self, key: &FlowKey) -> Result<bool, DataplaneError> {
+        match self.flows.remove(key) {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(source) => Err(DataplaneError::Map { name: map_names::FLOWS, source }),
+        }
+    }
+
+    /// Entries the connection table holds at most.
+    pub fn flow_capacity(&self) -> u64 {
+        self.flows.map().info().map_or(u64::from(spillway_common::limits::FLOW_TABLE_ENTRIES), |i| u64::from(i.max_entries()))
+    }
+
+    /// Slot `slot` of table `half` of VIP `vip_id`: the backend id a hash landing there gets.
+    pub fn ring_slot(&self, vip_id: u32, half: u32, slot: u32) -> Result<u32, DataplaneError> {
+        named(map_names::RINGS, self.rings.get(&(VipMeta::ring_base(vip_id, half) + slot), 0))
+    }
+
+    /// The longest-prefix rule for `key` within its scope, as the data path's lookup finds it.
+    pub fn rule_lookup(&self, prefix_len: u32, key: &RuleKey) -> Result<Option<RuleValue>, DataplaneError> {
+        match self.rules.get(&Key::new(prefix_len, *key), 0) {
+            Ok(value) => Ok(Some(value)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(source) => Err(DataplaneError::Map { name: map_names::RULES, source }),
+        }
+    }
+
+    pub fn budget_bucket(&self, vip_id: u32) -> Result<Bucket, DataplaneError> {
+        named(map_names::BUDGET_STATE, self.budget.get(&vip_id, 0))
+    }
+
+    pub fn source_state(&self, key: &SourceKey) -> Option<SourceState> {
+        self.sources.get(key, 0).ok()
+    }
+
+    /// The kernel's memory accounting of every map this handle holds (`None`: unreadable).
+    pub fn memory(&self) -> Vec<(&'static str, Option<u64>)> {
+        let maps: [(&'static str, &MapData); 20] = [
+            (map_names::CONFIG, self.config.map()),
+            (map_names::VIPS, self.vips.map()),
+            (map_names::VIP_ADDRS, self.vip_addrs.map()),
+            (map_names::RINGS, self.rings.map()),
+            (map_names::BACKENDS, self.backends.map()),
+            (map_names::FLOWS, self.flows.map()),
+            (map_names::VIP_STATS, self.vip_stats.map()),
+            (map_names::BACKEND_STATS, self.backend_stats.map()),
+            (map_names::REASONS, self.reasons.map()),
+            (map_names::VIP_FILTER, self.vip_filter.map()),
+            (map_names::LIMITS, self.limits.map()),
+            (map_names::BUDGET_STATE, self.budget.map()),
+            (map_names::SOURCES, self.sources.map()),
+            (map_names::RULES, self.rules.map()),
+            (map_names::RULE_STATS, self.rule_state.map()),
+            (map_names::RULE_COUNT, self.rule_count.map()),
+            (map_names::OBSERVED, self.observed.map()),
+            (map_names::VIP_NEW_FLOWS, self.vip_new_flows.map()),
+            (map_names::BACKEND_NEW_FLOWS, self.backend_new_flows.map()),
+            (map_names::TX_PORTS, self.tx_ports.map()),
+        ];
+        maps.into_iter().map(|(name, map)| (name, flows::memlock_bytes(map))).collect()
+    }
+
     pub fn vip_traffic(&self, id: u32) -> Result<Traffic, DataplaneError> {
         sum_traffic(map_names::VIP_STATS, &self.vip_stats, id)
     }
 
     pub fn backend_traffic(&self, id: u32) -> Result<Traffic, DataplaneError> {
         sum_traffic(map_names::BACKEND_STATS, &self.backend_stats, id)
+    }
+
+    /// New flows admitted to VIP id `id` (summed over CPUs).
+    pub fn vip_new_flows(&self, id: u32) -> Result<u64, DataplaneError> {
+        sum_count(map_names::VIP_NEW_FLOWS, &self.vip_new_flows, id)
+    }
+
+    /// New flows placed on backend id `id` (summed over CPUs).
+    pub fn backend_new_flows(&self, id: u32) -> Result<u64, DataplaneError> {
+        sum_count(map_names::BACKEND_NEW_FLOWS, &self.backend_new_flows, id)
     }
 
     /// Every reason with its count summed over CPUs.
@@ -170,8 +256,8 @@ impl BalancerMaps {
 
     /// The per-source entries of VIP `vip_id` (a walk of the whole LRU table; entries the
     /// kernel evicts meanwhile are skipped).
-    /// Every map's name and capacity, and for the hash maps the entries they hold (a walk of
-    /// the keys: about half a second for a full connection table).
+    /// Every map's name and capacity, and for the small hash maps the entries they hold (a
+    /// walk of their keys; the connection table is counted in batches elsewhere).
     pub fn occupancy(&self) -> Result<Vec<MapOccupancy>, DataplaneError> {
         fn capacity<K: aya::Pod, V>(name: &'static str, map: &dyn IterableMap<K, V>) -> Result<u32, DataplaneError> {
             named(name, map.map().info().map(|info| info.max_entries()))
@@ -192,7 +278,7 @@ impl BalancerMaps {
             counted(map_names::VIP_ADDRS, &self.vip_addrs)?,
             sized(map_names::RINGS, capacity(map_names::RINGS, &self.rings))?,
             sized(map_names::BACKENDS, capacity(map_names::BACKENDS, &self.backends))?,
-            counted(map_names::FLOWS, &self.flows)?,
+            sized(map_names::FLOWS, named(map_names::FLOWS, self.flows.map().info().map(|i| i.max_entries())))?,
             counted(map_names::SOURCES, &self.sources)?,
             sized(map_names::LIMITS, capacity(map_names::LIMITS, &self.limits))?,
             sized(map_names::RULES, named(map_names::RULES, self.rules.map().info().map(|i| i.max_entries())))?,
@@ -210,6 +296,10 @@ impl BalancerMaps {
         }
         Ok(out)
     }
+}
+
+fn sum_count(name: &'static str, map: &PerCpuArray<MapData, u64>, id: u32) -> Result<u64, DataplaneError> {
+    Ok(named(name, map.get(&id, 0))?.iter().sum())
 }
 
 fn sum_traffic(name: &'static str, map: &PerCpuArray<MapData, Traffic>, id: u32) -> Result<Traffic, DataplaneError> {
@@ -267,7 +357,8 @@ impl crate::reconcile::Maps for BalancerMaps {
     }
 
     fn reset_vip_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
-        zero_traffic(map_names::VIP_STATS, &mut self.vip_stats, id)?;
+        zero_per_cpu(map_names::VIP_STATS, &mut self.vip_stats, id)?;
+        zero_per_cpu(map_names::VIP_NEW_FLOWS, &mut self.vip_new_flows, id)?;
         named(map_names::BUDGET_STATE, self.budget.set(id, &Bucket::default(), 0))?;
         // The previous owner's sources would show up in top-sources and keep its buckets.
         let mut stale = Vec::new();
@@ -287,7 +378,8 @@ impl crate::reconcile::Maps for BalancerMaps {
     }
 
     fn reset_backend_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
-        zero_traffic(map_names::BACKEND_STATS, &mut self.backend_stats, id)
+        zero_per_cpu(map_names::BACKEND_STATS, &mut self.backend_stats, id)?;
+        zero_per_cpu(map_names::BACKEND_NEW_FLOWS, &mut self.backend_new_flows, id)
     }
 
     fn limits(&self) -> Result<Vec<Limits>, DataplaneError> {
@@ -328,8 +420,8 @@ impl crate::reconcile::Maps for BalancerMaps {
     }
 }
 
-fn zero_traffic(name: &'static str, map: &mut PerCpuArray<MapData, Traffic>, id: u32) -> Result<(), DataplaneError> {
+fn zero_per_cpu<V: aya::Pod + Default>(name: &'static str, map: &mut PerCpuArray<MapData, V>, id: u32) -> Result<(), DataplaneError> {
     let cpus = aya::util::nr_cpus().map_err(|(_, source)| DataplaneError::Cpus(source))?;
-    let zeros = aya::maps::PerCpuValues::try_from(vec![Traffic::default(); cpus.get() as usize]).map_err(DataplaneError::Cpus)?;
+    let zeros = aya::maps::PerCpuValues::try_from(vec![V::default(); cpus.get() as usize]).map_err(DataplaneError::Cpus)?;
     named(name, map.set(id, zeros, 0))
 }

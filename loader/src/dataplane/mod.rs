@@ -1,6 +1,7 @@
 //! The balancer's kernel side: loading the object, pinning and reusing its maps, and typed
 //! access to every map. Only this module (and `agent`'s decap loader) talk to the kernel.
 
+mod flows;
 mod maps;
 pub mod test_run;
 
@@ -49,6 +50,12 @@ pub enum DataplaneError {
         #[source]
         source: aya::maps::xdp::XdpMapError,
     },
+    #[error("reading map {name}")]
+    Read {
+        name: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("reading the number of possible CPUs")]
     Cpus(#[source] std::io::Error),
     #[error("pin path {path}")]
@@ -75,7 +82,7 @@ pub struct Balancer {
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 18] = [
+const PINNED_MAPS: [&str; 20] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -94,6 +101,8 @@ const PINNED_MAPS: [&str; 18] = [
     map_names::RULE_STATS,
     map_names::RULE_COUNT,
     map_names::OBSERVED,
+    map_names::VIP_NEW_FLOWS,
+    map_names::BACKEND_NEW_FLOWS,
 ];
 
 impl Balancer {

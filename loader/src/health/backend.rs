@@ -40,6 +40,9 @@ pub enum State {
 }
 
 impl State {
+    /// Every state, for reports that list each (the metrics' state set).
+    pub const ALL: [State; 6] = [State::Healthy, State::Unhealthy, State::Slow, State::SlowStart, State::Draining, State::HeldDown];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             State::Healthy => "healthy",
@@ -119,6 +122,8 @@ pub enum Pressure {
 }
 
 impl Pressure {
+    pub const ALL: [Pressure; 3] = [Pressure::None, Pressure::Critical, Pressure::Exhausted];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Pressure::None => "none",

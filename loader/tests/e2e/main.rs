@@ -9,6 +9,7 @@ mod health_state;
 mod hitless_restart;
 mod input;
 mod membership;
+mod observability;
 mod overload;
 mod port_pressure;
 mod reachability;

@@ -3,13 +3,12 @@
 
 use std::{path::PathBuf, time::Instant};
 
-use log::info;
-
 use super::{Core, CoreError, Counters, unix_ms};
 use crate::{
     api::{AnnouncementsStatus, Applied, ConfigStatus, Exported, MapUsage, Reply, Status, WatcherStatus},
     config::{self, Document},
     daemon::settings::{RunningSettings, Section, Settings},
+    event,
     reconcile::Maps,
     store::{ConfigMark, Store},
 };
@@ -29,7 +28,7 @@ pub struct DaemonInfo {
     /// The `--config` file's fate; `None` without one.
     pub config: Option<ConfigStatus>,
     /// The balancer's own port watcher, or why it is not loaded.
-    pub watcher: Result<(), String>,
+    pub watcher: Result<crate::ports::WatcherStatus, String>,
 }
 
 impl Default for DaemonInfo {
@@ -98,10 +97,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             return Ok(Applied { applied: false, changes, notes, slots_written: 0, tables_flipped: 0 });
         }
         for change in &changes {
-            info!("event=config_change source={} change=\"{change}\"", doc.name());
+            event!(info, "config_change", source = doc.name(), change = change);
         }
-        let what = format!("op=apply source={} changes={}", doc.name(), changes.len());
-        let Reply::Done { slots_written, tables_flipped } = self.mutate(&what, |state| {
+        let what = super::change("apply").field("source", &doc.name()).field("changes", &changes.len());
+        let Reply::Done { slots_written, tables_flipped } = self.mutate(what, |state| {
             *state = next;
             Ok(())
         })?
@@ -112,7 +111,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             // The state is applied and saved; without the mark the next start applies the
             // file again, which changes nothing it did not declare.
             if let Err(e) = self.store.save_config_mark(&mark) {
-                log::warn!("saving {}: {}", crate::store::CONFIG_MARK_FILE, super::error_chain(&e));
+                event!(warn, "config_mark_not_saved", file = crate::store::CONFIG_MARK_FILE, error = super::error_chain(&e));
             }
         }
         Ok(Applied { applied: true, changes, notes, slots_written, tables_flipped })
@@ -131,7 +130,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         Exported { config: config::export(&self.state, (!settings.is_empty()).then_some(settings)) }
     }
 
-    pub(super) fn status(&self) -> Result<Status, CoreError> {
+    pub(super) fn status(&mut self) -> Result<Status, CoreError> {
+        self.count_flows_if_due().map_err(CoreError::Counters)?;
+        let flows = self.telemetry.flow_count.entries;
+        let memory = self.maps.memory();
         let state = &self.state;
         let backends: usize = state.vips.values().map(|c| c.backends.len()).sum();
         // Arrays and the trie hold what the state puts there; the hash maps were counted.
@@ -142,6 +144,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 n::BACKENDS => backends as u64,
                 n::LIMITS => state.vips.values().filter(|c| c.limits.is_some()).count() as u64 + u64::from(state.default_limits.is_some()),
                 n::RULES => state.rules.len() as u64,
+                n::FLOWS => flows,
                 _ => return None,
             };
             Some(used)
@@ -151,12 +154,17 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             .occupancy()
             .map_err(CoreError::Counters)?
             .into_iter()
-            .map(|m| MapUsage { name: m.name.to_owned(), max_entries: m.max_entries, used: m.entries.or_else(|| in_use(m.name)) })
+            .map(|m| MapUsage {
+                name: m.name.to_owned(),
+                max_entries: m.max_entries,
+                used: m.entries.or_else(|| in_use(m.name)),
+                bytes: memory.iter().find(|(name, _)| *name == m.name).and_then(|(_, bytes)| *bytes),
+            })
             .collect();
         let info = &self.info;
         let watcher = match &info.watcher {
-            Ok(()) => WatcherStatus { state: "loaded".to_owned(), error: None },
-            Err(e) => WatcherStatus { state: "not_loaded".to_owned(), error: Some(e.clone()) },
+            Ok(w) => WatcherStatus { state: "loaded".to_owned(), mode: Some(w.mode.to_string()), summary: Some(w.summary()), error: None },
+            Err(e) => WatcherStatus { state: "not_loaded".to_owned(), mode: None, summary: None, error: Some(e.clone()) },
         };
         Ok(Status {
             version: env!("CARGO_PKG_VERSION").to_owned(),

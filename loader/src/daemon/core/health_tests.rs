@@ -161,6 +161,7 @@ fn report(utilisation: f64, failures: u64) -> PortsReport {
         }],
         failures: Vec::new(),
         leak_suspects: Vec::new(),
+        watcher: None,
         dropped: Dropped::default(),
     }
 }

@@ -23,14 +23,23 @@ use crate::{
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
     pub(super) fn alerts(&self) -> Vec<String> {
-        let Some(alert) = self.health.as_ref().and_then(|c| c.local_alert()) else { return Vec::new() };
-        let now_ms = self.health.as_ref().map_or(0, Checks::now_ms);
-        vec![format!(
-            "ALERT: this balancer cannot open probe sockets ({} probes in {} s): its own ephemeral ports, sockets or \
-             memory are short; backends keep their states (see lbctl ports)",
-            alert.unknown_probes,
-            now_ms.saturating_sub(alert.since_ms) / 1000
-        )]
+        let mut alerts = Vec::new();
+        if let Some(sysctls) = &self.forwarding_off {
+            alerts.push(format!(
+                "ALERT: forwarding is disabled on the balancer's interface ({sysctls}): every VIP packet of that family \
+                 is dropped (drop_forwarding_disabled in lbctl stats); set it back to 1"
+            ));
+        }
+        if let Some(alert) = self.health.as_ref().and_then(|c| c.local_alert()) {
+            let now_ms = self.health.as_ref().map_or(0, Checks::now_ms);
+            alerts.push(format!(
+                "ALERT: this balancer cannot open probe sockets ({} probes in {} s): its own ephemeral ports, sockets or \
+                 memory are short; backends keep their states (see lbctl ports)",
+                alert.unknown_probes,
+                now_ms.saturating_sub(alert.since_ms) / 1000
+            ));
+        }
+        alerts
     }
 
     pub(super) fn vips(&self) -> VipList {
@@ -110,7 +119,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             self.maps.reasons()?.into_iter().map(|(reason, packets)| ReasonCount { reason: reason.label().to_owned(), packets }).collect();
         let observed =
             self.maps.observed()?.into_iter().map(|(o, packets)| ReasonCount { reason: o.label().to_owned(), packets }).collect();
-        Ok(Stats { vips, reasons, observed })
+        Ok(Stats { vips, reasons, observed, alerts: self.alerts() })
     }
 
     pub(super) fn rate_limits(&self) -> RateLimitList {

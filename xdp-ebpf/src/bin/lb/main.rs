@@ -146,6 +146,7 @@ fn forward(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, ha
     match hop {
         NextHop::FragNeeded => (XDP_DROP, Reason::DropOversize),
         NextHop::NoRoute => (XDP_DROP, Reason::DropNoRoute),
+        NextHop::ForwardingDisabled => (XDP_DROP, Reason::DropForwardingDisabled),
         NextHop::NoNeigh => match encap::push(ctx, layout.l2_len, &tunnel, &arrived) {
             Ok(()) => (XDP_PASS, Reason::KernelNoNeigh),
             Err(()) => (XDP_DROP, Reason::DropEncapFailed),

@@ -48,6 +48,13 @@ pub static VIP_STATS: PerCpuArray<Traffic> = PerCpuArray::with_max_entries(MAX_V
 #[map(name = "spw_be_stats")]
 pub static BACKEND_STATS: PerCpuArray<Traffic> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
 
+/// New flows admitted (connection-table entries created) per VIP id and per backend id.
+#[map(name = "spw_vip_nflows")]
+pub static VIP_NEW_FLOWS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
+
+#[map(name = "spw_be_nflows")]
+pub static BACKEND_NEW_FLOWS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+
 #[map(name = "spw_reasons")]
 pub static REASONS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Reason::COUNT, 0);
 

@@ -5,7 +5,10 @@ use spillway_common::{
     types::{BACKEND_ACTIVE, BackendInfo, FlowKey, FlowValue, LbConfig, PROTO_TCP, VipMeta},
 };
 
-use crate::maps::{BACKENDS, FLOWS, RINGS};
+use crate::{
+    maps::{BACKENDS, FLOWS, RINGS},
+    stats,
+};
 
 const NS_PER_S: u64 = 1_000_000_000;
 
@@ -32,6 +35,7 @@ pub fn new_flow(key: &FlowKey, vip: &VipMeta, hash: u32, now: u64, icmp_error: b
         // A full table evicts the least recently used flow; an error here only means this
         // flow is re-hashed on its next packet, to the same backend while the table holds.
         let _ = FLOWS.insert(key, &entry, 0);
+        stats::new_flow(vip.id, id);
     }
     Some(Choice { id, backend })
 }

@@ -2,7 +2,7 @@
 
 use spillway_common::types::{Reason, Traffic};
 
-use crate::maps::{BACKEND_STATS, REASONS, VIP_STATS};
+use crate::maps::{BACKEND_NEW_FLOWS, BACKEND_STATS, REASONS, VIP_NEW_FLOWS, VIP_STATS};
 
 #[inline(always)]
 pub fn reason(reason: Reason) {
@@ -22,6 +22,19 @@ pub fn vip(id: u32, bytes: usize) {
 pub fn backend(id: u32, bytes: usize) {
     if let Some(t) = BACKEND_STATS.get_ptr_mut(id) {
         add(t, bytes);
+    }
+}
+
+/// A new flow admitted to VIP `vip_id` and placed on backend `backend_id`.
+#[inline(always)]
+pub fn new_flow(vip_id: u32, backend_id: u32) {
+    // Two plain lookups: the verifier needs each map pointer to be a constant.
+    if let Some(count) = VIP_NEW_FLOWS.get_ptr_mut(vip_id) {
+        // SAFETY: per-CPU slot, no other writer on this CPU while we run.
+        unsafe { *count += 1 };
+    }
+    if let Some(count) = BACKEND_NEW_FLOWS.get_ptr_mut(backend_id) {
+        unsafe { *count += 1 };
     }
 }
 

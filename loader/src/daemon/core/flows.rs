@@ -1,0 +1,361 @@
+//! Answers about single flows, from the maps the data path reads and with its hash: the
+//! connection-table entry of a tuple, the Maglev slot a new flow lands on, and what the
+//! limits would decide (`lbctl flows get`); a VIP's entries (`flows list`); and deleting a
+//! drained or removed backend's entries (`flows purge`).
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::{IpAddr, SocketAddr},
+    ops::ControlFlow,
+};
+
+use spillway_common::{
+    addr::{from_words, to_words},
+    hash::{FLOW_SEED, flow_hash},
+    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT},
+    types::{
+        BACKEND_ACTIVE, BackendInfo, Bucket, FAMILY_V4, FlowKey, FlowValue, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, LbConfig,
+        Limits, PROTO_TCP, RULE_BLOCK, RULE_KEY_SCOPE_BITS, RULE_LIMIT, Rate, Reason, RuleKey, RuleValue, SourceKey, SourceState,
+    },
+};
+
+use super::{Core, CoreError, Counters};
+use crate::{
+    api::flows::{Admission, DEFAULT_FLOW_LIST, FlowAnswer, FlowEntry, FlowEntryState, FlowList, MAX_FLOW_LIST, PurgeReport},
+    daemon::telemetry::FlowCount,
+    dataplane::{BalancerMaps, DataplaneError},
+    model::{Cidr, Vip},
+    reconcile::Maps,
+    store::Store,
+};
+
+const NS_PER_S: u64 = 1_000_000_000;
+
+/// The connection table and the limit state, as the flow answers read them; implemented by
+/// the real maps and, in tests, a fake.
+pub trait FlowTable {
+    fn flow(&self, key: &FlowKey) -> Option<FlowValue>;
+    /// Visits entries until `visit` breaks; returns how many it visited.
+    fn scan_flows(&self, visit: &mut dyn FnMut(&FlowKey, &FlowValue) -> ControlFlow<()>) -> Result<u64, DataplaneError>;
+    fn remove_flow(&mut self, key: &FlowKey) -> Result<bool, DataplaneError>;
+    fn flow_capacity(&self) -> u64;
+    fn ring_slot(&self, vip_id: u32, half: u32, slot: u32) -> Result<u32, DataplaneError>;
+    fn rule_lookup(&self, prefix_len: u32, key: &RuleKey) -> Result<Option<RuleValue>, DataplaneError>;
+    fn budget_bucket(&self, vip_id: u32) -> Result<Bucket, DataplaneError>;
+    fn source_state(&self, key: &SourceKey) -> Option<SourceState>;
+    fn lb_config(&self) -> Result<LbConfig, DataplaneError>;
+}
+
+impl FlowTable for BalancerMaps {
+    fn flow(&self, key: &FlowKey) -> Option<FlowValue> {
+        BalancerMaps::flow(self, key)
+    }
+    fn scan_flows(&self, visit: &mut dyn FnMut(&FlowKey, &FlowValue) -> ControlFlow<()>) -> Result<u64, DataplaneError> {
+        BalancerMaps::scan_flows(self, visit)
+    }
+    fn remove_flow(&mut self, key: &FlowKey) -> Result<bool, DataplaneError> {
+        BalancerMaps::remove_flow(self, key)
+    }
+    fn flow_capacity(&self) -> u64 {
+        BalancerMaps::flow_capacity(self)
+    }
+    fn ring_slot(&self, vip_id: u32, half: u32, slot: u32) -> Result<u32, DataplaneError> {
+        BalancerMaps::ring_slot(self, vip_id, half, slot)
+    }
+    fn rule_lookup(&self, prefix_len: u32, key: &RuleKey) -> Result<Option<RuleValue>, DataplaneError> {
+        BalancerMaps::rule_lookup(self, prefix_len, key)
+    }
+    fn budget_bucket(&self, vip_id: u32) -> Result<Bucket, DataplaneError> {
+        BalancerMaps::budget_bucket(self, vip_id)
+    }
+    fn source_state(&self, key: &SourceKey) -> Option<SourceState> {
+        BalancerMaps::source_state(self, key)
+    }
+    fn lb_config(&self) -> Result<LbConfig, DataplaneError> {
+        BalancerMaps::config(self)
+    }
+}
+
+/// The clock of `bpf_ktime_get_coarse_ns`, which stamps entries and buckets.
+fn kernel_now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec to fill; CLOCK_MONOTONIC_COARSE always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * NS_PER_S + ts.tv_nsec as u64
+}
+
+/// Whether a GCRA bucket at `tat` would admit a flow at `now`: the data path's
+/// `limits::gcra_admit` without its update (a zero rate admits everything).
+fn gcra_would_admit(tat: u64, rate: &Rate, now: u64) -> bool {
+    let Some(interval) = NS_PER_S.checked_div(u64::from(rate.per_s)) else { return true };
+    let tolerance = interval * (u64::from(rate.burst) + 1);
+    (tat.max(now) + interval).saturating_sub(now) <= tolerance
+}
+
+/// A client's tuple as the data path keys it (ports in network order).
+fn flow_key(client: SocketAddr, vip: &Vip, port: u16) -> FlowKey {
+    let (src, family) = to_words(client.ip());
+    let (dst, _) = to_words(vip.addr);
+    FlowKey { src, dst, sport: client.port().to_be(), dport: port.to_be(), proto: vip.proto.number(), family, _pad: [0; 2] }
+}
+
+fn client_of(key: &FlowKey) -> Option<SocketAddr> {
+    Some(SocketAddr::new(from_words(key.src, key.family)?, u16::from_be(key.sport)))
+}
+
+/// Backend slots read once per walk (a table holds far more entries than backends).
+struct Backends<'a, M> {
+    maps: &'a M,
+    seen: HashMap<u32, Option<BackendInfo>>,
+}
+
+impl<M: Maps> Backends<'_, M> {
+    /// The active backend that `value` still names (same id and generation), if any.
+    fn live(&mut self, value: &FlowValue) -> Option<BackendInfo> {
+        let maps = self.maps;
+        let info = *self.seen.entry(value.backend_id).or_insert_with(|| maps.backend(value.backend_id).ok());
+        info.filter(|b| b.state == BACKEND_ACTIVE && b.generation == value.generation)
+    }
+}
+
+impl<M: Maps + Counters, S: Store> Core<M, S> {
+    pub(super) fn flow_get(&self, vip: &Vip, client: SocketAddr, port: Option<u16>) -> Result<FlowAnswer, CoreError> {
+        self.state.vip(vip)?;
+        let bad = |problem: String| CoreError::BadFlow { problem };
+        if client.is_ipv4() != vip.addr.is_ipv4() {
+            return Err(bad(format!("the client {client} and the VIP {vip} are of different address families")));
+        }
+        let port = match (vip.port, port) {
+            (0, None) => return Err(bad(format!("{vip} serves every port: give the destination port (--port)"))),
+            (0, Some(p)) if self.state.vips.keys().any(|v| v.addr == vip.addr && v.proto == vip.proto && v.port == p) => {
+                return Err(bad(format!("port {p} of {} has a VIP of its own: ask about that VIP", vip.addr)));
+            }
+            (0, Some(p)) => p,
+            (own, Some(p)) if p != own => return Err(bad(format!("{vip} only serves port {own}"))),
+            (own, _) => own,
+        };
+        let key = flow_key(client, vip, port);
+        let hash = flow_hash(&key, FLOW_SEED);
+        let id = self.reconciler.vip_id(vip).ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
+        let meta = self.maps.vips().map_err(CoreError::Counters)?.into_iter().map(|(_, m)| m).find(|m| m.id == id);
+        let meta = meta.ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
+        let slot = hash % meta.ring_size.max(1);
+        let owner = self.maps.ring_slot(id, meta.active_half, slot).map_err(CoreError::Counters)?;
+        let maglev = self.maps.backend(owner).ok().filter(|b| b.state == BACKEND_ACTIVE).and_then(|b| from_words(b.addr, b.family));
+        let now = kernel_now_ns();
+        let config = self.maps.lb_config().map_err(CoreError::Counters)?;
+        let entry = self.maps.flow(&key).map(|value| self.entry_state(&key, &value, &config, now));
+        let admission = self.admission(&key, id, now)?;
+        let goes_to = match &entry {
+            Some(FlowEntryState { in_force: true, backend, .. }) => *backend,
+            _ if admission.admitted => maglev,
+            _ => None,
+        };
+        Ok(FlowAnswer { vip: *vip, client, port, entry, hash, slot, maglev, goes_to, admission })
+    }
+
+    /// What the data path makes of an existing entry (`select::established`).
+    fn entry_state(&self, key: &FlowKey, value: &FlowValue, config: &LbConfig, now: u64) -> FlowEntryState {
+        let info = self.maps.backend(value.backend_id).ok().filter(|b| b.state == BACKEND_ACTIVE);
+        let idle_ns = now.saturating_sub(value.touched_ns);
+        let timeout_s = if key.proto == PROTO_TCP { config.tcp_idle_timeout_s } else { config.udp_idle_timeout_s };
+        let stale = match info {
+            None => Some("its backend was removed".to_owned()),
+            Some(b) if b.generation != value.generation => Some("its backend was removed (the id now holds another)".to_owned()),
+            Some(_) if idle_ns > u64::from(timeout_s) * NS_PER_S => Some(format!("idle past the {timeout_s} s timeout")),
+            Some(_) => None,
+        };
+        FlowEntryState {
+            backend: info.filter(|b| b.generation == value.generation).and_then(|b| from_words(b.addr, b.family)),
+            idle_ms: idle_ns / 1_000_000,
+            in_force: stale.is_none(),
+            stale,
+        }
+    }
+
+    /// The limits' verdict on a new flow (`limits::decide`, read-only): the operator rule,
+    /// else the per-source bucket, then the VIP budget. An observed refusal lets the flow on.
+    fn admission(&self, key: &FlowKey, vip_id: u32, now: u64) -> Result<Admission, CoreError> {
+        let limits = self.maps.limits().map_err(CoreError::Counters)?;
+        let configured = |slot: u32| limits.get(slot as usize).filter(|l| l.configured != 0).copied();
+        let limits: Option<Limits> = configured(vip_id).or_else(|| configured(DEFAULT_LIMIT_SLOT));
+        let flags = limits.map_or(0, |l| l.flags);
+        let mut refusals: Vec<(Reason, bool)> = Vec::new();
+        let rule = self.matching_rule(key, vip_id)?;
+        match &rule {
+            Some(rule) => {
+                let observe = rule.flags & LIMIT_F_OBSERVE_SOURCE != 0;
+                if rule.action == RULE_BLOCK {
+                    refusals.push((Reason::DropRuleBlock, observe));
+                } else if rule.action == RULE_LIMIT {
+                    let bucket = self.maps.rule_state(rule.id).map_err(CoreError::Counters)?.bucket;
+                    if !gcra_would_admit(bucket.tat_ns, &rule.rate, now) {
+                        refusals.push((Reason::DropRuleLimit, observe));
+                    }
+                }
+            }
+            None => {
+                if let Some(l) = limits.filter(|l| l.per_source.per_s != 0) {
+                    let len = if key.family == FAMILY_V4 { l.source_prefix_v4 } else { l.source_prefix_v6 };
+                    let source = from_words(key.src, key.family).map(|a| to_words(Cidr::mask(a, len)).0).unwrap_or_default();
+                    let skey = SourceKey { vip_id, family: key.family, _pad: [0; 3], prefix: source };
+                    let tat = self.maps.source_state(&skey).map_or(0, |s| s.bucket.tat_ns);
+                    if !gcra_would_admit(tat, &l.per_source, now) {
+                        refusals.push((Reason::DropSourceLimit, flags & LIMIT_F_OBSERVE_SOURCE != 0));
+                    }
+                }
+            }
+        }
+        if let Some(l) = limits.filter(|l| l.vip_budget.per_s != 0) {
+            let tat = self.maps.budget_bucket(vip_id).map_err(CoreError::Counters)?.tat_ns;
+            if !gcra_would_admit(tat, &l.vip_budget, now) {
+                refusals.push((Reason::DropVipBudget, flags & LIMIT_F_OBSERVE_BUDGET != 0));
+            }
+        }
+        let enforced = refusals.iter().find(|(_, observe)| !observe);
+        let (admitted, shown) = match enforced {
+            Some(refusal) => (false, Some(refusal)),
+            None => (true, refusals.first()),
+        };
+        let rule = rule.and_then(|r| self.state.rules.keys().find(|m| self.reconciler.rule_id(m) == Some(r.id))).map(|m| m.describe());
+        Ok(Admission {
+            admitted,
+            refused_by: shown.map(|(reason, _)| reason.label().to_owned()),
+            observe: shown.is_some_and(|(_, observe)| *observe),
+            rule,
+        })
+    }
+
+    /// The most specific of the rule scoped to the VIP and the global one (`limits::matching_rule`).
+    fn matching_rule(&self, key: &FlowKey, vip_id: u32) -> Result<Option<RuleValue>, CoreError> {
+        let addr: [u8; 16] = bytemuck::cast(key.src);
+        let bits = if key.family == FAMILY_V4 { 32 } else { 128 };
+        let lookup = |scope: u32| {
+            let rule_key = RuleKey { vip_id_be: scope.to_be(), family: key.family, addr, _pad: [0; 3] };
+            self.maps.rule_lookup(RULE_KEY_SCOPE_BITS + bits, &rule_key).map_err(CoreError::Counters)
+        };
+        Ok(match (lookup(vip_id)?, lookup(ANY_VIP)?) {
+            (Some(s), Some(g)) => Some(if g.addr_prefix_len > s.addr_prefix_len { g } else { s }),
+            (s, g) => s.or(g),
+        })
+    }
+
+    pub(super) fn flow_list(&self, vip: &Vip, backend: Option<IpAddr>, limit: Option<u32>) -> Result<FlowList, CoreError> {
+        let config = self.state.vip(vip)?;
+        let limit = match limit.unwrap_or(DEFAULT_FLOW_LIST) {
+            n @ 1..=MAX_FLOW_LIST => n as usize,
+            n => return Err(CoreError::BadFlow { problem: format!("limit {n} is out of range (1..={MAX_FLOW_LIST})") }),
+        };
+        if let Some(b) = backend.filter(|b| !config.backends.contains_key(b)) {
+            return Err(CoreError::BadFlow { problem: format!("{b} is not a backend of {vip}") });
+        }
+        let wanted: HashMap<u32, IpAddr> = config
+            .backends
+            .keys()
+            .filter(|a| backend.is_none_or(|b| b == **a))
+            .filter_map(|a| Some((self.reconciler.backend_id(vip, a)?, *a)))
+            .collect();
+        let mut backends = Backends { maps: &self.maps, seen: HashMap::new() };
+        let (mut entries, mut truncated) = (Vec::new(), false);
+        let now = kernel_now_ns();
+        let scanned = self
+            .maps
+            .scan_flows(&mut |key, value| {
+                let Some(address) = wanted.get(&value.backend_id) else { return ControlFlow::Continue(()) };
+                if backends.live(value).is_none() {
+                    return ControlFlow::Continue(());
+                }
+                if entries.len() == limit {
+                    truncated = true;
+                    return ControlFlow::Break(());
+                }
+                if let Some(client) = client_of(key) {
+                    let idle_ms = now.saturating_sub(value.touched_ns) / 1_000_000;
+                    entries.push(FlowEntry { client, port: u16::from_be(key.dport), backend: *address, idle_ms });
+                }
+                ControlFlow::Continue(())
+            })
+            .map_err(CoreError::Counters)?;
+        Ok(FlowList { vip: *vip, entries, scanned, truncated })
+    }
+
+    /// Deletes `backend`'s entries where it is drained; when it is no longer a backend at
+    /// all, its entries are already dead (its ids' generations moved on) and every dead
+    /// entry is deleted, which frees table space.
+    pub(super) fn flow_purge(&mut self, backend: IpAddr) -> Result<PurgeReport, CoreError> {
+        let serving: Vec<(&Vip, u32)> =
+            self.state.vips.iter().filter_map(|(vip, c)| c.backends.get(&backend).map(|b| (vip, b.weight))).collect();
+        if let Some((vip, weight)) = serving.iter().find(|(_, weight)| *weight != 0) {
+            return Err(CoreError::BadFlow {
+                problem: format!(
+                    "{backend} is in service on {vip} (weight {weight}); purging would break its connections: \
+                     drain it first (lbctl backends drain --vip {vip} {backend})"
+                ),
+            });
+        }
+        let ids: HashSet<u32> = serving.iter().filter_map(|(vip, _)| self.reconciler.backend_id(vip, &backend)).collect();
+        let removed_backend = serving.is_empty();
+        let mut doomed = Vec::new();
+        let mut backends = Backends { maps: &self.maps, seen: HashMap::new() };
+        let scanned = self
+            .maps
+            .scan_flows(&mut |key, value| {
+                let live = backends.live(value).is_some();
+                if (removed_backend && !live) || (live && ids.contains(&value.backend_id)) {
+                    doomed.push(*key);
+                }
+                ControlFlow::Continue(())
+            })
+            .map_err(CoreError::Counters)?;
+        let mut removed = 0;
+        for key in &doomed {
+            removed += u64::from(self.maps.remove_flow(key).map_err(CoreError::Counters)?);
+        }
+        crate::event!(info, "flows_purged", backend = backend, removed = removed, scanned = scanned, removed_backend = removed_backend);
+        Ok(PurgeReport { backend, removed, scanned })
+    }
+
+    /// Counts the connection table's entries, and those in force per VIP id, when the last
+    /// count is older than `FLOW_COUNT_INTERVAL`.
+    pub(super) fn count_flows_if_due(&mut self) -> Result<(), DataplaneError> {
+        if !self.telemetry.flow_count.due() {
+            return Ok(());
+        }
+        let mut backends = Backends { maps: &self.maps, seen: HashMap::new() };
+        let mut per_vip_id: HashMap<u32, u64> = HashMap::new();
+        let entries = self.maps.scan_flows(&mut |_, value| {
+            if let Some(b) = backends.live(value) {
+                *per_vip_id.entry(b.vip_id).or_default() += 1;
+            }
+            ControlFlow::Continue(())
+        })?;
+        self.telemetry.flow_count = FlowCount { at: Some(std::time::Instant::now()), entries, per_vip_id };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gcra_check_matches_the_data_path_rule() {
+        let rate = Rate { per_s: 10, burst: 2 };
+        let now = 1_000 * NS_PER_S;
+        // An idle bucket (TAT in the past) admits; one a full tolerance ahead refuses.
+        assert!(gcra_would_admit(0, &rate, now));
+        let interval = NS_PER_S / 10;
+        assert!(gcra_would_admit(now + 2 * interval, &rate, now), "TAT + T - now = 3T = tolerance: admitted");
+        assert!(!gcra_would_admit(now + 2 * interval + 1, &rate, now));
+        assert!(gcra_would_admit(u64::MAX / 2, &Rate { per_s: 0, burst: 0 }, now), "no limit");
+    }
+
+    #[test]
+    fn keys_are_in_network_order() {
+        let vip: Vip = "10.100.0.1:80/tcp".parse().unwrap();
+        let key = flow_key("10.0.1.5:40000".parse().unwrap(), &vip, 80);
+        assert_eq!((key.sport, key.dport), (40000u16.to_be(), 80u16.to_be()));
+        assert_eq!(key.src[0], u32::from_ne_bytes([10, 0, 1, 5]));
+        assert_eq!(client_of(&key), Some("10.0.1.5:40000".parse().unwrap()));
+    }
+}
