@@ -4,8 +4,10 @@
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod docs;
 pub mod errors;
 pub mod forwarding;
 pub mod health;

@@ -12,7 +12,7 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{ProgramError, Xdp},
 };
-pub use maps::BalancerMaps;
+pub use maps::{BalancerMaps, MapOccupancy};
 pub use probe::ProbeMaps;
 use spillway_common::limits::{map_names, program_names};
 
