@@ -16,6 +16,10 @@
 // caused it (connect() for the failures), and needs neither ftrace nor kprobes:
 // fentry/fexit/kprobe are refused (EPERM) on the target kernel, so the obvious hooks on
 // inet_twsk_hashdance_schedule / inet_twsk_kill / __inet_hash_connect are not usable.
+// Kernels that refuse every tracing program (tp_btf, iterators) still run the classic
+// tracepoint/sock/inet_sock_set_state: its record carries the sock's address, read with
+// bpf_probe_read_kernel. Both programs share one handler (on_state); the loader attaches
+// one of them (loader/src/ports/bpf.rs).
 //   CLOSE -> SYN_SENT        an active open: track the socket, count it for its
 //                            destination.
 //   SYN_SENT -> CLOSE with no local port (skc_num == 0)
@@ -43,8 +47,9 @@
 // cgroup/sock_create and cgroup/sock_release (on the cgroup2 root; release needs 5.9+)
 // keep the address of every live UDP socket in sw_udp_socks.
 //
-// Both socket sets are read by iterators over those maps (iter/bpf_map_elem, 5.9+), which
-// userspace runs once per report: sockwatch_udp_sum sums the UDP sockets holding an
+// Both socket sets are read by iterators over those maps (iter/bpf_map_elem, 5.9+; where
+// iterators are refused, userspace reads the CLOSE_WAIT table itself, and UDP from sock_diag),
+// which userspace runs once per report: sockwatch_udp_sum sums the UDP sockets holding an
 // ephemeral port into sw_udp_ports, sockwatch_close_wait writes one record per socket in
 // CLOSE_WAIT, with the socket's inode read then: a socket still in the accept queue when
 // the FIN came has one once accepted. The iterators read the socks through their
@@ -261,10 +266,15 @@ struct close_wait_rec {
 	__u64 cgroup; /* cgroup2 id of the socket (an accepted one inherits the listener's) */
 };
 
-/* sw_close_wait's value. */
+/* sw_close_wait's value: what is known when the socket enters CLOSE_WAIT. Userspace
+ * reads it directly where the kernel refuses map iterators (the inode then comes from
+ * sock_diag). */
 struct close_wait_val {
-	__u32 since;
-	__u32 pad;
+	struct port_key key; /* remote: the peer that closed */
+	__u16 lport;
+	__u16 pad;
+	__u32 since; /* CLOCK_MONOTONIC second it entered CLOSE_WAIT */
+	__u64 cgroup; /* cgroup2 id of the socket */
 };
 
 enum {
@@ -495,11 +505,11 @@ static __always_inline void count_fail_key(struct fail_key *fail)
 }
 
 /* A TCP connect() that found no free port (EADDRNOTAVAIL). */
-static __always_inline void count_failure(struct sock *sk)
+static __always_inline void count_failure(struct sock *sk, const int typed)
 {
 	struct fail_key fail;
 	__builtin_memset(&fail, 0, sizeof(fail));
-	if (key_of(sk, &fail.key, IPPROTO_TCP))
+	if (typed ? key_of(sk, &fail.key, IPPROTO_TCP) : key_of_addr(sk, &fail.key, IPPROTO_TCP))
 		return;
 	fail.call = CALL_CONNECT;
 	fail.err = EADDRNOTAVAIL;
@@ -537,50 +547,94 @@ static __always_inline void untrack_sock(__u64 addr, int to_time_wait)
 		count_time_wait(counts);
 }
 
-SEC("tp_btf/inet_sock_set_state")
-int sockwatch_set_state(unsigned long long *ctx)
+/* One TCP state change of `sk`. `typed`: the sock is a BTF-typed pointer (tp_btf), read
+ * with plain loads; otherwise (the classic tracepoint, whose record carries the sock only
+ * as an address) every field is read with bpf_probe_read_kernel. A constant at each call
+ * site, so each program keeps only its own kind of access. */
+static __always_inline void on_state(struct sock *sk, int oldstate, int newstate, const int typed)
 {
-	struct sock *sk = (struct sock *)ctx[0];
-	int oldstate = (int)ctx[1];
-	int newstate = (int)ctx[2];
 	__u64 addr = (__u64)sk;
 
-	if (!sk || sk->sk_protocol != IPPROTO_TCP)
-		return 0;
 	if (newstate == TCP_SYN_SENT) {
 		struct port_key key;
-		if (key_of(sk, &key, IPPROTO_TCP))
-			return 0;
+		if (typed ? key_of(sk, &key, IPPROTO_TCP) : key_of_addr(sk, &key, IPPROTO_TCP))
+			return;
 		untrack_sock(addr, 0); /* never expected: a second open without CLOSE */
 		if (bpf_map_update_elem(&sw_socks, &addr, &key, BPF_ANY)) {
 			stat_inc(STAT_SOCK_TABLE_FULL);
-			return 0;
+			return;
 		}
 		struct port_counts *counts = counts_for(&key);
 		if (!counts) {
 			bpf_map_delete_elem(&sw_socks, &addr);
-			return 0;
+			return;
 		}
 		__sync_fetch_and_add(&counts->active, 1);
 		__sync_fetch_and_add(&counts->opened, 1);
 	} else if (newstate == TCP_CLOSE && oldstate != TCP_CLOSE) {
-		if (oldstate == TCP_SYN_SENT && sk->__sk_common.skc_num == 0)
-			count_failure(sk);
-		int to_time_wait = (oldstate == TCP_FIN_WAIT1 || oldstate == TCP_FIN_WAIT2 || oldstate == TCP_CLOSING) &&
-				   !sk->__sk_common.skc_node.pprev;
+		__u16 num = 0;
+		void *pprev = 0;
+		if (typed) {
+			num = sk->__sk_common.skc_num;
+			pprev = sk->__sk_common.skc_node.pprev;
+		} else {
+			READ(num, sk->__sk_common.skc_num);
+			READ(pprev, sk->__sk_common.skc_node.pprev);
+		}
+		if (oldstate == TCP_SYN_SENT && num == 0)
+			count_failure(sk, typed);
+		int to_time_wait = (oldstate == TCP_FIN_WAIT1 || oldstate == TCP_FIN_WAIT2 || oldstate == TCP_CLOSING) && !pprev;
 		untrack_sock(addr, to_time_wait);
 	}
 	if (newstate == TCP_CLOSE_WAIT) {
-		struct close_wait_val val = { .since = bpf_ktime_get_ns() / 1000000000ULL };
+		struct close_wait_val val;
+		__builtin_memset(&val, 0, sizeof(val));
+		if (typed ? key_of(sk, &val.key, IPPROTO_TCP) : key_of_addr(sk, &val.key, IPPROTO_TCP))
+			return;
+		val.since = bpf_ktime_get_ns() / 1000000000ULL;
+		struct cgroup *cgroup = 0;
+		struct kernfs_node *kn = 0;
+		READ(val.lport, sk->__sk_common.skc_num);
+		READ(cgroup, sk->sk_cgrp_data.cgroup);
+		READ(kn, cgroup->kn);
+		READ(val.cgroup, kn->id);
 		if (bpf_map_update_elem(&sw_close_wait, &addr, &val, BPF_ANY))
 			stat_inc(STAT_CLOSE_WAIT_TABLE_FULL);
 	} else if (oldstate == TCP_CLOSE_WAIT) {
 		bpf_map_delete_elem(&sw_close_wait, &addr);
 	}
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int sockwatch_set_state(unsigned long long *ctx)
+{
+	struct sock *sk = (struct sock *)ctx[0];
+	if (sk && sk->sk_protocol == IPPROTO_TCP)
+		on_state(sk, (int)ctx[1], (int)ctx[2], 1);
 	return 0;
 }
 
-/* Writes one record per socket still in CLOSE_WAIT; userspace keeps the old ones. */
+/* The classic tracepoint's record (events/sock/inet_sock_set_state/format), relocated by
+ * CO-RE against the kernel's own trace_event_raw_ type. For kernels that refuse tracing
+ * programs (tp_btf) but run tracepoint ones. */
+struct trace_event_raw_inet_sock_set_state {
+	const void *skaddr;
+	int oldstate;
+	int newstate;
+	__u16 protocol;
+} __attribute__((preserve_access_index));
+
+SEC("tracepoint/sock/inet_sock_set_state")
+int sockwatch_set_state_tp(struct trace_event_raw_inet_sock_set_state *ctx)
+{
+	struct sock *sk = (struct sock *)ctx->skaddr;
+	if (sk && ctx->protocol == IPPROTO_TCP)
+		on_state(sk, ctx->oldstate, ctx->newstate, 0);
+	return 0;
+}
+
+/* Writes one record per socket still in CLOSE_WAIT, with the inode of its file read now
+ * (a socket whose FIN came while it waited in the accept queue has one once accepted). */
 SEC("iter/bpf_map_elem")
 int sockwatch_close_wait(struct bpf_iter__bpf_map_elem *ctx)
 {
@@ -595,10 +649,10 @@ int sockwatch_close_wait(struct bpf_iter__bpf_map_elem *ctx)
 		return 0;
 	struct close_wait_rec rec;
 	__builtin_memset(&rec, 0, sizeof(rec));
-	if (key_of_addr(sk, &rec.key, IPPROTO_TCP))
-		return 0;
-	READ(rec.lport, sk->__sk_common.skc_num);
+	rec.key = val->key;
+	rec.lport = val->lport;
 	rec.since = val->since;
+	rec.cgroup = val->cgroup;
 	/* No socket or file yet (still in the accept queue): the reads fail, inode stays 0. */
 	struct socket *socket = 0;
 	struct file *file = 0;
@@ -607,11 +661,6 @@ int sockwatch_close_wait(struct bpf_iter__bpf_map_elem *ctx)
 	READ(file, socket->file);
 	READ(inode, file->f_inode);
 	READ(rec.inode, inode->i_ino);
-	struct cgroup *cgroup = 0;
-	struct kernfs_node *kn = 0;
-	READ(cgroup, sk->sk_cgrp_data.cgroup);
-	READ(kn, cgroup->kn);
-	READ(rec.cgroup, kn->id);
 	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
 	return 0;
 }

@@ -4,7 +4,7 @@
 //! new `lbd` never reuses a map of the old shape.
 
 /// Version of the pinned layout under the bpffs directory (`/sys/fs/bpf/spillway/v<N>`).
-pub const PIN_VERSION: u32 = 2;
+pub const PIN_VERSION: u32 = 3;
 
 /// How big the balancer's tables are. Chosen when `lbd` starts (its options); the maps are
 /// created with these sizes, and pinned maps of another shape are refused by name.
@@ -37,6 +37,11 @@ impl Capacity {
     /// buckets almost never overflow (two choices of four ways; see `ARCHITECTURE.md`).
     pub const fn flow_buckets(&self) -> u32 {
         (self.flows.div_ceil(FLOW_WAYS / 2)).next_power_of_two()
+    }
+
+    /// Entries of the connection table (`flow_buckets` of `FLOW_WAYS`).
+    pub const fn flow_entries(&self) -> u32 {
+        self.flow_buckets() * FLOW_WAYS
     }
 
     /// Slots of the VIP index: four per VIP, so probe windows stay short.
@@ -102,7 +107,7 @@ pub const SOURCE_SAMPLE_UNLIMITED: u32 = 16;
 /// insert is the costly part), counting for as many. A power of two.
 pub const SOURCE_SAMPLE_NEW: u32 = 16;
 const _: () = assert!(SOURCE_SAMPLE_UNLIMITED.is_power_of_two() && SOURCE_SAMPLE_NEW.is_power_of_two());
-/// `RuleKey::vip_id` of a rule that applies to every VIP.
+/// `RuleSlotKey::scope` of a rule that applies to every VIP.
 pub const ANY_VIP: u32 = u32::MAX;
 /// Default source prefixes that share one per-source bucket.
 pub const DEFAULT_SOURCE_PREFIX_V4: u8 = 32;
@@ -148,6 +153,9 @@ pub mod map_names {
     pub const OBSERVED: &str = "spw_observed";
     pub const LOCAL_ADDRS: &str = "spw_local_addrs";
     pub const DECAP_REASONS: &str = "spw_decap_rsn";
+    pub const PROBE_CONFIG: &str = "spw_probe_cfg";
+    pub const PROBE_REASONS: &str = "spw_probe_rsn";
+    pub const PROBE_LAST: &str = "spw_probe_last";
 }
 
 /// Program names in the eBPF objects.
@@ -155,6 +163,8 @@ pub mod program_names {
     pub const BALANCER: &str = "spillway_lb";
     pub const DECAP: &str = "spillway_decap";
     pub const FLOOR: &str = "spillway_floor";
+    /// The probe encapsulation (tc egress on the probe device), in the balancer's object.
+    pub const PROBE: &str = "spillway_probe";
 }
 
 const fn is_prime(n: u32) -> bool {

@@ -7,14 +7,9 @@
 //! `lbd` polls. Decapsulation never depends on it: if the socket watcher cannot load, the
 //! endpoint answers 503 saying why.
 
-use std::{
-    collections::BTreeSet,
-    net::IpAddr,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
 use aya::maps::{HashMap, MapData};
-use log::{error, info, warn};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::{
     addr::{from_words, to_words},
@@ -23,26 +18,20 @@ use spillway_common::{
 };
 
 use crate::{
-    daemon::{
-        DaemonError, Signals,
-        args::AgentArgs,
-        core::error_chain,
-        pressure::{only_netns, own_netns},
-    },
+    daemon::{DaemonError, Signals, args::AgentArgs, core::error_chain, notify},
     dataplane::{self, DataplaneError},
+    event, metrics,
     netif::{self, NetifError},
     objects,
     pins::{self, Attachment, PinError, PinLayout},
     ports::{
-        NetnsResolver, PortsReport, SockWatch, Thresholds,
+        PortsReport, Scope, SockWatch, Thresholds, WatchOptions,
         endpoint::{self, Limits, Listen},
     },
 };
 
 /// How often the host's addresses are re-read.
 const REFRESH: Duration = Duration::from_secs(5);
-/// How long namespaces' port ranges are cached (the sysctl may change).
-const PORT_RANGES_TTL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -58,8 +47,8 @@ pub enum AgentError {
 
 type LocalAddrs = HashMap<MapData, AddrKey, u32>;
 
-/// Runs the decapsulator on `args.iface` until SIGTERM or SIGINT.
-pub async fn run(args: &AgentArgs) -> Result<(), AgentError> {
+/// Runs the decapsulator on `iface` until SIGTERM or SIGINT.
+pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     umask(Mode::from_bits_truncate(0o077));
     let mut signals = Signals::install()?;
     pins::ensure_bpffs()?;
@@ -73,25 +62,27 @@ pub async fn run(args: &AgentArgs) -> Result<(), AgentError> {
     sync_local_addrs(&mut local)?;
     let link = layout.agent_link();
     let program = dataplane::xdp(&mut ebpf, program_names::DECAP)?;
-    match pins::attach_pinned(program, &args.iface, args.xdp_mode.into(), &link)? {
+    match pins::attach_pinned(program, iface, args.xdp_mode.into(), &link)? {
         Attachment::TookOver { replaced_program_id } => {
-            info!("agent took over link={} iface={} replaced_prog_id={replaced_program_id}", link.display(), args.iface)
+            event!(info, "agent_took_over", iface = iface, link = link.display(), replaced_prog_id = replaced_program_id)
         }
-        _ => info!("agent attached iface={} mode={:?} link={}", args.iface, args.xdp_mode, link.display()),
+        _ => event!(info, "agent_attached", iface = iface, mode = args.xdp_mode.label(), link = link.display()),
     }
-    let _endpoint = start_ports_endpoint(args).await;
-    info!("ready iface={} link={}", args.iface, link.display());
+    let (_endpoint, _metrics) = start_ports_endpoint(args).await;
+    event!(info, "ready", iface = iface, link = link.display());
+    notify::ready(&format!("decapsulating on {iface}"));
     let mut tick = tokio::time::interval(REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             name = signals.recv() => {
-                info!("received {name}; exiting; decapsulation continues through link={}", link.display());
+                notify::stopping();
+                event!(info, "exiting", signal = name, link = link.display(), message = "decapsulation continues through the pinned link");
                 return Ok(());
             }
             _ = tick.tick() => {
                 if let Err(e) = sync_local_addrs(&mut local) {
-                    warn!("refreshing local addresses: {}", error_chain(&e));
+                    event!(warn, "local_addrs_failed", error = error_chain(&e));
                 }
             }
         }
@@ -107,42 +98,70 @@ impl Drop for EndpointTask {
     }
 }
 
-/// Loads the socket watcher and serves its reports on `--ports-listen`. Neither failing
-/// stops the agent: decapsulation matters more; each failure is logged once.
-async fn start_ports_endpoint(args: &AgentArgs) -> Option<EndpointTask> {
-    let Listen::On(addr) = args.ports_listen else {
-        info!("ports endpoint off");
-        return None;
-    };
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(listener) => listener,
-        Err(e) => {
-            error!("ports endpoint: cannot listen on {addr} (--ports-listen): {e}; serving no port reports");
-            return None;
-        }
-    };
-    let watch = tokio::task::spawn_blocking(SockWatch::load).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+/// Loads the socket watcher and serves its reports on `--ports-listen` (JSON, polled by
+/// `lbd`) and `--metrics-listen` (Prometheus). None of it stops the agent: decapsulation
+/// matters more; each failure is logged once.
+async fn start_ports_endpoint(args: &AgentArgs) -> (Option<EndpointTask>, Option<metrics::Serving>) {
+    if args.ports_listen == Listen::Off && args.metrics_listen == metrics::MetricsListen::Off {
+        event!(info, "ports_endpoint_off");
+        return (None, None);
+    }
+    // The watcher sees the whole kernel; a host reports its own namespace unless told.
+    let options = WatchOptions { mode: args.watcher_mode, scope: if args.all_netns { Scope::All } else { Scope::Own } };
+    let watch =
+        tokio::task::spawn_blocking(move || SockWatch::load(options)).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
     let watch = watch.map_err(|e| {
         let message = format!("the socket watcher is not loaded: {}", error_chain(&e));
-        error!("ports endpoint: {message}; answering 503");
+        event!(error, "socket_watcher_not_loaded", error = message, message = "the ports endpoint answers 503");
         message
     });
     let thresholds = Thresholds { close_wait_secs: args.leak_after_s, ..Thresholds::default() };
-    let scope = if args.all_netns { None } else { Some(own_netns()) };
-    let mut source = PortSource { watch, resolver: NetnsResolver::new(), resolved_at: Instant::now(), thresholds, scope, last_error: None };
-    info!("ports endpoint listening on http://{addr}{}", endpoint::PATH);
-    Some(EndpointTask(tokio::spawn(endpoint::serve(listener, Limits::default(), move || source.report()))))
+    let source = std::sync::Arc::new(std::sync::Mutex::new(PortSource { watch, thresholds, last_error: None }));
+    let report = move |source: &std::sync::Mutex<PortSource>| source.lock().unwrap_or_else(std::sync::PoisonError::into_inner).report();
+    let endpoint = match args.ports_listen {
+        Listen::Off => None,
+        Listen::On(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                event!(info, "ports_endpoint_listening", url = format!("http://{addr}{}", endpoint::PATH));
+                let source = source.clone();
+                Some(EndpointTask(tokio::spawn(endpoint::serve(listener, Limits::default(), move || report(&source)))))
+            }
+            Err(e) => {
+                event!(
+                    error,
+                    "ports_endpoint_listen_failed",
+                    listen = addr,
+                    error = e,
+                    message = "serving no port reports (--ports-listen)"
+                );
+                None
+            }
+        },
+    };
+    let rendered = move || metrics::ports(report(&source).as_ref().map_err(String::as_str));
+    let metrics = match metrics::spawn(args.metrics_listen, metrics::Limits::default(), rendered).await {
+        Ok(serving) => serving.map(|(addr, serving)| {
+            event!(info, "metrics_listening", url = format!("http://{addr}{}", metrics::PATH));
+            serving
+        }),
+        Err(e) => {
+            event!(
+                error,
+                "metrics_listen_failed",
+                listen = args.metrics_listen,
+                error = e,
+                message = "serving no metrics (--metrics-listen)"
+            );
+            None
+        }
+    };
+    (endpoint, metrics)
 }
 
 /// Builds the endpoint's reports (on a blocking thread, at most once per second).
 struct PortSource {
     watch: Result<SockWatch, String>,
-    resolver: NetnsResolver,
-    resolved_at: Instant,
     thresholds: Thresholds,
-    /// The namespace reported (`None`: all, `--all-netns`). The watcher sees the whole
-    /// kernel, and by default a host reports its own namespace only.
-    scope: Option<Result<u32, String>>,
     /// The last build error, logged when it first appears rather than on every request.
     last_error: Option<String>,
 }
@@ -150,18 +169,9 @@ struct PortSource {
 impl PortSource {
     fn report(&mut self) -> Result<PortsReport, String> {
         let watch = self.watch.as_mut().map_err(|message| message.clone())?;
-        if self.resolved_at.elapsed() >= PORT_RANGES_TTL {
-            self.resolver.forget();
-            self.resolved_at = Instant::now();
-        }
-        let report =
-            watch.report(&mut self.resolver, self.thresholds).map_err(|e| format!("building the port report: {}", error_chain(&e)));
-        let report = match &self.scope {
-            None => report,
-            Some(netns) => report.and_then(|report| Ok(only_netns(report, netns.clone()?))),
-        };
+        let report = watch.report(self.thresholds).map_err(|e| format!("building the port report: {}", error_chain(&e)));
         match &report {
-            Err(message) if self.last_error.as_ref() != Some(message) => warn!("ports endpoint: {message}"),
+            Err(message) if self.last_error.as_ref() != Some(message) => event!(warn, "ports_report_failed", error = message),
             _ => {}
         }
         self.last_error = report.as_ref().err().cloned();
@@ -176,17 +186,17 @@ fn sync_local_addrs(map: &mut LocalAddrs) -> Result<(), AgentError> {
     let have: Vec<AddrKey> = map.keys().collect::<Result<_, _>>().map_err(map_error)?;
     for key in have.iter().filter(|k| !want.contains(k)) {
         map.remove(key).map_err(map_error)?;
-        info!("local_addr removed addr={}", show(key));
+        event!(info, "local_addr_removed", addr = show(key));
     }
     for key in want.iter().filter(|k| !have.contains(k)) {
         map.insert(key, &1, 0).map_err(map_error)?;
-        info!("local_addr added addr={}", show(key));
+        event!(info, "local_addr_added", addr = show(key));
     }
     Ok(())
 }
 
 fn show(key: &AddrKey) -> String {
-    from_words(key.addr, key.family).map_or_else(|| format!("{key:?}"), |a| a.to_string())
+    from_words(key.addr, key.family).map_or_else(|| format!("family-{}", key.family), |a| a.to_string())
 }
 
 /// The host's distinct addresses as map keys, at most the map's size; link-local ones
@@ -196,7 +206,7 @@ fn local_keys(addrs: &[(String, IpAddr)]) -> Vec<AddrKey> {
     let mut ordered: Vec<IpAddr> = unique.into_iter().collect();
     ordered.sort_by_key(|a| matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local()));
     if ordered.len() > MAX_LOCAL_ADDRS as usize {
-        warn!("the host has {} addresses; decapsulating for the first {MAX_LOCAL_ADDRS} only", ordered.len());
+        event!(warn, "too_many_local_addrs", addrs = ordered.len(), kept = MAX_LOCAL_ADDRS, message = "decapsulating for the first only");
         ordered.truncate(MAX_LOCAL_ADDRS as usize);
     }
     ordered
@@ -218,7 +228,7 @@ mod tests {
         let args = ["lbd", "agent", "--iface", "eth0"].iter().chain(extra);
         match LbdArgs::try_parse_from(args)?.command {
             Some(LbdCommand::Agent(agent)) => Ok(agent),
-            None => panic!("not the agent"),
+            _ => panic!("not the agent"),
         }
     }
 

@@ -4,9 +4,16 @@
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod docs;
+pub mod errors;
+pub mod forwarding;
 pub mod health;
+pub mod logging;
+pub mod map_batch;
+pub mod metrics;
 pub mod model;
 pub mod neighbours;
 pub mod netif;
@@ -15,7 +22,9 @@ pub mod pins;
 pub mod ports;
 pub mod probe;
 pub mod reconcile;
+pub mod rtnl;
 pub mod store;
+pub mod vip_path;
 
 #[cfg(test)]
 mod testing;

@@ -6,6 +6,7 @@
 //! Backends behind a gateway never have an entry of their own and are nudged every round:
 //! one tiny datagram per backend and round, bounded by the backend limit.
 
+use crate::event;
 use std::{
     collections::{BTreeSet, HashSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket},
@@ -13,7 +14,6 @@ use std::{
     time::Duration,
 };
 
-use log::debug;
 use nix::{
     errno::Errno,
     sys::{
@@ -21,6 +21,8 @@ use nix::{
         time::TimeVal,
     },
 };
+
+use crate::rtnl::{align4, u16_at, u32_at};
 
 /// How often `lbd` checks.
 pub const INTERVAL: Duration = Duration::from_secs(5);
@@ -84,18 +86,6 @@ fn dump_request() -> [u8; NLMSG_HDRLEN + NDMSG_LEN] {
     msg
 }
 
-const fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-fn u16_at(buf: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_ne_bytes(buf.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn u32_at(buf: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes(buf.get(at..at + 4)?.try_into().ok()?))
-}
-
 /// Adds the valid entries of one received batch to `found`; true once the dump is complete.
 fn parse_batch(mut buf: &[u8], found: &mut HashSet<IpAddr>) -> Result<bool, NeighError> {
     while buf.len() >= NLMSG_HDRLEN {
@@ -153,8 +143,8 @@ fn nudge<'a>(addrs: impl Iterator<Item = &'a IpAddr>) -> usize {
         let socket = if addr.is_ipv4() { &v4 } else { &v6 };
         match socket.as_ref().map(|s| s.send_to(&[], (*addr, DISCARD_PORT))) {
             Some(Ok(_)) => sent += 1,
-            Some(Err(e)) => debug!("nudging backend={addr}: {e}"),
-            None => debug!("nudging backend={addr}: no socket of its family"),
+            Some(Err(e)) => event!(debug, "neighbour_nudge_failed", backend = addr, error = e),
+            None => event!(debug, "neighbour_nudge_failed", backend = addr, error = "no socket of its family"),
         }
     }
     sent

@@ -3,22 +3,23 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
+    ops::ControlFlow,
     path::{Path, PathBuf},
     sync::atomic::{AtomicUsize, Ordering},
 };
 
 use spillway_common::{
-    limits::{ANY_VIP, Capacity, MAX_RULES, VIP_FILTER_WORDS},
+    limits::{ANY_VIP, Capacity, MAX_RULES, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, map_names},
     maglev::EMPTY_SLOT,
     types::{
-        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, Limits, Observed, Reason, RingRef, RuleSlotKey, RuleState, RuleValue,
-        SourceKey, SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, Reason, RingRef, RuleSlotKey,
+        RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
 
 use crate::{
-    daemon::core::Counters,
-    dataplane::{DataplaneError, MapMemory},
+    daemon::core::{Counters, FlowTable},
+    dataplane::{DataplaneError, FlowInfo, MapOccupancy},
     reconcile::Maps,
 };
 
@@ -64,6 +65,8 @@ pub struct FakeMaps {
     pub rule_state: HashMap<u32, RuleState>,
     /// Rule index entries.
     pub rules: HashMap<RuleSlotKey, RuleValue>,
+    /// The connection table, as a data path would leave it.
+    pub flows: HashMap<FlowKey, FlowInfo>,
     /// Makes the next `write_slots` fail, to exercise rollback.
     pub fail_next_write: bool,
     /// Makes the next `set_rule` fail, to exercise rollback.
@@ -234,6 +237,15 @@ impl Counters for FakeMaps {
     fn backend_traffic(&self, id: u32) -> Result<Traffic, DataplaneError> {
         Ok(self.backend_traffic.get(&id).copied().unwrap_or_default())
     }
+    fn vip_new_flows(&self, id: u32) -> Result<u64, DataplaneError> {
+        Ok(self.vip_traffic(id)?.new_flows)
+    }
+    fn backend_new_flows(&self, id: u32) -> Result<u64, DataplaneError> {
+        Ok(self.backend_traffic(id)?.new_flows)
+    }
+    fn memory(&self) -> Vec<(&str, Option<u64>)> {
+        vec![("spw_flows", Some(1 << 20)), ("spw_unreadable", None)]
+    }
     fn reasons(&self) -> Result<Vec<(Reason, u64)>, DataplaneError> {
         Ok(Reason::ALL.iter().enumerate().map(|(i, r)| (*r, i as u64)).collect())
     }
@@ -246,10 +258,46 @@ impl Counters for FakeMaps {
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
         Ok(self.sources.iter().filter(|(k, _)| k.vip_id == vip_id).map(|(k, v)| (*k, *v)).collect())
     }
-    fn memory(&self) -> Vec<MapMemory> {
-        vec![
-            MapMemory { name: "spw_flows".into(), kind: "Array".into(), entries: self.capacity.flow_buckets(), bytes: 64 << 20 },
-            MapMemory { name: "spw_cfg".into(), kind: "Array".into(), entries: 1, bytes: 4096 },
-        ]
+    fn occupancy(&self) -> Result<Vec<MapOccupancy>, DataplaneError> {
+        let counted = |name, max_entries, entries: usize| MapOccupancy { name, max_entries, entries: Some(entries as u64) };
+        Ok(vec![
+            counted(map_names::VIPS, self.capacity.vip_slots(), self.vips.len()),
+            MapOccupancy { name: map_names::BACKENDS, max_entries: self.capacity.backend_slots(), entries: None },
+            counted(map_names::SOURCES, SOURCE_TABLE_ENTRIES, self.sources.len()),
+        ])
+    }
+}
+
+impl FlowTable for FakeMaps {
+    fn flow(&self, key: &FlowKey) -> Option<FlowInfo> {
+        self.flows.get(key).copied()
+    }
+    fn scan_flows(&self, visit: &mut dyn FnMut(&FlowKey, &FlowInfo) -> ControlFlow<()>) -> Result<u64, DataplaneError> {
+        let mut visited = 0;
+        for (key, value) in &self.flows {
+            visited += 1;
+            if visit(key, value).is_break() {
+                break;
+            }
+        }
+        Ok(visited)
+    }
+    fn remove_flow(&mut self, key: &FlowKey) -> Result<bool, DataplaneError> {
+        Ok(self.flows.remove(key).is_some())
+    }
+    fn flow_capacity(&self) -> u64 {
+        u64::from(self.capacity.flow_entries())
+    }
+    fn ring_slot(&self, table: RingRef, slot: u32) -> Result<u32, DataplaneError> {
+        Ok(self.rings.get(&(4 * u64::from(table.base) + u64::from(slot))).copied().unwrap_or(0))
+    }
+    fn budget_bucket(&self, vip_id: u32) -> Result<Bucket, DataplaneError> {
+        Ok(self.budget.get(&vip_id).copied().unwrap_or_default())
+    }
+    fn source_state(&self, key: &SourceKey) -> Option<SourceState> {
+        self.sources.get(key).copied()
+    }
+    fn lb_config(&self) -> Result<LbConfig, DataplaneError> {
+        Ok(LbConfig { tcp_idle_timeout_s: 900, udp_idle_timeout_s: 120, ..LbConfig::default() })
     }
 }

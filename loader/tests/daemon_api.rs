@@ -11,10 +11,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aya::{
+    maps::{Array, Map, MapData, PerCpuArray, PerCpuValues},
+    programs::links::{FdLink, PinnedLink},
+};
 use serde_json::Value;
 use spillway_common::{
-    limits::PIN_VERSION,
-    types::{Observed, Reason},
+    limits::{PIN_VERSION, map_names},
+    types::{Observed, Reason, RuleCounters, RuleSlot},
 };
 
 const LBD: &str = env!("CARGO_BIN_EXE_lbd");
@@ -62,6 +66,7 @@ impl Env {
         ] {
             run(Command::new("ip").arg("-n").arg(&env.name).args(args));
         }
+        env.set_forwarding("1");
         fs::create_dir_all(&env.tmp).unwrap();
         // World-traversable, so the unprivileged lbctl below meets the socket's own mode.
         fs::set_permissions(&env.tmp, fs::Permissions::from_mode(0o755)).unwrap();
@@ -70,6 +75,17 @@ impl Env {
 
     fn socket(&self) -> PathBuf {
         self.tmp.join("api.sock")
+    }
+
+    /// Sets veth0's forwarding sysctls (both families), which lbd requires.
+    fn set_forwarding(&self, value: &str) {
+        for family in ["ipv4", "ipv6"] {
+            run(self.in_netns("sysctl").args(["-qw", &format!("net.{family}.conf.veth0.forwarding={value}")]));
+        }
+    }
+
+    fn forwarding(&self, family: &str) -> String {
+        stdout(&run(self.in_netns("sysctl").args(["-n", &format!("net.{family}.conf.veth0.forwarding")]))).trim().to_owned()
     }
 
     fn state_file(&self) -> PathBuf {
@@ -170,11 +186,11 @@ impl Env {
         (vips, backends, fs::read(self.state_file()).unwrap())
     }
 
-    /// `(link id, program id)` of the pinned balancer link, per bpftool.
-    fn pinned_link(&self) -> (u64, u64) {
-        let out = run(Command::new("bpftool").args(["-j", "link", "show", "pinned"]).arg(self.link_pin()));
-        let link: Value = serde_json::from_slice(&out.stdout).unwrap();
-        (link["id"].as_u64().unwrap(), link["prog_id"].as_u64().unwrap())
+    /// `(link id, program id)` of the pinned balancer link, as the kernel reports them.
+    fn pinned_link(&self) -> (u32, u32) {
+        let link = FdLink::from(PinnedLink::from_pin(self.link_pin()).expect("opening the pinned link"));
+        let info = link.info().expect("the pinned link's info");
+        (info.id(), info.program_id())
     }
 
     fn xdp_on(&self, iface: &str) -> bool {
@@ -310,7 +326,7 @@ fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
     // Restarted: takes the same link over with a new program, writes no slot, same state.
     let log = env.start_lbd();
     let log = fs::read_to_string(log).unwrap();
-    assert!(log.contains("took over link="), "{log}");
+    assert!(log.contains("event=took_over "), "{log}");
     assert!(log.contains("slots_written=0 tables_flipped=0"), "{log}");
     let (new_link_id, new_prog_id) = env.pinned_link();
     assert_eq!(new_link_id, link_id, "the restart replaced the link instead of taking it over");
@@ -345,13 +361,13 @@ fn agent_pins_its_link_and_takes_it_over() {
     let link = pins.join("agent/link");
     let log = env.spawn(&args);
     env.wait_until(&log, |env| fs::read_to_string(&log).is_ok_and(|l| l.contains("ready")) && env.xdp_on("veth1"));
-    assert!(fs::read_to_string(&log).unwrap().contains("local_addr added addr=10.99.0.1"));
+    assert!(fs::read_to_string(&log).unwrap().contains("event=local_addr_added addr=10.99.0.1"));
     assert!(env.stop("TERM").success());
     assert!(link.exists() && env.xdp_on("veth1"), "the agent detached on exit");
 
     let log = env.spawn(&args);
     env.wait_until(&log, |_| fs::read_to_string(&log).is_ok_and(|l| l.contains("ready")));
-    assert!(fs::read_to_string(&log).unwrap().contains("agent took over link="));
+    assert!(fs::read_to_string(&log).unwrap().contains("event=agent_took_over "));
     env.stop("KILL");
     assert!(env.xdp_on("veth1"));
 
@@ -372,6 +388,48 @@ fn corrupt_state_file_is_refused_and_nothing_is_attached() {
     assert!(log.contains(&format!("state file {} is corrupt", env.state_file().display())), "{log}");
     assert_eq!(fs::read_to_string(env.state_file()).unwrap(), "{\"vips\": {");
     assert!(!env.xdp_on("veth0") && !env.link_pin().exists());
+}
+
+#[test]
+fn an_interface_that_does_not_forward_is_refused_unless_lbd_may_enable_it() {
+    let mut env = Env::new("fwd");
+    env.set_forwarding("0");
+    let args = env.lbd_args();
+    let log = env.spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let status = env.daemon.take().unwrap().wait().unwrap();
+    assert!(!status.success());
+    let log = fs::read_to_string(log).unwrap();
+    for needle in ["net.ipv4.conf.veth0.forwarding = 0", "net.ipv6.conf.veth0.forwarding = 0", "--enable-forwarding"] {
+        assert!(log.contains(needle), "the refusal names {needle}: {log}");
+    }
+    assert!(!env.xdp_on("veth0") && !env.link_pin().exists(), "a refused start changes nothing");
+    assert_eq!((env.forwarding("ipv4"), env.forwarding("ipv6")), ("0".into(), "0".into()));
+
+    // Allowed to, lbd turns forwarding on, says so, and runs.
+    let mut args = env.lbd_args();
+    args.push("--enable-forwarding".into());
+    let log = env.spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    env.wait_until(&log, |env| env.lbctl(&["vips", "list"]).status.success());
+    assert_eq!((env.forwarding("ipv4"), env.forwarding("ipv6")), ("1".into(), "1".into()));
+    assert!(fs::read_to_string(&log).unwrap().contains("event=forwarding_enabled iface=veth0"));
+    assert!(env.json(&["vips", "list"]).get("alerts").is_none());
+
+    // Switched off while running: an alert in lbctl, one log line; gone once it is back.
+    env.set_forwarding("0");
+    let alerted = |env: &Env| {
+        let (vips, stats) = (env.ok(&["vips", "list"]), env.ok(&["stats"]));
+        vips.starts_with("ALERT: forwarding is disabled")
+            && stats.starts_with("ALERT: forwarding is disabled")
+            && stats.contains("drop_forwarding_disabled")
+    };
+    env.wait_until(&log, alerted);
+    let json = env.json(&["stats"]);
+    assert!(json["alerts"][0].as_str().unwrap().contains("net.ipv4.conf.veth0.forwarding = 0"), "{json}");
+    env.set_forwarding("1");
+    env.wait_until(&log, |env| !env.ok(&["vips", "list"]).contains("ALERT"));
+    let log = fs::read_to_string(&log).unwrap();
+    assert_eq!(log.matches("event=forwarding_disabled").count(), 1, "{log}");
+    assert!(log.contains("event=forwarding_restored"), "{log}");
 }
 
 #[test]
@@ -398,6 +456,11 @@ impl Env {
     fn pinned_map(&self, name: &str) -> PathBuf {
         self.pin_dir.join(format!("v{PIN_VERSION}/maps/{name}"))
     }
+}
+
+/// The pinned map `name`, opened as the data path sees it.
+fn pinned_map(env: &Env, name: &str) -> Map {
+    Map::from_map_data(MapData::from_pin(env.pinned_map(name)).unwrap_or_else(|e| panic!("opening pinned map {name}: {e}"))).unwrap()
 }
 
 fn rule_row(rule: &Value) -> (String, String, String, u64, u64) {
@@ -463,9 +526,9 @@ fn rate_limits_and_rules_round_trip_refuse_bad_input_and_survive_a_restart() {
     let observed: Vec<&str> = stats["observed"].as_array().unwrap().iter().map(|o| o["reason"].as_str().unwrap()).collect();
     assert_eq!(observed, Observed::ALL.iter().map(|o| o.label()).collect::<Vec<_>>());
 
-    // The kernel holds one trie entry per rule.
-    let out = run(Command::new("bpftool").args(["-j", "map", "dump", "pinned"]).arg(env.pinned_map("spw_rules")));
-    assert_eq!(serde_json::from_slice::<Value>(&out.stdout).unwrap().as_array().unwrap().len(), 3);
+    // The kernel's rule index holds one slot per rule.
+    let rules: Array<_, RuleSlot> = Array::try_from(pinned_map(&env, map_names::RULES)).unwrap();
+    assert_eq!(rules.iter().filter(|slot| slot.as_ref().unwrap().key.family != 0).count(), 3);
 
     // Refusals name the problem, exit non-zero and change nothing.
     let before = env.limits_snapshot();
@@ -492,16 +555,11 @@ fn rate_limits_and_rules_round_trip_refuse_bad_input_and_survive_a_restart() {
     assert_eq!(env.limits_snapshot(), before, "a refused request changed something");
 
     // Counters of a rule (as the data path would leave them) survive a restart: its id is
-    // adopted back from the trie. 192.0.2.0/24 was the first rule added: id 0.
-    let mut value = Vec::new();
-    for word in [0u64, 7, 3] {
-        value.extend(word.to_le_bytes().iter().map(|b| b.to_string()));
-    }
-    run(Command::new("bpftool")
-        .args(["map", "update", "pinned"])
-        .arg(env.pinned_map("spw_rule_stats"))
-        .args(["key", "0", "0", "0", "0", "value"])
-        .args(&value));
+    // adopted back from the rule index. 192.0.2.0/24 was the first rule added: id 0.
+    let mut counters: PerCpuArray<_, RuleCounters> = PerCpuArray::try_from(pinned_map(&env, map_names::RULE_COUNTERS)).unwrap();
+    let mut per_cpu = vec![RuleCounters::default(); aya::util::nr_cpus().unwrap().get() as usize];
+    per_cpu[0] = RuleCounters { hits: 7, dropped: 3 };
+    counters.set(0, PerCpuValues::try_from(per_cpu).unwrap(), 0).unwrap();
     let counted = |env: &Env| rule_row(&env.json(&["rules", "list"])["rules"][1]);
     assert_eq!(counted(&env), ("192.0.2.0/24".into(), "*".into(), "block".into(), 7, 3));
     let before = env.limits_snapshot();

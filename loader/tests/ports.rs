@@ -1,11 +1,14 @@
-//! The port-exhaustion watcher (`spillway::ports`) against real sockets: a client namespace
-//! exhausts a shrunken ephemeral range towards one backend, 10,000 open/close cycles must
-//! leave no drift, UDP sockets on ephemeral ports are counted like `ss` counts them, a
-//! server process that never closes its accepted sockets is named as a leak suspect,
-//! `bind()` to port 0 and UDP autobind failing on an exhausted range are counted per
-//! process (an explicit port that is taken is not), and
-//! `lbd agent` serves the report read-only. Needs root; everything lives in the harness's
-//! namespaces, removed on drop (also on panic).
+//! The port-exhaustion watcher (`spillway::ports`) against real sockets, in every watcher
+//! mode (btf, tracepoint, sock_diag), each forced: a client namespace exhausts a shrunken
+//! ephemeral range towards one backend, 10,000 open/close cycles must leave no drift, UDP
+//! sockets on ephemeral ports are counted like `ss` counts them, a server process that
+//! never closes its accepted sockets is named as a leak suspect, `bind()` to port 0 and UDP
+//! autobind failing on an exhausted range are counted per process (an explicit port that
+//! is taken is not), and `lbd agent` serves the report read-only. What a mode cannot watch
+//! (sock_diag: failures, event counts) must be reported as not watched. A mode the kernel
+//! refuses is reported by the test and skipped; `auto_picks_the_best_mode_this_kernel_allows`
+//! checks the choice. Needs root; everything lives in the harness's namespaces, removed on
+//! drop (also on panic).
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
@@ -18,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, SockaddrIn, bind, connect, sendto, socket};
-use spillway::ports::{Level, NetnsResolver, PortCounts, PortKey, PortsReport, STAT_NAMES, SockWatch, Thresholds, netns_inode};
+use spillway::ports::{
+    Counts, Level, Mode, PortKey, PortsReport, STAT_NAMES, Scope, SockWatch, Thresholds, WatchOptions, WatcherMode, netns_inode, parts,
+};
 use spillway_harness::{Daemon, Host, Topology, TopologyConfig};
 
 const PORT: u16 = 9300;
@@ -81,10 +86,9 @@ fn ss_count(host: &Host, dst: IpAddr, port: u16, state: &str) -> usize {
 }
 
 /// The destination's counts and its TIME_WAIT sockets now.
-fn counts(watch: &mut SockWatch, key: &PortKey) -> (PortCounts, i64) {
-    let snapshot = watch.snapshot().expect("snapshot");
-    let counts = snapshot.counts(key);
-    (counts, counts.time_wait_at(snapshot.now) as i64)
+fn counts(watch: &mut SockWatch, key: &PortKey) -> (Counts, i64) {
+    let counts = watch.snapshot().expect("snapshot").counts(key);
+    (counts, counts.time_wait as i64)
 }
 
 /// Polls `check` every 20 ms until it returns true or `timeout` passes; returns the last result.
@@ -105,15 +109,78 @@ fn within_2_percent(a: u64, b: u64) -> bool {
     a.abs_diff(b) as f64 <= 0.02 * a.max(b) as f64
 }
 
-fn setup() -> (Topology, SockWatch) {
+/// The watcher forced into `mode`, watching every namespace (the harness's hosts are
+/// namespaces of this one kernel). `None`, said on stderr, when the kernel refuses the mode;
+/// any other failure is one.
+fn load(mode: Mode) -> Option<SockWatch> {
+    match SockWatch::load(WatchOptions { mode: mode.into(), scope: Scope::All }) {
+        Ok(watch) => {
+            assert_eq!(watch.status().mode, mode);
+            Some(watch)
+        }
+        Err(e) if e.is_kernel_refusal() => {
+            eprintln!("watcher mode {mode} is refused by this kernel, not tested here: {}", spillway::errors::error_chain(&e));
+            None
+        }
+        Err(e) => panic!("loading the watcher in mode {mode}: {}", spillway::errors::error_chain(&e)),
+    }
+}
+
+fn setup(mode: Mode) -> Option<(Topology, SockWatch)> {
+    let watch = load(mode)?;
     let topology = Topology::build(TopologyConfig { backends: 1, clients: 1 }).expect("topology");
-    let watch = SockWatch::load().expect("loading sockwatch");
-    (topology, watch)
+    Some((topology, watch))
+}
+
+/// One test per watcher mode, each running `$name(mode)`.
+macro_rules! in_every_mode {
+    ($name:ident) => {
+        mod $name {
+            use spillway::ports::Mode;
+
+            #[test]
+            fn btf() {
+                super::$name(Mode::Btf);
+            }
+
+            #[test]
+            fn tracepoint() {
+                super::$name(Mode::Tracepoint);
+            }
+
+            #[test]
+            fn sock_diag() {
+                super::$name(Mode::SockDiag);
+            }
+        }
+    };
+}
+
+/// That `report` says `part` is not watched.
+fn assert_not_watched(report: &PortsReport, part: &str) {
+    let watcher = report.watcher.as_ref().expect("every report says how it was watched");
+    assert!(watcher.not_watched.iter().any(|p| p.what == part), "{part} should be listed as not watched: {watcher:#?}");
 }
 
 #[test]
-fn exhaustion_is_seen_per_destination_with_failing_process() {
-    let (topology, mut watch) = setup();
+fn auto_picks_the_best_mode_this_kernel_allows() {
+    let auto = SockWatch::load(WatchOptions { mode: WatcherMode::Auto, scope: Scope::All }).expect("auto always finds a mode");
+    let status = auto.status().clone();
+    drop(auto);
+    let allowed: Vec<Mode> = Mode::ALL.into_iter().filter(|&mode| load(mode).is_some()).collect();
+    eprintln!("modes this kernel allows: {allowed:?}; auto chose {}", status.summary());
+    assert_eq!(Some(&status.mode), allowed.first(), "auto takes the best mode that loads");
+    let refused: Vec<Mode> = status.refused.iter().map(|r| r.mode).collect();
+    let better: Vec<Mode> = Mode::ALL.into_iter().filter(|&m| m < status.mode).collect();
+    assert_eq!(refused, better, "every better mode was tried and its refusal kept");
+    assert!(status.refused.iter().all(|r| !r.reason.is_empty()));
+    assert!(status.watches(parts::TCP_PORTS) && status.watches(parts::UDP_PORTS) && status.watches(parts::CLOSE_WAIT));
+}
+
+fn exhaustion_is_seen_per_destination_with_failing_process(mode: Mode) {
+    let Some((topology, mut watch)) = setup(mode) else { return };
+    let failures_watched = watch.status().watches(parts::CONNECT_FAILURES);
+    let expected_failures = if failures_watched { FAILURES } else { 0 };
     let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
     let _server = Server::start(backend, PORT);
     client.sysctl("net.ipv4.ip_local_port_range", "40000 40099").expect("shrinking the port range");
@@ -149,12 +216,11 @@ fn exhaustion_is_seen_per_destination_with_failing_process() {
     let taken = open.len() + in_time_wait;
     assert!((98..=100).contains(&taken), "{} open, {in_time_wait} in TIME-WAIT", open.len());
 
-    let mut resolver = NetnsResolver::new();
     let mut last = None;
     let seen = eventually(Duration::from_secs(2), || {
-        let report = watch.report(&mut resolver, Thresholds::default()).expect("report");
+        let report = watch.report(Thresholds::default()).expect("report");
         let found = report.destinations.into_iter().find(|d| d.netns == key.netns && d.remote == dst.ip() && d.remote_port == PORT);
-        let ok = found.as_ref().is_some_and(|d| d.utilisation.unwrap_or(0.0) >= 0.9 && d.failures >= FAILURES);
+        let ok = found.as_ref().is_some_and(|d| d.utilisation.unwrap_or(0.0) >= 0.9 && d.failures >= expected_failures);
         last = found;
         ok
     });
@@ -164,26 +230,36 @@ fn exhaustion_is_seen_per_destination_with_failing_process() {
     assert_eq!(usage.level, Level::Critical);
     assert_eq!(usage.local, IpAddr::from(client.ipv4()));
     assert_eq!(usage.usable_ports, Some(100));
-    assert_eq!(usage.failures, FAILURES);
+    assert_eq!(usage.failures, expected_failures);
 
-    let report = watch.report(&mut resolver, Thresholds::default()).unwrap();
+    let report = watch.report(Thresholds::default()).unwrap();
+    assert_eq!(report.watcher.as_ref().map(|w| w.mode), Some(mode));
     let ours: Vec<_> = report.failures.iter().filter(|f| f.netns == key.netns).collect();
-    assert_eq!(ours.len(), 1, "{ours:#?}");
-    assert_eq!(ours[0].pid, std::process::id());
-    assert_eq!(ours[0].failures, FAILURES);
-    assert_eq!(ours[0].comm, "netns-c1", "the connecting thread's name");
-    assert!(ours[0].cgroup_id > 0);
+    if failures_watched {
+        assert_eq!(ours.len(), 1, "{ours:#?}");
+        assert_eq!(ours[0].pid, std::process::id());
+        assert_eq!(ours[0].failures, FAILURES);
+        assert_eq!(ours[0].comm, "netns-c1", "the connecting thread's name");
+        assert!(ours[0].cgroup_id > 0);
+    } else {
+        assert!(ours.is_empty(), "{ours:#?}");
+        assert_not_watched(&report, parts::CONNECT_FAILURES);
+    }
     let json = serde_json::to_value(&report).unwrap();
     assert!(json["destinations"].as_array().is_some_and(|d| !d.is_empty()));
+    assert_eq!(json["watcher"]["mode"], mode.name());
 
     // The watcher agrees with the kernel's socket table: the open sockets exactly; the
-    // TIME_WAIT ones as an upper bound (no event tells when one ends early), at most the
-    // closed connections.
+    // TIME_WAIT ones as an upper bound where they are counted from events (none tells
+    // when one ends early), at most the closed connections; exactly where read from the
+    // table (sock_diag).
+    let exact_time_wait = mode == Mode::SockDiag;
     let agreed = eventually(Duration::from_secs(2), || {
         let (c, time_wait) = counts(&mut watch, &key);
         let all = ss_count(client, dst.ip(), PORT, "all") as i64;
         let tw = ss_count(client, dst.ip(), PORT, "time-wait") as i64;
-        c.active == all - tw && (tw..=CLOSED as i64).contains(&time_wait)
+        let time_wait_agrees = if exact_time_wait { time_wait == tw } else { (tw..=CLOSED as i64).contains(&time_wait) };
+        c.active == all - tw && time_wait_agrees
     });
     let (c, time_wait) = counts(&mut watch, &key);
     let (all, tw) = (ss_count(client, dst.ip(), PORT, "all"), ss_count(client, dst.ip(), PORT, "time-wait"));
@@ -191,10 +267,10 @@ fn exhaustion_is_seen_per_destination_with_failing_process() {
     assert_eq!(c.active, open.len() as i64);
     drop(open);
 }
+in_every_mode!(exhaustion_is_seen_per_destination_with_failing_process);
 
-#[test]
-fn ten_thousand_cycles_return_to_baseline() {
-    let (topology, mut watch) = setup();
+fn ten_thousand_cycles_return_to_baseline(mode: Mode) {
+    let Some((topology, mut watch)) = setup(mode) else { return };
     let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
     let server = Server::start(backend, PORT);
     let dst = SocketAddr::new(backend.ipv4().into(), PORT);
@@ -234,12 +310,23 @@ fn ten_thousand_cycles_return_to_baseline() {
     let (c, tw) = counts(&mut watch, &key);
     let ss_tw = ss_count(client, dst.ip(), PORT, "time-wait");
     assert!(settled, "baseline {:?}, now active {} time_wait {tw}, ss TIME-WAIT {ss_tw}", baseline.0.active, c.active);
-    assert_eq!(c.opened - baseline.0.opened, CYCLES);
-    assert_eq!(c.time_wait_total - baseline.0.time_wait_total, time_wait, "every client-closed connection went to TIME_WAIT");
+    if watch.status().watches(parts::OPENS) {
+        assert_eq!(c.opened - baseline.0.opened, CYCLES);
+        assert_eq!(c.time_wait_total - baseline.0.time_wait_total, time_wait, "every client-closed connection went to TIME_WAIT");
+    } else {
+        assert_eq!((c.opened, c.time_wait_total), (0, 0), "no event counts without events");
+        assert_not_watched(&watch.report(Thresholds::default()).unwrap(), parts::OPENS);
+    }
     assert_eq!(tw - baseline.1, time_wait as i64);
     let snapshot = watch.snapshot().unwrap();
     assert_eq!(snapshot.stats, [0; STAT_NAMES.len()], "nothing dropped for a full map");
 
+    if mode == Mode::SockDiag {
+        // TIME_WAIT was read from the kernel's table, not estimated from events: there is
+        // no estimate to see expire.
+        drop(server);
+        return;
+    }
     // TIME_WAIT lasts TCP_TIMEWAIT_LEN (60 s): afterwards the kernel and the watcher both
     // show none.
     let expiry = Duration::from_secs(u64::from(spillway::ports::TIMEWAIT_LEN_SECS) + 2);
@@ -251,6 +338,7 @@ fn ten_thousand_cycles_return_to_baseline() {
     assert_eq!(c.active, 0);
     drop(server);
 }
+in_every_mode!(ten_thousand_cycles_return_to_baseline);
 
 fn set_linger_zero(stream: &TcpStream) {
     let linger = libc::linger { l_onoff: 1, l_linger: 0 };
@@ -312,9 +400,8 @@ fn ss_local(host: &Host, port: u16, state: &str) -> usize {
     out.lines().filter(|l| !l.trim().is_empty()).count()
 }
 
-#[test]
-fn leaking_process_is_named_as_a_leak_suspect() {
-    let (topology, mut watch) = setup();
+fn leaking_process_is_named_as_a_leak_suspect(mode: Mode) {
+    let Some((topology, mut watch)) = setup(mode) else { return };
     let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
     let leaky = start_server_process(backend, "leak", LEAK_PORT);
     let tidy = start_server_process(backend, "tidy", TIDY_PORT);
@@ -340,8 +427,7 @@ fn leaking_process_is_named_as_a_leak_suspect() {
     let (leaking, tidy_left) = (ss_local(backend, LEAK_PORT, "close-wait"), ss_local(backend, TIDY_PORT, "connected"));
     assert!(settled, "ss: {leaking} CLOSE-WAIT sockets of the leaky server, {tidy_left} of the tidy one");
 
-    let mut resolver = NetnsResolver::new();
-    let mut report = || watch.report(&mut resolver, thresholds).expect("report");
+    let mut report = || watch.report(thresholds).expect("report");
     let ours = |report: &PortsReport| report.leak_suspects.iter().filter(|s| s.netns == netns).cloned().collect::<Vec<_>>();
     let young = ours(&report());
     if closed.elapsed() < Duration::from_secs(THRESHOLD_S - 1) {
@@ -368,10 +454,10 @@ fn leaking_process_is_named_as_a_leak_suspect() {
 
     // The leak ends with the process: its sockets close (CLOSE_WAIT -> LAST_ACK).
     drop(leaky);
-    let mut resolver = NetnsResolver::new();
-    let gone = eventually(Duration::from_secs(3), || ours(&watch.report(&mut resolver, thresholds).expect("report")).is_empty());
+    let gone = eventually(Duration::from_secs(3), || ours(&watch.report(thresholds).expect("report")).is_empty());
     assert!(gone, "suspects left after the leaky server exited");
 }
+in_every_mode!(leaking_process_is_named_as_a_leak_suspect);
 
 /// A UDP socket of the calling thread's namespace, not bound. Close-on-exec, or processes
 /// other tests spawn meanwhile would hold it open.
@@ -391,9 +477,8 @@ fn ss_udp(host: &Host, dst: SocketAddr, except: u16) -> usize {
     out.lines().filter(|l| !l.trim().is_empty() && !l.contains(&format!(":{except} "))).count()
 }
 
-#[test]
-fn udp_sockets_on_ephemeral_ports_are_counted_per_destination() {
-    let (topology, mut watch) = setup();
+fn udp_sockets_on_ephemeral_ports_are_counted_per_destination(mode: Mode) {
+    let Some((topology, mut watch)) = setup(mode) else { return };
     let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
     client.sysctl("net.ipv4.ip_local_port_range", "40000 40999").expect("setting the port range");
     let (client_ns, backend_ns) = (netns_inode(client.netns().path()).unwrap(), netns_inode(backend.netns().path()).unwrap());
@@ -451,8 +536,7 @@ fn udp_sockets_on_ephemeral_ports_are_counted_per_destination() {
     assert_eq!(snapshot.udp_count(&from_backend), 3, "the other namespace is counted apart");
     assert_eq!(snapshot.stats, [0; STAT_NAMES.len()], "nothing dropped");
 
-    let mut resolver = NetnsResolver::new();
-    let report = watch.report(&mut resolver, Thresholds::default()).expect("report");
+    let report = watch.report(Thresholds::default()).expect("report");
     let usage = report
         .destinations
         .iter()
@@ -473,10 +557,10 @@ fn udp_sockets_on_ephemeral_ports_are_counted_per_destination() {
     assert!(back, "after closing: (connected, unconnected, other namespace) = {last:?}");
     assert_eq!(ss_udp(client, dst, 0), 0);
 }
+in_every_mode!(udp_sockets_on_ephemeral_ports_are_counted_per_destination);
 
-#[test]
-fn bind_and_udp_autobind_failures_are_counted_per_process() {
-    let (topology, mut watch) = setup();
+fn bind_and_udp_autobind_failures_are_counted_per_process(mode: Mode) {
+    let Some((topology, mut watch)) = setup(mode) else { return };
     let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
     // Four ports, shared by UDP bind(0) and autobind (TCP has its own table of them).
     client.sysctl("net.ipv4.ip_local_port_range", "40000 40003").expect("shrinking the port range");
@@ -519,7 +603,12 @@ fn bind_and_udp_autobind_failures_are_counted_per_process() {
     assert_eq!(errnos, expected, "explicit bind, UDP connect, TCP bind(0)");
     assert_eq!(held.len(), 8, "four UDP and four TCP ports");
 
-    let report = watch.report(&mut NetnsResolver::new(), Thresholds::default()).expect("report");
+    let report = watch.report(Thresholds::default()).expect("report");
+    if !watch.status().watches(parts::BIND_FAILURES) {
+        assert!(report.failures.iter().all(|f| f.netns != client_ns), "{:#?}", report.failures);
+        assert_not_watched(&report, parts::BIND_FAILURES);
+        return;
+    }
     let mut ours: Vec<_> = report
         .failures
         .iter()
@@ -556,23 +645,37 @@ fn bind_and_udp_autobind_failures_are_counted_per_process() {
     assert_eq!(report.dropped.pending_table_full, 0);
     drop(held);
 }
+in_every_mode!(bind_and_udp_autobind_failures_are_counted_per_process);
 
-#[test]
-fn the_agent_serves_its_hosts_port_report_read_only() {
+fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
+    // The agents load the watcher themselves; this says whether the kernel allows the mode.
+    let Some(watch) = load(mode) else { return };
+    drop(watch);
     let topology = Topology::build(TopologyConfig { backends: 1, clients: 1 }).expect("topology");
     let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
     let pin_dir = topology.pin_dir().expect("pin dir").join("agent");
     let endpoint: SocketAddr = "127.0.0.1:9477".parse().unwrap();
-    let args = ["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir.to_str().unwrap()];
+    let args = ["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir.to_str().unwrap(), "--watcher-mode", mode.name()];
     let agent =
         backend.spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &args, &["--ports-listen", &endpoint.to_string()]].concat()).expect("lbd agent");
     agent.wait_for_output("ready", Duration::from_secs(10)).expect("agent ready");
-    assert!(agent.log().contains(&format!("ports endpoint listening on http://{endpoint}/ports")), "{}", agent.log());
+    assert!(agent.log().contains(&format!("event=ports_endpoint_listening url=http://{endpoint}/ports")), "{}", agent.log());
 
     // An agent with --all-netns (on the client host) reports the other namespaces too.
     let everywhere: SocketAddr = "127.0.0.1:9478".parse().unwrap();
     let all_pin_dir = topology.pin_dir().expect("pin dir").join("agent-all");
-    let all_args = ["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", all_pin_dir.to_str().unwrap(), "--all-netns"];
+    let all_args = [
+        "agent",
+        "--iface",
+        "eth0",
+        "--xdp-mode",
+        "generic",
+        "--pin-dir",
+        all_pin_dir.to_str().unwrap(),
+        "--all-netns",
+        "--watcher-mode",
+        mode.name(),
+    ];
     let all_agent = client
         .spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &all_args, &["--ports-listen", &everywhere.to_string()]].concat())
         .expect("lbd agent --all-netns");
@@ -619,4 +722,7 @@ fn the_agent_serves_its_hosts_port_report_read_only() {
     assert_eq!(udp(&all, netns, client.ipv4().into()), Some(SOCKETS as u64), "--all-netns sees the backend's sockets");
     assert_eq!(udp(&all, client_netns, backend.ipv4().into()), Some(SOCKETS as u64), "and its own");
     assert!(refused.starts_with("HTTP/1.0 405 "), "{refused}");
+    assert_eq!(report.watcher.as_ref().map(|w| w.mode), Some(mode), "the report says how it was watched");
+    assert!(agent.log().contains(&format!("event=sockwatch_mode mode={mode}")), "the mode is logged: {}", agent.log());
 }
+in_every_mode!(the_agent_serves_its_hosts_port_report_read_only);

@@ -50,6 +50,8 @@ pub struct ClusterConfig {
     /// More `lbd` arguments (e.g. `--zone a`), after the cluster's own; a later
     /// `--health-slow-start-ms` overrides the cluster's 0.
     pub lbd_args: Vec<String>,
+    /// More arguments for every `lbd agent` (e.g. `--watcher-mode sock_diag`).
+    pub agent_args: Vec<String>,
 }
 
 pub struct Cluster {
@@ -60,6 +62,7 @@ pub struct Cluster {
     bins: Binaries,
     mode: XdpMode,
     lbd_args: Vec<String>,
+    agent_args: Vec<String>,
     pub topo: Topology,
 }
 
@@ -74,6 +77,7 @@ impl Cluster {
             bins,
             mode: config.mode,
             lbd_args: config.lbd_args,
+            agent_args: config.agent_args,
             topo,
         };
         for i in 0..cluster.topo.backends().len() {
@@ -92,10 +96,20 @@ impl Cluster {
     }
 
     fn start_backend(&mut self, i: usize) -> Result<()> {
+        self.echo.push(start_echo(&self.topo.backends()[i], TCP_PORT, UDP_PORT)?);
+        let agent = self.spawn_agent(i)?;
+        self.agents.push(agent);
+        Ok(())
+    }
+
+    fn agent_pin_dir(&self, i: usize) -> Result<PathBuf> {
+        Ok(self.topo.pin_dir()?.join(format!("agent-{}", self.topo.backends()[i].name())))
+    }
+
+    fn spawn_agent(&self, i: usize) -> Result<Daemon> {
         let host = &self.topo.backends()[i];
-        self.echo.push(start_echo(host, TCP_PORT, UDP_PORT)?);
-        let pin_dir = self.topo.pin_dir()?.join(format!("agent-{}", host.name()));
-        let agent = host.spawn(&[
+        let pin_dir = self.agent_pin_dir(i)?;
+        let mut args = vec![
             self.bins.lbd.as_os_str(),
             "agent".as_ref(),
             "--iface".as_ref(),
@@ -104,9 +118,27 @@ impl Cluster {
             self.mode.flag().as_ref(),
             "--pin-dir".as_ref(),
             pin_dir.as_os_str(),
-        ])?;
+        ];
+        args.extend(self.agent_args.iter().map(std::ffi::OsStr::new));
+        let agent = host.spawn(&args)?;
         agent.wait_for_output("ready", START_TIMEOUT).with_context(|| format!("agent on {}:\n{}", host.name(), agent.log()))?;
-        self.agents.push(agent);
+        Ok(agent)
+    }
+
+    /// Stops backend `index`'s agent and removes its pinned link, which detaches its
+    /// decapsulation: the host and its service stay up, tunnelled packets are no longer opened.
+    pub fn detach_decap(&self, index: usize) -> Result<()> {
+        let agent = self.agents.get(index).with_context(|| format!("no backend {index}"))?;
+        agent.signal(Signal::SIGTERM)?;
+        ensure!(agent.wait_with_timeout(STOP_TIMEOUT)?.is_some(), "agent of backend {index} still runs");
+        let link = self.agent_pin_dir(index)?.join("agent").join("link");
+        std::fs::remove_file(&link).with_context(|| format!("removing {}", link.display()))
+    }
+
+    /// Starts backend `index`'s agent again (after [`Self::detach_decap`]).
+    pub fn restart_agent(&mut self, index: usize) -> Result<()> {
+        ensure!(index < self.agents.len(), "no backend {index}");
+        self.agents[index] = self.spawn_agent(index)?;
         Ok(())
     }
 
@@ -135,13 +167,21 @@ impl Cluster {
         self.topo.tempdir().join("api.sock")
     }
 
-    fn state_dir(&self) -> PathBuf {
+    /// Where `lbd` persists its state.
+    pub fn state_dir(&self) -> PathBuf {
         self.topo.tempdir().join("state")
     }
 
     /// Starts `lbd` (again); returns once its API answers. Takes `&self` so a test can
     /// restart it while other threads drive traffic through the topology.
     pub fn start_lbd(&self) -> Result<()> {
+        self.spawn_lbd_with(&[], &[])?;
+        self.wait_for_lbd()
+    }
+
+    /// Starts `lbd` (again) without waiting for it: run by the `wrapper` command when there
+    /// is one (e.g. `setpriv ... --`), with `env` added to its environment.
+    pub fn spawn_lbd_with(&self, wrapper: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)]) -> Result<()> {
         let mut slot = self.lbd.lock().unwrap_or_else(|p| p.into_inner());
         ensure!(slot.as_ref().is_none_or(|d| !d.is_running()), "lbd is already running");
         let lb = self.topo.lb();
@@ -150,9 +190,9 @@ impl Cluster {
         for b in self.topo.backends() {
             lb.in_netns(|| ping(IpAddr::V4(b.ipv4()), Duration::from_secs(1)))?;
         }
-        let pin_dir = self.topo.pin_dir()?.join("lb");
-        let (api, state) = (self.api_socket(), self.state_dir());
-        let mut args: Vec<&std::ffi::OsStr> = vec![
+        let (api, state, pin_dir) = (self.api_socket(), self.state_dir(), self.lbd_pin_dir()?);
+        let mut args: Vec<&std::ffi::OsStr> = wrapper.to_vec();
+        args.extend([
             self.bins.lbd.as_os_str(),
             "--iface".as_ref(),
             "eth0".as_ref(),
@@ -168,24 +208,42 @@ impl Cluster {
             // full share at once, as the distribution tests expect.
             "--health-slow-start-ms".as_ref(),
             "0".as_ref(),
-        ];
+        ]);
         args.extend(self.lbd_args.iter().map(std::ffi::OsStr::new));
-        let daemon = lb.spawn(&args)?;
+        let (program, rest) = args.split_first().context("no lbd command")?;
+        let mut cmd = lb.cmd(program);
+        cmd.args(rest).envs(env.iter().copied());
+        *slot = Some(lb.spawn_command("lbd", cmd)?);
+        Ok(())
+    }
+
+    /// Waits until the `lbd` just spawned answers on its API.
+    pub fn wait_for_lbd(&self) -> Result<()> {
         let started = Instant::now();
         loop {
-            if !daemon.is_running() {
-                bail!("lbd exited while starting:\n{}", daemon.log());
+            let running = self.lbd.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(Daemon::is_running);
+            if !running {
+                bail!("lbd exited while starting:\n{}", self.lbd_log());
             }
             if self.api_socket().exists() && self.lbctl_output(&["vips", "list"]).is_ok_and(|o| o.status.success()) {
-                break;
+                return Ok(());
             }
             if started.elapsed() > START_TIMEOUT {
-                bail!("lbd did not answer within {START_TIMEOUT:?}:\n{}", daemon.log());
+                bail!("lbd did not answer within {START_TIMEOUT:?}:\n{}", self.lbd_log());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        *slot = Some(daemon);
-        Ok(())
+    }
+
+    /// The bpffs directory `lbd` pins under (for `lbd --cleanup --pin-dir`).
+    pub fn lbd_pin_dir(&self) -> Result<PathBuf> {
+        Ok(self.topo.pin_dir()?.join("lb"))
+    }
+
+    /// Runs `lbd` with `args` on the balancer host to completion (`--cleanup`), not as the
+    /// daemon.
+    pub fn lbd_once(&self, args: &[&str]) -> Result<Output> {
+        self.topo.lb().cmd(&self.bins.lbd).args(args).output().with_context(|| format!("running lbd {}", args.join(" ")))
     }
 
     /// Everything the running (or last) `lbd` logged.
@@ -206,6 +264,28 @@ impl Cluster {
         let exited = lbd.wait_with_timeout(STOP_TIMEOUT)?;
         ensure!(exited.is_some(), "lbd still runs {STOP_TIMEOUT:?} after {signal}");
         Ok(())
+    }
+
+    /// Sends `signal` to the running `lbd` and returns at once (SIGHUP: it reloads).
+    pub fn signal_lbd(&self, signal: Signal) -> Result<()> {
+        let slot = self.lbd.lock().unwrap_or_else(|p| p.into_inner());
+        slot.as_ref().filter(|d| d.is_running()).context("lbd is not running")?.signal(signal)
+    }
+
+    /// Runs `lbctl` with `args`, `input` as its standard input.
+    pub fn lbctl_with_input(&self, args: &[&str], input: &str) -> Result<Output> {
+        use std::io::Write;
+        let mut child = Command::new(&self.bins.lbctl)
+            .arg("--api")
+            .arg(self.api_socket())
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running lbctl {}", args.join(" ")))?;
+        child.stdin.take().context("lbctl's stdin")?.write_all(input.as_bytes())?;
+        Ok(child.wait_with_output()?)
     }
 
     /// Runs `lbctl` with `args` against this cluster's API.

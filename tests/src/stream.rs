@@ -46,6 +46,11 @@ impl Stream {
         Ok(Stream { reader, writer, addr, backend, timeout, sent: 0, broken: false })
     }
 
+    /// The client's end of the connection (address and source port).
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.writer.local_addr()?)
+    }
+
     /// The name of the backend that accepted the connection.
     pub fn backend(&self) -> &str {
         &self.backend

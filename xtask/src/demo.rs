@@ -40,7 +40,12 @@ pub fn run() -> Result<()> {
     }
     let bins = crate::bins::build(false)?;
     println!("Building the sandbox: client c1, balancer lb (lbd), backends b1-b3 (lbd agent)...");
-    let config = ClusterConfig { topology: TopologyConfig { backends: 3, clients: 1 }, mode: XdpMode::Native, lbd_args: Vec::new() };
+    let config = ClusterConfig {
+        topology: TopologyConfig { backends: 3, clients: 1 },
+        mode: XdpMode::Native,
+        lbd_args: Vec::new(),
+        agent_args: Vec::new(),
+    };
     let mut cluster = Cluster::start(bins, config)?;
     let vip = format!("{VIP4}:{TCP_PORT}/tcp");
 

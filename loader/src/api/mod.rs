@@ -8,22 +8,32 @@
 //! ```
 
 pub mod client;
+pub mod flows;
+pub mod sample;
 
-use std::{collections::BTreeMap, fmt, net::IpAddr, str::FromStr};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{IpAddr, SocketAddr},
+    str::FromStr,
+};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use crate::model::RuleActionKind;
 use crate::{
+    config::Change,
     model::{BackendOptions, Cidr, ModelError, RateSpec, Vip},
     ports::PortsReport,
-    probe::ProbeSpec,
+    probe::{ProbePath, ProbeSpec},
 };
 
 /// Where `lbd` listens and `lbctl` connects unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/spillway/api.sock";
 
-/// Largest request line the server reads; anything longer is refused.
-pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// Largest request line the server reads; anything longer is refused. Room for the largest
+/// configuration file, every byte of it escaped.
+pub const MAX_REQUEST_BYTES: usize = 2 * crate::config::MAX_CONFIG_BYTES + 64 * 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -68,13 +78,15 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         deadline_s: Option<u64>,
     },
-    /// Changes a VIP's health checks: the probe, and policy fields by name (see
+    /// Changes a VIP's health checks: the probe, its path, and policy fields by name (see
     /// `health::HealthConfig`), over the VIP's current settings (or `lbd`'s defaults).
     /// `reset` first drops the VIP's own settings.
     SetHealth {
         vip: Vip,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         probe: Option<ProbeSpec>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        probe_path: Option<ProbePath>,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         policy: BTreeMap<String, serde_json::Value>,
         #[serde(default)]
@@ -92,8 +104,6 @@ pub enum Request {
         weight: u32,
     },
     Stats,
-    /// The balancer's maps: their sizes and the memory each takes.
-    Maps,
     /// Sets (replaces) the per-source limit of a scope, keeping its budget. `burst` defaults
     /// to `per_s`, the prefix lengths to 32 (IPv4) and 64 (IPv6).
     SetRateLimit {
@@ -151,6 +161,47 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         limit: Option<u32>,
     },
+    /// Makes the desired state the one a configuration file declares, as one change: all of
+    /// it or, on any error, none of it. `dry_run` only checks it and says what would change.
+    /// Removing a VIP that still has backends is refused unless `allow_vip_removal`.
+    Apply {
+        /// The file's text (at most `config::MAX_CONFIG_BYTES`).
+        config: String,
+        /// Where it came from, for messages.
+        source: String,
+        #[serde(default)]
+        dry_run: bool,
+        #[serde(default)]
+        allow_vip_removal: bool,
+    },
+    /// The running desired state (and `lbd`'s settings) as a configuration file.
+    Export,
+    /// The daemon at a glance: version, uptime, attachment, maps, watcher, alerts.
+    Status,
+    /// Every counter and state `lbctl top` and the metrics show (`sample::Sample`).
+    Sample,
+    /// Where the flow from `client` to `vip` goes and why (`flows::FlowAnswer`); an any-port
+    /// VIP needs the destination `port`.
+    FlowGet {
+        vip: Vip,
+        client: SocketAddr,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        port: Option<u16>,
+    },
+    /// The VIP's connection-table entries, optionally only those of `backend`; `limit`
+    /// defaults to `flows::DEFAULT_FLOW_LIST`, at most `flows::MAX_FLOW_LIST`.
+    FlowList {
+        vip: Vip,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        backend: Option<IpAddr>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+    },
+    /// Deletes the connection-table entries of `backend`; refused unless it is drained in
+    /// every VIP it serves, or no longer a backend.
+    FlowPurge {
+        backend: IpAddr,
+    },
 }
 
 /// Which limits a request edits: `"default"` (every VIP without its own) or a VIP.
@@ -207,24 +258,6 @@ pub enum LimitPart {
     Budget,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RuleActionKind {
-    Limit,
-    Block,
-    Exempt,
-}
-
-impl RuleActionKind {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Limit => "limit",
-            Self::Block => "block",
-            Self::Exempt => "exempt",
-        }
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Response {
@@ -246,8 +279,108 @@ pub enum Reply {
     RateLimits(RateLimitList),
     Rules(RuleList),
     TopSources(TopSourceList),
-    Ports(PortsView),
-    Maps(MapsReport),
+    /// Boxed: a report is much larger than the other replies.
+    Ports(Box<PortsView>),
+    Sample(Box<sample::Sample>),
+    Flow(flows::FlowAnswer),
+    Flows(flows::FlowList),
+    Purged(flows::PurgeReport),
+    Applied(Applied),
+    Exported(Exported),
+    // Boxed: the largest reply by far, and a rare one.
+    Status(Box<Status>),
+}
+
+/// What an `Apply` changed (or, dry, would change).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Applied {
+    /// False for a dry run.
+    pub applied: bool,
+    pub changes: Vec<Change>,
+    /// Settings of `[lbd]` that differ from the running ones (they take effect at a restart).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    pub slots_written: usize,
+    pub tables_flipped: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Exported {
+    /// A configuration file (TOML).
+    pub config: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    pub uptime_s: u64,
+    pub iface: String,
+    /// The mode lbd asked for (`native`, `generic`); a taken-over link keeps its own.
+    pub xdp_mode: String,
+    /// How the program went live: `attached`, `took_over` (a running link's program was
+    /// replaced) or `reattached`.
+    pub attachment: String,
+    pub pin_dir: String,
+    pub state_dir: String,
+    pub health_checks: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// The `--config` file and what became of it; absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<ConfigStatus>,
+    pub vips: usize,
+    pub backends: usize,
+    pub rules: usize,
+    pub maps: Vec<MapUsage>,
+    pub watcher: WatcherStatus,
+    pub announcements: AnnouncementsStatus,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigStatus {
+    pub file: String,
+    /// What lbd did with it last: e.g. `applied at start (first start)`, `kept the persisted
+    /// state (file unchanged)`, `applied on SIGHUP`.
+    pub last: String,
+    /// Why it was last refused, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One BPF map: its capacity, its use and the memory the kernel accounts for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapUsage {
+    pub name: String,
+    pub max_entries: u32,
+    /// Entries (slots for the rings) in use; absent for counters and per-CPU maps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used: Option<u64>,
+    /// The kernel's `memlock` for the map; absent when unreadable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+}
+
+/// The balancer's own port watcher (`lbctl ports --host lb`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatcherStatus {
+    /// `loaded` or `not_loaded`.
+    pub state: String,
+    /// When loaded: its mode (`btf`, `tracepoint`, `sock_diag`) and what it watches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// Why it is not loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Route announcements of the VIPs (BGP); `off` until this lbd announces any.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnnouncementsStatus {
+    pub state: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -296,6 +429,14 @@ pub struct VipEntry {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VipHealthView {
     pub probe: ProbeSpec,
+    /// `tunnel` (to the VIP, as its traffic goes) or `direct` (each backend's own address);
+    /// a backend's options may say otherwise.
+    #[serde(default)]
+    pub probe_path: ProbePath,
+    /// Failed backends whose probes fail through the tunnel only (`vip_path_failed`): the VIP
+    /// path, not the hosts, is broken.
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub vip_path_failed: usize,
     /// Healthy weight is below the panic threshold: traffic is spread over every backend
     /// (or, with `fail_closed`, only the healthy ones keep it).
     pub panic: bool,
@@ -359,6 +500,9 @@ pub struct BackendEntry {
     /// Smoothed probe latency.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
+    /// How it is probed (`tunnel` or `direct`); absent when it is not probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_path: Option<ProbePath>,
     /// Port pressure reported by the backend's agent (`none`, `critical`, `exhausted`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pressure: Option<String>,
@@ -386,6 +530,7 @@ impl BackendEntry {
             reason: None,
             state_for_s: None,
             latency_ms: None,
+            probe_path: None,
             pressure: None,
             unknown_probes: 0,
             kept_in: false,
@@ -395,6 +540,10 @@ impl BackendEntry {
 }
 
 fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_usize(n: &usize) -> bool {
     *n == 0
 }
 
@@ -419,30 +568,6 @@ impl BackendState {
     }
 }
 
-/// The balancer's maps as loaded (`lbctl maps`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MapsReport {
-    /// The sizes `lbd` was started with.
-    pub max_vips: u32,
-    pub max_backends: u32,
-    pub max_flows: u32,
-    pub ring_slots: u32,
-    /// Maglev slots no VIP's tables take.
-    pub ring_slots_free: u64,
-    /// Largest first.
-    pub maps: Vec<MapEntry>,
-    /// What the kernel charges for all of them.
-    pub total_bytes: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MapEntry {
-    pub name: String,
-    pub kind: String,
-    pub entries: u32,
-    pub bytes: u64,
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stats {
     pub vips: Vec<VipStats>,
@@ -452,6 +577,9 @@ pub struct Stats {
     /// would have dropped (those packets were let through and counted under `reasons`).
     #[serde(default)]
     pub observed: Vec<ReasonCount>,
+    /// Loud local problems of the balancer, as in `VipList::alerts`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

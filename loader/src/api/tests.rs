@@ -17,7 +17,6 @@ fn ip(s: &str) -> IpAddr {
 fn requests_have_stable_names() {
     let cases = [
         (Request::ListVips, json!({"op": "list_vips"})),
-        (Request::Maps, json!({"op": "maps"})),
         (Request::AddVip { vip: vip(), ring_size: None }, json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp"})),
         (Request::AddVip { vip: vip(), ring_size: Some(251) }, json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp", "ring_size": 251})),
         (Request::RemoveVip { vip: vip() }, json!({"op": "remove_vip", "vip": "10.0.0.1:80/tcp"})),
@@ -97,6 +96,7 @@ fn responses_have_stable_names() {
                 }],
                 reasons: vec![ReasonCount { reason: "tx".into(), packets: 2 }],
                 observed: vec![ReasonCount { reason: "would_drop_vip_budget".into(), packets: 1 }],
+                alerts: vec![],
             })),
             json!({"ok": {"type": "stats",
                           "vips": [{"vip": "10.0.0.1:80/tcp", "packets": 2, "bytes": 200,
@@ -288,5 +288,8 @@ fn limit_and_rule_replies_have_stable_names() {
     }
     // A reply from an lbd without observed counters still reads.
     let old = json!({"type": "stats", "vips": [], "reasons": []});
-    assert_eq!(serde_json::from_value::<Reply>(old).unwrap(), Reply::Stats(Stats { vips: vec![], reasons: vec![], observed: vec![] }));
+    assert_eq!(
+        serde_json::from_value::<Reply>(old).unwrap(),
+        Reply::Stats(Stats { vips: vec![], reasons: vec![], observed: vec![], alerts: vec![] })
+    );
 }

@@ -1,16 +1,21 @@
 //! `lbctl`: the command line over `lbd`'s API. Parsing, the request each command sends and
 //! the rendering of replies live here so they can be tested without a daemon.
 
+mod config_file;
+mod flows;
 mod health_args;
 mod render;
 mod render_health;
 mod table;
+pub mod top;
 
 use std::{io, net::IpAddr, path::PathBuf};
 
+use flows::{FLOWS_HELP, FlowsCommand};
 use health_args::{BACKENDS_OPTIONS_HELP, BackendOptionArgs, HealthArgs, PORTS_HELP, VIPS_HEALTH_HELP, parse_deadline};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use config_file::{APPLY_HELP, DIFF_HELP, EXPORT_HELP, FileArg, STATUS_HELP};
 use spillway_common::maglev::MAX_WEIGHT;
 
 use crate::{
@@ -18,6 +23,7 @@ use crate::{
         DEFAULT_SOCKET, LimitPart, Request, RuleActionKind, Scope,
         client::{self, ClientError},
     },
+    docs::{self, CompletionsArgs, ManArgs},
     model::{Cidr, DEFAULT_WEIGHT, MAX_RATE_PER_S, Vip},
 };
 
@@ -26,6 +32,8 @@ Examples:
   lbctl vips add 10.0.0.1:80/tcp
   lbctl backends add --vip 10.0.0.1:80/tcp 10.0.1.1
   lbctl stats -o json
+  lbctl apply -f /etc/spillway/spillway.toml
+  lbctl status
 
 lbctl talks to lbd through its API socket and must run as root. A VIP is
 <IP>:<PORT>/<tcp|udp>; port 0 means every port; IPv6 as [fd00::1]:443/tcp.";
@@ -126,17 +134,6 @@ JSON output (-o json):
   observed counts what limits and rules in observe mode would have dropped
   (would_drop_source_limit, would_drop_rule_block, would_drop_rule_limit,
   would_drop_vip_budget); those packets went through and are counted in reasons.";
-
-const MAPS_HELP: &str = "\
-Example:
-  lbctl maps -o json
-
-JSON output (-o json):
-  {\"max_vips\":64,\"max_backends\":4096,\"max_flows\":1048576,\"ring_slots\":8388736,
-   \"ring_slots_free\":8257662,\"total_bytes\":96469000,
-   \"maps\":[{\"name\":\"spw_flows\",\"kind\":\"Array\",\"entries\":524288,\"bytes\":67112960}, ...]}
-  bytes is what the kernel charges for each map (its memlock); the sizes are lbd's --max-*
-  and --ring-slots options, fixed when the maps were created.";
 
 const RATELIMIT_HELP: &str = "\
 Examples:
@@ -296,9 +293,12 @@ pub enum Command {
         #[command(flatten)]
         output: OutputArgs,
     },
-    /// The balancer's maps: the sizes lbd was started with and the memory each map takes.
-    #[command(after_help = MAPS_HELP)]
-    Maps(OutputArgs),
+    /// A live view: per VIP and backend rates, shares and health, drops by reason.
+    #[command(after_help = top::TOP_HELP)]
+    Top(top::TopArgs),
+    /// One flow's way through the balancer; a VIP's connection-table entries; purging them.
+    #[command(subcommand, after_help = FLOWS_HELP)]
+    Flows(FlowsCommand),
     /// Ephemeral-port pressure of the balancer or of a backend host.
     #[command(after_help = PORTS_HELP)]
     Ports {
@@ -308,6 +308,51 @@ pub enum Command {
         #[command(flatten)]
         output: OutputArgs,
     },
+    /// Make the desired state the one a configuration file declares: all of it, or nothing.
+    #[command(after_help = APPLY_HELP)]
+    Apply(ApplyArgs),
+    /// What applying a configuration file would change; changes nothing.
+    #[command(after_help = DIFF_HELP)]
+    Diff(ApplyArgs),
+    /// Print the running desired state as a configuration file.
+    #[command(after_help = EXPORT_HELP)]
+    Export,
+    /// lbd at a glance: version, uptime, interface and XDP mode, maps, watcher, alerts.
+    #[command(after_help = STATUS_HELP)]
+    Status(OutputArgs),
+    /// Print a shell completion script for lbctl.
+    #[command(after_help = COMPLETIONS_HELP)]
+    Completions(CompletionsArgs),
+    /// Write the man pages of lbctl and its subcommands (section 8).
+    #[command(after_help = MAN_HELP)]
+    Man(ManArgs),
+}
+
+const COMPLETIONS_HELP: &str = "\
+Examples:
+  lbctl completions bash > /usr/local/share/bash-completion/completions/lbctl
+  lbctl completions zsh > /usr/local/share/zsh/site-functions/_lbctl
+  lbctl completions fish > /usr/local/share/fish/vendor_completions.d/lbctl.fish
+
+./x install puts them there.";
+
+const MAN_HELP: &str = "\
+Example:
+  lbctl man --dir /usr/local/share/man/man8    # lbctl.8, lbctl-vips.8, lbctl-vips-add.8, ...
+
+./x install does this.";
+
+/// `lbctl apply` and `lbctl diff`.
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub file: FileArg,
+    /// Also remove VIPs that still have backends (their connections break); with diff,
+    /// report as apply would with it.
+    #[arg(long)]
+    pub allow_vip_removal: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// `lbctl ports --host`: the balancer or a backend.
@@ -588,15 +633,20 @@ fn parse_rate(input: &str) -> Result<u32, String> {
 }
 
 impl Command {
-    /// The API request this command sends; options that do not fit together are refused.
-    pub fn request(&self) -> Result<Request, CliError> {
-        Ok(match self {
+    /// The API request this command sends (`None`: it needs no lbd); options that do not
+    /// fit together are refused.
+    pub fn request(&self) -> Result<Option<Request>, CliError> {
+        Ok(Some(match self {
             Command::Vips(VipsCommand::Add { vip, ring_size }) => Request::AddVip { vip: *vip, ring_size: *ring_size },
             Command::Vips(VipsCommand::List(_)) => Request::ListVips,
             Command::Vips(VipsCommand::Remove { vip }) => Request::RemoveVip { vip: *vip },
-            Command::Vips(VipsCommand::Health { vip, health }) => {
-                Request::SetHealth { vip: *vip, probe: health.probe_spec()?, policy: health.policy(), reset: health.reset }
-            }
+            Command::Vips(VipsCommand::Health { vip, health }) => Request::SetHealth {
+                vip: *vip,
+                probe: health.probe_spec()?,
+                probe_path: health.probe_path,
+                policy: health.policy(),
+                reset: health.reset,
+            },
             Command::Backends(BackendsCommand::Add { target, weight, options }) => {
                 Request::AddBackend { vip: target.vip, backend: target.backend, weight: Some(*weight), options: options.options() }
             }
@@ -612,7 +662,6 @@ impl Command {
                 Request::SetWeight { vip: target.vip, backend: target.backend, weight: *weight }
             }
             Command::Stats(_) => Request::Stats,
-            Command::Maps(_) => Request::Maps,
             Command::Ratelimit(RatelimitCommand::Set { scope, per_source, burst, source_prefix_v4, source_prefix_v6, observe }) => {
                 Request::SetRateLimit {
                     scope: scope.scope(),
@@ -641,13 +690,26 @@ impl Command {
             Command::Rules(RulesCommand::Remove { cidr, vip }) => Request::RemoveRule { cidr: *cidr, vip: *vip },
             Command::Rules(RulesCommand::List(_)) => Request::ListRules,
             Command::TopSources { vip, limit, .. } => Request::TopSources { vip: *vip, limit: Some(*limit) },
+            Command::Top(_) => Request::Sample,
+            Command::Flows(FlowsCommand::Get { vip, client, port, .. }) => Request::FlowGet { vip: *vip, client: *client, port: *port },
+            Command::Flows(FlowsCommand::List { vip, backend, limit, .. }) => {
+                Request::FlowList { vip: *vip, backend: *backend, limit: Some(*limit) }
+            }
+            Command::Flows(FlowsCommand::Purge { backend }) => Request::FlowPurge { backend: *backend },
             Command::Ports { host, .. } => Request::Ports {
                 host: match host {
                     HostArg::Lb => None,
                     HostArg::Backend(addr) => Some(*addr),
                 },
             },
-        })
+            Command::Apply(args) | Command::Diff(args) => {
+                let (config, source) = args.file.read()?;
+                Request::Apply { config, source, dry_run: matches!(self, Command::Diff(_)), allow_vip_removal: args.allow_vip_removal }
+            }
+            Command::Export => Request::Export,
+            Command::Status(_) => Request::Status,
+            Command::Completions(_) | Command::Man(_) => return Ok(None),
+        }))
     }
 }
 
@@ -663,10 +725,31 @@ pub enum CliError {
     BadOption(String),
 }
 
-/// Sends the command's request to lbd and writes the answer to `out`.
-pub fn run(cli: &Cli, out: &mut dyn io::Write) -> Result<(), CliError> {
-    let reply = client::call(&cli.api, &cli.command.request()?)?;
-    render::reply(&cli.command, reply, out)
+/// How a command that succeeded ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// `lbctl diff` found changes (exit status 1).
+    Differs,
+}
+
+/// Sends the command's request to lbd and writes the answer to `out` (`top` repeats it).
+pub fn run(cli: &Cli, out: &mut dyn io::Write) -> Result<Outcome, CliError> {
+    match &cli.command {
+        Command::Top(args) => {
+            use std::io::IsTerminal;
+            top::run(&cli.api, args, io::stdout().is_terminal(), out)?;
+        }
+        Command::Completions(c) => docs::completions(Cli::command(), c.shell, out),
+        Command::Man(m) => {
+            docs::man_pages(Cli::command(), &m.dir)?;
+        }
+        command => {
+            let Some(request) = command.request()? else { return Err(CliError::UnexpectedReply) };
+            return render::reply(command, client::call(&cli.api, &request)?, out);
+        }
+    }
+    Ok(Outcome::Done)
 }
 
 #[cfg(test)]

@@ -6,31 +6,45 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::{
-    BackendsCommand, CliError, Command, Format, RatelimitCommand, RulesCommand, ScopeArgs, VipsCommand, render_health,
+    BackendsCommand, CliError, Command, Format, Outcome, RatelimitCommand, RulesCommand, ScopeArgs, VipsCommand, config_file,
+    flows::{self, FlowsCommand},
+    render_health,
     table::{Align, Table},
 };
 use crate::{
-    api::{BudgetLimit, LimitOrigin, MapsReport, PerSourceLimit, RateLimitList, Reply, RuleList, Stats, TopSourceList},
+    api::{BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, Reply, RuleList, Stats, TopSourceList},
     model::{RateSpec, Vip},
 };
 
-pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<Outcome, CliError> {
+    let mut outcome = Outcome::Done;
     let text = match (command, reply) {
+        (Command::Apply(a), Reply::Applied(applied)) => output(a.output.output, &applied, config_file::applied_text)?,
+        (Command::Diff(a), Reply::Applied(applied)) => {
+            if !applied.changes.is_empty() {
+                outcome = Outcome::Differs;
+            }
+            output(a.output.output, &applied, config_file::applied_text)?
+        }
+        (Command::Export, Reply::Exported(exported)) => exported.config,
+        (Command::Status(o), Reply::Status(status)) => output(o.output, &*status, config_file::status_text)?,
         (Command::Vips(VipsCommand::List(o)), Reply::Vips(list)) => output(o.output, &list, render_health::vips_table)?,
         (Command::Backends(BackendsCommand::List { output: o, .. }), Reply::Backends(list)) => {
             output(o.output, &list, render_health::backends_table)?
         }
         (Command::Stats(o), Reply::Stats(stats)) => output(o.output, &stats, stats_tables)?,
-        (Command::Maps(o), Reply::Maps(report)) => output(o.output, &report, maps_table)?,
         (Command::Ratelimit(RatelimitCommand::List(o)), Reply::RateLimits(list)) => output(o.output, &list, rate_limits_table)?,
         (Command::Rules(RulesCommand::List(o)), Reply::Rules(list)) => output(o.output, &list, rules_table)?,
         (Command::TopSources { output: o, .. }, Reply::TopSources(list)) => output(o.output, &list, top_sources_table)?,
-        (Command::Ports { output: o, .. }, Reply::Ports(view)) => output(o.output, &view, render_health::ports_tables)?,
+        (Command::Ports { output: o, .. }, Reply::Ports(view)) => output(o.output, view.as_ref(), render_health::ports_tables)?,
+        (Command::Flows(FlowsCommand::Get { output: o, .. }), Reply::Flow(answer)) => output(o.output, &answer, flows::answer_text)?,
+        (Command::Flows(FlowsCommand::List { output: o, .. }), Reply::Flows(list)) => output(o.output, &list, flows::list_table)?,
+        (Command::Flows(FlowsCommand::Purge { .. }), Reply::Purged(report)) => flows::purged_text(&report),
         (command, Reply::Done { .. }) => done(command).ok_or(CliError::UnexpectedReply)?,
         _ => return Err(CliError::UnexpectedReply),
     };
     out.write_all(text.as_bytes())?;
-    Ok(())
+    Ok(outcome)
 }
 
 fn output<T: Serialize>(format: Format, value: &T, table: fn(&T) -> String) -> Result<String, CliError> {
@@ -99,11 +113,18 @@ fn done(command: &Command) -> Option<String> {
         Command::Vips(VipsCommand::List(_))
         | Command::Backends(BackendsCommand::List { .. })
         | Command::Stats(_)
-        | Command::Maps(_)
         | Command::Ratelimit(RatelimitCommand::List(_))
         | Command::Rules(RulesCommand::List(_))
         | Command::TopSources { .. }
-        | Command::Ports { .. } => return None,
+        | Command::Top(_)
+        | Command::Flows(_)
+        | Command::Ports { .. }
+        | Command::Apply(_)
+        | Command::Diff(_)
+        | Command::Export
+        | Command::Status(_)
+        | Command::Completions(_)
+        | Command::Man(_) => return None,
     };
     Some(line + "\n")
 }
@@ -126,27 +147,6 @@ fn observe_text(observe: bool) -> &'static str {
     if observe { " (observe: counted, nothing dropped)" } else { "" }
 }
 
-fn maps_table(report: &MapsReport) -> String {
-    let mut t = Table::new(&[("MAP", Align::Left), ("KIND", Align::Left), ("ENTRIES", Align::Right), ("MEMORY", Align::Right)]);
-    for m in &report.maps {
-        t.row(vec![m.name.clone(), m.kind.clone(), m.entries.to_string(), mib(m.bytes)]);
-    }
-    t.row(vec!["total".into(), String::new(), String::new(), mib(report.total_bytes)]);
-    format!(
-        "sizes: --max-vips {} --max-backends {} --max-flows {} --ring-slots {} ({} slots free)\n{}",
-        report.max_vips,
-        report.max_backends,
-        report.max_flows,
-        report.ring_slots,
-        report.ring_slots_free,
-        t.render()
-    )
-}
-
-fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
-}
-
 fn stats_tables(stats: &Stats) -> String {
     let mut vips = Table::new(&[("VIP", Align::Left), ("PACKETS", Align::Right), ("BYTES", Align::Right)]);
     let mut backends = Table::new(&[("VIP", Align::Left), ("BACKEND", Align::Left), ("PACKETS", Align::Right), ("BYTES", Align::Right)]);
@@ -164,7 +164,8 @@ fn stats_tables(stats: &Stats) -> String {
     for o in &stats.observed {
         observed.row(vec![o.reason.clone(), o.packets.to_string()]);
     }
-    [vips.render(), backends.render(), reasons.render(), observed.render()].join("\n")
+    let alerts: String = stats.alerts.iter().map(|a| format!("{a}\n")).collect();
+    alerts + &[vips.render(), backends.render(), reasons.render(), observed.render()].join("\n")
 }
 
 /// `100/s burst 200`, then ` observe` and ` (default)` when they apply.

@@ -3,14 +3,19 @@
 use clap::{CommandFactory, error::ErrorKind};
 
 use super::*;
-use crate::api::{BackendEntry, BackendList, BackendStats, MapEntry, MapsReport, ReasonCount, Reply, Stats, VipEntry, VipList, VipStats};
+use crate::api::{BackendEntry, BackendList, BackendStats, ReasonCount, Reply, Stats, VipEntry, VipList, VipStats};
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
     Cli::try_parse_from(std::iter::once("lbctl").chain(args.iter().copied()))
 }
 
 fn request(args: &[&str]) -> Request {
-    parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}")).command.request().unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    parse(args)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        .command
+        .request()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        .expect("a request")
 }
 
 fn vip(s: &str) -> Vip {
@@ -31,8 +36,6 @@ fn commands_map_to_requests() {
             Request::AddVip { vip: vip("[fd00::1]:0/udp"), ring_size: Some(4099) },
         ),
         (&["vips", "list"], Request::ListVips),
-        (&["maps"], Request::Maps),
-        (&["maps", "-o", "json"], Request::Maps),
         (&["vips", "list", "-o", "json"], Request::ListVips),
         (&["vips", "remove", "10.0.0.1:80/tcp"], Request::RemoveVip { vip: v }),
         (
@@ -108,7 +111,11 @@ fn every_help_has_an_example() {
     }
     let mut seen = 0;
     walk(&Cli::command(), &mut Vec::new(), &mut seen);
-    assert_eq!(seen, 26, "lbctl, vips (4), backends (6), stats, maps, ratelimit (4), rules (3), top-sources, ports");
+    assert_eq!(
+        seen, 36,
+        "lbctl, vips (4), backends (6), stats, ratelimit (4), rules (3), top-sources, top, flows (3), ports, apply, diff, export, \
+         status, completions, man"
+    );
 }
 
 fn rendered(args: &[&str], reply: Reply) -> String {
@@ -128,6 +135,7 @@ fn sample_stats() -> Stats {
         }],
         reasons: vec![ReasonCount { reason: "tx".into(), packets: 12 }, ReasonCount { reason: "pass_not_vip".into(), packets: 3 }],
         observed: vec![ReasonCount { reason: "would_drop_source_limit".into(), packets: 4 }],
+        alerts: vec![],
     }
 }
 
@@ -500,11 +508,21 @@ fn health_zone_and_ports_commands_send_their_requests() {
     let v = vip("10.0.0.1:80/tcp");
     let r = request(&["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--zone", "b", "--capacity", "500", "--spare", "50"]);
     let options =
-        crate::model::BackendOptions { zone: Some("b".into()), capacity_per_s: Some(500), spare_per_s: Some(50), probe_target: None };
+        crate::model::BackendOptions { zone: Some("b".into()), capacity_per_s: Some(500), spare_per_s: Some(50), ..Default::default() };
     assert_eq!(r, Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: options.clone() });
     let r = request(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--probe-target", "10.0.1.1:8080"]);
     let options = crate::model::BackendOptions { probe_target: Some("10.0.1.1:8080".parse().unwrap()), ..Default::default() };
     assert_eq!(r, Request::SetBackendOptions { vip: v, backend: ip("10.0.1.1"), options });
+    let r = request(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--probe-path", "direct"]);
+    let options = crate::model::BackendOptions { probe_path: Some(crate::probe::ProbePath::Direct), ..Default::default() };
+    assert_eq!(r, Request::SetBackendOptions { vip: v, backend: ip("10.0.1.1"), options });
+    let err = parse(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--probe-path", "sideways"]).unwrap_err().to_string();
+    assert!(err.contains("--probe-path") && err.contains("direct") && err.contains("tunnel"), "{err}");
+    let Request::SetHealth { probe_path, probe: None, .. } = request(&["vips", "health", "10.0.0.1:80/tcp", "--probe-path", "tunnel"])
+    else {
+        panic!("not a health request")
+    };
+    assert_eq!(probe_path, Some(crate::probe::ProbePath::Tunnel));
     assert_eq!(
         request(&["backends", "drain", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--deadline", "15m"]),
         Request::DrainBackend { vip: v, backend: ip("10.0.1.1"), deadline_s: Some(900) }
@@ -560,6 +578,8 @@ fn health_panic_budget_and_alerts_are_shown() {
             backends: 3,
             health: Some(crate::api::VipHealthView {
                 probe: crate::probe::ProbeSpec::default(),
+                probe_path: crate::probe::ProbePath::Tunnel,
+                vip_path_failed: 2,
                 panic: true,
                 panics_entered: 1,
                 fail_closed: false,
@@ -576,12 +596,15 @@ fn health_panic_budget_and_alerts_are_shown() {
     };
     let out = rendered(&["vips", "list"], Reply::Vips(vips));
     assert!(out.starts_with("ALERT: this balancer cannot open probe sockets\n"), "{out}");
-    assert!(out.contains("PANIC (fail open)") && out.contains("100/300") && out.contains(" 200 "), "{out}");
+    assert!(out.contains("PANIC (fail open; 2 vip_path_failed)") && out.contains("100/300") && out.contains(" 200 "), "{out}");
+    assert!(out.contains(" tcp/tunnel "), "{out}");
 }
 
 #[test]
 fn ports_show_destinations_failures_and_leak_suspects() {
-    use crate::ports::{DestinationUsage, Dropped, LeakSuspect, Level, PortsReport, ProcessFailures, Thresholds};
+    use crate::ports::{
+        DestinationUsage, Dropped, LeakSuspect, Level, Mode, Part, PortsReport, ProcessFailures, Thresholds, WatcherStatus,
+    };
     let report = PortsReport {
         thresholds: Thresholds::default(),
         destinations: vec![DestinationUsage {
@@ -623,34 +646,134 @@ fn ports_show_destinations_failures_and_leak_suspects() {
             oldest_age_secs: 45,
             local_ports: vec![8080],
         }],
+        watcher: Some(WatcherStatus {
+            mode: Mode::Tracepoint,
+            watching: vec![Part { what: "tcp ports".into(), how: "tracepoint/sock/inet_sock_set_state".into() }],
+            not_watched: vec![Part { what: "bind/udp connect failures".into(), how: "no syscall tracepoints".into() }],
+            refused: vec![],
+        }),
     };
     let view = crate::api::PortsView { host: "10.0.1.1".into(), report: Some(report), error: None, age_s: 1 };
-    let out = rendered(&["ports", "--host", "10.0.1.1"], Reply::Ports(view));
-    assert!(out.starts_with("host 10.0.1.1 (report 1 s old)\nlevel critical\n"), "{out}");
+    let out = rendered(&["ports", "--host", "10.0.1.1"], Reply::Ports(Box::new(view)));
+    let watcher = "watcher mode tracepoint; watching with: tcp ports (tracepoint/sock/inet_sock_set_state); \
+                   not watched: bind/udp connect failures (no syscall tracepoints)\n";
+    assert!(out.starts_with(&format!("host 10.0.1.1 (report 1 s old)\n{watcher}level critical\n")), "{out}");
     for needle in ["10.9.0.1:5432", "95%", "critical", "app", "leaky", "8080", "over 30 s"] {
         assert!(out.contains(needle), "{needle} missing:\n{out}");
     }
 }
 
 #[test]
-fn maps_show_each_map_its_memory_and_the_sizes() {
-    let report = MapsReport {
-        max_vips: 1000,
-        max_backends: 10_000,
-        max_flows: 8_000_000,
-        ring_slots: 8_198_000,
-        ring_slots_free: 2_000,
-        maps: vec![
-            MapEntry { name: "spw_flows".into(), kind: "Array".into(), entries: 4_194_304, bytes: 536_875_008 },
-            MapEntry { name: "spw_cfg".into(), kind: "Array".into(), entries: 1, bytes: 4096 },
-        ],
-        total_bytes: 536_879_104,
+fn apply_and_diff_send_the_file_and_status_and_export_ask() {
+    let tmp = crate::testing::TempDir::new("cli-apply");
+    let path = tmp.path().join("spillway.toml");
+    std::fs::write(&path, "vips = []\n").unwrap();
+    let file = path.to_str().unwrap();
+    assert_eq!(
+        request(&["apply", "-f", file]),
+        Request::Apply { config: "vips = []\n".into(), source: file.into(), dry_run: false, allow_vip_removal: false }
+    );
+    assert_eq!(
+        request(&["diff", "--file", file, "--allow-vip-removal", "-o", "json"]),
+        Request::Apply { config: "vips = []\n".into(), source: file.into(), dry_run: true, allow_vip_removal: true }
+    );
+    assert_eq!(request(&["export"]), Request::Export);
+    assert_eq!(request(&["status", "-o", "json"]), Request::Status);
+    assert_eq!(parse(&["completions", "bash"]).unwrap().command.request().unwrap(), None);
+    assert_eq!(parse(&["apply"]).map(|_| ()).unwrap_err().kind(), ErrorKind::MissingRequiredArgument);
+    let missing = tmp.path().join("missing.toml");
+    let err = parse(&["apply", "-f", missing.to_str().unwrap()]).unwrap().command.request().unwrap_err().to_string();
+    assert!(err.starts_with(&format!("{}: reading it:", missing.display())), "{err}");
+    std::fs::write(&path, vec![b'#'; crate::config::MAX_CONFIG_BYTES + 1]).unwrap();
+    let err = parse(&["apply", "-f", file]).unwrap().command.request().unwrap_err().to_string();
+    assert_eq!(err, format!("{file}: larger than the 4 MiB a configuration may be"));
+}
+
+#[test]
+fn apply_and_diff_print_one_line_per_change() {
+    let old = crate::model::DesiredState::default();
+    let new = crate::config::Document::parse("f", "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 13\n".into())
+        .unwrap()
+        .desired_state()
+        .unwrap();
+    let changes = crate::config::diff(&old, &new);
+    let applied = crate::api::Applied {
+        applied: true,
+        changes: changes.clone(),
+        notes: vec!["lbd.zone: ...".into()],
+        slots_written: 13,
+        tables_flipped: 1,
     };
-    let out = rendered(&["maps"], Reply::Maps(report.clone()));
-    assert!(out.contains("--max-vips 1000 --max-backends 10000 --max-flows 8000000 --ring-slots 8198000 (2000 slots free)"), "{out}");
-    let flows = out.lines().find(|l| l.starts_with("spw_flows")).unwrap();
-    assert!(flows.contains("4194304") && flows.ends_with("512.0 MiB"), "{flows}");
-    assert!(out.lines().last().unwrap().starts_with("total") && out.contains("512.0 MiB"), "{out}");
-    let json: serde_json::Value = serde_json::from_str(&rendered(&["maps", "-o", "json"], Reply::Maps(report))).unwrap();
-    assert_eq!((json["max_flows"].as_u64(), json["maps"][0]["bytes"].as_u64()), (Some(8_000_000), Some(536_875_008)));
+    assert_eq!(
+        rendered(&["apply", "-f", "x"], Reply::Applied(applied.clone())),
+        "+ vip 10.0.0.1:80/tcp: ring_size=13, vip=\"10.0.0.1:80/tcp\"\nnote: lbd.zone: ...\napplied 1 changes (slots_written=13 tables_flipped=1)\n"
+    );
+    let dry = crate::api::Applied { applied: false, ..applied.clone() };
+    let cli = parse(&["diff", "-f", "x"]).unwrap();
+    let mut out = Vec::new();
+    assert_eq!(render::reply(&cli.command, Reply::Applied(dry.clone()), &mut out).unwrap(), Outcome::Differs);
+    assert!(String::from_utf8(out).unwrap().ends_with("1 changes would be applied (nothing was changed)\n"));
+    let none = crate::api::Applied { changes: vec![], notes: vec![], ..dry };
+    assert_eq!(render::reply(&cli.command, Reply::Applied(none.clone()), &mut Vec::new()).unwrap(), Outcome::Done);
+    assert_eq!(rendered(&["diff", "-f", "x"], Reply::Applied(none)), "no changes\n");
+    let json: serde_json::Value = serde_json::from_str(&rendered(&["apply", "-f", "x", "-o", "json"], Reply::Applied(applied))).unwrap();
+    assert_eq!(json["changes"][0]["item"], "vip");
+    assert_eq!(json["changes"][0]["change"], "added");
+    let exported = crate::api::Exported { config: "vips = []\n".into() };
+    assert_eq!(rendered(&["export"], Reply::Exported(exported)), "vips = []\n");
+}
+
+#[test]
+fn status_fits_one_screen() {
+    let status = crate::api::Status {
+        version: "0.1.0".into(),
+        uptime_s: 3725,
+        iface: "eth0".into(),
+        xdp_mode: "native".into(),
+        attachment: "took_over".into(),
+        pin_dir: "/sys/fs/bpf/spillway".into(),
+        state_dir: "/var/lib/spillway".into(),
+        health_checks: true,
+        zone: Some("a".into()),
+        config: Some(crate::api::ConfigStatus {
+            file: "/etc/spillway/spillway.toml".into(),
+            last: "refused on SIGHUP; kept the running state".into(),
+            error: Some("f:1:1: nope".into()),
+        }),
+        vips: 2,
+        backends: 5,
+        rules: 1,
+        maps: vec![
+            crate::api::MapUsage { name: "spw_vips".into(), max_entries: 64, used: Some(2), bytes: Some(8192) },
+            crate::api::MapUsage { name: "spw_flows".into(), max_entries: 1_048_576, used: Some(524_288), bytes: Some(125_829_120) },
+            crate::api::MapUsage { name: "spw_rules".into(), max_entries: 1024, used: None, bytes: None },
+        ],
+        watcher: crate::api::WatcherStatus { state: "not_loaded".into(), mode: None, summary: None, error: Some("no tracefs".into()) },
+        announcements: crate::api::AnnouncementsStatus { state: "off".into() },
+        alerts: vec!["ALERT: something".into()],
+    };
+    let text = rendered(&["status"], Reply::Status(Box::new(status.clone())));
+    assert_eq!(
+        text,
+        "lbd 0.1.0, up 1h 2m
+interface     eth0 (native XDP, took over)
+pins          /sys/fs/bpf/spillway
+state         /var/lib/spillway: 2 VIPs, 5 backends, 1 rules
+health checks on, zone a
+config        /etc/spillway/spillway.toml: refused on SIGHUP; kept the running state
+              error: f:1:1: nope
+port watcher  not_loaded: no tracefs
+announcements off
+
+MAP          USED      MAX  USE     MEMORY
+spw_vips        2       64   3%    0.0 MiB
+spw_flows  524288  1048576  50%  120.0 MiB
+spw_rules       -     1024    -          -
+
+ALERT: something
+"
+    );
+    assert!(text.lines().count() < 25);
+    let json: serde_json::Value = serde_json::from_str(&rendered(&["status", "-o", "json"], Reply::Status(Box::new(status)))).unwrap();
+    assert_eq!((json["watcher"]["state"].as_str(), json["announcements"]["state"].as_str()), (Some("not_loaded"), Some("off")));
 }

@@ -1,13 +1,25 @@
 //! `lbd`'s command line.
 
-use std::path::PathBuf;
+use std::{ffi::OsString, path::PathBuf};
 
 use aya::programs::XdpMode;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use spillway_common::limits::{Capacity, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S};
 
-use super::outer_src::{OuterSrc4, OuterSrc6};
-use crate::{api::DEFAULT_SOCKET, health::HealthConfig, pins::DEFAULT_PIN_DIR};
+use super::{
+    outer_src::{OuterSrc4, OuterSrc6},
+    settings::{RunningSettings, Section, Settings},
+};
+use crate::{
+    api::DEFAULT_SOCKET,
+    config::{ConfigError, Document},
+    health::HealthConfig,
+    logging::LogFormat,
+    metrics::MetricsListen,
+    pins::DEFAULT_PIN_DIR,
+    ports::WatcherMode,
+    vip_path::VipPathArgs,
+};
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/spillway";
 
@@ -15,7 +27,14 @@ const LBD_EXAMPLES: &str = "\
 Examples:
   lbd --iface eth0
   lbd --iface eth0 --outer-src 10.0.0.0/24 --outer-src6 fd00::/112
+  lbd --config /etc/spillway/spillway.toml
   lbd --cleanup                  # detach and remove every pin (stop lbd first)
+
+With --config, the file's [lbd] settings are options too (a command-line option wins),
+and its VIPs, backends, limits and rules are the desired state: on the first start, and
+later whenever what the file declares changed (else the persisted state, lbctl edits
+included, is kept). SIGHUP re-applies the file like lbctl apply. Every field is described
+in the example spillway.toml.
 
 lbd keeps forwarding after it exits: the XDP link and the maps stay pinned under
 --pin-dir, and the next lbd takes them over without a gap. Control it with lbctl.";
@@ -23,7 +42,8 @@ lbd keeps forwarding after it exits: the XDP link and the maps stay pinned under
 const AGENT_EXAMPLES: &str = "\
 Examples:
   lbd agent --iface eth0
-  lbd agent --iface eth0 --xdp-mode generic --pin-dir /sys/fs/bpf/spillway";
+  lbd agent --iface eth0 --xdp-mode generic --pin-dir /sys/fs/bpf/spillway
+  lbd agent --config /etc/spillway/agent.toml      # its [agent] table";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,11 +52,16 @@ Examples:
     about = "Spillway's XDP L4 load balancer daemon",
     after_help = LBD_EXAMPLES,
     args_conflicts_with_subcommands = true,
-    subcommand_negates_reqs = true
+    subcommand_negates_reqs = true,
+    // A file's settings come first as arguments: the command line's repeat wins.
+    args_override_self = true
 )]
 pub struct LbdArgs {
     #[command(subcommand)]
     pub command: Option<LbdCommand>,
+    /// How log lines are written to stderr: logfmt `key=value` text, or JSON objects.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(flatten)]
     pub daemon: DaemonArgs,
 }
@@ -44,18 +69,28 @@ pub struct LbdArgs {
 #[derive(Debug, Subcommand)]
 pub enum LbdCommand {
     /// Run on a backend: decapsulate the balancer's tunnel packets addressed to this host.
-    #[command(after_help = AGENT_EXAMPLES)]
+    #[command(after_help = AGENT_EXAMPLES, args_override_self = true)]
     Agent(AgentArgs),
+    /// Print a shell completion script for lbd.
+    #[command(after_help = "Example:\n  lbd completions bash > /usr/local/share/bash-completion/completions/lbd")]
+    Completions(crate::docs::CompletionsArgs),
+    /// Write the man pages of lbd and its subcommands (section 8).
+    #[command(after_help = "Example:\n  lbd man --dir /usr/local/share/man/man8    # lbd.8, lbd-agent.8, ...")]
+    Man(crate::docs::ManArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct DaemonArgs {
     /// Interface the balancer receives VIP traffic on.
-    #[arg(long, value_name = "IF", required_unless_present = "cleanup")]
+    #[arg(long, value_name = "IF", required_unless_present_any = ["cleanup", "config"])]
     pub iface: Option<String>,
     /// Detach the balancer and the agent and remove everything under --pin-dir, then exit.
-    #[arg(long, conflicts_with = "iface")]
+    #[arg(long, conflicts_with_all = ["iface", "config"])]
     pub cleanup: bool,
+    /// Configuration file: [lbd] settings and the desired state (see the example
+    /// spillway.toml); re-applied on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// XDP attach mode (a taken-over link keeps the mode it was created with).
     #[arg(long, value_enum, default_value_t = XdpModeArg::Native)]
     pub xdp_mode: XdpModeArg,
@@ -98,6 +133,21 @@ pub struct DaemonArgs {
     /// Port of the backends' `lbd agent` endpoint, polled for port pressure (0: do not poll).
     #[arg(long, value_name = "PORT", default_value_t = crate::ports::endpoint::DEFAULT_PORT)]
     pub agent_port: u16,
+    /// Set the interface's forwarding sysctls (net.ipv4.conf.<IF>.forwarding and its IPv6
+    /// twin) to 1 if they are 0, instead of refusing to start: the kernel's route lookup
+    /// refuses to route packets that arrive on an interface that does not forward.
+    #[arg(long)]
+    pub enable_forwarding: bool,
+    /// How this balancer's own port watcher hooks the kernel (`lbctl ports --host lb`):
+    /// the best mode the kernel allows, or one forced.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = WatcherMode::Auto)]
+    pub watcher_mode: WatcherMode,
+    /// Where to serve Prometheus metrics (GET /metrics, OpenMetrics text), or `off`.
+    /// Read-only and bounded; counters are read from the maps at most once a second.
+    #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::metrics::DEFAULT_LISTEN)]
+    pub metrics_listen: MetricsListen,
+    #[command(flatten)]
+    pub vip_path: VipPathArgs,
     /// VIPs the maps hold at once. Like every size option, fixed when the maps are created:
     /// changing it needs `lbd --cleanup` (which drops the connection table).
     #[arg(long, value_name = "N", default_value_t = Capacity::DEFAULT.vips, value_parser = count(Capacity::MAX.vips))]
@@ -142,6 +192,53 @@ fn count(max: u32) -> impl Fn(&str) -> Result<u32, String> + Clone + Send + Sync
     }
 }
 
+/// What `lbd` runs with: its arguments with those of the `--config` file's section.
+#[derive(Debug)]
+pub struct Resolved {
+    pub args: LbdArgs,
+    pub config: Option<Document>,
+    pub settings: RunningSettings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    /// Also `--help` and `--version`: `exit()` prints them.
+    #[error(transparent)]
+    Clap(#[from] clap::Error),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// Parses `argv`; with `--config`, reads the file and parses again with its section's
+/// settings placed before the command line's own arguments (so those win).
+pub fn resolve(argv: Vec<OsString>) -> Result<Resolved, ArgsError> {
+    let matches = LbdArgs::command().try_get_matches_from(&argv)?;
+    let args = LbdArgs::from_arg_matches(&matches)?;
+    let (section, config) = match &args.command {
+        None => (Section::Lbd, args.daemon.config.clone()),
+        Some(LbdCommand::Agent(agent)) => (Section::Agent, agent.config.clone()),
+        Some(_) => return Ok(Resolved { args, config: None, settings: RunningSettings::default() }),
+    };
+    let section_matches = |m: &ArgMatches| m.subcommand_matches("agent").unwrap_or(m).clone();
+    let command_line = Settings::from_matches(section, &section_matches(&matches));
+    let Some(path) = config else {
+        return Ok(Resolved { args, config: None, settings: RunningSettings { effective: command_line.clone(), command_line } });
+    };
+    let doc = Document::read(&path)?;
+    let from_file = Settings::from_file(&doc, section)?;
+    let split = section.argv_prefix().min(argv.len());
+    let merged: Vec<OsString> = argv[..split]
+        .iter()
+        .cloned()
+        .chain(from_file.to_args(section).into_iter().map(OsString::from))
+        .chain(argv[split..].iter().cloned())
+        .collect();
+    let matches = LbdArgs::command().try_get_matches_from(merged)?;
+    let args = LbdArgs::from_arg_matches(&matches)?;
+    let effective = Settings::from_matches(section, &section_matches(&matches));
+    Ok(Resolved { args, config: Some(doc), settings: RunningSettings { effective, command_line } })
+}
+
 fn parse_zone(input: &str) -> Result<String, String> {
     crate::model::check_zone(input).map(|()| input.to_owned()).map_err(|e| e.to_string())
 }
@@ -149,8 +246,11 @@ fn parse_zone(input: &str) -> Result<String, String> {
 #[derive(Debug, Args)]
 pub struct AgentArgs {
     /// Interface the tunnel packets arrive on.
-    #[arg(long, value_name = "IF")]
-    pub iface: String,
+    #[arg(long, value_name = "IF", required_unless_present = "config")]
+    pub iface: Option<String>,
+    /// Configuration file whose [agent] table holds these options (see spillway.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = XdpModeArg::Native)]
     pub xdp_mode: XdpModeArg,
     /// bpffs directory; the agent pins under <DIR>/agent.
@@ -169,6 +269,14 @@ pub struct AgentArgs {
     /// services run in containers with their own namespaces (each row names its namespace).
     #[arg(long)]
     pub all_netns: bool,
+    /// How the port watcher hooks the kernel: the best mode the kernel allows (btf, else
+    /// tracepoint, else sock_diag), or one forced.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = WatcherMode::Auto)]
+    pub watcher_mode: WatcherMode,
+    /// Where to serve this host's port pressure as Prometheus metrics (GET /metrics), or
+    /// `off`. Read-only and bounded like --ports-listen.
+    #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::metrics::DEFAULT_AGENT_LISTEN)]
+    pub metrics_listen: MetricsListen,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -177,6 +285,16 @@ pub enum XdpModeArg {
     Native,
     /// In the kernel's network stack (works everywhere; slower).
     Generic,
+}
+
+impl XdpModeArg {
+    /// The flag's value, as logs and metrics name the mode.
+    pub const fn label(self) -> &'static str {
+        match self {
+            XdpModeArg::Native => "native",
+            XdpModeArg::Generic => "generic",
+        }
+    }
 }
 
 impl From<XdpModeArg> for XdpMode {
@@ -265,6 +383,21 @@ mod tests {
     }
 
     #[test]
+    fn probe_path_options() {
+        let d = parse(&["--iface", "eth0"]).unwrap().daemon;
+        assert_eq!((d.vip_path.probe_device.as_str(), d.vip_path.probe_table, d.vip_path.probe_mark), ("spw-probe", 5357, 0x53));
+        let d = parse(&["--iface", "eth0", "--probe-device", "p0", "--probe-table", "100", "--probe-mark", "0x7e"]).unwrap().daemon;
+        assert_eq!((d.vip_path.probe_device.as_str(), d.vip_path.probe_table, d.vip_path.probe_mark), ("p0", 100, 0x7e));
+        let d = parse(&["--cleanup", "--probe-device", "p0"]).unwrap().daemon;
+        assert_eq!(d.vip_path.probe_device, "p0", "--cleanup removes what lbd made with the same options");
+        for (flag, value) in [("--probe-table", "254"), ("--probe-mark", "0"), ("--probe-device", "a/b")] {
+            let err = parse(&["--iface", "eth0", flag, value]).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{flag} {value}");
+            assert!(err.to_string().contains(flag), "{err}");
+        }
+    }
+
+    #[test]
     fn refusals() {
         for (args, kind) in [
             (&[][..], ErrorKind::MissingRequiredArgument),
@@ -289,7 +422,7 @@ mod tests {
         let Some(LbdCommand::Agent(agent)) = parse(&["agent", "--iface", "eth1", "--xdp-mode", "generic"]).unwrap().command else {
             panic!("not the agent");
         };
-        assert_eq!((agent.iface.as_str(), agent.xdp_mode), ("eth1", XdpModeArg::Generic));
+        assert_eq!((agent.iface.as_deref(), agent.xdp_mode), (Some("eth1"), XdpModeArg::Generic));
         assert_eq!(agent.pin_dir, PathBuf::from("/sys/fs/bpf/spillway"));
         assert_eq!(parse(&["agent"]).unwrap_err().kind(), ErrorKind::MissingRequiredArgument);
     }

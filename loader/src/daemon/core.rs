@@ -5,42 +5,51 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    time::Instant,
 };
 
-use log::{error, info, warn};
 use spillway_common::{
     limits::{DEFAULT_RING_SIZE, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6},
-    maglev::MAX_WEIGHT,
     types::{Observed, Reason, RuleState, SourceKey, SourceState, Traffic},
 };
 
+pub use self::flows::FlowTable;
 use super::{
     checks::{Checks, ChecksConfig, HealthSnapshot},
     pressure::PortsBook,
+    telemetry::Telemetry,
 };
 use crate::{
-    api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, RuleActionKind},
-    dataplane::{BalancerMaps, DataplaneError, MapMemory},
+    api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, sample::BuildInfo},
+    config::{ConfigError, Document},
+    dataplane::{BalancerMaps, DataplaneError, MapOccupancy},
+    event,
     health::{HealthError, Pressure},
-    model::{Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip, VipHealth},
+    logging::Line,
+    model::{Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth, check_serving_weight},
     ports::PortsReport,
-    probe::ProbeSpec,
+    probe::{ProbePath, ProbeSpec},
     reconcile::{ApplyReport, Maps, ReconcileError, Reconciler},
     store::{Store, StoreError},
 };
 
-/// The counters `lbctl stats`, `rules list` and `top-sources` report; implemented by the
-/// real maps and, in tests, a fake.
-pub trait Counters {
+/// The counters `lbctl stats`, `rules list`, `top-sources`, `top` and the metrics report,
+/// and (`FlowTable`) the connection table; implemented by the real maps and, in tests, a
+/// fake.
+pub trait Counters: FlowTable {
     fn vip_traffic(&self, id: u32) -> Result<Traffic, DataplaneError>;
     fn backend_traffic(&self, id: u32) -> Result<Traffic, DataplaneError>;
+    fn vip_new_flows(&self, id: u32) -> Result<u64, DataplaneError>;
+    fn backend_new_flows(&self, id: u32) -> Result<u64, DataplaneError>;
+    /// The kernel's memory accounting per map (`None`: unreadable).
+    fn memory(&self) -> Vec<(&str, Option<u64>)>;
     fn reasons(&self) -> Result<Vec<(Reason, u64)>, DataplaneError>;
     fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError>;
     fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError>;
     /// The source table's entries of VIP id `vip_id`.
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError>;
-    /// Every map and the memory it takes.
-    fn memory(&self) -> Vec<MapMemory>;
+    /// Capacity of every map, entries of the hash maps (`lbctl status`).
+    fn occupancy(&self) -> Result<Vec<MapOccupancy>, DataplaneError>;
 }
 
 impl Counters for BalancerMaps {
@@ -49,6 +58,15 @@ impl Counters for BalancerMaps {
     }
     fn backend_traffic(&self, id: u32) -> Result<Traffic, DataplaneError> {
         BalancerMaps::backend_traffic(self, id)
+    }
+    fn vip_new_flows(&self, id: u32) -> Result<u64, DataplaneError> {
+        BalancerMaps::vip_new_flows(self, id)
+    }
+    fn backend_new_flows(&self, id: u32) -> Result<u64, DataplaneError> {
+        BalancerMaps::backend_new_flows(self, id)
+    }
+    fn memory(&self) -> Vec<(&str, Option<u64>)> {
+        BalancerMaps::memory(self).iter().map(|m| (m.name.as_str(), Some(m.bytes))).collect()
     }
     fn reasons(&self) -> Result<Vec<(Reason, u64)>, DataplaneError> {
         BalancerMaps::reasons(self)
@@ -62,8 +80,8 @@ impl Counters for BalancerMaps {
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
         BalancerMaps::sources(self, vip_id)
     }
-    fn memory(&self) -> Vec<MapMemory> {
-        BalancerMaps::memory(self).to_vec()
+    fn occupancy(&self) -> Result<Vec<MapOccupancy>, DataplaneError> {
+        BalancerMaps::occupancy(self)
     }
 }
 
@@ -71,10 +89,6 @@ impl Counters for BalancerMaps {
 pub enum CoreError {
     #[error(transparent)]
     Model(#[from] ModelError),
-    #[error("weight {weight} is out of range (1..={MAX_WEIGHT}); weight 0 is set by draining the backend")]
-    WeightOutOfRange { weight: u32 },
-    #[error("rule {rule}: {problem}")]
-    BadRule { rule: String, problem: &'static str },
     #[error("top sources: limit must be at least 1")]
     BadTopLimit,
     #[error("applying the change to the balancer's maps (rolled back)")]
@@ -91,6 +105,15 @@ pub enum CoreError {
     BadHealthPolicy { message: String },
     #[error("health: this lbd runs without health checks (--no-health-checks)")]
     HealthChecksOff,
+    #[error("flows: {problem}")]
+    BadFlow { problem: String },
+    #[error(transparent)]
+    Config(ConfigError),
+    #[error(
+        "{file}: removes VIP {vips}, whose connections would break; remove or drain its backends first, \
+         or apply with --allow-vip-removal"
+    )]
+    VipRemoval { file: String, vips: String },
 }
 
 /// Longest drain deadline: a week. Longer is a forgotten drain, not a plan.
@@ -100,29 +123,19 @@ impl CoreError {
     pub fn to_api(&self) -> ApiError {
         let kind = match self {
             Self::Model(_)
-            | Self::WeightOutOfRange { .. }
-            | Self::BadRule { .. }
             | Self::BadTopLimit
             | Self::BadDrainDeadline { .. }
             | Self::BadHealthPolicy { .. }
-            | Self::HealthChecksOff => ErrorKind::Invalid,
+            | Self::HealthChecksOff
+            | Self::BadFlow { .. }
+            | Self::Config(_)
+            | Self::VipRemoval { .. } => ErrorKind::Invalid,
             Self::Apply(_) | Self::Persist(_) | Self::Counters(_) | Self::Health(_) => ErrorKind::Internal,
         };
         ApiError { kind, message: error_chain(self) }
     }
 }
-
-/// `error: cause: cause`, so a single line names the root problem.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub use crate::errors::error_chain;
 
 pub struct Core<M, S> {
     state: DesiredState,
@@ -133,8 +146,37 @@ pub struct Core<M, S> {
     health: Option<Checks>,
     /// Port pressure of the balancer and of the backends (from their agents).
     ports: PortsBook,
+    /// The balancer interface's forwarding sysctls found at 0 since the last check (VIP
+    /// packets are then dropped as `drop_forwarding_disabled`), e.g. `net.ipv4.conf.eth0.forwarding = 0`.
+    forwarding_off: Option<String>,
+    /// `lbd`'s own counters (metrics, `lbctl top`).
+    telemetry: Telemetry,
+    info: DaemonInfo,
 }
 
+/// A change to apply: its operation (the metrics' `op` label) and its log line.
+struct Change {
+    op: &'static str,
+    line: Line,
+}
+
+fn change(op: &'static str) -> Change {
+    Change { op, line: Line::new("change").field("op", &op) }
+}
+
+impl Change {
+    fn field(mut self, key: &str, value: &dyn std::fmt::Display) -> Self {
+        self.line = self.line.field(key, value);
+        self
+    }
+}
+
+/// `-` for an absent optional value in a log line.
+fn or_dash<T: ToString>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+pub use self::apply::{ApplyOptions, DaemonInfo};
 pub use super::checks::{ProbeResult, ProbeTarget};
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
@@ -165,8 +207,25 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             }
             None => state.clone(),
         };
-        let report = reconciler.apply(&mut maps, &target).map_err(CoreError::Apply)?;
-        Ok((Self { state, reconciler, maps, store, health, ports: PortsBook::default() }, report))
+        let mut telemetry = Telemetry::default();
+        let started = Instant::now();
+        let report = reconciler.apply(&mut maps, &target);
+        telemetry.reconciled("restore", report.is_ok(), started.elapsed());
+        let report = report.map_err(CoreError::Apply)?;
+        Ok((
+            Self {
+                state,
+                reconciler,
+                maps,
+                store,
+                health,
+                ports: PortsBook::default(),
+                forwarding_off: None,
+                telemetry,
+                info: DaemonInfo::default(),
+            },
+            report,
+        ))
     }
 
     /// Feeds probe outcomes, runs time-driven transitions, logs health events and, at most
@@ -175,11 +234,30 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     pub fn health_round(&mut self, results: Vec<ProbeResult>) -> Result<(Vec<ProbeTarget>, u64), CoreError> {
         let Some(checks) = &mut self.health else { return Ok((Vec::new(), 0)) };
         let now_ms = checks.now_ms();
+        for result in &results {
+            self.telemetry.probed(&result.outcome);
+        }
         checks.observe(results, now_ms);
-        let targets = checks.targets(&self.state);
+        let reconciler = &self.reconciler;
+        let targets = checks.targets(&self.state, |vip, backend| reconciler.backend_slot(vip, backend));
         self.save_health_snapshot(now_ms);
         self.program_effective(now_ms)?;
         Ok((targets, now_ms))
+    }
+
+    /// Records whether the balancer's interface forwards: `off` names the forwarding
+    /// sysctls at 0 (`None`: all on). Logged when it changes; shown as an alert meanwhile.
+    pub fn set_forwarding_off(&mut self, off: Option<String>) {
+        if off == self.forwarding_off {
+            return;
+        }
+        match &off {
+            Some(sysctls) => {
+                crate::event!(warn, "forwarding_disabled", sysctls = sysctls, effect = "VIP packets are dropped (drop_forwarding_disabled)")
+            }
+            None => crate::event!(info, "forwarding_restored"),
+        }
+        self.forwarding_off = off;
     }
 
     /// Records port pressure reported by a backend's agent (see `pressure::classify`).
@@ -208,7 +286,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         }
         checks.snapshot_due = false;
         if let Err(e) = self.store.save_health(&checks.snapshot(now_ms)) {
-            warn!("health: persisting backend health: {}", error_chain(&e));
+            event!(warn, "health_persist_failed", error = error_chain(&e));
         }
     }
 
@@ -232,12 +310,19 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             return Ok(());
         }
         checks.last_programmed_ms = Some(now_ms);
-        match self.reconciler.apply(&mut self.maps, &effective) {
+        let started = Instant::now();
+        let applied = self.reconciler.apply(&mut self.maps, &effective);
+        self.telemetry.reconciled("health", applied.is_ok(), started.elapsed());
+        match applied {
             Ok(report) => {
                 let changed = changed_weights(&checks.programmed, &effective);
-                info!(
-                    "event=health_weights_programmed changed=[{changed}] slots_written={} tables_flipped={} limits_written={}",
-                    report.slots_written, report.tables_flipped, report.limits_written
+                event!(
+                    info,
+                    "health_weights_programmed",
+                    changed = format!("[{changed}]"),
+                    slots_written = report.slots_written,
+                    tables_flipped = report.tables_flipped,
+                    limits_written = report.limits_written
                 );
                 checks.programmed = effective;
                 Ok(())
@@ -256,17 +341,25 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         &self,
         vip: &Vip,
         probe: Option<ProbeSpec>,
+        probe_path: Option<ProbePath>,
         policy: BTreeMap<String, serde_json::Value>,
         reset: bool,
     ) -> Result<Option<VipHealth>, CoreError> {
         let checks = self.health.as_ref().ok_or(CoreError::HealthChecksOff)?;
         let current = self.state.vip(vip)?.health.clone().filter(|_| !reset);
-        if reset && probe.is_none() && policy.is_empty() {
+        if reset && probe.is_none() && probe_path.is_none() && policy.is_empty() {
             return Ok(None);
         }
-        let mut health = current.unwrap_or_else(|| VipHealth { probe: ProbeSpec::default(), policy: checks.defaults().clone() });
+        let mut health = current.unwrap_or_else(|| VipHealth {
+            probe: ProbeSpec::default(),
+            policy: checks.defaults().clone(),
+            probe_path: ProbePath::default(),
+        });
         if let Some(probe) = probe {
             health.probe = probe;
+        }
+        if let Some(probe_path) = probe_path {
+            health.probe_path = probe_path;
         }
         let bad = |e: serde_json::Error| CoreError::BadHealthPolicy { message: e.to_string() };
         let mut fields = match serde_json::to_value(&health.policy).map_err(bad)? {
@@ -289,12 +382,19 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
 
     /// Records an agent's report, and the pressure it means for the backend.
     pub fn record_agent_ports(&mut self, backend: IpAddr, report: Result<PortsReport, String>) -> Result<(), CoreError> {
+        self.telemetry.agent_polled(report.is_ok());
         let pressure = self.ports.record_agent(backend, report);
         self.set_pressure(backend, pressure)
     }
 
     fn ports(&self, host: Option<IpAddr>) -> PortsView {
         self.ports.view(host)
+    }
+
+    /// The balancer's own port report, or why there is none.
+    pub fn local_ports(&self) -> Result<PortsReport, String> {
+        let view = self.ports.view(None);
+        view.report.ok_or_else(|| view.error.unwrap_or_default())
     }
 
     /// Removes draining backends whose deadline (Unix ms) has passed; returns how many.
@@ -308,9 +408,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             .map(|(vip, addr, _)| (vip, addr))
             .collect();
         for (vip, backend) in &expired {
-            self.mutate(&format!("op=remove_backend vip={vip} backend={backend} reason=drain_deadline"), |s| {
-                s.remove_backend(vip, *backend)
-            })?;
+            let change = change("remove_backend").field("vip", vip).field("backend", backend).field("reason", &"drain_deadline");
+            self.mutate(change, |s| s.remove_backend(vip, *backend))?;
         }
         Ok(expired.len())
     }
@@ -322,6 +421,11 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
 
     pub fn state(&self) -> &DesiredState {
         &self.state
+    }
+
+    /// What the metrics' info line says about this `lbd` (the loaded program, the mode).
+    pub fn set_build_info(&mut self, info: BuildInfo) {
+        self.telemetry.info = info;
     }
 
     #[cfg(test)]
@@ -339,29 +443,38 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::ListVips => Ok(Reply::Vips(self.vips())),
             Request::ListBackends { vip } => Ok(Reply::Backends(self.backends(&vip)?)),
             Request::Stats => self.stats().map(Reply::Stats).map_err(CoreError::Counters),
-            Request::Maps => Ok(Reply::Maps(self.maps_report())),
             Request::AddVip { vip, ring_size } => {
                 let ring_size = ring_size.unwrap_or(DEFAULT_RING_SIZE);
-                self.mutate(&format!("op=add_vip vip={vip} ring_size={ring_size}"), |s| s.add_vip(vip, ring_size))
+                self.mutate(change("add_vip").field("vip", &vip).field("ring_size", &ring_size), |s| s.add_vip(vip, ring_size))
             }
-            Request::RemoveVip { vip } => self.mutate(&format!("op=remove_vip vip={vip}"), |s| s.remove_vip(&vip).map(drop)),
+            Request::RemoveVip { vip } => self.mutate(change("remove_vip").field("vip", &vip), |s| s.remove_vip(&vip).map(drop)),
             Request::AddBackend { vip, backend, weight, options } => {
-                let weight = check_weight(weight.unwrap_or(DEFAULT_WEIGHT))?;
-                self.mutate(&format!("op=add_backend vip={vip} backend={backend} weight={weight} options={options:?}"), |s| {
-                    s.add_backend_with(&vip, backend, Backend { weight, options, drain_deadline_unix_ms: None })
-                })
+                let weight = check_serving_weight(weight.unwrap_or(DEFAULT_WEIGHT))?;
+                let change =
+                    backend_options(change("add_backend").field("vip", &vip).field("backend", &backend).field("weight", &weight), &options);
+                self.mutate(change, |s| s.add_backend_with(&vip, backend, Backend { weight, options, drain_deadline_unix_ms: None }))
             }
-            Request::SetBackendOptions { vip, backend, options } => self
-                .mutate(&format!("op=set_backend_options vip={vip} backend={backend} options={options:?}"), |s| {
-                    s.set_backend_options(&vip, backend, options)
-                }),
-            Request::SetHealth { vip, probe, policy, reset } => {
-                let health = self.health_settings(&vip, probe, policy, reset)?;
-                self.mutate(&format!("op=set_health vip={vip} health={health:?}"), |s| s.set_health(&vip, health))
+            Request::SetBackendOptions { vip, backend, options } => {
+                let change = backend_options(change("set_backend_options").field("vip", &vip).field("backend", &backend), &options);
+                self.mutate(change, |s| s.set_backend_options(&vip, backend, options))
             }
-            Request::Ports { host } => Ok(Reply::Ports(self.ports(host))),
+            Request::SetHealth { vip, probe, probe_path, policy, reset } => {
+                let mut change = change("set_health").field("vip", &vip).field("reset", &reset);
+                if let Some(probe) = &probe {
+                    change = change.field("probe", &serde_json::to_string(probe).unwrap_or_default());
+                }
+                if let Some(probe_path) = &probe_path {
+                    change = change.field("probe_path", probe_path);
+                }
+                for (name, value) in &policy {
+                    change = change.field(name, value);
+                }
+                let health = self.health_settings(&vip, probe, probe_path, policy, reset)?;
+                self.mutate(change, |s| s.set_health(&vip, health))
+            }
+            Request::Ports { host } => Ok(Reply::Ports(Box::new(self.ports(host)))),
             Request::RemoveBackend { vip, backend } => {
-                self.mutate(&format!("op=remove_backend vip={vip} backend={backend}"), |s| s.remove_backend(&vip, backend))
+                self.mutate(change("remove_backend").field("vip", &vip).field("backend", &backend), |s| s.remove_backend(&vip, backend))
             }
             Request::DrainBackend { vip, backend, deadline_s } => {
                 let deadline = match deadline_s {
@@ -369,63 +482,83 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     Some(s) => Some(unix_ms() + s * 1000),
                     None => None,
                 };
-                self.mutate(&format!("op=drain_backend vip={vip} backend={backend} deadline_s={deadline_s:?}"), |s| {
-                    s.drain_backend(&vip, backend, deadline)
-                })
+                let change =
+                    change("drain_backend").field("vip", &vip).field("backend", &backend).field("deadline_s", &or_dash(deadline_s));
+                self.mutate(change, |s| s.drain_backend(&vip, backend, deadline))
             }
             Request::SetWeight { vip, backend, weight } => {
-                let weight = check_weight(weight)?;
-                self.mutate(&format!("op=set_weight vip={vip} backend={backend} weight={weight}"), |s| s.set_weight(&vip, backend, weight))
+                let weight = check_serving_weight(weight)?;
+                let change = change("set_weight").field("vip", &vip).field("backend", &backend).field("weight", &weight);
+                self.mutate(change, |s| s.set_weight(&vip, backend, weight))
             }
             Request::SetRateLimit { scope, per_s, burst, source_prefix_v4, source_prefix_v6, observe } => {
                 let rate = RateSpec::new(per_s, burst);
-                let what = format!(
-                    "op=set_rate_limit scope={scope} per_s={} burst={} source_prefix_v4={} source_prefix_v6={} observe={observe}",
-                    rate.per_s,
-                    rate.burst,
-                    source_prefix_v4.unwrap_or(DEFAULT_SOURCE_PREFIX_V4),
-                    source_prefix_v6.unwrap_or(DEFAULT_SOURCE_PREFIX_V6),
-                );
-                self.mutate(&what, |s| s.set_per_source(scope.vip(), rate, source_prefix_v4, source_prefix_v6, observe))
+                let change = change("set_rate_limit")
+                    .field("scope", &scope)
+                    .field("per_s", &rate.per_s)
+                    .field("burst", &rate.burst)
+                    .field("source_prefix_v4", &source_prefix_v4.unwrap_or(DEFAULT_SOURCE_PREFIX_V4))
+                    .field("source_prefix_v6", &source_prefix_v6.unwrap_or(DEFAULT_SOURCE_PREFIX_V6))
+                    .field("observe", &observe);
+                self.mutate(change, |s| s.set_per_source(scope.vip(), rate, source_prefix_v4, source_prefix_v6, observe))
             }
             Request::SetBudget { scope, per_s, burst, observe } => {
                 let rate = RateSpec::new(per_s, burst);
-                let what = format!("op=set_budget scope={scope} per_s={} burst={} observe={observe}", rate.per_s, rate.burst);
-                self.mutate(&what, |s| s.set_budget(scope.vip(), rate, observe))
+                let change = change("set_budget")
+                    .field("scope", &scope)
+                    .field("per_s", &rate.per_s)
+                    .field("burst", &rate.burst)
+                    .field("observe", &observe);
+                self.mutate(change, |s| s.set_budget(scope.vip(), rate, observe))
             }
             Request::ClearRateLimit { scope, part } => {
-                let (per_source, budget) = match part {
-                    LimitPart::All => (true, true),
-                    LimitPart::PerSource => (true, false),
-                    LimitPart::Budget => (false, true),
+                let (per_source, budget, label) = match part {
+                    LimitPart::All => (true, true, "all"),
+                    LimitPart::PerSource => (true, false, "per_source"),
+                    LimitPart::Budget => (false, true, "budget"),
                 };
-                self.mutate(&format!("op=clear_rate_limit scope={scope} part={part:?}"), |s| {
+                self.mutate(change("clear_rate_limit").field("scope", &scope).field("part", &label), |s| {
                     s.clear_limit_parts(scope.vip(), per_source, budget)
                 })
             }
             Request::ListRateLimits => Ok(Reply::RateLimits(self.rate_limits())),
             Request::SetRule { cidr, vip, action, per_s, burst, observe } => {
                 let rule = RuleMatch { cidr, vip };
-                let config = rule_config(&rule, action, per_s, burst, observe)?;
-                self.mutate(&format!("op=set_rule rule={rule} action={action:?} per_s={per_s:?} burst={burst:?} observe={observe}"), |s| {
-                    s.set_rule(rule, config)
-                })
+                let config = RuleConfig::from_parts(&rule, action, per_s, burst, observe)?;
+                let change = change("set_rule")
+                    .field("cidr", &cidr)
+                    .field("vip", &or_dash(vip))
+                    .field("action", &action.label())
+                    .field("per_s", &or_dash(per_s))
+                    .field("burst", &or_dash(burst))
+                    .field("observe", &observe);
+                self.mutate(change, |s| s.set_rule(rule, config))
             }
             Request::RemoveRule { cidr, vip } => {
                 let rule = RuleMatch { cidr, vip };
-                self.mutate(&format!("op=remove_rule rule={rule}"), |s| s.remove_rule(&rule))
+                self.mutate(change("remove_rule").field("cidr", &cidr).field("vip", &or_dash(vip)), |s| s.remove_rule(&rule))
             }
             Request::ListRules => self.rules().map(Reply::Rules).map_err(CoreError::Counters),
             Request::TopSources { vip, limit } => self.top_sources(&vip, limit).map(Reply::TopSources),
+            Request::Sample => self.sample().map(|s| Reply::Sample(Box::new(s))),
+            Request::FlowGet { vip, client, port } => self.flow_get(&vip, client, port).map(Reply::Flow),
+            Request::FlowList { vip, backend, limit } => self.flow_list(&vip, backend, limit).map(Reply::Flows),
+            Request::FlowPurge { backend } => self.flow_purge(backend).map(Reply::Purged),
+            Request::Apply { config, source, dry_run, allow_vip_removal } => {
+                let doc = Document::parse(&source, config).map_err(CoreError::Config)?;
+                self.apply_file(&doc, ApplyOptions { dry_run, allow_vip_removal, mark_as: None }).map(Reply::Applied)
+            }
+            Request::Export => Ok(Reply::Exported(self.export())),
+            Request::Status => self.status().map(|status| Reply::Status(Box::new(status))),
         }
     }
 
-    fn mutate(&mut self, what: &str, edit: impl FnOnce(&mut DesiredState) -> Result<(), ModelError>) -> Result<Reply, CoreError> {
+    fn mutate(&mut self, change: Change, edit: impl FnOnce(&mut DesiredState) -> Result<(), ModelError>) -> Result<Reply, CoreError> {
         let mut next = self.state.clone();
         edit(&mut next)?;
         next.validate()?;
         if next == self.state {
-            info!("{what} changed=false");
+            log::info!("{}", change.line.field("changed", &false));
             return Ok(Reply::Done { slots_written: 0, tables_flipped: 0 });
         }
         // With health checks, the trackers follow `next` and the maps get its effective weights.
@@ -437,7 +570,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             }
             None => next.clone(),
         };
-        let report = match self.reconciler.apply(&mut self.maps, &target) {
+        let started = Instant::now();
+        let applied = self.reconciler.apply(&mut self.maps, &target);
+        self.telemetry.reconciled(change.op, applied.is_ok(), started.elapsed());
+        let report = match applied {
             Ok(report) => report,
             Err(e) => {
                 self.resync_health();
@@ -454,10 +590,13 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         if let Some(health) = &mut self.health {
             health.programmed = target;
         }
-        info!(
-            "{what} slots_written={} tables_flipped={} limits_written={} rules_written={}",
-            report.slots_written, report.tables_flipped, report.limits_written, report.rules_written
-        );
+        let line = change
+            .line
+            .field("slots_written", &report.slots_written)
+            .field("tables_flipped", &report.tables_flipped)
+            .field("limits_written", &report.limits_written)
+            .field("rules_written", &report.rules_written);
+        log::info!("{line}");
         Ok(Reply::Done { slots_written: report.slots_written, tables_flipped: report.tables_flipped })
     }
 
@@ -465,13 +604,15 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// failed apply, so it is rebuilt from the maps first.
     fn roll_back(&mut self) {
         let programmed = self.programmed().clone();
+        let started = Instant::now();
         let result = Reconciler::adopt(&self.maps).and_then(|mut r| {
             r.apply(&mut self.maps, &programmed)?;
             Ok(r)
         });
+        self.telemetry.reconciled("rollback", result.is_ok(), started.elapsed());
         match result {
             Ok(reconciler) => self.reconciler = reconciler,
-            Err(e) => error!("rolling back the maps failed; restart lbd to resync: {}", error_chain(&e)),
+            Err(e) => event!(error, "rollback_failed", message = "restart lbd to resync the maps", error = error_chain(&e)),
         }
     }
 
@@ -480,32 +621,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         if let Some(checks) = &mut self.health {
             let now_ms = checks.now_ms();
             if let Err(e) = checks.sync(&self.state, now_ms) {
-                error!("health: resyncing after a failed change: {}", error_chain(&e));
+                event!(error, "health_resync_failed", error = error_chain(&e));
             }
         }
     }
-}
-
-/// A rule's configuration from the request's flat fields.
-fn rule_config(
-    rule: &RuleMatch,
-    action: RuleActionKind,
-    per_s: Option<u32>,
-    burst: Option<u32>,
-    observe: bool,
-) -> Result<RuleConfig, CoreError> {
-    let bad = |problem| CoreError::BadRule { rule: rule.describe(), problem };
-    let action = match (action, per_s) {
-        (RuleActionKind::Limit, Some(per_s)) => RuleAction::Limit(RateSpec::new(per_s, burst)),
-        (RuleActionKind::Limit, None) => return Err(bad("a limit needs a rate (per_s)")),
-        (_, Some(_)) => return Err(bad("only a limit takes a rate")),
-        (RuleActionKind::Block, None) => RuleAction::Block,
-        (RuleActionKind::Exempt, None) => RuleAction::Exempt,
-    };
-    if burst.is_some() && !matches!(action, RuleAction::Limit(_)) {
-        return Err(bad("only a limit takes a burst"));
-    }
-    Ok(RuleConfig { action, observe })
 }
 
 /// `addr:old->new` for every backend whose programmed weight changed, for the log.
@@ -522,11 +641,24 @@ fn changed_weights(old: &DesiredState, new: &DesiredState) -> String {
     changed.join(",")
 }
 
-fn check_weight(weight: u32) -> Result<u32, CoreError> {
-    if weight == 0 || weight > MAX_WEIGHT {
-        return Err(CoreError::WeightOutOfRange { weight });
+/// The options given, as log fields (those set only).
+fn backend_options(mut change: Change, options: &crate::model::BackendOptions) -> Change {
+    if let Some(zone) = &options.zone {
+        change = change.field("zone", zone);
     }
-    Ok(weight)
+    if let Some(capacity) = options.capacity_per_s {
+        change = change.field("capacity_per_s", &capacity);
+    }
+    if let Some(spare) = options.spare_per_s {
+        change = change.field("spare_per_s", &spare);
+    }
+    if let Some(target) = options.probe_target {
+        change = change.field("probe_target", &target);
+    }
+    if let Some(path) = options.probe_path {
+        change = change.field("probe_path", &path);
+    }
+    change
 }
 
 /// Wall-clock milliseconds since the Unix epoch (drain deadlines outlive the process).
@@ -534,8 +666,13 @@ pub fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+mod apply;
+#[cfg(test)]
+mod apply_tests;
+mod flows;
 #[cfg(test)]
 mod health_tests;
+mod sample;
 #[cfg(test)]
 mod tests;
 mod views;

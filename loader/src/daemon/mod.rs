@@ -5,10 +5,14 @@
 pub mod args;
 pub mod checks;
 pub mod core;
+pub mod metrics;
+pub mod notify;
 pub mod outer_src;
 pub mod pressure;
 pub mod probes;
 pub mod server;
+pub mod settings;
+pub mod telemetry;
 
 use std::{
     io,
@@ -17,7 +21,6 @@ use std::{
 };
 
 use aya::{EbpfError, maps::MapError};
-use log::{debug, info, warn};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::types::LbConfig;
 use tokio::{
@@ -28,19 +31,27 @@ use tokio::{
 use self::{
     args::DaemonArgs,
     checks::ChecksConfig,
-    core::{Core, CoreError, Counters, error_chain, unix_ms},
+    core::{ApplyOptions, Core, CoreError, Counters, DaemonInfo, error_chain, unix_ms},
     outer_src::{OuterSrc4, OuterSrc6},
     server::{ServerError, SharedCore},
+    settings::RunningSettings,
 };
 use crate::{
+    api::ConfigStatus,
+    api::sample::BuildInfo,
+    config::{ConfigError, Document},
     dataplane::{Balancer, DataplaneError, LoadOptions},
+    event,
+    forwarding::{self, ForwardingError},
     health::HealthConfig,
+    model::DesiredState,
     neighbours,
     netif::{self, NetifError},
     pins::{self, Attachment, PinError, PinLayout},
-    ports::SockWatch,
+    ports::{Scope, SockWatch, WatchOptions},
     reconcile::Maps,
-    store::{StateFile, Store, StoreError},
+    store::{ConfigMark, StateFile, Store, StoreError},
+    vip_path::{VipPath, VipPathArgs, VipPathError},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -66,19 +77,37 @@ pub enum DaemonError {
     Start(#[source] CoreError),
     #[error("installing signal handlers")]
     Signals(#[source] io::Error),
+    // Boxed: it would make every daemon result larger for one rare error.
+    #[error(transparent)]
+    VipPath(Box<VipPathError>),
+    #[error(transparent)]
+    Forwarding(#[from] ForwardingError),
+    #[error(
+        "forwarding is disabled on {iface} ({sysctls}): the kernel's route lookup refuses every packet arriving there, so \
+         no VIP packet could be forwarded; set it to 1 (sysctl -w ...=1) or start lbd with --enable-forwarding"
+    )]
+    ForwardingDisabled { iface: String, sysctls: String },
+    #[error("the configuration file is refused and there is no persisted state to start from")]
+    Config(#[source] ConfigError),
+    #[error("applying the configuration file at start")]
+    ApplyConfig(#[source] CoreError),
 }
 
-/// Runs the balancer on `iface` until SIGTERM or SIGINT.
-pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
+/// Runs the balancer on `iface` until SIGTERM or SIGINT; with `config` (the `--config`
+/// file, already read), starts from it as [`plan_start`] says and re-applies it on SIGHUP.
+pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, settings: RunningSettings) -> Result<(), DaemonError> {
     // Everything lbd creates (socket, state file, pin directories) is root's alone.
     umask(Mode::from_bits_truncate(0o077));
     let mut signals = Signals::install()?;
     // Read the state before touching the dataplane: a bad file must change nothing.
     let store = StateFile::open(&args.state_dir)?;
-    let state = store.load()?;
-    if state.is_none() {
-        info!("no state file at {}; starting with no VIPs", store.path().display());
+    let persisted = store.load()?;
+    if persisted.is_none() && config.is_none() {
+        event!(info, "no_state", path = store.path().display(), message = "starting with no VIPs");
     }
+    let config_path = args.config.clone();
+    let start = plan_start(config, config_path.as_deref(), persisted, store.load_config_mark())?;
+    check_forwarding(iface, args.enable_forwarding)?;
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
     let _lock = pins::create_and_lock(&layout.balancer_dir())?;
@@ -94,13 +123,47 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     // Attach before writing anything: if this fails (wrong interface, another program on
     // it), the maps a running balancer may share are left untouched.
     let link = layout.balancer_link();
-    match pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link)? {
-        Attachment::Attached => info!("attached iface={iface} mode={:?} link={}", args.xdp_mode, link.display()),
-        Attachment::Reattached => info!("attached iface={iface} link={} (the old link's interface was gone)", link.display()),
-        Attachment::TookOver { replaced_program_id } => {
-            info!("took over link={} iface={iface} replaced_prog_id={replaced_program_id}", link.display())
+    let program_tag = balancer.program()?.info().map(|i| format!("{:016x}", i.tag())).unwrap_or_default();
+    let mode = args.xdp_mode.label();
+    let started = std::time::Instant::now();
+    let attachment = match pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link)? {
+        Attachment::Attached => {
+            event!(info, "attached", iface = iface, mode = mode, link = link.display(), program_tag = program_tag);
+            "attached"
         }
-    }
+        Attachment::Reattached => {
+            event!(
+                info,
+                "attached",
+                iface = iface,
+                mode = mode,
+                link = link.display(),
+                program_tag = program_tag,
+                note = "the old link's interface was gone"
+            );
+            "reattached"
+        }
+        Attachment::TookOver { replaced_program_id } => {
+            event!(
+                info,
+                "took_over",
+                iface = iface,
+                link = link.display(),
+                replaced_prog_id = replaced_program_id,
+                program_tag = program_tag
+            );
+            "took_over"
+        }
+    };
+    // Probes through the tunnel need the probe path; without it they count as unknown (and
+    // say why, loudly), and forwarding is unaffected.
+    let vip_path = (!args.no_health_checks).then(|| {
+        VipPath::install(&mut balancer, &layout, iface, &args.vip_path).map_err(|e| {
+            let message = error_chain(&e);
+            event!(error, "probe_path_unavailable", error = message, message = "ALERT: probes through the tunnel count as unknown");
+            message
+        })
+    });
     let mut maps = balancer.maps;
     log_memory(&maps);
     maps.set_config(&config)?;
@@ -109,69 +172,150 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
         let defaults = HealthConfig { slow_start_ms: args.health_slow_start_ms, ..HealthConfig::default() };
         (ChecksConfig { defaults, local_zone: args.zone.clone() }, store.load_health().unwrap_or_default())
     });
-    let (core, report) = Core::start(maps, store, state.unwrap_or_default(), checks).map_err(DaemonError::Start)?;
+    let (mut core, report) = Core::start(maps, store, start.state, checks).map_err(DaemonError::Start)?;
+    if let Some(mark) = &start.first {
+        core.save_started_state(mark).map_err(DaemonError::ApplyConfig)?;
+    }
+    core.set_build_info(BuildInfo { version: env!("CARGO_PKG_VERSION").to_owned(), program_tag, xdp_mode: mode.to_owned() });
     let vips = &core.state().vips;
-    info!(
-        "state restored vips={} backends={} rules={} health_checks={} zone={} slots_written={} tables_flipped={} limits_written={} rules_written={}",
-        vips.len(),
-        vips.values().map(|c| c.backends.len()).sum::<usize>(),
-        core.state().rules.len(),
-        !args.no_health_checks,
-        args.zone.as_deref().unwrap_or("-"),
-        report.slots_written,
-        report.tables_flipped,
-        report.limits_written,
-        report.rules_written
+    event!(
+        info,
+        "state_restored",
+        vips = vips.len(),
+        backends = vips.values().map(|c| c.backends.len()).sum::<usize>(),
+        rules = core.state().rules.len(),
+        health_checks = !args.no_health_checks,
+        zone = args.zone.as_deref().unwrap_or("-"),
+        slots_written = report.slots_written,
+        tables_flipped = report.tables_flipped,
+        limits_written = report.limits_written,
+        rules_written = report.rules_written
     );
     // The balancer's own port watcher: `lbctl ports --host lb`, and loud alerts when the
     // balancer itself runs short of ports. Not fatal: forwarding does not need it.
-    let watch = SockWatch::load().map_err(|e| {
+    let watch = SockWatch::load(WatchOptions { mode: args.watcher_mode, scope: Scope::Own }).map_err(|e| {
         let message = error_chain(&e);
-        warn!("socket watcher not loaded; lbctl ports --host lb has no data: {message}");
+        event!(warn, "socket_watcher_not_loaded", error = message, message = "lbctl ports --host lb has no data");
         message
     });
-    let health_checks = !args.no_health_checks;
+    core.set_info(DaemonInfo {
+        started,
+        iface: iface.to_owned(),
+        xdp_mode: args.xdp_mode.label(),
+        attachment,
+        pin_dir: args.pin_dir.clone(),
+        state_dir: args.state_dir.clone(),
+        zone: args.zone.clone(),
+        settings,
+        config: None,
+        watcher: watch.as_ref().map(|w| w.status().clone()).map_err(Clone::clone),
+    });
+    if let Some((doc, path)) = start.apply.as_ref().zip(config_path.as_deref()) {
+        apply_config(&mut core, doc, path, "start");
+    } else if let Some(status) = start.status {
+        core.set_config_status(status);
+    }
     let core = Arc::new(Mutex::new(core));
-    info!("ready api={}", args.api.display());
+    let _metrics = metrics::start(args.metrics_listen, core.clone()).await;
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
-    let prober = health_checks.then(|| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed())));
+    let forwarding_watch = tokio::spawn(forwarding_watch(core.clone(), iface.to_owned()));
+    let prober = vip_path.map(|path| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed(), Arc::new(path))));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
+    let reloader = tokio::spawn(reload_on_hup(core.clone(), config_path, signals.take_hup()));
+    // The API is bound, the state restored and the program attached: systemd may go on.
+    event!(info, "ready", api = args.api.display());
+    notify::ready(&serving(&server::lock(&core)));
     server::serve(listener, core.clone(), answered, async {
         let name = signals.recv().await;
-        info!("received {name}; exiting");
+        notify::stopping();
+        event!(info, "exiting", signal = name);
     })
     .await;
     upkeep.abort();
+    forwarding_watch.abort();
     pressure.abort();
+    reloader.abort();
     if let Some(prober) = prober {
         prober.abort();
     }
     // A killed lbd restores the last state change; a clean exit saves the present.
     server::lock(&core).persist_health();
-    info!("exited; forwarding continues through link={}", link.display());
+    event!(info, "exited", link = link.display(), message = "forwarding continues through the pinned link");
     Ok(())
 }
 
 /// One line per map with the memory the kernel charges for it, and the total.
 fn log_memory(maps: &crate::dataplane::BalancerMaps) {
     for m in maps.memory() {
-        info!("event=map_memory map={} kind={} entries={} bytes={}", m.name, m.kind, m.entries, m.bytes);
+        event!(info, "map_memory", map = m.name, kind = m.kind, entries = m.entries, bytes = m.bytes);
     }
     let c = maps.capacity();
     let total: u64 = maps.memory().iter().map(|m| m.bytes).sum();
-    info!(
-        "event=map_memory_total bytes={total} max_vips={} max_backends={} max_flows={} ring_slots={}",
-        c.vips, c.backends, c.flows, c.ring_slots
+    event!(
+        info,
+        "map_memory_total",
+        bytes = total,
+        max_vips = c.vips,
+        max_backends = c.backends,
+        max_flows = c.flows,
+        ring_slots = c.ring_slots
     );
 }
 
-/// `lbd --cleanup`: detaches the balancer and the agent and removes every pin.
-pub fn cleanup(pin_dir: &Path) -> Result<(), DaemonError> {
-    for link in pins::cleanup(&PinLayout::new(pin_dir))? {
-        info!("detached link={}", link.display());
+/// Refuses to start on an interface that does not forward, unless `enable` lets it set the
+/// sysctls (logged).
+fn check_forwarding(iface: &str, enable: bool) -> Result<(), DaemonError> {
+    let off = forwarding::disabled(iface)?;
+    if off.is_empty() {
+        return Ok(());
     }
-    info!("removed pin_dir={}", pin_dir.display());
+    let sysctls = forwarding::describe(&off);
+    if !enable {
+        return Err(DaemonError::ForwardingDisabled { iface: iface.to_owned(), sysctls });
+    }
+    forwarding::enable(&off)?;
+    event!(info, "forwarding_enabled", iface = iface, was = sysctls, reason = "--enable-forwarding");
+    Ok(())
+}
+
+/// How often the interface's forwarding sysctls are re-read once running.
+const FORWARDING_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Keeps the core told whether `iface` still forwards (an alert in `lbctl` and one log line
+/// per change when it stops).
+async fn forwarding_watch<M, S>(core: SharedCore<M, S>, iface: String)
+where
+    M: Maps + Counters + Send + 'static,
+    S: Store + Send + 'static,
+{
+    let mut tick = tokio::time::interval(FORWARDING_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let off = match forwarding::disabled(&iface) {
+            Ok(off) if off.is_empty() => None,
+            Ok(off) => Some(forwarding::describe(&off)),
+            Err(e) => {
+                event!(warn, "forwarding_check_failed", iface = iface, error = error_chain(&e));
+                continue;
+            }
+        };
+        let core = core.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || server::lock(&core).set_forwarding_off(off)).await {
+            event!(warn, "forwarding_check_failed", iface = iface, error = e);
+        }
+    }
+}
+
+/// `lbd --cleanup`: detaches the balancer, its probe path and the agent, removes every pin,
+/// and the probe path's device and routing rules.
+pub fn cleanup(pin_dir: &Path, vip_path: &VipPathArgs) -> Result<(), DaemonError> {
+    for link in pins::cleanup(&PinLayout::new(pin_dir))? {
+        event!(info, "detached", link = link.display());
+    }
+    event!(info, "removed", pin_dir = pin_dir.display());
+    VipPath::remove(vip_path).map_err(|e| DaemonError::VipPath(Box::new(e)))?;
     Ok(())
 }
 
@@ -180,12 +324,26 @@ fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
     let v4 = args.outer_src.or_else(|| netif::first_ipv4(&addrs, iface).map(OuterSrc4::host));
     let v6 = args.outer_src6.or_else(|| netif::first_global_ipv6(&addrs, iface).map(OuterSrc6::host));
     match v4 {
-        Some(src) => info!("outer_src={src}"),
-        None => warn!("{iface} has no IPv4 address and --outer-src is not set: IPv4 backends are unreachable"),
+        Some(src) => event!(info, "outer_src", family = 4, src = src),
+        None => event!(
+            warn,
+            "no_outer_src",
+            family = 4,
+            iface = iface,
+            message = "no IPv4 address and no --outer-src: IPv4 backends are unreachable"
+        ),
     }
     match v6 {
-        Some(src) => info!("outer_src6={src}"),
-        None => warn!("{iface} has no global IPv6 address and --outer-src6 is not set: IPv6 backends are unreachable"),
+        Some(src) => event!(info, "outer_src", family = 6, src = src),
+        None => {
+            event!(
+                warn,
+                "no_outer_src",
+                family = 6,
+                iface = iface,
+                message = "no global IPv6 address and no --outer-src6: IPv6 backends are unreachable"
+            )
+        }
     }
     let (outer_src_v4, outer_src_v4_hostmask) = v4.map(|s| s.words()).unwrap_or_default();
     let (outer_src_v6, outer_src_v6_hostmask) = v6.map(|s| s.words()).unwrap_or_default();
@@ -237,7 +395,7 @@ where
             let backends = {
                 let mut core = server::lock(&core);
                 if let Err(e) = core.expire_drains(unix_ms()) {
-                    warn!("removing backends past their drain deadline: {}", error_chain(&e));
+                    event!(warn, "drain_deadline_failed", error = error_chain(&e));
                 }
                 core.backend_addrs()
             };
@@ -245,30 +403,238 @@ where
         };
         match tokio::task::spawn_blocking(round).await {
             Ok(Ok(0)) => {}
-            Ok(Ok(n)) => debug!("nudged backends={n} without a resolved neighbour"),
-            Ok(Err(e)) => warn!("neighbour upkeep: {}", error_chain(&e)),
-            Err(e) => warn!("neighbour upkeep: {e}"),
+            Ok(Ok(n)) => event!(debug, "neighbours_nudged", backends = n),
+            Ok(Err(e)) => event!(warn, "neighbour_upkeep_failed", error = error_chain(&e)),
+            Err(e) => event!(warn, "neighbour_upkeep_failed", error = e),
         }
     }
 }
 
-/// SIGTERM and SIGINT, installed early so neither kills the process mid-change.
+/// SIGTERM and SIGINT (and SIGHUP, whose default would kill the daemon), installed early so
+/// none kills the process mid-change.
 pub struct Signals {
     term: Signal,
     int: Signal,
+    hup: Option<Signal>,
 }
 
 impl Signals {
     pub fn install() -> Result<Self, DaemonError> {
         let install = |kind| signal(kind).map_err(DaemonError::Signals);
-        Ok(Self { term: install(SignalKind::terminate())?, int: install(SignalKind::interrupt())? })
+        Ok(Self {
+            term: install(SignalKind::terminate())?,
+            int: install(SignalKind::interrupt())?,
+            hup: Some(install(SignalKind::hangup())?),
+        })
     }
 
-    /// Waits for either signal and returns its name.
+    /// SIGHUP, for whoever reloads (a SIGHUP nobody takes is ignored).
+    pub fn take_hup(&mut self) -> Option<Signal> {
+        self.hup.take()
+    }
+
+    /// Waits for SIGTERM or SIGINT and returns its name.
     pub async fn recv(&mut self) -> &'static str {
         tokio::select! {
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "SIGINT",
         }
+    }
+}
+
+/// What `lbd` starts from, and what it does with its `--config` file.
+struct Start {
+    state: DesiredState,
+    /// The file to apply once started (its declared state changed since it was applied).
+    apply: Option<Document>,
+    /// Set on a first start from the file: the state is the file's, to persist with its mark.
+    first: Option<ConfigMark>,
+    status: Option<ConfigStatus>,
+}
+
+/// Decides, before the dataplane is touched, what to start from: without a file, the
+/// persisted state; with one, the file's state on a first start (none persisted), else the
+/// persisted one, and the file is applied over it (like `lbctl apply`) only if what it
+/// declares changed since `lbd` last applied it. A refused file keeps the persisted state;
+/// with nothing persisted there is nothing to run, and `lbd` exits.
+fn plan_start(
+    config: Option<Document>,
+    path: Option<&Path>,
+    persisted: Option<DesiredState>,
+    mark: Option<ConfigMark>,
+) -> Result<Start, DaemonError> {
+    let (Some(doc), Some(path)) = (config, path) else {
+        return Ok(Start { state: persisted.unwrap_or_default(), apply: None, first: None, status: None });
+    };
+    let file = path.display();
+    let status = |last: &str, error: Option<String>| Some(ConfigStatus { file: file.to_string(), last: last.to_owned(), error });
+    let declared = match (doc.desired_state(), persisted) {
+        (Ok(declared), persisted) => (declared, persisted),
+        (Err(e), None) => return Err(DaemonError::Config(e)),
+        (Err(e), Some(state)) => {
+            event!(error, "config_refused", file = file, trigger = "start", error = e, kept = "persisted_state");
+            return Ok(Start {
+                state,
+                apply: None,
+                first: None,
+                status: status("refused at start; kept the persisted state", Some(e.to_string())),
+            });
+        }
+    };
+    let now = ConfigMark::of(path, &declared.0);
+    Ok(match declared {
+        (declared, None) => {
+            event!(info, "config_used", source = "file", file = file, reason = "no_persisted_state", vips = declared.vips.len());
+            Start { state: declared, apply: None, first: Some(now), status: status("applied at start (no persisted state)", None) }
+        }
+        (_, Some(state)) if mark.as_ref() == Some(&now) => {
+            event!(info, "config_used", source = "state", file = file, reason = "file_unchanged", vips = state.vips.len());
+            let last = "kept the persisted state at start (what the file declares is unchanged since lbd applied it)";
+            Start { state, apply: None, first: None, status: status(last, None) }
+        }
+        (_, Some(state)) => {
+            event!(info, "config_used", source = "file", file = file, reason = "file_changed");
+            Start { state, apply: Some(doc), first: None, status: None }
+        }
+    })
+}
+
+/// Applies `lbd`'s own configuration file; a refusal keeps the running state (logged, and
+/// shown by `lbctl status`).
+fn apply_config<M: Maps + Counters, S: Store>(core: &mut Core<M, S>, doc: &Document, path: &Path, trigger: &str) -> bool {
+    let file = path.display();
+    let options = ApplyOptions { mark_as: Some(path.to_owned()), ..ApplyOptions::default() };
+    match core.apply_file(doc, options) {
+        Ok(applied) => {
+            event!(
+                info,
+                "config_applied",
+                file = file,
+                trigger = trigger,
+                changes = applied.changes.len(),
+                slots_written = applied.slots_written,
+                tables_flipped = applied.tables_flipped
+            );
+            for note in &applied.notes {
+                event!(warn, "config_setting_not_applied", file = file, note = note);
+            }
+            core.set_config_status(ConfigStatus { file: file.to_string(), last: format!("applied on {trigger}"), error: None });
+            true
+        }
+        Err(e) => {
+            let error = error_chain(&e);
+            event!(error, "config_refused", file = file, trigger = trigger, error = error, kept = "running_state");
+            core.set_config_status(ConfigStatus {
+                file: file.to_string(),
+                last: format!("refused on {trigger}; kept the running state"),
+                error: Some(error),
+            });
+            false
+        }
+    }
+}
+
+/// Re-reads and applies the `--config` file on each SIGHUP (`systemctl reload`), telling
+/// systemd it is reloading meanwhile.
+async fn reload_on_hup<M, S>(core: SharedCore<M, S>, path: Option<PathBuf>, hup: Option<Signal>)
+where
+    M: Maps + Counters + Send + 'static,
+    S: Store + Send + 'static,
+{
+    let Some(mut hup) = hup else { return };
+    while hup.recv().await.is_some() {
+        let Some(path) = path.clone() else {
+            event!(warn, "reload_ignored", signal = "SIGHUP", message = "lbd runs without --config: nothing to reload");
+            continue;
+        };
+        notify::reloading();
+        let core = core.clone();
+        let reload = move || {
+            let mut core = server::lock(&core);
+            match Document::read(&path) {
+                Ok(doc) => {
+                    apply_config(&mut core, &doc, &path, "SIGHUP");
+                }
+                Err(e) => {
+                    event!(error, "config_refused", file = path.display(), trigger = "SIGHUP", error = e, kept = "running_state");
+                    let last = "refused on SIGHUP; kept the running state".to_owned();
+                    core.set_config_status(ConfigStatus { file: path.display().to_string(), last, error: Some(e.to_string()) });
+                }
+            }
+            serving(&core)
+        };
+        match tokio::task::spawn_blocking(reload).await {
+            Ok(status) => notify::ready(&status),
+            Err(e) => event!(error, "config_reload_failed", error = e),
+        }
+    }
+}
+
+/// The one-line status systemd shows.
+fn serving<M: Maps + Counters, S: Store>(core: &Core<M, S>) -> String {
+    let state = core.state();
+    format!("serving vips={} backends={}", state.vips.len(), state.vips.values().map(|c| c.backends.len()).sum::<usize>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 13\n[[vips.backends]]\naddress = \"10.0.1.1\"\n";
+
+    fn doc(text: &str) -> Document {
+        Document::parse("spillway.toml", text.to_owned()).unwrap()
+    }
+
+    fn path() -> &'static Path {
+        Path::new("/etc/spillway/spillway.toml")
+    }
+
+    #[test]
+    fn the_file_is_the_state_on_a_first_start() {
+        let start = plan_start(Some(doc(FILE)), Some(path()), None, None).unwrap();
+        assert_eq!(start.state, doc(FILE).desired_state().unwrap());
+        assert_eq!(start.first, Some(ConfigMark::of(path(), &start.state)));
+        assert!(start.apply.is_none());
+        assert_eq!(start.status.unwrap().last, "applied at start (no persisted state)");
+    }
+
+    #[test]
+    fn later_starts_keep_the_persisted_state_unless_the_file_changed() {
+        let declared = doc(FILE).desired_state().unwrap();
+        let mut edited = declared.clone();
+        edited.set_weight(&"10.0.0.1:80/tcp".parse().unwrap(), "10.0.1.1".parse().unwrap(), 7).unwrap();
+        let mark = ConfigMark::of(path(), &declared);
+        // Unchanged (comments do not count): the persisted state, lbctl edits included.
+        let commented = doc(&format!("# a comment\n{FILE}"));
+        let start = plan_start(Some(commented), Some(path()), Some(edited.clone()), Some(mark.clone())).unwrap();
+        assert_eq!(start.state, edited);
+        assert!(start.apply.is_none() && start.first.is_none());
+        assert!(start.status.unwrap().last.starts_with("kept the persisted state"));
+        // Changed: start from the persisted state, then apply the file over it.
+        let changed = FILE.replace("ring_size = 13", "ring_size = 17");
+        let start = plan_start(Some(doc(&changed)), Some(path()), Some(edited.clone()), Some(mark.clone())).unwrap();
+        assert_eq!(start.state, edited);
+        assert!(start.apply.is_some() && start.first.is_none());
+        // Another file, or no mark at all, is a change too.
+        let other = plan_start(Some(doc(FILE)), Some(Path::new("/etc/other.toml")), Some(edited.clone()), Some(mark)).unwrap();
+        assert!(other.apply.is_some());
+        assert!(plan_start(Some(doc(FILE)), Some(path()), Some(edited), None).unwrap().apply.is_some());
+    }
+
+    #[test]
+    fn a_refused_file_keeps_the_persisted_state_or_stops_a_first_start() {
+        let bad = doc("[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 100\n");
+        let persisted = doc(FILE).desired_state().unwrap();
+        let start = plan_start(Some(bad.clone()), Some(path()), Some(persisted.clone()), None).unwrap();
+        assert_eq!(start.state, persisted);
+        assert!(start.apply.is_none() && start.first.is_none());
+        let status = start.status.unwrap();
+        assert_eq!(status.last, "refused at start; kept the persisted state");
+        assert!(status.error.unwrap().contains("spillway.toml:3:13: vips[0].ring_size: ring size 100"));
+        let err = plan_start(Some(bad), Some(path()), None, None).err().unwrap();
+        assert!(matches!(err, DaemonError::Config(_)), "{err}");
+        // Without a file: the persisted state, as before.
+        assert_eq!(plan_start(None, None, Some(persisted.clone()), None).unwrap().state, persisted);
     }
 }

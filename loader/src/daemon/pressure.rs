@@ -9,7 +9,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use log::{info, warn};
 use tokio::{sync::Semaphore, task::JoinSet};
 
 use super::{
@@ -18,8 +17,9 @@ use super::{
 };
 use crate::{
     api::PortsView,
+    event,
     health::Pressure,
-    ports::{Level, NetnsResolver, PortsReport, SockWatch, Thresholds, endpoint, netns_inode},
+    ports::{Level, PortsReport, SockWatch, Thresholds, endpoint},
     reconcile::Maps,
     store::Store,
 };
@@ -41,20 +41,6 @@ pub fn classify(previous: Option<&PortsReport>, report: &PortsReport) -> Pressur
         return Pressure::Exhausted;
     }
     if report.level() == Level::Critical { Pressure::Critical } else { Pressure::None }
-}
-
-/// `report` cut down to one network namespace. The watcher sees every socket of the
-/// kernel; a host (a container, or a host of the test harness) must report only its own.
-pub fn only_netns(mut report: PortsReport, netns: u32) -> PortsReport {
-    report.destinations.retain(|d| d.netns == netns);
-    report.failures.retain(|f| f.netns == netns);
-    report.leak_suspects.retain(|l| l.netns == netns);
-    report
-}
-
-/// The inode of this process's network namespace.
-pub fn own_netns() -> Result<u32, String> {
-    netns_inode(std::path::Path::new("/proc/self/ns/net")).map_err(|e| format!("reading /proc/self/ns/net: {e}"))
 }
 
 struct Entry {
@@ -123,7 +109,7 @@ where
     M: Maps + Counters + Send + 'static,
     S: Store + Send + 'static,
 {
-    let watch = Arc::new(std::sync::Mutex::new((watch, NetnsResolver::new())));
+    let watch = Arc::new(std::sync::Mutex::new(watch));
     let limit = Arc::new(Semaphore::new(MAX_POLLS_IN_FLIGHT));
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -134,13 +120,11 @@ where
         let local = {
             let watch = watch.clone();
             tokio::task::spawn_blocking(move || {
-                let mut guard = watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                let (watch, resolver) = &mut *guard;
-                let report = match watch {
-                    Ok(w) => w.report(resolver, Thresholds::default()).map_err(|e| error_chain(&e)),
+                let mut watch = watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                match &mut *watch {
+                    Ok(w) => w.report(Thresholds::default()).map_err(|e| error_chain(&e)),
                     Err(e) => Err(e.clone()),
-                };
-                Ok(only_netns(report?, own_netns()?))
+                }
             })
             .await
             .unwrap_or_else(|e| Err(e.to_string()))
@@ -149,11 +133,15 @@ where
         match (critical, lb_critical_logged) {
             (true, Some(at)) if at.elapsed() < ALERT_REPEAT => {}
             (true, _) => {
-                warn!("event=lb_ports_critical ALERT: this balancer's own ephemeral ports are at the critical threshold (see lbctl ports)");
+                event!(
+                    warn,
+                    "lb_ports_critical",
+                    message = "ALERT: this balancer's own ephemeral ports are at the critical threshold (see lbctl ports)"
+                );
                 lb_critical_logged = Some(Instant::now());
             }
             (false, Some(_)) => {
-                info!("event=lb_ports_critical_cleared");
+                event!(info, "lb_ports_critical_cleared");
                 lb_critical_logged = None;
             }
             (false, None) => {}
@@ -180,13 +168,13 @@ where
             let mut core = server::lock(&core);
             for (backend, report) in results {
                 if let Err(e) = core.record_agent_ports(backend, report) {
-                    warn!("port pressure of {backend}: {}", error_chain(&e));
+                    event!(warn, "port_pressure_failed", backend = backend, error = error_chain(&e));
                 }
             }
         })
         .await;
         if let Err(e) = recorded {
-            info!("port pressure round: {e}");
+            event!(info, "port_pressure_round_failed", error = e);
         }
     }
 }

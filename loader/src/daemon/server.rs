@@ -11,7 +11,6 @@ use std::{
     time::Duration,
 };
 
-use log::{debug, warn};
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
@@ -22,6 +21,7 @@ use tokio::{
 use super::core::{Core, Counters};
 use crate::{
     api::{ApiError, ErrorKind, MAX_REQUEST_BYTES, Request, Response},
+    event,
     reconcile::Maps,
     store::Store,
 };
@@ -51,7 +51,7 @@ pub struct SocketFile(PathBuf);
 impl Drop for SocketFile {
     fn drop(&mut self) {
         if let Err(e) = fs::remove_file(&self.0) {
-            warn!("removing {}: {e}", self.0.display());
+            event!(warn, "api_socket_remove_failed", path = self.0.display(), error = e);
         }
     }
 }
@@ -105,7 +105,7 @@ where
                 }
                 Err(e) => {
                     // Out of descriptors and the like: back off instead of spinning.
-                    warn!("accepting an API connection: {e}");
+                    event!(warn, "api_accept_failed", error = e);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
@@ -115,7 +115,7 @@ where
     // A change being applied completes either way; this also delivers its answer.
     let drained = tokio::time::timeout(DRAIN_TIMEOUT, async { while connections.join_next().await.is_some() {} }).await;
     if drained.is_err() {
-        warn!("{} API connections still open after {}s; closing them", connections.len(), DRAIN_TIMEOUT.as_secs());
+        event!(warn, "api_drain_timeout", connections = connections.len(), after_s = DRAIN_TIMEOUT.as_secs(), message = "closing them");
     }
 }
 
@@ -130,11 +130,11 @@ where
     }
     let mut line = match serde_json::to_string(&response) {
         Ok(line) => line,
-        Err(e) => return warn!("encoding an API response: {e}"),
+        Err(e) => return event!(warn, "api_encode_failed", error = e),
     };
     line.push('\n');
     if let Err(e) = stream.write_all(line.as_bytes()).await {
-        debug!("writing an API response: {e}");
+        event!(debug, "api_write_failed", error = e);
     }
 }
 
@@ -152,7 +152,7 @@ where
         Err(e) => return error(ErrorKind::Internal, format!("reading the peer's credentials: {e}")),
     };
     if let Err(refusal) = authorize(uid) {
-        warn!("refused API connection from uid={uid}");
+        event!(warn, "api_refused", uid = uid);
         return Response::Error(refusal);
     }
     let request = match tokio::time::timeout(READ_TIMEOUT, read_request(stream)).await {

@@ -1,12 +1,14 @@
 //! Typed handles on the balancer's maps, and the few operations the rest of the daemon
 //! needs. Per-CPU counters are summed here.
 
+use std::ops::ControlFlow;
+
 use aya::{
     Ebpf,
     maps::{Array, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray},
 };
 use spillway_common::{
-    limits::{Capacity, map_names},
+    limits::{Capacity, MAX_RULES, RING_SLOTS_PER_WORD, map_names},
     types::{
         AddrKey, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, Reason, RingRef, RuleCounters, RuleSlotKey, RuleState,
         RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
@@ -16,8 +18,16 @@ use spillway_common::{
 use super::{
     DataplaneError, MapMemory,
     mmap::Mapped,
-    tables::{FlowInfo, FlowSummary, FlowTable, Index, RingPool, RuleIndex, VipIndex},
+    tables::{FlowInfo, FlowTable, Index, RingPool, RuleIndex, VipIndex},
 };
+
+/// A map's capacity and, when counted, its entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapOccupancy {
+    pub name: &'static str,
+    pub max_entries: u32,
+    pub entries: Option<u64>,
+}
 
 pub struct BalancerMaps {
     capacity: Capacity,
@@ -48,7 +58,7 @@ pub struct BalancerMaps {
     pub observed: PerCpuArray<MapData, u64>,
 }
 
-fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
+pub(super) fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
     let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
     T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
 }
@@ -157,15 +167,57 @@ impl BalancerMaps {
         }
     }
 
-    /// Every live connection-table entry with its 5-tuple (entries of VIP ids no VIP has are
-    /// left out: they only wait to be reused).
-    pub fn each_flow(&self, mut visit: impl FnMut(FlowKey, &FlowSummary)) {
+    /// Visits the live connection-table entries with their 5-tuples until `visit` breaks
+    /// (entries of VIP ids no VIP has are skipped: they only wait to be reused); returns how
+    /// many entries it visited.
+    pub fn scan_flows(&self, mut visit: impl FnMut(&FlowKey, &FlowInfo) -> ControlFlow<()>) -> u64 {
         let by_id: std::collections::HashMap<u32, VipKey> = self.vips.all().map(|s| (s.meta.id, s.key)).collect();
-        self.flows.each(|flow| {
-            if let Some(vip) = by_id.get(&flow.vip_id) {
-                visit(flow.key(vip), &flow);
+        self.flows.each(|flow| match by_id.get(&flow.vip_id) {
+            Some(vip) => visit(&flow.key(vip), &flow.info),
+            None => ControlFlow::Continue(()),
+        })
+    }
+
+    /// Entries the connection table holds at most.
+    pub fn flow_capacity(&self) -> u64 {
+        u64::from(self.capacity.flow_entries())
+    }
+
+    pub fn budget_bucket(&self, vip_id: u32) -> Result<Bucket, DataplaneError> {
+        named(map_names::BUDGET_STATE, self.budget.get(&vip_id, 0))
+    }
+
+    pub fn source_state(&self, key: &SourceKey) -> Option<SourceState> {
+        self.sources.get(key, 0).ok()
+    }
+
+    /// Every map's name and capacity, and for the VIP and rule indexes and the small hash
+    /// maps the entries they hold (the connection table is counted by a walk elsewhere).
+    /// Capacities are in the operator's units: VIPs, slots, backends, entries, rules (the
+    /// indexes have room to spare, and the rings pack four slots a word).
+    pub fn occupancy(&self) -> Result<Vec<MapOccupancy>, DataplaneError> {
+        fn counted<K: aya::Pod, V: aya::Pod>(name: &'static str, map: &HashMap<MapData, K, V>) -> Result<u64, DataplaneError> {
+            let mut entries = 0;
+            for key in map.keys() {
+                named(name, key)?;
+                entries += 1;
             }
-        });
+            Ok(entries)
+        }
+        let as_loaded = |name: &str| self.memory.iter().find(|m| m.name == name).map_or(0, |m| m.entries);
+        let map = |name: &'static str, max_entries: u32, entries: Option<u64>| MapOccupancy { name, max_entries, entries };
+        let c = self.capacity;
+        Ok(vec![
+            map(map_names::VIPS, c.vips, Some(self.vips.all().count() as u64)),
+            map(map_names::VIP_ADDRS, c.vips, Some(counted(map_names::VIP_ADDRS, &self.vip_addrs)?)),
+            map(map_names::RINGS, c.ring_words() * RING_SLOTS_PER_WORD, None),
+            map(map_names::BACKENDS, c.backends, None),
+            map(map_names::FLOWS, c.flow_entries(), None),
+            map(map_names::SOURCES, as_loaded(map_names::SOURCES), Some(counted(map_names::SOURCES, &self.sources)?)),
+            map(map_names::LIMITS, as_loaded(map_names::LIMITS), None),
+            map(map_names::RULES, MAX_RULES, Some(self.rules.rules().len() as u64)),
+            map(map_names::TX_PORTS, as_loaded(map_names::TX_PORTS), None),
+        ])
     }
 
     pub fn vip_traffic(&self, id: u32) -> Result<Traffic, DataplaneError> {
@@ -174,6 +226,16 @@ impl BalancerMaps {
 
     pub fn backend_traffic(&self, id: u32) -> Result<Traffic, DataplaneError> {
         sum_traffic(map_names::BACKEND_STATS, &self.backend_stats, id)
+    }
+
+    /// New flows admitted to VIP id `id` (summed over CPUs).
+    pub fn vip_new_flows(&self, id: u32) -> Result<u64, DataplaneError> {
+        Ok(self.vip_traffic(id)?.new_flows)
+    }
+
+    /// New flows placed on backend id `id` (summed over CPUs).
+    pub fn backend_new_flows(&self, id: u32) -> Result<u64, DataplaneError> {
+        Ok(self.backend_traffic(id)?.new_flows)
     }
 
     /// Every reason with its count summed over CPUs.
@@ -228,7 +290,11 @@ pub fn vip_of(key: &FlowKey) -> VipKey {
 
 fn sum_traffic(name: &'static str, map: &PerCpuArray<MapData, Traffic>, id: u32) -> Result<Traffic, DataplaneError> {
     let per_cpu = named(name, map.get(&id, 0))?;
-    Ok(per_cpu.iter().fold(Traffic::default(), |acc, t| Traffic { packets: acc.packets + t.packets, bytes: acc.bytes + t.bytes }))
+    Ok(per_cpu.iter().fold(Traffic::default(), |acc, t| Traffic {
+        packets: acc.packets + t.packets,
+        bytes: acc.bytes + t.bytes,
+        new_flows: acc.new_flows + t.new_flows,
+    }))
 }
 
 impl crate::reconcile::Maps for BalancerMaps {

@@ -3,6 +3,7 @@
 
 mod maps;
 mod mmap;
+mod probe;
 mod tables;
 pub mod test_run;
 
@@ -12,7 +13,8 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{ProgramError, Xdp},
 };
-pub use maps::{BalancerMaps, vip_of};
+pub use maps::{BalancerMaps, MapOccupancy, vip_of};
+pub use probe::ProbeMaps;
 use spillway_common::limits::{Capacity, map_names, program_names};
 pub use tables::{FlowInfo, FlowSummary, FlowTable, RingPool, RuleIndex, VipIndex};
 
@@ -51,6 +53,12 @@ pub enum DataplaneError {
         name: &'static str,
         #[source]
         source: aya::maps::xdp::XdpMapError,
+    },
+    #[error("reading map {name}")]
+    Read {
+        name: &'static str,
+        #[source]
+        source: std::io::Error,
     },
     #[error("reading the number of possible CPUs")]
     Cpus(#[source] std::io::Error),
@@ -180,6 +188,7 @@ fn load_balancer_object(object: &'static [u8], name: &'static str, options: &Loa
         (map_names::VIP_STATS, c.vips),
         (map_names::BACKEND_STATS, c.backend_slots()),
         (map_names::NEXTHOP_CACHE, c.backend_slots()),
+        (map_names::PROBE_LAST, c.backend_slots()),
         (map_names::LIMITS, c.default_limit_slot() + 1),
         (map_names::BUDGET_STATE, c.vips),
         (map_names::RULE_LENS, c.default_limit_slot() + 1),
@@ -274,7 +283,24 @@ pub fn xdp<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, Da
 }
 
 fn load_xdp(ebpf: &mut Ebpf, name: &'static str) -> Result<(), DataplaneError> {
-    xdp(ebpf, name)?.load().map_err(|source| DataplaneError::Program { name, source })
+    let program = xdp(ebpf, name)?;
+    without_signals(|| program.load()).map_err(|source| DataplaneError::Program { name, source })
+}
+
+/// Runs `f` with every signal blocked on this thread. The verifier gives up with EAGAIN
+/// when a signal is pending for the loading thread; aya retries five times, but a large
+/// program verified while children exit (SIGCHLD, with a handler installed by tokio) can
+/// lose every attempt. Blocked here, process signals go to another thread meanwhile.
+pub fn without_signals<T>(f: impl FnOnce() -> T) -> T {
+    use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
+    let mut previous = SigSet::empty();
+    // Blocking cannot fail with a valid `how`; if it did, loading would merely be retried.
+    let blocked = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), Some(&mut previous)).is_ok();
+    let result = f();
+    if blocked {
+        let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&previous), None);
+    }
+    result
 }
 
 /// True when `path` is on a bpf filesystem.

@@ -7,6 +7,7 @@
 
 use std::{
     net::SocketAddr,
+    ops::ControlFlow,
     ptr::{addr_of, addr_of_mut},
     sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering, fence},
 };
@@ -15,7 +16,7 @@ use aya::maps::{Array, MapData};
 use spillway_common::{
     addr::from_words,
     hash::{FLOW_SEED, RULE_SEED, addr_hash, flow_buckets, flow_hash, rule_home, vip_addr_hash, vip_home},
-    limits::{ANY_VIP, FLOW_WAYS, MAX_RULE_LENGTHS, RING_SLOTS_PER_WORD, VIP_PROBES, map_names},
+    limits::{ANY_VIP, FLOW_TICK_SHIFT, FLOW_WAYS, MAX_RULE_LENGTHS, RING_SLOTS_PER_WORD, VIP_PROBES, map_names},
     types::{
         FLOW_CONFIRMED, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowBucket, FlowEntry, FlowKey, PROTO_TCP, PROTO_UDP, RingRef, RuleLens, RuleSlot,
         RuleSlotKey, RuleValue, VipKey, VipMeta, VipSlot,
@@ -277,10 +278,13 @@ impl RingPool {
     }
 
     pub fn read(&self, table: RingRef) -> Vec<u32> {
+        (0..table.size).map(|slot| self.slot(table, slot)).collect()
+    }
+
+    /// The backend id in `slot` of `table`.
+    pub fn slot(&self, table: RingRef, slot: u32) -> u32 {
         // SAFETY: as in `write`.
-        (0..table.size)
-            .map(|slot| unsafe { std::sync::atomic::AtomicU16::from_ptr(self.lane(table, slot)).load(Ordering::Relaxed) } as u32)
-            .collect()
+        unsafe { std::sync::atomic::AtomicU16::from_ptr(self.lane(table, slot)).load(Ordering::Relaxed) as u32 }
     }
 }
 
@@ -294,6 +298,15 @@ pub struct FlowInfo {
     pub confirmed: bool,
     /// `FLOW_TICK_SHIFT` ticks of the last refresh (31 bits).
     pub touched_tick: u32,
+}
+
+impl FlowInfo {
+    /// How long the flow has been idle at `now_ns` (`bpf_ktime_get_coarse_ns`'s clock), to
+    /// the tick and as the data path counts it.
+    pub fn idle_ns(&self, now_ns: u64) -> u64 {
+        let now = (now_ns >> FLOW_TICK_SHIFT) as u32 & !FLOW_CONFIRMED;
+        u64::from(now.wrapping_sub(self.touched_tick) & !FLOW_CONFIRMED) << FLOW_TICK_SHIFT
+    }
 }
 
 /// The connection table (`spw_flows`).
@@ -339,25 +352,31 @@ impl FlowTable {
         unsafe { AtomicU64::from_ptr(addr_of_mut!((*entry).tag)).compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() }
     }
 
-    /// Every live entry: (source, ports, VIP id, info). `visit` sees them one by one, so a
-    /// table of millions needs no copy.
-    pub fn each(&self, mut visit: impl FnMut(FlowSummary)) {
+    /// Visits the live entries until `visit` breaks, one by one (a table of millions needs
+    /// no copy); returns how many it visited.
+    pub fn each(&self, mut visit: impl FnMut(FlowSummary) -> ControlFlow<()>) -> u64 {
+        let mut visited = 0;
         for bucket in 0..self.buckets.len() as u32 {
             for way in 0..FLOW_WAYS as usize {
                 // SAFETY: as in `find`.
                 let e = unsafe { std::ptr::read_volatile(self.way(bucket, way)) };
                 if e.tag & FLOW_TAG_LIVE != 0 {
-                    visit(FlowSummary {
+                    visited += 1;
+                    let flow = FlowSummary {
                         src: e.src,
                         sport: e.tag as u16,
                         dport: (e.tag >> 16) as u16,
                         vip_id: ((e.tag >> 32) & 0xffff) as u32,
                         udp: e.tag & FLOW_TAG_UDP != 0,
                         info: info(&e),
-                    });
+                    };
+                    if visit(flow).is_break() {
+                        return visited;
+                    }
                 }
             }
         }
+        visited
     }
 }
 

@@ -344,7 +344,14 @@ mod tests {
 
     fn report(marker: u64) -> PortsReport {
         let dropped = Dropped { sock_table_full: marker, ..Dropped::default() };
-        PortsReport { thresholds: Thresholds::default(), destinations: vec![], failures: vec![], dropped, leak_suspects: vec![] }
+        PortsReport {
+            thresholds: Thresholds::default(),
+            destinations: vec![],
+            failures: vec![],
+            dropped,
+            leak_suspects: vec![],
+            watcher: None,
+        }
     }
 
     /// Starts a server whose reports carry the number of times the source was called.

@@ -105,6 +105,26 @@ pub struct CloseWaitRecord {
     pub cgroup: u64,
 }
 
+/// `sw_close_wait`'s value (`struct close_wait_val`): what the kernel side knew when the
+/// socket entered CLOSE_WAIT. Read directly where map iterators are refused.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CloseWaitValue {
+    pub key: PortKey,
+    pub lport: u16,
+    pub pad: u16,
+    pub since: u32,
+    pub cgroup: u64,
+}
+
+impl CloseWaitValue {
+    /// The record, with the socket's inode found elsewhere (0: unknown).
+    pub fn record(&self, inode: u64) -> CloseWaitRecord {
+        let CloseWaitValue { key, lport, pad: _, since, cgroup } = *self;
+        CloseWaitRecord { key, lport, pad: 0, since, inode, cgroup }
+    }
+}
+
 impl CloseWaitRecord {
     /// Parses the iterator's output: whole records, native byte order.
     pub fn parse_all(bytes: &[u8]) -> Vec<CloseWaitRecord> {
@@ -117,6 +137,7 @@ const _: () = assert!(size_of::<PortKey>() == 40);
 const _: () = assert!(size_of::<PortCounts>() == 32 + 8 * TW_BUCKETS);
 const _: () = assert!(size_of::<FailKey>() == 72);
 const _: () = assert!(size_of::<CloseWaitRecord>() == 64);
+const _: () = assert!(size_of::<CloseWaitValue>() == 56);
 
 // SAFETY: plain old data: no padding (asserted sizes equal the sum of the fields), any bit
 // pattern is valid.
@@ -125,6 +146,8 @@ unsafe impl aya::Pod for PortKey {}
 unsafe impl aya::Pod for PortCounts {}
 // SAFETY: as above (`pad` makes the padding explicit).
 unsafe impl aya::Pod for FailKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for CloseWaitValue {}
 
 /// Names of the `sw_stats` array's counters, by index: events the kernel side could not
 /// record because a map was full.
@@ -141,6 +164,7 @@ pub const STAT_NAMES: [&str; 7] = [
 pub(crate) const STAT_UDP_KEY_TABLE_FULL: u32 = 5;
 
 pub(crate) const AF_INET: u8 = 2;
+pub(crate) const AF_INET6: u8 = 10;
 pub(crate) const IPPROTO_TCP: u8 = 6;
 pub(crate) const IPPROTO_UDP: u8 = 17;
 
@@ -177,7 +201,7 @@ impl PortKey {
     }
 
     fn new(proto: u8, netns: u32, local: IpAddr, remote: IpAddr, rport: u16) -> PortKey {
-        let family = if local.is_ipv4() { AF_INET } else { 10 };
+        let family = if local.is_ipv4() { AF_INET } else { AF_INET6 };
         PortKey { netns, rport, proto, family, laddr: octets(local), raddr: octets(remote) }
     }
 }

@@ -21,19 +21,25 @@
 //! did not name (autobound by `connect()`/`sendto()`, or bound to port 0). Sockets
 //! created before the watcher was loaded are not seen.
 
+mod bpf;
 mod cgroup;
+mod diag;
 pub mod endpoint;
 mod iter;
 mod leaks;
 mod maps;
+mod mode;
 mod range;
 mod report;
+mod sockdiag;
+mod tracefs;
 mod watcher;
 
 pub use leaks::{Holder, LeakSuspect, leak_suspects, socket_owners};
 pub use maps::{
     CALL_BIND, CALL_CONNECT, CloseWaitRecord, FailKey, PortCounts, PortKey, STAT_NAMES, TIMEWAIT_LEN_SECS, TW_BUCKETS, monotonic_secs,
 };
+pub use mode::{Mode, Part, Refusal, WatcherMode, WatcherStatus, parts};
 pub use range::{NetnsPorts, NetnsResolver, netns_inode, parse_port_list, read_netns_ports};
 pub use report::{DestinationUsage, Dropped, Level, PortsReport, ProcessFailures, Thresholds, build_report};
-pub use watcher::{PROGRAMS, PortsError, ProgramStats, Snapshot, SockWatch};
+pub use watcher::{Counts, PortsError, ProgramStats, Scope, Snapshot, SockWatch, WatchOptions};

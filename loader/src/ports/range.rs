@@ -105,6 +105,9 @@ pub fn read_netns_ports(path: &Path) -> Result<NetnsPorts, PortsError> {
 #[derive(Debug, Default)]
 pub struct NetnsResolver {
     cache: HashMap<u32, Option<NetnsPorts>>,
+    /// Namespaces whose file is known in advance: one no name or process leads to, such as
+    /// a thread's own unnamed namespace.
+    known: HashMap<u32, PathBuf>,
 }
 
 impl NetnsResolver {
@@ -116,19 +119,46 @@ impl NetnsResolver {
         self.cache.clear();
     }
 
+    /// Namespace `inode` can be joined through `path`.
+    pub fn know(&mut self, inode: u32, path: PathBuf) {
+        self.known.insert(inode, path);
+    }
+
+    /// A file to join namespace `inode` by, if it still exists.
+    pub fn path(&self, inode: u32) -> Option<PathBuf> {
+        self.known.get(&inode).cloned().or_else(|| find_netns(inode))
+    }
+
     /// The ranges of namespace `inode`, `None` if no file for it is found (the namespace
     /// is gone) or it cannot be read.
     pub fn ports(&mut self, inode: u32) -> Option<NetnsPorts> {
         if let Some(known) = self.cache.get(&inode) {
             return *known;
         }
-        let found = find_netns(inode).and_then(|path| read_netns_ports(&path).ok());
+        let found = self.path(inode).and_then(|path| read_netns_ports(&path).ok());
         self.cache.insert(inode, found);
         found
     }
 }
 
+/// A file for network namespace `inode`: a named one (`/run/netns`) or a process's.
 fn find_netns(inode: u32) -> Option<PathBuf> {
+    netns_files().find(|path| netns_inode(path).is_ok_and(|i| i == inode))
+}
+
+/// Every network namespace on the host that has a name or a process, once each, with a
+/// file to join it by.
+pub(super) fn all_netns() -> Vec<(u32, PathBuf)> {
+    let mut seen = HashMap::new();
+    for path in netns_files() {
+        if let Ok(inode) = netns_inode(&path) {
+            seen.entry(inode).or_insert(path);
+        }
+    }
+    seen.into_iter().collect()
+}
+
+fn netns_files() -> impl Iterator<Item = PathBuf> {
     let named = std::fs::read_dir("/run/netns").into_iter().flatten().flatten().map(|e| e.path());
     let procs = std::fs::read_dir("/proc")
         .into_iter()
@@ -136,7 +166,7 @@ fn find_netns(inode: u32) -> Option<PathBuf> {
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
         .map(|e| e.path().join("ns/net"));
-    named.chain(procs).find(|path| netns_inode(path).is_ok_and(|i| i == inode))
+    named.chain(procs)
 }
 
 #[cfg(test)]

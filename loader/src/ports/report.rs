@@ -7,9 +7,10 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::leaks::{Holder, LeakSuspect, leak_suspects};
-use super::maps::{IPPROTO_UDP, PortCounts, PortKey};
+use super::maps::{IPPROTO_UDP, PortKey};
+use super::mode::WatcherStatus;
 use super::range::NetnsPorts;
-use super::watcher::Snapshot;
+use super::watcher::{Counts, Snapshot};
 
 /// Utilisation levels, as fractions of the usable ephemeral ports, and the CLOSE_WAIT age
 /// that makes a socket a leak suspect.
@@ -148,6 +149,10 @@ pub struct PortsReport {
     /// most sockets first.
     #[serde(default)]
     pub leak_suspects: Vec<LeakSuspect>,
+    /// The watcher's mode and what it does and does not watch (absent in reports of
+    /// agents from before the modes existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watcher: Option<WatcherStatus>,
 }
 
 impl PortsReport {
@@ -180,20 +185,19 @@ pub fn build_report(
             if key.proto == IPPROTO_UDP {
                 let active = udp_sums.get(key).copied().unwrap_or(0);
                 udp_done.insert(*key);
-                let counts = PortCounts { failures: counts.failures, ..PortCounts::default() };
+                let counts = Counts { failures: counts.failures, ..Counts::default() };
                 let competing = udp_per_netns.get(&key.netns).copied().unwrap_or(0);
                 return (active > 0 || counts.failures > 0).then(|| usage(key, &counts, active, 0, competing, &mut ports, &thresholds));
             }
             // A negative count would mean a missed open: show it as zero, never wrap.
             let active = counts.active.max(0) as u64;
-            let time_wait = counts.time_wait_at(snapshot.now);
-            let held = active + time_wait;
-            (held > 0 || counts.failures > 0).then(|| usage(key, counts, active, time_wait, held, &mut ports, &thresholds))
+            let held = active + counts.time_wait;
+            (held > 0 || counts.failures > 0).then(|| usage(key, counts, active, counts.time_wait, held, &mut ports, &thresholds))
         })
         .collect();
     let udp = snapshot.udp.iter().filter(|(key, count)| *count > 0 && !udp_done.contains(key));
     destinations
-        .extend(udp.map(|(key, count)| usage(key, &PortCounts::default(), *count, 0, udp_per_netns[&key.netns], &mut ports, &thresholds)));
+        .extend(udp.map(|(key, count)| usage(key, &Counts::default(), *count, 0, udp_per_netns[&key.netns], &mut ports, &thresholds)));
     destinations.sort_by(|a, b| b.utilisation.unwrap_or(0.0).total_cmp(&a.utilisation.unwrap_or(0.0)).then(b.in_use.cmp(&a.in_use)));
     let mut failures: Vec<ProcessFailures> = snapshot
         .failures
@@ -232,14 +236,14 @@ pub fn build_report(
         pending_table_full,
     };
     let leak_suspects = leak_suspects(&snapshot.close_wait, snapshot.now, thresholds.close_wait_secs, owners);
-    PortsReport { thresholds, destinations, failures, dropped, leak_suspects }
+    PortsReport { thresholds, destinations, failures, dropped, leak_suspects, watcher: None }
 }
 
 /// One destination's row; `competing`: the ports counted against the range (see
 /// [`DestinationUsage::utilisation`]).
 fn usage(
     key: &PortKey,
-    counts: &PortCounts,
+    counts: &Counts,
     active: u64,
     time_wait: u64,
     competing: u64,
@@ -276,7 +280,7 @@ fn usage(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ports::{FailKey, PortCounts, PortKey};
+    use crate::ports::{Counts, FailKey, PortKey};
 
     fn key(port: u16) -> PortKey {
         PortKey::tcp(42, "10.0.0.11".parse().unwrap(), "10.0.0.101".parse().unwrap(), port)
@@ -284,12 +288,7 @@ mod tests {
 
     #[test]
     fn levels_follow_thresholds_and_worst_comes_first() {
-        let counts = |active, time_wait| {
-            let mut counts = PortCounts { active, ..PortCounts::default() };
-            counts.tw_sec[5] = 1000;
-            counts.tw_count[5] = time_wait;
-            counts
-        };
+        let counts = |active, time_wait| Counts { active, time_wait, ..Counts::default() };
         let mut comm = [0u8; 16];
         comm[..4].copy_from_slice(b"curl");
         let snapshot = Snapshot {
@@ -359,7 +358,7 @@ mod tests {
         let any = "0.0.0.0".parse().unwrap();
         let unconnected = PortKey::udp(42, any, any, 0);
         let dns = PortKey::udp(42, any, "10.0.0.53".parse().unwrap(), 53);
-        let failed = |failures| PortCounts { failures, ..PortCounts::default() };
+        let failed = |failures| Counts { failures, ..Counts::default() };
         let mut comm = [0u8; 16];
         comm[..3].copy_from_slice(b"app");
         let bind = FailKey { key: unconnected, tgid: 7, call: crate::ports::CALL_BIND, err: 98, cgroup: 1, comm };

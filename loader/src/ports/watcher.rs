@@ -1,41 +1,40 @@
-//! Loading and attaching the sockwatch object, and reading its maps.
+//! The watcher: picks its mode when it loads (see [`super::mode`]), and turns what that
+//! mode can read into snapshots and reports.
 
-use std::os::fd::AsFd;
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use aya::{
-    Btf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap, Map, MapError},
-    programs::{BtfTracePoint, CgroupAttachMode, CgroupSock, Iter, ProgramError, TracePoint},
-};
+use aya::maps::MapError;
+use aya::programs::ProgramError;
 
-use super::cgroup;
-use super::iter::MapIterator;
+use super::bpf::BpfWatch;
+use super::diag::{self, Namespaces};
 use super::leaks::socket_owners;
-use super::maps::{CloseWaitRecord, FailKey, PortCounts, PortKey, STAT_NAMES, STAT_UDP_KEY_TABLE_FULL, monotonic_secs};
-use super::range::NetnsResolver;
+use super::maps::{CloseWaitRecord, FailKey, PortCounts, PortKey, STAT_NAMES, monotonic_secs};
+use super::mode::{Mode, Refusal, WatcherMode, WatcherStatus, parts};
+use super::range::{NetnsResolver, all_netns, netns_inode};
 use super::report::{PortsReport, Thresholds, build_report};
-use crate::objects;
+use crate::errors::error_chain;
 
-const OBJECT: &str = "spillway-sockwatch";
-const MAP_PORTS: &str = "sw_ports";
-const MAP_FAILURES: &str = "sw_failures";
-const MAP_STATS: &str = "sw_stats";
-const MAP_CLOSE_WAIT: &str = "sw_close_wait";
-const MAP_UDP_SOCKS: &str = "sw_udp_socks";
-const MAP_UDP_PORTS: &str = "sw_udp_ports";
+/// How long a namespace's port range is trusted before it is read again (the sysctl may
+/// change).
+const PORT_RANGES_TTL: Duration = Duration::from_secs(60);
+/// The kernel's internal "not supported" (include/linux/errno.h), which bpf(2) can return.
+const ENOTSUPP: i32 = 524;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PortsError {
-    #[error("eBPF object {OBJECT} was not built (AYA_BUILD_SKIP was set, or clang was missing); rebuild with clang")]
+    #[error("eBPF object spillway-sockwatch was not built (AYA_BUILD_SKIP was set, or clang was missing); rebuild with clang")]
     ObjectNotBuilt,
     #[error("reading the kernel's BTF (/sys/kernel/btf/vmlinux; needs CONFIG_DEBUG_INFO_BTF)")]
     Btf(#[source] aya::BtfError),
-    #[error("loading eBPF object {OBJECT}")]
+    #[error("loading eBPF object spillway-sockwatch")]
     Load(#[source] Box<aya::EbpfError>),
-    #[error("program {program} missing from {OBJECT}")]
+    #[error("program {program} missing from spillway-sockwatch")]
     MissingProgram { program: &'static str },
+    #[error("map {map} missing from spillway-sockwatch")]
+    MissingMap { map: &'static str },
     #[error("hook {hook} (program {program})")]
     Hook {
         hook: String,
@@ -43,6 +42,8 @@ pub enum PortsError {
         #[source]
         source: ProgramError,
     },
+    #[error("tracefs (classic tracepoints need it)")]
+    Tracefs(#[source] std::io::Error),
     #[error("reading the run statistics of program {program}")]
     Stats {
         program: &'static str,
@@ -74,75 +75,124 @@ pub enum PortsError {
         #[source]
         source: MapError,
     },
+    #[error("reading map {name} in batches")]
+    MapRead {
+        name: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("network namespace {path}")]
     Netns {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+    #[error("sock_diag in network namespace {netns}")]
+    SockDiag {
+        netns: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
-/// The programs and their hooks. fentry/fexit and kprobes are refused (EPERM, no
-/// CONFIG_KPROBES) on the target kernel, so nothing depends on them; see the C source for
-/// what each one does.
-const SET_STATE: &str = "sockwatch_set_state";
-const TRACEPOINT: &str = "inet_sock_set_state";
-const UDP_CREATE: &str = "sockwatch_udp_create";
-const UDP_RELEASE: &str = "sockwatch_udp_release";
-const UDP_SUM: &str = "sockwatch_udp_sum";
-const CLOSE_WAIT: &str = "sockwatch_close_wait";
-/// bind()/connect() failing for want of a port: (program, tracepoint in
-/// the `syscalls` category). Each enter stashes the call per thread, its exit counts it.
-const SYSCALL_HOOKS: [(&str, &str); 4] = [
-    ("sockwatch_bind_enter", "sys_enter_bind"),
-    ("sockwatch_bind_exit", "sys_exit_bind"),
-    ("sockwatch_connect_enter", "sys_enter_connect"),
-    ("sockwatch_connect_exit", "sys_exit_connect"),
-];
-/// Every program, for [`SockWatch::program_stats`].
-pub const PROGRAMS: [&str; 9] = [
-    SET_STATE,
-    UDP_CREATE,
-    UDP_RELEASE,
-    UDP_SUM,
-    CLOSE_WAIT,
-    SYSCALL_HOOKS[0].0,
-    SYSCALL_HOOKS[1].0,
-    SYSCALL_HOOKS[2].0,
-    SYSCALL_HOOKS[3].0,
-];
-const MAP_ITERATOR: &str = "bpf_map_elem";
-
-fn map_err(name: &'static str) -> impl Fn(MapError) -> PortsError {
-    move |source| PortsError::Map { name, source }
+impl PortsError {
+    /// Whether the kernel refused the hook itself (EPERM, EOPNOTSUPP/ENOTSUPP or ENOSYS from
+    /// loading or attaching it, as lockdown, a hardened kernel or a missing feature does)
+    /// rather than something of ours failing (a verifier rejection is EACCES/EINVAL).
+    pub fn is_kernel_refusal(&self) -> bool {
+        let mut source: Option<&dyn std::error::Error> = Some(self);
+        while let Some(error) = source {
+            if let Some(io) = error.downcast_ref::<std::io::Error>()
+                && matches!(io.raw_os_error(), Some(libc::EPERM | libc::EOPNOTSUPP | libc::ENOSYS | ENOTSUPP))
+            {
+                return true;
+            }
+            source = error.source();
+        }
+        false
+    }
 }
 
-/// One read of the maps: what the kernel counted, and when (for the TIME_WAIT window).
+/// Which network namespaces a watcher reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Scope {
+    /// The namespace of the thread that loads the watcher only (a host reports its own).
+    #[default]
+    Own,
+    /// Every namespace of the host (hosts running containers; tests).
+    All,
+}
+
+/// How to load a watcher.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchOptions {
+    pub mode: WatcherMode,
+    pub scope: Scope,
+}
+
+/// One destination's counts when a snapshot was taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// TCP sockets holding a port for this destination (SYN_SENT until CLOSE; negative
+    /// only if an open was missed).
+    pub active: i64,
+    /// TIME_WAIT sockets holding a port (BPF modes: created in the last 60 s, an upper
+    /// bound; sock_diag: exact).
+    pub time_wait: u64,
+    /// Cumulative since load, BPF modes only ([`parts::OPENS`]): TIME_WAIT entries,
+    /// active opens.
+    pub time_wait_total: u64,
+    pub opened: u64,
+    /// Cumulative calls that failed for want of a port (BPF modes).
+    pub failures: u64,
+}
+
+impl PortCounts {
+    /// The counts at monotonic second `now`.
+    pub fn at(&self, now: u32) -> Counts {
+        Counts {
+            active: self.active,
+            time_wait: self.time_wait_at(now),
+            time_wait_total: self.time_wait_total,
+            opened: self.opened,
+            failures: self.failures,
+        }
+    }
+}
+
+/// One read of what the watcher sees, in its scope.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
-    /// Per destination key, its TCP counts.
-    pub destinations: Vec<(PortKey, PortCounts)>,
+    /// Per destination key: TCP counts (UDP keys carry only failures).
+    pub destinations: Vec<(PortKey, Counts)>,
     /// Per destination key, the UDP sockets holding an ephemeral port.
     pub udp: Vec<(PortKey, u64)>,
-    /// Per (destination, process), failed connects for lack of a port.
+    /// Per (destination, process), calls failed for lack of a port.
     pub failures: Vec<(FailKey, u64)>,
-    /// Every socket in CLOSE_WAIT (created since the watcher was loaded).
+    /// Every socket in CLOSE_WAIT (BPF modes: created since the watcher loaded).
     pub close_wait: Vec<CloseWaitRecord>,
-    /// See [`STAT_NAMES`].
+    /// See [`STAT_NAMES`] (BPF modes).
     pub stats: [u64; STAT_NAMES.len()],
-    /// Monotonic seconds when the maps were read.
+    /// Monotonic seconds when the snapshot was taken.
     pub now: u32,
 }
 
 impl Snapshot {
-    /// The counts of destination `key` (all zero if the kernel has not seen it).
-    pub fn counts(&self, key: &PortKey) -> PortCounts {
+    /// The counts of destination `key` (all zero if not seen).
+    pub fn counts(&self, key: &PortKey) -> Counts {
         self.destinations.iter().find(|(k, _)| k == key).map(|(_, c)| *c).unwrap_or_default()
     }
 
     /// The UDP sockets holding an ephemeral port towards `key`.
     pub fn udp_count(&self, key: &PortKey) -> u64 {
         self.udp.iter().find(|(k, _)| k == key).map_or(0, |(_, n)| *n)
+    }
+
+    fn retain_netns(&mut self, netns: u32) {
+        self.destinations.retain(|(k, _)| k.netns == netns);
+        self.udp.retain(|(k, _)| k.netns == netns);
+        self.failures.retain(|(f, _)| f.key.netns == netns);
+        self.close_wait.retain(|r| r.key.netns == netns);
     }
 }
 
@@ -155,137 +205,164 @@ pub struct ProgramStats {
     pub run_time: Duration,
 }
 
-/// The loaded and attached watcher; dropping it detaches everything.
+/// The namespace a watcher of [`Scope::Own`] reports, held open so any thread can join it
+/// (through `/proc/self/fd/N`), whichever namespace that thread is in.
+struct OwnNetns {
+    inode: u32,
+    _file: std::fs::File,
+    path: PathBuf,
+}
+
+impl OwnNetns {
+    fn open() -> Result<OwnNetns, PortsError> {
+        let at = std::path::Path::new("/proc/thread-self/ns/net");
+        let error = |source| PortsError::Netns { path: at.to_owned(), source };
+        let file = std::fs::File::open(at).map_err(error)?;
+        let inode = netns_inode(at).map_err(error)?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file)));
+        Ok(OwnNetns { inode, _file: file, path })
+    }
+}
+
+/// The loaded watcher; dropping it detaches everything it attached.
 pub struct SockWatch {
-    /// Owns the programs, their links and the maps.
-    ebpf: Ebpf,
-    udp_sum: MapIterator,
-    close_wait: MapIterator,
+    /// `None` in sock_diag mode.
+    bpf: Option<BpfWatch>,
+    status: WatcherStatus,
+    /// The reported namespace (`None`: all).
+    own: Option<OwnNetns>,
+    resolver: NetnsResolver,
+    resolved_at: Instant,
+    /// sock_diag mode: when each CLOSE_WAIT socket was first seen, by (netns, cookie).
+    close_wait_seen: HashMap<(u32, u64), u32>,
 }
 
 impl SockWatch {
-    /// Loads the object (CO-RE relocations against the running kernel's BTF) and attaches
-    /// it: the TCP tracepoint, the syscall tracepoints of bind/connect
-    /// (needs tracefs events, CONFIG_FTRACE_SYSCALLS), the UDP socket hooks on the cgroup2 root (so every process on
-    /// the host, whatever its cgroup), and the two map iterators. Needs root (CAP_BPF +
-    /// CAP_PERFMON + CAP_NET_ADMIN, and CAP_SYS_ADMIN if no cgroup2 is mounted) and Linux
-    /// >= 5.9 with BTF.
-    pub fn load() -> Result<SockWatch, PortsError> {
-        let object = objects::SOCKWATCH;
-        if object.is_empty() {
-            return Err(PortsError::ObjectNotBuilt);
+    /// Loads the watcher in the best of `options.mode`'s candidate modes the kernel allows,
+    /// logging the choice once (and every better mode it refused, with the reason). Needs
+    /// root: CAP_BPF + CAP_PERFMON + CAP_NET_ADMIN for the BPF modes, CAP_SYS_ADMIN to mount
+    /// tracefs or a private cgroup2 when missing.
+    pub fn load(options: WatchOptions) -> Result<SockWatch, PortsError> {
+        let own = match options.scope {
+            Scope::Own => Some(OwnNetns::open()?),
+            Scope::All => None,
+        };
+        let mut refused = Vec::new();
+        let mut last_error = None;
+        for &mode in options.mode.candidates() {
+            let mut status = WatcherStatus::new(mode);
+            let loaded = match mode {
+                Mode::SockDiag => diag::probe().map(|()| {
+                    sock_diag_coverage(&mut status);
+                    None
+                }),
+                _ => BpfWatch::load(mode, &mut status).map(Some),
+            };
+            match loaded {
+                Ok(bpf) => {
+                    status.refused = refused;
+                    for refusal in &status.refused {
+                        crate::event!(warn, "sockwatch_mode_refused", mode = refusal.mode, reason = refusal.reason);
+                    }
+                    crate::event!(info, "sockwatch_mode", mode = mode, coverage = status.summary());
+                    let mut resolver = NetnsResolver::new();
+                    if let Some(own) = &own {
+                        resolver.know(own.inode, own.path.clone());
+                    }
+                    return Ok(SockWatch { bpf, status, own, resolver, resolved_at: Instant::now(), close_wait_seen: HashMap::new() });
+                }
+                Err(error) => {
+                    refused.push(Refusal { mode, reason: error_chain(&error) });
+                    last_error = Some(error);
+                }
+            }
         }
-        let btf = Btf::from_sys_fs().map_err(PortsError::Btf)?;
-        let mut ebpf = EbpfLoader::new().btf(&btf).load(object).map_err(|e| PortsError::Load(Box::new(e)))?;
-
-        let set_state: &mut BtfTracePoint = program(&mut ebpf, SET_STATE)?.try_into().map_err(hook_err(TRACEPOINT, SET_STATE))?;
-        set_state.load(TRACEPOINT, &btf).map_err(hook_err(TRACEPOINT, SET_STATE))?;
-        set_state.attach().map_err(hook_err(TRACEPOINT, SET_STATE))?;
-
-        for (name, tracepoint) in SYSCALL_HOOKS {
-            let hook_err = hook_err(&format!("tracepoint/syscalls/{tracepoint}"), name);
-            let program: &mut TracePoint = program(&mut ebpf, name)?.try_into().map_err(&hook_err)?;
-            program.load().map_err(&hook_err)?;
-            program.attach("syscalls", tracepoint).map_err(&hook_err)?;
-        }
-
-        let (cgroup, root) = cgroup::open_root()?;
-        for (name, hook) in [(UDP_CREATE, "sock_create"), (UDP_RELEASE, "sock_release")] {
-            let hook_err = hook_err(&format!("cgroup/{hook} on {root}"), name);
-            let program: &mut CgroupSock = program(&mut ebpf, name)?.try_into().map_err(&hook_err)?;
-            program.load().map_err(&hook_err)?;
-            // aya attaches with a bpf_link (5.7+), which always runs alongside the cgroup's
-            // other programs (systemd's, another watcher's) and refuses attach flags.
-            program.attach(&cgroup, CgroupAttachMode::Single).map_err(&hook_err)?;
-        }
-
-        let udp_sum = map_iterator(&mut ebpf, &btf, UDP_SUM, MAP_UDP_SOCKS)?;
-        let close_wait = map_iterator(&mut ebpf, &btf, CLOSE_WAIT, MAP_CLOSE_WAIT)?;
-        Ok(SockWatch { ebpf, udp_sum, close_wait })
+        Err(last_error.expect("every option has a candidate mode"))
     }
 
-    /// Reads the per-destination counts, runs the iterators (UDP sums, CLOSE_WAIT sockets)
-    /// and reads the drop counters. `&mut`: one iterator run at a time owns the UDP sums.
+    /// The mode in use and what it watches.
+    pub fn status(&self) -> &WatcherStatus {
+        &self.status
+    }
+
+    /// Reads everything the mode sees in the watcher's scope.
     pub fn snapshot(&mut self) -> Result<Snapshot, PortsError> {
-        let udp = self.sum_udp()?;
-        let close_wait = self.close_wait.run().map_err(|source| PortsError::IterRun { program: CLOSE_WAIT, source })?;
-        let ports: HashMap<_, PortKey, PortCounts> = HashMap::try_from(self.map(MAP_PORTS)?).map_err(map_err(MAP_PORTS))?;
-        let destinations = ports.iter().collect::<Result<Vec<_>, _>>().map_err(map_err(MAP_PORTS))?;
-        let failures: HashMap<_, FailKey, u64> = HashMap::try_from(self.map(MAP_FAILURES)?).map_err(map_err(MAP_FAILURES))?;
-        let failures = failures.iter().collect::<Result<Vec<_>, _>>().map_err(map_err(MAP_FAILURES))?;
-        let stats_map: Array<_, u64> = Array::try_from(self.map(MAP_STATS)?).map_err(map_err(MAP_STATS))?;
-        let mut stats = [0; STAT_NAMES.len()];
-        for (index, slot) in (0u32..).zip(stats.iter_mut()) {
-            *slot = stats_map.get(&index, 0).map_err(map_err(MAP_STATS))?;
+        if self.resolved_at.elapsed() >= PORT_RANGES_TTL {
+            self.resolver.forget();
+            self.resolved_at = Instant::now();
         }
-        let close_wait = CloseWaitRecord::parse_all(&close_wait);
-        Ok(Snapshot { destinations, udp, failures, close_wait, stats, now: monotonic_secs() })
+        let now = monotonic_secs();
+        let own = self.own.as_ref().map(|own| (own.inode, own.path.clone()));
+        let namespaces = || -> Namespaces {
+            match &own {
+                Some(own) => vec![own.clone()],
+                None => all_netns(),
+            }
+        };
+        let mut snapshot = match &mut self.bpf {
+            Some(bpf) => {
+                let read = bpf.read()?;
+                let mut close_wait = read.close_wait;
+                if let Some((inode, _)) = &own {
+                    // Out of scope: no sock_diag dump in other namespaces for them.
+                    close_wait.retain(|r| r.key.netns == *inode);
+                }
+                let udp = match read.udp {
+                    Some(udp) => udp,
+                    None => {
+                        // The tracepoint could not read the inodes; sock_diag can.
+                        diag::fill_inodes(&mut close_wait, &self.resolver)?;
+                        diag::udp_sums(&namespaces(), &mut self.resolver)?
+                    }
+                };
+                Snapshot {
+                    destinations: read.destinations.iter().map(|(key, counts)| (*key, counts.at(now))).collect(),
+                    udp,
+                    failures: read.failures,
+                    close_wait,
+                    stats: read.stats,
+                    now,
+                }
+            }
+            None => {
+                let namespaces = namespaces();
+                Snapshot {
+                    destinations: diag::tcp_counts(&namespaces, &mut self.resolver)?,
+                    udp: diag::udp_sums(&namespaces, &mut self.resolver)?,
+                    close_wait: diag::close_wait(&namespaces, &mut self.close_wait_seen, now)?,
+                    now,
+                    ..Snapshot::default()
+                }
+            }
+        };
+        if let Some(own) = &self.own {
+            snapshot.retain_netns(own.inode);
+        }
+        Ok(snapshot)
     }
 
-    /// A report with each namespace's port range from `resolver`; the owners of leak
-    /// suspects are looked up in /proc only when there are suspects.
-    pub fn report(&mut self, resolver: &mut NetnsResolver, thresholds: Thresholds) -> Result<PortsReport, PortsError> {
+    /// A report of the watcher's scope; the owners of leak suspects are looked up in /proc
+    /// only when there are suspects.
+    pub fn report(&mut self, thresholds: Thresholds) -> Result<PortsReport, PortsError> {
         let snapshot = self.snapshot()?;
-        Ok(build_report(&snapshot, |netns| resolver.ports(netns), socket_owners, thresholds))
+        let resolver = &mut self.resolver;
+        let mut report = build_report(&snapshot, |netns| resolver.ports(netns), socket_owners, thresholds);
+        report.watcher = Some(self.status.clone());
+        Ok(report)
     }
 
-    /// Run counts and times of every program (see [`ProgramStats`]).
+    /// Run counts and times of the programs this mode loaded (none in sock_diag mode).
     pub fn program_stats(&self) -> Result<Vec<ProgramStats>, PortsError> {
-        PROGRAMS
-            .iter()
-            .map(|&name| {
-                let info = self
-                    .ebpf
-                    .program(name)
-                    .ok_or(PortsError::MissingProgram { program: name })?
-                    .info()
-                    .map_err(|source| PortsError::Stats { program: name, source })?;
-                Ok(ProgramStats { name, runs: info.run_count(), run_time: info.run_time() })
-            })
-            .collect()
-    }
-
-    /// Empties the sums, runs the UDP iterator (which fills them) and reads them.
-    fn sum_udp(&mut self) -> Result<Vec<(PortKey, u64)>, PortsError> {
-        let mut stats: Array<_, u64> = Array::try_from(self.map_mut(MAP_STATS)?).map_err(map_err(MAP_STATS))?;
-        stats.set(STAT_UDP_KEY_TABLE_FULL, &0, 0).map_err(map_err(MAP_STATS))?;
-        let mut sums: HashMap<_, PortKey, u64> = HashMap::try_from(self.map_mut(MAP_UDP_PORTS)?).map_err(map_err(MAP_UDP_PORTS))?;
-        let stale = sums.keys().collect::<Result<Vec<_>, _>>().map_err(map_err(MAP_UDP_PORTS))?;
-        for key in &stale {
-            sums.remove(key).map_err(map_err(MAP_UDP_PORTS))?;
-        }
-        self.udp_sum.run().map_err(|source| PortsError::IterRun { program: UDP_SUM, source })?;
-        let sums: HashMap<_, PortKey, u64> = HashMap::try_from(self.map(MAP_UDP_PORTS)?).map_err(map_err(MAP_UDP_PORTS))?;
-        sums.iter().collect::<Result<Vec<_>, _>>().map_err(map_err(MAP_UDP_PORTS))
-    }
-
-    fn map(&self, name: &'static str) -> Result<&Map, PortsError> {
-        self.ebpf.map(name).ok_or(PortsError::Map { name, source: MapError::InvalidName { name: name.to_owned() } })
-    }
-
-    fn map_mut(&mut self, name: &'static str) -> Result<&mut Map, PortsError> {
-        self.ebpf.map_mut(name).ok_or(PortsError::Map { name, source: MapError::InvalidName { name: name.to_owned() } })
+        self.bpf.as_ref().map_or(Ok(Vec::new()), BpfWatch::program_stats)
     }
 }
 
-fn hook_err(hook: &str, program: &'static str) -> impl Fn(ProgramError) -> PortsError + use<> {
-    let hook = hook.to_owned();
-    move |source| PortsError::Hook { hook: hook.clone(), program, source }
-}
-
-fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut aya::programs::Program, PortsError> {
-    ebpf.program_mut(name).ok_or(PortsError::MissingProgram { program: name })
-}
-
-/// Loads iterator `name` and links it to hash map `map`.
-fn map_iterator(ebpf: &mut Ebpf, btf: &Btf, name: &'static str, map: &'static str) -> Result<MapIterator, PortsError> {
-    let hook_err = hook_err(&format!("iter/{MAP_ITERATOR}"), name);
-    let iter: &mut Iter = program(ebpf, name)?.try_into().map_err(&hook_err)?;
-    iter.load(MAP_ITERATOR, btf).map_err(&hook_err)?;
-    let program_fd = iter.fd().map_err(&hook_err)?.try_clone().map_err(|source| PortsError::IterLink { program: name, map, source })?;
-    let map_fd = match ebpf.map(map) {
-        Some(Map::HashMap(data)) => data.fd().as_fd(),
-        _ => return Err(PortsError::Map { name: map, source: MapError::InvalidName { name: map.to_owned() } }),
-    };
-    MapIterator::attach(program_fd.as_fd(), map_fd).map_err(|source| PortsError::IterLink { program: name, map, source })
+fn sock_diag_coverage(status: &mut WatcherStatus) {
+    status.watch(parts::TCP_PORTS, "sock_diag");
+    status.watch(parts::UDP_PORTS, "sock_diag");
+    status.watch(parts::CLOSE_WAIT, "sock_diag, aged from the first report that saw each socket");
+    let needs_bpf = "needs BPF: the kernel refused the BPF modes, or sock_diag was chosen";
+    status.skip(parts::CONNECT_FAILURES, needs_bpf);
+    status.skip(parts::BIND_FAILURES, needs_bpf);
+    status.skip(parts::OPENS, needs_bpf);
 }

@@ -159,7 +159,7 @@ fn reused_ids_start_with_zeroed_counters() {
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
     let be = r.backend_id(&vip(), &"10.0.0.101".parse().unwrap()).unwrap();
-    let old = spillway_common::types::Traffic { packets: 5, bytes: 500 };
+    let old = spillway_common::types::Traffic { packets: 5, bytes: 500, new_flows: 2 };
     maps.vip_traffic.insert(0, old);
     maps.backend_traffic.insert(be, old);
     r.apply(&mut maps, &DesiredState::default()).unwrap();

@@ -26,11 +26,13 @@ fn syn_then_ack(client: &str, vip_addr: &str, backends: &[std::net::IpAddr]) {
         let out = env.expect(&ack, XDP_TX, Reason::Tx);
         expect_encap(&out.frame, &ack, 14, expected, packet_lab::neighbour_mac(expected));
 
+        // One new flow (the SYN), counted on the VIP and on its backend; the hit is not one.
         let id = env.reconciler.vip_id(&v).unwrap();
-        assert_eq!(env.balancer.maps.vip_traffic(id).unwrap().packets, 2);
+        let traffic = env.balancer.maps.vip_traffic(id).unwrap();
+        assert_eq!((traffic.packets, traffic.new_flows), (2, 1));
         let be = env.reconciler.backend_id(&v, &expected).unwrap();
         let traffic = env.balancer.maps.backend_traffic(be).unwrap();
-        assert_eq!((traffic.packets, traffic.bytes), (2, (syn.len() + ack.len()) as u64));
+        assert_eq!((traffic.packets, traffic.bytes, traffic.new_flows), (2, (syn.len() + ack.len()) as u64, 1));
     });
 }
 

@@ -47,5 +47,8 @@ fn icmp_for_an_unknown_flow_is_hashed_like_the_flow() {
         let out = env.expect(&icmp, XDP_TX, Reason::Tx);
         expect_encap(&out.frame, &icmp, 14, expected, None);
         assert_eq!(env.pinned_backend(&flow_key(c, d, PROTO_TCP)), None, "ICMP must not create flows");
+        let id = env.reconciler.vip_id(&v).unwrap();
+        let traffic = env.balancer.maps.vip_traffic(id).unwrap();
+        assert_eq!((traffic.packets, traffic.new_flows), (1, 0), "nor count as a new flow");
     });
 }

@@ -112,3 +112,25 @@ fn next_hop_is_cached_per_cpu_and_refreshed_after_its_ttl() {
         expect_encap(&out.frame, &f, 14, backend, Some(moved));
     });
 }
+
+#[test]
+fn an_ingress_interface_that_does_not_forward_drops_under_its_own_reason() {
+    let lab = spillway_harness::packet_lab::PacketLab::build().unwrap();
+    with_env_in(&lab, |env| {
+        env.add_vip(vip("10.200.1.1:80/tcp"), &[packet_lab::backend4(101).into()]);
+        env.add_vip(vip("[2001:db8:100::1]:80/tcp"), &[packet_lab::backend6(101).into()]);
+        let v4 = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), true, &[]);
+        let v6 = frames::tcp(sock("[2001:db8::20]:40000"), sock("[2001:db8:100::1]:80"), true, &[]);
+        // Nothing cached yet: the next hop comes from bpf_fib_lookup, which refuses.
+        for family in ["ipv4", "ipv6"] {
+            lab.netns().sysctl(&format!("net.{family}.conf.{}.forwarding", packet_lab::INGRESS), "0").unwrap();
+        }
+        env.expect(&v4, XDP_DROP, Reason::DropForwardingDisabled);
+        env.expect(&v6, XDP_DROP, Reason::DropForwardingDisabled);
+        for family in ["ipv4", "ipv6"] {
+            lab.netns().sysctl(&format!("net.{family}.conf.{}.forwarding", packet_lab::INGRESS), "1").unwrap();
+        }
+        env.expect(&v4, XDP_TX, Reason::Tx);
+        env.expect(&v6, XDP_TX, Reason::Tx);
+    });
+}

@@ -42,10 +42,11 @@ fn established_connections_survive_a_spoofed_syn_flood(mode: XdpMode) {
     }
     let backends: Vec<String> = streams.iter().map(|s| s.backend().to_owned()).collect();
 
-    let maps = c.lbctl_json(&["maps"]).unwrap();
-    let flows = maps["maps"].as_array().unwrap().iter().find(|m| m["name"] == "spw_flows").expect("spw_flows in lbctl maps");
-    let entries = flows["entries"].as_u64().unwrap() as u32 * 4;
-    assert_eq!(maps["max_flows"], 16384);
+    let status = c.lbctl_json(&["status"]).unwrap();
+    let flows = status["maps"].as_array().unwrap().iter().find(|m| m["name"] == "spw_flows").expect("spw_flows in lbctl status");
+    // Room for twice --max-flows.
+    let entries = flows["max_entries"].as_u64().unwrap() as u32;
+    assert_eq!(entries, 2 * MAX_FLOWS.parse::<u32>().unwrap());
 
     // The flood: a new spoofed source per SYN until the balancer has forwarded twice the
     // table's entries (the veths drop a few; those are made up with more).

@@ -2,6 +2,7 @@
 //! and configured by the real `lbd` through the real `lbctl`, to backends that decapsulate
 //! with `lbd agent`. Every scenario runs in native and in generic XDP mode. Needs root.
 
+mod config_file;
 mod flood;
 mod health;
 mod health_policy;
@@ -9,10 +10,12 @@ mod health_state;
 mod hitless_restart;
 mod input;
 mod membership;
+mod observability;
 mod overload;
 mod port_pressure;
 mod reachability;
 mod support;
+mod vip_path;
 
 /// Runs scenario `$name(mode)` once per XDP mode.
 #[macro_export]

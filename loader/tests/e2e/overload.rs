@@ -21,6 +21,7 @@ fn cluster() -> Cluster {
         topology: TopologyConfig { backends: 3, clients: 2 },
         mode: XdpMode::Native,
         lbd_args: Vec::new(),
+        agent_args: Vec::new(),
     };
     let c = Cluster::start(bins, config).expect("starting the cluster");
     vip_with_all_backends(&c, &tcp_vip(false), false);

@@ -1,10 +1,12 @@
 //! Port exhaustion with real sockets: a backend short of ephemeral ports loses share of new
-//! flows (and gets it back), and a balancer short of its own ports marks no backend
-//! unhealthy but raises a loud alert. Native mode only.
+//! flows (and gets it back), with its agent's watcher in each mode (a mode the kernel
+//! refuses is reported and skipped), and a balancer short of its own ports marks no backend
+//! unhealthy but raises a loud alert. Native XDP mode only.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
+use spillway::ports::{Mode, Scope, SockWatch, WatchOptions};
 use spillway_harness::Host;
 use spillway_harness::cluster::{Cluster, TCP_PORT, XdpMode};
 
@@ -37,9 +39,23 @@ fn shares(c: &Cluster) -> Vec<f64> {
     (1..=3).map(|i| tally.by_backend.get(&format!("b{i}")).copied().unwrap_or(0) as f64 / 150.0).collect()
 }
 
-#[test]
-fn a_backend_short_of_ports_loses_share_and_gets_it_back() {
-    let c = start(XdpMode::Native, 3);
+/// Whether this kernel allows watcher mode `mode` (said on stderr when it does not).
+fn kernel_allows(mode: Mode) -> bool {
+    match SockWatch::load(WatchOptions { mode: mode.into(), scope: Scope::Own }) {
+        Ok(_) => true,
+        Err(e) if e.is_kernel_refusal() => {
+            eprintln!("watcher mode {mode} is refused by this kernel, not tested here: {}", spillway::errors::error_chain(&e));
+            false
+        }
+        Err(e) => panic!("loading the watcher in mode {mode}: {}", spillway::errors::error_chain(&e)),
+    }
+}
+
+fn a_backend_short_of_ports_loses_share_and_gets_it_back(mode: Mode) {
+    if !kernel_allows(mode) {
+        return;
+    }
+    let c = start_configured(XdpMode::Native, 3, 1, &[], &["--watcher-mode", mode.name()]);
     let vip = tcp_vip(false);
     vip_with_all_backends(&c, &vip, false);
     wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
@@ -55,6 +71,7 @@ fn a_backend_short_of_ports_loses_share_and_gets_it_back() {
     let report = c.lbctl_json(&["ports", "--host", &b1_addr]).unwrap();
     let worst = &report["report"]["destinations"][0];
     assert!(worst["utilisation"].as_f64().unwrap() >= 0.9 && worst["remote_port"] == 7000, "{report}");
+    assert_eq!(report["report"]["watcher"]["mode"], mode.name(), "{report}");
     let under_pressure = shares(&c);
     let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
     let others: Vec<_> =
@@ -78,11 +95,33 @@ fn a_backend_short_of_ports_loses_share_and_gets_it_back() {
     assert!(restored[0] > 0.2, "b1 gets its share back: {restored:.2?}");
 }
 
+mod a_backend_short_of_ports_loses_share_and_gets_it_back {
+    use spillway::ports::Mode;
+
+    #[test]
+    fn btf() {
+        super::a_backend_short_of_ports_loses_share_and_gets_it_back(Mode::Btf);
+    }
+
+    #[test]
+    fn tracepoint() {
+        super::a_backend_short_of_ports_loses_share_and_gets_it_back(Mode::Tracepoint);
+    }
+
+    #[test]
+    fn sock_diag() {
+        super::a_backend_short_of_ports_loses_share_and_gets_it_back(Mode::SockDiag);
+    }
+}
+
 #[test]
 fn a_balancer_short_of_ports_marks_nobody_unhealthy_and_alerts() {
     let c = start(XdpMode::Native, 3);
     let vip = tcp_vip(false);
     vip_with_all_backends(&c, &vip, false);
+    // Direct probes: the ports held below are towards the backends' own addresses (a probe
+    // through the tunnel goes to the VIP, another destination, and would still pass).
+    c.lbctl(&["vips", "health", &vip, "--probe-path", "direct"]).unwrap();
     let healthy = || all_healthy(&c, &vip);
     wait_until(Duration::from_secs(10), "backends healthy", healthy);
 

@@ -17,9 +17,16 @@ pub fn start(mode: XdpMode, backends: usize) -> Cluster {
 
 /// A cluster whose `lbd` gets `lbd_args` too.
 pub fn start_with(mode: XdpMode, backends: usize, clients: usize, lbd_args: &[&str]) -> Cluster {
+    start_configured(mode, backends, clients, lbd_args, &[])
+}
+
+/// A cluster whose `lbd` gets `lbd_args` and whose agents get `agent_args` too.
+pub fn start_configured(mode: XdpMode, backends: usize, clients: usize, lbd_args: &[&str], agent_args: &[&str]) -> Cluster {
     let bins = Binaries { lbd: env!("CARGO_BIN_EXE_lbd").into(), lbctl: env!("CARGO_BIN_EXE_lbctl").into() };
-    let lbd_args = lbd_args.iter().map(|a| a.to_string()).collect();
-    Cluster::start(bins, ClusterConfig { topology: TopologyConfig { backends, clients }, mode, lbd_args }).expect("starting the cluster")
+    let owned = |args: &[&str]| args.iter().map(|a| a.to_string()).collect();
+    let config =
+        ClusterConfig { topology: TopologyConfig { backends, clients }, mode, lbd_args: owned(lbd_args), agent_args: owned(agent_args) };
+    Cluster::start(bins, config).expect("starting the cluster")
 }
 
 pub fn tcp_vip(v6: bool) -> String {

@@ -43,7 +43,11 @@ pub fn part() -> Result<Section> {
          that names the new backend (a VIP of {backends} backends, M={DEFAULT_RING_SIZE}, real lbd with health checks), median of {ADDS}: \
          {add_ms:.2} ms (goal 10)."
     )?;
-    Ok(Section { text, rows: vec![("maglev_build_1000_backends_ms".into(), build_ms), ("backends_add_to_dataplane_ms".into(), add_ms)] })
+    Ok(Section {
+        text,
+        rows: vec![("maglev_build_1000_backends_ms".into(), build_ms), ("backends_add_to_dataplane_ms".into(), add_ms)],
+        ..Section::default()
+    })
 }
 
 fn maglev_build_ms() -> Result<f64> {
@@ -63,8 +67,12 @@ fn maglev_build_ms() -> Result<f64> {
 /// Median ms per add, and the VIP's backends before each add.
 fn backend_add_ms() -> Result<(f64, usize)> {
     let bins = crate::bins::build(true)?;
-    let config =
-        ClusterConfig { topology: TopologyConfig { backends: VIP_BACKENDS + 1, clients: 1 }, mode: XdpMode::Native, lbd_args: Vec::new() };
+    let config = ClusterConfig {
+        topology: TopologyConfig { backends: VIP_BACKENDS + 1, clients: 1 },
+        mode: XdpMode::Native,
+        lbd_args: Vec::new(),
+        agent_args: Vec::new(),
+    };
     let cluster = Cluster::start(bins, config)?;
     let vip = format!("{VIP4}:{TCP_PORT}/tcp");
     cluster.lbctl(&["vips", "add", &vip])?;

@@ -46,10 +46,13 @@ enum Format {
     Json,
 }
 
-/// What one part measured: its text and its JSON rows (name, value).
+/// What one part measured: its text, its JSON rows (name, value), and what of it could not
+/// run (name, why).
+#[derive(Default)]
 pub struct Section {
     pub text: String,
     pub rows: Vec<(String, f64)>,
+    pub skipped: Vec<(String, String)>,
 }
 
 type Part<'a> = (&'static str, Box<dyn FnOnce() -> Result<Section> + 'a>);
@@ -74,6 +77,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 }
                 for (key, value) in section.rows {
                     rows.insert(key, ((value * 100.0).round() / 100.0).into());
+                }
+                for (key, why) in section.skipped {
+                    skipped.insert(key, why.into());
                 }
             }
             Err(error) => {

@@ -4,6 +4,7 @@
 //! floor and the stage cuts are checked for their action only.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ops::ControlFlow;
 
 use anyhow::{Context, Result, bail, ensure};
 use aya::{
@@ -393,10 +394,11 @@ impl Lab {
     pub fn forget_new_flows(&mut self) -> Result<()> {
         let maps = &mut self.balancer.maps;
         let mut keys = Vec::new();
-        maps.each_flow(|key, _| {
-            if is_new_flow(&key) {
-                keys.push(key);
+        maps.scan_flows(|key, _| {
+            if is_new_flow(key) {
+                keys.push(*key);
             }
+            ControlFlow::Continue(())
         });
         let inserted = self.new_flows.inserted;
         let missing = inserted.checked_sub(keys.len()).filter(|&m| m as f64 <= inserted as f64 * self.may_overflow);

@@ -94,5 +94,5 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
         rows.push((name.clone(), *ns));
         rows.push((format!("{name}_x_floor"), ratio));
     }
-    Ok(Section { text, rows })
+    Ok(Section { text, rows, ..Section::default() })
 }

@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ops::ControlFlow;
 use std::time::Instant;
 
 use anyhow::{Result, ensure};
@@ -71,8 +72,7 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
             ensure!(action == XDP_TX, "filling flow {n}: action {action}");
         }
         let fill_s = started.elapsed().as_secs_f64();
-        let mut entries = 0u64;
-        lab.balancer.maps.flows.each(|_| entries += 1);
+        let entries = lab.balancer.maps.flows.each(|_| ControlFlow::Continue(()));
         ensure!(entries as f64 >= f64::from(FLOWS) * 0.999, "{entries} of {FLOWS} flows in the table");
 
         let hit = (frames::tcp(client, vip(0), true, &[]), frames::tcp(client, vip(0), false, &[]));
@@ -119,6 +119,6 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
             writeln!(text, "{:<16} | {:<11} | {:>9} | {:>10.1}", m.name, m.kind, m.entries, m.bytes as f64 / f64::from(1 << 20))?;
             rows.push((format!("scale_{}_bytes", m.name), m.bytes as f64));
         }
-        Ok(Section { text, rows })
+        Ok(Section { text, rows, ..Section::default() })
     })
 }

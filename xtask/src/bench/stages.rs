@@ -136,5 +136,5 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
     }
     writeln!(text)?;
     writeln!(text, "floor: {floor:.1} ns")?;
-    Ok(Section { text, rows })
+    Ok(Section { text, rows, ..Section::default() })
 }

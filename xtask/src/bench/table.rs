@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::ops::ControlFlow;
 
 use anyhow::{Result, ensure};
 use spillway_common::limits::FLOW_WAYS;
@@ -105,13 +106,16 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
         rows.push(("spoofed_syn_x_floor".into(), syn_ns / flooded[0]));
         rows.push(("spoofed_syns_per_s_one_core".into(), 1e9 / syn_ns));
         rows.push(("established_kept_through_flood".into(), kept as f64));
-        Ok(Section { text, rows })
+        Ok(Section { text, rows, ..Section::default() })
     })
 }
 
 /// Confirmed (established) entries in the connection table.
 fn count_confirmed(lab: &Lab) -> usize {
     let mut n = 0;
-    lab.balancer.maps.flows.each(|flow| n += usize::from(flow.info.confirmed));
+    lab.balancer.maps.flows.each(|flow| {
+        n += usize::from(flow.info.confirmed);
+        ControlFlow::Continue(())
+    });
     n
 }

@@ -2,7 +2,7 @@
 
 use std::fs;
 
-use spillway_common::{limits::MAX_BACKENDS_PER_VIP, types::Reason};
+use spillway_common::{limits::MAX_BACKENDS_PER_VIP, maglev::MAX_WEIGHT, types::Reason};
 
 use super::*;
 use crate::{
@@ -20,13 +20,14 @@ pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-struct Fixture {
-    core: Core<FakeMaps, StateFile>,
-    tmp: TempDir,
+/// A core on fake maps with a real state file (also for `apply_tests`).
+pub(super) struct Fixture {
+    pub(super) core: Core<FakeMaps, StateFile>,
+    pub(super) tmp: TempDir,
 }
 
 impl Fixture {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         let tmp = TempDir::new("core");
         let store = StateFile::open(tmp.path()).unwrap();
         let (core, _) = Core::start(FakeMaps::default(), store, DesiredState::default(), None).unwrap();
@@ -37,7 +38,7 @@ impl Fixture {
         self.core.handle(request.clone()).unwrap_or_else(|e| panic!("{request:?}: {e}"))
     }
 
-    fn saved(&self) -> Option<DesiredState> {
+    pub(super) fn saved(&self) -> Option<DesiredState> {
         StateFile::open(self.tmp.path()).unwrap().load().unwrap()
     }
 
@@ -170,6 +171,10 @@ impl Store for BrokenStore {
     fn save_health(&mut self, _: &HealthSnapshot) -> Result<(), StoreError> {
         Err(StoreError::Write { path: "/nowhere/health.json".into(), source: std::io::ErrorKind::StorageFull.into() })
     }
+
+    fn save_config_mark(&mut self, _: &crate::store::ConfigMark) -> Result<(), StoreError> {
+        Err(StoreError::Write { path: "/nowhere/config-applied.json".into(), source: std::io::ErrorKind::StorageFull.into() })
+    }
 }
 
 #[test]
@@ -199,8 +204,8 @@ fn stats_follow_the_reconciler_ids() {
     let mut f = Fixture::with_two_backends();
     let vip_id = f.core.reconciler.vip_id(&vip()).unwrap();
     let be_id = f.core.reconciler.backend_id(&vip(), &ip("10.0.0.2")).unwrap();
-    f.core.maps.vip_traffic.insert(vip_id, Traffic { packets: 3, bytes: 300 });
-    f.core.maps.backend_traffic.insert(be_id, Traffic { packets: 2, bytes: 200 });
+    f.core.maps.vip_traffic.insert(vip_id, Traffic { packets: 3, bytes: 300, new_flows: 0 });
+    f.core.maps.backend_traffic.insert(be_id, Traffic { packets: 2, bytes: 200, new_flows: 0 });
     let Reply::Stats(stats) = f.ok(Request::Stats) else { panic!() };
     assert_eq!(stats.vips.len(), 1);
     assert_eq!((stats.vips[0].packets, stats.vips[0].bytes), (3, 300));
@@ -452,18 +457,4 @@ fn assert_all_refused<'a>(
     assert_eq!(f.core.state(), before.0);
     assert_eq!(f.core.maps(), before.1);
     assert_eq!(&f.file_bytes(), before.2);
-}
-
-#[test]
-fn maps_report_the_sizes_the_ring_pool_and_each_maps_memory() {
-    let mut f = Fixture::new();
-    let Reply::Maps(before) = f.ok(Request::Maps) else { panic!("not a maps reply") };
-    let c = spillway_common::limits::Capacity::DEFAULT;
-    assert_eq!((before.max_vips, before.max_flows, before.ring_slots_free), (c.vips, c.flows, c.ring_words() as u64 * 4));
-    assert_eq!(before.total_bytes, before.maps.iter().map(|m| m.bytes).sum::<u64>());
-    assert!(before.maps.iter().any(|m| m.name == "spw_flows" && m.entries == c.flow_buckets()));
-    // A VIP takes its two tables from the pool.
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(251) });
-    let Reply::Maps(after) = f.ok(Request::Maps) else { panic!("not a maps reply") };
-    assert_eq!(before.ring_slots_free - after.ring_slots_free, 2 * 252);
 }

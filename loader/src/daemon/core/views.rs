@@ -10,13 +10,12 @@ use spillway_common::{
 use super::{Core, CoreError, Counters, unix_ms};
 use crate::{
     api::{
-        BackendEntry, BackendList, BackendStats, BudgetLimit, LimitOrigin, MapEntry, MapsReport, PerSourceLimit, RateLimitList,
-        ReasonCount, RuleActionKind, RuleEntry, RuleList, ScopeLimits, SourceEntry, Stats, TopSourceList, VipEntry, VipHealthView,
-        VipLimits, VipList, VipStats,
+        BackendEntry, BackendList, BackendStats, BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, ReasonCount, RuleActionKind,
+        RuleEntry, RuleList, ScopeLimits, SourceEntry, Stats, TopSourceList, VipEntry, VipHealthView, VipLimits, VipList, VipStats,
     },
-    daemon::checks::Checks,
+    daemon::checks::{Checks, LocalCause, probe_path},
     dataplane::DataplaneError,
-    health::BackendHealth,
+    health::{BackendHealth, Reason, State},
     model::{Cidr, LimitConfig, ModelError, RuleAction, Vip},
     reconcile::Maps,
     store::Store,
@@ -24,14 +23,29 @@ use crate::{
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
     pub(super) fn alerts(&self) -> Vec<String> {
-        let Some(alert) = self.health.as_ref().and_then(|c| c.local_alert()) else { return Vec::new() };
-        let now_ms = self.health.as_ref().map_or(0, Checks::now_ms);
-        vec![format!(
-            "ALERT: this balancer cannot open probe sockets ({} probes in {} s): its own ephemeral ports, sockets or \
-             memory are short; backends keep their states (see lbctl ports)",
-            alert.unknown_probes,
-            now_ms.saturating_sub(alert.since_ms) / 1000
-        )]
+        let mut alerts = Vec::new();
+        if let Some(sysctls) = &self.forwarding_off {
+            alerts.push(format!(
+                "ALERT: forwarding is disabled on the balancer's interface ({sysctls}): every VIP packet of that family \
+                 is dropped (drop_forwarding_disabled in lbctl stats); set it back to 1"
+            ));
+        }
+        let Some(checks) = self.health.as_ref() else { return alerts };
+        let now_ms = checks.now_ms();
+        alerts.extend(checks.local_alerts().iter().map(|(cause, alert)| {
+            let (probes, for_s) = (alert.unknown_probes, now_ms.saturating_sub(alert.since_ms) / 1000);
+            match cause {
+                LocalCause::Sockets => format!(
+                    "ALERT: this balancer cannot open probe sockets ({probes} probes in {for_s} s): its own ephemeral ports, \
+                     sockets or memory are short; backends keep their states (see lbctl ports)"
+                ),
+                LocalCause::VipPath(why) => format!(
+                    "ALERT: this balancer cannot probe through the tunnel ({probes} probes in {for_s} s): {why}; backends keep \
+                     their states"
+                ),
+            }
+        }));
+        alerts
     }
 
     pub(super) fn vips(&self) -> VipList {
@@ -45,6 +59,12 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     let report = tracker.report(c.now_ms());
                     VipHealthView {
                         probe: config.health.as_ref().map(|h| h.probe.clone()).unwrap_or_default(),
+                        probe_path: config.health.as_ref().map(|h| h.probe_path).unwrap_or_default(),
+                        vip_path_failed: tracker
+                            .backends(c.now_ms())
+                            .iter()
+                            .filter(|b| matches!(b.reason, Reason::VipPathFailed { .. }) && b.state != State::Draining)
+                            .count(),
                         panic: report.panic,
                         panics_entered: report.panics_entered,
                         fail_closed: tracker.config().fail_closed,
@@ -81,6 +101,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     reason: h.map(|h| h.reason.to_string()),
                     state_for_s: h.map(|h| now_ms.saturating_sub(h.since_ms) / 1000),
                     latency_ms: h.and_then(|h| h.latency_ewma_ms),
+                    probe_path: h.map(|_| probe_path(config, b)),
                     pressure: h.map(|h| h.pressure.as_str().to_owned()),
                     unknown_probes: h.map_or(0, |h| h.consecutive_unknown),
                     kept_in: h.is_some_and(|h| h.kept_in),
@@ -90,21 +111,6 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             })
             .collect();
         Ok(BackendList { vip: *vip, backends, alerts: self.alerts() })
-    }
-
-    pub(super) fn maps_report(&self) -> MapsReport {
-        let capacity = self.maps.capacity();
-        let maps: Vec<MapEntry> =
-            self.maps.memory().into_iter().map(|m| MapEntry { name: m.name, kind: m.kind, entries: m.entries, bytes: m.bytes }).collect();
-        MapsReport {
-            max_vips: capacity.vips,
-            max_backends: capacity.backends,
-            max_flows: capacity.flows,
-            ring_slots: capacity.ring_slots,
-            ring_slots_free: self.reconciler.ring_pool().0,
-            total_bytes: maps.iter().map(|m| m.bytes).sum(),
-            maps,
-        }
     }
 
     pub(super) fn stats(&self) -> Result<Stats, DataplaneError> {
@@ -126,7 +132,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             self.maps.reasons()?.into_iter().map(|(reason, packets)| ReasonCount { reason: reason.label().to_owned(), packets }).collect();
         let observed =
             self.maps.observed()?.into_iter().map(|(o, packets)| ReasonCount { reason: o.label().to_owned(), packets }).collect();
-        Ok(Stats { vips, reasons, observed })
+        Ok(Stats { vips, reasons, observed, alerts: self.alerts() })
     }
 
     pub(super) fn rate_limits(&self) -> RateLimitList {

@@ -1,5 +1,5 @@
 //! The balancer: parse, find the VIP, choose a backend, encapsulate, send (`path.rs`, top
-//! to bottom).
+//! to bottom); and, in the same object, the probe path's encapsulation (`probe.rs`).
 //!
 //! Every packet ends in exactly one [`Reason`](spillway_common::types::Reason), counted once
 //! here. Anything that is not VIP traffic is XDP_PASS, so the host stays reachable;
@@ -11,6 +11,7 @@ mod limits;
 mod maps;
 mod nexthop;
 mod path;
+mod probe;
 mod select;
 mod stats;
 

@@ -11,7 +11,7 @@ use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{FLOW_SEED, flow_hash, vip_addr_hash, vip_filter_slot, vip_home},
     limits::VIP_PROBES,
-    types::{CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, Reason, RingRef, VipKey},
+    types::{CFG_F_STATIC_NEXTHOP, FlowKey, LbConfig, Reason, RingRef, VipKey},
 };
 use xdp_ebpf::{
     encap::{self, Macs, Tunnel},
@@ -65,7 +65,7 @@ trait Cut {
 }
 
 impl Cut for Verdict {
-    const CUT: Self = Verdict { action: XDP_TX, reason: Reason::Tx, vip: None, backend: None, bytes: 0 };
+    const CUT: Self = Verdict { action: XDP_TX, reason: Reason::Tx, vip: None, backend: None, bytes: 0, new_flow: false };
 }
 
 impl Cut for (u32, Reason) {
@@ -80,12 +80,14 @@ pub struct Verdict {
     pub vip: Option<u32>,
     pub backend: Option<u32>,
     pub bytes: usize,
+    /// A new flow was placed on a backend (counted as a new flow of both).
+    pub new_flow: bool,
 }
 
 impl Verdict {
     #[inline(always)]
     fn ended(action: u32, reason: Reason) -> Verdict {
-        Verdict { action, reason, vip: None, backend: None, bytes: 0 }
+        Verdict { action, reason, vip: None, backend: None, bytes: 0, new_flow: false }
     }
 }
 
@@ -130,10 +132,10 @@ pub fn balance<const STOP: u8>(ctx: &XdpContext) -> Verdict {
     let flow = Flow::new(&key, vip.id, flow_hash(&key, FLOW_SEED));
     let known = if syn { None } else { select::established(&flow, now, cfg, !icmp_error) };
     cut!(STOP, TABLE, &known);
-    let choice = match known {
-        Some(choice) => choice,
+    let (choice, new_flow) = match known {
+        Some(choice) => (choice, false),
         None => {
-            let refused = |reason| Verdict { action: XDP_DROP, reason, vip: Some(vip.id), backend: None, bytes };
+            let refused = |reason| Verdict { action: XDP_DROP, reason, vip: Some(vip.id), backend: None, bytes, new_flow: false };
             // ICMP errors belong to an existing flow: they are never limited.
             if !icmp_error {
                 let admitted = limits::admit_new_flow(&key, &vip, now_ns);
@@ -155,12 +157,12 @@ pub fn balance<const STOP: u8>(ctx: &XdpContext) -> Verdict {
                 select::remember(&flow, id, &backend, now, cfg);
             }
             cut!(STOP, INSERT);
-            Choice { id, backend, hash: flow.hash() }
+            (Choice { id, backend, hash: flow.hash() }, !icmp_error)
         }
     };
     let (action, reason) = forward::<STOP>(ctx, &key, &layout, &choice, cfg, now_ns);
     let sent = matches!(reason, Reason::Tx | Reason::Redirect | Reason::KernelNoNeigh | Reason::KernelNoTxPort);
-    Verdict { action, reason, vip: Some(vip.id), backend: sent.then_some(choice.id), bytes }
+    Verdict { action, reason, vip: Some(vip.id), backend: sent.then_some(choice.id), bytes, new_flow }
 }
 
 /// False only for addresses no VIP uses (one inlined array read).
@@ -227,7 +229,7 @@ fn forward<const STOP: u8>(ctx: &XdpContext, key: &FlowKey, layout: &Layout, cho
     let arrived = unsafe { Macs { src: (*eth).src, dst: (*eth).dst } };
     let tunnel = Tunnel {
         family: be.family,
-        src: outer_source(cfg, be.family, hash),
+        src: cfg.outer_source(be.family, hash),
         dst: be.addr,
         inner_family: key.family,
         inner_len: layout.l3_len,
@@ -244,6 +246,7 @@ fn forward<const STOP: u8>(ctx: &XdpContext, key: &FlowKey, layout: &Layout, cho
     match hop {
         NextHop::FragNeeded => (XDP_DROP, Reason::DropOversize),
         NextHop::NoRoute => (XDP_DROP, Reason::DropNoRoute),
+        NextHop::ForwardingDisabled => (XDP_DROP, Reason::DropForwardingDisabled),
         NextHop::NoNeigh => match encap::push(ctx, layout.l2_len, &tunnel, &arrived) {
             Ok(()) => (XDP_PASS, Reason::KernelNoNeigh),
             Err(()) => (XDP_DROP, Reason::DropEncapFailed),
@@ -276,19 +279,5 @@ fn hand_to_kernel(ctx: &XdpContext, arrived: &Macs) -> (u32, Reason) {
             (XDP_PASS, Reason::KernelNoTxPort)
         }
         None => (XDP_DROP, Reason::DropEncapFailed),
-    }
-}
-
-/// The configured outer source, with the host bits of its prefix taken from the flow hash.
-#[inline(always)]
-fn outer_source(cfg: &LbConfig, family: u8, hash: u32) -> [u32; 4] {
-    if family == FAMILY_V4 {
-        let mask = cfg.outer_src_v4_hostmask;
-        [(cfg.outer_src_v4 & !mask) | (hash & mask), 0, 0, 0]
-    } else {
-        let mask = cfg.outer_src_v6_hostmask;
-        let mut src = cfg.outer_src_v6;
-        src[3] = (src[3] & !mask) | (hash & mask);
-        src
     }
 }

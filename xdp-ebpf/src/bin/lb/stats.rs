@@ -16,20 +16,21 @@ pub fn count(verdict: &Verdict) {
     if let Some(id) = verdict.vip
         && let Some(t) = VIP_STATS.get_ptr_mut(id)
     {
-        add(t, verdict.bytes);
+        add(t, verdict);
     }
     if let Some(id) = verdict.backend
         && let Some(t) = BACKEND_STATS.get_ptr_mut(id)
     {
-        add(t, verdict.bytes);
+        add(t, verdict);
     }
 }
 
 #[inline(always)]
-fn add(t: *mut Traffic, bytes: usize) {
+fn add(t: *mut Traffic, verdict: &Verdict) {
     // SAFETY: per-CPU slot, no other writer on this CPU while we run.
     unsafe {
         (*t).packets += 1;
-        (*t).bytes += bytes as u64;
+        (*t).bytes += verdict.bytes as u64;
+        (*t).new_flows += verdict.new_flow as u64;
     }
 }

@@ -1,0 +1,181 @@
+//! How the watcher watches. Kernels differ in what they let a program hook: some refuse
+//! every `BPF_PROG_TYPE_TRACING` program (tp_btf, iterators) while running classic
+//! tracepoints and cgroup programs, some refuse BPF altogether. The watcher therefore has
+//! three modes, best first, and picks the best one the kernel allows when it loads
+//! ([`WatcherMode::Auto`]); each report says which mode it came from and what, in that
+//! mode, is and is not watched.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A mode the watcher can run in, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// BTF-typed tracepoint for TCP states, map iterators walking the UDP and CLOSE_WAIT
+    /// tables in the kernel, syscall tracepoints, cgroup socket hooks.
+    Btf,
+    /// Classic tracepoints (TCP states, syscalls); the maps are read from userspace in
+    /// batches; UDP sockets and CLOSE_WAIT inodes come from sock_diag.
+    Tracepoint,
+    /// No BPF: the kernel's socket tables through sock_diag, like `ss`.
+    SockDiag,
+}
+
+impl Mode {
+    /// Every mode, best first.
+    pub const ALL: [Mode; 3] = [Mode::Btf, Mode::Tracepoint, Mode::SockDiag];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Btf => "btf",
+            Mode::Tracepoint => "tracepoint",
+            Mode::SockDiag => "sock_diag",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the operator asks for: a mode, or the best the kernel allows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum WatcherMode {
+    /// The best mode this kernel allows (btf, else tracepoint, else sock_diag).
+    #[default]
+    Auto,
+    /// tp_btf and map iterators (kernels that allow tracing programs).
+    Btf,
+    /// Classic tracepoints and batched map reads, UDP through sock_diag.
+    Tracepoint,
+    /// No BPF programs: sock_diag only (no failure counts).
+    SockDiag,
+}
+
+impl WatcherMode {
+    /// The modes to try, in order.
+    pub fn candidates(self) -> &'static [Mode] {
+        match self {
+            WatcherMode::Auto => &Mode::ALL,
+            WatcherMode::Btf => &[Mode::Btf],
+            WatcherMode::Tracepoint => &[Mode::Tracepoint],
+            WatcherMode::SockDiag => &[Mode::SockDiag],
+        }
+    }
+}
+
+impl From<Mode> for WatcherMode {
+    /// The choice that forces `mode`.
+    fn from(mode: Mode) -> WatcherMode {
+        match mode {
+            Mode::Btf => WatcherMode::Btf,
+            Mode::Tracepoint => WatcherMode::Tracepoint,
+            Mode::SockDiag => WatcherMode::SockDiag,
+        }
+    }
+}
+
+/// One watched thing and how it is watched (or why it is not).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    /// What is watched, e.g. `tcp ports`.
+    pub what: String,
+    /// With what (a hook, a map read, sock_diag), or why not.
+    pub how: String,
+}
+
+/// The watcher's mode and coverage, part of every report. Field names are a public
+/// interface (JSON): add, never rename.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatcherStatus {
+    pub mode: Mode,
+    pub watching: Vec<Part>,
+    pub not_watched: Vec<Part>,
+    /// Better modes the kernel refused when this one was chosen, with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<Refusal>,
+}
+
+/// A mode the kernel did not allow.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub mode: Mode,
+    pub reason: String,
+}
+
+impl WatcherStatus {
+    pub(super) fn new(mode: Mode) -> WatcherStatus {
+        WatcherStatus { mode, watching: Vec::new(), not_watched: Vec::new(), refused: Vec::new() }
+    }
+
+    pub(super) fn watch(&mut self, what: &str, how: impl Into<String>) {
+        self.watching.push(Part { what: what.to_owned(), how: how.into() });
+    }
+
+    pub(super) fn skip(&mut self, what: &str, why: impl Into<String>) {
+        self.not_watched.push(Part { what: what.to_owned(), how: why.into() });
+    }
+
+    /// Whether `what` (one of the [`parts`] names) is watched.
+    pub fn watches(&self, what: &str) -> bool {
+        self.watching.iter().any(|p| p.what == what)
+    }
+
+    /// `watching with: …; not watched: …`, the line `lbctl ports` and the log show.
+    pub fn summary(&self) -> String {
+        let list = |parts: &[Part]| parts.iter().map(|p| format!("{} ({})", p.what, p.how)).collect::<Vec<_>>().join(", ");
+        let mut line = format!("mode {}; watching with: {}", self.mode, list(&self.watching));
+        if !self.not_watched.is_empty() {
+            line.push_str(&format!("; not watched: {}", list(&self.not_watched)));
+        }
+        line
+    }
+}
+
+/// The names of the watched parts, as [`Part::what`] carries them.
+pub mod parts {
+    /// Ports held per TCP destination, incl. TIME_WAIT.
+    pub const TCP_PORTS: &str = "tcp ports";
+    /// TCP `connect()` failing with EADDRNOTAVAIL, per process.
+    pub const CONNECT_FAILURES: &str = "tcp connect failures";
+    /// `bind()` to port 0 and UDP `connect()` autobind failing, per process.
+    pub const BIND_FAILURES: &str = "bind/udp connect failures";
+    /// UDP sockets on ephemeral ports per destination.
+    pub const UDP_PORTS: &str = "udp ports";
+    /// Sockets left in CLOSE_WAIT, per process.
+    pub const CLOSE_WAIT: &str = "close_wait leaks";
+    /// Cumulative active opens and TIME_WAIT entries (event counts).
+    pub const OPENS: &str = "open counts";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_go_from_best_to_last_resort() {
+        assert_eq!(WatcherMode::Auto.candidates(), [Mode::Btf, Mode::Tracepoint, Mode::SockDiag]);
+        assert_eq!(WatcherMode::SockDiag.candidates(), [Mode::SockDiag]);
+        for mode in Mode::ALL {
+            assert_eq!(WatcherMode::from(mode).candidates(), [mode], "forcing {mode}");
+        }
+        assert!(Mode::Btf < Mode::Tracepoint && Mode::Tracepoint < Mode::SockDiag, "better modes sort first");
+    }
+
+    #[test]
+    fn the_summary_names_what_is_and_is_not_watched() {
+        let mut status = WatcherStatus::new(Mode::SockDiag);
+        status.watch(parts::TCP_PORTS, "sock_diag");
+        status.skip(parts::CONNECT_FAILURES, "needs BPF");
+        assert_eq!(status.summary(), "mode sock_diag; watching with: tcp ports (sock_diag); not watched: tcp connect failures (needs BPF)");
+        assert!(status.watches(parts::TCP_PORTS) && !status.watches(parts::CONNECT_FAILURES));
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["mode"], "sock_diag");
+        assert!(json.get("refused").is_none());
+    }
+}
