@@ -3,8 +3,6 @@
 
 use std::{path::PathBuf, time::Instant};
 
-use spillway_common::limits::Capacity;
-
 use super::{Core, CoreError, Counters, unix_ms};
 use crate::{
     api::{AnnouncementsStatus, Applied, ConfigStatus, Exported, MapUsage, Reply, Status, WatcherStatus},
@@ -137,12 +135,16 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let flows = self.telemetry.flow_count.entries;
         let memory = self.maps.memory();
         let state = &self.state;
+        let ring_pool = self.reconciler.ring_pool();
         let backends: usize = state.vips.values().map(|c| c.backends.len()).sum();
         // Arrays and the trie hold what the state puts there; the hash maps were counted.
         let in_use = |name: &str| -> Option<u64> {
             use spillway_common::limits::map_names as n;
             let used = match name {
-                n::RINGS => state.vips.values().map(|c| u64::from(Capacity::ring_slots_for(1, c.ring_size))).sum(),
+                n::RINGS => {
+                    let (free, total) = ring_pool;
+                    total - free
+                }
                 n::BACKENDS => backends as u64,
                 n::LIMITS => state.vips.values().filter(|c| c.limits.is_some()).count() as u64 + u64::from(state.default_limits.is_some()),
                 n::RULES => state.rules.len() as u64,

@@ -242,7 +242,16 @@ fn forward<const STOP: u8>(ctx: &XdpContext, key: &FlowKey, layout: &Layout, cho
     } else {
         nexthop::resolve(ctx, choice.id, be, &tunnel.src, outer_len, now)
     };
-    cut!(STOP, NEXT_HOP, &hop);
+    // Kept as plain fields: the unused payload of another variant is undefined, and the
+    // verifier refuses a program that stores it.
+    cut!(
+        STOP,
+        NEXT_HOP,
+        &match &hop {
+            NextHop::Resolved { ifindex, macs } => (*ifindex, macs.src, macs.dst),
+            _ => (0, [0; 6], [0; 6]),
+        }
+    );
     match hop {
         NextHop::FragNeeded => (XDP_DROP, Reason::DropOversize),
         NextHop::NoRoute => (XDP_DROP, Reason::DropNoRoute),
