@@ -4,7 +4,7 @@
 //! new `lbd` never reuses a map of the old shape.
 
 /// Version of the pinned layout under the bpffs directory (`/sys/fs/bpf/spillway/v<N>`).
-pub const PIN_VERSION: u32 = 2;
+pub const PIN_VERSION: u32 = 3;
 
 /// Most VIPs one balancer serves.
 pub const MAX_VIPS: u32 = 64;

@@ -242,6 +242,9 @@ pub struct LbConfig {
     pub static_ifindex: u32,
     pub static_src_mac: [u8; 6],
     pub static_dst_mac: [u8; 6],
+    /// Seed of the flow hash (`hash::flow_hash`). Fleet-wide: balancers that share it and
+    /// the desired state send a flow to the same backend whichever of them ECMP picks.
+    pub flow_seed: u32,
 }
 
 /// Packet and byte counters (per CPU in the kernel; summed in userspace).
@@ -343,7 +346,7 @@ const _: () = assert!(size_of::<AddrKey>() == 20);
 const _: () = assert!(size_of::<BackendInfo>() == 28);
 const _: () = assert!(size_of::<FlowKey>() == 40);
 const _: () = assert!(size_of::<FlowValue>() == 16);
-const _: () = assert!(size_of::<LbConfig>() == 56);
+const _: () = assert!(size_of::<LbConfig>() == 60);
 const _: () = assert!(size_of::<Traffic>() == 16);
 const _: () = assert!(size_of::<CachedNextHop>() == 32);
 const _: () = assert!(size_of::<Limits>() == 24);

@@ -216,6 +216,18 @@ pub fn attach_pinned(program: &mut Xdp, iface: &str, mode: XdpMode, link_path: &
     Ok(if replaced_defunct { Attachment::Reattached } else { Attachment::Attached })
 }
 
+/// The interface index the link pinned at `link_path` drives (0 once detached or its
+/// interface is gone); `None` when nothing is pinned there.
+pub fn pinned_link_ifindex(link_path: &Path) -> Result<Option<u32>, PinError> {
+    if link_path.symlink_metadata().is_err() {
+        return Ok(None);
+    }
+    let open_error = |source| PinError::OpenLink { path: link_path.to_owned(), source };
+    let link: FdLink = PinnedLink::from_pin(link_path).map_err(open_error)?.into();
+    let info = link.info().map_err(open_error)?;
+    Ok(link_ifindex(info.id()))
+}
+
 /// The interface index an XDP link drives (0 once its interface is gone), from the fdinfo
 /// of our descriptor for it: aya does not expose the kernel's link info beyond ids.
 fn link_ifindex(link_id: u32) -> Option<u32> {

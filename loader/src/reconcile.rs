@@ -210,6 +210,15 @@ impl Reconciler {
         self.vips.get(vip).map(|r| r.id)
     }
 
+    /// The table packets of `vip` read, slot by slot as backend addresses: what every
+    /// balancer given the same state holds, whatever ids it handed out (`None`: unknown).
+    pub fn active_table(&self, vip: &Vip) -> Option<Vec<Option<IpAddr>>> {
+        let runtime = self.vips.get(vip)?;
+        let table = runtime.halves[runtime.active_half as usize].as_ref()?;
+        let by_id: HashMap<u32, IpAddr> = runtime.backends.iter().map(|(addr, id)| (*id, *addr)).collect();
+        Some(table.iter().map(|id| by_id.get(id).copied()).collect())
+    }
+
     fn apply_vip(
         &mut self,
         maps: &mut dyn Maps,
@@ -499,6 +508,35 @@ fn rule_from_key(prefix_len: u32, key: &RuleKey, vip_by_id: &HashMap<u32, Vip>) 
         return None;
     }
     Some(RuleMatch { cidr, vip })
+}
+
+/// A fingerprint of a Maglev table as backend addresses and of the flow hash seed that
+/// indexes it (FNV-1a, 64 bits, hex): balancers of a fleet that would send every new flow of
+/// a VIP to the same backend show the same digest.
+pub fn table_digest(seed: u32, table: &[Option<IpAddr>]) -> String {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(PRIME);
+        }
+    };
+    eat(&seed.to_le_bytes());
+    eat(&(table.len() as u32).to_le_bytes());
+    for slot in table {
+        match slot {
+            None => eat(&[0]),
+            Some(IpAddr::V4(a)) => {
+                eat(&[4]);
+                eat(&a.octets());
+            }
+            Some(IpAddr::V6(a)) => {
+                eat(&[6]);
+                eat(&a.octets());
+            }
+        }
+    }
+    format!("{h:016x}")
 }
 
 pub fn vip_key(vip: &Vip) -> VipKey {

@@ -29,7 +29,7 @@ async fn main() -> ExitCode {
 async fn run(args: LbdArgs) -> anyhow::Result<()> {
     match args.command {
         Some(LbdCommand::Agent(agent)) => agent::run(&agent).await.context("lbd agent"),
-        None if args.daemon.cleanup => daemon::cleanup(&args.daemon.pin_dir).context("lbd --cleanup"),
+        None if args.daemon.cleanup => daemon::cleanup(&args.daemon).context("lbd --cleanup"),
         None => {
             let iface = args.daemon.iface.as_deref().context("--iface is required")?;
             daemon::run(&args.daemon, iface).await.context("lbd")

@@ -21,7 +21,7 @@ use super::{
     telemetry::Telemetry,
 };
 use crate::{
-    api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, RuleActionKind, sample::BuildInfo},
+    api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, RuleActionKind, announce::Announcements, sample::BuildInfo},
     dataplane::{BalancerMaps, DataplaneError},
     event,
     health::{HealthError, Pressure},
@@ -143,6 +143,8 @@ pub struct Core<M, S> {
     forwarding_off: Option<String>,
     /// `lbd`'s own counters (metrics, `lbctl top`).
     telemetry: Telemetry,
+    /// What is announced through BIRD (`None`: `lbd` does not announce).
+    announcements: Option<Announcements>,
 }
 
 /// A change to apply: its operation (the metrics' `op` label) and its log line.
@@ -202,7 +204,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let report = reconciler.apply(&mut maps, &target);
         telemetry.reconciled("restore", report.is_ok(), started.elapsed());
         let report = report.map_err(CoreError::Apply)?;
-        Ok((Self { state, reconciler, maps, store, health, ports: PortsBook::default(), forwarding_off: None, telemetry }, report))
+        let ports = PortsBook::default();
+        Ok((Self { state, reconciler, maps, store, health, ports, forwarding_off: None, telemetry, announcements: None }, report))
     }
 
     /// Feeds probe outcomes, runs time-driven transitions, logs health events and, at most
@@ -234,6 +237,21 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             None => crate::event!(info, "forwarding_restored"),
         }
         self.forwarding_off = off;
+    }
+
+    /// Records what the announcer did this round (`lbctl vips list`, metrics).
+    pub fn set_announcements(&mut self, announcements: Announcements) {
+        self.announcements = Some(announcements);
+    }
+
+    /// Every VIP address, with whether some VIP on it has a backend (draining ones count:
+    /// they carry established flows): what the announcer decides on.
+    pub fn announce_wanted(&self) -> BTreeMap<IpAddr, bool> {
+        let mut wanted = BTreeMap::new();
+        for (vip, config) in &self.state.vips {
+            *wanted.entry(vip.addr).or_insert(false) |= !config.backends.is_empty();
+        }
+        wanted
     }
 
     /// Records port pressure reported by a backend's agent (see `pressure::classify`).

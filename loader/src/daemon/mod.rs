@@ -2,6 +2,7 @@
 //! desired state and serves the control API until signalled. Exiting detaches nothing:
 //! the pinned link and maps keep forwarding until the next `lbd` takes them over.
 
+pub mod announce;
 pub mod args;
 pub mod checks;
 pub mod core;
@@ -14,7 +15,7 @@ pub mod telemetry;
 
 use std::{
     io,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{Arc, Mutex},
 };
 
@@ -34,6 +35,7 @@ use self::{
     server::{ServerError, SharedCore},
 };
 use crate::{
+    announce::{AnnounceConfig, AnnounceError},
     api::sample::BuildInfo,
     dataplane::{Balancer, DataplaneError, LoadOptions},
     event,
@@ -72,6 +74,8 @@ pub enum DaemonError {
     Signals(#[source] io::Error),
     #[error(transparent)]
     Forwarding(#[from] ForwardingError),
+    #[error("withdrawing the announcements")]
+    Announce(#[from] AnnounceError),
     #[error(
         "forwarding is disabled on {iface} ({sysctls}): the kernel's route lookup refuses every packet arriving there, so \
          no VIP packet could be forwarded; set it to 1 (sysctl -w ...=1) or start lbd with --enable-forwarding"
@@ -167,6 +171,10 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     let forwarding_watch = tokio::spawn(forwarding_watch(core.clone(), iface.to_owned()));
     let prober = health_checks.then(|| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed())));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
+    let announcer = announce_config(args).map(|config| {
+        let data_path = announce::DataPath { iface: iface.to_owned(), link: link.clone() };
+        tokio::spawn(announce::announce_task(core.clone(), config, data_path))
+    });
     server::serve(listener, core.clone(), answered, async {
         let name = signals.recv().await;
         event!(info, "exiting", signal = name);
@@ -177,6 +185,10 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     pressure.abort();
     if let Some(prober) = prober {
         prober.abort();
+    }
+    // Announcements stay as they are: BIRD keeps them, the next lbd takes them over.
+    if let Some(announcer) = announcer {
+        announcer.abort();
     }
     // A killed lbd restores the last state change; a clean exit saves the present.
     server::lock(&core).persist_health();
@@ -229,8 +241,25 @@ where
     }
 }
 
-/// `lbd --cleanup`: detaches the balancer and the agent and removes every pin.
-pub fn cleanup(pin_dir: &Path) -> Result<(), DaemonError> {
+/// The announcer's settings, when `lbd` announces (`--bird-socket`).
+fn announce_config(args: &DaemonArgs) -> Option<AnnounceConfig> {
+    let a = &args.announce;
+    Some(AnnounceConfig {
+        socket: a.bird_socket.clone()?,
+        include: a.bird_include.clone(),
+        floor: a.announce_floor,
+        hold_ms: a.announce_hold_s * 1000,
+    })
+}
+
+/// `lbd --cleanup`: withdraws every announcement (with `--bird-socket`), detaches the
+/// balancer and the agent and removes every pin.
+pub fn cleanup(args: &DaemonArgs) -> Result<(), DaemonError> {
+    let pin_dir = &args.pin_dir;
+    if let Some(config) = announce_config(args) {
+        let withdrawn = crate::announce::withdraw_all(&config)?;
+        event!(warn, "withdraw", prefixes = withdrawn, reason = "cleanup", include = config.include.display());
+    }
     for link in pins::cleanup(&PinLayout::new(pin_dir))? {
         event!(info, "detached", link = link.display());
     }
@@ -273,6 +302,7 @@ fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
         outer_src_v6_hostmask,
         tcp_idle_timeout_s: args.tcp_idle_timeout_s,
         udp_idle_timeout_s: args.udp_idle_timeout_s,
+        flow_seed: args.flow_hash_seed,
         ..LbConfig::default()
     })
 }

@@ -11,7 +11,7 @@ use std::{
 
 use spillway_common::{
     addr::{from_words, to_words},
-    hash::{FLOW_SEED, flow_hash},
+    hash::flow_hash,
     limits::{ANY_VIP, DEFAULT_LIMIT_SLOT},
     types::{
         BACKEND_ACTIVE, BackendInfo, Bucket, FAMILY_V4, FlowKey, FlowValue, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, LbConfig,
@@ -135,7 +135,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             (own, _) => own,
         };
         let key = flow_key(client, vip, port);
-        let hash = flow_hash(&key, FLOW_SEED);
+        let config = self.maps.lb_config().map_err(CoreError::Counters)?;
+        let hash = flow_hash(&key, config.flow_seed);
         let id = self.reconciler.vip_id(vip).ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
         let meta = self.maps.vips().map_err(CoreError::Counters)?.into_iter().map(|(_, m)| m).find(|m| m.id == id);
         let meta = meta.ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
@@ -143,7 +144,6 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let owner = self.maps.ring_slot(id, meta.active_half, slot).map_err(CoreError::Counters)?;
         let maglev = self.maps.backend(owner).ok().filter(|b| b.state == BACKEND_ACTIVE).and_then(|b| from_words(b.addr, b.family));
         let now = kernel_now_ns();
-        let config = self.maps.lb_config().map_err(CoreError::Counters)?;
         let entry = self.maps.flow(&key).map(|value| self.entry_state(&key, &value, &config, now));
         let admission = self.admission(&key, id, now)?;
         let goes_to = match &entry {

@@ -19,7 +19,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use spillway_common::{
-    hash::{FLOW_SEED, flow_hash, vip_filter_slot},
+    hash::{flow_hash, vip_filter_slot},
     types::{CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, Reason, VipKey, VipMeta},
 };
 use xdp_ebpf::{
@@ -61,7 +61,7 @@ fn balance(ctx: &XdpContext) -> (u32, Reason) {
         return (XDP_PASS, Reason::PassNotVip);
     };
     let frame_len = packet::len(ctx);
-    let hash = flow_hash(&key, FLOW_SEED);
+    let hash = flow_hash(&key, cfg.flow_seed);
     // Coarse (tick-resolution) time is enough for second-scale timeouts and costs no
     // clocksource read.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
