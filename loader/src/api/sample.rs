@@ -25,6 +25,9 @@ pub struct Sample {
     /// Memory the kernel accounts to each map, by map name.
     pub maps: Vec<MapMemory>,
     pub daemon: DaemonSample,
+    /// What is announced through BIRD; absent when `lbd` does not announce.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announcements: Option<super::announce::Announcements>,
 }
 
 /// What runs: `lbd`'s version, the loaded program's tag, the XDP mode asked for.

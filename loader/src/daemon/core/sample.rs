@@ -83,6 +83,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             flow_table,
             maps,
             daemon: self.telemetry.sample(alert),
+            announcements: self.announcements.clone(),
         })
     }
 
