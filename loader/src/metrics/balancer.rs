@@ -228,7 +228,8 @@ fn announcements(f: &mut Families, a: &Announcements) {
             states.gauge(labels, f64::from(u8::from(state.label() == r.state)));
         }
     }
-    let mut peers = f.gauge("announcement_peers", "Other balancers announcing the address normally, as this balancer's BIRD sees them.", None);
+    let mut peers =
+        f.gauge("announcement_peers", "Other balancers announcing the address normally, as this balancer's BIRD sees them.", None);
     for r in &a.routes {
         if let Some(n) = r.peers {
             peers.gauge(prefix(r.address), f64::from(n));

@@ -2,6 +2,7 @@ use std::net::IpAddr;
 
 use super::*;
 use crate::{
+    api::announce::{AnnouncementChanges, AnnouncementView, Announcements},
     api::{
         ReasonCount, RuleActionKind,
         sample::{
@@ -9,7 +10,6 @@ use crate::{
             Sample, VipHealthSample, VipSample,
         },
     },
-    api::announce::{AnnouncementChanges, AnnouncementView, Announcements},
     model::RateSpec,
     ports::{DestinationUsage, Dropped, Level, Mode, PortsReport, Thresholds, WatcherStatus},
 };
