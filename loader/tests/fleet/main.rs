@@ -6,3 +6,4 @@
 
 mod announce;
 mod support;
+mod tables;

@@ -10,6 +10,9 @@ use spillway_harness::cluster::{Binaries, TCP_PORT, XdpMode};
 use spillway_harness::fleet::{Balancer, Fleet, FleetConfig, HTTP_PORT};
 use spillway_harness::{Host, VIP4};
 
+/// How often `lbd` decides its announcements (`daemon::announce::INTERVAL`).
+pub const ROUND: Duration = spillway::daemon::announce::INTERVAL;
+
 /// The fleet's two VIPs share one address, so one host route: long-lived echo streams on
 /// one, HTTP requests (one connection each) on the other.
 pub fn echo_vip() -> String {
