@@ -147,6 +147,10 @@ impl Fleet {
         let id = self.core.name().trim_end_matches("-core").to_owned();
         let spec = HostSpec { name: format!("lb{n}"), role: Role::Balancer, ipv4: balancer4(n), ipv6: balancer6(n) };
         let host = Host::create(spec, &id, &self.core, Arc::clone(&self.registry))?;
+        // A NIC drops frames for other MACs before XDP sees them; a veth does not. Without
+        // this, the frames the router still sends a dead balancer's MAC are flooded to the
+        // live balancers, whose XDP program serves them, hiding every loss.
+        self.core.run(&["ip", "link", "set", "dev", &format!("p-lb{n}"), "type", "bridge_slave", "flood", "off"])?;
         let dir = self.tempdir.path().join(format!("lb{n}"));
         std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let balancer = Balancer {

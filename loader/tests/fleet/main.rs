@@ -5,5 +5,6 @@
 //! needs one. Needs root and BIRD 2 (`./x setup` installs bird2).
 
 mod announce;
+mod failover;
 mod support;
 mod tables;
