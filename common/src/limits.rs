@@ -82,6 +82,9 @@ pub mod map_names {
     pub const BACKEND_NEW_FLOWS: &str = "spw_be_nflows";
     pub const LOCAL_ADDRS: &str = "spw_local_addrs";
     pub const DECAP_REASONS: &str = "spw_decap_rsn";
+    pub const PROBE_CONFIG: &str = "spw_probe_cfg";
+    pub const PROBE_REASONS: &str = "spw_probe_rsn";
+    pub const PROBE_LAST: &str = "spw_probe_last";
 }
 
 /// Program names in the eBPF objects.
@@ -89,6 +92,8 @@ pub mod program_names {
     pub const BALANCER: &str = "spillway_lb";
     pub const DECAP: &str = "spillway_decap";
     pub const FLOOR: &str = "spillway_floor";
+    /// The probe encapsulation (tc egress on the probe device), in the balancer's object.
+    pub const PROBE: &str = "spillway_probe";
 }
 
 const fn is_prime(n: u32) -> bool {

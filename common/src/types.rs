@@ -247,6 +247,24 @@ pub struct LbConfig {
     pub flow_seed: u32,
 }
 
+impl LbConfig {
+    /// The outer source for `family`, with the host bits of a configured prefix taken from the
+    /// flow hash. One function for the data path and the probe path, so both send the same
+    /// outer header.
+    #[inline(always)]
+    pub fn outer_source(&self, family: u8, hash: u32) -> [u32; 4] {
+        if family == FAMILY_V4 {
+            let mask = self.outer_src_v4_hostmask;
+            [(self.outer_src_v4 & !mask) | (hash & mask), 0, 0, 0]
+        } else {
+            let mask = self.outer_src_v6_hostmask;
+            let mut src = self.outer_src_v6;
+            src[3] = (src[3] & !mask) | (hash & mask);
+            src
+        }
+    }
+}
+
 /// Packet and byte counters (per CPU in the kernel; summed in userspace).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -339,6 +357,74 @@ reasons!(
     }
 );
 
+reasons!(
+    /// What the probe-encapsulation program (`spillway_probe`, tc egress on the probe device)
+    /// did with a packet. The last one per backend id is kept for diagnosis.
+    ProbeReason {
+        /// Encapsulated and redirected with the next hop's MACs.
+        Redirect = "redirect",
+        /// Encapsulated and redirected; the kernel resolves the next hop's neighbour.
+        RedirectNeigh = "redirect_neigh",
+        /// No probe mark of this balancer: not ours.
+        DropNotProbe = "drop_not_probe",
+        /// The mark names no active backend, or one of another generation (removed, reused).
+        DropNoBackend = "drop_no_backend",
+        /// Not a TCP or UDP packet over IPv4 or IPv6 without options or extension headers.
+        DropMalformed = "drop_malformed",
+        /// The packet could not be encapsulated (no room, or IPv6 inside IPv4).
+        DropEncapFailed = "drop_encap_failed",
+        /// The encapsulated packet exceeds the egress MTU.
+        DropOversize = "drop_oversize",
+        /// The FIB has no usable route to the backend.
+        DropNoRoute = "drop_no_route",
+        /// The balancer's interface does not forward, so the FIB routes nothing arriving there
+        /// (the data path drops that VIP traffic too: `drop_forwarding_disabled`).
+        DropForwardingDisabled = "drop_forwarding_disabled",
+        /// The redirect helper refused the egress.
+        DropRedirectFailed = "drop_redirect_failed",
+    }
+);
+
+/// Settings of the probe-encapsulation program, slot 0 of its config array (not pinned: each
+/// `lbd` writes it before its program goes live).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeConfig {
+    /// The interface the balancer's XDP program runs on: the FIB lookup for a probe is made
+    /// as for a packet arriving there, so it finds the next hop the data path uses.
+    pub ingress_ifindex: u32,
+    /// The top byte of this balancer's probe marks (see [`probe_mark`]).
+    pub mark_tag: u32,
+}
+
+/// Bits of a probe mark below the tag: the backend's generation (low byte) and id.
+pub const PROBE_MARK_TAG_SHIFT: u32 = 24;
+pub const PROBE_MARK_TAG_MASK: u32 = 0xff << PROBE_MARK_TAG_SHIFT;
+const PROBE_MARK_GENERATION_SHIFT: u32 = 16;
+const PROBE_MARK_ID_MASK: u32 = 0xffff;
+
+/// The socket mark of a probe to backend `id`: `tag` in the top byte (the probe routes match
+/// it), the low byte of the backend's `generation` (a probe still in flight when its id is
+/// reused is dropped, not sent to the new backend), and the id.
+#[inline(always)]
+pub const fn probe_mark(tag: u8, id: u32, generation: u32) -> u32 {
+    ((tag as u32) << PROBE_MARK_TAG_SHIFT) | ((generation & 0xff) << PROBE_MARK_GENERATION_SHIFT) | (id & PROBE_MARK_ID_MASK)
+}
+
+/// The backend id and generation byte a probe mark carries.
+#[inline(always)]
+pub const fn probe_mark_backend(mark: u32) -> (u32, u32) {
+    (mark & PROBE_MARK_ID_MASK, (mark >> PROBE_MARK_GENERATION_SHIFT) & 0xff)
+}
+
+/// True when `generation` is the one a probe mark carries (its low byte).
+#[inline(always)]
+pub const fn probe_generation_matches(generation: u32, mark_generation: u32) -> bool {
+    generation & 0xff == mark_generation
+}
+
+const _: () = assert!(crate::limits::MAX_BACKENDS - 1 <= PROBE_MARK_ID_MASK);
+
 // Layout checks: these sizes are part of the pinned-map contract.
 const _: () = assert!(size_of::<VipKey>() == 20);
 const _: () = assert!(size_of::<VipMeta>() == 12);
@@ -355,6 +441,7 @@ const _: () = assert!(size_of::<SourceState>() == 24);
 const _: () = assert!(size_of::<RuleKey>() == 24);
 const _: () = assert!(size_of::<RuleValue>() == 20);
 const _: () = assert!(size_of::<RuleState>() == 24);
+const _: () = assert!(size_of::<ProbeConfig>() == 8);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -384,6 +471,37 @@ mod pod {
         SourceState,
         RuleKey,
         RuleValue,
-        RuleState
+        RuleState,
+        ProbeConfig
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_marks_carry_tag_generation_and_id() {
+        let mark = probe_mark(0x53, 4095, 0x1_02);
+        assert_eq!(mark, 0x5302_0fff);
+        assert_eq!(mark & PROBE_MARK_TAG_MASK, 0x53 << PROBE_MARK_TAG_SHIFT);
+        assert_eq!(probe_mark_backend(mark), (4095, 0x02));
+        assert!(probe_generation_matches(0x7_02, 0x02));
+        assert!(!probe_generation_matches(0x7_03, 0x02));
+    }
+
+    #[test]
+    fn outer_source_takes_host_bits_from_the_hash() {
+        let cfg = LbConfig {
+            outer_src_v4: u32::from_be_bytes([10, 0, 0, 0]).to_be(),
+            outer_src_v4_hostmask: 0xff00_0000,
+            outer_src_v6: [1, 2, 3, 0x0400_0000],
+            outer_src_v6_hostmask: 0x00ff_0000,
+            ..LbConfig::default()
+        };
+        assert_eq!(cfg.outer_source(FAMILY_V4, 0x1234_5678), [0x1200_000a, 0, 0, 0]);
+        assert_eq!(cfg.outer_source(FAMILY_V6, 0x1234_5678), [1, 2, 3, 0x0434_0000]);
+        let host = LbConfig { outer_src_v4: 7, ..LbConfig::default() };
+        assert_eq!(host.outer_source(FAMILY_V4, u32::MAX), [7, 0, 0, 0]);
+    }
 }

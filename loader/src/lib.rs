@@ -21,7 +21,9 @@ pub mod pins;
 pub mod ports;
 pub mod probe;
 pub mod reconcile;
+pub mod rtnl;
 pub mod store;
+pub mod vip_path;
 
 #[cfg(test)]
 mod testing;

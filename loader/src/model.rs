@@ -834,6 +834,30 @@ mod tests {
     }
 
     #[test]
+    fn probe_paths_are_kept_per_vip_and_backend_and_left_out_when_default() {
+        use crate::probe::ProbePath;
+        let mut state = DesiredState::default();
+        let v = vip("10.0.0.1:80/tcp");
+        state.add_vip(v, 13).unwrap();
+        let b: IpAddr = "10.0.1.1".parse().unwrap();
+        state.add_backend(&v, b, 100).unwrap();
+        state.set_health(&v, Some(VipHealth::default())).unwrap();
+        let json = serde_json::to_string(&state).unwrap();
+        assert!(!json.contains("probe_path"), "through the tunnel is the default: {json}");
+        state.set_health(&v, Some(VipHealth { probe_path: ProbePath::Direct, ..VipHealth::default() })).unwrap();
+        let options = BackendOptions { probe_path: Some(ProbePath::Tunnel), ..BackendOptions::default() };
+        state.set_backend_options(&v, b, options).unwrap();
+        let json = serde_json::to_string(&state).unwrap();
+        assert!(json.contains(r#""probe_path":"direct""#) && json.contains(r#""probe_path":"tunnel""#), "{json}");
+        let back: DesiredState = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, state);
+        back.validate().unwrap();
+        let bad = json.replace(r#""probe_path":"direct""#, r#""probe_path":"sideways""#);
+        let err = serde_json::from_str::<DesiredState>(&bad).unwrap_err().to_string();
+        assert!(err.contains("sideways") && err.contains("direct") && err.contains("tunnel"), "{err}");
+    }
+
+    #[test]
     fn state_round_trips_through_json_and_validates() {
         let mut state = DesiredState::default();
         let v = vip("[fd00::1]:0/udp");

@@ -22,6 +22,8 @@ use nix::{
     },
 };
 
+use crate::rtnl::{align4, u16_at, u32_at};
+
 /// How often `lbd` checks.
 pub const INTERVAL: Duration = Duration::from_secs(5);
 
@@ -82,18 +84,6 @@ fn dump_request() -> [u8; NLMSG_HDRLEN + NDMSG_LEN] {
     msg[8..12].copy_from_slice(&1u32.to_ne_bytes());
     // The ndmsg stays zero: every family, every interface.
     msg
-}
-
-const fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-fn u16_at(buf: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_ne_bytes(buf.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn u32_at(buf: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes(buf.get(at..at + 4)?.try_into().ok()?))
 }
 
 /// Adds the valid entries of one received batch to `found`; true once the dump is complete.

@@ -3,6 +3,7 @@
 //! ```text
 //! <pin-dir>/v<PIN_VERSION>/maps/<map>   the balancer's maps (see dataplane)
 //! <pin-dir>/v<PIN_VERSION>/link         the balancer's XDP link
+//! <pin-dir>/v<PIN_VERSION>/probe_link   the probe path's tc link (see `vip_path`)
 //! <pin-dir>/agent/link                  the backend agent's XDP link
 //! ```
 //!
@@ -19,8 +20,9 @@ use std::{
 };
 
 use aya::programs::{
-    ProgramError, Xdp, XdpMode,
+    LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode,
     links::{FdLink, LinkError, PinnedLink},
+    tc::{SchedClassifierLink, TcAttach},
     xdp::XdpLink,
 };
 use nix::{
@@ -63,8 +65,8 @@ pub enum PinError {
         #[source]
         source: LinkError,
     },
-    #[error("{} is not an XDP link; run `lbd --cleanup` to remove stale pins", path.display())]
-    NotXdpLink { path: PathBuf },
+    #[error("{} is not {expected} link; run `lbd --cleanup` to remove stale pins", path.display())]
+    WrongLinkType { path: PathBuf, expected: &'static str },
     #[error(
         "the pinned link {} drives interface index {pinned}, not {iface} (index {wanted}); \
          run `lbd --cleanup` first to move the balancer to another interface",
@@ -77,14 +79,17 @@ pub enum PinError {
         #[source]
         source: ProgramError,
     },
-    #[error("attaching XDP to {iface}")]
+    #[error("attaching {what} to {iface}")]
     Attach {
+        what: &'static str,
         iface: String,
         #[source]
         source: ProgramError,
     },
-    #[error("the kernel attached XDP to {iface} through netlink, which cannot be pinned (needs bpf_link, Linux 5.9+)")]
-    NotPinnable { iface: String },
+    #[error(
+        "the kernel attached {what} to {iface} through netlink, which cannot be pinned (needs bpf_link: Linux 5.9+ for XDP, 6.6+ for tc)"
+    )]
+    NotPinnable { what: &'static str, iface: String },
     #[error("pinning the link at {}", path.display())]
     PinLink {
         path: PathBuf,
@@ -124,6 +129,10 @@ impl PinLayout {
 
     pub fn balancer_link(&self) -> PathBuf {
         self.balancer_dir().join("link")
+    }
+
+    pub fn probe_link(&self) -> PathBuf {
+        self.balancer_dir().join("probe_link")
     }
 
     pub fn agent_dir(&self) -> PathBuf {
@@ -184,51 +193,89 @@ pub enum Attachment {
 /// taken-over link keeps the XDP mode it was created with.
 pub fn attach_pinned(program: &mut Xdp, iface: &str, mode: XdpMode, link_path: &Path) -> Result<Attachment, PinError> {
     let ifindex = netif::ifindex(iface)?;
-    let mut replaced_defunct = false;
-    if link_path.symlink_metadata().is_ok() {
-        let open_error = |source| PinError::OpenLink { path: link_path.to_owned(), source };
-        let link: FdLink = PinnedLink::from_pin(link_path).map_err(open_error)?.into();
-        let info = link.info().map_err(open_error)?;
-        match link_ifindex(info.id()) {
-            // The interface was deleted; the link is dead and only its pin remains.
-            Some(0) => {
-                fs::remove_file(link_path).map_err(|source| PinError::Remove { path: link_path.to_owned(), source })?;
-                replaced_defunct = true;
-            }
-            Some(pinned) if pinned != ifindex => {
-                return Err(PinError::WrongInterface { path: link_path.to_owned(), pinned, iface: iface.to_owned(), wanted: ifindex });
-            }
-            _ => {
-                let link = XdpLink::try_from(link).map_err(|_| PinError::NotXdpLink { path: link_path.to_owned() })?;
-                let take_over_error = |source| PinError::TakeOver { path: link_path.to_owned(), source };
-                let id = program.attach_to_link(link).map_err(take_over_error)?;
-                // Closing our descriptor leaves the link attached: its pin holds it.
-                drop(program.take_link(id).map_err(take_over_error)?);
-                return Ok(Attachment::TookOver { replaced_program_id: info.program_id() });
-            }
+    match pinned(link_path, ifindex, iface)? {
+        Pinned::Live { link, program_id } => {
+            let take_over_error = |source| PinError::TakeOver { path: link_path.to_owned(), source };
+            let link = XdpLink::try_from(link).map_err(|_| PinError::WrongLinkType { path: link_path.to_owned(), expected: "an XDP" })?;
+            let id = program.attach_to_link(link).map_err(take_over_error)?;
+            // Closing our descriptor leaves the link attached: its pin holds it.
+            drop(program.take_link(id).map_err(take_over_error)?);
+            Ok(Attachment::TookOver { replaced_program_id: program_id })
+        }
+        Pinned::Absent { defunct } => {
+            let attach_error = |source| PinError::Attach { what: "XDP", iface: iface.to_owned(), source };
+            let id = program.attach(ifindex, mode).map_err(attach_error)?;
+            let link = FdLink::try_from(program.take_link(id).map_err(attach_error)?)
+                .map_err(|_| PinError::NotPinnable { what: "XDP", iface: iface.to_owned() })?;
+            pin_new(link, link_path, defunct)
         }
     }
-    let attach_error = |source| PinError::Attach { iface: iface.to_owned(), source };
-    let id = program.attach(ifindex, mode).map_err(attach_error)?;
-    let link =
-        FdLink::try_from(program.take_link(id).map_err(attach_error)?).map_err(|_| PinError::NotPinnable { iface: iface.to_owned() })?;
-    link.pin(link_path).map_err(|source| PinError::PinLink { path: link_path.to_owned(), source })?;
-    Ok(if replaced_defunct { Attachment::Reattached } else { Attachment::Attached })
 }
 
-/// The interface index the link pinned at `link_path` drives (0 once detached or its
-/// interface is gone); `None` when nothing is pinned there.
-pub fn pinned_link_ifindex(link_path: &Path) -> Result<Option<u32>, PinError> {
+/// [`attach_pinned`] for a tc program on the egress of interface `ifindex` (named `iface`
+/// in messages), through a TCX link.
+pub fn attach_pinned_tc(program: &mut SchedClassifier, ifindex: u32, iface: &str, link_path: &Path) -> Result<Attachment, PinError> {
+    match pinned(link_path, ifindex, iface)? {
+        Pinned::Live { link, program_id } => {
+            let take_over_error = |source| PinError::TakeOver { path: link_path.to_owned(), source };
+            let link = SchedClassifierLink::try_from(link)
+                .map_err(|_| PinError::WrongLinkType { path: link_path.to_owned(), expected: "a tc" })?;
+            let id = program.attach_to_link(link).map_err(take_over_error)?;
+            drop(program.take_link(id).map_err(take_over_error)?);
+            Ok(Attachment::TookOver { replaced_program_id: program_id })
+        }
+        Pinned::Absent { defunct } => {
+            let attach_error = |source| PinError::Attach { what: "tc", iface: iface.to_owned(), source };
+            let attach = TcAttach::Tcx { attach_type: TcAttachType::Egress, order: LinkOrder::default() };
+            let id = program.attach(ifindex, attach).map_err(attach_error)?;
+            let link = FdLink::try_from(program.take_link(id).map_err(attach_error)?)
+                .map_err(|_| PinError::NotPinnable { what: "tc", iface: iface.to_owned() })?;
+            pin_new(link, link_path, defunct)
+        }
+    }
+}
+
+/// What is pinned at a link path.
+enum Pinned {
+    /// A link driving the wanted interface: take it over.
+    Live { link: FdLink, program_id: u32 },
+    /// Nothing usable: attach afresh. `defunct`: a dead link's pin was removed.
+    Absent { defunct: bool },
+}
+
+fn pinned(link_path: &Path, ifindex: u32, iface: &str) -> Result<Pinned, PinError> {
     if link_path.symlink_metadata().is_err() {
-        return Ok(None);
+        return Ok(Pinned::Absent { defunct: false });
     }
     let open_error = |source| PinError::OpenLink { path: link_path.to_owned(), source };
     let link: FdLink = PinnedLink::from_pin(link_path).map_err(open_error)?.into();
     let info = link.info().map_err(open_error)?;
-    Ok(link_ifindex(info.id()))
+    match link_ifindex(info.id()) {
+        // The interface was deleted; the link is dead and only its pin remains.
+        Some(0) => {
+            fs::remove_file(link_path).map_err(|source| PinError::Remove { path: link_path.to_owned(), source })?;
+            Ok(Pinned::Absent { defunct: true })
+        }
+        Some(pinned) if pinned != ifindex => {
+            Err(PinError::WrongInterface { path: link_path.to_owned(), pinned, iface: iface.to_owned(), wanted: ifindex })
+        }
+        _ => Ok(Pinned::Live { link, program_id: info.program_id() }),
+    }
 }
 
-/// The interface index an XDP link drives (0 once its interface is gone), from the fdinfo
+fn pin_new(link: FdLink, link_path: &Path, defunct: bool) -> Result<Attachment, PinError> {
+    link.pin(link_path).map_err(|source| PinError::PinLink { path: link_path.to_owned(), source })?;
+    Ok(if defunct { Attachment::Reattached } else { Attachment::Attached })
+}
+
+/// The interface a pinned link drives now (0: its interface is gone or it was detached);
+/// `None` when nothing is pinned there or its fdinfo says nothing.
+pub fn pinned_link_ifindex(link_path: &Path) -> Option<u32> {
+    let link: FdLink = PinnedLink::from_pin(link_path).ok()?.into();
+    link_ifindex(link.info().ok()?.id())
+}
+
+/// The interface index a link drives (0 once its interface is gone), from the fdinfo
 /// of our descriptor for it: aya does not expose the kernel's link info beyond ids.
 fn link_ifindex(link_id: u32) -> Option<u32> {
     let entries = fs::read_dir("/proc/self/fdinfo").ok()?;
@@ -252,7 +299,7 @@ pub fn cleanup(layout: &PinLayout) -> Result<Vec<PathBuf>, PinError> {
         .map(|dir| lock(dir))
         .collect::<Result<Vec<_>, _>>()?;
     let mut unpinned = Vec::new();
-    for path in [layout.balancer_link(), layout.agent_link()] {
+    for path in [layout.balancer_link(), layout.probe_link(), layout.agent_link()] {
         if path.symlink_metadata().is_err() {
             continue;
         }

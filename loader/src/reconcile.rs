@@ -205,6 +205,13 @@ impl Reconciler {
         self.vips.get(vip)?.backends.get(backend).copied()
     }
 
+    /// Id and generation of `backend` in `vip`: what a probe's mark names (see
+    /// `types::probe_mark`).
+    pub fn backend_slot(&self, vip: &Vip, backend: &IpAddr) -> Option<(u32, u32)> {
+        let id = self.backend_id(vip, backend)?;
+        Some((id, *self.generations.get(id as usize)?))
+    }
+
     /// Ring id of `vip` (for stats).
     pub fn vip_id(&self, vip: &Vip) -> Option<u32> {
         self.vips.get(vip).map(|r| r.id)

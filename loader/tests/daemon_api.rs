@@ -326,7 +326,7 @@ fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
     // Restarted: takes the same link over with a new program, writes no slot, same state.
     let log = env.start_lbd();
     let log = fs::read_to_string(log).unwrap();
-    assert!(log.contains("took over link="), "{log}");
+    assert!(log.contains("event=took_over "), "{log}");
     assert!(log.contains("slots_written=0 tables_flipped=0"), "{log}");
     let (new_link_id, new_prog_id) = env.pinned_link();
     assert_eq!(new_link_id, link_id, "the restart replaced the link instead of taking it over");
@@ -361,13 +361,13 @@ fn agent_pins_its_link_and_takes_it_over() {
     let link = pins.join("agent/link");
     let log = env.spawn(&args);
     env.wait_until(&log, |env| fs::read_to_string(&log).is_ok_and(|l| l.contains("ready")) && env.xdp_on("veth1"));
-    assert!(fs::read_to_string(&log).unwrap().contains("local_addr added addr=10.99.0.1"));
+    assert!(fs::read_to_string(&log).unwrap().contains("event=local_addr_added addr=10.99.0.1"));
     assert!(env.stop("TERM").success());
     assert!(link.exists() && env.xdp_on("veth1"), "the agent detached on exit");
 
     let log = env.spawn(&args);
     env.wait_until(&log, |_| fs::read_to_string(&log).is_ok_and(|l| l.contains("ready")));
-    assert!(fs::read_to_string(&log).unwrap().contains("agent took over link="));
+    assert!(fs::read_to_string(&log).unwrap().contains("event=agent_took_over "));
     env.stop("KILL");
     assert!(env.xdp_on("veth1"));
 

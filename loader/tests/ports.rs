@@ -659,7 +659,7 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     let agent =
         backend.spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &args, &["--ports-listen", &endpoint.to_string()]].concat()).expect("lbd agent");
     agent.wait_for_output("ready", Duration::from_secs(10)).expect("agent ready");
-    assert!(agent.log().contains(&format!("ports endpoint listening on http://{endpoint}/ports")), "{}", agent.log());
+    assert!(agent.log().contains(&format!("event=ports_endpoint_listening url=http://{endpoint}/ports")), "{}", agent.log());
 
     // An agent with --all-netns (on the client host) reports the other namespaces too.
     let everywhere: SocketAddr = "127.0.0.1:9478".parse().unwrap();

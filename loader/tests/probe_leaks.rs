@@ -1,11 +1,14 @@
-//! Thousands of probe cycles leave the prober's socket and TIME_WAIT counts flat.
+//! Thousands of probe cycles leave the prober's socket and TIME_WAIT counts flat: direct
+//! probes of every kind over loopback, and probes through the tunnel (to the VIP, beside a
+//! direct one, with the probe path's own checks when only the tunnel fails) from a balancer
+//! namespace to a backend namespace, as `lbd` makes them.
 //!
 //! In its own test binary, with a single test, so that nothing else opens descriptors in the
 //! process while it counts them.
 
 use std::{
     collections::BTreeSet,
-    net::SocketAddr,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -16,12 +19,25 @@ use rustls::{
     pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer},
 };
 use spillway::{
+    daemon::probes::{ProbePathState, probe_through_tunnel},
+    dataplane::{Balancer, LoadOptions},
     health::ProbeOutcome,
+    model::{DesiredState, Vip},
+    pins::PinLayout,
     probe::{Hex, ProbeSpec, run},
+    reconcile::Reconciler,
+    vip_path::{VipPath, VipPathArgs},
 };
+use spillway_common::{
+    addr::to_words,
+    limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
+    types::LbConfig,
+};
+use spillway_harness::{LB4, LB6, Topology, TopologyConfig, VIP4};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::{TcpListener, UdpSocket},
+    runtime::Runtime,
     task::JoinSet,
 };
 use tokio_rustls::TlsAcceptor;
@@ -36,9 +52,78 @@ const SHORT: Duration = Duration::from_millis(50);
 /// Whether an outcome is the one a case expects.
 type Expected = fn(&ProbeOutcome) -> bool;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thousands_of_probes_leave_sockets_and_time_wait_flat() {
-    let servers = Servers::start().await;
+/// Where a case's probes go.
+#[derive(Clone, Copy, Debug)]
+enum Route {
+    Direct(SocketAddr),
+    /// To `vip` through the tunnel, with a direct probe of `direct` beside it.
+    Tunnel {
+        vip: SocketAddr,
+        direct: SocketAddr,
+    },
+}
+
+#[derive(Clone)]
+struct Case {
+    spec: ProbeSpec,
+    route: Route,
+    timeout: Duration,
+    expected: Expected,
+}
+
+/// What a probe through the tunnel needs: the probe path and the backend's slot in the maps.
+#[derive(Clone)]
+struct Tunnel {
+    path: Arc<ProbePathState>,
+    slot: (u32, u32),
+}
+
+#[test]
+fn thousands_of_probes_leave_sockets_and_time_wait_flat() {
+    let topology = Topology::build(TopologyConfig { backends: 1, clients: 1 }).unwrap();
+    let backend = &topology.backends()[0];
+    let pin_dir = topology.pin_dir().unwrap();
+    // The backend decapsulates with the real agent, and serves on every address (the VIP
+    // included) and, for one port, on its own address only.
+    let agent_pins = pin_dir.join("agent");
+    let agent = backend
+        .spawn(&[env!("CARGO_BIN_EXE_lbd"), "agent", "--iface", "eth0", "--ports-listen", "off", "--pin-dir", agent_pins.to_str().unwrap()])
+        .unwrap();
+    agent.wait_for_output("ready", Duration::from_secs(20)).unwrap();
+    let own = IpAddr::V4(backend.ipv4());
+    let (_backend_runtime, remote, own_only) = backend.in_netns(|| {
+        let runtime = runtime();
+        let (remote, own_only) = runtime
+            .block_on(async { (Servers::start(Ipv4Addr::UNSPECIFIED.into(), &[VIP4.into(), own]).await, closing_listener(own).await) });
+        (runtime, remote, own_only)
+    });
+    topology.lb().in_netns(|| runtime().block_on(probe_everything(&pin_dir, own, remote, own_only)));
+}
+
+/// On the balancer: the probe path set up as `lbd` sets it up, servers of its own on loopback,
+/// then every case.
+async fn probe_everything(pin_dir: &std::path::Path, backend: IpAddr, remote: Servers, own_only: SocketAddr) {
+    let layout = PinLayout::new(&pin_dir.join("lb"));
+    let mut balancer = Balancer::load(&LoadOptions { map_pin_dir: Some(layout.balancer_maps()) }).unwrap();
+    let config = LbConfig {
+        outer_src_v4: to_words(LB4.into()).0[0],
+        outer_src_v6: to_words(LB6.into()).0,
+        tcp_idle_timeout_s: DEFAULT_TCP_IDLE_TIMEOUT_S,
+        udp_idle_timeout_s: DEFAULT_UDP_IDLE_TIMEOUT_S,
+        ..LbConfig::default()
+    };
+    balancer.maps.set_config(&config).unwrap();
+    let vip: Vip = format!("{VIP4}:80/tcp").parse().unwrap();
+    let mut state = DesiredState::default();
+    state.add_vip(vip, 13).unwrap();
+    state.add_backend(&vip, backend, 100).unwrap();
+    let mut reconciler = Reconciler::adopt(&balancer.maps).unwrap();
+    reconciler.apply(&mut balancer.maps, &state).unwrap();
+    let args = VipPathArgs { probe_device: "spw-probe".into(), probe_table: 5357, probe_mark: 0x53 };
+    let path = VipPath::install(&mut balancer, &layout, "eth0", &args).unwrap();
+    let tunnel = Tunnel { path: Arc::new(Ok(path)), slot: reconciler.backend_slot(&vip, &backend).unwrap() };
+
+    let local = Servers::start(Ipv4Addr::LOCALHOST.into(), &[Ipv4Addr::LOCALHOST.into()]).await;
     let udp = ProbeSpec::Udp { payload: Hex(b"ping".to_vec()), expect: Some(Hex(b"ping".to_vec())) };
     let passes = |outcome: &ProbeOutcome| matches!(outcome, ProbeOutcome::Success { .. });
     let refused = |outcome: &ProbeOutcome| *outcome == ProbeOutcome::Failure { reason: "refused".to_owned() };
@@ -47,56 +132,101 @@ async fn thousands_of_probes_leave_sockets_and_time_wait_flat() {
     let refused_or_times_out = |outcome: &ProbeOutcome| {
         matches!(outcome, ProbeOutcome::Timeout) || *outcome == ProbeOutcome::Failure { reason: "refused".to_owned() }
     };
-    let cases: [(ProbeSpec, SocketAddr, Duration, Expected); 8] = [
-        (ProbeSpec::Tcp {}, servers.tcp, TIMEOUT, passes),
-        (http(false), servers.http, TIMEOUT, passes),
-        (http(true), servers.https, TIMEOUT, passes),
-        (udp.clone(), servers.udp, TIMEOUT, passes),
+    let vip_path_failed = |outcome: &ProbeOutcome| *outcome == ProbeOutcome::VipPathFailed { tunnel: "refused".to_owned() };
+    let direct = |target: SocketAddr| Route::Direct(target);
+    let tunnelled = |target: SocketAddr| Route::Tunnel {
+        vip: SocketAddr::new(VIP4.into(), target.port()),
+        direct: SocketAddr::new(backend, target.port()),
+    };
+    let case = |spec: &ProbeSpec, route, timeout, expected| Case { spec: spec.clone(), route, timeout, expected };
+    let cases = [
+        case(&ProbeSpec::Tcp {}, direct(local.tcp), TIMEOUT, passes),
+        case(&http(false), direct(local.http), TIMEOUT, passes),
+        case(&http(true), direct(local.https), TIMEOUT, passes),
+        case(&udp, direct(local.udp), TIMEOUT, passes),
         // The failure paths close their sockets too.
-        (ProbeSpec::Tcp {}, servers.closed, TIMEOUT, refused),
-        (udp.clone(), servers.closed, SHORT, refused_or_times_out),
-        (http(true), servers.silent_tcp, SHORT, times_out),
-        (udp, servers.silent_udp.local_addr().unwrap(), SHORT, times_out),
+        case(&ProbeSpec::Tcp {}, direct(local.closed), TIMEOUT, refused),
+        case(&udp, direct(local.closed), SHORT, refused_or_times_out),
+        case(&http(true), direct(local.silent_tcp), SHORT, times_out),
+        case(&udp, direct(local.silent_udp.local_addr().unwrap()), SHORT, times_out),
+        // Through the tunnel: two sockets per probe.
+        case(&ProbeSpec::Tcp {}, tunnelled(remote.tcp), TIMEOUT, passes),
+        case(&http(false), tunnelled(remote.http), TIMEOUT, passes),
+        case(&http(true), tunnelled(remote.https), TIMEOUT, passes),
+        case(&udp, tunnelled(remote.udp), TIMEOUT, passes),
+        case(&ProbeSpec::Tcp {}, tunnelled(remote.closed), TIMEOUT, refused),
+        case(&http(true), tunnelled(remote.silent_tcp), SHORT, times_out),
+        case(&udp, tunnelled(remote.silent_udp.local_addr().unwrap()), SHORT, times_out),
+        // Only the tunnel fails (a service on the backend's own address only): the probe path
+        // is checked each time, over netlink.
+        case(&ProbeSpec::Tcp {}, tunnelled(own_only), TIMEOUT, vip_path_failed),
     ];
-    let tcp_ports: BTreeSet<u16> =
-        [servers.tcp, servers.http, servers.https, servers.closed, servers.silent_tcp].iter().map(SocketAddr::port).collect();
+    let ports: BTreeSet<u16> = [&local, &remote]
+        .iter()
+        .flat_map(|s| [s.tcp, s.http, s.https, s.closed, s.silent_tcp])
+        .chain([own_only])
+        .map(|a| a.port())
+        .collect();
     // One probe of each kind first: what is set up once (TLS configuration, runtime threads)
     // is not a leak.
-    for (spec, target, timeout, expected) in &cases {
-        assert!(expected(&run(spec, *target, *timeout).await), "{spec:?} {target}");
+    for case in &cases {
+        let outcome = probe_once(case, &tunnel).await;
+        assert!((case.expected)(&outcome), "{:?} {:?}: {outcome:?}", case.spec, case.route);
     }
     let fds = settled_fd_count().await;
-    let time_wait = time_wait_towards(&tcp_ports);
+    let time_wait = time_wait_towards(&ports);
 
-    let all = tokio::time::timeout(Duration::from_secs(120), async {
-        for (spec, target, timeout, expected) in &cases {
+    let all = tokio::time::timeout(Duration::from_secs(240), async {
+        for case in &cases {
             let started = Instant::now();
-            let as_expected = probe_many(spec, *target, *timeout, *expected).await;
-            assert_eq!(as_expected, PROBES, "{spec:?} {target}: {as_expected} of {PROBES} as expected in {:?}", started.elapsed());
+            let as_expected = probe_many(case, &tunnel).await;
+            assert_eq!(
+                as_expected,
+                PROBES,
+                "{:?} {:?}: {as_expected} of {PROBES} as expected in {:?}",
+                case.spec,
+                case.route,
+                started.elapsed()
+            );
         }
     });
-    all.await.expect("the probes took longer than 2 minutes");
+    all.await.expect("the probes took longer than 4 minutes");
 
     let fds_after = settled_fd_count().await;
     assert!(fds_after <= fds, "open descriptors: {fds} before, {fds_after} after {PROBES} probes of each kind");
-    let time_wait_after = time_wait_towards(&tcp_ports);
+    let time_wait_after = time_wait_towards(&ports);
     assert!(time_wait_after <= time_wait, "TIME_WAIT on the prober's side: {time_wait} before, {time_wait_after} after");
+    drop(balancer);
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+async fn probe_once(case: &Case, tunnel: &Tunnel) -> ProbeOutcome {
+    match case.route {
+        Route::Direct(target) => run(&case.spec, target, None, case.timeout).await,
+        Route::Tunnel { vip, direct } => {
+            probe_through_tunnel(tunnel.path.clone(), &case.spec, vip, tunnel.slot, direct, case.timeout).await.0
+        }
+    }
 }
 
 fn http(tls: bool) -> ProbeSpec {
     ProbeSpec::Http { path: "/".to_owned(), expect_status: 200, host: None, tls }
 }
 
-/// Runs [`PROBES`] probes, at most [`IN_FLIGHT`] at once; returns how many came out as `expected`.
-async fn probe_many(spec: &ProbeSpec, target: SocketAddr, timeout: Duration, expected: Expected) -> usize {
+/// Runs [`PROBES`] probes, at most [`IN_FLIGHT`] at once; returns how many came out as expected.
+async fn probe_many(case: &Case, tunnel: &Tunnel) -> usize {
+    let case = Arc::new(case.clone());
     let mut workers = JoinSet::new();
     for worker in 0..IN_FLIGHT {
-        let spec = spec.clone();
+        let (case, tunnel) = (case.clone(), tunnel.clone());
         let count = PROBES / IN_FLIGHT + usize::from(worker < PROBES % IN_FLIGHT);
         workers.spawn(async move {
             let mut as_expected = 0;
             for _ in 0..count {
-                as_expected += usize::from(expected(&run(&spec, target, timeout).await));
+                as_expected += usize::from((case.expected)(&probe_once(&case, &tunnel).await));
             }
             as_expected
         });
@@ -120,11 +250,11 @@ async fn settled_fd_count() -> usize {
     last
 }
 
-/// TIME_WAIT sockets (state 06) of this network namespace whose remote port is one of
+/// TIME_WAIT sockets (state 06) of the calling thread's network namespace whose remote port is one of
 /// `ports` and whose local port is not: the prober's side of connections to the servers.
 fn time_wait_towards(ports: &BTreeSet<u16>) -> usize {
     let port = |address: &str| u16::from_str_radix(address.rsplit(':').next().unwrap(), 16).unwrap();
-    ["/proc/net/tcp", "/proc/net/tcp6"]
+    ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"]
         .iter()
         .filter_map(|table| std::fs::read_to_string(table).ok())
         .map(|text| {
@@ -149,20 +279,17 @@ struct Servers {
 }
 
 impl Servers {
-    async fn start() -> Self {
-        let (tcp, listener) = listen().await;
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                drop(stream);
-            }
-        });
-        let (http, listener) = listen().await;
+    /// Every server on `ip` (ephemeral ports); the UDP echo on each of `udp_ips` (one port), so
+    /// that it answers from the address it was asked on, as a service behind a VIP must.
+    async fn start(ip: IpAddr, udp_ips: &[IpAddr]) -> Self {
+        let tcp = closing_listener(ip).await;
+        let (http, listener) = listen(ip).await;
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 tokio::spawn(answer(stream));
             }
         });
-        let (https, listener) = listen().await;
+        let (https, listener) = listen(ip).await;
         let acceptor = tls_acceptor();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -174,30 +301,44 @@ impl Servers {
                 });
             }
         });
-        let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let udp = socket.local_addr().unwrap();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 512];
-            while let Ok((len, from)) = socket.recv_from(&mut buf).await {
-                let _ = socket.send_to(&buf[..len], from).await;
-            }
-        });
-        let (closed, listener) = listen().await;
+        let mut udp = SocketAddr::new(ip, 0);
+        for udp_ip in udp_ips {
+            let socket = UdpSocket::bind(SocketAddr::new(*udp_ip, udp.port())).await.unwrap();
+            udp.set_port(socket.local_addr().unwrap().port());
+            tokio::spawn(async move {
+                let mut buf = [0u8; 512];
+                while let Ok((len, from)) = socket.recv_from(&mut buf).await {
+                    let _ = socket.send_to(&buf[..len], from).await;
+                }
+            });
+        }
+        let (closed, listener) = listen(ip).await;
         drop(listener);
-        let (silent_tcp, listener) = listen().await;
+        let (silent_tcp, listener) = listen(ip).await;
         tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
                 tokio::spawn(async move { while matches!(stream.read(&mut [0; 1024]).await, Ok(1..)) {} });
             }
         });
-        let silent_udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let silent_udp = UdpSocket::bind(SocketAddr::new(ip, 0)).await.unwrap();
         Servers { tcp, http, https, udp, closed, silent_tcp, silent_udp }
     }
 }
 
-async fn listen() -> (SocketAddr, TcpListener) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+async fn listen(ip: IpAddr) -> (SocketAddr, TcpListener) {
+    let listener = TcpListener::bind(SocketAddr::new(ip, 0)).await.unwrap();
     (listener.local_addr().unwrap(), listener)
+}
+
+/// A server on `ip` that accepts and closes at once.
+async fn closing_listener(ip: IpAddr) -> SocketAddr {
+    let (addr, listener) = listen(ip).await;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            drop(stream);
+        }
+    });
+    addr
 }
 
 /// Reads the request head, answers 200 with a body, closes.

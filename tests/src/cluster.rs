@@ -96,9 +96,19 @@ impl Cluster {
     }
 
     fn start_backend(&mut self, i: usize) -> Result<()> {
+        self.echo.push(start_echo(&self.topo.backends()[i], TCP_PORT, UDP_PORT)?);
+        let agent = self.spawn_agent(i)?;
+        self.agents.push(agent);
+        Ok(())
+    }
+
+    fn agent_pin_dir(&self, i: usize) -> Result<PathBuf> {
+        Ok(self.topo.pin_dir()?.join(format!("agent-{}", self.topo.backends()[i].name())))
+    }
+
+    fn spawn_agent(&self, i: usize) -> Result<Daemon> {
         let host = &self.topo.backends()[i];
-        self.echo.push(start_echo(host, TCP_PORT, UDP_PORT)?);
-        let pin_dir = self.topo.pin_dir()?.join(format!("agent-{}", host.name()));
+        let pin_dir = self.agent_pin_dir(i)?;
         let mut args = vec![
             self.bins.lbd.as_os_str(),
             "agent".as_ref(),
@@ -112,7 +122,23 @@ impl Cluster {
         args.extend(self.agent_args.iter().map(std::ffi::OsStr::new));
         let agent = host.spawn(&args)?;
         agent.wait_for_output("ready", START_TIMEOUT).with_context(|| format!("agent on {}:\n{}", host.name(), agent.log()))?;
-        self.agents.push(agent);
+        Ok(agent)
+    }
+
+    /// Stops backend `index`'s agent and removes its pinned link, which detaches its
+    /// decapsulation: the host and its service stay up, tunnelled packets are no longer opened.
+    pub fn detach_decap(&self, index: usize) -> Result<()> {
+        let agent = self.agents.get(index).with_context(|| format!("no backend {index}"))?;
+        agent.signal(Signal::SIGTERM)?;
+        ensure!(agent.wait_with_timeout(STOP_TIMEOUT)?.is_some(), "agent of backend {index} still runs");
+        let link = self.agent_pin_dir(index)?.join("agent").join("link");
+        std::fs::remove_file(&link).with_context(|| format!("removing {}", link.display()))
+    }
+
+    /// Starts backend `index`'s agent again (after [`Self::detach_decap`]).
+    pub fn restart_agent(&mut self, index: usize) -> Result<()> {
+        ensure!(index < self.agents.len(), "no backend {index}");
+        self.agents[index] = self.spawn_agent(index)?;
         Ok(())
     }
 
@@ -156,7 +182,7 @@ impl Cluster {
         for b in self.topo.backends() {
             lb.in_netns(|| ping(IpAddr::V4(b.ipv4()), Duration::from_secs(1)))?;
         }
-        let pin_dir = self.topo.pin_dir()?.join("lb");
+        let pin_dir = self.lbd_pin_dir()?;
         let (api, state) = (self.api_socket(), self.state_dir());
         let mut args: Vec<&std::ffi::OsStr> = vec![
             self.bins.lbd.as_os_str(),
@@ -192,6 +218,17 @@ impl Cluster {
         }
         *slot = Some(daemon);
         Ok(())
+    }
+
+    /// Where `lbd` pins its programs and maps.
+    pub fn lbd_pin_dir(&self) -> Result<PathBuf> {
+        Ok(self.topo.pin_dir()?.join("lb"))
+    }
+
+    /// Runs `lbd` with `args` on the balancer host to completion (`--cleanup`), not as the
+    /// daemon.
+    pub fn lbd_once(&self, args: &[&str]) -> Result<Output> {
+        self.topo.lb().cmd(&self.bins.lbd).args(args).output().with_context(|| format!("running lbd {}", args.join(" ")))
     }
 
     /// Everything the running (or last) `lbd` logged.

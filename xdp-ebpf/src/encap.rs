@@ -45,42 +45,65 @@ pub fn push(ctx: &XdpContext, l2_len: usize, t: &Tunnel, macs: &Macs) -> Result<
         return Err(());
     }
     let eth = at_mut::<EthHdr>(ctx, 0).ok_or(())?;
-    let inner_proto = if t.inner_family == FAMILY_V4 { PROTO_IPIP } else { PROTO_IPV6 };
     if t.family == FAMILY_V4 {
         let ip = at_mut::<Ipv4Hdr>(ctx, ETH_LEN).ok_or(())?;
-        let mut hdr = Ipv4Hdr {
-            ver_ihl: 0x45,
-            tos: t.tos,
-            tot_len: ((IPV4_LEN + t.inner_len) as u16).to_be(),
-            id: 0,
-            frag_off: IPV4_DF.to_be(),
-            ttl: OUTER_TTL,
-            proto: inner_proto,
-            check: 0,
-            src: t.src[0],
-            dst: t.dst[0],
-        };
-        hdr.check = csum::ipv4_header(&hdr);
+        let hdr = ipv4_header(t);
         unsafe {
-            *eth = EthHdr { dst: macs.dst, src: macs.src, proto: ETH_P_IPV4 };
+            *eth = ethernet_header(t, macs);
             *ip = hdr;
         }
     } else {
         let ip = at_mut::<Ipv6Hdr>(ctx, ETH_LEN).ok_or(())?;
-        let vtc = (6u32 << 28) | ((t.tos as u32) << 20) | (t.flow_hash & 0x000f_ffff);
         unsafe {
-            *eth = EthHdr { dst: macs.dst, src: macs.src, proto: ETH_P_IPV6 };
-            *ip = Ipv6Hdr {
-                vtc_flow: vtc.to_be(),
-                payload_len: (t.inner_len as u16).to_be(),
-                next_hdr: inner_proto,
-                hop_limit: OUTER_TTL,
-                src: t.src,
-                dst: t.dst,
-            };
+            *eth = ethernet_header(t, macs);
+            *ip = ipv6_header(t);
         }
     }
     Ok(())
+}
+
+/// The Ethernet header in front of the outer IP header.
+#[inline(always)]
+pub fn ethernet_header(t: &Tunnel, macs: &Macs) -> EthHdr {
+    EthHdr { dst: macs.dst, src: macs.src, proto: if t.family == FAMILY_V4 { ETH_P_IPV4 } else { ETH_P_IPV6 } }
+}
+
+/// The outer IPv4 header (IPIP, DF set, checksum computed).
+#[inline(always)]
+pub fn ipv4_header(t: &Tunnel) -> Ipv4Hdr {
+    let mut hdr = Ipv4Hdr {
+        ver_ihl: 0x45,
+        tos: t.tos,
+        tot_len: ((IPV4_LEN + t.inner_len) as u16).to_be(),
+        id: 0,
+        frag_off: IPV4_DF.to_be(),
+        ttl: OUTER_TTL,
+        proto: inner_proto(t),
+        check: 0,
+        src: t.src[0],
+        dst: t.dst[0],
+    };
+    hdr.check = csum::ipv4_header(&hdr);
+    hdr
+}
+
+/// The outer IPv6 header (IP6IP6 or IPv4-in-IPv6; the flow hash is the flow label).
+#[inline(always)]
+pub fn ipv6_header(t: &Tunnel) -> Ipv6Hdr {
+    let vtc = (6u32 << 28) | ((t.tos as u32) << 20) | (t.flow_hash & 0x000f_ffff);
+    Ipv6Hdr {
+        vtc_flow: vtc.to_be(),
+        payload_len: (t.inner_len as u16).to_be(),
+        next_hdr: inner_proto(t),
+        hop_limit: OUTER_TTL,
+        src: t.src,
+        dst: t.dst,
+    }
+}
+
+#[inline(always)]
+fn inner_proto(t: &Tunnel) -> u8 {
+    if t.inner_family == FAMILY_V4 { PROTO_IPIP } else { PROTO_IPV6 }
 }
 
 /// True when the encapsulation can carry this inner family (no IPv6 inside IPv4).

@@ -2,6 +2,7 @@
 
 use aya_ebpf::{
     bindings::bpf_fib_lookup as FibParams,
+    cty::c_void,
     helpers::{bpf_check_mtu, bpf_fib_lookup},
     programs::XdpContext,
 };
@@ -35,9 +36,17 @@ pub enum NextHop {
 /// egress MTU against `tot_len`.
 #[inline(always)]
 pub fn lookup(ctx: &XdpContext, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_len: u16) -> NextHop {
+    lookup_from(ctx.ctx.cast(), ctx.ingress_ifindex() as u32, family, src, dst, tot_len).0
+}
+
+/// [`lookup`] for any program context (`ctx`: its `xdp_md` or `__sk_buff`), as for a packet
+/// arriving on `ingress_ifindex`. Also returns the egress interface the FIB chose, which is
+/// known when the neighbour is not.
+#[inline(always)]
+pub fn lookup_from(ctx: *mut c_void, ingress_ifindex: u32, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_len: u16) -> (NextHop, u32) {
     // SAFETY: the struct is plain integers and unions of integers; all-zero is valid.
     let mut p: FibParams = unsafe { core::mem::zeroed() };
-    p.ifindex = ctx.ingress_ifindex() as u32;
+    p.ifindex = ingress_ifindex;
     p.__bindgen_anon_1.tot_len = tot_len;
     if family == FAMILY_V4 {
         p.family = AF_INET;
@@ -50,8 +59,8 @@ pub fn lookup(ctx: &XdpContext, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_
         p.__bindgen_anon_3.ipv6_src = *src;
         p.__bindgen_anon_4.ipv6_dst = *dst;
     }
-    let ret = unsafe { bpf_fib_lookup(ctx.ctx.cast(), &mut p, core::mem::size_of::<FibParams>() as i32, 0) };
-    match ret {
+    let ret = unsafe { bpf_fib_lookup(ctx, &mut p, core::mem::size_of::<FibParams>() as i32, 0) };
+    let hop = match ret {
         RET_SUCCESS => {
             let m = unsafe { p.__bindgen_anon_6.__bindgen_anon_2 };
             NextHop::Resolved { ifindex: p.ifindex, macs: Macs { src: m.smac, dst: m.dmac } }
@@ -60,7 +69,8 @@ pub fn lookup(ctx: &XdpContext, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_
         RET_FRAG_NEEDED => NextHop::FragNeeded,
         RET_FWD_DISABLED => NextHop::ForwardingDisabled,
         _ => NextHop::NoRoute,
-    }
+    };
+    (hop, p.ifindex)
 }
 
 /// The MTU of interface `ifindex`, or `None` if it is gone.

@@ -24,7 +24,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::{
     model::{BackendOptions, Cidr, ModelError, RateSpec, Vip},
     ports::PortsReport,
-    probe::ProbeSpec,
+    probe::{ProbePath, ProbeSpec},
 };
 
 /// Where `lbd` listens and `lbctl` connects unless told otherwise.
@@ -76,13 +76,15 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         deadline_s: Option<u64>,
     },
-    /// Changes a VIP's health checks: the probe, and policy fields by name (see
+    /// Changes a VIP's health checks: the probe, its path, and policy fields by name (see
     /// `health::HealthConfig`), over the VIP's current settings (or `lbd`'s defaults).
     /// `reset` first drops the VIP's own settings.
     SetHealth {
         vip: Vip,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         probe: Option<ProbeSpec>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        probe_path: Option<ProbePath>,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         policy: BTreeMap<String, serde_json::Value>,
         #[serde(default)]
@@ -338,6 +340,14 @@ pub struct VipEntry {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VipHealthView {
     pub probe: ProbeSpec,
+    /// `tunnel` (to the VIP, as its traffic goes) or `direct` (each backend's own address);
+    /// a backend's options may say otherwise.
+    #[serde(default)]
+    pub probe_path: ProbePath,
+    /// Failed backends whose probes fail through the tunnel only (`vip_path_failed`): the VIP
+    /// path, not the hosts, is broken.
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub vip_path_failed: usize,
     /// Healthy weight is below the panic threshold: traffic is spread over every backend
     /// (or, with `fail_closed`, only the healthy ones keep it).
     pub panic: bool,
@@ -401,6 +411,9 @@ pub struct BackendEntry {
     /// Smoothed probe latency.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
+    /// How it is probed (`tunnel` or `direct`); absent when it is not probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_path: Option<ProbePath>,
     /// Port pressure reported by the backend's agent (`none`, `critical`, `exhausted`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pressure: Option<String>,
@@ -428,6 +441,7 @@ impl BackendEntry {
             reason: None,
             state_for_s: None,
             latency_ms: None,
+            probe_path: None,
             pressure: None,
             unknown_probes: 0,
             kept_in: false,
@@ -437,6 +451,10 @@ impl BackendEntry {
 }
 
 fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_usize(n: &usize) -> bool {
     *n == 0
 }
 

@@ -125,7 +125,7 @@ pub struct DaemonSample {
     pub reconciles: Vec<ReconcileCount>,
     /// How long those took.
     pub reconcile_seconds: HistogramSample,
-    /// Health probes by outcome (`success`, `failure`, `timeout`, `unknown`).
+    /// Health probes by outcome (`success`, `failure`, `timeout`, `vip_path_failed`, `unknown`).
     pub probes: Vec<OutcomeCount>,
     /// The balancer cannot open probe sockets (see `lbctl vips list`'s ALERT).
     pub local_probe_alert: bool,

@@ -8,19 +8,22 @@ use clap::Args;
 use super::CliError;
 use crate::{
     model::{BackendOptions, MAX_RATE_PER_S},
-    probe::ProbeSpec,
+    probe::{ProbePath, ProbeSpec},
 };
 
 pub const BACKENDS_OPTIONS_HELP: &str = "\
 Examples:
   lbctl backends options --vip 10.0.0.1:80/tcp 10.0.1.1 --zone b --capacity 500 --spare 100
   lbctl backends options --vip 10.0.0.1:0/tcp 10.0.1.1 --probe-target 10.0.1.1:8080
+  lbctl backends options --vip 10.0.0.1:80/tcp 10.0.1.9 --probe-path direct
 
 Replaces the backend's options: those not given are cleared. --capacity is the
 new flows per second the backend sustains; when every backend of a VIP declares
 one, the VIP admits no more than its backends in service can take and sheds the
 rest at the edge. --spare is what it can take for other zones (default: the
-VIP's spare_fraction of its capacity).";
+VIP's spare_fraction of its capacity). --probe-path overrides the VIP's for this
+backend (direct: for a backend that does not serve the VIP by direct server
+return).";
 
 pub const VIPS_HEALTH_HELP: &str = "\
 Examples:
@@ -28,9 +31,15 @@ Examples:
   lbctl vips health 10.0.0.1:443/tcp --probe https --path /ping --host api.example.com
   lbctl vips health 10.0.0.2:53/udp --probe udp --payload 0001 --expect 0001
   lbctl vips health 10.0.0.1:80/tcp --set max_ejection_fraction=0.3 --set fail_closed=true
+  lbctl vips health 10.0.0.1:80/tcp --probe-path direct
   lbctl vips health 10.0.0.1:80/tcp --reset
 
 Changes the VIP's health checks over its current settings (or lbd's defaults).
+--probe-path tunnel (the default) sends each probe to the VIP, encapsulated to
+the backend as the VIP's traffic is, with a direct probe beside it: a backend
+that answers only directly fails with vip_path_failed. direct probes each
+backend's own address only (backends that are not set up for direct server
+return).
 --set takes any policy field by name (see ARCHITECTURE.md, health defaults):
 interval_ms, timeout_ms, rise, fall, jitter, max_ejection_fraction,
 panic_threshold, fail_closed, slow_start_ms, slow_start_floor, hold_down_base_ms,
@@ -49,7 +58,7 @@ protocol) against the host's ip_local_port_range, connect() failures for want
 of a port by process, and processes leaving sockets in CLOSE_WAIT (leak
 suspects). Agents are polled every 2 s; age_s says how old the report is.";
 
-/// `--zone`, `--capacity`, `--spare`, `--probe-target`.
+/// `--zone`, `--capacity`, `--spare`, `--probe-target`, `--probe-path`.
 #[derive(Debug, Args)]
 pub struct BackendOptionArgs {
     /// Failure domain of the backend (site, zone, rack): 1-32 of a-z 0-9 . _ -
@@ -61,14 +70,24 @@ pub struct BackendOptionArgs {
     /// New flows per second it can take for other zones (needs --capacity).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32))]
     pub spare: Option<u32>,
-    /// Where to probe it [default: its address on the VIP's port].
+    /// Where to probe it [default: its address on the VIP's port]; through the tunnel, the
+    /// VIP on this port.
     #[arg(long, value_name = "IP:PORT")]
     pub probe_target: Option<SocketAddr>,
+    /// How to probe it [default: as its VIP says].
+    #[arg(long, value_name = "PATH", value_enum)]
+    pub probe_path: Option<ProbePath>,
 }
 
 impl BackendOptionArgs {
     pub fn options(&self) -> BackendOptions {
-        BackendOptions { zone: self.zone.clone(), capacity_per_s: self.capacity, spare_per_s: self.spare, probe_target: self.probe_target }
+        BackendOptions {
+            zone: self.zone.clone(),
+            capacity_per_s: self.capacity,
+            spare_per_s: self.spare,
+            probe_target: self.probe_target,
+            probe_path: self.probe_path,
+        }
     }
 }
 
@@ -93,6 +112,9 @@ pub struct HealthArgs {
     /// UDP: the reply must start with these bytes (hex) [default: any reply].
     #[arg(long, value_name = "HEX")]
     pub expect: Option<String>,
+    /// Probe through the tunnel to the VIP, or each backend's own address directly.
+    #[arg(long, value_name = "PATH", value_enum)]
+    pub probe_path: Option<ProbePath>,
     /// A policy field, e.g. fall=3 or fail_closed=true (repeatable).
     #[arg(long = "set", value_name = "FIELD=VALUE", value_parser = parse_setting)]
     pub settings: Vec<(String, serde_json::Value)>,

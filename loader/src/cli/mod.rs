@@ -589,9 +589,13 @@ impl Command {
             Command::Vips(VipsCommand::Add { vip, ring_size }) => Request::AddVip { vip: *vip, ring_size: *ring_size },
             Command::Vips(VipsCommand::List(_)) => Request::ListVips,
             Command::Vips(VipsCommand::Remove { vip }) => Request::RemoveVip { vip: *vip },
-            Command::Vips(VipsCommand::Health { vip, health }) => {
-                Request::SetHealth { vip: *vip, probe: health.probe_spec()?, policy: health.policy(), reset: health.reset }
-            }
+            Command::Vips(VipsCommand::Health { vip, health }) => Request::SetHealth {
+                vip: *vip,
+                probe: health.probe_spec()?,
+                probe_path: health.probe_path,
+                policy: health.policy(),
+                reset: health.reset,
+            },
             Command::Backends(BackendsCommand::Add { target, weight, options }) => {
                 Request::AddBackend { vip: target.vip, backend: target.backend, weight: Some(*weight), options: options.options() }
             }

@@ -2,7 +2,7 @@
 
 use super::table::{Align, Table};
 use crate::{
-    api::{BackendList, PortsView, VipList, announce::AnnouncementView},
+    api::{BackendList, PortsView, VipHealthView, VipList, announce::AnnouncementView},
     ports::PortsReport,
 };
 
@@ -32,14 +32,12 @@ pub fn vips_table(list: &VipList) -> String {
     for v in &list.vips {
         let (probe, healthy, panic, spill) = match &v.health {
             Some(h) => (
-                serde_json::to_value(&h.probe).ok().and_then(|p| p["kind"].as_str().map(str::to_owned)).unwrap_or_else(dash),
+                serde_json::to_value(&h.probe)
+                    .ok()
+                    .and_then(|p| p["kind"].as_str().map(|kind| format!("{kind}/{}", h.probe_path)))
+                    .unwrap_or_else(dash),
                 format!("{}/{}", h.healthy_weight, h.total_weight),
-                match (h.panic, h.fail_closed) {
-                    (false, _) if h.ejection_capped => "no (ejection capped)".to_owned(),
-                    (false, _) => "no".to_owned(),
-                    (true, false) => "PANIC (fail open)".to_owned(),
-                    (true, true) => "PANIC (fail closed)".to_owned(),
-                },
+                panic_cell(h),
                 h.spill_per_s.to_string(),
             ),
             None => (dash(), dash(), dash(), dash()),
@@ -49,6 +47,30 @@ pub fn vips_table(list: &VipList) -> String {
         t.row(vec![v.vip.to_string(), v.ring_size.to_string(), v.backends.to_string(), probe, healthy, panic, budget, spill, announced]);
     }
     with_alerts(&list.alerts, t.render())
+}
+
+/// Panic, the ejection cap, and how many backends fail only through the VIP path (the VIP
+/// path, not the hosts, is broken: VIP missing from their `lo`, decapsulation detached).
+fn panic_cell(h: &VipHealthView) -> String {
+    let mut notes = Vec::new();
+    let state = match (h.panic, h.fail_closed) {
+        (false, _) => "no",
+        (true, false) => {
+            notes.push("fail open".to_owned());
+            "PANIC"
+        }
+        (true, true) => {
+            notes.push("fail closed".to_owned());
+            "PANIC"
+        }
+    };
+    if h.ejection_capped && !h.panic {
+        notes.push("ejection capped".to_owned());
+    }
+    if h.vip_path_failed > 0 {
+        notes.push(format!("{} vip_path_failed", h.vip_path_failed));
+    }
+    if notes.is_empty() { state.to_owned() } else { format!("{state} ({})", notes.join("; ")) }
 }
 
 /// `yes`, `DEGRADED (reason, N/K peers)`, `no (reason)`: loud when not plainly announced.

@@ -507,11 +507,21 @@ fn health_zone_and_ports_commands_send_their_requests() {
     let v = vip("10.0.0.1:80/tcp");
     let r = request(&["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--zone", "b", "--capacity", "500", "--spare", "50"]);
     let options =
-        crate::model::BackendOptions { zone: Some("b".into()), capacity_per_s: Some(500), spare_per_s: Some(50), probe_target: None };
+        crate::model::BackendOptions { zone: Some("b".into()), capacity_per_s: Some(500), spare_per_s: Some(50), ..Default::default() };
     assert_eq!(r, Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: options.clone() });
     let r = request(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--probe-target", "10.0.1.1:8080"]);
     let options = crate::model::BackendOptions { probe_target: Some("10.0.1.1:8080".parse().unwrap()), ..Default::default() };
     assert_eq!(r, Request::SetBackendOptions { vip: v, backend: ip("10.0.1.1"), options });
+    let r = request(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--probe-path", "direct"]);
+    let options = crate::model::BackendOptions { probe_path: Some(crate::probe::ProbePath::Direct), ..Default::default() };
+    assert_eq!(r, Request::SetBackendOptions { vip: v, backend: ip("10.0.1.1"), options });
+    let err = parse(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--probe-path", "sideways"]).unwrap_err().to_string();
+    assert!(err.contains("--probe-path") && err.contains("direct") && err.contains("tunnel"), "{err}");
+    let Request::SetHealth { probe_path, probe: None, .. } = request(&["vips", "health", "10.0.0.1:80/tcp", "--probe-path", "tunnel"])
+    else {
+        panic!("not a health request")
+    };
+    assert_eq!(probe_path, Some(crate::probe::ProbePath::Tunnel));
     assert_eq!(
         request(&["backends", "drain", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--deadline", "15m"]),
         Request::DrainBackend { vip: v, backend: ip("10.0.1.1"), deadline_s: Some(900) }
@@ -567,6 +577,8 @@ fn health_panic_budget_and_alerts_are_shown() {
             backends: 3,
             health: Some(crate::api::VipHealthView {
                 probe: crate::probe::ProbeSpec::default(),
+                probe_path: crate::probe::ProbePath::Tunnel,
+                vip_path_failed: 2,
                 panic: true,
                 panics_entered: 1,
                 fail_closed: false,
@@ -593,7 +605,8 @@ fn health_panic_budget_and_alerts_are_shown() {
     };
     let out = rendered(&["vips", "list"], Reply::Vips(vips));
     assert!(out.starts_with("ALERT: this balancer cannot open probe sockets\n"), "{out}");
-    assert!(out.contains("PANIC (fail open)") && out.contains("100/300") && out.contains(" 200 "), "{out}");
+    assert!(out.contains("PANIC (fail open; 2 vip_path_failed)") && out.contains("100/300") && out.contains(" 200 "), "{out}");
+    assert!(out.contains(" tcp/tunnel "), "{out}");
     assert!(out.contains("DEGRADED (program_detached, held: 0/1 peers)"), "{out}");
 }
 

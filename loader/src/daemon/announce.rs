@@ -52,7 +52,7 @@ impl DataPath {
 /// The pinned link exists and drives `iface`.
 fn link_attached(link: &Path, iface: &str) -> bool {
     match (pins::pinned_link_ifindex(link), netif::ifindex(iface)) {
-        (Ok(Some(pinned)), Ok(wanted)) => pinned == wanted,
+        (Some(pinned), Ok(wanted)) => pinned == wanted,
         _ => false,
     }
 }

@@ -12,6 +12,7 @@ use spillway_common::{
 use super::outer_src::{OuterSrc4, OuterSrc6};
 use crate::{
     api::DEFAULT_SOCKET, health::HealthConfig, logging::LogFormat, metrics::MetricsListen, pins::DEFAULT_PIN_DIR, ports::WatcherMode,
+    vip_path::VipPathArgs,
 };
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/spillway";
@@ -126,6 +127,8 @@ pub struct DaemonArgs {
     pub flow_hash_seed: u32,
     #[command(flatten)]
     pub announce: AnnounceArgs,
+    #[command(flatten)]
+    pub vip_path: VipPathArgs,
 }
 
 /// Announcing the VIPs over BGP through BIRD (README, "Running a fleet").
@@ -298,6 +301,21 @@ mod tests {
         assert_eq!(d.announce.bird_socket, Some(PathBuf::from("/run/bird/bird.ctl")));
         assert_eq!((d.announce.announce_floor, d.announce.announce_hold_s), (2, 5));
         assert_eq!(parse(&["--iface", "eth0", "--flow-hash-seed", "12"]).unwrap().daemon.flow_hash_seed, 12);
+    }
+
+    #[test]
+    fn probe_path_options() {
+        let d = parse(&["--iface", "eth0"]).unwrap().daemon;
+        assert_eq!((d.vip_path.probe_device.as_str(), d.vip_path.probe_table, d.vip_path.probe_mark), ("spw-probe", 5357, 0x53));
+        let d = parse(&["--iface", "eth0", "--probe-device", "p0", "--probe-table", "100", "--probe-mark", "0x7e"]).unwrap().daemon;
+        assert_eq!((d.vip_path.probe_device.as_str(), d.vip_path.probe_table, d.vip_path.probe_mark), ("p0", 100, 0x7e));
+        let d = parse(&["--cleanup", "--probe-device", "p0"]).unwrap().daemon;
+        assert_eq!(d.vip_path.probe_device, "p0", "--cleanup removes what lbd made with the same options");
+        for (flag, value) in [("--probe-table", "254"), ("--probe-mark", "0"), ("--probe-device", "a/b")] {
+            let err = parse(&["--iface", "eth0", flag, value]).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{flag} {value}");
+            assert!(err.to_string().contains(flag), "{err}");
+        }
     }
 
     #[test]

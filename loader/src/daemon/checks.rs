@@ -14,17 +14,27 @@ use serde::{Deserialize, Serialize};
 use crate::{
     event,
     health::{Candidate, HealthConfig, HealthError, HealthTracker, Placement, Pressure, ProbeKey, ProbeOutcome, Restored, place},
-    model::{DesiredState, LimitConfig, Proto, RateSpec, Vip, VipConfig},
-    probe::ProbeSpec,
+    model::{Backend, DesiredState, LimitConfig, Proto, RateSpec, Vip, VipConfig},
+    probe::{ProbePath, ProbeSpec},
 };
 
 /// One backend of one VIP to probe, with the VIP's settings.
 #[derive(Clone, Debug)]
 pub struct ProbeTarget {
     pub key: ProbeKey,
-    pub addr: SocketAddr,
+    pub route: ProbeRoute,
     pub spec: ProbeSpec,
     pub config: HealthConfig,
+}
+
+/// Where a probe goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeRoute {
+    /// To this address, as the kernel routes it.
+    Direct(SocketAddr),
+    /// To `vip` (the VIP's address, the probe port) through the tunnel to the backend with
+    /// this id and generation in the maps, with a direct probe of `direct` beside it.
+    Tunnel { vip: SocketAddr, backend_id: u32, generation: u32, direct: SocketAddr },
 }
 
 /// What one probe found.
@@ -32,6 +42,26 @@ pub struct ProbeTarget {
 pub struct ProbeResult {
     pub key: ProbeKey,
     pub outcome: ProbeOutcome,
+    /// Why the balancer could not probe, for an `Unknown` outcome; `None`: its sockets.
+    pub local_cause: Option<LocalCause>,
+}
+
+/// The balancer's own reason for an `Unknown` probe: never the backend's fault.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LocalCause {
+    /// Its ephemeral ports, sockets or memory ran short (a socket error).
+    Sockets,
+    /// The probe path through the tunnel is broken here: why.
+    VipPath(String),
+}
+
+impl LocalCause {
+    const fn label(&self) -> &'static str {
+        match self {
+            LocalCause::Sockets => "sockets",
+            LocalCause::VipPath(_) => "vip_path",
+        }
+    }
 }
 
 /// How long after the last probe the balancer could not make (its own ports or sockets
@@ -66,7 +96,7 @@ pub struct SnapshotEntry {
     pub state: Restored,
 }
 
-/// The balancer could not probe (its own ports, sockets or memory ran short).
+/// The balancer could not probe, for one [`LocalCause`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalAlert {
     pub since_ms: u64,
@@ -82,7 +112,7 @@ pub struct Checks {
     placements: BTreeMap<Vip, Placement>,
     /// Port pressure by backend host, from its agent.
     pressure: BTreeMap<IpAddr, Pressure>,
-    local_alert: Option<LocalAlert>,
+    local_alerts: BTreeMap<LocalCause, LocalAlert>,
     /// `now_ms` counts from here (monotonic).
     epoch: Instant,
     /// The effective state last applied to the maps.
@@ -91,6 +121,11 @@ pub struct Checks {
     pub last_programmed_ms: Option<u64>,
     /// Backend states changed since the snapshot was last taken.
     pub snapshot_due: bool,
+}
+
+/// How a backend is probed: its own choice, else its VIP's (through the tunnel by default).
+pub fn probe_path(config: &VipConfig, backend: &Backend) -> ProbePath {
+    backend.options.probe_path.or(config.health.as_ref().map(|h| h.probe_path)).unwrap_or_default()
 }
 
 /// A VIP is health-checked when it has settings of its own, or is TCP (a TCP connect is a
@@ -107,7 +142,7 @@ impl Checks {
             trackers: BTreeMap::new(),
             placements: BTreeMap::new(),
             pressure: BTreeMap::new(),
-            local_alert: None,
+            local_alerts: BTreeMap::new(),
             epoch: Instant::now(),
             programmed: state.clone(),
             last_programmed_ms: None,
@@ -176,9 +211,9 @@ impl Checks {
 
     /// Feeds probe outcomes and runs time-driven transitions.
     pub fn observe(&mut self, results: Vec<ProbeResult>, now_ms: u64) {
-        for ProbeResult { key, outcome } in results {
+        for ProbeResult { key, outcome, local_cause } in results {
             if outcome == ProbeOutcome::Unknown {
-                self.raise_local_alert(&key, now_ms);
+                self.raise_local_alert(&key, local_cause.unwrap_or(LocalCause::Sockets), now_ms);
             }
             if let Some(tracker) = self.trackers.get_mut(&key.vip) {
                 // A backend removed while its probe was in flight: nothing to record.
@@ -188,25 +223,41 @@ impl Checks {
         for tracker in self.trackers.values_mut() {
             tracker.tick(now_ms);
         }
-        if self.local_alert.as_ref().is_some_and(|a| now_ms.saturating_sub(a.last_ms) > LOCAL_ALERT_HOLD_MS) {
-            self.local_alert = None;
-            event!(info, "lb_probe_alert_cleared");
-        }
+        self.local_alerts.retain(|cause, alert| {
+            let holds = now_ms.saturating_sub(alert.last_ms) <= LOCAL_ALERT_HOLD_MS;
+            if !holds {
+                event!(info, "lb_probe_alert_cleared", cause = cause.label());
+            }
+            holds
+        });
         self.log_events();
     }
 
     /// The balancer's own failure to probe: never the backend's fault, always loud.
-    fn raise_local_alert(&mut self, key: &ProbeKey, now_ms: u64) {
-        let alert = self.local_alert.get_or_insert(LocalAlert { since_ms: now_ms, last_ms: now_ms, unknown_probes: 0, last_logged_ms: 0 });
+    fn raise_local_alert(&mut self, key: &ProbeKey, cause: LocalCause, now_ms: u64) {
+        let alert = self.local_alerts.entry(cause.clone()).or_insert(LocalAlert {
+            since_ms: now_ms,
+            last_ms: now_ms,
+            unknown_probes: 0,
+            last_logged_ms: 0,
+        });
         alert.last_ms = now_ms;
         alert.unknown_probes += 1;
         if alert.unknown_probes == 1 || now_ms.saturating_sub(alert.last_logged_ms) >= LOCAL_ALERT_REPEAT_MS {
             alert.last_logged_ms = now_ms;
+            let message = match &cause {
+                LocalCause::Sockets => "ALERT: this balancer cannot open probe sockets (ephemeral ports, sockets or memory exhausted on \
+                                        the LB host); backends keep their states"
+                    .to_owned(),
+                LocalCause::VipPath(why) => {
+                    format!("ALERT: this balancer cannot probe through the tunnel: {why}; backends keep their states")
+                }
+            };
             event!(
                 error,
                 "lb_probe_alert",
-                message = "ALERT: this balancer cannot open probe sockets (ephemeral ports, sockets or memory exhausted on the LB \
-                           host); backends keep their states",
+                cause = cause.label(),
+                message = message,
                 unknown_probes = alert.unknown_probes,
                 since_ms = alert.since_ms,
                 last_vip = key.vip,
@@ -215,8 +266,9 @@ impl Checks {
         }
     }
 
-    pub fn local_alert(&self) -> Option<&LocalAlert> {
-        self.local_alert.as_ref()
+    /// Every raised local alert, by cause.
+    pub fn local_alerts(&self) -> &BTreeMap<LocalCause, LocalAlert> {
+        &self.local_alerts
     }
 
     /// Records the port pressure a backend's agent reported, for every VIP it serves.
@@ -234,20 +286,30 @@ impl Checks {
     }
 
     /// What to probe: every backend of every checked VIP that has somewhere to probe (its
-    /// own probe target, or its address on the VIP's port; any-port VIPs need a target).
-    pub fn targets(&self, state: &DesiredState) -> Vec<ProbeTarget> {
+    /// own probe target, or its address on the VIP's port; any-port VIPs need a target), the
+    /// way its options or else its VIP say. A probe through the tunnel goes to the VIP on
+    /// that port and names the backend by its slot in the maps (`slot`: id and generation).
+    pub fn targets(&self, state: &DesiredState, slot: impl Fn(&Vip, &IpAddr) -> Option<(u32, u32)>) -> Vec<ProbeTarget> {
         let mut targets = Vec::new();
         for (vip, tracker) in &self.trackers {
             let Some(config) = state.vips.get(vip) else { continue };
             let spec = config.health.as_ref().map(|h| h.probe.clone()).unwrap_or_default();
             for (backend, b) in &config.backends {
-                let addr = match b.options.probe_target {
+                let direct = match b.options.probe_target {
                     Some(target) => target,
                     None if vip.port != 0 => SocketAddr::new(*backend, vip.port),
                     None => continue,
                 };
+                let route = match (probe_path(config, b), slot(vip, backend)) {
+                    (ProbePath::Direct, _) => ProbeRoute::Direct(direct),
+                    (ProbePath::Tunnel, Some((backend_id, generation))) => {
+                        ProbeRoute::Tunnel { vip: SocketAddr::new(vip.addr, direct.port()), backend_id, generation, direct }
+                    }
+                    // Not in the maps yet: no traffic reaches it either.
+                    (ProbePath::Tunnel, None) => continue,
+                };
                 let key = ProbeKey { vip: *vip, backend: *backend };
-                targets.push(ProbeTarget { key, addr, spec: spec.clone(), config: tracker.config().clone() });
+                targets.push(ProbeTarget { key, route, spec: spec.clone(), config: tracker.config().clone() });
             }
         }
         targets

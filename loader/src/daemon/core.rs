@@ -28,7 +28,7 @@ use crate::{
     logging::Line,
     model::{Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip, VipHealth},
     ports::PortsReport,
-    probe::ProbeSpec,
+    probe::{ProbePath, ProbeSpec},
     reconcile::{ApplyReport, Maps, ReconcileError, Reconciler},
     store::{Store, StoreError},
 };
@@ -218,7 +218,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             self.telemetry.probed(&result.outcome);
         }
         checks.observe(results, now_ms);
-        let targets = checks.targets(&self.state);
+        let reconciler = &self.reconciler;
+        let targets = checks.targets(&self.state, |vip, backend| reconciler.backend_slot(vip, backend));
         self.save_health_snapshot(now_ms);
         self.program_effective(now_ms)?;
         Ok((targets, now_ms))
@@ -335,17 +336,25 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         &self,
         vip: &Vip,
         probe: Option<ProbeSpec>,
+        probe_path: Option<ProbePath>,
         policy: BTreeMap<String, serde_json::Value>,
         reset: bool,
     ) -> Result<Option<VipHealth>, CoreError> {
         let checks = self.health.as_ref().ok_or(CoreError::HealthChecksOff)?;
         let current = self.state.vip(vip)?.health.clone().filter(|_| !reset);
-        if reset && probe.is_none() && policy.is_empty() {
+        if reset && probe.is_none() && probe_path.is_none() && policy.is_empty() {
             return Ok(None);
         }
-        let mut health = current.unwrap_or_else(|| VipHealth { probe: ProbeSpec::default(), policy: checks.defaults().clone() });
+        let mut health = current.unwrap_or_else(|| VipHealth {
+            probe: ProbeSpec::default(),
+            policy: checks.defaults().clone(),
+            probe_path: ProbePath::default(),
+        });
         if let Some(probe) = probe {
             health.probe = probe;
+        }
+        if let Some(probe_path) = probe_path {
+            health.probe_path = probe_path;
         }
         let bad = |e: serde_json::Error| CoreError::BadHealthPolicy { message: e.to_string() };
         let mut fields = match serde_json::to_value(&health.policy).map_err(bad)? {
@@ -444,15 +453,18 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 let change = backend_options(change("set_backend_options").field("vip", &vip).field("backend", &backend), &options);
                 self.mutate(change, |s| s.set_backend_options(&vip, backend, options))
             }
-            Request::SetHealth { vip, probe, policy, reset } => {
+            Request::SetHealth { vip, probe, probe_path, policy, reset } => {
                 let mut change = change("set_health").field("vip", &vip).field("reset", &reset);
                 if let Some(probe) = &probe {
                     change = change.field("probe", &serde_json::to_string(probe).unwrap_or_default());
                 }
+                if let Some(probe_path) = &probe_path {
+                    change = change.field("probe_path", probe_path);
+                }
                 for (name, value) in &policy {
                     change = change.field(name, value);
                 }
-                let health = self.health_settings(&vip, probe, policy, reset)?;
+                let health = self.health_settings(&vip, probe, probe_path, policy, reset)?;
                 self.mutate(change, |s| s.set_health(&vip, health))
             }
             Request::Ports { host } => Ok(Reply::Ports(Box::new(self.ports(host)))),
@@ -653,6 +665,9 @@ fn backend_options(mut change: Change, options: &crate::model::BackendOptions) -
     }
     if let Some(target) = options.probe_target {
         change = change.field("probe_target", &target);
+    }
+    if let Some(path) = options.probe_path {
+        change = change.field("probe_path", &path);
     }
     change
 }

@@ -47,6 +47,7 @@ use crate::{
     ports::{Scope, SockWatch, WatchOptions},
     reconcile::Maps,
     store::{StateFile, Store, StoreError},
+    vip_path::{VipPath, VipPathError},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +73,9 @@ pub enum DaemonError {
     Start(#[source] CoreError),
     #[error("installing signal handlers")]
     Signals(#[source] io::Error),
+    // Boxed: it would make every daemon result larger for one rare error.
+    #[error(transparent)]
+    VipPath(Box<VipPathError>),
     #[error(transparent)]
     Forwarding(#[from] ForwardingError),
     #[error("withdrawing the announcements")]
@@ -132,6 +136,15 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
             program_tag = program_tag
         ),
     }
+    // Probes through the tunnel need the probe path; without it they count as unknown (and
+    // say why, loudly), and forwarding is unaffected.
+    let vip_path = (!args.no_health_checks).then(|| {
+        VipPath::install(&mut balancer, &layout, iface, &args.vip_path).map_err(|e| {
+            let message = error_chain(&e);
+            event!(error, "probe_path_unavailable", error = message, message = "ALERT: probes through the tunnel count as unknown");
+            message
+        })
+    });
     let mut maps = balancer.maps;
     maps.set_config(&config)?;
     maps.set_tx_ports(&tx_ports)?;
@@ -162,14 +175,13 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
         event!(warn, "socket_watcher_not_loaded", error = message, message = "lbctl ports --host lb has no data");
         message
     });
-    let health_checks = !args.no_health_checks;
     let core = Arc::new(Mutex::new(core));
     let _metrics = metrics::start(args.metrics_listen, core.clone()).await;
     event!(info, "ready", api = args.api.display());
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let forwarding_watch = tokio::spawn(forwarding_watch(core.clone(), iface.to_owned()));
-    let prober = health_checks.then(|| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed())));
+    let prober = vip_path.map(|path| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed(), Arc::new(path))));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
     let announcer = announce_config(args).map(|config| {
         let data_path = announce::DataPath { iface: iface.to_owned(), link: link.clone() };
@@ -255,7 +267,7 @@ fn announce_config(args: &DaemonArgs) -> Option<AnnounceConfig> {
 /// `lbd --cleanup`: withdraws every announcement (with `--bird-socket`), detaches the
 /// balancer and the agent and removes every pin.
 pub fn cleanup(args: &DaemonArgs) -> Result<(), DaemonError> {
-    let pin_dir = &args.pin_dir;
+    let (pin_dir, vip_path) = (&args.pin_dir, &args.vip_path);
     if let Some(config) = announce_config(args) {
         let withdrawn = crate::announce::withdraw_all(&config)?;
         event!(warn, "withdraw", prefixes = withdrawn, reason = "cleanup", include = config.include.display());
@@ -264,6 +276,7 @@ pub fn cleanup(args: &DaemonArgs) -> Result<(), DaemonError> {
         event!(info, "detached", link = link.display());
     }
     event!(info, "removed", pin_dir = pin_dir.display());
+    VipPath::remove(vip_path).map_err(|e| DaemonError::VipPath(Box::new(e)))?;
     Ok(())
 }
 

@@ -3,26 +3,35 @@
 //! Every target the core hands out (see `super::checks`) is probed with its spec (see
 //! [`crate::probe`]) at the times [`next_probe_at`] gives (own phase plus jitter per
 //! backend), each probe bounded by the VIP's `timeout_ms`, at most [`MAX_IN_FLIGHT`] at once.
+//! A probe through the tunnel is two at the same time (to the VIP through the probe path, and
+//! to the backend's own address), within the same timeout; when only the first fails, the
+//! probe path is checked for the balancer's own trouble before the backend is blamed.
 //!
 //! The policy (what outcomes mean for weights) is `crate::health`; the core
 //! ([`super::core::Core::health_round`]) feeds it and programs the effective weights. The task
 //! takes the core's lock only inside `spawn_blocking`, like neighbour upkeep, and never while
 //! a probe is in flight.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::{sync::Semaphore, task::JoinSet};
 
 use super::{
+    checks::{LocalCause, ProbeRoute},
     core::{Counters, ProbeResult, ProbeTarget, error_chain},
     server::{self, SharedCore},
 };
 use crate::{
     event,
-    health::{ProbeKey, next_probe_at},
+    health::{ProbeKey, ProbeOutcome, next_probe_at},
+    probe::{self, ProbeSpec},
     reconcile::Maps,
     store::Store,
+    vip_path::VipPath,
 };
+
+/// The probe path as `lbd` set it up, or why it could not.
+pub type ProbePathState = Result<VipPath, String>;
 
 /// Most probes in flight at once.
 pub const MAX_IN_FLIGHT: usize = 64;
@@ -30,7 +39,7 @@ pub const MAX_IN_FLIGHT: usize = 64;
 const ROUND: Duration = Duration::from_millis(100);
 
 /// Probes on schedule and hands the outcomes to the core every [`ROUND`], forever.
-pub async fn health_task<M, S>(core: SharedCore<M, S>, seed: u64)
+pub async fn health_task<M, S>(core: SharedCore<M, S>, seed: u64, vip_path: Arc<ProbePathState>)
 where
     M: Maps + Counters + Send + 'static,
     S: Store + Send + 'static,
@@ -79,12 +88,54 @@ where
             let Ok(permit) = limit.clone().try_acquire_owned() else { break };
             due.insert(key, next_probe_at(&target.config, seed, &key, now_ms));
             let timeout = Duration::from_millis(target.config.timeout_ms);
+            let vip_path = vip_path.clone();
             in_flight.spawn(async move {
-                let outcome = crate::probe::run(&target.spec, target.addr, timeout).await;
+                let (outcome, local_cause) = match target.route {
+                    ProbeRoute::Direct(addr) => (probe::run(&target.spec, addr, None, timeout).await, None),
+                    ProbeRoute::Tunnel { vip, backend_id, generation, direct } => {
+                        probe_through_tunnel(vip_path, &target.spec, vip, (backend_id, generation), direct, timeout).await
+                    }
+                };
                 drop(permit);
-                ProbeResult { key, outcome }
+                ProbeResult { key, outcome, local_cause }
             });
         }
+    }
+}
+
+/// A probe of `vip` through the tunnel to the backend in `slot` (id, generation), with a direct
+/// probe of `direct` beside it (see [`probe::diagnose`]). `Unknown` with the cause when the
+/// balancer's probe path is at fault.
+pub async fn probe_through_tunnel(
+    vip_path: Arc<ProbePathState>,
+    spec: &ProbeSpec,
+    vip: SocketAddr,
+    (backend_id, generation): (u32, u32),
+    direct: SocketAddr,
+    timeout: Duration,
+) -> (ProbeOutcome, Option<LocalCause>) {
+    let path = match vip_path.as_ref() {
+        Ok(path) => path,
+        Err(why) => return (ProbeOutcome::Unknown, Some(LocalCause::VipPath(format!("the probe path is not set up: {why}")))),
+    };
+    if let Some(why) = path.unroutable(vip.ip()) {
+        return (ProbeOutcome::Unknown, Some(LocalCause::VipPath(why)));
+    }
+    let mark = path.mark(backend_id, generation);
+    let (tunnel, direct) = tokio::join!(probe::run(spec, vip, Some(mark), timeout), probe::run(spec, direct, None, timeout));
+    let diagnosis = probe::diagnose(tunnel, &direct);
+    if !matches!(diagnosis, ProbeOutcome::VipPathFailed { .. }) {
+        return (diagnosis, None);
+    }
+    // Only the tunnel failed: rule out this balancer before blaming the backend.
+    let check = tokio::task::spawn_blocking(move || match vip_path.as_ref() {
+        Ok(path) => path.local_problem(vip.ip(), mark, backend_id),
+        Err(why) => Some(why.clone()),
+    });
+    match check.await {
+        Ok(None) => (diagnosis, None),
+        Ok(Some(why)) => (ProbeOutcome::Unknown, Some(LocalCause::VipPath(why))),
+        Err(e) => (ProbeOutcome::Unknown, Some(LocalCause::VipPath(format!("checking the probe path: {e}")))),
     }
 }
 

@@ -87,6 +87,7 @@ impl Telemetry {
             ProbeOutcome::Success { .. } => "success",
             ProbeOutcome::Failure { .. } => "failure",
             ProbeOutcome::Timeout => "timeout",
+            ProbeOutcome::VipPathFailed { .. } => "vip_path_failed",
             ProbeOutcome::Unknown => "unknown",
         };
         *self.probes.entry(label).or_default() += 1;

@@ -46,7 +46,7 @@ pub struct BalancerMaps {
     pub backend_new_flows: PerCpuArray<MapData, u64>,
 }
 
-fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
+pub(super) fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
     let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
     T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
 }

@@ -3,6 +3,7 @@
 
 mod flows;
 mod maps;
+mod probe;
 pub mod test_run;
 
 use std::path::{Path, PathBuf};
@@ -12,6 +13,7 @@ use aya::{
     programs::{ProgramError, Xdp},
 };
 pub use maps::BalancerMaps;
+pub use probe::ProbeMaps;
 use spillway_common::limits::{map_names, program_names};
 
 use crate::objects;

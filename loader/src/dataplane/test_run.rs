@@ -1,6 +1,7 @@
-//! Running an XDP program on one frame with BPF_PROG_TEST_RUN (packet tests, benchmarks).
+//! Running an XDP or tc program on one frame with BPF_PROG_TEST_RUN (packet tests,
+//! benchmarks).
 
-use aya::programs::{TestRun, TestRunOptions, Xdp};
+use aya::programs::{SchedClassifier, TestRun, TestRunOptions, Xdp};
 
 use super::DataplaneError;
 
@@ -48,4 +49,27 @@ pub fn run_into(program: &Xdp, frame: &[u8], ingress_ifindex: u32, out: &mut [u8
     opts.ctx_in = Some(ctx);
     let result = program.test_run(opts).map_err(|source| DataplaneError::Program { name: "test_run", source })?;
     Ok(RunInto { action: result.return_value, len: result.data_size_out as usize, duration_ns: result.duration.as_nanos() as u64 })
+}
+
+/// Words of the `struct __sk_buff` a tc test run takes as its context (192 bytes), and the
+/// two the runs here set.
+const SKB_WORDS: usize = 48;
+const SKB_MARK: usize = 2;
+const SKB_IFINDEX: usize = 10;
+
+/// Runs the tc `program` once on `frame` (from its Ethernet header) as a packet with socket
+/// mark `mark` sent through `ifindex` of the calling thread's network namespace. `action` is
+/// the tc verdict (`TC_ACT_SHOT` = 2, `TC_ACT_REDIRECT` = 7); nothing is actually sent.
+pub fn run_classifier(program: &SchedClassifier, frame: &[u8], mark: u32, ifindex: u32) -> Result<RunOutcome, DataplaneError> {
+    let mut skb = [0u32; SKB_WORDS];
+    skb[SKB_MARK] = mark;
+    skb[SKB_IFINDEX] = ifindex;
+    let mut out = vec![0u8; frame.len() + HEADROOM_BYTES];
+    let mut opts = TestRunOptions::new();
+    opts.data_in = Some(frame);
+    opts.data_out = Some(&mut out);
+    opts.ctx_in = Some(bytemuck::cast_slice(&skb));
+    let result = program.test_run(opts).map_err(|source| DataplaneError::Program { name: "test_run", source })?;
+    out.truncate(result.data_size_out as usize);
+    Ok(RunOutcome { action: result.return_value, frame: out })
 }

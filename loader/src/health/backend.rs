@@ -16,6 +16,11 @@ pub enum ProbeOutcome {
     Failure { reason: String },
     /// No answer within `timeout_ms`.
     Timeout,
+    /// The probe through the tunnel to the VIP failed (`tunnel` says how: `timeout`,
+    /// `refused`, ...) while a direct probe of the backend's own address passed: the host is
+    /// up but does not serve the VIP (VIP missing from its `lo`, decapsulation detached,
+    /// its `rp_filter`, a service listening on its own address only).
+    VipPathFailed { tunnel: String },
     /// The LB itself could not probe (no ephemeral port, no memory, no route of its own):
     /// says nothing about the backend, so it never changes the backend's state or streaks.
     Unknown,
@@ -68,6 +73,9 @@ pub enum Reason {
     Added,
     /// `failures` consecutive failed probes, the last one described by `last`.
     ConsecutiveFailures { failures: u32, last: String },
+    /// `failures` consecutive failed probes, the last one through the tunnel only (see
+    /// [`ProbeOutcome::VipPathFailed`]); `tunnel` is how that one failed.
+    VipPathFailed { failures: u32, tunnel: String },
     /// `successes` consecutive passed probes.
     ConsecutiveSuccesses { successes: u32 },
     /// Its slow start ran for its full length.
@@ -93,6 +101,7 @@ impl fmt::Display for Reason {
         match self {
             Reason::Added => f.write_str("added"),
             Reason::ConsecutiveFailures { failures, last } => write!(f, "consecutive_failures failures={failures} last={last:?}"),
+            Reason::VipPathFailed { failures, tunnel } => write!(f, "vip_path_failed failures={failures} tunnel={tunnel:?} direct=passed"),
             Reason::ConsecutiveSuccesses { successes } => write!(f, "consecutive_successes successes={successes}"),
             Reason::SlowStartComplete => f.write_str("slow_start_complete"),
             Reason::Flapping { flaps, hold_ms } => write!(f, "flapping flaps={flaps} hold_ms={hold_ms}"),
@@ -299,8 +308,9 @@ impl Backend {
                 self.on_success(config, now_ms);
                 return;
             }
-            ProbeOutcome::Failure { reason } => reason.clone(),
-            ProbeOutcome::Timeout => "timeout".to_owned(),
+            ProbeOutcome::Failure { reason } => reason,
+            ProbeOutcome::Timeout => "timeout",
+            ProbeOutcome::VipPathFailed { tunnel } => tunnel,
         };
         self.unknowns = 0;
         self.successes = 0;
@@ -308,7 +318,11 @@ impl Backend {
         if self.failures < config.fall {
             return;
         }
-        let reason = Reason::ConsecutiveFailures { failures: self.failures, last };
+        let failures = self.failures;
+        let reason = match outcome {
+            ProbeOutcome::VipPathFailed { .. } => Reason::VipPathFailed { failures, tunnel: last.to_owned() },
+            _ => Reason::ConsecutiveFailures { failures, last: last.to_owned() },
+        };
         match self.health {
             Health::Healthy | Health::Slow { .. } | Health::SlowStart => {
                 let flapped = self.last_recovered_ms.is_some_and(|at| now_ms.saturating_sub(at) < config.flap_window_ms);

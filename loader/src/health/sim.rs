@@ -58,7 +58,13 @@ fn condition(rng: &mut Rng) -> Condition {
 
 fn outcome(c: Condition, cycle: u64, rng: &mut Rng) -> ProbeOutcome {
     let up = ProbeOutcome::Success { latency_ms: 1 + rng.below(5) };
-    let down = if rng.chance(500) { ProbeOutcome::Timeout } else { ProbeOutcome::Failure { reason: "refused".to_owned() } };
+    let down = if rng.chance(500) {
+        ProbeOutcome::Timeout
+    } else if rng.chance(500) {
+        ProbeOutcome::VipPathFailed { tunnel: "timeout".to_owned() }
+    } else {
+        ProbeOutcome::Failure { reason: "refused".to_owned() }
+    };
     match c {
         Condition::Up => up,
         Condition::Dead => down,

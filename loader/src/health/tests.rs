@@ -22,6 +22,10 @@ fn fail() -> ProbeOutcome {
     ProbeOutcome::Failure { reason: "connection refused".to_owned() }
 }
 
+fn vip_path_failed() -> ProbeOutcome {
+    ProbeOutcome::VipPathFailed { tunnel: "timeout".to_owned() }
+}
+
 /// A tracker with `n` backends of weight 100 that have finished slow start and passed probes.
 fn settled(n: u8, config: HealthConfig) -> (HealthTracker, u64) {
     let mut t = HealthTracker::new(vip(), config).unwrap();
@@ -39,7 +43,8 @@ fn settled(n: u8, config: HealthConfig) -> (HealthTracker, u64) {
 }
 
 /// Each second: every backend gets the outcome of its column in `row` (`+` success, `-`
-/// failure, `t` timeout, `?` unknown, `.` no probe), then `tick`.
+/// failure, `t` timeout, `v` failed through the tunnel only, `?` unknown, `.` no probe), then
+/// `tick`.
 fn run(t: &mut HealthTracker, now: &mut u64, rows: &[&str]) {
     for row in rows {
         for (i, c) in row.chars().enumerate() {
@@ -47,6 +52,7 @@ fn run(t: &mut HealthTracker, now: &mut u64, rows: &[&str]) {
                 '+' => OK,
                 '-' => fail(),
                 't' => TIMEOUT,
+                'v' => vip_path_failed(),
                 '?' => UNKNOWN,
                 '.' => continue,
                 _ => panic!("bad outcome {c:?}"),
@@ -142,6 +148,35 @@ fn a_dead_backend_is_out_within_the_detection_time() {
              reason=consecutive_failures failures=2 last=\"timeout\" at_ms={now}"
         )]
     );
+}
+
+#[test]
+fn a_broken_vip_path_is_a_failure_named_as_such_under_the_same_cap_and_panic() {
+    let (mut t, mut now) = settled(4, HealthConfig::default());
+    run(&mut t, &mut now, &["v+++", "v+++"]);
+    assert_eq!(t.effective_weights(now)[&be(1)], 0);
+    let events: Vec<String> = t.take_events().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        events,
+        [format!(
+            "event=health_state vip=10.100.0.1:80/tcp backend=10.0.0.1 from=healthy to=unhealthy \
+             reason=vip_path_failed failures=2 tunnel=\"timeout\" direct=passed at_ms={}",
+            now - 1000
+        )]
+    );
+    // The last failure names the reason: a backend that then dies is down, not its VIP path.
+    let (mut t, mut now) = settled(4, HealthConfig::default());
+    run(&mut t, &mut now, &["v+++", "-+++"]);
+    assert!(matches!(t.backends(now)[0].reason, Reason::ConsecutiveFailures { .. }));
+    // Missing on every backend: the cap, then panic, keep the table.
+    let (mut t, mut now) = settled(4, HealthConfig::default());
+    run(&mut t, &mut now, &["vv++", "vv++"]);
+    assert_eq!(states(&t, now), [State::Unhealthy, State::Unhealthy, State::Healthy, State::Healthy]);
+    assert_eq!(t.effective_weights(now), weights(&[(1, 0), (2, 0), (3, 100), (4, 100)]), "within the cap");
+    run(&mut t, &mut now, &["vvvv", "vvvv"]);
+    assert!(t.report(now).panic);
+    assert_eq!(t.effective_weights(now), weights(&[(1, 100), (2, 100), (3, 100), (4, 100)]), "fail open");
+    assert!(t.backends(now).iter().all(|b| matches!(b.reason, Reason::VipPathFailed { failures: 2, .. })));
 }
 
 #[test]

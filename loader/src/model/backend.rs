@@ -5,7 +5,10 @@ use std::net::{IpAddr, SocketAddr};
 use serde::{Deserialize, Serialize};
 
 use super::{MAX_RATE_PER_S, ModelError};
-use crate::{health::HealthConfig, probe::ProbeSpec};
+use crate::{
+    health::HealthConfig,
+    probe::{ProbePath, ProbeSpec},
+};
 
 /// Longest zone label.
 pub const MAX_ZONE_LEN: usize = 32;
@@ -38,9 +41,13 @@ pub struct BackendOptions {
     /// `spare_fraction` in the VIP's health policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spare_per_s: Option<u32>,
-    /// Where to probe it, when not its own address on the VIP's port.
+    /// Where to probe it, when not its own address on the VIP's port. Through the tunnel,
+    /// the probe goes to the VIP on this target's port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_target: Option<SocketAddr>,
+    /// How to probe it, when not as its VIP says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_path: Option<ProbePath>,
 }
 
 impl BackendOptions {
@@ -49,7 +56,7 @@ impl BackendOptions {
     }
 
     pub fn validate(&self, backend: IpAddr) -> Result<(), ModelError> {
-        let Self { zone, capacity_per_s, spare_per_s, probe_target } = self;
+        let Self { zone, capacity_per_s, spare_per_s, probe_target, probe_path: _ } = self;
         if let Some(zone) = zone {
             check_zone(zone)?;
         }
@@ -89,6 +96,9 @@ pub struct VipHealth {
     pub probe: ProbeSpec,
     #[serde(default)]
     pub policy: HealthConfig,
+    /// Through the tunnel to the VIP (the default) or directly to each backend.
+    #[serde(default, skip_serializing_if = "ProbePath::is_tunnel")]
+    pub probe_path: ProbePath,
 }
 
 impl VipHealth {

@@ -23,11 +23,8 @@ pub(super) type Namespaces = Vec<(u32, PathBuf)>;
 /// The namespace's sockets; none if it went away since it was listed (its last process
 /// exited, its name was deleted), which is normal when reading every namespace.
 fn dump(netns: &(u32, PathBuf), proto: Proto, states: u32) -> Result<Vec<DiagSocket>, PortsError> {
-    match dump_netns(&netns.1, proto, states) {
-        Ok(sockets) => Ok(sockets),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) => Ok(Vec::new()),
-        Err(source) => Err(PortsError::SockDiag { netns: netns.1.clone(), source }),
-    }
+    let sockets = dump_netns(&netns.1, proto, states).map_err(|source| PortsError::SockDiag { netns: netns.1.clone(), source })?;
+    Ok(sockets.unwrap_or_default())
 }
 
 fn key(netns: u32, proto: u8, socket: &DiagSocket) -> PortKey {

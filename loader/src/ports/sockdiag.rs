@@ -79,25 +79,34 @@ impl Proto {
 }
 
 /// Every `proto` socket in one of `states` (bits, see [`state::bit`]), IPv4 and IPv6, of
-/// the network namespace at `netns` (`/proc/<pid>/ns/net`, `/run/netns/<name>`).
-pub(super) fn dump_netns(netns: &Path, proto: Proto, states: u32) -> io::Result<Vec<DiagSocket>> {
-    let file = File::open(netns)?;
+/// the network namespace at `netns` (`/proc/<pid>/ns/net`, `/run/netns/<name>`); `None` when
+/// that file is no namespace any more (its last process exited, or its name is being deleted:
+/// the file then exists a moment longer but cannot be joined).
+pub(super) fn dump_netns(netns: &Path, proto: Proto, states: u32) -> io::Result<Option<Vec<DiagSocket>>> {
+    let file = match File::open(netns) {
+        Ok(file) => file,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) => return Ok(None),
+        Err(e) => return Err(e),
+    };
     let socket = std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                // SAFETY: setns on a valid namespace fd affects only this thread, which
-                // exits right after creating the socket.
+                // SAFETY: setns on an open fd affects only this thread, which exits right
+                // after creating the socket.
                 if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(io::Error::last_os_error());
+                    let err = io::Error::last_os_error();
+                    // EINVAL: the file is not (or no longer) a network namespace.
+                    return if err.raw_os_error() == Some(libc::EINVAL) { Ok(None) } else { Err(err) };
                 }
-                open()
+                open().map(Some)
             })
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })?;
+    let Some(socket) = socket else { return Ok(None) };
     let mut sockets = dump(&socket, AF_INET, proto, states)?;
     sockets.extend(dump(&socket, AF_INET6, proto, states)?);
-    Ok(sockets)
+    Ok(Some(sockets))
 }
 
 fn open() -> io::Result<OwnedFd> {
@@ -252,19 +261,25 @@ mod tests {
         udp.connect(server).unwrap();
         let udp_port = udp.local_addr().unwrap().port();
 
-        let tcp = dump_netns(own, Proto::Tcp, state::ALL).unwrap();
+        let tcp = dump_netns(own, Proto::Tcp, state::ALL).unwrap().unwrap();
         let listening = tcp.iter().find(|s| s.lport == server.port() && s.state == state::LISTEN).expect("the listener");
         assert!(listening.inode > 0 && listening.cookie > 0);
         let ours = tcp.iter().find(|s| s.lport == client_port).expect("the client socket");
         assert_eq!((ours.state, ours.rport, ours.family), (state::ESTABLISHED, server.port(), AF_INET));
         assert_eq!((ours.local, ours.remote), (v4_mapped(Ipv4Addr::LOCALHOST), v4_mapped(Ipv4Addr::LOCALHOST)));
-        let only_listening = dump_netns(own, Proto::Tcp, state::bit(state::LISTEN)).unwrap();
+        let only_listening = dump_netns(own, Proto::Tcp, state::bit(state::LISTEN)).unwrap().unwrap();
         assert!(only_listening.iter().all(|s| s.state == state::LISTEN));
         assert!(only_listening.iter().any(|s| s.lport == server.port()));
 
-        let udp_sockets = dump_netns(own, Proto::Udp, state::ALL).unwrap();
+        let udp_sockets = dump_netns(own, Proto::Udp, state::ALL).unwrap().unwrap();
         let connected = udp_sockets.iter().find(|s| s.lport == udp_port).expect("the UDP socket");
         assert_eq!((connected.state, connected.rport), (state::ESTABLISHED, server.port()));
+    }
+
+    #[test]
+    fn a_file_that_is_no_namespace_is_gone_not_an_error() {
+        assert_eq!(dump_netns(Path::new("/proc/self/status"), Proto::Tcp, state::ALL).unwrap(), None);
+        assert_eq!(dump_netns(Path::new("/run/netns/spw-no-such-namespace"), Proto::Tcp, state::ALL).unwrap(), None);
     }
 
     #[test]

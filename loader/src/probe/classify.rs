@@ -4,11 +4,14 @@ use std::io;
 
 use crate::health::ProbeOutcome;
 
-/// The balancer's own trouble (no port, no buffers, no descriptors, no memory) is `Unknown`:
-/// it says nothing about the backend. Anything else the socket reports is the backend's.
+/// The balancer's own trouble (no port, no buffers, no descriptors, no memory, a socket option
+/// or its own firewall refused) is `Unknown`: it says nothing about the backend. Anything else
+/// the socket reports is the backend's.
 pub(super) fn classify(error: &io::Error) -> ProbeOutcome {
     match error.raw_os_error() {
-        Some(libc::EADDRNOTAVAIL | libc::ENOBUFS | libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EADDRINUSE) => ProbeOutcome::Unknown,
+        Some(libc::EADDRNOTAVAIL | libc::ENOBUFS | libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EADDRINUSE | libc::EPERM) => {
+            ProbeOutcome::Unknown
+        }
         Some(libc::ETIMEDOUT) => ProbeOutcome::Timeout,
         _ => ProbeOutcome::Failure { reason: label(error) },
     }
@@ -31,7 +34,7 @@ mod tests {
 
     #[test]
     fn own_errors_are_unknown_and_backend_errors_are_failures() {
-        for errno in [libc::EADDRNOTAVAIL, libc::ENOBUFS, libc::EMFILE, libc::ENFILE, libc::ENOMEM, libc::EADDRINUSE] {
+        for errno in [libc::EADDRNOTAVAIL, libc::ENOBUFS, libc::EMFILE, libc::ENFILE, libc::ENOMEM, libc::EADDRINUSE, libc::EPERM] {
             assert_eq!(classify(&io::Error::from_raw_os_error(errno)), ProbeOutcome::Unknown, "errno {errno}");
         }
         for (errno, reason) in [

@@ -16,10 +16,17 @@ const MAX_STATUS_LINE: usize = 4096;
 /// `GET path` with `Host: host` (the target's address when `None`), over TLS when `tls`;
 /// passes when the status is `expect_status`. The connection is reset (see [`tcp::connect`])
 /// as soon as the status line is in: the body is never read.
-pub(super) async fn probe(target: SocketAddr, path: &str, expect_status: u16, host: Option<&str>, tls: bool) -> Answered {
+pub(super) async fn probe(
+    target: SocketAddr,
+    mark: Option<u32>,
+    path: &str,
+    expect_status: u16,
+    host: Option<&str>,
+    tls: bool,
+) -> Answered {
     let host_header = host.map_or_else(|| address_host(target, tls), str::to_owned);
     let request = format!("GET {path} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: spillway-health\r\nConnection: close\r\n\r\n");
-    let stream = tcp::connect(target).await?;
+    let stream = tcp::connect(target, mark).await?;
     if tls {
         exchange(tls::connect(stream, host, target.ip()).await?, request.as_bytes(), expect_status).await
     } else {

@@ -3,6 +3,11 @@
 //! nothing behind on the balancer: TCP sockets are closed with an RST (`SO_LINGER 0`, no
 //! TIME_WAIT), UDP sockets have no TIME_WAIT, and every socket is dropped when the probe ends.
 //! The number in flight is bounded by the caller (`daemon::probes`).
+//!
+//! A probe through the tunnel ([`ProbePath::Tunnel`]) is addressed to the VIP and carries a
+//! socket mark that routes it into the probe path (`crate::vip_path`); it runs together
+//! with a direct probe of the backend's own address, and [`diagnose`] tells from the pair
+//! whether the backend is down or only its VIP path is broken.
 
 mod classify;
 mod http;
@@ -17,19 +22,22 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use spec::{Hex, MAX_PAYLOAD, NotHex, ProbeSpec, ProbeSpecError};
+pub use spec::{Hex, MAX_PAYLOAD, NotHex, ProbePath, ProbeSpec, ProbeSpecError};
 
 use crate::health::ProbeOutcome;
 
-/// One probe of `target`, all of it within `timeout`; `Success` carries the time from the
-/// start to the backend's answer. `spec` is taken as valid ([`ProbeSpec::validate`]).
-pub async fn run(spec: &ProbeSpec, target: SocketAddr, timeout: Duration) -> ProbeOutcome {
+/// One probe of `target` from sockets marked `mark` (if any), all of it within `timeout`;
+/// `Success` carries the time from the start to the backend's answer. `spec` is taken as
+/// valid ([`ProbeSpec::validate`]).
+pub async fn run(spec: &ProbeSpec, target: SocketAddr, mark: Option<u32>, timeout: Duration) -> ProbeOutcome {
     let started = Instant::now();
     let probe = async {
         match spec {
-            ProbeSpec::Tcp {} => tcp::probe(target).await,
-            ProbeSpec::Http { path, expect_status, host, tls } => http::probe(target, path, *expect_status, host.as_deref(), *tls).await,
-            ProbeSpec::Udp { payload, expect } => udp::probe(target, &payload.0, expect.as_ref().map(|e| e.0.as_slice())).await,
+            ProbeSpec::Tcp {} => tcp::probe(target, mark).await,
+            ProbeSpec::Http { path, expect_status, host, tls } => {
+                http::probe(target, mark, path, *expect_status, host.as_deref(), *tls).await
+            }
+            ProbeSpec::Udp { payload, expect } => udp::probe(target, mark, &payload.0, expect.as_ref().map(|e| e.0.as_slice())).await,
         }
     };
     match tokio::time::timeout(timeout, probe).await {
@@ -37,6 +45,22 @@ pub async fn run(spec: &ProbeSpec, target: SocketAddr, timeout: Duration) -> Pro
         Ok(Err(Fail::Io(e))) => classify::classify(&e),
         Ok(Err(Fail::Backend(reason))) => ProbeOutcome::Failure { reason },
         Err(_) => ProbeOutcome::Timeout,
+    }
+}
+
+/// A probe through the tunnel (`tunnel`, to the VIP) read together with a direct probe of the
+/// same backend's own address (`direct`, made at the same time): when only the tunnel failed,
+/// the backend is up but the VIP path is broken ([`ProbeOutcome::VipPathFailed`]); otherwise
+/// the tunnel's outcome stands (a backend down fails both ways, and is reported as such).
+pub fn diagnose(tunnel: ProbeOutcome, direct: &ProbeOutcome) -> ProbeOutcome {
+    let failed = match &tunnel {
+        ProbeOutcome::Failure { reason } => reason.clone(),
+        ProbeOutcome::Timeout => "timeout".to_owned(),
+        ProbeOutcome::Success { .. } | ProbeOutcome::Unknown | ProbeOutcome::VipPathFailed { .. } => return tunnel,
+    };
+    match direct {
+        ProbeOutcome::Success { .. } => ProbeOutcome::VipPathFailed { tunnel: failed },
+        _ => tunnel,
     }
 }
 

@@ -39,6 +39,40 @@ pub enum ProbeSpec {
     },
 }
 
+/// Which way a VIP's backends are probed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbePath {
+    /// To the backend's own address (or its probe target), as the kernel routes it: proves
+    /// the host and service are up. For backends that do not serve the VIP by direct server
+    /// return.
+    Direct,
+    /// To the VIP, encapsulated to the backend exactly as the VIP's traffic is: proves the
+    /// backend serves the VIP (VIP on its `lo`, decapsulation, the service listening on the
+    /// VIP), with a direct probe beside it to tell a broken VIP path from a dead backend.
+    #[default]
+    Tunnel,
+}
+
+impl ProbePath {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ProbePath::Direct => "direct",
+            ProbePath::Tunnel => "tunnel",
+        }
+    }
+
+    pub fn is_tunnel(&self) -> bool {
+        *self == ProbePath::Tunnel
+    }
+}
+
+impl fmt::Display for ProbePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl Default for ProbeSpec {
     fn default() -> Self {
         ProbeSpec::Tcp {}

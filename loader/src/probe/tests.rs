@@ -47,7 +47,7 @@ async fn closed_port() -> SocketAddr {
 /// Runs `spec` with [`TIMEOUT`] and checks that a timeout comes in time.
 async fn probe(spec: &ProbeSpec, target: SocketAddr) -> ProbeOutcome {
     let started = Instant::now();
-    let outcome = run(spec, target, TIMEOUT).await;
+    let outcome = run(spec, target, None, TIMEOUT).await;
     assert!(started.elapsed() < TIMEOUT + SLACK, "{spec:?} took {:?}", started.elapsed());
     outcome
 }
@@ -204,10 +204,12 @@ async fn http_times_out_as_a_whole() {
 async fn latency_is_the_time_to_the_answer() {
     let delay = Duration::from_millis(150);
     let (addr, _) = http_server(b"HTTP/1.1 200 OK\r\n\r\n", delay).await;
-    let ProbeOutcome::Success { latency_ms } = run(&http("/", 200, None, false), addr, Duration::from_secs(2)).await else { panic!() };
+    let ProbeOutcome::Success { latency_ms } = run(&http("/", 200, None, false), addr, None, Duration::from_secs(2)).await else {
+        panic!()
+    };
     assert!((150..1000).contains(&latency_ms), "{latency_ms} ms");
     let addr = udp_server(|request| request.to_vec(), delay).await;
-    let ProbeOutcome::Success { latency_ms } = run(&udp(b"x", None), addr, Duration::from_secs(2)).await else { panic!() };
+    let ProbeOutcome::Success { latency_ms } = run(&udp(b"x", None), addr, None, Duration::from_secs(2)).await else { panic!() };
     assert!((150..1000).contains(&latency_ms), "{latency_ms} ms");
 }
 
@@ -282,4 +284,26 @@ async fn ipv6_targets() {
         }
     });
     assert!(matches!(probe(&udp(b"v6", Some(b"v6")), addr).await, ProbeOutcome::Success { .. }));
+}
+
+#[test]
+fn only_a_failure_through_the_tunnel_alone_is_a_broken_vip_path() {
+    let passed = ProbeOutcome::Success { latency_ms: 3 };
+    let vip_path = |tunnel: &str| ProbeOutcome::VipPathFailed { tunnel: tunnel.to_owned() };
+    for (tunnel, direct, diagnosis) in [
+        (ProbeOutcome::Timeout, passed.clone(), vip_path("timeout")),
+        (failure("refused"), passed.clone(), vip_path("refused")),
+        (failure("status_503"), passed.clone(), vip_path("status_503")),
+        // Down both ways: the backend is down, and says how through the real path.
+        (failure("refused"), failure("refused"), failure("refused")),
+        (ProbeOutcome::Timeout, failure("refused"), ProbeOutcome::Timeout),
+        (failure("reset"), ProbeOutcome::Timeout, failure("reset")),
+        // Nothing to tell apart without the direct probe's answer.
+        (failure("refused"), ProbeOutcome::Unknown, failure("refused")),
+        // Passing through the tunnel is all that matters; the balancer's own trouble stays its own.
+        (passed.clone(), failure("refused"), passed.clone()),
+        (ProbeOutcome::Unknown, passed.clone(), ProbeOutcome::Unknown),
+    ] {
+        assert_eq!(diagnose(tunnel.clone(), &direct), diagnosis, "tunnel {tunnel:?}, direct {direct:?}");
+    }
 }

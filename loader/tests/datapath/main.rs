@@ -10,4 +10,5 @@ mod icmp;
 mod limits;
 mod nexthop;
 mod passing;
+mod probe;
 mod support;

@@ -13,6 +13,7 @@ mod overload;
 mod port_pressure;
 mod reachability;
 mod support;
+mod vip_path;
 
 /// Runs scenario `$name(mode)` once per XDP mode.
 #[macro_export]

@@ -119,6 +119,9 @@ fn a_balancer_short_of_ports_marks_nobody_unhealthy_and_alerts() {
     let c = start(XdpMode::Native, 3);
     let vip = tcp_vip(false);
     vip_with_all_backends(&c, &vip, false);
+    // Direct probes: the ports held below are towards the backends' own addresses (a probe
+    // through the tunnel goes to the VIP, another destination, and would still pass).
+    c.lbctl(&["vips", "health", &vip, "--probe-path", "direct"]).unwrap();
     let healthy = || all_healthy(&c, &vip);
     wait_until(Duration::from_secs(10), "backends healthy", healthy);
 

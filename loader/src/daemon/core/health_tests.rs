@@ -84,7 +84,8 @@ fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
     // Zone a's only backend fails (half the weight: within the ejection cap, no panic).
     let failed = ProbeOutcome::Failure { reason: "refused".into() };
     let key = crate::health::ProbeKey { vip: vip(), backend: ip("10.0.0.1") };
-    let results = vec![ProbeResult { key, outcome: failed.clone() }, ProbeResult { key, outcome: failed }];
+    let results =
+        vec![ProbeResult { key, outcome: failed.clone(), local_cause: None }, ProbeResult { key, outcome: failed, local_cause: None }];
     f.core.health_round(results).unwrap();
     assert_eq!(weights(&mut f)[0], 0);
     let entry = f.vip_entry();
@@ -99,6 +100,7 @@ fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
     let set = |policy: &[(&str, serde_json::Value)]| Request::SetHealth {
         vip: vip(),
         probe: None,
+        probe_path: None,
         policy: policy.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
         reset: false,
     };
@@ -112,7 +114,7 @@ fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
         let err = f.core.handle(bad).unwrap_err().to_api().message;
         assert!(err.contains(needle), "{err}");
     }
-    f.ok(Request::SetHealth { vip: vip(), probe: None, policy: BTreeMap::new(), reset: true });
+    f.ok(Request::SetHealth { vip: vip(), probe: None, probe_path: None, policy: BTreeMap::new(), reset: true });
     assert_eq!(f.vip_entry().health.unwrap().policy, HealthConfig::default());
 }
 
@@ -188,4 +190,72 @@ fn port_pressure_from_an_agent_cuts_only_that_backends_weight() {
         f.core.record_agent_ports(ip("10.0.0.2"), Err("connection refused".into())).unwrap();
         assert_eq!(weights(&mut f), [100, 100, 100]);
     }
+}
+
+#[test]
+fn probes_go_through_the_tunnel_unless_the_vip_or_the_backend_says_direct() {
+    use crate::{
+        daemon::checks::{LocalCause, ProbeRoute},
+        probe::ProbePath,
+    };
+    let mut f = Fixture::new(None);
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13) });
+    f.add("10.0.0.1", None, None);
+    f.add("10.0.0.2", None, None);
+    let target = Some("10.0.0.3:8080".parse().unwrap());
+    f.ok(Request::AddBackend {
+        vip: vip(),
+        backend: ip("10.0.0.3"),
+        weight: None,
+        options: BackendOptions { probe_target: target, ..Default::default() },
+    });
+    let routes = |f: &mut Fixture| -> BTreeMap<IpAddr, ProbeRoute> {
+        let (targets, _) = f.core.health_round(Vec::new()).unwrap();
+        targets.into_iter().map(|t| (t.key.backend, t.route)).collect()
+    };
+    let tunnel = |f: &Fixture, backend: &str, port: u16, direct: &str| {
+        let (backend_id, generation) = f.core.reconciler.backend_slot(&vip(), &ip(backend)).unwrap();
+        ProbeRoute::Tunnel { vip: std::net::SocketAddr::new(vip().addr, port), backend_id, generation, direct: direct.parse().unwrap() }
+    };
+    let by_default = routes(&mut f);
+    assert_eq!(by_default[&ip("10.0.0.1")], tunnel(&f, "10.0.0.1", 80, "10.0.0.1:80"));
+    // A probe target's port is the VIP's probe port too; its address is the direct probe's.
+    assert_eq!(by_default[&ip("10.0.0.3")], tunnel(&f, "10.0.0.3", 8080, "10.0.0.3:8080"));
+
+    let set_path = |path| Request::SetHealth { vip: vip(), probe: None, probe_path: Some(path), policy: BTreeMap::new(), reset: false };
+    f.ok(set_path(ProbePath::Direct));
+    let options = BackendOptions { probe_path: Some(ProbePath::Tunnel), ..Default::default() };
+    f.ok(Request::SetBackendOptions { vip: vip(), backend: ip("10.0.0.2"), options });
+    let chosen = routes(&mut f);
+    assert_eq!(chosen[&ip("10.0.0.1")], ProbeRoute::Direct("10.0.0.1:80".parse().unwrap()));
+    assert_eq!(chosen[&ip("10.0.0.2")], tunnel(&f, "10.0.0.2", 80, "10.0.0.2:80"));
+    let paths: Vec<Option<ProbePath>> = f.backends().iter().map(|b| b.probe_path).collect();
+    assert_eq!(paths, [Some(ProbePath::Direct), Some(ProbePath::Tunnel), Some(ProbePath::Direct)]);
+    let saved = StateFile::open(f.tmp.path()).unwrap().load().unwrap().unwrap();
+    assert_eq!(saved.vips[&vip()].health.as_ref().unwrap().probe_path, ProbePath::Direct, "persisted");
+    assert_eq!(f.vip_entry().health.unwrap().probe_path, ProbePath::Direct);
+
+    // A broken VIP path fails the backend and is counted for its VIP; the balancer's own
+    // trouble changes nothing and raises an alert naming it.
+    let key = |b: &str| crate::health::ProbeKey { vip: vip(), backend: ip(b) };
+    let broken = ProbeOutcome::VipPathFailed { tunnel: "timeout".into() };
+    let result = |b: &str, outcome: &ProbeOutcome, local_cause: Option<LocalCause>| ProbeResult {
+        key: key(b),
+        outcome: outcome.clone(),
+        local_cause,
+    };
+    f.core.health_round(vec![result("10.0.0.2", &broken, None), result("10.0.0.2", &broken, None)]).unwrap();
+    let b2 = f.backends().remove(1);
+    assert!(b2.reason.as_deref().unwrap().starts_with("vip_path_failed failures=2"), "{b2:?}");
+    assert_eq!(f.vip_entry().health.unwrap().vip_path_failed, 1);
+    let health = |f: &mut Fixture| -> Vec<Option<String>> { f.backends().iter().map(|b| b.health.clone()).collect() };
+    let before = health(&mut f);
+    let unknown = ProbeOutcome::Unknown;
+    let cause = LocalCause::VipPath("the probe program is not attached".into());
+    f.core.health_round(vec![result("10.0.0.1", &unknown, Some(cause)), result("10.0.0.3", &unknown, None)]).unwrap();
+    let alerts = f.core.alerts();
+    assert_eq!(alerts.len(), 2, "{alerts:?}");
+    assert!(alerts[0].contains("cannot open probe sockets"), "{alerts:?}");
+    assert!(alerts[1].contains("cannot probe through the tunnel") && alerts[1].contains("not attached"), "{alerts:?}");
+    assert_eq!(health(&mut f), before);
 }

@@ -72,7 +72,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         };
         let maps =
             self.maps.memory().into_iter().filter_map(|(map, bytes)| Some(MapMemory { map: map.to_owned(), bytes: bytes? })).collect();
-        let alert = self.health.as_ref().is_some_and(|c| c.local_alert().is_some());
+        let alert = self.health.as_ref().is_some_and(|c| !c.local_alerts().is_empty());
         Ok(Sample {
             at_ms: self.telemetry.now_ms(),
             info: self.telemetry.info.clone(),

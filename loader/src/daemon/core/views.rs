@@ -13,9 +13,9 @@ use crate::{
         BackendEntry, BackendList, BackendStats, BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, ReasonCount, RuleActionKind,
         RuleEntry, RuleList, ScopeLimits, SourceEntry, Stats, TopSourceList, VipEntry, VipHealthView, VipLimits, VipList, VipStats,
     },
-    daemon::checks::Checks,
+    daemon::checks::{Checks, LocalCause, probe_path},
     dataplane::DataplaneError,
-    health::BackendHealth,
+    health::{BackendHealth, Reason, State},
     model::{Cidr, LimitConfig, ModelError, RuleAction, Vip},
     reconcile::{Maps, table_digest},
     store::Store,
@@ -46,15 +46,21 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 ));
             }
         }
-        if let Some(alert) = self.health.as_ref().and_then(|c| c.local_alert()) {
-            let now_ms = self.health.as_ref().map_or(0, Checks::now_ms);
-            alerts.push(format!(
-                "ALERT: this balancer cannot open probe sockets ({} probes in {} s): its own ephemeral ports, sockets or \
-                 memory are short; backends keep their states (see lbctl ports)",
-                alert.unknown_probes,
-                now_ms.saturating_sub(alert.since_ms) / 1000
-            ));
-        }
+        let Some(checks) = self.health.as_ref() else { return alerts };
+        let now_ms = checks.now_ms();
+        alerts.extend(checks.local_alerts().iter().map(|(cause, alert)| {
+            let (probes, for_s) = (alert.unknown_probes, now_ms.saturating_sub(alert.since_ms) / 1000);
+            match cause {
+                LocalCause::Sockets => format!(
+                    "ALERT: this balancer cannot open probe sockets ({probes} probes in {for_s} s): its own ephemeral ports, \
+                     sockets or memory are short; backends keep their states (see lbctl ports)"
+                ),
+                LocalCause::VipPath(why) => format!(
+                    "ALERT: this balancer cannot probe through the tunnel ({probes} probes in {for_s} s): {why}; backends keep \
+                     their states"
+                ),
+            }
+        }));
         alerts
     }
 
@@ -70,6 +76,12 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     let report = tracker.report(c.now_ms());
                     VipHealthView {
                         probe: config.health.as_ref().map(|h| h.probe.clone()).unwrap_or_default(),
+                        probe_path: config.health.as_ref().map(|h| h.probe_path).unwrap_or_default(),
+                        vip_path_failed: tracker
+                            .backends(c.now_ms())
+                            .iter()
+                            .filter(|b| matches!(b.reason, Reason::VipPathFailed { .. }) && b.state != State::Draining)
+                            .count(),
                         panic: report.panic,
                         panics_entered: report.panics_entered,
                         fail_closed: tracker.config().fail_closed,
@@ -116,6 +128,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     reason: h.map(|h| h.reason.to_string()),
                     state_for_s: h.map(|h| now_ms.saturating_sub(h.since_ms) / 1000),
                     latency_ms: h.and_then(|h| h.latency_ewma_ms),
+                    probe_path: h.map(|_| probe_path(config, b)),
                     pressure: h.map(|h| h.pressure.as_str().to_owned()),
                     unknown_probes: h.map_or(0, |h| h.consecutive_unknown),
                     kept_in: h.is_some_and(|h| h.kept_in),

@@ -9,6 +9,7 @@
 mod limits;
 mod maps;
 mod nexthop;
+mod probe;
 mod select;
 mod stats;
 
@@ -20,7 +21,7 @@ use aya_ebpf::{
 };
 use spillway_common::{
     hash::{flow_hash, vip_filter_slot},
-    types::{CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, Reason, VipKey, VipMeta},
+    types::{CFG_F_STATIC_NEXTHOP, FlowKey, LbConfig, Reason, VipKey, VipMeta},
 };
 use xdp_ebpf::{
     encap::{self, Macs, Tunnel},
@@ -130,7 +131,7 @@ fn forward(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, ha
     let arrived = unsafe { Macs { src: (*eth).src, dst: (*eth).dst } };
     let tunnel = Tunnel {
         family: be.family,
-        src: outer_source(cfg, be.family, hash),
+        src: cfg.outer_source(be.family, hash),
         dst: be.addr,
         inner_family: key.family,
         inner_len: layout.l3_len,
@@ -179,20 +180,6 @@ fn hand_to_kernel(ctx: &XdpContext, arrived: &Macs) -> (u32, Reason) {
             (XDP_PASS, Reason::KernelNoTxPort)
         }
         None => (XDP_DROP, Reason::DropEncapFailed),
-    }
-}
-
-/// The configured outer source, with the host bits of its prefix taken from the flow hash.
-#[inline(always)]
-fn outer_source(cfg: &LbConfig, family: u8, hash: u32) -> [u32; 4] {
-    if family == FAMILY_V4 {
-        let mask = cfg.outer_src_v4_hostmask;
-        [(cfg.outer_src_v4 & !mask) | (hash & mask), 0, 0, 0]
-    } else {
-        let mask = cfg.outer_src_v6_hostmask;
-        let mut src = cfg.outer_src_v6;
-        src[3] = (src[3] & !mask) | (hash & mask);
-        src
     }
 }
 
