@@ -6,7 +6,7 @@ use aya::programs::XdpMode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use spillway_common::{
     hash::FLOW_SEED,
-    limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
+    limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, SECOND_CHANCE_SETTLE_MS},
 };
 
 use super::outer_src::{OuterSrc4, OuterSrc6};
@@ -125,6 +125,11 @@ pub struct DaemonArgs {
     /// that moves between them keeps its backend.
     #[arg(long, value_name = "SEED", default_value_t = FLOW_SEED, value_parser = parse_seed)]
     pub flow_hash_seed: u32,
+    /// Seconds a VIP's Maglev table must stay unchanged before its next change replaces its
+    /// second-chance table (the table packets of connections this balancer has no entry for
+    /// may also belong to); changes closer together, such as a slow-start ramp, are one.
+    #[arg(long, value_name = "S", default_value_t = SECOND_CHANCE_SETTLE_MS / 1000, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub second_chance_settle_s: u64,
     #[command(flatten)]
     pub announce: AnnounceArgs,
     #[command(flatten)]

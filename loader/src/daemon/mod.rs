@@ -154,6 +154,7 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     });
     let (mut core, report) = Core::start(maps, store, state.unwrap_or_default(), checks).map_err(DaemonError::Start)?;
     core.set_build_info(BuildInfo { version: env!("CARGO_PKG_VERSION").to_owned(), program_tag, xdp_mode: mode.to_owned() });
+    core.set_second_chance_settle(std::time::Duration::from_secs(args.second_chance_settle_s));
     let vips = &core.state().vips;
     event!(
         info,

@@ -144,6 +144,12 @@ fn verdicts(f: &mut Families, s: &Sample) {
     for ReasonCount { reason, packets: n } in &s.reasons {
         packets.counter(vec![("reason", reason.clone()), ("action", action(reason).to_owned())], *n);
     }
+    f.counter(
+        "second_chance_packets",
+        "Packets of connections without a table entry sent to their backend with the backend of before the VIP's last change as a second candidate.",
+        None,
+    )
+    .counter(Labels::new(), s.second_chance_packets);
     let mut observed =
         f.counter("observed_would_drop", "Packets observe-mode limits let through that enforcing would drop, by the drop reason.", None);
     for ReasonCount { reason, packets: n } in &s.observed {

@@ -28,7 +28,7 @@ pub mod ports;
 
 pub use balancer::balancer;
 pub use listener::{Limits, MetricsListen, Serving, serve, spawn};
-pub use ports::ports;
+pub use ports::{agent, ports};
 
 /// `lbd --metrics-listen`'s default: local only (a local Prometheus or agent scrapes it).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9476";

@@ -67,6 +67,7 @@ fn sample() -> Sample {
             local_probe_alert: false,
             agent_polls: vec![OutcomeCount { outcome: "error".into(), count: 2 }],
         },
+        second_chance_packets: 5,
         announcements: Some(Announcements {
             routes: vec![AnnouncementView {
                 address: "10.100.0.1".parse().unwrap(),
@@ -162,6 +163,7 @@ fn balancer_families_follow_the_conventions() {
     assert_eq!(value(&text, &format!("spillway_announcement_held{{{prefix}}}")), 0.0);
     assert_eq!(value(&text, &format!(r#"spillway_announcement_changes_total{{{prefix},state="degraded"}}"#)), 1.0);
     assert_eq!(value(&text, "spillway_bird_up"), 1.0);
+    assert_eq!(value(&text, "spillway_second_chance_packets_total"), 5.0);
     assert!(text.contains("# TYPE spillway_vip_packets counter\n") && text.contains("# UNIT spillway_vip_bytes bytes\n"), "{text}");
 }
 

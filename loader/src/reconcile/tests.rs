@@ -479,3 +479,68 @@ fn the_same_state_gives_the_same_table_whatever_the_history() {
     r2.apply(&mut second, &heavier).unwrap();
     assert_ne!(digest(&r1, 7), digest(&r2, 7), "another weight is another table");
 }
+
+#[test]
+fn a_change_keeps_the_table_before_it_as_the_second_chance_table() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    let key = vip_key(&vip());
+    let three = state(&[("10.0.0.101", 100), ("10.0.0.102", 100), ("10.0.0.103", 100)]);
+    r.apply(&mut maps, &three).unwrap();
+    assert!(maps.prior_table(&key).is_empty(), "a new VIP had no table before");
+
+    // A change right after another is part of it: the VIP was just created.
+    let mut four = three.clone();
+    four.add_backend(&vip(), "10.0.0.104".parse().unwrap(), 100).unwrap();
+    let mut heavier = three.clone();
+    heavier.set_weight(&vip(), "10.0.0.101".parse().unwrap(), 200).unwrap();
+    assert_eq!(r.apply(&mut maps, &heavier).unwrap().prior_written, 0);
+    assert!(maps.prior_table(&key).is_empty());
+    let before = maps.active_table(&key);
+    four.set_weight(&vip(), "10.0.0.101".parse().unwrap(), 200).unwrap();
+    r.set_second_chance_settle(Duration::ZERO);
+    let report = r.apply(&mut maps, &four).unwrap();
+    assert_eq!(report.prior_written, 4099);
+    assert_eq!(maps.prior_table(&key), before);
+    assert_ne!(maps.active_table(&key), before);
+
+    // A ramp of the same change (within the settle time) keeps it.
+    r.set_second_chance_settle(Duration::from_secs(3600));
+    let mut ramped = four.clone();
+    ramped.set_weight(&vip(), "10.0.0.104".parse().unwrap(), 50).unwrap();
+    assert_eq!(r.apply(&mut maps, &ramped).unwrap().prior_written, 0);
+    assert_eq!(maps.prior_table(&key), before);
+
+    // Once settled, the next change keeps the table of then, writing only what differs.
+    r.set_second_chance_settle(Duration::ZERO);
+    let then = maps.active_table(&key);
+    let report = r.apply(&mut maps, &four).unwrap();
+    assert!(report.prior_written > 0 && report.prior_written < 4099, "{report:?}");
+    assert_eq!(maps.prior_table(&key), then);
+
+    // A restarted reconciler knows neither the time nor the contents: all is written.
+    let mut adopted = Reconciler::adopt(&maps).unwrap();
+    let now = maps.active_table(&key);
+    assert_eq!(adopted.apply(&mut maps, &three).unwrap().prior_written, 4099);
+    assert_eq!(maps.prior_table(&key), now);
+}
+
+#[test]
+fn a_removed_vip_leaves_no_second_chance_table_to_its_id() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    r.set_second_chance_settle(Duration::ZERO);
+    let key = vip_key(&vip());
+    r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
+    r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100)])).unwrap();
+    let id = maps.vips[&key].id;
+    assert!(!maps.prior_table(&key).is_empty());
+    r.apply(&mut maps, &DesiredState::default()).unwrap();
+    assert_eq!(maps.prior_size.get(&id), Some(&0));
+    let other: Vip = "10.100.0.2:80/tcp".parse().unwrap();
+    let mut s = DesiredState::default();
+    s.add_vip(other, 13).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!(maps.vips[&vip_key(&other)].id, id, "the id is reused");
+    assert!(maps.prior_table(&vip_key(&other)).is_empty());
+}
