@@ -6,5 +6,6 @@
 
 mod announce;
 mod failover;
+mod second_chance;
 mod support;
 mod tables;
