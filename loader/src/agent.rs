@@ -18,7 +18,7 @@ use spillway_common::{
 };
 
 use crate::{
-    daemon::{DaemonError, Signals, args::AgentArgs, core::error_chain},
+    daemon::{DaemonError, Signals, args::AgentArgs, core::error_chain, notify},
     dataplane::{self, DataplaneError},
     event, metrics,
     netif::{self, NetifError},
@@ -53,8 +53,8 @@ fn decap_counts(reasons: &DecapReasons) -> Vec<(&'static str, u64)> {
     DecapReason::ALL.iter().map(|r| (r.label(), reasons.get(&(*r as u32), 0).map_or(0, |per_cpu| per_cpu.iter().sum()))).collect()
 }
 
-/// Runs the decapsulator on `args.iface` until SIGTERM or SIGINT.
-pub async fn run(args: &AgentArgs) -> Result<(), AgentError> {
+/// Runs the decapsulator on `iface` until SIGTERM or SIGINT.
+pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     umask(Mode::from_bits_truncate(0o077));
     let mut signals = Signals::install()?;
     pins::ensure_bpffs()?;
@@ -71,19 +71,21 @@ pub async fn run(args: &AgentArgs) -> Result<(), AgentError> {
     sync_local_addrs(&mut local)?;
     let link = layout.agent_link();
     let program = dataplane::xdp(&mut ebpf, program_names::DECAP)?;
-    match pins::attach_pinned(program, &args.iface, args.xdp_mode.into(), &link)? {
+    match pins::attach_pinned(program, iface, args.xdp_mode.into(), &link)? {
         Attachment::TookOver { replaced_program_id } => {
-            event!(info, "agent_took_over", iface = args.iface, link = link.display(), replaced_prog_id = replaced_program_id)
+            event!(info, "agent_took_over", iface = iface, link = link.display(), replaced_prog_id = replaced_program_id)
         }
-        _ => event!(info, "agent_attached", iface = args.iface, mode = args.xdp_mode.label(), link = link.display()),
+        _ => event!(info, "agent_attached", iface = iface, mode = args.xdp_mode.label(), link = link.display()),
     }
     let (_endpoint, _metrics) = start_ports_endpoint(args, reasons).await;
-    event!(info, "ready", iface = args.iface, link = link.display());
+    event!(info, "ready", iface = iface, link = link.display());
+    notify::ready(&format!("decapsulating on {iface}"));
     let mut tick = tokio::time::interval(REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             name = signals.recv() => {
+                notify::stopping();
                 event!(info, "exiting", signal = name, link = link.display(), message = "decapsulation continues through the pinned link");
                 return Ok(());
             }
@@ -235,7 +237,7 @@ mod tests {
         let args = ["lbd", "agent", "--iface", "eth0"].iter().chain(extra);
         match LbdArgs::try_parse_from(args)?.command {
             Some(LbdCommand::Agent(agent)) => Ok(agent),
-            None => panic!("not the agent"),
+            _ => panic!("not the agent"),
         }
     }
 

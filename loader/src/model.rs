@@ -63,6 +63,8 @@ pub enum ModelError {
     UnknownBackend { vip: Vip, backend: IpAddr },
     #[error("weight {weight} is out of range (0..={MAX_WEIGHT})")]
     WeightOutOfRange { weight: u32 },
+    #[error("weight {weight} is out of range (1..={MAX_WEIGHT}); weight 0 is set by draining the backend")]
+    ServingWeightOutOfRange { weight: u32 },
     #[error("ring size {size} must be a prime between 13 and 65537")]
     BadRingSize { size: u32 },
     #[error("too many VIPs (limit {MAX_VIPS})")]
@@ -93,6 +95,8 @@ pub enum ModelError {
     RuleFamilyMismatch { cidr: Cidr, vip: Vip, cidr_family: u8, vip_family: u8 },
     #[error("no rule for {rule}")]
     UnknownRule { rule: String },
+    #[error("rule {rule}: {problem}")]
+    BadRule { rule: String, problem: &'static str },
     #[error("too many rules (limit {MAX_RULES})")]
     TooManyRules,
     #[error("zone {zone:?}: expected 1 to {MAX_ZONE_LEN} of a-z, 0-9, '.', '_', '-'")]
@@ -423,12 +427,26 @@ fn scope_name(vip: Option<&Vip>) -> String {
 /// Highest rate a limit takes: at a billion new flows a second a limit no longer limits.
 pub const MAX_RATE_PER_S: u32 = 1_000_000_000;
 
-/// A new-flow rate: `per_s` sustained, plus `burst` admitted at once after a quiet period.
+/// A new-flow rate: `per_s` sustained, plus `burst` admitted at once after a quiet period
+/// (`burst` may be left out when read: one second's worth).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "RateFields")]
 pub struct RateSpec {
     pub per_s: u32,
     pub burst: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateFields {
+    per_s: u32,
+    burst: Option<u32>,
+}
+
+impl From<RateFields> for RateSpec {
+    fn from(fields: RateFields) -> Self {
+        Self::new(fields.per_s, fields.burst)
+    }
 }
 
 impl RateSpec {
@@ -743,6 +761,67 @@ pub struct RuleConfig {
     /// Count what the rule would drop, drop nothing.
     #[serde(default)]
     pub observe: bool,
+}
+
+/// A rule's action without its rate, as the API and the configuration file name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleActionKind {
+    Limit,
+    Block,
+    Exempt,
+}
+
+impl RuleActionKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Limit => "limit",
+            Self::Block => "block",
+            Self::Exempt => "exempt",
+        }
+    }
+}
+
+impl RuleConfig {
+    /// A rule's configuration from flat fields (the API's and the file's): `per_s` (and
+    /// `burst`, default `per_s`) only with a limit. The rate itself is checked by `set_rule`.
+    pub fn from_parts(
+        rule: &RuleMatch,
+        action: RuleActionKind,
+        per_s: Option<u32>,
+        burst: Option<u32>,
+        observe: bool,
+    ) -> Result<Self, ModelError> {
+        let bad = |problem| ModelError::BadRule { rule: rule.describe(), problem };
+        let action = match (action, per_s) {
+            (RuleActionKind::Limit, Some(per_s)) => RuleAction::Limit(RateSpec::new(per_s, burst)),
+            (RuleActionKind::Limit, None) => return Err(bad("a limit needs a rate (per_s)")),
+            (_, Some(_)) => return Err(bad("only a limit takes a rate")),
+            (RuleActionKind::Block, None) => RuleAction::Block,
+            (RuleActionKind::Exempt, None) => RuleAction::Exempt,
+        };
+        if burst.is_some() && !matches!(action, RuleAction::Limit(_)) {
+            return Err(bad("only a limit takes a burst"));
+        }
+        Ok(Self { action, observe })
+    }
+
+    /// The flat fields back: action, rate (limits only).
+    pub fn parts(&self) -> (RuleActionKind, Option<RateSpec>) {
+        match self.action {
+            RuleAction::Limit(rate) => (RuleActionKind::Limit, Some(rate)),
+            RuleAction::Block => (RuleActionKind::Block, None),
+            RuleAction::Exempt => (RuleActionKind::Exempt, None),
+        }
+    }
+}
+
+/// The weight of a backend that serves (not draining): 1..=`MAX_WEIGHT`.
+pub fn check_serving_weight(weight: u32) -> Result<u32, ModelError> {
+    if weight == 0 || weight > MAX_WEIGHT {
+        return Err(ModelError::ServingWeightOutOfRange { weight });
+    }
+    Ok(weight)
 }
 
 fn check_weight(weight: u32) -> Result<(), ModelError> {

@@ -20,6 +20,8 @@ pub const STATE_FILE: &str = "state.json";
 /// Backend health as the last `lbd` left it: a cache that spares serving backends a new slow
 /// start after a restart. Losing it costs nothing else, so a bad one is ignored.
 pub const HEALTH_FILE: &str = "health.json";
+/// Which desired state of the `--config` file `lbd` last applied (see [`ConfigMark`]).
+pub const CONFIG_MARK_FILE: &str = "config-applied.json";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -53,6 +55,25 @@ pub enum StoreError {
 pub trait Store {
     fn save(&mut self, state: &DesiredState) -> Result<(), StoreError>;
     fn save_health(&mut self, snapshot: &HealthSnapshot) -> Result<(), StoreError>;
+    fn save_config_mark(&mut self, mark: &ConfigMark) -> Result<(), StoreError>;
+}
+
+/// The `--config` file and a hash of the desired state it declared when `lbd` last applied
+/// it: at the next start the file is applied again only if what it declares changed, so
+/// `lbctl` edits made since survive restarts, and comments or `[lbd]` edits do not count.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConfigMark {
+    pub file: PathBuf,
+    /// FNV-1a (64 bits) of the state's JSON: BTreeMaps make that serialization canonical.
+    pub state_fnv1a64: String,
+}
+
+impl ConfigMark {
+    pub fn of(file: &Path, state: &DesiredState) -> Self {
+        let json = serde_json::to_vec(state).unwrap_or_default();
+        let hash = json.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+        Self { file: file.to_owned(), state_fnv1a64: format!("{hash:016x}") }
+    }
 }
 
 pub struct StateFile {
@@ -97,6 +118,13 @@ impl StateFile {
         serde_json::from_str(&text).map_err(|e| event!(warn, "health_file_ignored", path = path.display(), error = e)).ok()
     }
 
+    /// The mark of the last applied `--config` file; `None` if there is none (or it is
+    /// unreadable: then the file is applied again, which changes nothing it did not declare).
+    pub fn load_config_mark(&self) -> Option<ConfigMark> {
+        let text = fs::read_to_string(self.dir.join(CONFIG_MARK_FILE)).ok()?;
+        serde_json::from_str(&text).map_err(|e| event!(warn, "config_mark_ignored", file = CONFIG_MARK_FILE, error = e)).ok()
+    }
+
     fn write_json(&self, name: &str, value: &impl serde::Serialize) -> Result<(), StoreError> {
         let path = self.dir.join(name);
         let mut json = serde_json::to_vec_pretty(value).map_err(|e| StoreError::Write { path: path.clone(), source: e.into() })?;
@@ -129,6 +157,10 @@ impl Store for StateFile {
 
     fn save_health(&mut self, snapshot: &HealthSnapshot) -> Result<(), StoreError> {
         self.write_json(HEALTH_FILE, snapshot)
+    }
+
+    fn save_config_mark(&mut self, mark: &ConfigMark) -> Result<(), StoreError> {
+        self.write_json(CONFIG_MARK_FILE, mark)
     }
 }
 
@@ -189,6 +221,22 @@ mod tests {
         let err = store.load().unwrap_err();
         assert!(matches!(err, StoreError::Invalid { source: ModelError::BadRingSize { size: 100 }, .. }), "{err:?}");
         assert!(err.to_string().contains(STATE_FILE), "{err}");
+    }
+
+    #[test]
+    fn config_mark_round_trips_and_tells_states_apart() {
+        let tmp = TempDir::new("store-mark");
+        let mut store = StateFile::open(tmp.path()).unwrap();
+        assert_eq!(store.load_config_mark(), None);
+        let file = Path::new("/etc/spillway/spillway.toml");
+        let mark = ConfigMark::of(file, &sample());
+        assert_eq!(mark, ConfigMark::of(file, &sample()));
+        assert_ne!(mark, ConfigMark::of(file, &DesiredState::default()));
+        assert_ne!(mark, ConfigMark::of(Path::new("/etc/other.toml"), &sample()));
+        store.save_config_mark(&mark).unwrap();
+        assert_eq!(store.load_config_mark(), Some(mark));
+        fs::write(tmp.path().join(CONFIG_MARK_FILE), "{").unwrap();
+        assert_eq!(store.load_config_mark(), None);
     }
 
     #[test]

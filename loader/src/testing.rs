@@ -9,7 +9,7 @@ use std::{
 };
 
 use spillway_common::{
-    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, MAX_RULES, VIP_FILTER_WORDS},
+    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, MAX_BACKENDS, MAX_RULES, MAX_VIPS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, map_names},
     maglev::EMPTY_SLOT,
     types::{
         AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, FlowKey, FlowValue, LbConfig, Limits, Observed, Reason, RuleKey,
@@ -19,7 +19,7 @@ use spillway_common::{
 
 use crate::{
     daemon::core::{Counters, FlowTable},
-    dataplane::DataplaneError,
+    dataplane::{DataplaneError, MapOccupancy},
     reconcile::Maps,
 };
 
@@ -278,6 +278,14 @@ impl Counters for FakeMaps {
     }
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
         Ok(self.sources.iter().filter(|(k, _)| k.vip_id == vip_id).map(|(k, v)| (*k, *v)).collect())
+    }
+    fn occupancy(&self) -> Result<Vec<MapOccupancy>, DataplaneError> {
+        let counted = |name, max_entries, entries: usize| MapOccupancy { name, max_entries, entries: Some(entries as u64) };
+        Ok(vec![
+            counted(map_names::VIPS, MAX_VIPS, self.vips.len()),
+            MapOccupancy { name: map_names::BACKENDS, max_entries: MAX_BACKENDS, entries: None },
+            counted(map_names::SOURCES, SOURCE_TABLE_ENTRIES, self.sources.len()),
+        ])
     }
 }
 

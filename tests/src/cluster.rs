@@ -167,13 +167,21 @@ impl Cluster {
         self.topo.tempdir().join("api.sock")
     }
 
-    fn state_dir(&self) -> PathBuf {
+    /// Where `lbd` persists its state.
+    pub fn state_dir(&self) -> PathBuf {
         self.topo.tempdir().join("state")
     }
 
     /// Starts `lbd` (again); returns once its API answers. Takes `&self` so a test can
     /// restart it while other threads drive traffic through the topology.
     pub fn start_lbd(&self) -> Result<()> {
+        self.spawn_lbd_with(&[], &[])?;
+        self.wait_for_lbd()
+    }
+
+    /// Starts `lbd` (again) without waiting for it: run by the `wrapper` command when there
+    /// is one (e.g. `setpriv ... --`), with `env` added to its environment.
+    pub fn spawn_lbd_with(&self, wrapper: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)]) -> Result<()> {
         let mut slot = self.lbd.lock().unwrap_or_else(|p| p.into_inner());
         ensure!(slot.as_ref().is_none_or(|d| !d.is_running()), "lbd is already running");
         let lb = self.topo.lb();
@@ -182,9 +190,9 @@ impl Cluster {
         for b in self.topo.backends() {
             lb.in_netns(|| ping(IpAddr::V4(b.ipv4()), Duration::from_secs(1)))?;
         }
-        let pin_dir = self.lbd_pin_dir()?;
-        let (api, state) = (self.api_socket(), self.state_dir());
-        let mut args: Vec<&std::ffi::OsStr> = vec![
+        let (api, state, pin_dir) = (self.api_socket(), self.state_dir(), self.lbd_pin_dir()?);
+        let mut args: Vec<&std::ffi::OsStr> = wrapper.to_vec();
+        args.extend([
             self.bins.lbd.as_os_str(),
             "--iface".as_ref(),
             "eth0".as_ref(),
@@ -200,27 +208,34 @@ impl Cluster {
             // full share at once, as the distribution tests expect.
             "--health-slow-start-ms".as_ref(),
             "0".as_ref(),
-        ];
+        ]);
         args.extend(self.lbd_args.iter().map(std::ffi::OsStr::new));
-        let daemon = lb.spawn(&args)?;
-        let started = Instant::now();
-        loop {
-            if !daemon.is_running() {
-                bail!("lbd exited while starting:\n{}", daemon.log());
-            }
-            if self.api_socket().exists() && self.lbctl_output(&["vips", "list"]).is_ok_and(|o| o.status.success()) {
-                break;
-            }
-            if started.elapsed() > START_TIMEOUT {
-                bail!("lbd did not answer within {START_TIMEOUT:?}:\n{}", daemon.log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        *slot = Some(daemon);
+        let (program, rest) = args.split_first().context("no lbd command")?;
+        let mut cmd = lb.cmd(program);
+        cmd.args(rest).envs(env.iter().copied());
+        *slot = Some(lb.spawn_command("lbd", cmd)?);
         Ok(())
     }
 
-    /// Where `lbd` pins its programs and maps.
+    /// Waits until the `lbd` just spawned answers on its API.
+    pub fn wait_for_lbd(&self) -> Result<()> {
+        let started = Instant::now();
+        loop {
+            let running = self.lbd.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(Daemon::is_running);
+            if !running {
+                bail!("lbd exited while starting:\n{}", self.lbd_log());
+            }
+            if self.api_socket().exists() && self.lbctl_output(&["vips", "list"]).is_ok_and(|o| o.status.success()) {
+                return Ok(());
+            }
+            if started.elapsed() > START_TIMEOUT {
+                bail!("lbd did not answer within {START_TIMEOUT:?}:\n{}", self.lbd_log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The bpffs directory `lbd` pins under (for `lbd --cleanup --pin-dir`).
     pub fn lbd_pin_dir(&self) -> Result<PathBuf> {
         Ok(self.topo.pin_dir()?.join("lb"))
     }
@@ -249,6 +264,28 @@ impl Cluster {
         let exited = lbd.wait_with_timeout(STOP_TIMEOUT)?;
         ensure!(exited.is_some(), "lbd still runs {STOP_TIMEOUT:?} after {signal}");
         Ok(())
+    }
+
+    /// Sends `signal` to the running `lbd` and returns at once (SIGHUP: it reloads).
+    pub fn signal_lbd(&self, signal: Signal) -> Result<()> {
+        let slot = self.lbd.lock().unwrap_or_else(|p| p.into_inner());
+        slot.as_ref().filter(|d| d.is_running()).context("lbd is not running")?.signal(signal)
+    }
+
+    /// Runs `lbctl` with `args`, `input` as its standard input.
+    pub fn lbctl_with_input(&self, args: &[&str], input: &str) -> Result<Output> {
+        use std::io::Write;
+        let mut child = Command::new(&self.bins.lbctl)
+            .arg("--api")
+            .arg(self.api_socket())
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running lbctl {}", args.join(" ")))?;
+        child.stdin.take().context("lbctl's stdin")?.write_all(input.as_bytes())?;
+        Ok(child.wait_with_output()?)
     }
 
     /// Runs `lbctl` with `args` against this cluster's API.

@@ -86,6 +86,11 @@ pub fn read(path: &Path) -> Result<Option<String>, IncludeError> {
 /// usually runs as its own user, and the file holds nothing secret.
 pub fn write(path: &Path, text: &str) -> Result<(), IncludeError> {
     let error = |source| IncludeError::Write { path: path.to_owned(), source };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        fs::DirBuilder::new().recursive(true).create(dir).map_err(error)?;
+        // Not lbd's umask: BIRD's user must reach the file.
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).map_err(error)?;
+    }
     let tmp = path.with_extension("tmp");
     let mut file = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&tmp).map_err(error)?;
     // The mode is masked by lbd's umask on creation; set it explicitly.
@@ -127,12 +132,13 @@ mod tests {
     #[test]
     fn written_atomically_and_readable_by_bird() {
         let dir = crate::testing::TempDir::new("include");
-        let path = dir.path().join("vips.conf");
+        let path = dir.path().join("bird").join("vips.conf");
         assert_eq!(read(&path).unwrap(), None);
         write(&path, "one").unwrap();
         write(&path, "two").unwrap();
         assert_eq!(read(&path).unwrap().as_deref(), Some("two"));
         assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o644);
         assert!(!path.with_extension("tmp").exists());
+        assert_eq!(fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o755, "BIRD's user reads it");
     }
 }

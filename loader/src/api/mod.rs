@@ -21,7 +21,9 @@ use std::{
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use crate::model::RuleActionKind;
 use crate::{
+    config::Change,
     model::{BackendOptions, Cidr, ModelError, RateSpec, Vip},
     ports::PortsReport,
     probe::{ProbePath, ProbeSpec},
@@ -30,8 +32,9 @@ use crate::{
 /// Where `lbd` listens and `lbctl` connects unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/spillway/api.sock";
 
-/// Largest request line the server reads; anything longer is refused.
-pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// Largest request line the server reads; anything longer is refused. Room for the largest
+/// configuration file, every byte of it escaped.
+pub const MAX_REQUEST_BYTES: usize = 2 * crate::config::MAX_CONFIG_BYTES + 64 * 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -159,6 +162,23 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         limit: Option<u32>,
     },
+    /// Makes the desired state the one a configuration file declares, as one change: all of
+    /// it or, on any error, none of it. `dry_run` only checks it and says what would change.
+    /// Removing a VIP that still has backends is refused unless `allow_vip_removal`.
+    Apply {
+        /// The file's text (at most `config::MAX_CONFIG_BYTES`).
+        config: String,
+        /// Where it came from, for messages.
+        source: String,
+        #[serde(default)]
+        dry_run: bool,
+        #[serde(default)]
+        allow_vip_removal: bool,
+    },
+    /// The running desired state (and `lbd`'s settings) as a configuration file.
+    Export,
+    /// The daemon at a glance: version, uptime, attachment, maps, watcher, alerts.
+    Status,
     /// Every counter and state `lbctl top` and the metrics show (`sample::Sample`).
     Sample,
     /// Where the flow from `client` to `vip` goes and why (`flows::FlowAnswer`); an any-port
@@ -239,24 +259,6 @@ pub enum LimitPart {
     Budget,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RuleActionKind {
-    Limit,
-    Block,
-    Exempt,
-}
-
-impl RuleActionKind {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Limit => "limit",
-            Self::Block => "block",
-            Self::Exempt => "exempt",
-        }
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Response {
@@ -284,6 +286,102 @@ pub enum Reply {
     Flow(flows::FlowAnswer),
     Flows(flows::FlowList),
     Purged(flows::PurgeReport),
+    Applied(Applied),
+    Exported(Exported),
+    // Boxed: the largest reply by far, and a rare one.
+    Status(Box<Status>),
+}
+
+/// What an `Apply` changed (or, dry, would change).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Applied {
+    /// False for a dry run.
+    pub applied: bool,
+    pub changes: Vec<Change>,
+    /// Settings of `[lbd]` that differ from the running ones (they take effect at a restart).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    pub slots_written: usize,
+    pub tables_flipped: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Exported {
+    /// A configuration file (TOML).
+    pub config: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    pub uptime_s: u64,
+    pub iface: String,
+    /// The mode lbd asked for (`native`, `generic`); a taken-over link keeps its own.
+    pub xdp_mode: String,
+    /// How the program went live: `attached`, `took_over` (a running link's program was
+    /// replaced) or `reattached`.
+    pub attachment: String,
+    pub pin_dir: String,
+    pub state_dir: String,
+    pub health_checks: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// The `--config` file and what became of it; absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<ConfigStatus>,
+    pub vips: usize,
+    pub backends: usize,
+    pub rules: usize,
+    pub maps: Vec<MapUsage>,
+    pub watcher: WatcherStatus,
+    pub announcements: AnnouncementsStatus,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigStatus {
+    pub file: String,
+    /// What lbd did with it last: e.g. `applied at start (first start)`, `kept the persisted
+    /// state (file unchanged)`, `applied on SIGHUP`.
+    pub last: String,
+    /// Why it was last refused, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One BPF map: its capacity, its use and the memory the kernel accounts for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapUsage {
+    pub name: String,
+    pub max_entries: u32,
+    /// Entries (slots for the rings) in use; absent for counters and per-CPU maps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used: Option<u64>,
+    /// The kernel's `memlock` for the map; absent when unreadable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+}
+
+/// The balancer's own port watcher (`lbctl ports --host lb`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatcherStatus {
+    /// `loaded` or `not_loaded`.
+    pub state: String,
+    /// When loaded: its mode (`btf`, `tracepoint`, `sock_diag`) and what it watches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// Why it is not loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Route announcements of the VIPs (BGP); `off` until this lbd announces any.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnnouncementsStatus {
+    pub state: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

@@ -3,15 +3,17 @@
 use std::{io, process::ExitCode};
 
 use clap::Parser;
-use spillway::cli::{self, Cli};
+use spillway::cli::{self, Cli, Command, Outcome};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli::run(&cli, &mut io::stdout().lock()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Outcome::Done) => ExitCode::SUCCESS,
+        Ok(Outcome::Differs) => ExitCode::from(1),
         Err(e) => {
             eprintln!("lbctl: {:#}", anyhow::Error::new(e));
-            ExitCode::FAILURE
+            // diff(1)'s convention: 1 means "differs", so trouble is 2.
+            ExitCode::from(if matches!(cli.command, Command::Diff(_)) { 2 } else { 1 })
         }
     }
 }

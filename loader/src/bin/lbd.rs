@@ -1,23 +1,33 @@
-//! `lbd`: the load-balancer daemon (`lbd --iface IF`), its cleanup (`lbd --cleanup`) and the
-//! backend agent (`lbd agent --iface IF`). See `spillway::daemon` and `spillway::agent`.
+//! `lbd`: the load-balancer daemon (`lbd --iface IF`, `lbd --config FILE`), its cleanup
+//! (`lbd --cleanup`) and the backend agent (`lbd agent --iface IF`). See `spillway::daemon`
+//! and `spillway::agent`.
 
-use std::process::ExitCode;
+use std::{io, process::ExitCode};
 
 use anyhow::Context;
-use clap::Parser;
+use clap::CommandFactory;
 use spillway::{
     agent,
     daemon::{
         self,
-        args::{LbdArgs, LbdCommand},
+        args::{ArgsError, LbdArgs, LbdCommand, Resolved},
     },
+    docs,
 };
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = LbdArgs::parse();
-    spillway::logging::init(args.log_format);
-    match run(args).await {
+    // Before logging starts: the file may set the log format. Its refusals go to stderr.
+    let resolved = match daemon::args::resolve(std::env::args_os().collect()) {
+        Ok(resolved) => resolved,
+        Err(ArgsError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("lbd: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    spillway::logging::init(resolved.args.log_format);
+    match run(resolved).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{e:#}");
@@ -26,13 +36,24 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: LbdArgs) -> anyhow::Result<()> {
+async fn run(Resolved { args, config, settings }: Resolved) -> anyhow::Result<()> {
     match args.command {
-        Some(LbdCommand::Agent(agent)) => agent::run(&agent).await.context("lbd agent"),
+        Some(LbdCommand::Agent(agent)) => {
+            let iface = agent.iface.clone().context("--iface is required (on the command line or as iface in [agent])")?;
+            agent::run(&agent, &iface).await.context("lbd agent")
+        }
+        Some(LbdCommand::Completions(c)) => {
+            docs::completions(LbdArgs::command(), c.shell, &mut io::stdout().lock());
+            Ok(())
+        }
+        Some(LbdCommand::Man(m)) => {
+            docs::man_pages(LbdArgs::command(), &m.dir).with_context(|| format!("writing man pages to {}", m.dir.display()))?;
+            Ok(())
+        }
         None if args.daemon.cleanup => daemon::cleanup(&args.daemon).context("lbd --cleanup"),
         None => {
-            let iface = args.daemon.iface.as_deref().context("--iface is required")?;
-            daemon::run(&args.daemon, iface).await.context("lbd")
+            let iface = args.daemon.iface.as_deref().context("--iface is required (on the command line or as iface in [lbd])")?;
+            daemon::run(&args.daemon, iface, config, settings).await.context("lbd")
         }
     }
 }

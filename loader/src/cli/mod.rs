@@ -1,6 +1,7 @@
 //! `lbctl`: the command line over `lbd`'s API. Parsing, the request each command sends and
 //! the rendering of replies live here so they can be tested without a daemon.
 
+mod config_file;
 mod flows;
 mod health_args;
 mod render;
@@ -13,7 +14,8 @@ use std::{io, net::IpAddr, path::PathBuf};
 use flows::{FLOWS_HELP, FlowsCommand};
 use health_args::{BACKENDS_OPTIONS_HELP, BackendOptionArgs, HealthArgs, PORTS_HELP, VIPS_HEALTH_HELP, parse_deadline};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use config_file::{APPLY_HELP, DIFF_HELP, EXPORT_HELP, FileArg, STATUS_HELP};
 use spillway_common::maglev::MAX_WEIGHT;
 
 use crate::{
@@ -21,6 +23,7 @@ use crate::{
         DEFAULT_SOCKET, LimitPart, Request, RuleActionKind, Scope,
         client::{self, ClientError},
     },
+    docs::{self, CompletionsArgs, ManArgs},
     model::{Cidr, DEFAULT_WEIGHT, MAX_RATE_PER_S, Vip},
 };
 
@@ -29,6 +32,8 @@ Examples:
   lbctl vips add 10.0.0.1:80/tcp
   lbctl backends add --vip 10.0.0.1:80/tcp 10.0.1.1
   lbctl stats -o json
+  lbctl apply -f /etc/spillway/spillway.toml
+  lbctl status
 
 lbctl talks to lbd through its API socket and must run as root. A VIP is
 <IP>:<PORT>/<tcp|udp>; port 0 means every port; IPv6 as [fd00::1]:443/tcp.";
@@ -303,6 +308,51 @@ pub enum Command {
         #[command(flatten)]
         output: OutputArgs,
     },
+    /// Make the desired state the one a configuration file declares: all of it, or nothing.
+    #[command(after_help = APPLY_HELP)]
+    Apply(ApplyArgs),
+    /// What applying a configuration file would change; changes nothing.
+    #[command(after_help = DIFF_HELP)]
+    Diff(ApplyArgs),
+    /// Print the running desired state as a configuration file.
+    #[command(after_help = EXPORT_HELP)]
+    Export,
+    /// lbd at a glance: version, uptime, interface and XDP mode, maps, watcher, alerts.
+    #[command(after_help = STATUS_HELP)]
+    Status(OutputArgs),
+    /// Print a shell completion script for lbctl.
+    #[command(after_help = COMPLETIONS_HELP)]
+    Completions(CompletionsArgs),
+    /// Write the man pages of lbctl and its subcommands (section 8).
+    #[command(after_help = MAN_HELP)]
+    Man(ManArgs),
+}
+
+const COMPLETIONS_HELP: &str = "\
+Examples:
+  lbctl completions bash > /usr/local/share/bash-completion/completions/lbctl
+  lbctl completions zsh > /usr/local/share/zsh/site-functions/_lbctl
+  lbctl completions fish > /usr/local/share/fish/vendor_completions.d/lbctl.fish
+
+./x install puts them there.";
+
+const MAN_HELP: &str = "\
+Example:
+  lbctl man --dir /usr/local/share/man/man8    # lbctl.8, lbctl-vips.8, lbctl-vips-add.8, ...
+
+./x install does this.";
+
+/// `lbctl apply` and `lbctl diff`.
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub file: FileArg,
+    /// Also remove VIPs that still have backends (their connections break); with diff,
+    /// report as apply would with it.
+    #[arg(long)]
+    pub allow_vip_removal: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// `lbctl ports --host`: the balancer or a backend.
@@ -583,9 +633,10 @@ fn parse_rate(input: &str) -> Result<u32, String> {
 }
 
 impl Command {
-    /// The API request this command sends; options that do not fit together are refused.
-    pub fn request(&self) -> Result<Request, CliError> {
-        Ok(match self {
+    /// The API request this command sends (`None`: it needs no lbd); options that do not
+    /// fit together are refused.
+    pub fn request(&self) -> Result<Option<Request>, CliError> {
+        Ok(Some(match self {
             Command::Vips(VipsCommand::Add { vip, ring_size }) => Request::AddVip { vip: *vip, ring_size: *ring_size },
             Command::Vips(VipsCommand::List(_)) => Request::ListVips,
             Command::Vips(VipsCommand::Remove { vip }) => Request::RemoveVip { vip: *vip },
@@ -651,7 +702,14 @@ impl Command {
                     HostArg::Backend(addr) => Some(*addr),
                 },
             },
-        })
+            Command::Apply(args) | Command::Diff(args) => {
+                let (config, source) = args.file.read()?;
+                Request::Apply { config, source, dry_run: matches!(self, Command::Diff(_)), allow_vip_removal: args.allow_vip_removal }
+            }
+            Command::Export => Request::Export,
+            Command::Status(_) => Request::Status,
+            Command::Completions(_) | Command::Man(_) => return Ok(None),
+        }))
     }
 }
 
@@ -667,14 +725,31 @@ pub enum CliError {
     BadOption(String),
 }
 
+/// How a command that succeeded ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// `lbctl diff` found changes (exit status 1).
+    Differs,
+}
+
 /// Sends the command's request to lbd and writes the answer to `out` (`top` repeats it).
-pub fn run(cli: &Cli, out: &mut dyn io::Write) -> Result<(), CliError> {
-    if let Command::Top(args) = &cli.command {
-        use std::io::IsTerminal;
-        return top::run(&cli.api, args, io::stdout().is_terminal(), out);
+pub fn run(cli: &Cli, out: &mut dyn io::Write) -> Result<Outcome, CliError> {
+    match &cli.command {
+        Command::Top(args) => {
+            use std::io::IsTerminal;
+            top::run(&cli.api, args, io::stdout().is_terminal(), out)?;
+        }
+        Command::Completions(c) => docs::completions(Cli::command(), c.shell, out),
+        Command::Man(m) => {
+            docs::man_pages(Cli::command(), &m.dir)?;
+        }
+        command => {
+            let Some(request) = command.request()? else { return Err(CliError::UnexpectedReply) };
+            return render::reply(command, client::call(&cli.api, &request)?, out);
+        }
     }
-    let reply = client::call(&cli.api, &cli.command.request()?)?;
-    render::reply(&cli.command, reply, out)
+    Ok(Outcome::Done)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::{
-    BackendsCommand, CliError, Command, Format, RatelimitCommand, RulesCommand, ScopeArgs, VipsCommand,
+    BackendsCommand, CliError, Command, Format, Outcome, RatelimitCommand, RulesCommand, ScopeArgs, VipsCommand, config_file,
     flows::{self, FlowsCommand},
     render_health,
     table::{Align, Table},
@@ -16,8 +16,18 @@ use crate::{
     model::{RateSpec, Vip},
 };
 
-pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<Outcome, CliError> {
+    let mut outcome = Outcome::Done;
     let text = match (command, reply) {
+        (Command::Apply(a), Reply::Applied(applied)) => output(a.output.output, &applied, config_file::applied_text)?,
+        (Command::Diff(a), Reply::Applied(applied)) => {
+            if !applied.changes.is_empty() {
+                outcome = Outcome::Differs;
+            }
+            output(a.output.output, &applied, config_file::applied_text)?
+        }
+        (Command::Export, Reply::Exported(exported)) => exported.config,
+        (Command::Status(o), Reply::Status(status)) => output(o.output, &*status, config_file::status_text)?,
         (Command::Vips(VipsCommand::List(o)), Reply::Vips(list)) => output(o.output, &list, render_health::vips_table)?,
         (Command::Backends(BackendsCommand::List { output: o, .. }), Reply::Backends(list)) => {
             output(o.output, &list, render_health::backends_table)?
@@ -34,7 +44,7 @@ pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<(),
         _ => return Err(CliError::UnexpectedReply),
     };
     out.write_all(text.as_bytes())?;
-    Ok(())
+    Ok(outcome)
 }
 
 fn output<T: Serialize>(format: Format, value: &T, table: fn(&T) -> String) -> Result<String, CliError> {
@@ -108,7 +118,13 @@ fn done(command: &Command) -> Option<String> {
         | Command::TopSources { .. }
         | Command::Top(_)
         | Command::Flows(_)
-        | Command::Ports { .. } => return None,
+        | Command::Ports { .. }
+        | Command::Apply(_)
+        | Command::Diff(_)
+        | Command::Export
+        | Command::Status(_)
+        | Command::Completions(_)
+        | Command::Man(_) => return None,
     };
     Some(line + "\n")
 }

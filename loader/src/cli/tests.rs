@@ -10,7 +10,12 @@ fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
 }
 
 fn request(args: &[&str]) -> Request {
-    parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}")).command.request().unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    parse(args)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        .command
+        .request()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        .expect("a request")
 }
 
 fn vip(s: &str) -> Vip {
@@ -106,7 +111,11 @@ fn every_help_has_an_example() {
     }
     let mut seen = 0;
     walk(&Cli::command(), &mut Vec::new(), &mut seen);
-    assert_eq!(seen, 30, "lbctl, vips (4), backends (6), stats, ratelimit (4), rules (3), top-sources, top, flows (3), ports");
+    assert_eq!(
+        seen, 36,
+        "lbctl, vips (4), backends (6), stats, ratelimit (4), rules (3), top-sources, top, flows (3), ports, apply, diff, export, \
+         status, completions, man"
+    );
 }
 
 fn rendered(args: &[&str], reply: Reply) -> String {
@@ -671,4 +680,119 @@ fn ports_show_destinations_failures_and_leak_suspects() {
     for needle in ["10.9.0.1:5432", "95%", "critical", "app", "leaky", "8080", "over 30 s"] {
         assert!(out.contains(needle), "{needle} missing:\n{out}");
     }
+}
+
+#[test]
+fn apply_and_diff_send_the_file_and_status_and_export_ask() {
+    let tmp = crate::testing::TempDir::new("cli-apply");
+    let path = tmp.path().join("spillway.toml");
+    std::fs::write(&path, "vips = []\n").unwrap();
+    let file = path.to_str().unwrap();
+    assert_eq!(
+        request(&["apply", "-f", file]),
+        Request::Apply { config: "vips = []\n".into(), source: file.into(), dry_run: false, allow_vip_removal: false }
+    );
+    assert_eq!(
+        request(&["diff", "--file", file, "--allow-vip-removal", "-o", "json"]),
+        Request::Apply { config: "vips = []\n".into(), source: file.into(), dry_run: true, allow_vip_removal: true }
+    );
+    assert_eq!(request(&["export"]), Request::Export);
+    assert_eq!(request(&["status", "-o", "json"]), Request::Status);
+    assert_eq!(parse(&["completions", "bash"]).unwrap().command.request().unwrap(), None);
+    assert_eq!(parse(&["apply"]).map(|_| ()).unwrap_err().kind(), ErrorKind::MissingRequiredArgument);
+    let missing = tmp.path().join("missing.toml");
+    let err = parse(&["apply", "-f", missing.to_str().unwrap()]).unwrap().command.request().unwrap_err().to_string();
+    assert!(err.starts_with(&format!("{}: reading it:", missing.display())), "{err}");
+    std::fs::write(&path, vec![b'#'; crate::config::MAX_CONFIG_BYTES + 1]).unwrap();
+    let err = parse(&["apply", "-f", file]).unwrap().command.request().unwrap_err().to_string();
+    assert_eq!(err, format!("{file}: larger than the 4 MiB a configuration may be"));
+}
+
+#[test]
+fn apply_and_diff_print_one_line_per_change() {
+    let old = crate::model::DesiredState::default();
+    let new = crate::config::Document::parse("f", "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 13\n".into())
+        .unwrap()
+        .desired_state()
+        .unwrap();
+    let changes = crate::config::diff(&old, &new);
+    let applied = crate::api::Applied {
+        applied: true,
+        changes: changes.clone(),
+        notes: vec!["lbd.zone: ...".into()],
+        slots_written: 13,
+        tables_flipped: 1,
+    };
+    assert_eq!(
+        rendered(&["apply", "-f", "x"], Reply::Applied(applied.clone())),
+        "+ vip 10.0.0.1:80/tcp: ring_size=13, vip=\"10.0.0.1:80/tcp\"\nnote: lbd.zone: ...\napplied 1 changes (slots_written=13 tables_flipped=1)\n"
+    );
+    let dry = crate::api::Applied { applied: false, ..applied.clone() };
+    let cli = parse(&["diff", "-f", "x"]).unwrap();
+    let mut out = Vec::new();
+    assert_eq!(render::reply(&cli.command, Reply::Applied(dry.clone()), &mut out).unwrap(), Outcome::Differs);
+    assert!(String::from_utf8(out).unwrap().ends_with("1 changes would be applied (nothing was changed)\n"));
+    let none = crate::api::Applied { changes: vec![], notes: vec![], ..dry };
+    assert_eq!(render::reply(&cli.command, Reply::Applied(none.clone()), &mut Vec::new()).unwrap(), Outcome::Done);
+    assert_eq!(rendered(&["diff", "-f", "x"], Reply::Applied(none)), "no changes\n");
+    let json: serde_json::Value = serde_json::from_str(&rendered(&["apply", "-f", "x", "-o", "json"], Reply::Applied(applied))).unwrap();
+    assert_eq!(json["changes"][0]["item"], "vip");
+    assert_eq!(json["changes"][0]["change"], "added");
+    let exported = crate::api::Exported { config: "vips = []\n".into() };
+    assert_eq!(rendered(&["export"], Reply::Exported(exported)), "vips = []\n");
+}
+
+#[test]
+fn status_fits_one_screen() {
+    let status = crate::api::Status {
+        version: "0.1.0".into(),
+        uptime_s: 3725,
+        iface: "eth0".into(),
+        xdp_mode: "native".into(),
+        attachment: "took_over".into(),
+        pin_dir: "/sys/fs/bpf/spillway".into(),
+        state_dir: "/var/lib/spillway".into(),
+        health_checks: true,
+        zone: Some("a".into()),
+        config: Some(crate::api::ConfigStatus {
+            file: "/etc/spillway/spillway.toml".into(),
+            last: "refused on SIGHUP; kept the running state".into(),
+            error: Some("f:1:1: nope".into()),
+        }),
+        vips: 2,
+        backends: 5,
+        rules: 1,
+        maps: vec![
+            crate::api::MapUsage { name: "spw_vips".into(), max_entries: 64, used: Some(2), bytes: Some(8192) },
+            crate::api::MapUsage { name: "spw_flows".into(), max_entries: 1_048_576, used: Some(524_288), bytes: Some(125_829_120) },
+            crate::api::MapUsage { name: "spw_rules".into(), max_entries: 1024, used: None, bytes: None },
+        ],
+        watcher: crate::api::WatcherStatus { state: "not_loaded".into(), mode: None, summary: None, error: Some("no tracefs".into()) },
+        announcements: crate::api::AnnouncementsStatus { state: "off".into() },
+        alerts: vec!["ALERT: something".into()],
+    };
+    let text = rendered(&["status"], Reply::Status(Box::new(status.clone())));
+    assert_eq!(
+        text,
+        "lbd 0.1.0, up 1h 2m
+interface     eth0 (native XDP, took over)
+pins          /sys/fs/bpf/spillway
+state         /var/lib/spillway: 2 VIPs, 5 backends, 1 rules
+health checks on, zone a
+config        /etc/spillway/spillway.toml: refused on SIGHUP; kept the running state
+              error: f:1:1: nope
+port watcher  not_loaded: no tracefs
+announcements off
+
+MAP          USED      MAX  USE     MEMORY
+spw_vips        2       64   3%    0.0 MiB
+spw_flows  524288  1048576  50%  120.0 MiB
+spw_rules       -     1024    -          -
+
+ALERT: something
+"
+    );
+    assert!(text.lines().count() < 25);
+    let json: serde_json::Value = serde_json::from_str(&rendered(&["status", "-o", "json"], Reply::Status(Box::new(status)))).unwrap();
+    assert_eq!((json["watcher"]["state"].as_str(), json["announcements"]["state"].as_str()), (Some("not_loaded"), Some("off")));
 }

@@ -1,17 +1,26 @@
 //! `lbd`'s command line.
 
-use std::path::PathBuf;
+use std::{ffi::OsString, path::PathBuf};
 
 use aya::programs::XdpMode;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use spillway_common::{
     hash::FLOW_SEED,
     limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, SECOND_CHANCE_SETTLE_MS},
 };
 
-use super::outer_src::{OuterSrc4, OuterSrc6};
+use super::{
+    outer_src::{OuterSrc4, OuterSrc6},
+    settings::{RunningSettings, Section, Settings},
+};
 use crate::{
-    api::DEFAULT_SOCKET, health::HealthConfig, logging::LogFormat, metrics::MetricsListen, pins::DEFAULT_PIN_DIR, ports::WatcherMode,
+    api::DEFAULT_SOCKET,
+    config::{ConfigError, Document},
+    health::HealthConfig,
+    logging::LogFormat,
+    metrics::MetricsListen,
+    pins::DEFAULT_PIN_DIR,
+    ports::WatcherMode,
     vip_path::VipPathArgs,
 };
 
@@ -21,7 +30,14 @@ const LBD_EXAMPLES: &str = "\
 Examples:
   lbd --iface eth0
   lbd --iface eth0 --outer-src 10.0.0.0/24 --outer-src6 fd00::/112
+  lbd --config /etc/spillway/spillway.toml
   lbd --cleanup                  # detach and remove every pin (stop lbd first)
+
+With --config, the file's [lbd] settings are options too (a command-line option wins),
+and its VIPs, backends, limits and rules are the desired state: on the first start, and
+later whenever what the file declares changed (else the persisted state, lbctl edits
+included, is kept). SIGHUP re-applies the file like lbctl apply. Every field is described
+in the example spillway.toml.
 
 lbd keeps forwarding after it exits: the XDP link and the maps stay pinned under
 --pin-dir, and the next lbd takes them over without a gap. Control it with lbctl.";
@@ -29,7 +45,8 @@ lbd keeps forwarding after it exits: the XDP link and the maps stay pinned under
 const AGENT_EXAMPLES: &str = "\
 Examples:
   lbd agent --iface eth0
-  lbd agent --iface eth0 --xdp-mode generic --pin-dir /sys/fs/bpf/spillway";
+  lbd agent --iface eth0 --xdp-mode generic --pin-dir /sys/fs/bpf/spillway
+  lbd agent --config /etc/spillway/agent.toml      # its [agent] table";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -38,7 +55,9 @@ Examples:
     about = "Spillway's XDP L4 load balancer daemon",
     after_help = LBD_EXAMPLES,
     args_conflicts_with_subcommands = true,
-    subcommand_negates_reqs = true
+    subcommand_negates_reqs = true,
+    // A file's settings come first as arguments: the command line's repeat wins.
+    args_override_self = true
 )]
 pub struct LbdArgs {
     #[command(subcommand)]
@@ -53,18 +72,28 @@ pub struct LbdArgs {
 #[derive(Debug, Subcommand)]
 pub enum LbdCommand {
     /// Run on a backend: decapsulate the balancer's tunnel packets addressed to this host.
-    #[command(after_help = AGENT_EXAMPLES)]
+    #[command(after_help = AGENT_EXAMPLES, args_override_self = true)]
     Agent(AgentArgs),
+    /// Print a shell completion script for lbd.
+    #[command(after_help = "Example:\n  lbd completions bash > /usr/local/share/bash-completion/completions/lbd")]
+    Completions(crate::docs::CompletionsArgs),
+    /// Write the man pages of lbd and its subcommands (section 8).
+    #[command(after_help = "Example:\n  lbd man --dir /usr/local/share/man/man8    # lbd.8, lbd-agent.8, ...")]
+    Man(crate::docs::ManArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct DaemonArgs {
     /// Interface the balancer receives VIP traffic on.
-    #[arg(long, value_name = "IF", required_unless_present = "cleanup")]
+    #[arg(long, value_name = "IF", required_unless_present_any = ["cleanup", "config"])]
     pub iface: Option<String>,
     /// Detach the balancer and the agent and remove everything under --pin-dir, then exit.
-    #[arg(long, conflicts_with = "iface")]
+    #[arg(long, conflicts_with_all = ["iface", "config"])]
     pub cleanup: bool,
+    /// Configuration file: [lbd] settings and the desired state (see the example
+    /// spillway.toml); re-applied on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// XDP attach mode (a taken-over link keeps the mode it was created with).
     #[arg(long, value_enum, default_value_t = XdpModeArg::Native)]
     pub xdp_mode: XdpModeArg,
@@ -143,8 +172,9 @@ pub struct AnnounceArgs {
     /// /run/bird/bird.ctl). Without it nothing is announced.
     #[arg(long, value_name = "PATH")]
     pub bird_socket: Option<PathBuf>,
-    /// The BIRD configuration include lbd writes (bird.conf includes it). On a tmpfs, so
-    /// that after a reboot nothing is announced before lbd has attached.
+    /// The BIRD configuration include lbd writes (bird.conf includes it); its directory is
+    /// created (0755) if missing. On a tmpfs, so that after a reboot nothing is announced
+    /// before lbd has attached.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_BIRD_INCLUDE)]
     pub bird_include: PathBuf,
     /// Other balancers that must announce a VIP address normally before this one withdraws
@@ -158,7 +188,7 @@ pub struct AnnounceArgs {
     pub announce_hold_s: u64,
 }
 
-pub const DEFAULT_BIRD_INCLUDE: &str = "/run/spillway-bird.conf";
+pub const DEFAULT_BIRD_INCLUDE: &str = "/run/spillway-bird/vips.conf";
 
 fn parse_seed(input: &str) -> Result<u32, String> {
     let parsed = match input.strip_prefix("0x").or_else(|| input.strip_prefix("0X")) {
@@ -168,6 +198,53 @@ fn parse_seed(input: &str) -> Result<u32, String> {
     parsed.map_err(|_| format!("expected a 32-bit number, decimal or 0x hex, not {input:?}"))
 }
 
+/// What `lbd` runs with: its arguments with those of the `--config` file's section.
+#[derive(Debug)]
+pub struct Resolved {
+    pub args: LbdArgs,
+    pub config: Option<Document>,
+    pub settings: RunningSettings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    /// Also `--help` and `--version`: `exit()` prints them.
+    #[error(transparent)]
+    Clap(#[from] clap::Error),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// Parses `argv`; with `--config`, reads the file and parses again with its section's
+/// settings placed before the command line's own arguments (so those win).
+pub fn resolve(argv: Vec<OsString>) -> Result<Resolved, ArgsError> {
+    let matches = LbdArgs::command().try_get_matches_from(&argv)?;
+    let args = LbdArgs::from_arg_matches(&matches)?;
+    let (section, config) = match &args.command {
+        None => (Section::Lbd, args.daemon.config.clone()),
+        Some(LbdCommand::Agent(agent)) => (Section::Agent, agent.config.clone()),
+        Some(_) => return Ok(Resolved { args, config: None, settings: RunningSettings::default() }),
+    };
+    let section_matches = |m: &ArgMatches| m.subcommand_matches("agent").unwrap_or(m).clone();
+    let command_line = Settings::from_matches(section, &section_matches(&matches));
+    let Some(path) = config else {
+        return Ok(Resolved { args, config: None, settings: RunningSettings { effective: command_line.clone(), command_line } });
+    };
+    let doc = Document::read(&path)?;
+    let from_file = Settings::from_file(&doc, section)?;
+    let split = section.argv_prefix().min(argv.len());
+    let merged: Vec<OsString> = argv[..split]
+        .iter()
+        .cloned()
+        .chain(from_file.to_args(section).into_iter().map(OsString::from))
+        .chain(argv[split..].iter().cloned())
+        .collect();
+    let matches = LbdArgs::command().try_get_matches_from(merged)?;
+    let args = LbdArgs::from_arg_matches(&matches)?;
+    let effective = Settings::from_matches(section, &section_matches(&matches));
+    Ok(Resolved { args, config: Some(doc), settings: RunningSettings { effective, command_line } })
+}
+
 fn parse_zone(input: &str) -> Result<String, String> {
     crate::model::check_zone(input).map(|()| input.to_owned()).map_err(|e| e.to_string())
 }
@@ -175,8 +252,11 @@ fn parse_zone(input: &str) -> Result<String, String> {
 #[derive(Debug, Args)]
 pub struct AgentArgs {
     /// Interface the tunnel packets arrive on.
-    #[arg(long, value_name = "IF")]
-    pub iface: String,
+    #[arg(long, value_name = "IF", required_unless_present = "config")]
+    pub iface: Option<String>,
+    /// Configuration file whose [agent] table holds these options (see spillway.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = XdpModeArg::Native)]
     pub xdp_mode: XdpModeArg,
     /// bpffs directory; the agent pins under <DIR>/agent.
@@ -350,7 +430,7 @@ mod tests {
         let Some(LbdCommand::Agent(agent)) = parse(&["agent", "--iface", "eth1", "--xdp-mode", "generic"]).unwrap().command else {
             panic!("not the agent");
         };
-        assert_eq!((agent.iface.as_str(), agent.xdp_mode), ("eth1", XdpModeArg::Generic));
+        assert_eq!((agent.iface.as_deref(), agent.xdp_mode), (Some("eth1"), XdpModeArg::Generic));
         assert_eq!(agent.pin_dir, PathBuf::from("/sys/fs/bpf/spillway"));
         assert_eq!(parse(&["agent"]).unwrap_err().kind(), ErrorKind::MissingRequiredArgument);
     }

@@ -10,7 +10,6 @@ use std::{
 
 use spillway_common::{
     limits::{DEFAULT_RING_SIZE, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6},
-    maglev::MAX_WEIGHT,
     types::{Observed, Reason, RuleState, SourceKey, SourceState, Traffic},
 };
 
@@ -21,12 +20,13 @@ use super::{
     telemetry::Telemetry,
 };
 use crate::{
-    api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, RuleActionKind, announce::Announcements, sample::BuildInfo},
-    dataplane::{BalancerMaps, DataplaneError},
+    api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, announce::Announcements, sample::BuildInfo},
+    config::{ConfigError, Document},
+    dataplane::{BalancerMaps, DataplaneError, MapOccupancy},
     event,
     health::{HealthError, Pressure},
     logging::Line,
-    model::{Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip, VipHealth},
+    model::{Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth, check_serving_weight},
     ports::PortsReport,
     probe::{ProbePath, ProbeSpec},
     reconcile::{ApplyReport, Maps, ReconcileError, Reconciler},
@@ -50,6 +50,8 @@ pub trait Counters: FlowTable {
     fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError>;
     /// The source table's entries of VIP id `vip_id`.
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError>;
+    /// Capacity of every map, entries of the hash maps (`lbctl status`).
+    fn occupancy(&self) -> Result<Vec<MapOccupancy>, DataplaneError>;
 }
 
 impl Counters for BalancerMaps {
@@ -83,16 +85,15 @@ impl Counters for BalancerMaps {
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
         BalancerMaps::sources(self, vip_id)
     }
+    fn occupancy(&self) -> Result<Vec<MapOccupancy>, DataplaneError> {
+        BalancerMaps::occupancy(self)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CoreError {
     #[error(transparent)]
     Model(#[from] ModelError),
-    #[error("weight {weight} is out of range (1..={MAX_WEIGHT}); weight 0 is set by draining the backend")]
-    WeightOutOfRange { weight: u32 },
-    #[error("rule {rule}: {problem}")]
-    BadRule { rule: String, problem: &'static str },
     #[error("top sources: limit must be at least 1")]
     BadTopLimit,
     #[error("applying the change to the balancer's maps (rolled back)")]
@@ -111,6 +112,13 @@ pub enum CoreError {
     HealthChecksOff,
     #[error("flows: {problem}")]
     BadFlow { problem: String },
+    #[error(transparent)]
+    Config(ConfigError),
+    #[error(
+        "{file}: removes VIP {vips}, whose connections would break; remove or drain its backends first, \
+         or apply with --allow-vip-removal"
+    )]
+    VipRemoval { file: String, vips: String },
 }
 
 /// Longest drain deadline: a week. Longer is a forgotten drain, not a plan.
@@ -120,13 +128,13 @@ impl CoreError {
     pub fn to_api(&self) -> ApiError {
         let kind = match self {
             Self::Model(_)
-            | Self::WeightOutOfRange { .. }
-            | Self::BadRule { .. }
             | Self::BadTopLimit
             | Self::BadDrainDeadline { .. }
             | Self::BadHealthPolicy { .. }
             | Self::HealthChecksOff
-            | Self::BadFlow { .. } => ErrorKind::Invalid,
+            | Self::BadFlow { .. }
+            | Self::Config(_)
+            | Self::VipRemoval { .. } => ErrorKind::Invalid,
             Self::Apply(_) | Self::Persist(_) | Self::Counters(_) | Self::Health(_) => ErrorKind::Internal,
         };
         ApiError { kind, message: error_chain(self) }
@@ -148,6 +156,7 @@ pub struct Core<M, S> {
     forwarding_off: Option<String>,
     /// `lbd`'s own counters (metrics, `lbctl top`).
     telemetry: Telemetry,
+    info: DaemonInfo,
     /// What is announced through BIRD (`None`: `lbd` does not announce).
     announcements: Option<Announcements>,
     /// See [`Reconciler::set_second_chance_settle`]; kept for rebuilt reconcilers.
@@ -176,6 +185,7 @@ fn or_dash<T: ToString>(value: Option<T>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
+pub use self::apply::{ApplyOptions, DaemonInfo};
 pub use super::checks::{ProbeResult, ProbeTarget};
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
@@ -211,16 +221,16 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let report = reconciler.apply(&mut maps, &target);
         telemetry.reconciled("restore", report.is_ok(), started.elapsed());
         let report = report.map_err(CoreError::Apply)?;
-        let ports = PortsBook::default();
         let core = Self {
             state,
             reconciler,
             maps,
             store,
             health,
-            ports,
+            ports: PortsBook::default(),
             forwarding_off: None,
             telemetry,
+            info: DaemonInfo::default(),
             announcements: None,
             second_chance_settle: None,
         };
@@ -470,7 +480,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             }
             Request::RemoveVip { vip } => self.mutate(change("remove_vip").field("vip", &vip), |s| s.remove_vip(&vip).map(drop)),
             Request::AddBackend { vip, backend, weight, options } => {
-                let weight = check_weight(weight.unwrap_or(DEFAULT_WEIGHT))?;
+                let weight = check_serving_weight(weight.unwrap_or(DEFAULT_WEIGHT))?;
                 let change =
                     backend_options(change("add_backend").field("vip", &vip).field("backend", &backend).field("weight", &weight), &options);
                 self.mutate(change, |s| s.add_backend_with(&vip, backend, Backend { weight, options, drain_deadline_unix_ms: None }))
@@ -508,7 +518,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 self.mutate(change, |s| s.drain_backend(&vip, backend, deadline))
             }
             Request::SetWeight { vip, backend, weight } => {
-                let weight = check_weight(weight)?;
+                let weight = check_serving_weight(weight)?;
                 let change = change("set_weight").field("vip", &vip).field("backend", &backend).field("weight", &weight);
                 self.mutate(change, |s| s.set_weight(&vip, backend, weight))
             }
@@ -545,7 +555,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::ListRateLimits => Ok(Reply::RateLimits(self.rate_limits())),
             Request::SetRule { cidr, vip, action, per_s, burst, observe } => {
                 let rule = RuleMatch { cidr, vip };
-                let config = rule_config(&rule, action, per_s, burst, observe)?;
+                let config = RuleConfig::from_parts(&rule, action, per_s, burst, observe)?;
                 let change = change("set_rule")
                     .field("cidr", &cidr)
                     .field("vip", &or_dash(vip))
@@ -565,6 +575,12 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::FlowGet { vip, client, port } => self.flow_get(&vip, client, port).map(Reply::Flow),
             Request::FlowList { vip, backend, limit } => self.flow_list(&vip, backend, limit).map(Reply::Flows),
             Request::FlowPurge { backend } => self.flow_purge(backend).map(Reply::Purged),
+            Request::Apply { config, source, dry_run, allow_vip_removal } => {
+                let doc = Document::parse(&source, config).map_err(CoreError::Config)?;
+                self.apply_file(&doc, ApplyOptions { dry_run, allow_vip_removal, mark_as: None }).map(Reply::Applied)
+            }
+            Request::Export => Ok(Reply::Exported(self.export())),
+            Request::Status => self.status().map(|status| Reply::Status(Box::new(status))),
         }
     }
 
@@ -646,28 +662,6 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     }
 }
 
-/// A rule's configuration from the request's flat fields.
-fn rule_config(
-    rule: &RuleMatch,
-    action: RuleActionKind,
-    per_s: Option<u32>,
-    burst: Option<u32>,
-    observe: bool,
-) -> Result<RuleConfig, CoreError> {
-    let bad = |problem| CoreError::BadRule { rule: rule.describe(), problem };
-    let action = match (action, per_s) {
-        (RuleActionKind::Limit, Some(per_s)) => RuleAction::Limit(RateSpec::new(per_s, burst)),
-        (RuleActionKind::Limit, None) => return Err(bad("a limit needs a rate (per_s)")),
-        (_, Some(_)) => return Err(bad("only a limit takes a rate")),
-        (RuleActionKind::Block, None) => RuleAction::Block,
-        (RuleActionKind::Exempt, None) => RuleAction::Exempt,
-    };
-    if burst.is_some() && !matches!(action, RuleAction::Limit(_)) {
-        return Err(bad("only a limit takes a burst"));
-    }
-    Ok(RuleConfig { action, observe })
-}
-
 /// `addr:old->new` for every backend whose programmed weight changed, for the log.
 fn changed_weights(old: &DesiredState, new: &DesiredState) -> String {
     let mut changed = Vec::new();
@@ -702,18 +696,14 @@ fn backend_options(mut change: Change, options: &crate::model::BackendOptions) -
     change
 }
 
-fn check_weight(weight: u32) -> Result<u32, CoreError> {
-    if weight == 0 || weight > MAX_WEIGHT {
-        return Err(CoreError::WeightOutOfRange { weight });
-    }
-    Ok(weight)
-}
-
 /// Wall-clock milliseconds since the Unix epoch (drain deadlines outlive the process).
 pub fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+mod apply;
+#[cfg(test)]
+mod apply_tests;
 mod flows;
 #[cfg(test)]
 mod health_tests;

@@ -7,15 +7,17 @@ pub mod args;
 pub mod checks;
 pub mod core;
 pub mod metrics;
+pub mod notify;
 pub mod outer_src;
 pub mod pressure;
 pub mod probes;
 pub mod server;
+pub mod settings;
 pub mod telemetry;
 
 use std::{
     io,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
 };
 
@@ -30,23 +32,27 @@ use tokio::{
 use self::{
     args::DaemonArgs,
     checks::ChecksConfig,
-    core::{Core, CoreError, Counters, error_chain, unix_ms},
+    core::{ApplyOptions, Core, CoreError, Counters, DaemonInfo, error_chain, unix_ms},
     outer_src::{OuterSrc4, OuterSrc6},
     server::{ServerError, SharedCore},
+    settings::RunningSettings,
 };
 use crate::{
     announce::{AnnounceConfig, AnnounceError},
+    api::ConfigStatus,
     api::sample::BuildInfo,
+    config::{ConfigError, Document},
     dataplane::{Balancer, DataplaneError, LoadOptions},
     event,
     forwarding::{self, ForwardingError},
     health::HealthConfig,
+    model::DesiredState,
     neighbours,
     netif::{self, NetifError},
     pins::{self, Attachment, PinError, PinLayout},
     ports::{Scope, SockWatch, WatchOptions},
     reconcile::Maps,
-    store::{StateFile, Store, StoreError},
+    store::{ConfigMark, StateFile, Store, StoreError},
     vip_path::{VipPath, VipPathError},
 };
 
@@ -85,19 +91,26 @@ pub enum DaemonError {
          no VIP packet could be forwarded; set it to 1 (sysctl -w ...=1) or start lbd with --enable-forwarding"
     )]
     ForwardingDisabled { iface: String, sysctls: String },
+    #[error("the configuration file is refused and there is no persisted state to start from")]
+    Config(#[source] ConfigError),
+    #[error("applying the configuration file at start")]
+    ApplyConfig(#[source] CoreError),
 }
 
-/// Runs the balancer on `iface` until SIGTERM or SIGINT.
-pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
+/// Runs the balancer on `iface` until SIGTERM or SIGINT; with `config` (the `--config`
+/// file, already read), starts from it as [`plan_start`] says and re-applies it on SIGHUP.
+pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, settings: RunningSettings) -> Result<(), DaemonError> {
     // Everything lbd creates (socket, state file, pin directories) is root's alone.
     umask(Mode::from_bits_truncate(0o077));
     let mut signals = Signals::install()?;
     // Read the state before touching the dataplane: a bad file must change nothing.
     let store = StateFile::open(&args.state_dir)?;
-    let state = store.load()?;
-    if state.is_none() {
+    let persisted = store.load()?;
+    if persisted.is_none() && config.is_none() {
         event!(info, "no_state", path = store.path().display(), message = "starting with no VIPs");
     }
+    let config_path = args.config.clone();
+    let start = plan_start(config, config_path.as_deref(), persisted, store.load_config_mark())?;
     check_forwarding(iface, args.enable_forwarding)?;
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
@@ -116,26 +129,36 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
     let link = layout.balancer_link();
     let program_tag = balancer.program()?.info().map(|i| format!("{:016x}", i.tag())).unwrap_or_default();
     let mode = args.xdp_mode.label();
-    match pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link)? {
-        Attachment::Attached => event!(info, "attached", iface = iface, mode = mode, link = link.display(), program_tag = program_tag),
-        Attachment::Reattached => event!(
-            info,
-            "attached",
-            iface = iface,
-            mode = mode,
-            link = link.display(),
-            program_tag = program_tag,
-            note = "the old link's interface was gone"
-        ),
-        Attachment::TookOver { replaced_program_id } => event!(
-            info,
-            "took_over",
-            iface = iface,
-            link = link.display(),
-            replaced_prog_id = replaced_program_id,
-            program_tag = program_tag
-        ),
-    }
+    let started = std::time::Instant::now();
+    let attachment = match pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link)? {
+        Attachment::Attached => {
+            event!(info, "attached", iface = iface, mode = mode, link = link.display(), program_tag = program_tag);
+            "attached"
+        }
+        Attachment::Reattached => {
+            event!(
+                info,
+                "attached",
+                iface = iface,
+                mode = mode,
+                link = link.display(),
+                program_tag = program_tag,
+                note = "the old link's interface was gone"
+            );
+            "reattached"
+        }
+        Attachment::TookOver { replaced_program_id } => {
+            event!(
+                info,
+                "took_over",
+                iface = iface,
+                link = link.display(),
+                replaced_prog_id = replaced_program_id,
+                program_tag = program_tag
+            );
+            "took_over"
+        }
+    };
     // Probes through the tunnel need the probe path; without it they count as unknown (and
     // say why, loudly), and forwarding is unaffected.
     let vip_path = (!args.no_health_checks).then(|| {
@@ -152,7 +175,10 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
         let defaults = HealthConfig { slow_start_ms: args.health_slow_start_ms, ..HealthConfig::default() };
         (ChecksConfig { defaults, local_zone: args.zone.clone() }, store.load_health().unwrap_or_default())
     });
-    let (mut core, report) = Core::start(maps, store, state.unwrap_or_default(), checks).map_err(DaemonError::Start)?;
+    let (mut core, report) = Core::start(maps, store, start.state, checks).map_err(DaemonError::Start)?;
+    if let Some(mark) = &start.first {
+        core.save_started_state(mark).map_err(DaemonError::ApplyConfig)?;
+    }
     core.set_build_info(BuildInfo { version: env!("CARGO_PKG_VERSION").to_owned(), program_tag, xdp_mode: mode.to_owned() });
     core.set_second_chance_settle(std::time::Duration::from_secs(args.second_chance_settle_s));
     let vips = &core.state().vips;
@@ -176,9 +202,25 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
         event!(warn, "socket_watcher_not_loaded", error = message, message = "lbctl ports --host lb has no data");
         message
     });
+    core.set_info(DaemonInfo {
+        started,
+        iface: iface.to_owned(),
+        xdp_mode: args.xdp_mode.label(),
+        attachment,
+        pin_dir: args.pin_dir.clone(),
+        state_dir: args.state_dir.clone(),
+        zone: args.zone.clone(),
+        settings,
+        config: None,
+        watcher: watch.as_ref().map(|w| w.status().clone()).map_err(Clone::clone),
+    });
+    if let Some((doc, path)) = start.apply.as_ref().zip(config_path.as_deref()) {
+        apply_config(&mut core, doc, path, "start");
+    } else if let Some(status) = start.status {
+        core.set_config_status(status);
+    }
     let core = Arc::new(Mutex::new(core));
     let _metrics = metrics::start(args.metrics_listen, core.clone()).await;
-    event!(info, "ready", api = args.api.display());
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let forwarding_watch = tokio::spawn(forwarding_watch(core.clone(), iface.to_owned()));
@@ -188,14 +230,20 @@ pub async fn run(args: &DaemonArgs, iface: &str) -> Result<(), DaemonError> {
         let data_path = announce::DataPath { iface: iface.to_owned(), link: link.clone() };
         tokio::spawn(announce::announce_task(core.clone(), config, data_path))
     });
+    let reloader = tokio::spawn(reload_on_hup(core.clone(), config_path, signals.take_hup()));
+    // The API is bound, the state restored and the program attached: systemd may go on.
+    event!(info, "ready", api = args.api.display());
+    notify::ready(&serving(&server::lock(&core)));
     server::serve(listener, core.clone(), answered, async {
         let name = signals.recv().await;
+        notify::stopping();
         event!(info, "exiting", signal = name);
     })
     .await;
     upkeep.abort();
     forwarding_watch.abort();
     pressure.abort();
+    reloader.abort();
     if let Some(prober) = prober {
         prober.abort();
     }
@@ -373,23 +421,231 @@ where
     }
 }
 
-/// SIGTERM and SIGINT, installed early so neither kills the process mid-change.
+/// SIGTERM and SIGINT (and SIGHUP, whose default would kill the daemon), installed early so
+/// none kills the process mid-change.
 pub struct Signals {
     term: Signal,
     int: Signal,
+    hup: Option<Signal>,
 }
 
 impl Signals {
     pub fn install() -> Result<Self, DaemonError> {
         let install = |kind| signal(kind).map_err(DaemonError::Signals);
-        Ok(Self { term: install(SignalKind::terminate())?, int: install(SignalKind::interrupt())? })
+        Ok(Self {
+            term: install(SignalKind::terminate())?,
+            int: install(SignalKind::interrupt())?,
+            hup: Some(install(SignalKind::hangup())?),
+        })
     }
 
-    /// Waits for either signal and returns its name.
+    /// SIGHUP, for whoever reloads (a SIGHUP nobody takes is ignored).
+    pub fn take_hup(&mut self) -> Option<Signal> {
+        self.hup.take()
+    }
+
+    /// Waits for SIGTERM or SIGINT and returns its name.
     pub async fn recv(&mut self) -> &'static str {
         tokio::select! {
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "SIGINT",
         }
+    }
+}
+
+/// What `lbd` starts from, and what it does with its `--config` file.
+struct Start {
+    state: DesiredState,
+    /// The file to apply once started (its declared state changed since it was applied).
+    apply: Option<Document>,
+    /// Set on a first start from the file: the state is the file's, to persist with its mark.
+    first: Option<ConfigMark>,
+    status: Option<ConfigStatus>,
+}
+
+/// Decides, before the dataplane is touched, what to start from: without a file, the
+/// persisted state; with one, the file's state on a first start (none persisted), else the
+/// persisted one, and the file is applied over it (like `lbctl apply`) only if what it
+/// declares changed since `lbd` last applied it. A refused file keeps the persisted state;
+/// with nothing persisted there is nothing to run, and `lbd` exits.
+fn plan_start(
+    config: Option<Document>,
+    path: Option<&Path>,
+    persisted: Option<DesiredState>,
+    mark: Option<ConfigMark>,
+) -> Result<Start, DaemonError> {
+    let (Some(doc), Some(path)) = (config, path) else {
+        return Ok(Start { state: persisted.unwrap_or_default(), apply: None, first: None, status: None });
+    };
+    let file = path.display();
+    let status = |last: &str, error: Option<String>| Some(ConfigStatus { file: file.to_string(), last: last.to_owned(), error });
+    let declared = match (doc.desired_state(), persisted) {
+        (Ok(declared), persisted) => (declared, persisted),
+        (Err(e), None) => return Err(DaemonError::Config(e)),
+        (Err(e), Some(state)) => {
+            event!(error, "config_refused", file = file, trigger = "start", error = e, kept = "persisted_state");
+            return Ok(Start {
+                state,
+                apply: None,
+                first: None,
+                status: status("refused at start; kept the persisted state", Some(e.to_string())),
+            });
+        }
+    };
+    let now = ConfigMark::of(path, &declared.0);
+    Ok(match declared {
+        (declared, None) => {
+            event!(info, "config_used", source = "file", file = file, reason = "no_persisted_state", vips = declared.vips.len());
+            Start { state: declared, apply: None, first: Some(now), status: status("applied at start (no persisted state)", None) }
+        }
+        (_, Some(state)) if mark.as_ref() == Some(&now) => {
+            event!(info, "config_used", source = "state", file = file, reason = "file_unchanged", vips = state.vips.len());
+            let last = "kept the persisted state at start (what the file declares is unchanged since lbd applied it)";
+            Start { state, apply: None, first: None, status: status(last, None) }
+        }
+        (_, Some(state)) => {
+            event!(info, "config_used", source = "file", file = file, reason = "file_changed");
+            Start { state, apply: Some(doc), first: None, status: None }
+        }
+    })
+}
+
+/// Applies `lbd`'s own configuration file; a refusal keeps the running state (logged, and
+/// shown by `lbctl status`).
+fn apply_config<M: Maps + Counters, S: Store>(core: &mut Core<M, S>, doc: &Document, path: &Path, trigger: &str) -> bool {
+    let file = path.display();
+    let options = ApplyOptions { mark_as: Some(path.to_owned()), ..ApplyOptions::default() };
+    match core.apply_file(doc, options) {
+        Ok(applied) => {
+            event!(
+                info,
+                "config_applied",
+                file = file,
+                trigger = trigger,
+                changes = applied.changes.len(),
+                slots_written = applied.slots_written,
+                tables_flipped = applied.tables_flipped
+            );
+            for note in &applied.notes {
+                event!(warn, "config_setting_not_applied", file = file, note = note);
+            }
+            core.set_config_status(ConfigStatus { file: file.to_string(), last: format!("applied on {trigger}"), error: None });
+            true
+        }
+        Err(e) => {
+            let error = error_chain(&e);
+            event!(error, "config_refused", file = file, trigger = trigger, error = error, kept = "running_state");
+            core.set_config_status(ConfigStatus {
+                file: file.to_string(),
+                last: format!("refused on {trigger}; kept the running state"),
+                error: Some(error),
+            });
+            false
+        }
+    }
+}
+
+/// Re-reads and applies the `--config` file on each SIGHUP (`systemctl reload`), telling
+/// systemd it is reloading meanwhile.
+async fn reload_on_hup<M, S>(core: SharedCore<M, S>, path: Option<PathBuf>, hup: Option<Signal>)
+where
+    M: Maps + Counters + Send + 'static,
+    S: Store + Send + 'static,
+{
+    let Some(mut hup) = hup else { return };
+    while hup.recv().await.is_some() {
+        let Some(path) = path.clone() else {
+            event!(warn, "reload_ignored", signal = "SIGHUP", message = "lbd runs without --config: nothing to reload");
+            continue;
+        };
+        notify::reloading();
+        let core = core.clone();
+        let reload = move || {
+            let mut core = server::lock(&core);
+            match Document::read(&path) {
+                Ok(doc) => {
+                    apply_config(&mut core, &doc, &path, "SIGHUP");
+                }
+                Err(e) => {
+                    event!(error, "config_refused", file = path.display(), trigger = "SIGHUP", error = e, kept = "running_state");
+                    let last = "refused on SIGHUP; kept the running state".to_owned();
+                    core.set_config_status(ConfigStatus { file: path.display().to_string(), last, error: Some(e.to_string()) });
+                }
+            }
+            serving(&core)
+        };
+        match tokio::task::spawn_blocking(reload).await {
+            Ok(status) => notify::ready(&status),
+            Err(e) => event!(error, "config_reload_failed", error = e),
+        }
+    }
+}
+
+/// The one-line status systemd shows.
+fn serving<M: Maps + Counters, S: Store>(core: &Core<M, S>) -> String {
+    let state = core.state();
+    format!("serving vips={} backends={}", state.vips.len(), state.vips.values().map(|c| c.backends.len()).sum::<usize>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 13\n[[vips.backends]]\naddress = \"10.0.1.1\"\n";
+
+    fn doc(text: &str) -> Document {
+        Document::parse("spillway.toml", text.to_owned()).unwrap()
+    }
+
+    fn path() -> &'static Path {
+        Path::new("/etc/spillway/spillway.toml")
+    }
+
+    #[test]
+    fn the_file_is_the_state_on_a_first_start() {
+        let start = plan_start(Some(doc(FILE)), Some(path()), None, None).unwrap();
+        assert_eq!(start.state, doc(FILE).desired_state().unwrap());
+        assert_eq!(start.first, Some(ConfigMark::of(path(), &start.state)));
+        assert!(start.apply.is_none());
+        assert_eq!(start.status.unwrap().last, "applied at start (no persisted state)");
+    }
+
+    #[test]
+    fn later_starts_keep_the_persisted_state_unless_the_file_changed() {
+        let declared = doc(FILE).desired_state().unwrap();
+        let mut edited = declared.clone();
+        edited.set_weight(&"10.0.0.1:80/tcp".parse().unwrap(), "10.0.1.1".parse().unwrap(), 7).unwrap();
+        let mark = ConfigMark::of(path(), &declared);
+        // Unchanged (comments do not count): the persisted state, lbctl edits included.
+        let commented = doc(&format!("# a comment\n{FILE}"));
+        let start = plan_start(Some(commented), Some(path()), Some(edited.clone()), Some(mark.clone())).unwrap();
+        assert_eq!(start.state, edited);
+        assert!(start.apply.is_none() && start.first.is_none());
+        assert!(start.status.unwrap().last.starts_with("kept the persisted state"));
+        // Changed: start from the persisted state, then apply the file over it.
+        let changed = FILE.replace("ring_size = 13", "ring_size = 17");
+        let start = plan_start(Some(doc(&changed)), Some(path()), Some(edited.clone()), Some(mark.clone())).unwrap();
+        assert_eq!(start.state, edited);
+        assert!(start.apply.is_some() && start.first.is_none());
+        // Another file, or no mark at all, is a change too.
+        let other = plan_start(Some(doc(FILE)), Some(Path::new("/etc/other.toml")), Some(edited.clone()), Some(mark)).unwrap();
+        assert!(other.apply.is_some());
+        assert!(plan_start(Some(doc(FILE)), Some(path()), Some(edited), None).unwrap().apply.is_some());
+    }
+
+    #[test]
+    fn a_refused_file_keeps_the_persisted_state_or_stops_a_first_start() {
+        let bad = doc("[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 100\n");
+        let persisted = doc(FILE).desired_state().unwrap();
+        let start = plan_start(Some(bad.clone()), Some(path()), Some(persisted.clone()), None).unwrap();
+        assert_eq!(start.state, persisted);
+        assert!(start.apply.is_none() && start.first.is_none());
+        let status = start.status.unwrap();
+        assert_eq!(status.last, "refused at start; kept the persisted state");
+        assert!(status.error.unwrap().contains("spillway.toml:3:13: vips[0].ring_size: ring size 100"));
+        let err = plan_start(Some(bad), Some(path()), None, None).err().unwrap();
+        assert!(matches!(err, DaemonError::Config(_)), "{err}");
+        // Without a file: the persisted state, as before.
+        assert_eq!(plan_start(None, None, Some(persisted.clone()), None).unwrap().state, persisted);
     }
 }

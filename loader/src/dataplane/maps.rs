@@ -17,6 +17,14 @@ use spillway_common::{
 
 use super::{DataplaneError, flows};
 
+/// A map's capacity and, when counted, its entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapOccupancy {
+    pub name: &'static str,
+    pub max_entries: u32,
+    pub entries: Option<u64>,
+}
+
 pub struct BalancerMaps {
     pub config: Array<MapData, LbConfig>,
     pub vips: HashMap<MapData, VipKey, VipMeta>,
@@ -281,6 +289,36 @@ impl BalancerMaps {
 
     /// The per-source entries of VIP `vip_id` (a walk of the whole LRU table; entries the
     /// kernel evicts meanwhile are skipped).
+    /// Every map's name and capacity, and for the small hash maps the entries they hold (a
+    /// walk of their keys; the connection table is counted in batches elsewhere).
+    pub fn occupancy(&self) -> Result<Vec<MapOccupancy>, DataplaneError> {
+        fn capacity<K: aya::Pod, V>(name: &'static str, map: &dyn IterableMap<K, V>) -> Result<u32, DataplaneError> {
+            named(name, map.map().info().map(|info| info.max_entries()))
+        }
+        fn counted<K: aya::Pod, V: aya::Pod>(name: &'static str, map: &HashMap<MapData, K, V>) -> Result<MapOccupancy, DataplaneError> {
+            let mut entries = 0;
+            for key in map.keys() {
+                named(name, key)?;
+                entries += 1;
+            }
+            Ok(MapOccupancy { name, max_entries: capacity(name, map)?, entries: Some(entries) })
+        }
+        let sized = |name, max_entries: Result<u32, DataplaneError>| {
+            max_entries.map(|max_entries| MapOccupancy { name, max_entries, entries: None })
+        };
+        Ok(vec![
+            counted(map_names::VIPS, &self.vips)?,
+            counted(map_names::VIP_ADDRS, &self.vip_addrs)?,
+            sized(map_names::RINGS, capacity(map_names::RINGS, &self.rings))?,
+            sized(map_names::BACKENDS, capacity(map_names::BACKENDS, &self.backends))?,
+            sized(map_names::FLOWS, named(map_names::FLOWS, self.flows.map().info().map(|i| i.max_entries())))?,
+            counted(map_names::SOURCES, &self.sources)?,
+            sized(map_names::LIMITS, capacity(map_names::LIMITS, &self.limits))?,
+            sized(map_names::RULES, named(map_names::RULES, self.rules.map().info().map(|i| i.max_entries())))?,
+            sized(map_names::TX_PORTS, named(map_names::TX_PORTS, self.tx_ports.map().info().map(|i| i.max_entries())))?,
+        ])
+    }
+
     pub fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
         let mut out = Vec::new();
         for entry in self.sources.iter() {

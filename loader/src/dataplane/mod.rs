@@ -12,7 +12,7 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{ProgramError, Xdp},
 };
-pub use maps::BalancerMaps;
+pub use maps::{BalancerMaps, MapOccupancy};
 pub use probe::ProbeMaps;
 use spillway_common::limits::{map_names, program_names};
 
@@ -159,7 +159,24 @@ pub fn xdp<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, Da
 }
 
 fn load_xdp(ebpf: &mut Ebpf, name: &'static str) -> Result<(), DataplaneError> {
-    xdp(ebpf, name)?.load().map_err(|source| DataplaneError::Program { name, source })
+    let program = xdp(ebpf, name)?;
+    without_signals(|| program.load()).map_err(|source| DataplaneError::Program { name, source })
+}
+
+/// Runs `f` with every signal blocked on this thread. The verifier gives up with EAGAIN
+/// when a signal is pending for the loading thread; aya retries five times, but a large
+/// program verified while children exit (SIGCHLD, with a handler installed by tokio) can
+/// lose every attempt. Blocked here, process signals go to another thread meanwhile.
+pub fn without_signals<T>(f: impl FnOnce() -> T) -> T {
+    use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
+    let mut previous = SigSet::empty();
+    // Blocking cannot fail with a valid `how`; if it did, loading would merely be retried.
+    let blocked = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), Some(&mut previous)).is_ok();
+    let result = f();
+    if blocked {
+        let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&previous), None);
+    }
+    result
 }
 
 /// True when `path` is on a bpf filesystem.

@@ -33,7 +33,7 @@ impl Balancer {
             reasons: take(&mut self.ebpf, map_names::PROBE_REASONS)?,
         };
         let program = self.probe_program()?;
-        program.load().map_err(|source| DataplaneError::Program { name: program_names::PROBE, source })?;
+        super::without_signals(|| program.load()).map_err(|source| DataplaneError::Program { name: program_names::PROBE, source })?;
         Ok((program, maps))
     }
 

@@ -125,6 +125,20 @@ pub enum HealthConfigError {
     HoldDownBaseAboveMax { base_ms: u64, max_ms: u64 },
 }
 
+impl HealthConfigError {
+    /// The field the problem is about.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::BadDuration { field, .. }
+            | Self::BadOptionalDuration { field, .. }
+            | Self::BadCount { field, .. }
+            | Self::BadFraction { field, .. } => field,
+            Self::TimeoutAboveInterval { .. } => "timeout_ms",
+            Self::HoldDownBaseAboveMax { .. } => "hold_down_base_ms",
+        }
+    }
+}
+
 impl HealthConfig {
     /// Checks every field against its bounds; the first problem is returned.
     pub fn validate(&self) -> Result<(), HealthConfigError> {

@@ -26,6 +26,7 @@ use super::maps::{CloseWaitRecord, CloseWaitValue, FailKey, PortCounts, PortKey,
 use super::mode::{Mode, WatcherStatus, parts};
 use super::tracefs;
 use super::watcher::{PortsError, ProgramStats};
+use crate::dataplane::without_signals;
 use crate::errors::error_chain;
 use crate::objects;
 
@@ -115,7 +116,7 @@ impl BpfWatch {
                 tracefs::ensure_mounted().map_err(PortsError::Tracefs)?;
                 let hook_err = hook_err("tracepoint/sock/inet_sock_set_state", SET_STATE_TP);
                 let program: &mut TracePoint = program(&mut ebpf, SET_STATE_TP)?.try_into().map_err(&hook_err)?;
-                program.load().map_err(&hook_err)?;
+                without_signals(|| program.load()).map_err(&hook_err)?;
                 program.attach("sock", SET_STATE_HOOK).map_err(&hook_err)?;
                 (
                     "tracepoint/sock/inet_sock_set_state",
@@ -226,7 +227,7 @@ fn map_data<'a>(map: &'a Map, name: &'static str) -> Result<&'a MapData, PortsEr
 fn attach_btf_tracepoint(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), PortsError> {
     let hook_err = hook_err("tp_btf/inet_sock_set_state", SET_STATE_BTF);
     let program: &mut BtfTracePoint = program(ebpf, SET_STATE_BTF)?.try_into().map_err(&hook_err)?;
-    program.load(SET_STATE_HOOK, btf).map_err(&hook_err)?;
+    without_signals(|| program.load(SET_STATE_HOOK, btf)).map_err(&hook_err)?;
     program.attach().map_err(&hook_err)?;
     Ok(())
 }
@@ -238,7 +239,7 @@ fn attach_syscalls(ebpf: &mut Ebpf) -> Result<(), PortsError> {
     let attached = SYSCALL_HOOKS.iter().try_for_each(|&(name, tracepoint)| {
         let hook_err = hook_err(&format!("tracepoint/syscalls/{tracepoint}"), name);
         let program: &mut TracePoint = program(ebpf, name)?.try_into().map_err(&hook_err)?;
-        program.load().map_err(&hook_err)?;
+        without_signals(|| program.load()).map_err(&hook_err)?;
         program.attach("syscalls", tracepoint).map_err(&hook_err)?;
         Ok(())
     });
@@ -260,7 +261,7 @@ fn attach_udp(ebpf: &mut Ebpf, btf: &Btf) -> Result<MapIterator, PortsError> {
     for (name, hook) in [(UDP_CREATE, "sock_create"), (UDP_RELEASE, "sock_release")] {
         let hook_err = hook_err(&format!("cgroup/{hook} on {root}"), name);
         let program: &mut CgroupSock = program(ebpf, name)?.try_into().map_err(&hook_err)?;
-        program.load().map_err(&hook_err)?;
+        without_signals(|| program.load()).map_err(&hook_err)?;
         // aya attaches with a bpf_link (5.7+), which always runs alongside the cgroup's
         // other programs (systemd's, another watcher's) and refuses attach flags.
         program.attach(&cgroup, CgroupAttachMode::Single).map_err(&hook_err)?;
@@ -281,7 +282,7 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut aya::pr
 fn map_iterator(ebpf: &mut Ebpf, btf: &Btf, name: &'static str, map: &'static str) -> Result<MapIterator, PortsError> {
     let hook_err = hook_err(&format!("iter/{MAP_ITERATOR}"), name);
     let iter: &mut Iter = program(ebpf, name)?.try_into().map_err(&hook_err)?;
-    iter.load(MAP_ITERATOR, btf).map_err(&hook_err)?;
+    without_signals(|| iter.load(MAP_ITERATOR, btf)).map_err(&hook_err)?;
     let program_fd = iter.fd().map_err(&hook_err)?.try_clone().map_err(|source| PortsError::IterLink { program: name, map, source })?;
     let map_fd = map_data(ebpf.map(map).ok_or(PortsError::MissingMap { map })?, map)?.fd().as_fd();
     MapIterator::attach(program_fd.as_fd(), map_fd).map_err(|source| PortsError::IterLink { program: name, map, source })

@@ -99,6 +99,18 @@ pub enum ProbeSpecError {
     Invalid { field: &'static str, problem: String },
 }
 
+impl ProbeSpecError {
+    /// The field (option) the problem is about.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::UnknownKind(_) => "kind",
+            Self::NotForKind { option, .. } => option,
+            Self::MissingPayload => "payload",
+            Self::Invalid { field, .. } => field,
+        }
+    }
+}
+
 impl ProbeSpec {
     /// Checks what serde cannot: lengths, ranges and what may go into a request line.
     pub fn validate(&self) -> Result<(), ProbeSpecError> {

@@ -2,6 +2,7 @@
 //! and configured by the real `lbd` through the real `lbctl`, to backends that decapsulate
 //! with `lbd agent`. Every scenario runs in native and in generic XDP mode. Needs root.
 
+mod config_file;
 mod health;
 mod health_policy;
 mod health_state;

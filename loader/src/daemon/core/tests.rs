@@ -2,7 +2,7 @@
 
 use std::fs;
 
-use spillway_common::{limits::MAX_BACKENDS_PER_VIP, types::Reason};
+use spillway_common::{limits::MAX_BACKENDS_PER_VIP, maglev::MAX_WEIGHT, types::Reason};
 
 use super::*;
 use crate::{
@@ -21,13 +21,14 @@ pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-struct Fixture {
-    core: Core<FakeMaps, StateFile>,
-    tmp: TempDir,
+/// A core on fake maps with a real state file (also for `apply_tests`).
+pub(super) struct Fixture {
+    pub(super) core: Core<FakeMaps, StateFile>,
+    pub(super) tmp: TempDir,
 }
 
 impl Fixture {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         let tmp = TempDir::new("core");
         let store = StateFile::open(tmp.path()).unwrap();
         let (core, _) = Core::start(FakeMaps::default(), store, DesiredState::default(), None).unwrap();
@@ -38,7 +39,7 @@ impl Fixture {
         self.core.handle(request.clone()).unwrap_or_else(|e| panic!("{request:?}: {e}"))
     }
 
-    fn saved(&self) -> Option<DesiredState> {
+    pub(super) fn saved(&self) -> Option<DesiredState> {
         StateFile::open(self.tmp.path()).unwrap().load().unwrap()
     }
 
@@ -182,6 +183,10 @@ impl Store for BrokenStore {
 
     fn save_health(&mut self, _: &HealthSnapshot) -> Result<(), StoreError> {
         Err(StoreError::Write { path: "/nowhere/health.json".into(), source: std::io::ErrorKind::StorageFull.into() })
+    }
+
+    fn save_config_mark(&mut self, _: &crate::store::ConfigMark) -> Result<(), StoreError> {
+        Err(StoreError::Write { path: "/nowhere/config-applied.json".into(), source: std::io::ErrorKind::StorageFull.into() })
     }
 }
 

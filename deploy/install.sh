@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Installs Spillway on this host, or under a staging root: the binaries, the systemd units
+# (with these paths filled in), the example configuration, shell completions and man pages.
+# `./x install` builds the release binaries and runs this; run it directly with --bin-dir
+# to install binaries built elsewhere. Nothing is started: see the README, "Running it on a
+# real host". `lbd --cleanup` removes what lbd put in the kernel; the files are the ones
+# listed at the end.
+#
+#   deploy/install.sh --bin-dir DIR [--prefix /usr/local] [--sysconfdir /etc]
+#                     [--unitdir PREFIX/lib/systemd/system] [--destdir STAGING]
+#
+# --destdir (or $DESTDIR) stages the files under STAGING while they name their final
+# places (for packaging); --prefix alone installs into PREFIX, e.g. a test's directory.
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+
+prefix=/usr/local sysconfdir=/etc unitdir= bindir_src= destdir=${DESTDIR:-}
+while (($#)); do
+    case "$1" in
+        --prefix) prefix=$2; shift 2 ;;
+        --sysconfdir) sysconfdir=$2; shift 2 ;;
+        --unitdir) unitdir=$2; shift 2 ;;
+        --destdir) destdir=$2; shift 2 ;;
+        --bin-dir) bindir_src=$2; shift 2 ;;
+        *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    esac
+done
+[[ -n $bindir_src && -x $bindir_src/lbd && -x $bindir_src/lbctl ]] || { echo "install: --bin-dir must hold lbd and lbctl" >&2; exit 2; }
+unitdir=${unitdir:-$prefix/lib/systemd/system}
+bindir=$prefix/bin mandir=$prefix/share/man/man8 docdir=$prefix/share/doc/spillway
+installed=()
+
+put() { # MODE SOURCE DEST: copies SOURCE to DESTDIR+DEST
+    install -D -m "$1" "$2" "$destdir$3"
+    installed+=("$3")
+}
+
+put 0755 "$bindir_src/lbd" "$bindir/lbd"
+put 0755 "$bindir_src/lbctl" "$bindir/lbctl"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for unit in spillway.service spillway-agent.service; do
+    sed -e "s|@BINDIR@|$bindir|g" -e "s|@SYSCONFDIR@|$sysconfdir|g" "$src/deploy/systemd/$unit" > "$tmp/$unit"
+    put 0644 "$tmp/$unit" "$unitdir/$unit"
+done
+
+put 0644 "$src/deploy/spillway.toml" "$docdir/spillway.toml"
+put 0644 "$src/deploy/agent.toml" "$docdir/agent.toml"
+# An operator's configuration is never replaced.
+for file in spillway.toml agent.toml; do
+    if [[ -e $destdir$sysconfdir/spillway/$file ]]; then
+        echo "kept $sysconfdir/spillway/$file (the example is in $docdir)"
+    else
+        put 0644 "$src/deploy/$file" "$sysconfdir/spillway/$file"
+    fi
+done
+
+for bin in lbd lbctl; do
+    "$bindir_src/$bin" completions bash > "$tmp/$bin.bash"
+    "$bindir_src/$bin" completions zsh > "$tmp/_$bin"
+    "$bindir_src/$bin" completions fish > "$tmp/$bin.fish"
+    put 0644 "$tmp/$bin.bash" "$prefix/share/bash-completion/completions/$bin"
+    put 0644 "$tmp/_$bin" "$prefix/share/zsh/site-functions/_$bin"
+    put 0644 "$tmp/$bin.fish" "$prefix/share/fish/vendor_completions.d/$bin.fish"
+    mkdir -p "$tmp/man"
+    "$bindir_src/$bin" man --dir "$tmp/man"
+done
+for page in "$tmp"/man/*.8; do
+    put 0644 "$page" "$mandir/$(basename "$page")"
+done
+
+printf 'installed %s\n' "${installed[@]}"
+cat <<NEXT
+
+Next: edit $sysconfdir/spillway/spillway.toml (iface, then your VIPs: lbctl diff -f checks it
+against a running lbd), then
+  systemctl daemon-reload && systemctl enable --now spillway          # balancer
+  systemctl daemon-reload && systemctl enable --now spillway-agent    # backends
+NEXT

@@ -1,0 +1,164 @@
+//! `lbctl apply`, `diff`, `export` and `status`: reading a configuration file to send, and
+//! rendering what lbd answers.
+
+use std::{
+    fs::File,
+    io::{self, Read},
+    path::PathBuf,
+};
+
+use clap::Args;
+
+use super::{
+    CliError,
+    table::{Align, Table},
+};
+use crate::{
+    api::{Applied, Status},
+    config::MAX_CONFIG_BYTES,
+};
+
+pub const APPLY_HELP: &str = "\
+Examples:
+  lbctl diff -f /etc/spillway/spillway.toml      # first, what would change
+  lbctl apply -f /etc/spillway/spillway.toml
+  lbctl export | lbctl apply -f -                 # changes nothing
+
+The file is the whole desired state: VIPs and their backends, limits and rules (see the
+example spillway.toml: deploy/spillway.toml in the source tree, installed in
+<prefix>/share/doc/spillway/, and as /etc/spillway/spillway.toml when there was none).
+It is applied as one change: all of it, or on any error none of it. A bad file is refused
+whole with its line, column and field. Removing a VIP that still has backends is refused
+unless --allow-vip-removal. Settings of [lbd] take effect when lbd starts: those that
+differ from the running ones are reported. lbctl edits made later are kept until the
+file is applied again.
+
+Output: one line per VIP, backend, rule or default limits added (+), removed (-) or
+changed (~). JSON output (-o json):
+  {\"applied\":true,\"changes\":[{\"change\":\"changed\",\"item\":\"backend\",
+    \"vip\":\"10.0.0.1:80/tcp\",\"backend\":\"10.0.1.1\",
+    \"fields\":[{\"field\":\"weight\",\"from\":100,\"to\":200}]}],
+   \"notes\":[],\"slots_written\":2017,\"tables_flipped\":1}
+  item is default_limits, vip, backend or rule (with \"rule\":\"CIDR[@VIP]\"); a field
+  without from (to) was not set before (after).";
+
+pub const DIFF_HELP: &str = "\
+Examples:
+  lbctl diff -f /etc/spillway/spillway.toml
+  lbctl diff -f spillway.toml -o json
+
+Checks the file as lbctl apply would and prints what applying it would change; changes
+nothing. Exit status: 0 when it would change nothing, 1 when it would, 2 when the file
+(or the request) is refused. Output: as lbctl apply (see lbctl apply --help).";
+
+pub const EXPORT_HELP: &str = "\
+Examples:
+  lbctl export > spillway.toml
+  lbctl export | lbctl diff -f -                  # no changes
+
+Prints the running desired state (lbctl edits included) as a configuration file, with
+the [lbd] settings lbd was given (on its command line or in its --config file).";
+
+pub const STATUS_HELP: &str = "\
+Example:
+  lbctl status -o json
+
+JSON output (-o json):
+  {\"version\":\"0.1.0\",\"uptime_s\":3600,\"iface\":\"eth0\",\"xdp_mode\":\"native\",
+   \"attachment\":\"took_over\",\"pin_dir\":\"/sys/fs/bpf/spillway\",
+   \"state_dir\":\"/var/lib/spillway\",\"health_checks\":true,\"zone\":\"a\",
+   \"config\":{\"file\":\"/etc/spillway/spillway.toml\",\"last\":\"applied on SIGHUP\"},
+   \"vips\":2,\"backends\":6,\"rules\":1,
+   \"maps\":[{\"name\":\"spw_flows\",\"max_entries\":1048576,\"used\":1200}, ...],
+   \"watcher\":{\"state\":\"loaded\",\"mode\":\"btf\",\"summary\":\"mode btf; watching ...\"},
+   \"announcements\":{\"state\":\"off\"},\"alerts\":[]}
+  attachment is attached, took_over (a running link's program was replaced) or
+  reattached. config is absent without --config; its error says why it was last
+  refused. used is absent for maps of counters (the connection table's count is at
+  most 15 s old); bytes is the kernel's memory accounting of the map. watcher.state
+  is loaded (with its mode: btf, tracepoint or sock_diag) or not_loaded (with error).";
+
+#[derive(Debug, Args)]
+pub struct FileArg {
+    /// The configuration file (- for standard input).
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: PathBuf,
+}
+
+impl FileArg {
+    /// The file's text (at most `MAX_CONFIG_BYTES`; lbd checks it again) and its name.
+    pub fn read(&self) -> Result<(String, String), CliError> {
+        let stdin = self.file.as_os_str() == "-";
+        let name = if stdin { "<stdin>".to_owned() } else { self.file.display().to_string() };
+        let bad = |problem: String| CliError::BadOption(format!("{name}: {problem}"));
+        let reader: Box<dyn Read> =
+            if stdin { Box::new(io::stdin()) } else { Box::new(File::open(&self.file).map_err(|e| bad(format!("reading it: {e}")))?) };
+        let mut text = String::new();
+        reader.take(MAX_CONFIG_BYTES as u64 + 1).read_to_string(&mut text).map_err(|e| bad(format!("reading it: {e}")))?;
+        if text.len() > MAX_CONFIG_BYTES {
+            return Err(bad(format!("larger than the {} MiB a configuration may be", MAX_CONFIG_BYTES >> 20)));
+        }
+        Ok((text, name))
+    }
+}
+
+/// The changes, one per line, the notes, then what was done.
+pub fn applied_text(applied: &Applied) -> String {
+    let mut out: String = applied.changes.iter().map(|c| format!("{c}\n")).collect();
+    for note in &applied.notes {
+        out.push_str(&format!("note: {note}\n"));
+    }
+    let summary = match (applied.applied, applied.changes.len()) {
+        (_, 0) => "no changes".to_owned(),
+        (false, n) => format!("{n} changes would be applied (nothing was changed)"),
+        (true, n) => format!("applied {n} changes (slots_written={} tables_flipped={})", applied.slots_written, applied.tables_flipped),
+    };
+    out + &summary + "\n"
+}
+
+pub fn status_text(status: &Status) -> String {
+    let uptime = {
+        let s = status.uptime_s;
+        match s {
+            0..60 => format!("{s}s"),
+            60..3600 => format!("{}m {}s", s / 60, s % 60),
+            3600..86_400 => format!("{}h {}m", s / 3600, s / 60 % 60),
+            _ => format!("{}d {}h", s / 86_400, s / 3600 % 24),
+        }
+    };
+    let mut out = format!("lbd {}, up {uptime}\n", status.version);
+    let mut line = |label: &str, value: String| out.push_str(&format!("{label:<14}{value}\n"));
+    line("interface", format!("{} ({} XDP, {})", status.iface, status.xdp_mode, status.attachment.replace('_', " ")));
+    line("pins", status.pin_dir.clone());
+    line("state", format!("{}: {} VIPs, {} backends, {} rules", status.state_dir, status.vips, status.backends, status.rules));
+    let health = if status.health_checks { "on" } else { "off (--no-health-checks)" };
+    line("health checks", format!("{health}, zone {}", status.zone.as_deref().unwrap_or("-")));
+    if let Some(config) = &status.config {
+        line("config", format!("{}: {}", config.file, config.last));
+        if let Some(error) = &config.error {
+            line("", format!("error: {error}"));
+        }
+    }
+    let w = &status.watcher;
+    let watcher = match (&w.error, &w.summary) {
+        (Some(error), _) => format!("{}: {error}", w.state),
+        (None, Some(summary)) => summary.clone(),
+        (None, None) => w.state.clone(),
+    };
+    line("port watcher", watcher);
+    line("announcements", status.announcements.state.clone());
+    let columns = [("MAP", Align::Left), ("USED", Align::Right), ("MAX", Align::Right), ("USE", Align::Right), ("MEMORY", Align::Right)];
+    let mut maps = Table::new(&columns);
+    for m in &status.maps {
+        let share = m.used.filter(|_| m.max_entries > 0).map(|u| format!("{:.0}%", u as f64 * 100.0 / f64::from(m.max_entries)));
+        let memory = m.bytes.map(|b| format!("{:.1} MiB", b as f64 / f64::from(1 << 20)));
+        let dash = |cell: Option<String>| cell.unwrap_or_else(|| "-".to_owned());
+        maps.row(vec![m.name.clone(), dash(m.used.map(|u| u.to_string())), m.max_entries.to_string(), dash(share), dash(memory)]);
+    }
+    out.push('\n');
+    out.push_str(&maps.render());
+    for alert in &status.alerts {
+        out.push_str(&format!("\n{alert}\n"));
+    }
+    out
+}

@@ -1,0 +1,189 @@
+//! A configuration file applied as one change (the same path as every edit: try on a copy,
+//! reconcile, persist, swap), the state exported as a file, and `lbctl status`.
+
+use std::{path::PathBuf, time::Instant};
+
+use super::{Core, CoreError, Counters, unix_ms};
+use crate::{
+    api::{AnnouncementsStatus, Applied, ConfigStatus, Exported, MapUsage, Reply, Status, WatcherStatus},
+    config::{self, Document},
+    daemon::settings::{RunningSettings, Section, Settings},
+    event,
+    reconcile::Maps,
+    store::{ConfigMark, Store},
+};
+
+/// How this `lbd` runs, for `status` and `export`; set once it is attached.
+#[derive(Debug)]
+pub struct DaemonInfo {
+    pub started: Instant,
+    pub iface: String,
+    pub xdp_mode: &'static str,
+    /// `attached`, `took_over` or `reattached`.
+    pub attachment: &'static str,
+    pub pin_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub zone: Option<String>,
+    pub settings: RunningSettings,
+    /// The `--config` file's fate; `None` without one.
+    pub config: Option<ConfigStatus>,
+    /// The balancer's own port watcher, or why it is not loaded.
+    pub watcher: Result<crate::ports::WatcherStatus, String>,
+}
+
+impl Default for DaemonInfo {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            iface: String::new(),
+            xdp_mode: "native",
+            attachment: "attached",
+            pin_dir: PathBuf::new(),
+            state_dir: PathBuf::new(),
+            zone: None,
+            settings: RunningSettings::default(),
+            config: None,
+            watcher: Err("not loaded yet".to_owned()),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct ApplyOptions {
+    /// Check and report only (`lbctl diff`).
+    pub dry_run: bool,
+    /// Remove VIPs that still have backends (their connections break).
+    pub allow_vip_removal: bool,
+    /// This is `lbd`'s own `--config` file at this path: once applied, remember what it
+    /// declared (see `ConfigMark`).
+    pub mark_as: Option<PathBuf>,
+}
+
+impl<M: Maps + Counters, S: Store> Core<M, S> {
+    pub fn set_info(&mut self, info: DaemonInfo) {
+        self.info = info;
+    }
+
+    /// Records what became of the `--config` file (start, SIGHUP).
+    pub fn set_config_status(&mut self, status: ConfigStatus) {
+        self.info.config = Some(status);
+    }
+
+    /// Makes `doc`'s desired state the current one, as one change. Refused whole, changing
+    /// nothing, when the file is invalid (its `[lbd]` and `[agent]` settings included) or
+    /// removes a VIP that still has backends without `allow_vip_removal`.
+    pub fn apply_file(&mut self, doc: &Document, options: ApplyOptions) -> Result<Applied, CoreError> {
+        let mut next = doc.desired_state().map_err(CoreError::Config)?;
+        let mark = options.mark_as.as_deref().map(|path| ConfigMark::of(path, &next));
+        let notes = self.info.settings.notes(&Settings::from_file(doc, Section::Lbd).map_err(CoreError::Config)?);
+        Settings::from_file(doc, Section::Agent).map_err(CoreError::Config)?;
+        // A backend past its drain deadline was removed; the file does not bring it back.
+        let now = unix_ms();
+        for config in next.vips.values_mut() {
+            config.backends.retain(|_, b| b.drain_deadline_unix_ms.is_none_or(|deadline| deadline > now));
+        }
+        let cut: Vec<String> = self
+            .state
+            .vips
+            .iter()
+            .filter(|(vip, config)| !next.vips.contains_key(vip) && !config.backends.is_empty())
+            .map(|(vip, config)| format!("{vip} ({} backends)", config.backends.len()))
+            .collect();
+        if !cut.is_empty() && !options.allow_vip_removal {
+            return Err(CoreError::VipRemoval { file: doc.name().to_owned(), vips: cut.join(", ") });
+        }
+        let changes = config::diff(&self.state, &next);
+        if options.dry_run {
+            return Ok(Applied { applied: false, changes, notes, slots_written: 0, tables_flipped: 0 });
+        }
+        for change in &changes {
+            event!(info, "config_change", source = doc.name(), change = change);
+        }
+        let what = super::change("apply").field("source", &doc.name()).field("changes", &changes.len());
+        let Reply::Done { slots_written, tables_flipped } = self.mutate(what, |state| {
+            *state = next;
+            Ok(())
+        })?
+        else {
+            unreachable!("a mutation answers Done")
+        };
+        if let Some(mark) = mark {
+            // The state is applied and saved; without the mark the next start applies the
+            // file again, which changes nothing it did not declare.
+            if let Err(e) = self.store.save_config_mark(&mark) {
+                event!(warn, "config_mark_not_saved", file = crate::store::CONFIG_MARK_FILE, error = super::error_chain(&e));
+            }
+        }
+        Ok(Applied { applied: true, changes, notes, slots_written, tables_flipped })
+    }
+
+    /// Persists the state `lbd` started from, which `mark` says its `--config` file declared
+    /// (a first start from the file).
+    pub fn save_started_state(&mut self, mark: &ConfigMark) -> Result<(), CoreError> {
+        self.store.save(&self.state).map_err(CoreError::Persist)?;
+        self.store.save_config_mark(mark).map_err(CoreError::Persist)
+    }
+
+    /// The desired state and the settings `lbd` was given, as a configuration file.
+    pub(super) fn export(&self) -> Exported {
+        let settings = self.info.settings.effective.to_table(Section::Lbd);
+        Exported { config: config::export(&self.state, (!settings.is_empty()).then_some(settings)) }
+    }
+
+    pub(super) fn status(&mut self) -> Result<Status, CoreError> {
+        self.count_flows_if_due().map_err(CoreError::Counters)?;
+        let flows = self.telemetry.flow_count.entries;
+        let memory = self.maps.memory();
+        let state = &self.state;
+        let backends: usize = state.vips.values().map(|c| c.backends.len()).sum();
+        // Arrays and the trie hold what the state puts there; the hash maps were counted.
+        let in_use = |name: &str| -> Option<u64> {
+            use spillway_common::limits::map_names as n;
+            let used = match name {
+                n::RINGS => state.vips.values().map(|c| 2 * u64::from(c.ring_size)).sum(),
+                n::BACKENDS => backends as u64,
+                n::LIMITS => state.vips.values().filter(|c| c.limits.is_some()).count() as u64 + u64::from(state.default_limits.is_some()),
+                n::RULES => state.rules.len() as u64,
+                n::FLOWS => flows,
+                _ => return None,
+            };
+            Some(used)
+        };
+        let maps = self
+            .maps
+            .occupancy()
+            .map_err(CoreError::Counters)?
+            .into_iter()
+            .map(|m| MapUsage {
+                name: m.name.to_owned(),
+                max_entries: m.max_entries,
+                used: m.entries.or_else(|| in_use(m.name)),
+                bytes: memory.iter().find(|(name, _)| *name == m.name).and_then(|(_, bytes)| *bytes),
+            })
+            .collect();
+        let info = &self.info;
+        let watcher = match &info.watcher {
+            Ok(w) => WatcherStatus { state: "loaded".to_owned(), mode: Some(w.mode.to_string()), summary: Some(w.summary()), error: None },
+            Err(e) => WatcherStatus { state: "not_loaded".to_owned(), mode: None, summary: None, error: Some(e.clone()) },
+        };
+        Ok(Status {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            uptime_s: info.started.elapsed().as_secs(),
+            iface: info.iface.clone(),
+            xdp_mode: info.xdp_mode.to_owned(),
+            attachment: info.attachment.to_owned(),
+            pin_dir: info.pin_dir.display().to_string(),
+            state_dir: info.state_dir.display().to_string(),
+            health_checks: self.health.is_some(),
+            zone: info.zone.clone(),
+            config: info.config.clone(),
+            vips: state.vips.len(),
+            backends,
+            rules: state.rules.len(),
+            maps,
+            watcher,
+            announcements: AnnouncementsStatus { state: "off".to_owned() },
+            alerts: self.alerts(),
+        })
+    }
+}

@@ -1,0 +1,191 @@
+//! Applying configuration files through the core: one change, all or nothing, the VIP
+//! removal guard, export round trips, status.
+
+use std::path::Path;
+
+use super::{tests::Fixture, *};
+use crate::{
+    api::{Applied, Exported, Status},
+    config::ChangeKind,
+    model::Vip,
+    store::{ConfigMark, StateFile},
+};
+
+const FILE: &str = "\
+[[vips]]
+vip = \"10.100.0.1:80/tcp\"
+ring_size = 251
+[[vips.backends]]
+address = \"10.0.0.1\"
+[[vips.backends]]
+address = \"10.0.0.2\"
+weight = 50
+zone = \"b\"
+
+[[vips]]
+vip = \"10.100.0.2:53/udp\"
+ring_size = 13
+[[vips.backends]]
+address = \"10.0.0.3\"
+
+[[rules]]
+cidr = \"192.0.2.0/24\"
+action = \"block\"
+";
+
+impl Fixture {
+    fn apply(&mut self, text: &str, dry_run: bool, allow_vip_removal: bool) -> Result<Applied, CoreError> {
+        let request = Request::Apply { config: text.to_owned(), source: "test.toml".to_owned(), dry_run, allow_vip_removal };
+        self.core.handle(request).map(|reply| match reply {
+            Reply::Applied(applied) => applied,
+            other => panic!("{other:?}"),
+        })
+    }
+
+    fn export(&mut self) -> String {
+        match self.core.handle(Request::Export).unwrap() {
+            Reply::Exported(Exported { config }) => config,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+fn vip(s: &str) -> Vip {
+    s.parse().unwrap()
+}
+
+#[test]
+fn a_file_is_applied_as_one_change_and_persisted() {
+    let mut f = Fixture::new();
+    let applied = f.apply(FILE, false, false).unwrap();
+    assert!(applied.applied);
+    // Two VIPs, three backends, one rule: six items added, in one change (one flip per VIP).
+    assert_eq!(applied.changes.len(), 6, "{:?}", applied.changes);
+    assert!(applied.changes.iter().all(|c| c.change == ChangeKind::Added));
+    assert_eq!((applied.slots_written, applied.tables_flipped), (251 + 13, 2));
+    let state = f.core.state().clone();
+    assert_eq!(state.vips[&vip("10.100.0.1:80/tcp")].backends.len(), 2);
+    assert_eq!(f.saved().as_ref(), Some(&state));
+    // The same file again changes nothing.
+    let again = f.apply(FILE, false, false).unwrap();
+    assert_eq!((again.changes.len(), again.slots_written, again.tables_flipped), (0, 0, 0));
+}
+
+#[test]
+fn export_then_apply_changes_nothing_and_lbctl_edits_show() {
+    let mut f = Fixture::new();
+    f.apply(FILE, false, false).unwrap();
+    let v = vip("10.100.0.1:80/tcp");
+    f.core.handle(Request::SetWeight { vip: v, backend: "10.0.0.2".parse().unwrap(), weight: 70 }).unwrap();
+    f.core.handle(Request::DrainBackend { vip: v, backend: "10.0.0.1".parse().unwrap(), deadline_s: Some(600) }).unwrap();
+    let exported = f.export();
+    assert!(exported.contains("weight = 70") && exported.contains("drain = true") && exported.contains("drain_deadline = "), "{exported}");
+    let before = f.core.state().clone();
+    let applied = f.apply(&exported, false, false).unwrap();
+    assert_eq!(applied.changes, [], "{exported}");
+    assert_eq!(f.core.state(), &before);
+    // The original file now differs by exactly those edits.
+    let diff = f.apply(FILE, true, false).unwrap();
+    let lines: Vec<String> = diff.changes.iter().map(ToString::to_string).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].starts_with("~ backend 10.0.0.1 in 10.100.0.1:80/tcp: drain true -> -, drain_deadline "), "{lines:?}");
+    assert_eq!(lines[1], "~ backend 10.0.0.2 in 10.100.0.1:80/tcp: weight 70 -> 50");
+}
+
+#[test]
+fn a_dry_run_reports_and_changes_nothing() {
+    let mut f = Fixture::new();
+    let applied = f.apply(FILE, true, false).unwrap();
+    assert!(!applied.applied);
+    assert_eq!(applied.changes.len(), 6);
+    assert_eq!(f.core.state(), &DesiredState::default());
+    assert_eq!(f.saved(), None);
+    assert!(f.core.maps().vips.is_empty());
+}
+
+#[test]
+fn bad_files_change_nothing() {
+    let mut f = Fixture::new();
+    f.apply(FILE, false, false).unwrap();
+    let before = (f.core.state().clone(), f.saved(), f.core.maps().vips.clone());
+    let bad_weight = FILE.replace("weight = 50", "weight = 0");
+    let unknown_setting = format!("[lbd]\nifac = \"eth0\"\n{FILE}");
+    for (text, message) in [
+        (bad_weight.as_str(), "test.toml:8:10: vips[0].backends[1].weight: weight 0 is out of range"),
+        ("", "test.toml: declares nothing"),
+        ("[[vips]\n", "test.toml:1:"),
+        (unknown_setting.as_str(), "test.toml:2:8: lbd.ifac: unknown setting of lbd"),
+    ] {
+        let err = f.apply(text, false, false).unwrap_err();
+        assert!(err.to_string().contains(message), "{err} lacks {message:?}");
+        assert_eq!(err.to_api().kind, ErrorKind::Invalid);
+        assert_eq!((f.core.state().clone(), f.saved(), f.core.maps().vips.clone()), before);
+    }
+}
+
+#[test]
+fn removing_a_vip_that_has_backends_is_refused_unless_allowed() {
+    let mut f = Fixture::new();
+    f.apply(FILE, false, false).unwrap();
+    const UDP: &str = "[[vips]]\nvip = \"10.100.0.2:53/udp\"\nring_size = 13\n[[vips.backends]]\naddress = \"10.0.0.3\"\n";
+    let without_udp = &FILE.replace(UDP, "");
+    let before = f.core.state().clone();
+    for dry_run in [true, false] {
+        let err = f.apply(without_udp, dry_run, false).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "test.toml: removes VIP 10.100.0.2:53/udp (1 backends), whose connections would break; remove or drain its \
+             backends first, or apply with --allow-vip-removal"
+        );
+        assert_eq!(f.core.state(), &before);
+    }
+    // With its backends gone first, the VIP goes without asking.
+    let emptied = FILE.replace(UDP, "[[vips]]\nvip = \"10.100.0.2:53/udp\"\nring_size = 13\n");
+    f.apply(&emptied, false, false).unwrap();
+    f.apply(without_udp, false, false).unwrap();
+    assert!(!f.core.state().vips.contains_key(&vip("10.100.0.2:53/udp")));
+    // Or at once, when allowed.
+    f.apply(FILE, false, false).unwrap();
+    let applied = f.apply(without_udp, false, true).unwrap();
+    let removed: Vec<String> = applied.changes.iter().map(ToString::to_string).collect();
+    assert_eq!(removed, ["- vip 10.100.0.2:53/udp", "- backend 10.0.0.3 in 10.100.0.2:53/udp"]);
+}
+
+#[test]
+fn a_backend_past_its_drain_deadline_stays_removed() {
+    let mut f = Fixture::new();
+    let past = FILE.replace("weight = 50\n", "drain = true\ndrain_deadline = 2001-01-01T00:00:00Z\n");
+    let applied = f.apply(&past, false, false).unwrap();
+    assert!(!f.core.state().vips[&vip("10.100.0.1:80/tcp")].backends.contains_key(&"10.0.0.2".parse().unwrap()));
+    assert_eq!(applied.changes.len(), 5);
+    assert_eq!(f.apply(&past, true, false).unwrap().changes, []);
+}
+
+#[test]
+fn the_config_file_s_mark_is_kept_once_applied() {
+    let mut f = Fixture::new();
+    let doc = Document::parse("test.toml", FILE.to_owned()).unwrap();
+    let path = Path::new("/etc/spillway/spillway.toml");
+    f.core.apply_file(&doc, ApplyOptions { mark_as: Some(path.to_owned()), ..ApplyOptions::default() }).unwrap();
+    let mark = StateFile::open(f.tmp.path()).unwrap().load_config_mark();
+    assert_eq!(mark, Some(ConfigMark::of(path, &doc.desired_state().unwrap())));
+    // lbctl apply does not touch it.
+    f.apply("vips = []\n", false, true).unwrap();
+    assert_eq!(StateFile::open(f.tmp.path()).unwrap().load_config_mark(), mark);
+}
+
+#[test]
+fn status_shows_the_daemon_and_its_maps() {
+    let mut f = Fixture::new();
+    f.apply(FILE, false, false).unwrap();
+    f.core.set_info(DaemonInfo { iface: "eth0".into(), watcher: Err("tracefs is not mounted".into()), ..DaemonInfo::default() });
+    let Reply::Status(status) = f.core.handle(Request::Status).unwrap() else { panic!("not a status") };
+    let Status { version, iface, vips, backends, rules, maps, watcher, announcements, health_checks, config, .. } = *status;
+    assert_eq!((version.as_str(), iface.as_str(), vips, backends, rules), (env!("CARGO_PKG_VERSION"), "eth0", 2, 3, 1));
+    assert!(!health_checks);
+    assert_eq!(config, None);
+    assert_eq!((watcher.state.as_str(), watcher.error.as_deref()), ("not_loaded", Some("tracefs is not mounted")));
+    assert_eq!(announcements.state, "off");
+    let used = |name: &str| maps.iter().find(|m| m.name == name).and_then(|m| m.used);
+    assert_eq!((used("spw_vips"), used("spw_backends")), (Some(2), Some(3)));
+}

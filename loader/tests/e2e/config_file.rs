@@ -1,0 +1,245 @@
+//! The configuration file with the real `lbd` and `lbctl` and real traffic: `lbd --config`
+//! on a first start, `lbctl diff`/`apply`/`export`, bad files refused whole and changing
+//! nothing, SIGHUP, restarts that keep `lbctl` edits unless the file changed, and systemd's
+//! readiness protocol with only the capabilities the unit grants.
+
+use std::{
+    collections::BTreeMap,
+    os::unix::net::UnixDatagram,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use spillway_harness::{Signal, backend4, cluster::XdpMode};
+
+use crate::support::*;
+
+/// A configuration file of the test's own, removed at the end.
+struct File(PathBuf);
+
+impl File {
+    fn new(label: &str) -> Self {
+        Self(std::env::temp_dir().join(format!("spw-{}-{label}.toml", std::process::id())))
+    }
+
+    fn write(&self, text: &str) {
+        std::fs::write(&self.0, text).unwrap();
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The TCP VIP with backends b<n> of the given weights.
+fn declaring(backends: &[(usize, u32)]) -> String {
+    let mut text = format!("[[vips]]\nvip = \"{}\"\nring_size = 4099\n", tcp_vip(false));
+    for (n, weight) in backends {
+        text.push_str(&format!("\n[[vips.backends]]\naddress = \"{}\"\nweight = {weight}\n", backend4(*n)));
+    }
+    text
+}
+
+fn shares(pairs: &[(&'static str, f64)]) -> BTreeMap<&'static str, f64> {
+    pairs.iter().copied().collect()
+}
+
+fn backend_weights(c: &spillway_harness::cluster::Cluster) -> Vec<(String, u64)> {
+    let list = c.lbctl_json(&["backends", "list", "--vip", &tcp_vip(false)]).unwrap();
+    list["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["address"].as_str().unwrap().to_owned(), b["weight"].as_u64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn lbd_starts_from_the_file_and_lbctl_diffs_applies_and_exports() {
+    let file = File::new("config-apply");
+    file.write(&declaring(&[(1, 100), (2, 100)]));
+    let c = start_with(XdpMode::Native, 3, 1, &["--config", file.path()]);
+    let vip = tcp_vip(false);
+    assert!(
+        c.lbd_log().contains(&format!("event=config_used source=file file={} reason=no_persisted_state", file.path())),
+        "{}",
+        c.lbd_log()
+    );
+    wait_until(Duration::from_secs(10), "b1 and b2 healthy", || all_healthy(&c, &vip));
+    assert_shares(&connections(&c, tcp_target(false), 60), &shares(&[("b1", 0.5), ("b2", 0.5)]), 60);
+
+    // In sync: diff says so, with exit status 0.
+    let out = c.lbctl_output(&["diff", "-f", file.path()]).unwrap();
+    assert_eq!((out.status.code(), String::from_utf8_lossy(&out.stdout).as_ref()), (Some(0), "no changes\n"));
+
+    // A new backend and a new weight: diff lists them (exit 1) and changes nothing.
+    file.write(&declaring(&[(1, 200), (2, 100), (3, 100)]));
+    let out = c.lbctl_output(&["diff", "-f", file.path()]).unwrap();
+    let (b1, b3) = (backend4(1), backend4(3));
+    assert_eq!(
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned()),
+        (
+            Some(1),
+            format!(
+                "~ backend {b1} in {vip}: weight 100 -> 200\n+ backend {b3} in {vip}: address=\"{b3}\", weight=100\n\
+                 2 changes would be applied (nothing was changed)\n"
+            )
+        )
+    );
+    let out = c.lbctl_output(&["diff", "-f", file.path(), "-o", "json"]).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((json["applied"].as_bool(), json["changes"].as_array().map(Vec::len)), (Some(false), Some(2)), "{json}");
+    assert_eq!(backend_weights(&c).len(), 2, "diff changed the state");
+
+    // Apply: one change, then traffic follows the new weights.
+    let applied = c.lbctl(&["apply", "-f", file.path()]).unwrap();
+    assert!(applied.starts_with(&format!("~ backend {b1} in {vip}: weight 100 -> 200\n")), "{applied}");
+    assert!(applied.contains("\napplied 2 changes (slots_written="), "{applied}");
+    assert_eq!(backend_weights(&c), [(b1.to_string(), 200), (backend4(2).to_string(), 100), (b3.to_string(), 100)]);
+    wait_until(Duration::from_secs(10), "b3 healthy", || all_healthy(&c, &vip));
+    assert_shares(&connections(&c, tcp_target(false), 80), &shares(&[("b1", 0.5), ("b2", 0.25), ("b3", 0.25)]), 80);
+
+    // export | apply changes nothing; an lbctl edit shows in the export and in a diff.
+    let exported = c.lbctl(&["export"]).unwrap();
+    let out = c.lbctl_with_input(&["apply", "-f", "-"], &exported).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "no changes\n", "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(exported.contains("[lbd]\n") && exported.contains("\niface = \"eth0\"\n"), "{exported}");
+    c.lbctl(&["backends", "set-weight", "--vip", &vip, &backend4(2).to_string(), "50"]).unwrap();
+    let exported = c.lbctl(&["export"]).unwrap();
+    assert!(exported.contains(&format!("address = \"{}\"\nweight = 50", backend4(2))), "{exported}");
+    let out = c.lbctl_output(&["diff", "-f", file.path()]).unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with(&format!("~ backend {} in {vip}: weight 50 -> 100\n", backend4(2))));
+
+    // Bad files are refused whole, naming file, line, column and field, and change nothing.
+    let bad = File::new("config-bad");
+    let good = declaring(&[(1, 200), (2, 50), (3, 100)]);
+    let before = stable_view(&c, &vip);
+    let huge = format!("{good}#{}\n", "x".repeat(5 << 20));
+    let cases = [
+        (good.replace("weight = 200", "wieght = 200"), ":7:1: vips[0].backends[0].wieght: unknown field `wieght`"),
+        (good.replace("weight = 200", "weight = \"heavy\""), ":7:10: vips[0].backends[0].weight: invalid type: string"),
+        (good.replace("weight = 200", "weight = 0"), ":7:10: vips[0].backends[0].weight: weight 0 is out of range (1..=1000000)"),
+        (good.replace("ring_size = 4099", "ring_size = 4096"), ":3:13: vips[0].ring_size: ring size 4096 must be a prime"),
+        (
+            good.replace(&backend4(3).to_string(), &backend4(1).to_string()),
+            ":14:11: vips[0].backends[2].address: backend 10.0.0.101 is declared twice",
+        ),
+        (format!("{good}[[vips]]\nvip = \"{vip}\"\n"), ":17:7: vips[1].vip: VIP 10.100.0.1:80/tcp is declared twice"),
+        (good.replace("ring_size = 4099", "ring_size = "), ":3:13: "),
+        ("vips = []\n".to_owned(), ": removes VIP 10.100.0.1:80/tcp (3 backends), whose connections would break"),
+        (String::new(), ": declares nothing"),
+        (huge, ": larger than the 4 MiB a configuration may be"),
+    ];
+    for (text, message) in cases {
+        bad.write(&text);
+        for command in ["apply", "diff"] {
+            let out = c.lbctl_output(&[command, "-f", bad.path()]).unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(if command == "diff" { 2 } else { 1 }), "{command} {message}: {stderr}");
+            assert!(stderr.contains(&format!("{}{message}", bad.path())), "{command}: {stderr}\n  lacks {message:?}");
+        }
+        assert_eq!(stable_view(&c, &vip), before, "{message}: the state changed");
+    }
+    assert_eq!(connections(&c, tcp_target(false), 20).failures, 0);
+}
+
+/// The unit's `CapabilityBoundingSet`, as `setpriv --bounding-set` takes it.
+fn unit_capabilities(unit: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/systemd").join(unit);
+    let text = std::fs::read_to_string(path).unwrap();
+    let line = text.lines().find_map(|l| l.strip_prefix("CapabilityBoundingSet=")).expect("a CapabilityBoundingSet");
+    let caps: Vec<String> = line.split_whitespace().map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase())).collect();
+    format!("-all,{}", caps.join(","))
+}
+
+fn receive(socket: &UnixDatagram) -> String {
+    let mut buf = [0u8; 4096];
+    let n = socket.recv(&mut buf).expect("a notification from lbd within the timeout");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[test]
+fn sighup_restarts_and_readiness_under_the_unit_s_capabilities() {
+    let file = File::new("config-reload");
+    file.write(&declaring(&[(1, 100), (2, 100)]));
+    let c = start_with(XdpMode::Native, 3, 1, &["--config", file.path()]);
+    let vip = tcp_vip(false);
+    let (b1, b2, b3) = (backend4(1).to_string(), backend4(2).to_string(), backend4(3).to_string());
+
+    // An lbctl edit survives a restart while the file stays as it was.
+    c.lbctl(&["backends", "set-weight", "--vip", &vip, &b2, "50"]).unwrap();
+    c.stop_lbd(Signal::SIGTERM).unwrap();
+    c.start_lbd().unwrap();
+    assert!(c.lbd_log().contains("event=config_used source=state") && c.lbd_log().contains("reason=file_unchanged"), "{}", c.lbd_log());
+    assert_eq!(backend_weights(&c), [(b1.clone(), 100), (b2.clone(), 50)]);
+
+    // SIGHUP applies the changed file like lbctl apply.
+    file.write(&declaring(&[(1, 100), (2, 100), (3, 100)]));
+    c.signal_lbd(Signal::SIGHUP).unwrap();
+    wait_until(Duration::from_secs(10), "the reload", || {
+        c.lbd_log().contains("event=config_applied") && c.lbd_log().contains("trigger=SIGHUP")
+    });
+    assert_eq!(backend_weights(&c), [(b1.clone(), 100), (b2.clone(), 100), (b3.clone(), 100)]);
+    let status = c.lbctl_json(&["status"]).unwrap();
+    assert_eq!(status["config"]["last"], "applied on SIGHUP", "{status}");
+
+    // A bad file on SIGHUP is refused whole: logged, shown by status, nothing changed.
+    let before = stable_view(&c, &vip);
+    file.write(&declaring(&[(1, 100), (2, 0), (3, 100)]));
+    c.signal_lbd(Signal::SIGHUP).unwrap();
+    wait_until(Duration::from_secs(10), "the refusal", || c.lbd_log().contains("event=config_refused"));
+    let status = c.lbctl_json(&["status"]).unwrap();
+    let error = status["config"]["error"].as_str().unwrap_or_default().to_owned();
+    assert!(error.contains(&format!("{}:11:10: vips[0].backends[1].weight: weight 0", file.path())), "{status}");
+    assert_eq!(stable_view(&c, &vip), before);
+
+    // A restart with the file as last applied keeps the state; a changed file is applied.
+    file.write(&declaring(&[(1, 100), (2, 100), (3, 100)]));
+    c.stop_lbd(Signal::SIGTERM).unwrap();
+    c.start_lbd().unwrap();
+    assert!(c.lbd_log().contains("reason=file_unchanged"), "{}", c.lbd_log());
+    file.write(&declaring(&[(1, 100), (3, 300)]));
+    c.stop_lbd(Signal::SIGTERM).unwrap();
+    c.start_lbd().unwrap();
+    assert!(c.lbd_log().contains("reason=file_changed") && c.lbd_log().contains("event=config_applied"), "{}", c.lbd_log());
+    assert_eq!(backend_weights(&c), [(b1.clone(), 100), (b3.clone(), 300)]);
+
+    // Readiness: from nothing attached (cleanup), READY=1 comes once the program is attached
+    // and the state restored, with only the unit's capabilities.
+    c.stop_lbd(Signal::SIGTERM).unwrap();
+    let cleanup =
+        std::process::Command::new(env!("CARGO_BIN_EXE_lbd")).arg("--cleanup").arg("--pin-dir").arg(c.lbd_pin_dir().unwrap()).output();
+    assert!(cleanup.unwrap().status.success());
+    assert!(!c.topo.lb().run(&["ip", "link", "show", "eth0"]).unwrap().contains("xdp"), "still attached after cleanup");
+    let socket_path = c.topo.tempdir().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let caps = unit_capabilities("spillway.service");
+    let bounding = format!("--bounding-set={caps}");
+    let wrapper = ["setpriv".as_ref(), bounding.as_ref(), "--inh-caps=-all".as_ref(), "--".as_ref()];
+    c.spawn_lbd_with(&wrapper, &[("NOTIFY_SOCKET", socket_path.as_os_str())]).unwrap();
+    let ready = receive(&socket);
+    assert_eq!(ready, "READY=1\nSTATUS=serving vips=1 backends=2", "{}", c.lbd_log());
+    // At that moment, with no retry: attached, and the API answers with the state.
+    assert!(c.topo.lb().run(&["ip", "link", "show", "eth0"]).unwrap().contains("xdp"), "READY before the program was attached");
+    let out = c.lbctl_output(&["vips", "list", "-o", "json"]).unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(&vip), "READY before the API answered: {out:?}");
+    c.wait_for_lbd().unwrap();
+    assert_eq!(c.lbctl_json(&["status"]).unwrap()["attachment"], "attached");
+    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
+    assert_shares(&connections(&c, tcp_target(false), 40), &shares(&[("b1", 0.25), ("b3", 0.75)]), 40);
+
+    // A reload says RELOADING=1 (with the monotonic time), then READY=1; a stop STOPPING=1.
+    c.signal_lbd(Signal::SIGHUP).unwrap();
+    let reloading = receive(&socket);
+    assert!(reloading.starts_with("RELOADING=1\nMONOTONIC_USEC="), "{reloading}");
+    assert_eq!(receive(&socket), "READY=1\nSTATUS=serving vips=1 backends=2");
+    c.stop_lbd(Signal::SIGTERM).unwrap();
+    assert_eq!(receive(&socket), "STOPPING=1");
+}

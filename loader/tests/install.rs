@@ -1,0 +1,117 @@
+//! The install path (`deploy/install.sh`, what `./x install` runs) into a temporary prefix
+//! and a staging root, with the real binaries: every file in place, the units verified by
+//! `systemd-analyze verify` (their man pages found where they were installed), the bash
+//! completion a valid script, the man pages rendered by `man`, the example configuration
+//! valid, and an operator's configuration never replaced.
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use spillway::config::Document;
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(label: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("spw-{}-{label}", std::process::id()));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn install(args: &[&str]) -> Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/install.sh");
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_lbd")).parent().unwrap().to_owned();
+    let out = Command::new(script).arg("--bin-dir").arg(bin_dir).args(args).env_remove("DESTDIR").output().unwrap();
+    assert!(out.status.success(), "install.sh {args:?}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+#[test]
+fn installs_into_a_prefix_and_the_units_verify() {
+    let dir = Dir::new("install");
+    let prefix = dir.0.to_str().unwrap();
+    let etc = format!("{prefix}/etc");
+    install(&["--prefix", prefix, "--sysconfdir", &etc]);
+    let p = |rel: &str| dir.0.join(rel);
+    for (file, mode) in [
+        ("bin/lbd", 0o755),
+        ("bin/lbctl", 0o755),
+        ("lib/systemd/system/spillway.service", 0o644),
+        ("lib/systemd/system/spillway-agent.service", 0o644),
+        ("etc/spillway/spillway.toml", 0o644),
+        ("etc/spillway/agent.toml", 0o644),
+        ("share/doc/spillway/spillway.toml", 0o644),
+        ("share/bash-completion/completions/lbctl", 0o644),
+        ("share/bash-completion/completions/lbd", 0o644),
+        ("share/zsh/site-functions/_lbctl", 0o644),
+        ("share/fish/vendor_completions.d/lbctl.fish", 0o644),
+        ("share/man/man8/lbd.8", 0o644),
+        ("share/man/man8/lbd-agent.8", 0o644),
+        ("share/man/man8/lbctl.8", 0o644),
+        ("share/man/man8/lbctl-apply.8", 0o644),
+    ] {
+        let meta = fs::metadata(p(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(meta.permissions().mode() & 0o777, mode, "{file}");
+    }
+
+    // The units name the installed binary and configuration, and systemd accepts them as
+    // they are: no warning at all.
+    let unit = fs::read_to_string(p("lib/systemd/system/spillway.service")).unwrap();
+    assert!(unit.contains(&format!("ExecStart={prefix}/bin/lbd --config {etc}/spillway/spillway.toml")), "{unit}");
+    assert!(!unit.contains('@'), "an unfilled placeholder:\n{unit}");
+    let units = [p("lib/systemd/system/spillway.service"), p("lib/systemd/system/spillway-agent.service")];
+    let verify = Command::new("systemd-analyze").arg("verify").args(&units).env("MANPATH", p("share/man")).output().unwrap();
+    assert!(verify.status.success() && text(&verify).is_empty(), "systemd-analyze verify: {}", text(&verify));
+
+    let bash = Command::new("bash").arg("-n").arg(p("share/bash-completion/completions/lbctl")).output().unwrap();
+    assert!(bash.status.success(), "{}", text(&bash));
+    let man = Command::new("man")
+        .arg("-l")
+        .arg(p("share/man/man8/lbd.8"))
+        .env("MANWIDTH", "100")
+        .env("MAN_KEEP_FORMATTING", "0")
+        .output()
+        .unwrap();
+    assert!(man.status.success(), "{}", text(&man));
+    let page = String::from_utf8_lossy(&man.stdout).replace(['\u{8}', '_'], "");
+    assert!(page.contains("config") && page.contains("agent"), "{page}");
+
+    let config = Document::read(&p("etc/spillway/spillway.toml")).unwrap();
+    config.desired_state().unwrap();
+    assert_eq!(config.lbd().unwrap()["iface"].as_str(), Some("eth0"));
+    let version = Command::new(p("bin/lbctl")).arg("--version").output().unwrap();
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("lbctl "), "{}", text(&version));
+
+    // Installing again keeps the operator's configuration.
+    fs::write(p("etc/spillway/spillway.toml"), "vips = []\n").unwrap();
+    let again = install(&["--prefix", prefix, "--sysconfdir", &etc]);
+    assert!(text(&again).contains(&format!("kept {etc}/spillway/spillway.toml")), "{}", text(&again));
+    assert_eq!(fs::read_to_string(p("etc/spillway/spillway.toml")).unwrap(), "vips = []\n");
+}
+
+#[test]
+fn stages_under_a_destdir_with_the_final_paths() {
+    let dir = Dir::new("install-destdir");
+    let out = install(&["--destdir", dir.0.to_str().unwrap()]);
+    assert!(text(&out).contains("installed /usr/local/bin/lbd"), "{}", text(&out));
+    let unit = fs::read_to_string(dir.0.join("usr/local/lib/systemd/system/spillway.service")).unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/bin/lbd --config /etc/spillway/spillway.toml"), "{unit}");
+    assert!(dir.0.join("usr/local/bin/lbctl").exists() && dir.0.join("etc/spillway/spillway.toml").exists());
+    assert!(dir.0.join("usr/local/share/man/man8/lbctl-status.8").exists());
+}
