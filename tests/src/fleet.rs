@@ -229,6 +229,11 @@ impl Fleet {
         &self.router
     }
 
+    /// A directory for the test's files (say, the fleet's configuration); removed on drop.
+    pub fn tempdir(&self) -> &Path {
+        self.tempdir.path()
+    }
+
     /// The router BIRD's control socket (for `show route`).
     pub fn router_bird_socket(&self) -> PathBuf {
         self.tempdir.path().join("router").join("bird.ctl")

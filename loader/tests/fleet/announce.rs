@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 use spillway_harness::fleet::{Balancer, HTTP_PORT, vip_target};
 use spillway_harness::{Load, LoadConfig, Signal, VIP4};
 
-use crate::support::{self, all, configure, echo_vip, wait_for_next_hops};
+use crate::support::{self, all, echo_vip, wait_for_next_hops};
 
 #[test]
 fn both_balancers_announce_and_carry_new_flows() {
     let fleet = support::start(2, 3, 3, &[]);
     for b in fleet.balancers() {
-        configure(&fleet, b, &all(&fleet));
+        support::apply(&fleet, b, &all(&fleet));
     }
     let took = wait_for_next_hops(&fleet, &[fleet.balancer(1), fleet.balancer(2)], Duration::from_secs(20));
     println!("the router has both paths {took:?} after the VIPs were configured");
@@ -44,7 +44,7 @@ fn withdrawals_follow_the_data_path_never_load_nor_lbd_and_never_pass_the_floor(
     let fleet = support::start(2, 3, 1, &[]);
     let (lb1, lb2) = (fleet.balancer(1), fleet.balancer(2));
     for b in fleet.balancers() {
-        configure(&fleet, b, &all(&fleet));
+        support::apply(&fleet, b, &all(&fleet));
     }
     wait_for_next_hops(&fleet, &[lb1, lb2], Duration::from_secs(20));
     let prefix = r#"{prefix="10.100.0.1/32",state="announced"}"#;

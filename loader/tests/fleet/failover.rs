@@ -9,7 +9,7 @@ use spillway_harness::cluster::TCP_PORT;
 use spillway_harness::fleet::{Fleet, HTTP_PORT, vip_target};
 use spillway_harness::{Load, LoadConfig, LoadReport, Signal, Stream, StreamChecker};
 
-use crate::support::{self, all, configure, echo_vip, http_vip, wait_for_next_hops};
+use crate::support::{self, all, echo_vip, http_vip, wait_for_next_hops};
 
 /// Streams per client; their source ports spread them over the balancers.
 const STREAMS_PER_CLIENT: usize = 8;
@@ -50,7 +50,7 @@ fn losing_a_balancer_then_adding_one_breaks_no_established_connection() {
     let mut fleet = support::start(2, 4, 3, &[]);
     let (lb1, lb2) = (fleet.balancer(1), fleet.balancer(2));
     for b in [lb1, lb2] {
-        configure(&fleet, b, &all(&fleet));
+        support::apply(&fleet, b, &all(&fleet));
     }
     wait_for_next_hops(&fleet, &[lb1, lb2], Duration::from_secs(20));
     let streams = open_streams(&fleet);
@@ -79,7 +79,7 @@ fn losing_a_balancer_then_adding_one_breaks_no_established_connection() {
     let joined = Instant::now();
     fleet.add_balancer().unwrap();
     let (lb2, lb3) = (fleet.balancer(2), fleet.balancer(3));
-    configure(&fleet, lb3, &all(&fleet));
+    support::apply(&fleet, lb3, &all(&fleet));
     wait_for_next_hops(&fleet, &[lb2, lb3], Duration::from_secs(20));
     let added_at = load.elapsed();
     println!("lb3 carries traffic {:?} after it was started", joined.elapsed());

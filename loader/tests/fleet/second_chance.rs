@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use spillway_harness::cluster::TCP_PORT;
 use spillway_harness::fleet::{Balancer, vip_target};
-use spillway_harness::{Signal, Stream, backend4};
+use spillway_harness::{Signal, Stream};
 
-use crate::support::{self, configure, echo_vip, http_vip, wait_for_next_hops};
+use crate::support::{self, echo_vip, wait_for_next_hops};
 
 const STREAMS_PER_CLIENT: usize = 16;
 
@@ -42,7 +42,7 @@ fn a_backend_added_while_a_balancer_is_down_keeps_that_balancers_flows() {
     let fleet = support::start(2, 4, 3, &["--second-chance-settle-s", "2"]);
     let (lb1, lb2) = (fleet.balancer(1), fleet.balancer(2));
     for b in [lb1, lb2] {
-        configure(&fleet, b, &[0, 1, 2]);
+        support::apply(&fleet, b, &[0, 1, 2]);
     }
     wait_for_next_hops(&fleet, &[lb1, lb2], Duration::from_secs(20));
     // Long-lived connections, quiet while the balancer dies and the backend is added.
@@ -62,10 +62,8 @@ fn a_backend_added_while_a_balancer_is_down_keeps_that_balancers_flows() {
     lb1.stop_lbd(Signal::SIGKILL).unwrap();
     lb1.stop_bird(Signal::SIGKILL).unwrap();
     wait_for_next_hops(&fleet, &[lb2], Duration::from_secs(20));
-    let b4 = backend4(4).to_string();
-    for vip in [echo_vip(), http_vip()] {
-        lb2.lbctl(&["backends", "add", "--vip", &vip, &b4]).unwrap();
-    }
+    // The fleet's file gains the fourth backend; applied to the balancer that is up.
+    support::apply(&fleet, lb2, &[0, 1, 2, 3]);
 
     // Which of lb1's connections lb2's new table sends elsewhere than their backend: reset
     // without second chance.

@@ -2,6 +2,7 @@
 //! balancer, and what the router and the balancers' BIRDs see.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -33,15 +34,25 @@ pub fn start(balancers: usize, backends: usize, clients: usize, lbd_args: &[&str
     Fleet::start(bins, config).expect("starting the fleet")
 }
 
-/// Gives `balancer` both VIPs with every backend, in the order `order` names them (indexes
-/// into the backends).
-pub fn configure(fleet: &Fleet, balancer: &Balancer, order: &[usize]) {
+/// The fleet's desired state, as every balancer gets it: both VIPs with the backends
+/// `backends` (indexes), written as a configuration file.
+pub fn fleet_file(fleet: &Fleet, backends: &[usize]) -> PathBuf {
+    let mut toml = String::from("# The fleet's desired state: lbctl apply -f on every balancer.\n");
     for vip in [echo_vip(), http_vip()] {
-        balancer.lbctl(&["vips", "add", &vip]).unwrap();
-        for &i in order {
-            balancer.lbctl(&["backends", "add", "--vip", &vip, &fleet.backends()[i].ipv4().to_string()]).unwrap();
+        toml.push_str(&format!("\n[[vips]]\nvip = \"{vip}\"\n"));
+        for &i in backends {
+            toml.push_str(&format!("\n[[vips.backends]]\naddress = \"{}\"\n", fleet.backends()[i].ipv4()));
         }
     }
+    let path = fleet.tempdir().join(format!("fleet-{}.toml", backends.iter().map(|i| i.to_string()).collect::<Vec<_>>().join("-")));
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// Applies the fleet's state with `backends` to `balancer` (`lbctl apply -f`).
+pub fn apply(fleet: &Fleet, balancer: &Balancer, backends: &[usize]) {
+    let file = fleet_file(fleet, backends);
+    balancer.lbctl(&["apply", "-f", &file.display().to_string()]).unwrap();
 }
 
 /// Every backend, in order.

@@ -71,9 +71,9 @@ fn digests(balancer: &Balancer) -> Vec<String> {
 fn the_same_state_gives_byte_identical_tables_on_every_balancer() {
     let fleet = support::start(2, 4, 1, &[]);
     let (lb1, lb2) = (fleet.balancer(1), fleet.balancer(2));
-    support::configure(&fleet, lb1, &[0, 1, 2, 3]);
-    // lb2: a backend that is removed again first (every id shifts), then the others in
-    // another order.
+    // lb1 from the fleet's file; lb2 by hand: a backend that is removed again first (every
+    // id shifts), then the others in another order.
+    support::apply(&fleet, lb1, &[0, 1, 2, 3]);
     for vip in [echo_vip(), http_vip()] {
         lb2.lbctl(&["vips", "add", &vip]).unwrap();
         lb2.lbctl(&["backends", "add", "--vip", &vip, "10.0.0.250"]).unwrap();
