@@ -312,6 +312,10 @@ impl FlowTable for FakeMaps {
     fn ring_slot(&self, vip_id: u32, half: u32, slot: u32) -> Result<u32, DataplaneError> {
         Ok(self.rings.get(&(VipMeta::ring_base(vip_id, half) + slot)).copied().unwrap_or(0))
     }
+    fn prior_slot(&self, vip_id: u32, hash: u32) -> Result<Option<u32>, DataplaneError> {
+        let size = self.prior_size.get(&vip_id).copied().unwrap_or(0);
+        Ok((size != 0).then(|| self.prior.get(&(VipMeta::prior_base(vip_id) + hash % size)).copied().unwrap_or(0)))
+    }
     /// Longest-prefix match over the trie entries, as the kernel's LPM trie answers.
     fn rule_lookup(&self, prefix_len: u32, key: &RuleKey) -> Result<Option<RuleValue>, DataplaneError> {
         let bits = |k: &RuleKey, i: u32| bytemuck::bytes_of(k)[(i / 8) as usize] >> (7 - i % 8) & 1;

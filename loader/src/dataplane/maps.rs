@@ -134,6 +134,15 @@ impl BalancerMaps {
         named(map_names::PRIOR_SIZE, self.prior_size.set(vip_id, &size, 0))
     }
 
+    /// The backend id VIP `vip_id`'s second-chance table gives `hash` (`None`: it has none).
+    pub fn prior_slot(&self, vip_id: u32, hash: u32) -> Result<Option<u32>, DataplaneError> {
+        let size = named(map_names::PRIOR_SIZE, self.prior_size.get(&vip_id, 0))?;
+        if size == 0 {
+            return Ok(None);
+        }
+        named(map_names::PRIOR_RINGS, self.prior_rings.get(&(VipMeta::prior_base(vip_id) + hash % size), 0)).map(Some)
+    }
+
     /// Packets sent with a second candidate, summed over CPUs.
     pub fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
         sum_count(map_names::SECOND_CHANCE, &self.second_chance, 0)

@@ -24,7 +24,7 @@ use crate::{
     api::flows::{Admission, DEFAULT_FLOW_LIST, FlowAnswer, FlowEntry, FlowEntryState, FlowList, MAX_FLOW_LIST, PurgeReport},
     daemon::telemetry::FlowCount,
     dataplane::{BalancerMaps, DataplaneError},
-    model::{Cidr, Vip},
+    model::{Cidr, Proto, Vip},
     reconcile::Maps,
     store::Store,
 };
@@ -44,6 +44,8 @@ pub trait FlowTable {
     fn budget_bucket(&self, vip_id: u32) -> Result<Bucket, DataplaneError>;
     fn source_state(&self, key: &SourceKey) -> Option<SourceState>;
     fn lb_config(&self) -> Result<LbConfig, DataplaneError>;
+    /// The backend id VIP `vip_id`'s second-chance table gives `hash` (`None`: it has none).
+    fn prior_slot(&self, vip_id: u32, hash: u32) -> Result<Option<u32>, DataplaneError>;
 }
 
 impl FlowTable for BalancerMaps {
@@ -73,6 +75,9 @@ impl FlowTable for BalancerMaps {
     }
     fn lb_config(&self) -> Result<LbConfig, DataplaneError> {
         BalancerMaps::config(self)
+    }
+    fn prior_slot(&self, vip_id: u32, hash: u32) -> Result<Option<u32>, DataplaneError> {
+        BalancerMaps::prior_slot(self, vip_id, hash)
     }
 }
 
@@ -146,12 +151,19 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let now = kernel_now_ns();
         let entry = self.maps.flow(&key).map(|value| self.entry_state(&key, &value, &config, now));
         let admission = self.admission(&key, id, now)?;
+        // As `second_chance::candidates`: both ids differ and name backends in use.
+        let prior = if vip.proto == Proto::Tcp { self.maps.prior_slot(id, hash).map_err(CoreError::Counters)? } else { None };
+        let second_chance = prior
+            .filter(|&p| p != owner && maglev.is_some())
+            .and_then(|p| self.maps.backend(p).ok())
+            .filter(|b| b.state == BACKEND_ACTIVE)
+            .and_then(|b| from_words(b.addr, b.family));
         let goes_to = match &entry {
             Some(FlowEntryState { in_force: true, backend, .. }) => *backend,
-            _ if admission.admitted => maglev,
+            _ if admission.admitted || second_chance.is_some() => maglev,
             _ => None,
         };
-        Ok(FlowAnswer { vip: *vip, client, port, entry, hash, slot, maglev, goes_to, admission })
+        Ok(FlowAnswer { vip: *vip, client, port, entry, hash, slot, maglev, second_chance, goes_to, admission })
     }
 
     /// What the data path makes of an existing entry (`select::established`).
