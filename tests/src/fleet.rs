@@ -28,8 +28,9 @@ use crate::addrs::{
     balancer6, edge_client4, edge_client6,
 };
 use crate::cleanup::sweep_stale;
-use crate::cluster::{Binaries, TCP_PORT, UDP_PORT, XdpMode};
+use crate::cluster::{Binaries, TCP_PORT, UDP_PORT, XdpMode, spawn_agent};
 use crate::host::{CLIENT_MTU, Host, HostSpec, Role, TUNNEL_MTU, wire_iface};
+use crate::lbctl::{Lbctl, START_TIMEOUT, STOP_TIMEOUT};
 use crate::netns::Netns;
 use crate::process::{Daemon, Registry};
 use crate::topology::{TempDir, next_id};
@@ -41,9 +42,6 @@ pub const BALANCER_AS: u32 = 65001;
 /// Port of the capacity servers (HTTP load) on the backends; the echo servers have
 /// [`TCP_PORT`].
 pub const HTTP_PORT: u16 = 8080;
-/// How long `lbd` and BIRD may take to come up, and to exit after a signal.
-const START_TIMEOUT: Duration = Duration::from_secs(20);
-const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug)]
 pub struct FleetConfig {
@@ -181,18 +179,7 @@ impl Fleet {
         // Plenty of room: the fleet tests measure routing, not backend capacity.
         self.servers.push(capacity::start_capacity_server(host, HTTP_PORT, 2000, 1)?);
         let pin_dir = self.pin_dir.join(format!("agent-{}", host.name()));
-        let args: Vec<&std::ffi::OsStr> = vec![
-            self.bins.lbd.as_os_str(),
-            "agent".as_ref(),
-            "--iface".as_ref(),
-            "eth0".as_ref(),
-            "--xdp-mode".as_ref(),
-            self.mode.flag().as_ref(),
-            "--pin-dir".as_ref(),
-            pin_dir.as_os_str(),
-        ];
-        let agent = host.spawn(&args)?;
-        agent.wait_for_output("ready", START_TIMEOUT).with_context(|| format!("agent on {}:\n{}", host.name(), agent.log()))?;
+        let agent = spawn_agent(host, &self.bins.lbd, self.mode, &pin_dir, &[])?;
         self.servers.push(agent);
         Ok(())
     }
@@ -387,18 +374,13 @@ impl Balancer {
         ];
         args.extend(self.lbd_args.iter().map(std::ffi::OsStr::new));
         let daemon = self.host.spawn(&args)?;
-        let started = Instant::now();
-        while !(self.api_socket().exists() && self.lbctl_output(&["vips", "list"]).is_ok_and(|o| o.status.success())) {
-            if !daemon.is_running() {
-                bail!("lbd of {} exited while starting:\n{}", self.name(), daemon.log());
-            }
-            if started.elapsed() > START_TIMEOUT {
-                bail!("lbd of {} did not answer within {START_TIMEOUT:?}:\n{}", self.name(), daemon.log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.ctl().wait_for_lbd(&|| daemon.is_running(), &|| daemon.log()).with_context(|| format!("lbd of {}", self.name()))?;
         *slot = Some(daemon);
         Ok(())
+    }
+
+    fn ctl(&self) -> Lbctl {
+        Lbctl { bin: self.bins.lbctl.clone(), api: self.api_socket() }
     }
 
     /// Sends `signal` to `lbd` and waits (bounded) for it to exit.
@@ -429,34 +411,17 @@ impl Balancer {
     }
 
     pub fn lbctl_output(&self, args: &[&str]) -> Result<Output> {
-        Command::new(&self.bins.lbctl)
-            .arg("--api")
-            .arg(self.api_socket())
-            .args(args)
-            .output()
-            .with_context(|| format!("running lbctl {} on {}", args.join(" "), self.name()))
+        self.ctl().output(args)
     }
 
     /// Runs `lbctl` and returns its stdout; fails with its stderr on a non-zero exit.
     pub fn lbctl(&self, args: &[&str]) -> Result<String> {
-        let out = self.lbctl_output(args)?;
-        ensure!(
-            out.status.success(),
-            "lbctl {} on {} failed ({}): {}",
-            args.join(" "),
-            self.name(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        self.ctl().run(args).with_context(|| format!("on {}", self.name()))
     }
 
     /// Runs `lbctl ... -o json` and parses the output.
     pub fn lbctl_json(&self, args: &[&str]) -> Result<serde_json::Value> {
-        let mut full = args.to_vec();
-        full.extend(["-o", "json"]);
-        let out = self.lbctl(&full)?;
-        serde_json::from_str(&out).with_context(|| format!("lbctl {} printed non-JSON: {out}", args.join(" ")))
+        self.ctl().json(args).with_context(|| format!("on {}", self.name()))
     }
 }
 

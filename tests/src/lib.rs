@@ -26,6 +26,7 @@ mod flood;
 pub mod frames;
 mod host;
 mod icmp;
+mod lbctl;
 mod load;
 pub mod locked_kernel;
 mod netns;
