@@ -93,3 +93,14 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_pinned_link_is_a_detached_program_for_both_families() {
+        let data_path = DataPath { iface: "lo".into(), link: PathBuf::from("/nonexistent/spillway/link") };
+        assert_eq!(data_path.faults(), (Some(Fault::ProgramDetached), Some(Fault::ProgramDetached)));
+    }
+}
