@@ -4,7 +4,7 @@
 //! new `lbd` never reuses a map of the old shape.
 
 /// Version of the pinned layout under the bpffs directory (`/sys/fs/bpf/spillway/v<N>`).
-pub const PIN_VERSION: u32 = 2;
+pub const PIN_VERSION: u32 = 3;
 
 /// Most VIPs one balancer serves.
 pub const MAX_VIPS: u32 = 64;
@@ -20,6 +20,11 @@ pub const DEFAULT_RING_SIZE: u32 = MAX_RING_SIZE;
 pub const RING_HALVES: u32 = 2;
 /// Slots in the flat ring array holding every VIP's two tables.
 pub const RING_MAP_ENTRIES: u32 = MAX_VIPS * RING_HALVES * MAX_RING_SIZE;
+/// Slots of the second-chance tables: one table per VIP (`types::VipMeta::prior_base`).
+pub const PRIOR_RING_ENTRIES: u32 = MAX_VIPS * MAX_RING_SIZE;
+/// A VIP's table changes that follow each other closer than this are one change (a slow
+/// start ramps over 30 s): its second-chance table is the one in force before the first.
+pub const SECOND_CHANCE_SETTLE_MS: u64 = 60_000;
 /// Connection-table entries (LRU). ~2^20 flows at ~120 bytes each including kernel overhead.
 pub const FLOW_TABLE_ENTRIES: u32 = 1 << 20;
 /// Interfaces the balancer may redirect to.
@@ -85,6 +90,9 @@ pub mod map_names {
     pub const PROBE_CONFIG: &str = "spw_probe_cfg";
     pub const PROBE_REASONS: &str = "spw_probe_rsn";
     pub const PROBE_LAST: &str = "spw_probe_last";
+    pub const PRIOR_RINGS: &str = "spw_prior_rings";
+    pub const PRIOR_SIZE: &str = "spw_prior_size";
+    pub const SECOND_CHANCE: &str = "spw_second_ch";
 }
 
 /// Program names in the eBPF objects.

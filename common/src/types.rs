@@ -45,6 +45,13 @@ impl VipMeta {
     pub const fn ring_base(id: u32, half: u32) -> u32 {
         (id * crate::limits::RING_HALVES + half) * crate::limits::MAX_RING_SIZE
     }
+
+    /// Index of slot 0 of this VIP's second-chance table (the table in force before its
+    /// last change) in the flat prior-ring array.
+    #[inline(always)]
+    pub const fn prior_base(id: u32) -> u32 {
+        id * crate::limits::MAX_RING_SIZE
+    }
 }
 
 /// An address that some VIP uses; lets the program tell VIP-bound fragments from the host's.
@@ -242,6 +249,9 @@ pub struct LbConfig {
     pub static_ifindex: u32,
     pub static_src_mac: [u8; 6],
     pub static_dst_mac: [u8; 6],
+    /// Seed of the flow hash (`hash::flow_hash`). Fleet-wide: balancers that share it and
+    /// the desired state send a flow to the same backend whichever of them ECMP picks.
+    pub flow_seed: u32,
 }
 
 impl LbConfig {
@@ -351,6 +361,13 @@ reasons!(
         PassNotLocal = "pass_not_local",
         /// Truncated or inconsistent headers.
         PassMalformed = "pass_malformed",
+        /// A second-chance packet (a tunnel to the second candidate inside the tunnel to
+        /// this host) of a connection this host has: both headers stripped, passed.
+        SecondChanceLocal = "second_chance_local",
+        /// A second-chance packet of a connection this host does not have: the outer
+        /// header stripped and the rest sent back to the hop it came from (XDP_TX), which
+        /// routes it to the second candidate.
+        SecondChanceForwarded = "second_chance_forwarded",
     }
 );
 
@@ -429,7 +446,7 @@ const _: () = assert!(size_of::<AddrKey>() == 20);
 const _: () = assert!(size_of::<BackendInfo>() == 28);
 const _: () = assert!(size_of::<FlowKey>() == 40);
 const _: () = assert!(size_of::<FlowValue>() == 16);
-const _: () = assert!(size_of::<LbConfig>() == 56);
+const _: () = assert!(size_of::<LbConfig>() == 60);
 const _: () = assert!(size_of::<Traffic>() == 16);
 const _: () = assert!(size_of::<CachedNextHop>() == 32);
 const _: () = assert!(size_of::<Limits>() == 24);

@@ -17,12 +17,13 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::{Duration, Instant},
 };
 
 use spillway_common::{
     addr::{from_words, to_words},
     hash::vip_filter_slot,
-    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, MAX_BACKENDS, MAX_RULES, MAX_VIPS, VIP_FILTER_WORDS},
+    limits::{ANY_VIP, DEFAULT_LIMIT_SLOT, MAX_BACKENDS, MAX_RULES, MAX_VIPS, SECOND_CHANCE_SETTLE_MS, VIP_FILTER_WORDS},
     maglev::{self, MaglevBackend, MaglevError},
     types::{
         AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, FAMILY_V4, FAMILY_V6, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP,
@@ -59,6 +60,10 @@ pub trait Maps {
     fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError>;
     fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError>;
     fn write_slots(&mut self, vip_id: u32, half: u32, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError>;
+    /// Writes `(slot, backend id)` pairs into VIP `vip_id`'s second-chance table.
+    fn write_prior(&mut self, vip_id: u32, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError>;
+    /// How many slots of VIP `vip_id`'s second-chance table packets may read (0: none).
+    fn set_prior_size(&mut self, vip_id: u32, size: u32) -> Result<(), DataplaneError>;
     fn read_ring(&self, vip_id: u32, half: u32, size: u32) -> Result<Vec<u32>, DataplaneError>;
     fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError>;
     fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError>;
@@ -92,6 +97,8 @@ pub struct ApplyReport {
     pub limits_written: usize,
     /// Rule trie entries inserted, replaced or removed.
     pub rules_written: usize,
+    /// Slots of second-chance tables written.
+    pub prior_written: usize,
 }
 
 /// A rule's trie entry as the reconciler last wrote (or adopted) it.
@@ -109,6 +116,10 @@ struct VipRuntime {
     /// Contents of each half as far as we know; `None` = unknown (write every slot).
     halves: [Option<Vec<u32>>; 2],
     backends: BTreeMap<IpAddr, u32>,
+    /// The second-chance table as last written (`None`: unknown, written whole next time).
+    prior: Option<Vec<u32>>,
+    /// When the table packets read last changed (`None`: not since this reconciler began).
+    changed_at: Option<Instant>,
 }
 
 pub struct Reconciler {
@@ -124,6 +135,8 @@ pub struct Reconciler {
     rules: BTreeMap<RuleMatch, RuleRuntime>,
     /// Trie entries found in the maps that no rule can own (removed on the next apply).
     stale_rules: Vec<(u32, RuleKey)>,
+    /// Table changes closer together than this are one change for second chance.
+    settle: Duration,
 }
 
 impl Reconciler {
@@ -148,7 +161,16 @@ impl Reconciler {
             let mut halves = [None, None];
             halves[(meta.active_half & 1) as usize] = Some(maps.read_ring(meta.id, meta.active_half & 1, meta.ring_size)?);
             let backends = by_vip.remove(&meta.id).unwrap_or_default();
-            vips.insert(vip, VipRuntime { id: meta.id, ring_size: meta.ring_size, active_half: meta.active_half & 1, halves, backends });
+            let runtime = VipRuntime {
+                id: meta.id,
+                ring_size: meta.ring_size,
+                active_half: meta.active_half & 1,
+                halves,
+                backends,
+                prior: None,
+                changed_at: None,
+            };
+            vips.insert(vip, runtime);
         }
         let orphans: Vec<u32> = by_vip.into_values().flat_map(|b| b.into_values()).collect();
         let in_use = active.into_iter().collect();
@@ -170,7 +192,14 @@ impl Reconciler {
                 _ => stale_rules.push((prefix_len, key)),
             }
         }
-        Ok(Self { vips, generations, in_use, orphans, limits, rules, stale_rules })
+        let settle = Duration::from_millis(SECOND_CHANCE_SETTLE_MS);
+        Ok(Self { vips, generations, in_use, orphans, limits, rules, stale_rules, settle })
+    }
+
+    /// How long a VIP's table must stay unchanged before its next change replaces the
+    /// second-chance table (the slow-start ramp of an added backend is one change).
+    pub fn set_second_chance_settle(&mut self, settle: Duration) {
+        self.settle = settle;
     }
 
     /// Makes the maps carry `desired`.
@@ -217,6 +246,15 @@ impl Reconciler {
         self.vips.get(vip).map(|r| r.id)
     }
 
+    /// The table packets of `vip` read, slot by slot as backend addresses: what every
+    /// balancer given the same state holds, whatever ids it handed out (`None`: unknown).
+    pub fn active_table(&self, vip: &Vip) -> Option<Vec<Option<IpAddr>>> {
+        let runtime = self.vips.get(vip)?;
+        let table = runtime.halves[runtime.active_half as usize].as_ref()?;
+        let by_id: HashMap<u32, IpAddr> = runtime.backends.iter().map(|(addr, id)| (*id, *addr)).collect();
+        Some(table.iter().map(|id| by_id.get(id).copied()).collect())
+    }
+
     fn apply_vip(
         &mut self,
         maps: &mut dyn Maps,
@@ -238,6 +276,8 @@ impl Reconciler {
                     active_half: 1,
                     halves: [None, None],
                     backends: BTreeMap::new(),
+                    prior: None,
+                    changed_at: None,
                 }
             }
         };
@@ -259,6 +299,7 @@ impl Reconciler {
         let active = runtime.active_half as usize;
         let unchanged = !is_new && runtime.ring_size == config.ring_size && runtime.halves[active].as_deref() == Some(&table[..]);
         if !unchanged {
+            self.keep_prior(maps, &mut runtime, report)?;
             let target = 1 - runtime.active_half;
             let mut slots: Box<dyn Iterator<Item = (u32, u32)>> = match &runtime.halves[target as usize] {
                 Some(known) => Box::new(maglev::changed_slots(known, &table)),
@@ -284,8 +325,31 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Second chance: the first change after the table settled keeps the table in force
+    /// until now (one with a backend) as the VIP's second-chance table, which packets read
+    /// only once it is whole; later changes of the same episode leave it.
+    fn keep_prior(&self, maps: &mut dyn Maps, runtime: &mut VipRuntime, report: &mut ApplyReport) -> Result<(), ReconcileError> {
+        let settled = runtime.changed_at.is_none_or(|at| at.elapsed() >= self.settle);
+        runtime.changed_at = Some(Instant::now());
+        let Some(current) = runtime.halves[runtime.active_half as usize].as_ref() else { return Ok(()) };
+        if !settled || current.iter().all(|&id| id == maglev::EMPTY_SLOT) || runtime.prior.as_ref() == Some(current) {
+            return Ok(());
+        }
+        maps.set_prior_size(runtime.id, 0)?;
+        let mut slots: Box<dyn Iterator<Item = (u32, u32)>> = match &runtime.prior {
+            Some(known) => Box::new(maglev::changed_slots(known, current)),
+            None => Box::new(current.iter().enumerate().map(|(i, &id)| (i as u32, id))),
+        };
+        report.prior_written += maps.write_prior(runtime.id, &mut slots)?;
+        drop(slots);
+        maps.set_prior_size(runtime.id, current.len() as u32)?;
+        runtime.prior = Some(current.clone());
+        Ok(())
+    }
+
     fn remove_vip(&mut self, maps: &mut dyn Maps, vip: &Vip) -> Result<(), ReconcileError> {
         let Some(runtime) = self.vips.remove(vip) else { return Ok(()) };
+        maps.set_prior_size(runtime.id, 0)?;
         maps.remove_vip(&vip_key(vip))?;
         for id in runtime.backends.into_values() {
             self.free_backend(maps, id)?;
@@ -297,6 +361,8 @@ impl Reconciler {
         let used: BTreeSet<u32> = self.vips.values().map(|r| r.id).collect();
         let id = (0..MAX_VIPS).find(|id| !used.contains(id)).ok_or(ReconcileError::OutOfIds { what: "VIP", limit: MAX_VIPS })?;
         maps.reset_vip_stats(id)?;
+        // A previous owner's second-chance table is not this VIP's.
+        maps.set_prior_size(id, 0)?;
         Ok(id)
     }
 
@@ -506,6 +572,35 @@ fn rule_from_key(prefix_len: u32, key: &RuleKey, vip_by_id: &HashMap<u32, Vip>) 
         return None;
     }
     Some(RuleMatch { cidr, vip })
+}
+
+/// A fingerprint of a Maglev table as backend addresses and of the flow hash seed that
+/// indexes it (FNV-1a, 64 bits, hex): balancers of a fleet that would send every new flow of
+/// a VIP to the same backend show the same digest.
+pub fn table_digest(seed: u32, table: &[Option<IpAddr>]) -> String {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(PRIME);
+        }
+    };
+    eat(&seed.to_le_bytes());
+    eat(&(table.len() as u32).to_le_bytes());
+    for slot in table {
+        match slot {
+            None => eat(&[0]),
+            Some(IpAddr::V4(a)) => {
+                eat(&[4]);
+                eat(&a.octets());
+            }
+            Some(IpAddr::V6(a)) => {
+                eat(&[6]);
+                eat(&a.octets());
+            }
+        }
+    }
+    format!("{h:016x}")
 }
 
 pub fn vip_key(vip: &Vip) -> VipKey {

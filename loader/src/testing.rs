@@ -68,6 +68,9 @@ pub struct FakeMaps {
     pub flows: HashMap<FlowKey, FlowValue>,
     pub vip_new_flows: HashMap<u32, u64>,
     pub backend_new_flows: HashMap<u32, u64>,
+    /// Second-chance tables (by flat index) and how many slots of each are in force.
+    pub prior: HashMap<u32, u32>,
+    pub prior_size: HashMap<u32, u32>,
     /// Makes the next `write_slots` fail, to exercise rollback.
     pub fail_next_write: bool,
     /// Makes the next `set_rule` fail, to exercise rollback.
@@ -81,6 +84,13 @@ impl FakeMaps {
     pub fn active_table(&self, key: &VipKey) -> Vec<u32> {
         let meta = self.vips[key];
         self.read_ring(meta.id, meta.active_half, meta.ring_size).unwrap()
+    }
+
+    /// The VIP's second-chance table packets read (empty: none).
+    pub fn prior_table(&self, key: &VipKey) -> Vec<u32> {
+        let id = self.vips[key].id;
+        let size = self.prior_size.get(&id).copied().unwrap_or(0);
+        (0..size).map(|slot| self.prior.get(&(VipMeta::prior_base(id) + slot)).copied().unwrap_or(0)).collect()
     }
 
     /// The reconciler's guarantee, checked after every flip and every free: each slot of
@@ -154,6 +164,20 @@ impl Maps for FakeMaps {
     fn read_ring(&self, vip_id: u32, half: u32, size: u32) -> Result<Vec<u32>, DataplaneError> {
         let base = VipMeta::ring_base(vip_id, half);
         Ok((base..base + size).map(|i| self.rings.get(&i).copied().unwrap_or(0)).collect())
+    }
+    fn write_prior(&mut self, vip_id: u32, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
+        // Packets must never read a half-written second-chance table.
+        assert_eq!(self.prior_size.get(&vip_id).copied().unwrap_or(0), 0, "wrote the second-chance table in force");
+        let mut n = 0;
+        for (slot, owner) in slots {
+            self.prior.insert(VipMeta::prior_base(vip_id) + slot, owner);
+            n += 1;
+        }
+        Ok(n)
+    }
+    fn set_prior_size(&mut self, vip_id: u32, size: u32) -> Result<(), DataplaneError> {
+        self.prior_size.insert(vip_id, size);
+        Ok(())
     }
     fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError> {
         Ok(self.backends.get(&id).copied().unwrap_or_default())
@@ -249,6 +273,9 @@ impl Counters for FakeMaps {
     fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError> {
         Ok(self.rule_state.get(&id).copied().unwrap_or_default())
     }
+    fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
+        Ok(3)
+    }
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
         Ok(self.sources.iter().filter(|(k, _)| k.vip_id == vip_id).map(|(k, v)| (*k, *v)).collect())
     }
@@ -284,6 +311,10 @@ impl FlowTable for FakeMaps {
     }
     fn ring_slot(&self, vip_id: u32, half: u32, slot: u32) -> Result<u32, DataplaneError> {
         Ok(self.rings.get(&(VipMeta::ring_base(vip_id, half) + slot)).copied().unwrap_or(0))
+    }
+    fn prior_slot(&self, vip_id: u32, hash: u32) -> Result<Option<u32>, DataplaneError> {
+        let size = self.prior_size.get(&vip_id).copied().unwrap_or(0);
+        Ok((size != 0).then(|| self.prior.get(&(VipMeta::prior_base(vip_id) + hash % size)).copied().unwrap_or(0)))
     }
     /// Longest-prefix match over the trie entries, as the kernel's LPM trie answers.
     fn rule_lookup(&self, prefix_len: u32, key: &RuleKey) -> Result<Option<RuleValue>, DataplaneError> {

@@ -62,6 +62,36 @@ pub fn push(ctx: &XdpContext, l2_len: usize, t: &Tunnel, macs: &Macs) -> Result<
     Ok(())
 }
 
+/// Second chance: like [`push`], with `middle` (a tunnel to the second candidate) inside
+/// `outer` (whose `inner_family` is the middle's family and whose `inner_len` counts the
+/// middle header). The first backend strips the outer header and, when it has no socket
+/// for the flow, sends the rest on to the second.
+#[inline(always)]
+pub fn push_nested(ctx: &XdpContext, l2_len: usize, outer: &Tunnel, middle: &Tunnel, macs: &Macs) -> Result<(), ()> {
+    let (o, m) = (outer_len(outer.family), outer_len(middle.family));
+    let delta = l2_len as i32 - (ETH_LEN + o + m) as i32;
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, delta) } != 0 {
+        return Err(());
+    }
+    let eth = at_mut::<EthHdr>(ctx, 0).ok_or(())?;
+    unsafe { *eth = ethernet_header(outer, macs) };
+    write_ip(ctx, ETH_LEN, outer)?;
+    write_ip(ctx, ETH_LEN + o, middle)
+}
+
+/// Writes `t`'s IP header at `offset`.
+#[inline(always)]
+fn write_ip(ctx: &XdpContext, offset: usize, t: &Tunnel) -> Result<(), ()> {
+    if t.family == FAMILY_V4 {
+        let ip = at_mut::<Ipv4Hdr>(ctx, offset).ok_or(())?;
+        unsafe { *ip = ipv4_header(t) };
+    } else {
+        let ip = at_mut::<Ipv6Hdr>(ctx, offset).ok_or(())?;
+        unsafe { *ip = ipv6_header(t) };
+    }
+    Ok(())
+}
+
 /// The Ethernet header in front of the outer IP header.
 #[inline(always)]
 pub fn ethernet_header(t: &Tunnel, macs: &Macs) -> EthHdr {

@@ -52,6 +52,12 @@ pub struct BalancerMaps {
     /// New flows admitted per VIP id and per backend id.
     pub vip_new_flows: PerCpuArray<MapData, u64>,
     pub backend_new_flows: PerCpuArray<MapData, u64>,
+    /// Second chance: each VIP's table before its last change, and how many slots of it
+    /// are in force (0: none).
+    pub prior_rings: Array<MapData, u32>,
+    pub prior_size: Array<MapData, u32>,
+    /// Packets sent with a second candidate.
+    pub second_chance: PerCpuArray<MapData, u64>,
 }
 
 pub(super) fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
@@ -87,6 +93,9 @@ impl BalancerMaps {
             observed: take(ebpf, map_names::OBSERVED)?,
             vip_new_flows: take(ebpf, map_names::VIP_NEW_FLOWS)?,
             backend_new_flows: take(ebpf, map_names::BACKEND_NEW_FLOWS)?,
+            prior_rings: take(ebpf, map_names::PRIOR_RINGS)?,
+            prior_size: take(ebpf, map_names::PRIOR_SIZE)?,
+            second_chance: take(ebpf, map_names::SECOND_CHANCE)?,
         })
     }
 
@@ -107,6 +116,36 @@ impl BalancerMaps {
             written += 1;
         }
         Ok(written)
+    }
+
+    /// Writes `(slot, backend id)` pairs into VIP `vip_id`'s second-chance table.
+    pub fn write_prior_slots(&mut self, vip_id: u32, slots: impl IntoIterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
+        let base = VipMeta::prior_base(vip_id);
+        let mut written = 0;
+        for (slot, owner) in slots {
+            named(map_names::PRIOR_RINGS, self.prior_rings.set(base + slot, &owner, 0))?;
+            written += 1;
+        }
+        Ok(written)
+    }
+
+    /// How many slots of VIP `vip_id`'s second-chance table are in force (0: none).
+    pub fn set_prior_size(&mut self, vip_id: u32, size: u32) -> Result<(), DataplaneError> {
+        named(map_names::PRIOR_SIZE, self.prior_size.set(vip_id, &size, 0))
+    }
+
+    /// The backend id VIP `vip_id`'s second-chance table gives `hash` (`None`: it has none).
+    pub fn prior_slot(&self, vip_id: u32, hash: u32) -> Result<Option<u32>, DataplaneError> {
+        let size = named(map_names::PRIOR_SIZE, self.prior_size.get(&vip_id, 0))?;
+        if size == 0 {
+            return Ok(None);
+        }
+        named(map_names::PRIOR_RINGS, self.prior_rings.get(&(VipMeta::prior_base(vip_id) + hash % size), 0)).map(Some)
+    }
+
+    /// Packets sent with a second candidate, summed over CPUs.
+    pub fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
+        sum_count(map_names::SECOND_CHANCE, &self.second_chance, 0)
     }
 
     /// Reads table `half` of VIP `vip_id` (`size` slots).
@@ -185,7 +224,7 @@ impl BalancerMaps {
 
     /// The kernel's memory accounting of every map this handle holds (`None`: unreadable).
     pub fn memory(&self) -> Vec<(&'static str, Option<u64>)> {
-        let maps: [(&'static str, &MapData); 20] = [
+        let maps: [(&'static str, &MapData); 23] = [
             (map_names::CONFIG, self.config.map()),
             (map_names::VIPS, self.vips.map()),
             (map_names::VIP_ADDRS, self.vip_addrs.map()),
@@ -206,6 +245,9 @@ impl BalancerMaps {
             (map_names::VIP_NEW_FLOWS, self.vip_new_flows.map()),
             (map_names::BACKEND_NEW_FLOWS, self.backend_new_flows.map()),
             (map_names::TX_PORTS, self.tx_ports.map()),
+            (map_names::PRIOR_RINGS, self.prior_rings.map()),
+            (map_names::PRIOR_SIZE, self.prior_size.map()),
+            (map_names::SECOND_CHANCE, self.second_chance.map()),
         ];
         maps.into_iter().map(|(name, map)| (name, flows::memlock_bytes(map))).collect()
     }
@@ -338,6 +380,14 @@ impl crate::reconcile::Maps for BalancerMaps {
 
     fn read_ring(&self, vip_id: u32, half: u32, size: u32) -> Result<Vec<u32>, DataplaneError> {
         BalancerMaps::read_ring(self, vip_id, half, size)
+    }
+
+    fn write_prior(&mut self, vip_id: u32, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
+        BalancerMaps::write_prior_slots(self, vip_id, slots)
+    }
+
+    fn set_prior_size(&mut self, vip_id: u32, size: u32) -> Result<(), DataplaneError> {
+        BalancerMaps::set_prior_size(self, vip_id, size)
     }
 
     fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError> {

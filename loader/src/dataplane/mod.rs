@@ -84,7 +84,7 @@ pub struct Balancer {
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 20] = [
+const PINNED_MAPS: [&str; 23] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -105,6 +105,9 @@ const PINNED_MAPS: [&str; 20] = [
     map_names::OBSERVED,
     map_names::VIP_NEW_FLOWS,
     map_names::BACKEND_NEW_FLOWS,
+    map_names::PRIOR_RINGS,
+    map_names::PRIOR_SIZE,
+    map_names::SECOND_CHANCE,
 ];
 
 impl Balancer {

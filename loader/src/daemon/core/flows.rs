@@ -11,7 +11,7 @@ use std::{
 
 use spillway_common::{
     addr::{from_words, to_words},
-    hash::{FLOW_SEED, flow_hash},
+    hash::flow_hash,
     limits::{ANY_VIP, DEFAULT_LIMIT_SLOT},
     types::{
         BACKEND_ACTIVE, BackendInfo, Bucket, FAMILY_V4, FlowKey, FlowValue, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, LbConfig,
@@ -24,7 +24,7 @@ use crate::{
     api::flows::{Admission, DEFAULT_FLOW_LIST, FlowAnswer, FlowEntry, FlowEntryState, FlowList, MAX_FLOW_LIST, PurgeReport},
     daemon::telemetry::FlowCount,
     dataplane::{BalancerMaps, DataplaneError},
-    model::{Cidr, Vip},
+    model::{Cidr, Proto, Vip},
     reconcile::Maps,
     store::Store,
 };
@@ -44,6 +44,8 @@ pub trait FlowTable {
     fn budget_bucket(&self, vip_id: u32) -> Result<Bucket, DataplaneError>;
     fn source_state(&self, key: &SourceKey) -> Option<SourceState>;
     fn lb_config(&self) -> Result<LbConfig, DataplaneError>;
+    /// The backend id VIP `vip_id`'s second-chance table gives `hash` (`None`: it has none).
+    fn prior_slot(&self, vip_id: u32, hash: u32) -> Result<Option<u32>, DataplaneError>;
 }
 
 impl FlowTable for BalancerMaps {
@@ -73,6 +75,9 @@ impl FlowTable for BalancerMaps {
     }
     fn lb_config(&self) -> Result<LbConfig, DataplaneError> {
         BalancerMaps::config(self)
+    }
+    fn prior_slot(&self, vip_id: u32, hash: u32) -> Result<Option<u32>, DataplaneError> {
+        BalancerMaps::prior_slot(self, vip_id, hash)
     }
 }
 
@@ -135,7 +140,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             (own, _) => own,
         };
         let key = flow_key(client, vip, port);
-        let hash = flow_hash(&key, FLOW_SEED);
+        let config = self.maps.lb_config().map_err(CoreError::Counters)?;
+        let hash = flow_hash(&key, config.flow_seed);
         let id = self.reconciler.vip_id(vip).ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
         let meta = self.maps.vips().map_err(CoreError::Counters)?.into_iter().map(|(_, m)| m).find(|m| m.id == id);
         let meta = meta.ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
@@ -143,15 +149,21 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let owner = self.maps.ring_slot(id, meta.active_half, slot).map_err(CoreError::Counters)?;
         let maglev = self.maps.backend(owner).ok().filter(|b| b.state == BACKEND_ACTIVE).and_then(|b| from_words(b.addr, b.family));
         let now = kernel_now_ns();
-        let config = self.maps.lb_config().map_err(CoreError::Counters)?;
         let entry = self.maps.flow(&key).map(|value| self.entry_state(&key, &value, &config, now));
         let admission = self.admission(&key, id, now)?;
+        // As `second_chance::candidates`: both ids differ and name backends in use.
+        let prior = if vip.proto == Proto::Tcp { self.maps.prior_slot(id, hash).map_err(CoreError::Counters)? } else { None };
+        let second_chance = prior
+            .filter(|&p| p != owner && maglev.is_some())
+            .and_then(|p| self.maps.backend(p).ok())
+            .filter(|b| b.state == BACKEND_ACTIVE)
+            .and_then(|b| from_words(b.addr, b.family));
         let goes_to = match &entry {
             Some(FlowEntryState { in_force: true, backend, .. }) => *backend,
-            _ if admission.admitted => maglev,
+            _ if admission.admitted || second_chance.is_some() => maglev,
             _ => None,
         };
-        Ok(FlowAnswer { vip: *vip, client, port, entry, hash, slot, maglev, goes_to, admission })
+        Ok(FlowAnswer { vip: *vip, client, port, entry, hash, slot, maglev, second_chance, goes_to, admission })
     }
 
     /// What the data path makes of an existing entry (`select::established`).

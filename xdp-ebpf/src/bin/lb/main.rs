@@ -10,6 +10,7 @@ mod limits;
 mod maps;
 mod nexthop;
 mod probe;
+mod second_chance;
 mod select;
 mod stats;
 
@@ -20,8 +21,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use spillway_common::{
-    hash::{FLOW_SEED, flow_hash, vip_filter_slot},
-    types::{CFG_F_STATIC_NEXTHOP, FlowKey, LbConfig, Reason, VipKey, VipMeta},
+    hash::{flow_hash, vip_filter_slot},
+    types::{BackendInfo, CFG_F_STATIC_NEXTHOP, FlowKey, LbConfig, PROTO_TCP, Reason, VipKey, VipMeta},
 };
 use xdp_ebpf::{
     encap::{self, Macs, Tunnel},
@@ -62,7 +63,7 @@ fn balance(ctx: &XdpContext) -> (u32, Reason) {
         return (XDP_PASS, Reason::PassNotVip);
     };
     let frame_len = packet::len(ctx);
-    let hash = flow_hash(&key, FLOW_SEED);
+    let hash = flow_hash(&key, cfg.flow_seed);
     // Coarse (tick-resolution) time is enough for second-scale timeouts and costs no
     // clocksource read.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
@@ -73,28 +74,38 @@ fn balance(ctx: &XdpContext) -> (u32, Reason) {
     // ejected or drained since (a retransmitted SYN lands on the same backend as the first
     // while the table is unchanged).
     let known = if syn { None } else { select::established(&key, now, cfg, icmp_error) };
+    let mut second = None;
     let choice = match known {
         Some(choice) => choice,
         None => {
             let Some(vip) = find_vip(&key) else {
                 return (XDP_PASS, Reason::PassNotVip);
             };
-            // ICMP errors belong to an existing flow: they are never limited.
-            if !icmp_error && let Err(reason) = limits::admit_new_flow(&key, vip.id, now) {
-                stats::vip(vip.id, frame_len);
-                return (XDP_DROP, reason);
+            let moved = !syn && !icmp_error && key.proto == PROTO_TCP;
+            if let Some((first, other)) = if moved { second_chance::candidates(&vip, hash) } else { None } {
+                second = Some(other.backend);
+                first
+            } else {
+                // ICMP errors belong to an existing flow: they are never limited.
+                if !icmp_error && let Err(reason) = limits::admit_new_flow(&key, vip.id, now) {
+                    stats::vip(vip.id, frame_len);
+                    return (XDP_DROP, reason);
+                }
+                let Some(choice) = select::new_flow(&key, &vip, hash, now, icmp_error) else {
+                    stats::vip(vip.id, frame_len);
+                    return (XDP_DROP, Reason::DropNoBackend);
+                };
+                choice
             }
-            let Some(choice) = select::new_flow(&key, &vip, hash, now, icmp_error) else {
-                stats::vip(vip.id, frame_len);
-                return (XDP_DROP, Reason::DropNoBackend);
-            };
-            choice
         }
     };
     stats::vip(choice.backend.vip_id, frame_len);
-    let verdict = forward(ctx, &key, &layout, &choice, hash, cfg, now);
+    let verdict = forward(ctx, &key, &layout, &choice, second.as_ref(), hash, cfg, now);
     if matches!(verdict.1, Reason::Tx | Reason::Redirect | Reason::KernelNoNeigh | Reason::KernelNoTxPort) {
         stats::backend(choice.id, frame_len);
+        if second.is_some() {
+            second_chance::count();
+        }
     }
     verdict
 }
@@ -118,9 +129,20 @@ fn find_vip(key: &FlowKey) -> Option<VipMeta> {
 }
 
 #[inline(always)]
-fn forward(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, hash: u32, cfg: &LbConfig, now: u64) -> (u32, Reason) {
+fn forward(
+    ctx: &XdpContext,
+    key: &FlowKey,
+    layout: &Layout,
+    choice: &Choice,
+    second: Option<&BackendInfo>,
+    hash: u32,
+    cfg: &LbConfig,
+    now: u64,
+) -> (u32, Reason) {
     let be = &choice.backend;
-    if !encap::supported(be.family, key.family) {
+    // A second candidate's tunnel rides inside the tunnel to the first (`second_chance`).
+    let inner_family = second.map_or(key.family, |s| s.family);
+    if !encap::supported(be.family, inner_family) || !encap::supported(inner_family, key.family) {
         return (XDP_DROP, Reason::DropEncapFailed);
     }
     let Some(eth) = packet::at::<EthHdr>(ctx, 0) else {
@@ -129,16 +151,26 @@ fn forward(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, ha
     // The frame arrived addressed to us: these MACs make the kernel accept it if we must
     // hand the encapsulated packet over.
     let arrived = unsafe { Macs { src: (*eth).src, dst: (*eth).dst } };
-    let tunnel = Tunnel {
-        family: be.family,
-        src: cfg.outer_source(be.family, hash),
-        dst: be.addr,
+    let middle = second.map(|s| Tunnel {
+        family: s.family,
+        src: cfg.outer_source(s.family, hash),
+        dst: s.addr,
         inner_family: key.family,
         inner_len: layout.l3_len,
         tos: layout.tos,
         flow_hash: hash,
+    });
+    let inner_len = layout.l3_len + middle.as_ref().map_or(0, |m| encap::outer_len(m.family));
+    let tunnel = Tunnel {
+        family: be.family,
+        src: cfg.outer_source(be.family, hash),
+        dst: be.addr,
+        inner_family,
+        inner_len,
+        tos: layout.tos,
+        flow_hash: hash,
     };
-    let outer_len = (encap::outer_len(be.family) + layout.l3_len) as u16;
+    let outer_len = (encap::outer_len(be.family) + inner_len) as u16;
     let hop = if cfg.flags & CFG_F_STATIC_NEXTHOP != 0 {
         NextHop::Resolved { ifindex: cfg.static_ifindex, macs: Macs { src: cfg.static_src_mac, dst: cfg.static_dst_mac } }
     } else {
@@ -148,12 +180,12 @@ fn forward(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, ha
         NextHop::FragNeeded => (XDP_DROP, Reason::DropOversize),
         NextHop::NoRoute => (XDP_DROP, Reason::DropNoRoute),
         NextHop::ForwardingDisabled => (XDP_DROP, Reason::DropForwardingDisabled),
-        NextHop::NoNeigh => match encap::push(ctx, layout.l2_len, &tunnel, &arrived) {
+        NextHop::NoNeigh => match push(ctx, layout.l2_len, &tunnel, middle.as_ref(), &arrived) {
             Ok(()) => (XDP_PASS, Reason::KernelNoNeigh),
             Err(()) => (XDP_DROP, Reason::DropEncapFailed),
         },
         NextHop::Resolved { ifindex, macs } => {
-            if encap::push(ctx, layout.l2_len, &tunnel, &macs).is_err() {
+            if push(ctx, layout.l2_len, &tunnel, middle.as_ref(), &macs).is_err() {
                 return (XDP_DROP, Reason::DropEncapFailed);
             }
             if ifindex as usize == ctx.ingress_ifindex() {
@@ -164,6 +196,15 @@ fn forward(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, ha
                 Err(_) => hand_to_kernel(ctx, &arrived),
             }
         }
+    }
+}
+
+/// The tunnel to the backend, with the one to the second candidate inside if there is one.
+#[inline(always)]
+fn push(ctx: &XdpContext, l2_len: usize, tunnel: &Tunnel, middle: Option<&Tunnel>, macs: &Macs) -> Result<(), ()> {
+    match middle {
+        None => encap::push(ctx, l2_len, tunnel, macs),
+        Some(middle) => encap::push_nested(ctx, l2_len, tunnel, middle, macs),
     }
 }
 

@@ -7,7 +7,8 @@ use aya_ebpf::{
 };
 use spillway_common::{
     limits::{
-        FLOW_TABLE_ENTRIES, MAX_BACKENDS, MAX_RULES, MAX_TX_PORTS, MAX_VIPS, RING_MAP_ENTRIES, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS,
+        FLOW_TABLE_ENTRIES, MAX_BACKENDS, MAX_RULES, MAX_TX_PORTS, MAX_VIPS, PRIOR_RING_ENTRIES, RING_MAP_ENTRIES, SOURCE_TABLE_ENTRIES,
+        VIP_FILTER_WORDS,
     },
     types::{
         AddrKey, BackendInfo, Bucket, CachedNextHop, FlowKey, FlowValue, LbConfig, Limits, Observed, Reason, RuleKey, RuleState, RuleValue,
@@ -96,3 +97,15 @@ pub static OBSERVED: PerCpuArray<u64> = PerCpuArray::with_max_entries(Observed::
 
 /// Key type of `RULES`, named for the code that builds lookups.
 pub type RuleLookup = Key<RuleKey>;
+
+/// Second chance: each VIP's table as it was before its last change (`VipMeta::prior_base`),
+/// `spw_prior_size` slots of it (0: none).
+#[map(name = "spw_prior_rings")]
+pub static PRIOR_RINGS: Array<u32> = Array::with_max_entries(PRIOR_RING_ENTRIES, 0);
+
+#[map(name = "spw_prior_size")]
+pub static PRIOR_SIZE: Array<u32> = Array::with_max_entries(MAX_VIPS, 0);
+
+/// Packets sent with a second candidate.
+#[map(name = "spw_second_ch")]
+pub static SECOND_CHANCE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
