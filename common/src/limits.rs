@@ -4,7 +4,7 @@
 //! new `lbd` never reuses a map of the old shape.
 
 /// Version of the pinned layout under the bpffs directory (`/sys/fs/bpf/spillway/v<N>`).
-pub const PIN_VERSION: u32 = 3;
+pub const PIN_VERSION: u32 = 4;
 
 /// How big the balancer's tables are. Chosen when `lbd` starts (its options); the maps are
 /// created with these sizes, and pinned maps of another shape are refused by name.
@@ -16,7 +16,8 @@ pub struct Capacity {
     pub backends: u32,
     /// Connections the table holds at once (see [`Capacity::flow_buckets`]).
     pub flows: u32,
-    /// Maglev slots over all VIPs: a VIP with a table of M slots takes 2 M (its two tables).
+    /// Maglev slots over all VIPs: a VIP with a table of M slots takes 2 M (its two tables),
+    /// and 3 M once it has a second-chance table (the table before its last change).
     pub ring_slots: u32,
 }
 
@@ -49,10 +50,10 @@ impl Capacity {
         (self.vips * 4).next_power_of_two()
     }
 
-    /// Ring slots `vips` VIPs with tables of `ring_size` slots take: two tables each, every
-    /// table a whole number of words.
+    /// Ring slots `vips` VIPs with tables of `ring_size` slots take: [`RING_TABLES`] each,
+    /// every table a whole number of words.
     pub const fn ring_slots_for(vips: u32, ring_size: u32) -> u32 {
-        vips * 2 * ring_size.div_ceil(RING_SLOTS_PER_WORD) * RING_SLOTS_PER_WORD
+        vips * RING_TABLES * ring_size.div_ceil(RING_SLOTS_PER_WORD) * RING_SLOTS_PER_WORD
     }
 
     /// Words of the ring pool (four slots each).
@@ -74,6 +75,9 @@ impl Capacity {
 
 /// Ways (entries) of a connection-table bucket; a flow may live in either of two buckets.
 pub const FLOW_WAYS: u32 = 4;
+/// Tables a VIP holds in the ring pool: the one packets read, the one the next change is
+/// written into, and its second-chance table (`types::VipMeta::prior`).
+pub const RING_TABLES: u32 = 3;
 /// Maglev slots per word of the ring pool (16-bit backend ids).
 pub const RING_SLOTS_PER_WORD: u32 = 4;
 /// Most slots of the VIP index a lookup scans from a VIP's home slot.
@@ -84,6 +88,9 @@ pub const MAX_BACKENDS_PER_VIP: u32 = 1024;
 pub const MAX_RING_SIZE: u32 = 65537;
 /// Default Maglev table size.
 pub const DEFAULT_RING_SIZE: u32 = MAX_RING_SIZE;
+/// A VIP's table changes that follow each other closer than this are one change (a slow
+/// start ramps over 30 s): its second-chance table is the one in force before the first.
+pub const SECOND_CHANCE_SETTLE_MS: u64 = 60_000;
 /// Interfaces the balancer may redirect to.
 pub const MAX_TX_PORTS: u32 = 64;
 /// Addresses the backend agent decapsulates for.
@@ -156,11 +163,16 @@ pub mod map_names {
     pub const PROBE_CONFIG: &str = "spw_probe_cfg";
     pub const PROBE_REASONS: &str = "spw_probe_rsn";
     pub const PROBE_LAST: &str = "spw_probe_last";
+    pub const SECOND_CHANCE: &str = "spw_second_ch";
+    pub const SECOND_CHANCE_PROGRAM: &str = "spw_second_prog";
+    pub const SECOND_CHANCE_HANDOVER: &str = "spw_second_hand";
 }
 
 /// Program names in the eBPF objects.
 pub mod program_names {
     pub const BALANCER: &str = "spillway_lb";
+    /// Tail-called by the balancer for second-chance packets.
+    pub const SECOND_CHANCE: &str = "spillway_lb_second";
     pub const DECAP: &str = "spillway_decap";
     pub const FLOOR: &str = "spillway_floor";
     /// The probe encapsulation (tc egress on the probe device), in the balancer's object.

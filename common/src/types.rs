@@ -64,6 +64,9 @@ pub struct VipMeta {
     pub active: RingRef,
     /// The other table: the next one being written, or the previous one.
     pub standby: RingRef,
+    /// Second chance: the table in force before the VIP's last change episode (size 0:
+    /// none). Written whole before this word names it, cleared before it is rewritten.
+    pub prior: RingRef,
 }
 
 /// One slot of the VIP index, an array of `Capacity::vip_slots` slots: a VIP lives in the
@@ -77,7 +80,7 @@ pub struct VipSlot {
     /// scans no further.
     pub probes: u32,
     pub meta: VipMeta,
-    pub _pad: [u32; 4],
+    pub _pad: [u32; 2],
 }
 
 /// An address that some VIP uses; lets the program tell VIP-bound fragments from the host's.
@@ -350,6 +353,12 @@ pub struct LbConfig {
     pub static_ifindex: u32,
     pub static_src_mac: [u8; 6],
     pub static_dst_mac: [u8; 6],
+    /// Seed of the flow hash that picks a new flow's Maglev slot (`hash::flow_hash`).
+    /// Fleet-wide: balancers that share it and the desired state send a flow to the same
+    /// backend whichever of them ECMP picks. (The connection table's buckets and the outer
+    /// source's entropy always hash with `hash::FLOW_SEED`, so a changed seed moves no
+    /// entry; with the default seed one hash serves both.)
+    pub flow_seed: u32,
 }
 
 impl LbConfig {
@@ -461,6 +470,13 @@ reasons!(
         PassNotLocal = "pass_not_local",
         /// Truncated or inconsistent headers.
         PassMalformed = "pass_malformed",
+        /// A second-chance packet (a tunnel to the second candidate inside the tunnel to
+        /// this host) of a connection this host has: both headers stripped, passed.
+        SecondChanceLocal = "second_chance_local",
+        /// A second-chance packet of a connection this host does not have: the outer
+        /// header stripped and the rest sent back to the hop it came from (XDP_TX), which
+        /// routes it to the second candidate.
+        SecondChanceForwarded = "second_chance_forwarded",
     }
 );
 
@@ -534,15 +550,16 @@ const _: () = assert!(crate::limits::Capacity::MAX.backends <= PROBE_MARK_ID_MAS
 
 // Layout checks: these sizes are part of the pinned-map contract.
 const _: () = assert!(size_of::<VipKey>() == 20);
-const _: () = assert!(size_of::<VipMeta>() == 24);
+const _: () = assert!(size_of::<VipMeta>() == 32);
 const _: () = assert!(size_of::<VipSlot>() == 64);
 const _: () = assert!(core::mem::offset_of!(VipSlot, meta.active) % 8 == 0);
+const _: () = assert!(core::mem::offset_of!(VipSlot, meta.prior) % 8 == 0);
 const _: () = assert!(size_of::<AddrKey>() == 20);
 const _: () = assert!(size_of::<BackendInfo>() == 28);
 const _: () = assert!(size_of::<FlowKey>() == 40);
 const _: () = assert!(size_of::<FlowEntry>() == 32);
 const _: () = assert!(size_of::<FlowBucket>() == 128);
-const _: () = assert!(size_of::<LbConfig>() == 56);
+const _: () = assert!(size_of::<LbConfig>() == 60);
 const _: () = assert!(size_of::<Traffic>() == 24);
 const _: () = assert!(size_of::<CachedNextHop>() == 32);
 const _: () = assert!(size_of::<Limits>() == 56);

@@ -9,12 +9,12 @@
 
 use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
-use aya::maps::{HashMap, MapData};
+use aya::maps::{HashMap, MapData, PerCpuArray};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::{
     addr::{from_words, to_words},
     limits::{MAX_LOCAL_ADDRS, map_names, program_names},
-    types::AddrKey,
+    types::{AddrKey, DecapReason},
 };
 
 use crate::{
@@ -46,6 +46,12 @@ pub enum AgentError {
 }
 
 type LocalAddrs = HashMap<MapData, AddrKey, u32>;
+type DecapReasons = PerCpuArray<MapData, u64>;
+
+/// Every `DecapReason` with its count summed over CPUs (0 when unreadable).
+fn decap_counts(reasons: &DecapReasons) -> Vec<(&'static str, u64)> {
+    DecapReason::ALL.iter().map(|r| (r.label(), reasons.get(&(*r as u32), 0).map_or(0, |per_cpu| per_cpu.iter().sum()))).collect()
+}
 
 /// Runs the decapsulator on `iface` until SIGTERM or SIGINT.
 pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
@@ -58,6 +64,9 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     let name = map_names::LOCAL_ADDRS;
     let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
     let mut local = LocalAddrs::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
+    let name = map_names::DECAP_REASONS;
+    let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
+    let reasons = DecapReasons::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
     // Filled before the program goes live, so a takeover never stops decapsulating.
     sync_local_addrs(&mut local)?;
     let link = layout.agent_link();
@@ -68,7 +77,7 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
         }
         _ => event!(info, "agent_attached", iface = iface, mode = args.xdp_mode.label(), link = link.display()),
     }
-    let (_endpoint, _metrics) = start_ports_endpoint(args).await;
+    let (_endpoint, _metrics) = start_ports_endpoint(args, reasons).await;
     event!(info, "ready", iface = iface, link = link.display());
     notify::ready(&format!("decapsulating on {iface}"));
     let mut tick = tokio::time::interval(REFRESH);
@@ -101,7 +110,7 @@ impl Drop for EndpointTask {
 /// Loads the socket watcher and serves its reports on `--ports-listen` (JSON, polled by
 /// `lbd`) and `--metrics-listen` (Prometheus). None of it stops the agent: decapsulation
 /// matters more; each failure is logged once.
-async fn start_ports_endpoint(args: &AgentArgs) -> (Option<EndpointTask>, Option<metrics::Serving>) {
+async fn start_ports_endpoint(args: &AgentArgs, reasons: DecapReasons) -> (Option<EndpointTask>, Option<metrics::Serving>) {
     if args.ports_listen == Listen::Off && args.metrics_listen == metrics::MetricsListen::Off {
         event!(info, "ports_endpoint_off");
         return (None, None);
@@ -138,7 +147,7 @@ async fn start_ports_endpoint(args: &AgentArgs) -> (Option<EndpointTask>, Option
             }
         },
     };
-    let rendered = move || metrics::ports(report(&source).as_ref().map_err(String::as_str));
+    let rendered = move || metrics::agent(report(&source).as_ref().map_err(String::as_str), &decap_counts(&reasons));
     let metrics = match metrics::spawn(args.metrics_listen, metrics::Limits::default(), rendered).await {
         Ok(serving) => serving.map(|(addr, serving)| {
             event!(info, "metrics_listening", url = format!("http://{addr}{}", metrics::PATH));

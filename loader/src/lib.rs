@@ -2,6 +2,7 @@
 //! map updates, the daemon (`lbd`) and the CLI (`lbctl`). The binaries are thin wrappers.
 
 pub mod agent;
+pub mod announce;
 pub mod api;
 pub mod cli;
 pub mod config;

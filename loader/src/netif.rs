@@ -2,7 +2,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use nix::{errno::Errno, ifaddrs::getifaddrs, net::if_::if_nametoindex};
+use nix::{
+    errno::Errno,
+    ifaddrs::getifaddrs,
+    net::if_::{InterfaceFlags, if_nametoindex},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetifError {
@@ -30,6 +34,20 @@ pub fn addresses() -> Result<Vec<(String, IpAddr)>, NetifError> {
             Some((ifa.interface_name, addr))
         })
         .collect())
+}
+
+/// Whether `iface` is up and has its carrier (`IFF_UP` and `IFF_RUNNING`).
+pub fn is_running(iface: &str) -> Result<bool, NetifError> {
+    let all = getifaddrs().map_err(NetifError::Addresses)?;
+    let wanted = InterfaceFlags::IFF_UP | InterfaceFlags::IFF_RUNNING;
+    let mut found = false;
+    for ifa in all.filter(|ifa| ifa.interface_name == iface) {
+        found = true;
+        if ifa.flags.contains(wanted) {
+            return Ok(true);
+        }
+    }
+    if found { Ok(false) } else { Err(NetifError::UnknownInterface { name: iface.to_owned() }) }
 }
 
 /// The first IPv4 address of `iface`.
@@ -73,6 +91,8 @@ mod tests {
         let all = addresses().unwrap();
         assert!(all.iter().any(|(_, a)| a.is_loopback()), "{all:?}");
         assert_eq!(ifindex("lo").unwrap(), 1);
+        assert!(is_running("lo").unwrap());
+        assert!(is_running("no-such-if0").is_err());
         assert!(ifindex("no-such-if0").is_err());
     }
 }

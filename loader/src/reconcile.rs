@@ -8,6 +8,11 @@
 //! restarted `lbd` writes nothing when the state it restores matches what the kernel
 //! already holds.
 //!
+//! Second chance: a VIP has a third table once its table changed after having settled; the
+//! table packets read until that change becomes its second-chance table in the same store
+//! that publishes the new one, and the old second-chance table becomes the standby. No slot
+//! is copied, and a table packets may read as second chance is never written.
+//!
 //! New-flow limits: every VIP's slot of the limits array holds its effective limits when it
 //! has its own (`configured = 0` when it has none, so the data path falls back to the
 //! default slot). Rules: one entry per rule in the rule index, keyed by VIP scope, family
@@ -22,12 +27,13 @@ mod pool;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::IpAddr,
+    time::{Duration, Instant},
 };
 
 use spillway_common::{
     addr::{from_words, to_words},
     hash::{vip_addr_hash, vip_filter_slot},
-    limits::{ANY_VIP, Capacity, MAX_RULES, VIP_FILTER_WORDS},
+    limits::{ANY_VIP, Capacity, MAX_RULES, SECOND_CHANCE_SETTLE_MS, VIP_FILTER_WORDS},
     maglev::{self, MaglevBackend, MaglevError},
     prefix::masked,
     types::{
@@ -109,6 +115,9 @@ pub struct ApplyReport {
     pub limits_written: usize,
     /// Rule index entries inserted, replaced or removed.
     pub rules_written: usize,
+    /// VIPs whose change found no room in the ring pool for a second-chance table: their
+    /// flows that move between balancers get one candidate only until the next change.
+    pub second_chance_lacking: usize,
 }
 
 /// A rule's entry as the reconciler last wrote (or adopted) it.
@@ -134,12 +143,21 @@ struct VipRuntime {
     unpublished: bool,
     active: Table,
     standby: Table,
+    /// Second chance: the table in force before the VIP's last change episode.
+    prior: Option<Table>,
+    /// When the table packets read last changed (`None`: not since this reconciler began).
+    changed_at: Option<Instant>,
     backends: BTreeMap<IpAddr, u32>,
 }
 
 impl VipRuntime {
     fn meta(&self) -> VipMeta {
-        VipMeta { id: self.id, flags: self.flags, active: self.active.at, standby: self.standby.at }
+        let prior = self.prior.as_ref().map_or(RingRef::default(), |t| t.at);
+        VipMeta { id: self.id, flags: self.flags, active: self.active.at, standby: self.standby.at, prior }
+    }
+
+    fn tables(&self) -> impl Iterator<Item = RingRef> + '_ {
+        [Some(&self.active), Some(&self.standby), self.prior.as_ref()].into_iter().flatten().map(|t| t.at)
     }
 }
 
@@ -161,6 +179,8 @@ pub struct Reconciler {
     /// What the VIP address map and the pre-filter hold (read once, then kept).
     vip_addrs: HashSet<AddrKey>,
     vip_filter: Vec<u64>,
+    /// Table changes closer together than this are one change for second chance.
+    settle: Duration,
 }
 
 impl Reconciler {
@@ -192,11 +212,14 @@ impl Reconciler {
                 unpublished: false,
                 active: table(meta.active)?,
                 standby: table(meta.standby)?,
+                prior: if meta.prior.size == 0 { None } else { Some(table(meta.prior)?) },
+                // Unknown: the next change starts an episode.
+                changed_at: None,
                 backends,
             };
             vips.insert(vip, runtime);
         }
-        let tables = vips.values().flat_map(|r| [r.active.at, r.standby.at]);
+        let tables = vips.values().flat_map(VipRuntime::tables);
         let pool = RingPool::with_used(capacity.ring_words(), tables)
             .ok_or_else(|| ReconcileError::Inconsistent { what: "two VIPs' Maglev tables overlap, or one lies outside the pool".into() })?;
         let orphans: Vec<u32> = by_vip.into_values().flat_map(|b| b.into_values()).collect();
@@ -223,7 +246,14 @@ impl Reconciler {
         let vip_addrs = maps.vip_addrs()?.into_iter().collect();
         let mut vip_filter = maps.vip_filter()?;
         vip_filter.resize(VIP_FILTER_WORDS as usize, 0);
-        Ok(Self { capacity, vips, pool, generations, free_ids, orphans, limits, rules, stale_rules, vip_addrs, vip_filter })
+        let settle = Duration::from_millis(SECOND_CHANCE_SETTLE_MS);
+        Ok(Self { capacity, vips, pool, generations, free_ids, orphans, limits, rules, stale_rules, vip_addrs, vip_filter, settle })
+    }
+
+    /// How long a VIP's table must stay unchanged before its next change replaces the
+    /// second-chance table (the slow-start ramp of an added backend is one change).
+    pub fn set_second_chance_settle(&mut self, settle: Duration) {
+        self.settle = settle;
     }
 
     /// Makes the maps carry `desired`.
@@ -276,6 +306,15 @@ impl Reconciler {
         (self.pool.free_slots(), self.pool.slots())
     }
 
+    /// The table packets of `vip` read, slot by slot as backend addresses: what every
+    /// balancer given the same state holds, whatever ids it handed out (`None`: unknown).
+    pub fn active_table(&self, vip: &Vip) -> Option<Vec<Option<IpAddr>>> {
+        let runtime = self.vips.get(vip)?;
+        let table = runtime.active.slots.as_ref()?;
+        let by_id: HashMap<u32, IpAddr> = runtime.backends.iter().map(|(addr, id)| (*id, *addr)).collect();
+        Some(table.iter().map(|id| by_id.get(id).copied()).collect())
+    }
+
     fn apply_vip(
         &mut self,
         maps: &mut dyn Maps,
@@ -298,7 +337,17 @@ impl Reconciler {
                 };
                 // The VIP's limits are in place before its first packet.
                 self.write_limits(maps, id, vip_limits(desired, vip), report)?;
-                VipRuntime { id, built: None, flags: 0, unpublished: true, active, standby, backends: BTreeMap::new() }
+                VipRuntime {
+                    id,
+                    built: None,
+                    flags: 0,
+                    unpublished: true,
+                    active,
+                    standby,
+                    prior: None,
+                    changed_at: None,
+                    backends: BTreeMap::new(),
+                }
             }
         };
         let result = self.update_vip(maps, vip, config, &mut runtime, report);
@@ -347,6 +396,7 @@ impl Reconciler {
         let unchanged = same_inputs
             || (!runtime.unpublished && runtime.active.at.size == config.ring_size && runtime.active.slots.as_deref() == Some(&table[..]));
         if !unchanged {
+            let keep_prior = self.starts_episode(runtime);
             if runtime.standby.at.size != config.ring_size {
                 let resized = self.alloc_table(vip, config.ring_size)?;
                 self.pool.free(std::mem::replace(&mut runtime.standby, resized).at);
@@ -361,6 +411,9 @@ impl Reconciler {
             drop(slots);
             runtime.standby.slots = Some(table);
             std::mem::swap(&mut runtime.active, &mut runtime.standby);
+            if keep_prior {
+                self.keep_prior(vip, runtime, report);
+            }
             maps.set_vip(&vip_key(vip), &runtime.meta())?;
             runtime.unpublished = false;
             report.tables_flipped += 1;
@@ -377,6 +430,33 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Second chance: whether this change of the VIP's table starts an episode (its table
+    /// stayed unchanged for the settle time: a slow start's ramp is one episode) and the
+    /// table in force until now is worth keeping (it has a backend).
+    fn starts_episode(&self, runtime: &mut VipRuntime) -> bool {
+        let settled = runtime.changed_at.is_none_or(|at| at.elapsed() >= self.settle);
+        runtime.changed_at = Some(Instant::now());
+        settled && !runtime.unpublished && runtime.active.slots.as_ref().is_some_and(|t| t.iter().any(|&id| id != maglev::EMPTY_SLOT))
+    }
+
+    /// Called between the flip and its publication, when `runtime.standby` is the table
+    /// packets read until now: it becomes the second-chance table as it is (no slot is
+    /// copied), and the previous second-chance table (or a new one) becomes the standby,
+    /// which only the next change writes into.
+    fn keep_prior(&mut self, vip: &Vip, runtime: &mut VipRuntime, report: &mut ApplyReport) {
+        let spare = match runtime.prior.take() {
+            Some(prior) => prior,
+            None => match self.alloc_table(vip, runtime.active.at.size) {
+                Ok(table) => table,
+                Err(_) => {
+                    report.second_chance_lacking += 1;
+                    return;
+                }
+            },
+        };
+        runtime.prior = Some(std::mem::replace(&mut runtime.standby, spare));
+    }
+
     fn alloc_table(&mut self, vip: &Vip, size: u32) -> Result<Table, ReconcileError> {
         let at = self.pool.alloc(size).ok_or(ReconcileError::RingPoolFull {
             vip: *vip,
@@ -390,8 +470,9 @@ impl Reconciler {
     fn remove_vip(&mut self, maps: &mut dyn Maps, vip: &Vip) -> Result<(), ReconcileError> {
         let Some(runtime) = self.vips.remove(vip) else { return Ok(()) };
         maps.remove_vip(&vip_key(vip))?;
-        self.pool.free(runtime.active.at);
-        self.pool.free(runtime.standby.at);
+        for table in runtime.tables() {
+            self.pool.free(table);
+        }
         for id in runtime.backends.into_values() {
             self.free_backend(maps, id)?;
         }
@@ -599,6 +680,35 @@ fn rule_from_key(key: &RuleSlotKey, vip_by_id: &HashMap<u32, Vip>) -> Option<Rul
         return None;
     }
     Some(RuleMatch { cidr, vip })
+}
+
+/// A fingerprint of a Maglev table as backend addresses and of the flow hash seed that
+/// indexes it (FNV-1a, 64 bits, hex): balancers of a fleet that would send every new flow of
+/// a VIP to the same backend show the same digest.
+pub fn table_digest(seed: u32, table: &[Option<IpAddr>]) -> String {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(PRIME);
+        }
+    };
+    eat(&seed.to_le_bytes());
+    eat(&(table.len() as u32).to_le_bytes());
+    for slot in table {
+        match slot {
+            None => eat(&[0]),
+            Some(IpAddr::V4(a)) => {
+                eat(&[4]);
+                eat(&a.octets());
+            }
+            Some(IpAddr::V6(a)) => {
+                eat(&[6]);
+                eat(&a.octets());
+            }
+        }
+    }
+    format!("{h:016x}")
 }
 
 pub fn vip_key(vip: &Vip) -> VipKey {

@@ -81,11 +81,16 @@ impl FakeMaps {
         self.read_ring(self.vips[key].active).unwrap()
     }
 
+    /// The VIP's second-chance table packets read (empty: none).
+    pub fn prior_table(&self, key: &VipKey) -> Vec<u32> {
+        self.read_ring(self.vips[key].prior).unwrap()
+    }
+
     /// The reconciler's guarantees, checked after every flip and every free: each slot of
     /// each active table names an active backend of that VIP, and no two tables overlap or
     /// leave the pool.
     fn assert_consistent(&self) {
-        let mut tables: Vec<RingRef> = self.vips.values().flat_map(|m| [m.active, m.standby]).collect();
+        let mut tables: Vec<RingRef> = self.vips.values().flat_map(|m| [m.active, m.standby, m.prior]).filter(|t| t.size != 0).collect();
         tables.sort();
         for pair in tables.windows(2) {
             assert!(pair[0].base + RingRef::words(pair[0].size) <= pair[1].base, "tables {pair:?} overlap");
@@ -154,6 +159,7 @@ impl Maps for FakeMaps {
         // Writing a table packets read would expose a half-written table.
         let overlaps = |a: RingRef| a.base < table.base + RingRef::words(table.size) && table.base < a.base + RingRef::words(a.size);
         assert!(!self.vips.values().any(|m| overlaps(m.active)), "wrote into an active table");
+        assert!(!self.vips.values().any(|m| overlaps(m.prior)), "wrote into a second-chance table in force");
         let mut n = 0;
         for (slot, owner) in slots {
             assert!(slot < table.size, "slot {slot} of a table of {}", table.size);
@@ -254,6 +260,9 @@ impl Counters for FakeMaps {
     }
     fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError> {
         Ok(self.rule_state.get(&id).copied().unwrap_or_default())
+    }
+    fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
+        Ok(3)
     }
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
         Ok(self.sources.iter().filter(|(k, _)| k.vip_id == vip_id).map(|(k, v)| (*k, *v)).collect())

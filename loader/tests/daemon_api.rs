@@ -242,7 +242,11 @@ fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
     env.ok(&["backends", "add", "--vip", V4, "10.99.0.2"]);
     env.ok(&["backends", "add", "--vip", V4, "10.99.0.3", "--weight", "50"]);
     env.ok(&["backends", "add", "--vip", V6, "fd00::2"]);
-    let vips = env.json(&["vips", "list"]);
+    let mut vips = env.json(&["vips", "list"]);
+    for vip in vips["vips"].as_array_mut().unwrap() {
+        let digest = vip.as_object_mut().unwrap().remove("table_digest").unwrap();
+        assert!(digest.as_str().is_some_and(|d| d.len() == 16 && d.bytes().all(|b| b.is_ascii_hexdigit())), "{digest}");
+    }
     assert_eq!(
         vips,
         serde_json::json!({"vips": [

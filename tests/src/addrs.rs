@@ -18,6 +18,39 @@ pub const LB4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 /// The balancer's own IPv6 address.
 pub const LB6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 2);
 
+/// A fleet's router (`crate::fleet`): on the host network, and towards its clients.
+pub const ROUTER4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+pub const ROUTER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1);
+pub const ROUTER_EDGE4: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 1);
+pub const ROUTER_EDGE6: Ipv6Addr = Ipv6Addr::new(0xfd01, 0, 0, 0, 0, 0, 0, 1);
+/// The fleet clients' network, behind the router.
+pub const EDGE4_NET: &str = "10.1.0.0/24";
+pub const EDGE6_NET: &str = "fd01::/64";
+/// Most balancers of a fleet: `lb<n>` is 10.0.0.1+n, below the clients' .11.
+pub const MAX_FLEET_BALANCERS: usize = 8;
+
+/// IPv4 address of fleet balancer `lb<n>` (1-based): 10.0.0.1+n (lb1 is [`LB4`]).
+pub fn balancer4(n: usize) -> Ipv4Addr {
+    host4(1 + n)
+}
+
+/// IPv6 address of fleet balancer `lb<n>`: fd00::1+n.
+pub fn balancer6(n: usize) -> Ipv6Addr {
+    host6(1 + n)
+}
+
+/// IPv4 address of fleet client `c<n>`, behind the router: 10.1.0.10+n.
+pub fn edge_client4(n: usize) -> Ipv4Addr {
+    let last = u8::try_from(10 + n).expect("host number within the address plan");
+    Ipv4Addr::new(10, 1, 0, last)
+}
+
+/// IPv6 address of fleet client `c<n>`: fd01::10+n (hex).
+pub fn edge_client6(n: usize) -> Ipv6Addr {
+    let last = u16::try_from(0x10 + n).expect("host number within the address plan");
+    Ipv6Addr::new(0xfd01, 0, 0, 0, 0, 0, 0, last)
+}
+
 /// Prefix lengths of the shared host network.
 pub(crate) const HOST_PREFIX4: u8 = 24;
 pub(crate) const HOST_PREFIX6: u8 = 64;

@@ -3,28 +3,44 @@
 //! tests and the demo; the binaries' paths are passed in (tests get them from cargo).
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 
+use crate::lbctl::{Lbctl, START_TIMEOUT, STOP_TIMEOUT};
 use crate::{Daemon, Host, Signal, Topology, TopologyConfig, ping, start_echo};
 
 /// Port the echo servers listen on for TCP, and for UDP.
 pub const TCP_PORT: u16 = 80;
 pub const UDP_PORT: u16 = 5353;
-/// How long `lbd` may take to come up (load, attach, restore).
-const START_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long `lbd` may take to exit after a signal.
-const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the daemon's binaries are.
 #[derive(Clone, Debug)]
 pub struct Binaries {
     pub lbd: PathBuf,
     pub lbctl: PathBuf,
+}
+
+/// Starts `lbd agent` on backend `host` (pinning under `pin_dir`, with `extra` arguments)
+/// and waits until it is ready.
+pub(crate) fn spawn_agent(host: &Host, lbd: &Path, mode: XdpMode, pin_dir: &Path, extra: &[String]) -> Result<Daemon> {
+    let mut args = vec![
+        lbd.as_os_str(),
+        "agent".as_ref(),
+        "--iface".as_ref(),
+        "eth0".as_ref(),
+        "--xdp-mode".as_ref(),
+        mode.flag().as_ref(),
+        "--pin-dir".as_ref(),
+        pin_dir.as_os_str(),
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    let agent = host.spawn(&args)?;
+    agent.wait_for_output("ready", START_TIMEOUT).with_context(|| format!("agent on {}:\n{}", host.name(), agent.log()))?;
+    Ok(agent)
 }
 
 /// How the balancer is attached.
@@ -107,22 +123,7 @@ impl Cluster {
     }
 
     fn spawn_agent(&self, i: usize) -> Result<Daemon> {
-        let host = &self.topo.backends()[i];
-        let pin_dir = self.agent_pin_dir(i)?;
-        let mut args = vec![
-            self.bins.lbd.as_os_str(),
-            "agent".as_ref(),
-            "--iface".as_ref(),
-            "eth0".as_ref(),
-            "--xdp-mode".as_ref(),
-            self.mode.flag().as_ref(),
-            "--pin-dir".as_ref(),
-            pin_dir.as_os_str(),
-        ];
-        args.extend(self.agent_args.iter().map(std::ffi::OsStr::new));
-        let agent = host.spawn(&args)?;
-        agent.wait_for_output("ready", START_TIMEOUT).with_context(|| format!("agent on {}:\n{}", host.name(), agent.log()))?;
-        Ok(agent)
+        spawn_agent(&self.topo.backends()[i], &self.bins.lbd, self.mode, &self.agent_pin_dir(i)?, &self.agent_args)
     }
 
     /// Stops backend `index`'s agent and removes its pinned link, which detaches its
@@ -219,20 +220,12 @@ impl Cluster {
 
     /// Waits until the `lbd` just spawned answers on its API.
     pub fn wait_for_lbd(&self) -> Result<()> {
-        let started = Instant::now();
-        loop {
-            let running = self.lbd.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(Daemon::is_running);
-            if !running {
-                bail!("lbd exited while starting:\n{}", self.lbd_log());
-            }
-            if self.api_socket().exists() && self.lbctl_output(&["vips", "list"]).is_ok_and(|o| o.status.success()) {
-                return Ok(());
-            }
-            if started.elapsed() > START_TIMEOUT {
-                bail!("lbd did not answer within {START_TIMEOUT:?}:\n{}", self.lbd_log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let running = || self.lbd.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(Daemon::is_running);
+        self.ctl().wait_for_lbd(&running, &|| self.lbd_log())
+    }
+
+    fn ctl(&self) -> Lbctl {
+        Lbctl { bin: self.bins.lbctl.clone(), api: self.api_socket() }
     }
 
     /// The bpffs directory `lbd` pins under (for `lbd --cleanup --pin-dir`).
@@ -290,12 +283,7 @@ impl Cluster {
 
     /// Runs `lbctl` with `args` against this cluster's API.
     pub fn lbctl_output(&self, args: &[&str]) -> Result<Output> {
-        Command::new(&self.bins.lbctl)
-            .arg("--api")
-            .arg(self.api_socket())
-            .args(args)
-            .output()
-            .with_context(|| format!("running lbctl {}", args.join(" ")))
+        self.ctl().output(args)
     }
 
     /// Starts `lbctl` with `args` without waiting for it (see [`Cluster::lbctl_wait`]).
@@ -320,16 +308,11 @@ impl Cluster {
 
     /// Runs `lbctl` and returns its stdout; fails with its stderr on a non-zero exit.
     pub fn lbctl(&self, args: &[&str]) -> Result<String> {
-        let out = self.lbctl_output(args)?;
-        ensure!(out.status.success(), "lbctl {} failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr));
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        self.ctl().run(args)
     }
 
     /// Runs `lbctl ... -o json` and parses the output.
     pub fn lbctl_json(&self, args: &[&str]) -> Result<serde_json::Value> {
-        let mut full = args.to_vec();
-        full.extend(["-o", "json"]);
-        let out = self.lbctl(&full)?;
-        serde_json::from_str(&out).with_context(|| format!("lbctl {} printed non-JSON: {out}", args.join(" ")))
+        self.ctl().json(args)
     }
 }

@@ -10,21 +10,23 @@ use std::os::fd::OwnedFd;
 
 use anyhow::{Context, Result};
 
-use crate::addrs::{HOST_PREFIX4, HOST_PREFIX6, LB4, LB6, VIP4, VIP4_NET, VIP6, VIP6_NET};
+use crate::addrs::{HOST_PREFIX4, HOST_PREFIX6, LB4, LB6, ROUTER_EDGE4, ROUTER_EDGE6, VIP4, VIP4_NET, VIP6, VIP6_NET};
 use crate::netns::Netns;
 use crate::process::{Daemon, Registry};
 use crate::xdp_pass;
 
 /// MTU of the balancer's and backends' links: the balancer forwards
 /// client-sized (1500) packets with an extra 20/40-byte IPIP header.
-const TUNNEL_MTU: u32 = 1600;
-const CLIENT_MTU: u32 = 1500;
+pub(crate) const TUNNEL_MTU: u32 = 1600;
+pub(crate) const CLIENT_MTU: u32 = 1500;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Role {
     Client,
     Balancer,
     Backend,
+    /// A client of a fleet (`crate::fleet`): behind the router, which it routes everything to.
+    EdgeClient,
 }
 
 /// What to create: name ("b1"), role and addresses.
@@ -128,7 +130,15 @@ impl Host {
             Role::Client => self.route_vips_via_balancer(),
             Role::Balancer => self.enable_forwarding(),
             Role::Backend => self.accept_vips_for_dsr(),
+            Role::EdgeClient => self.route_default_via_router(),
         }
+    }
+
+    fn route_default_via_router(&self) -> Result<()> {
+        let (gw4, gw6) = (ROUTER_EDGE4.to_string(), ROUTER_EDGE6.to_string());
+        self.run(&["ip", "route", "add", "default", "via", &gw4])?;
+        self.run(&["ip", "-6", "route", "add", "default", "via", &gw6])?;
+        Ok(())
     }
 
     fn route_vips_via_balancer(&self) -> Result<()> {
@@ -176,19 +186,24 @@ impl Host {
 /// attaches `XDP_PASS` to the peer so frames the host bounces with XDP_TX are delivered.
 fn wire(netns: &Netns, role: Role, bridge: &Netns) -> Result<OwnedFd> {
     let mtu = match role {
-        Role::Client => CLIENT_MTU,
+        Role::Client | Role::EdgeClient => CLIENT_MTU,
         Role::Balancer | Role::Backend => TUNNEL_MTU,
-    }
-    .to_string();
-    let peer = format!("p-{}", netns.label());
+    };
+    wire_iface(netns, "eth0", &format!("p-{}", netns.label()), mtu, bridge)
+}
+
+/// Creates veth `ifname` in `netns` with its peer `peer` in `bridge`'s namespace, plugged
+/// into its `br0` (see [`wire`]).
+pub(crate) fn wire_iface(netns: &Netns, ifname: &str, peer: &str, mtu: u32, bridge: &Netns) -> Result<OwnedFd> {
+    let mtu = mtu.to_string();
     #[rustfmt::skip]
     netns.run(&[
-        "ip", "link", "add", "eth0", "mtu", &mtu, "type", "veth",
-        "peer", "name", &peer, "mtu", &mtu, "netns", bridge.name(),
+        "ip", "link", "add", ifname, "mtu", &mtu, "type", "veth",
+        "peer", "name", peer, "mtu", &mtu, "netns", bridge.name(),
     ])?;
-    bridge.run(&["ip", "link", "set", &peer, "master", "br0", "up"])?;
+    bridge.run(&["ip", "link", "set", peer, "master", "br0", "up"])?;
     bridge.in_netns(|| {
-        let ifindex = nix::net::if_::if_nametoindex(peer.as_str()).with_context(|| format!("index of {peer}"))?;
+        let ifindex = nix::net::if_::if_nametoindex(peer).with_context(|| format!("index of {peer}"))?;
         xdp_pass::attach(ifindex)
     })
 }

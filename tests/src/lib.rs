@@ -14,16 +14,19 @@
 //! runs are swept by the next [`Topology::build`]. Needs root.
 
 mod addrs;
+mod bpf_link;
 mod bpffs;
 mod capacity;
 mod cleanup;
 pub mod cluster;
 mod cmd;
 mod echo;
+pub mod fleet;
 mod flood;
 pub mod frames;
 mod host;
 mod icmp;
+mod lbctl;
 mod load;
 pub mod locked_kernel;
 mod netns;
@@ -36,7 +39,10 @@ mod topology;
 mod traffic;
 mod xdp_pass;
 
-pub use addrs::{LB4, LB6, MAX_BACKENDS, MAX_CLIENTS, VIP4, VIP4_NET, VIP6, VIP6_NET, backend4, backend6, client4, client6};
+pub use addrs::{
+    LB4, LB6, MAX_BACKENDS, MAX_CLIENTS, MAX_FLEET_BALANCERS, ROUTER4, VIP4, VIP4_NET, VIP6, VIP6_NET, backend4, backend6, balancer4,
+    client4, client6, edge_client4,
+};
 pub use capacity::{
     CAPACITY_BIN_ENV, CapacityStats, capacity_binary, capacity_stats, http_get, start_capacity_server, start_capacity_servers,
 };

@@ -28,8 +28,14 @@ pub struct FlowAnswer {
     /// when the slot names no backend (the VIP has none in service).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maglev: Option<IpAddr>,
+    /// Second chance: the backend the VIP's table before its last change gave the tuple,
+    /// when it differs from `maglev`. A TCP packet other than a SYN, without an entry in
+    /// force, goes to `maglev` inside a tunnel to this one (not limited, not remembered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub second_chance: Option<IpAddr>,
     /// Where the tuple's next packet (not a SYN) goes: the entry's backend while the entry is
-    /// in force, else the Maglev choice if a new flow would be admitted; absent: dropped.
+    /// in force, else the Maglev choice if a new flow would be admitted or the packet takes
+    /// the second chance; absent: dropped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub goes_to: Option<IpAddr>,
     /// Whether a new flow on this tuple would be admitted now.

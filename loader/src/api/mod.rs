@@ -7,6 +7,7 @@
 //! <- {"error":{"kind":"invalid","message":"unknown VIP 10.0.0.1:80/tcp"}}
 //! ```
 
+pub mod announce;
 pub mod client;
 pub mod flows;
 pub mod sample;
@@ -424,6 +425,14 @@ pub struct VipEntry {
     /// backends' declared capacity; absent when there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_budget: Option<RateSpec>,
+    /// The BGP announcement of the VIP's address; absent when `lbd` does not announce
+    /// (no `--bird-socket`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announcement: Option<announce::AnnouncementView>,
+    /// Fingerprint of the Maglev table packets read, as backend addresses, with the flow
+    /// hash seed: equal on every balancer that sends the VIP's new flows where this one does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table_digest: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -25,6 +25,13 @@ pub struct Sample {
     /// Memory the kernel accounts to each map, by map name.
     pub maps: Vec<MapMemory>,
     pub daemon: DaemonSample,
+    /// Packets sent with a second candidate (connections this balancer had no entry for,
+    /// whose backend the VIP's last table change may have moved).
+    #[serde(default)]
+    pub second_chance_packets: u64,
+    /// What is announced through BIRD; absent when `lbd` does not announce.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announcements: Option<super::announce::Announcements>,
 }
 
 /// What runs: `lbd`'s version, the loaded program's tag, the XDP mode asked for.

@@ -72,7 +72,15 @@ fn responses_have_stable_names() {
         ),
         (
             Response::Ok(Reply::Vips(VipList {
-                vips: vec![VipEntry { vip: vip(), ring_size: 13, backends: 1, health: None, effective_budget: None }],
+                vips: vec![VipEntry {
+                    vip: vip(),
+                    ring_size: 13,
+                    backends: 1,
+                    health: None,
+                    effective_budget: None,
+                    announcement: None,
+                    table_digest: None,
+                }],
                 alerts: vec![],
             })),
             json!({"ok": {"type": "vips", "vips": [{"vip": "10.0.0.1:80/tcp", "ring_size": 13, "backends": 1}]}}),

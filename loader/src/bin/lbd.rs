@@ -50,7 +50,7 @@ async fn run(Resolved { args, config, settings }: Resolved) -> anyhow::Result<()
             docs::man_pages(LbdArgs::command(), &m.dir).with_context(|| format!("writing man pages to {}", m.dir.display()))?;
             Ok(())
         }
-        None if args.daemon.cleanup => daemon::cleanup(&args.daemon.pin_dir, &args.daemon.vip_path).context("lbd --cleanup"),
+        None if args.daemon.cleanup => daemon::cleanup(&args.daemon).context("lbd --cleanup"),
         None => {
             let iface = args.daemon.iface.as_deref().context("--iface is required (on the command line or as iface in [lbd])")?;
             daemon::run(&args.daemon, iface, config, settings).await.context("lbd")

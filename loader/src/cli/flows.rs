@@ -119,6 +119,9 @@ pub fn answer_text(a: &FlowAnswer) -> String {
     }
     let maglev = a.maglev.map_or_else(|| "no backend".to_owned(), |b| b.to_string());
     lines.push(format!("  maglev:    slot {} (hash {:#010x}) -> {maglev}", a.slot, a.hash));
+    if let Some(second) = a.second_chance {
+        lines.push(format!("  second:    {second} (before the VIP's last change; a packet without an entry, not a SYN, tries both)"));
+    }
     let admission = match (&a.admission.refused_by, a.admission.admitted) {
         (None, _) => "admitted".to_owned(),
         (Some(by), true) => format!("admitted (observe mode: {by} would refuse it)"),

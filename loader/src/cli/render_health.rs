@@ -2,7 +2,7 @@
 
 use super::table::{Align, Table};
 use crate::{
-    api::{BackendList, PortsView, VipHealthView, VipList},
+    api::{BackendList, PortsView, VipHealthView, VipList, announce::AnnouncementView},
     ports::PortsReport,
 };
 
@@ -27,6 +27,7 @@ pub fn vips_table(list: &VipList) -> String {
         ("PANIC", Align::Left),
         ("BUDGET/S", Align::Right),
         ("SPILL/S", Align::Right),
+        ("ANNOUNCED", Align::Left),
     ]);
     for v in &list.vips {
         let (probe, healthy, panic, spill) = match &v.health {
@@ -42,7 +43,8 @@ pub fn vips_table(list: &VipList) -> String {
             None => (dash(), dash(), dash(), dash()),
         };
         let budget = v.effective_budget.map_or_else(dash, |b| b.per_s.to_string());
-        t.row(vec![v.vip.to_string(), v.ring_size.to_string(), v.backends.to_string(), probe, healthy, panic, budget, spill]);
+        let announced = v.announcement.as_ref().map_or_else(dash, announced);
+        t.row(vec![v.vip.to_string(), v.ring_size.to_string(), v.backends.to_string(), probe, healthy, panic, budget, spill, announced]);
     }
     with_alerts(&list.alerts, t.render())
 }
@@ -69,6 +71,17 @@ fn panic_cell(h: &VipHealthView) -> String {
         notes.push(format!("{} vip_path_failed", h.vip_path_failed));
     }
     if notes.is_empty() { state.to_owned() } else { format!("{state} ({})", notes.join("; ")) }
+}
+
+/// `yes`, `DEGRADED (reason, N/K peers)`, `no (reason)`: loud when not plainly announced.
+fn announced(a: &AnnouncementView) -> String {
+    let peers = a.peers.map_or_else(|| "?".to_owned(), |n| n.to_string());
+    match a.state.as_str() {
+        "announced" => "yes".to_owned(),
+        "degraded" if a.held => format!("DEGRADED ({}, held: {peers}/{} peers)", a.reason, a.floor),
+        "degraded" => format!("DEGRADED ({}, {peers}/{} peers)", a.reason, a.floor),
+        _ => format!("no ({})", a.reason),
+    }
 }
 
 pub fn backends_table(list: &BackendList) -> String {

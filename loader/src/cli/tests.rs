@@ -142,13 +142,21 @@ fn sample_stats() -> Stats {
 #[test]
 fn tables() {
     let vips = VipList {
-        vips: vec![VipEntry { vip: vip("10.0.0.1:80/tcp"), ring_size: 65537, backends: 2, health: None, effective_budget: None }],
+        vips: vec![VipEntry {
+            vip: vip("10.0.0.1:80/tcp"),
+            ring_size: 65537,
+            backends: 2,
+            health: None,
+            effective_budget: None,
+            announcement: None,
+            table_digest: None,
+        }],
         alerts: vec![],
     };
     assert_eq!(
         rendered(&["vips", "list"], Reply::Vips(vips)),
-        "VIP              RING_SIZE  BACKENDS  PROBE  HEALTHY_WEIGHT  PANIC  BUDGET/S  SPILL/S\n\
-         10.0.0.1:80/tcp      65537         2  -                   -  -             -        -\n"
+        "VIP              RING_SIZE  BACKENDS  PROBE  HEALTHY_WEIGHT  PANIC  BUDGET/S  SPILL/S  ANNOUNCED\n\
+         10.0.0.1:80/tcp      65537         2  -                   -  -             -        -  -\n"
     );
     let backends = BackendList {
         vip: vip("10.0.0.1:80/tcp"),
@@ -591,6 +599,16 @@ fn health_panic_budget_and_alerts_are_shown() {
                 policy: crate::health::HealthConfig::default(),
             }),
             effective_budget: Some(crate::model::RateSpec::new(200, Some(20))),
+            announcement: Some(crate::api::announce::AnnouncementView {
+                address: ip("10.0.0.1"),
+                state: "degraded".into(),
+                reason: "program_detached".into(),
+                for_s: 12,
+                peers: Some(0),
+                floor: 1,
+                held: true,
+            }),
+            table_digest: Some("0123456789abcdef".into()),
         }],
         alerts: vec!["ALERT: this balancer cannot open probe sockets".into()],
     };
@@ -598,6 +616,7 @@ fn health_panic_budget_and_alerts_are_shown() {
     assert!(out.starts_with("ALERT: this balancer cannot open probe sockets\n"), "{out}");
     assert!(out.contains("PANIC (fail open; 2 vip_path_failed)") && out.contains("100/300") && out.contains(" 200 "), "{out}");
     assert!(out.contains(" tcp/tunnel "), "{out}");
+    assert!(out.contains("DEGRADED (program_detached, held: 0/1 peers)"), "{out}");
 }
 
 #[test]

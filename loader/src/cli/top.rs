@@ -279,6 +279,8 @@ mod tests {
             flow_table: FlowTableSample { capacity: 1, entries: None, counted_s_ago: None },
             maps: Vec::new(),
             daemon: DaemonSample::default(),
+            second_chance_packets: 0,
+            announcements: None,
         }
     }
 

@@ -4,7 +4,10 @@ use std::{ffi::OsString, path::PathBuf};
 
 use aya::programs::XdpMode;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use spillway_common::limits::{Capacity, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S};
+use spillway_common::{
+    hash::FLOW_SEED,
+    limits::{Capacity, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, SECOND_CHANCE_SETTLE_MS},
+};
 
 use super::{
     outer_src::{OuterSrc4, OuterSrc6},
@@ -146,6 +149,18 @@ pub struct DaemonArgs {
     /// Read-only and bounded; counters are read from the maps at most once a second.
     #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::metrics::DEFAULT_LISTEN)]
     pub metrics_listen: MetricsListen,
+    /// Seed of the flow hash that picks a new flow's backend (decimal or 0x hex). A fleet
+    /// setting: every balancer behind the same ECMP routes must use the same seed, so a flow
+    /// that moves between them keeps its backend.
+    #[arg(long, value_name = "SEED", default_value_t = FLOW_SEED, value_parser = parse_seed)]
+    pub flow_hash_seed: u32,
+    /// Seconds a VIP's Maglev table must stay unchanged before its next change replaces its
+    /// second-chance table (the table packets of connections this balancer has no entry for
+    /// may also belong to); changes closer together, such as a slow-start ramp, are one.
+    #[arg(long, value_name = "S", default_value_t = SECOND_CHANCE_SETTLE_MS / 1000, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub second_chance_settle_s: u64,
+    #[command(flatten)]
+    pub announce: AnnounceArgs,
     #[command(flatten)]
     pub vip_path: VipPathArgs,
     /// VIPs the maps hold at once. Like every size option, fixed when the maps are created:
@@ -190,6 +205,39 @@ fn count(max: u32) -> impl Fn(&str) -> Result<u32, String> + Clone + Send + Sync
         let n = n.checked_mul(unit).filter(|n| (1..=u64::from(max)).contains(n)).ok_or(format!("{input} is out of range (1..={max})"))?;
         Ok(n as u32)
     }
+}
+
+/// Announcing the VIPs over BGP through BIRD (README, "Running a fleet").
+#[derive(Debug, Args)]
+pub struct AnnounceArgs {
+    /// BIRD's control socket: announce every VIP address through that BIRD (Debian's
+    /// /run/bird/bird.ctl). Without it nothing is announced.
+    #[arg(long, value_name = "PATH")]
+    pub bird_socket: Option<PathBuf>,
+    /// The BIRD configuration include lbd writes (bird.conf includes it); its directory is
+    /// created (0755) if missing. On a tmpfs, so that after a reboot nothing is announced
+    /// before lbd has attached.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_BIRD_INCLUDE)]
+    pub bird_include: PathBuf,
+    /// Other balancers that must announce a VIP address normally before this one withdraws
+    /// it when its data path cannot forward (0: withdraw after the hold regardless).
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub announce_floor: u32,
+    /// Seconds an address stays announced degraded (GRACEFUL_SHUTDOWN) after the data path
+    /// failed before it may be withdrawn: long enough for other balancers' degradations to
+    /// arrive, so balancers failing together never all withdraw.
+    #[arg(long, value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub announce_hold_s: u64,
+}
+
+pub const DEFAULT_BIRD_INCLUDE: &str = "/run/spillway-bird/vips.conf";
+
+fn parse_seed(input: &str) -> Result<u32, String> {
+    let parsed = match input.strip_prefix("0x").or_else(|| input.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => input.parse(),
+    };
+    parsed.map_err(|_| format!("expected a 32-bit number, decimal or 0x hex, not {input:?}"))
 }
 
 /// What `lbd` runs with: its arguments with those of the `--config` file's section.
@@ -309,6 +357,7 @@ impl From<XdpModeArg> for XdpMode {
 #[cfg(test)]
 mod tests {
     use clap::error::ErrorKind;
+    use spillway_common::limits::RING_TABLES;
 
     use super::*;
 
@@ -330,13 +379,17 @@ mod tests {
         assert_eq!((d.tcp_idle_timeout_s, d.udp_idle_timeout_s), (DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S));
         assert!(!d.cleanup && d.tx_ifaces.is_empty());
         assert_eq!(d.capacity(), Capacity::DEFAULT);
+        assert_eq!(d.flow_hash_seed, FLOW_SEED);
+        assert_eq!(d.announce.bird_socket, None);
+        assert_eq!(d.announce.bird_include, PathBuf::from(DEFAULT_BIRD_INCLUDE));
+        assert_eq!((d.announce.announce_floor, d.announce.announce_hold_s), (1, 10));
     }
 
     #[test]
     fn sizes() {
         let d = parse(&["--iface", "eth0", "--max-vips", "1000", "--max-backends", "10k", "--max-flows", "8M"]).unwrap().daemon;
         let c = d.capacity();
-        assert_eq!((c.vips, c.backends, c.flows, c.ring_slots), (1000, 10_000, 8_000_000, 1000 * 2 * 65540));
+        assert_eq!((c.vips, c.backends, c.flows, c.ring_slots), (1000, 10_000, 8_000_000, 1000 * RING_TABLES * 65540));
         let d = parse(&["--iface", "eth0", "--ring-slots", "2000000"]).unwrap().daemon;
         assert_eq!(d.capacity().ring_slots, 2_000_000);
         for bad in [&["--max-vips", "0"][..], &["--max-backends", "65536"], &["--max-flows", "8G"], &["--max-flows", "1.5M"]] {
@@ -372,6 +425,14 @@ mod tests {
             "eth1",
             "--tx-iface",
             "eth2",
+            "--flow-hash-seed",
+            "0xC0FFEE",
+            "--bird-socket",
+            "/run/bird/bird.ctl",
+            "--announce-floor",
+            "2",
+            "--announce-hold-s",
+            "5",
         ])
         .unwrap()
         .daemon;
@@ -380,6 +441,10 @@ mod tests {
         assert_eq!(d.outer_src6, Some(OuterSrc6 { addr: "fd00::".parse().unwrap(), prefix: 112 }));
         assert_eq!((d.tcp_idle_timeout_s, d.udp_idle_timeout_s), (60, 30));
         assert_eq!(d.tx_ifaces, ["eth1", "eth2"]);
+        assert_eq!(d.flow_hash_seed, 0xc0ffee);
+        assert_eq!(d.announce.bird_socket, Some(PathBuf::from("/run/bird/bird.ctl")));
+        assert_eq!((d.announce.announce_floor, d.announce.announce_hold_s), (2, 5));
+        assert_eq!(parse(&["--iface", "eth0", "--flow-hash-seed", "12"]).unwrap().daemon.flow_hash_seed, 12);
     }
 
     #[test]
@@ -405,6 +470,8 @@ mod tests {
             (&["--iface", "eth0", "--outer-src", "fd00::1"], ErrorKind::ValueValidation),
             (&["--iface", "eth0", "--outer-src6", "fd00::/64"], ErrorKind::ValueValidation),
             (&["--iface", "eth0", "--tcp-idle-timeout-s", "0"], ErrorKind::ValueValidation),
+            (&["--iface", "eth0", "--flow-hash-seed", "0x1ffffffff"], ErrorKind::ValueValidation),
+            (&["--iface", "eth0", "--announce-hold-s", "0"], ErrorKind::ValueValidation),
             (&["--iface", "eth0", "--cleanup"], ErrorKind::ArgumentConflict),
             (&["--iface", "eth0", "agent", "--iface", "eth0"], ErrorKind::ArgumentConflict),
         ] {

@@ -20,7 +20,7 @@ use super::{
     telemetry::Telemetry,
 };
 use crate::{
-    api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, sample::BuildInfo},
+    api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, announce::Announcements, sample::BuildInfo},
     config::{ConfigError, Document},
     dataplane::{BalancerMaps, DataplaneError, MapOccupancy},
     event,
@@ -45,6 +45,8 @@ pub trait Counters: FlowTable {
     fn memory(&self) -> Vec<(&str, Option<u64>)>;
     fn reasons(&self) -> Result<Vec<(Reason, u64)>, DataplaneError>;
     fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError>;
+    /// Packets sent with a second candidate (second chance).
+    fn second_chance_packets(&self) -> Result<u64, DataplaneError>;
     fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError>;
     /// The source table's entries of VIP id `vip_id`.
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError>;
@@ -73,6 +75,9 @@ impl Counters for BalancerMaps {
     }
     fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError> {
         BalancerMaps::observed(self)
+    }
+    fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
+        BalancerMaps::second_chance_packets(self)
     }
     fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError> {
         BalancerMaps::rule_state(self, id)
@@ -152,6 +157,10 @@ pub struct Core<M, S> {
     /// `lbd`'s own counters (metrics, `lbctl top`).
     telemetry: Telemetry,
     info: DaemonInfo,
+    /// What is announced through BIRD (`None`: `lbd` does not announce).
+    announcements: Option<Announcements>,
+    /// See [`Reconciler::set_second_chance_settle`]; kept for rebuilt reconcilers.
+    second_chance_settle: Option<std::time::Duration>,
 }
 
 /// A change to apply: its operation (the metrics' `op` label) and its log line.
@@ -212,20 +221,21 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let report = reconciler.apply(&mut maps, &target);
         telemetry.reconciled("restore", report.is_ok(), started.elapsed());
         let report = report.map_err(CoreError::Apply)?;
-        Ok((
-            Self {
-                state,
-                reconciler,
-                maps,
-                store,
-                health,
-                ports: PortsBook::default(),
-                forwarding_off: None,
-                telemetry,
-                info: DaemonInfo::default(),
-            },
-            report,
-        ))
+        warn_second_chance_lacking(&report);
+        let core = Self {
+            state,
+            reconciler,
+            maps,
+            store,
+            health,
+            ports: PortsBook::default(),
+            forwarding_off: None,
+            telemetry,
+            info: DaemonInfo::default(),
+            announcements: None,
+            second_chance_settle: None,
+        };
+        Ok((core, report))
     }
 
     /// Feeds probe outcomes, runs time-driven transitions, logs health events and, at most
@@ -258,6 +268,28 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             None => crate::event!(info, "forwarding_restored"),
         }
         self.forwarding_off = off;
+    }
+
+    /// How long a VIP's table must stay unchanged before its next change replaces its
+    /// second-chance table.
+    pub fn set_second_chance_settle(&mut self, settle: std::time::Duration) {
+        self.second_chance_settle = Some(settle);
+        self.reconciler.set_second_chance_settle(settle);
+    }
+
+    /// Records what the announcer did this round (`lbctl vips list`, metrics).
+    pub fn set_announcements(&mut self, announcements: Announcements) {
+        self.announcements = Some(announcements);
+    }
+
+    /// Every VIP address, with whether some VIP on it has a backend (draining ones count:
+    /// they carry established flows): what the announcer decides on.
+    pub fn announce_wanted(&self) -> BTreeMap<IpAddr, bool> {
+        let mut wanted = BTreeMap::new();
+        for (vip, config) in &self.state.vips {
+            *wanted.entry(vip.addr).or_insert(false) |= !config.backends.is_empty();
+        }
+        wanted
     }
 
     /// Records port pressure reported by a backend's agent (see `pressure::classify`).
@@ -315,6 +347,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         self.telemetry.reconciled("health", applied.is_ok(), started.elapsed());
         match applied {
             Ok(report) => {
+                warn_second_chance_lacking(&report);
                 let changed = changed_weights(&checks.programmed, &effective);
                 event!(
                     info,
@@ -574,7 +607,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let applied = self.reconciler.apply(&mut self.maps, &target);
         self.telemetry.reconciled(change.op, applied.is_ok(), started.elapsed());
         let report = match applied {
-            Ok(report) => report,
+            Ok(report) => {
+                warn_second_chance_lacking(&report);
+                report
+            }
             Err(e) => {
                 self.resync_health();
                 self.roll_back();
@@ -605,7 +641,11 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     fn roll_back(&mut self) {
         let programmed = self.programmed().clone();
         let started = Instant::now();
+        let settle = self.second_chance_settle;
         let result = Reconciler::adopt(&self.maps).and_then(|mut r| {
+            if let Some(settle) = settle {
+                r.set_second_chance_settle(settle);
+            }
             r.apply(&mut self.maps, &programmed)?;
             Ok(r)
         });
@@ -628,6 +668,20 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
 }
 
 /// `addr:old->new` for every backend whose programmed weight changed, for the log.
+/// A change that found no room in the ring pool for a VIP's second-chance table is applied
+/// without it; the operator hears of it once per change.
+fn warn_second_chance_lacking(report: &ApplyReport) {
+    if report.second_chance_lacking > 0 {
+        event!(
+            warn,
+            "second_chance_no_room",
+            vips = report.second_chance_lacking,
+            effect = "their moved flows get one candidate",
+            fix = "lbd --ring-slots with room for three tables a VIP"
+        );
+    }
+}
+
 fn changed_weights(old: &DesiredState, new: &DesiredState) -> String {
     let mut changed = Vec::new();
     for (vip, config) in &new.vips {

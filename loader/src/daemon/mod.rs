@@ -2,6 +2,7 @@
 //! desired state and serves the control API until signalled. Exiting detaches nothing:
 //! the pinned link and maps keep forwarding until the next `lbd` takes them over.
 
+pub mod announce;
 pub mod args;
 pub mod checks;
 pub mod core;
@@ -37,6 +38,7 @@ use self::{
     settings::RunningSettings,
 };
 use crate::{
+    announce::{AnnounceConfig, AnnounceError},
     api::ConfigStatus,
     api::sample::BuildInfo,
     config::{ConfigError, Document},
@@ -51,7 +53,7 @@ use crate::{
     ports::{Scope, SockWatch, WatchOptions},
     reconcile::Maps,
     store::{ConfigMark, StateFile, Store, StoreError},
-    vip_path::{VipPath, VipPathArgs, VipPathError},
+    vip_path::{VipPath, VipPathError},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +84,8 @@ pub enum DaemonError {
     VipPath(Box<VipPathError>),
     #[error(transparent)]
     Forwarding(#[from] ForwardingError),
+    #[error("withdrawing the announcements")]
+    Announce(#[from] AnnounceError),
     #[error(
         "forwarding is disabled on {iface} ({sysctls}): the kernel's route lookup refuses every packet arriving there, so \
          no VIP packet could be forwarded; set it to 1 (sysctl -w ...=1) or start lbd with --enable-forwarding"
@@ -177,6 +181,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
         core.save_started_state(mark).map_err(DaemonError::ApplyConfig)?;
     }
     core.set_build_info(BuildInfo { version: env!("CARGO_PKG_VERSION").to_owned(), program_tag, xdp_mode: mode.to_owned() });
+    core.set_second_chance_settle(std::time::Duration::from_secs(args.second_chance_settle_s));
     let vips = &core.state().vips;
     event!(
         info,
@@ -222,6 +227,10 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let forwarding_watch = tokio::spawn(forwarding_watch(core.clone(), iface.to_owned()));
     let prober = vip_path.map(|path| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed(), Arc::new(path))));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
+    let announcer = announce_config(args).map(|config| {
+        let data_path = announce::DataPath { iface: iface.to_owned(), link: link.clone() };
+        tokio::spawn(announce::announce_task(core.clone(), config, data_path))
+    });
     let reloader = tokio::spawn(reload_on_hup(core.clone(), config_path, signals.take_hup()));
     // The API is bound, the state restored and the program attached: systemd may go on.
     event!(info, "ready", api = args.api.display());
@@ -238,6 +247,10 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     reloader.abort();
     if let Some(prober) = prober {
         prober.abort();
+    }
+    // Announcements stay as they are: BIRD keeps them, the next lbd takes them over.
+    if let Some(announcer) = announcer {
+        announcer.abort();
     }
     // A killed lbd restores the last state change; a clean exit saves the present.
     server::lock(&core).persist_health();
@@ -308,9 +321,25 @@ where
     }
 }
 
-/// `lbd --cleanup`: detaches the balancer, its probe path and the agent, removes every pin,
-/// and the probe path's device and routing rules.
-pub fn cleanup(pin_dir: &Path, vip_path: &VipPathArgs) -> Result<(), DaemonError> {
+/// The announcer's settings, when `lbd` announces (`--bird-socket`).
+fn announce_config(args: &DaemonArgs) -> Option<AnnounceConfig> {
+    let a = &args.announce;
+    Some(AnnounceConfig {
+        socket: a.bird_socket.clone()?,
+        include: a.bird_include.clone(),
+        floor: a.announce_floor,
+        hold_ms: a.announce_hold_s * 1000,
+    })
+}
+
+/// `lbd --cleanup`: withdraws every announcement (with `--bird-socket`), detaches the
+/// balancer and the agent and removes every pin.
+pub fn cleanup(args: &DaemonArgs) -> Result<(), DaemonError> {
+    let (pin_dir, vip_path) = (&args.pin_dir, &args.vip_path);
+    if let Some(config) = announce_config(args) {
+        let withdrawn = crate::announce::withdraw_all(&config)?;
+        event!(warn, "withdraw", prefixes = withdrawn, reason = "cleanup", include = config.include.display());
+    }
     for link in pins::cleanup(&PinLayout::new(pin_dir))? {
         event!(info, "detached", link = link.display());
     }
@@ -354,6 +383,7 @@ fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
         outer_src_v6_hostmask,
         tcp_idle_timeout_s: args.tcp_idle_timeout_s,
         udp_idle_timeout_s: args.udp_idle_timeout_s,
+        flow_seed: args.flow_hash_seed,
         ..LbConfig::default()
     })
 }

@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 
 use aya::{
     Ebpf,
-    maps::{Array, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray},
+    maps::{Array, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray, ProgramArray},
 };
 use spillway_common::{
     limits::{Capacity, MAX_RULES, RING_SLOTS_PER_WORD, map_names},
@@ -56,6 +56,11 @@ pub struct BalancerMaps {
     pub rule_counters: PerCpuArray<MapData, RuleCounters>,
     /// What limits in observe mode would have dropped, per `Observed`.
     pub observed: PerCpuArray<MapData, u64>,
+    /// Packets sent with a second candidate (`second_chance.rs`).
+    pub second_chance: PerCpuArray<MapData, u64>,
+    /// Slot 0: the second-chance program. Held open: the kernel empties a program array
+    /// once no file descriptor or pin refers to it.
+    pub second_chance_program: ProgramArray<MapData>,
 }
 
 pub(super) fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
@@ -103,6 +108,8 @@ impl BalancerMaps {
             rule_buckets: take(ebpf, map_names::RULE_BUCKETS)?,
             rule_counters: take(ebpf, map_names::RULE_COUNTERS)?,
             observed: take(ebpf, map_names::OBSERVED)?,
+            second_chance: take(ebpf, map_names::SECOND_CHANCE)?,
+            second_chance_program: take(ebpf, map_names::SECOND_CHANCE_PROGRAM)?,
         })
     }
 
@@ -121,6 +128,12 @@ impl BalancerMaps {
 
     pub fn config(&self) -> Result<LbConfig, DataplaneError> {
         named(map_names::CONFIG, self.config.get(&0, 0))
+    }
+
+    /// Packets sent with a second candidate, summed over CPUs.
+    pub fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
+        let per_cpu = named(map_names::SECOND_CHANCE, self.second_chance.get(&0, 0))?;
+        Ok(per_cpu.iter().sum())
     }
 
     /// Makes the redirect map hold exactly `ifindexes`, each redirecting to itself.

@@ -13,6 +13,7 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{ProgramError, Xdp},
 };
+use maps::named;
 pub use maps::{BalancerMaps, MapOccupancy, vip_of};
 pub use probe::ProbeMaps;
 use spillway_common::limits::{Capacity, map_names, program_names};
@@ -115,7 +116,7 @@ pub struct Balancer {
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 19] = [
+const PINNED_MAPS: [&str; 22] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -135,6 +136,9 @@ const PINNED_MAPS: [&str; 19] = [
     map_names::RULE_COUNTERS,
     map_names::RULE_LENS,
     map_names::OBSERVED,
+    map_names::SECOND_CHANCE,
+    map_names::SECOND_CHANCE_PROGRAM,
+    map_names::SECOND_CHANCE_HANDOVER,
 ];
 
 impl Balancer {
@@ -143,8 +147,13 @@ impl Balancer {
     pub fn load(options: &LoadOptions) -> Result<Self, DataplaneError> {
         let mut ebpf = load_balancer_object(objects::BALANCER, "spillway-lb", options)?;
         load_xdp(&mut ebpf, program_names::BALANCER)?;
+        load_xdp(&mut ebpf, program_names::SECOND_CHANCE)?;
         let memory = map_memory(&ebpf);
-        let maps = BalancerMaps::take(&mut ebpf, options.capacity, memory)?;
+        let mut maps = BalancerMaps::take(&mut ebpf, options.capacity, memory)?;
+        // The slot the balancer tail-calls: until it is filled, second chance is off.
+        let name = program_names::SECOND_CHANCE;
+        let second = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
+        named(map_names::SECOND_CHANCE_PROGRAM, maps.second_chance_program.set(0, second, 0))?;
         Ok(Self { ebpf, maps })
     }
 

@@ -169,8 +169,8 @@ impl VipIndex {
         self.all().map(|s| (s.key, s.meta)).collect()
     }
 
-    /// Inserts `key`, or updates its meta in place (flags, standby, then the active table in
-    /// one store).
+    /// Inserts `key`, or updates its meta in place (flags, standby, second chance, then the
+    /// active table in one store).
     pub fn set(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
         let Some(i) = self.find(key) else {
             return self.insert(key, VipSlot { key: *key, meta: *meta, ..VipSlot::default() }).map(drop);
@@ -180,6 +180,8 @@ impl VipIndex {
         unsafe {
             AtomicU32::from_ptr(addr_of_mut!((*slot).meta.flags)).store(meta.flags, Ordering::Relaxed);
             AtomicU64::from_ptr(addr_of_mut!((*slot).meta.standby).cast()).store(meta.standby.to_word(), Ordering::Relaxed);
+            // Release: a second-chance table is always a table packets read as active before.
+            AtomicU64::from_ptr(addr_of_mut!((*slot).meta.prior).cast()).store(meta.prior.to_word(), Ordering::Release);
             // Release: the table's slots, written before, are visible once packets read it.
             AtomicU64::from_ptr(addr_of_mut!((*slot).meta.active).cast()).store(meta.active.to_word(), Ordering::Release);
         }

@@ -4,8 +4,10 @@ use prometheus_client::registry::Unit;
 
 use super::family::{Families, Labels};
 use crate::{
+    announce::State as AnnounceState,
     api::{
         ReasonCount,
+        announce::Announcements,
         sample::{HistogramSample, Sample},
     },
     health::{Pressure, State as BackendState},
@@ -21,6 +23,9 @@ pub fn balancer(sample: &Sample, local_ports: Result<&PortsReport, &str>) -> sup
     verdicts(&mut f, sample);
     rules(&mut f, sample);
     own(&mut f, sample);
+    if let Some(a) = &sample.announcements {
+        announcements(&mut f, a);
+    }
     super::ports::add(&mut f, local_ports);
     f.encode("spillway")
 }
@@ -139,6 +144,12 @@ fn verdicts(f: &mut Families, s: &Sample) {
     for ReasonCount { reason, packets: n } in &s.reasons {
         packets.counter(vec![("reason", reason.clone()), ("action", action(reason).to_owned())], *n);
     }
+    f.counter(
+        "second_chance_packets",
+        "Packets of connections without a table entry sent to their backend with the backend of before the VIP's last change as a second candidate.",
+        None,
+    )
+    .counter(Labels::new(), s.second_chance_packets);
     let mut observed =
         f.counter("observed_would_drop", "Packets observe-mode limits let through that enforcing would drop, by the drop reason.", None);
     for ReasonCount { reason, packets: n } in &s.observed {
@@ -206,6 +217,42 @@ fn own(f: &mut Families, s: &Sample) {
         "The running lbd: version, the loaded XDP program's tag, the XDP mode asked for.",
         vec![("version", info.version.clone()), ("program_tag", info.program_tag.clone()), ("xdp_mode", info.xdp_mode.clone())],
     );
+}
+
+/// BGP announcements through BIRD, per VIP address (`prefix`, a host route).
+fn announcements(f: &mut Families, a: &Announcements) {
+    let prefix = |address| vec![("prefix", crate::announce::host_route(address))];
+    let mut states = f.gauge(
+        "announcement_state",
+        "1 for the announcement state of the VIP address (announced, degraded: with GRACEFUL_SHUTDOWN, withdrawn), 0 for the others.",
+        None,
+    );
+    for r in &a.routes {
+        for state in AnnounceState::ALL {
+            let mut labels = prefix(r.address);
+            labels.push(("state", state.label().to_owned()));
+            states.gauge(labels, f64::from(u8::from(state.label() == r.state)));
+        }
+    }
+    let mut peers =
+        f.gauge("announcement_peers", "Other balancers announcing the address normally, as this balancer's BIRD sees them.", None);
+    for r in &a.routes {
+        if let Some(n) = r.peers {
+            peers.gauge(prefix(r.address), f64::from(n));
+        }
+    }
+    let mut held = f.gauge("announcement_held", "1 while a withdrawal is due but held by the floor (kept announced, degraded).", None);
+    for r in &a.routes {
+        held.gauge(prefix(r.address), f64::from(u8::from(r.held)));
+    }
+    let mut changes = f.counter("announcement_changes", "Announcement state changes since lbd started, by the state entered.", None);
+    for c in &a.changes {
+        let mut labels = prefix(c.address);
+        labels.push(("state", c.state.clone()));
+        changes.counter(labels, c.count);
+    }
+    f.gauge("bird_up", "1 when BIRD answered and took the last configuration, 0 when it could not be asked or refused it.", None)
+        .gauge(Labels::new(), f64::from(u8::from(a.bird_error.is_none())));
 }
 
 /// Cumulative bucket counts as the encoder takes them (per bucket, then +Inf).

@@ -11,6 +11,7 @@
 //! | label | values | bound |
 //! |---|---|---|
 //! | `vip` | configured VIPs (`10.0.0.1:80/tcp`) | `MAX_VIPS` (64) |
+//! | `prefix` | announced VIP addresses (`10.0.0.1/32`) | `MAX_VIPS` (64) |
 //! | `backend` | a VIP's backends (address) | `MAX_BACKENDS` (4096) over all VIPs |
 //! | `reason`, `action` | the data path's `Reason`s | 16 |
 //! | `cidr`, `vip`, `action`, `observe` of rules | configured rules | `MAX_RULES` (1024) |
@@ -18,8 +19,7 @@
 //! | `protocol`, `local`, `remote`, `remote_port` (agent) | the worst destinations only | [`ports::WORST_DESTINATIONS`] |
 //!
 //! Client addresses never appear: per-source figures stay in `lbctl top-sources`.
-//! Announcement metrics (BGP) join [`balancer`] with the fleet work, next to the balancer's
-//! own families.
+//! Announcements (BGP through BIRD) are part of [`balancer`]'s output when `lbd` announces.
 
 mod balancer;
 mod family;
@@ -28,7 +28,7 @@ pub mod ports;
 
 pub use balancer::balancer;
 pub use listener::{Limits, MetricsListen, Serving, serve, spawn};
-pub use ports::ports;
+pub use ports::{agent, ports};
 
 /// `lbd --metrics-listen`'s default: local only (a local Prometheus or agent scrapes it).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9476";

@@ -17,6 +17,18 @@ pub fn ports(report: Result<&PortsReport, &str>) -> super::Exposition {
     f.encode("spillway")
 }
 
+/// An agent's metrics: its port figures, and what its decapsulation did with each packet
+/// (`reason` by `DecapReason` label; second chance shows as `second_chance_*`).
+pub fn agent(report: Result<&PortsReport, &str>, decap: &[(&'static str, u64)]) -> super::Exposition {
+    let mut f = Families::default();
+    add(&mut f, report);
+    let mut packets = f.counter("decap_packets", "Packets the backend's decapsulation saw, by what it did with them.", None);
+    for (reason, n) in decap {
+        packets.counter(vec![("reason", (*reason).to_owned())], *n);
+    }
+    f.encode("spillway")
+}
+
 /// Adds the port families for `report` to `f`.
 pub(super) fn add(f: &mut Families, report: Result<&PortsReport, &str>) {
     f.gauge("ports_watcher_up", "1 when the socket watcher reports this host's ports, 0 when it is not loaded.", None)

@@ -2,6 +2,7 @@ use std::net::IpAddr;
 
 use super::*;
 use crate::{
+    api::announce::{AnnouncementChanges, AnnouncementView, Announcements},
     api::{
         ReasonCount, RuleActionKind,
         sample::{
@@ -66,6 +67,20 @@ fn sample() -> Sample {
             local_probe_alert: false,
             agent_polls: vec![OutcomeCount { outcome: "error".into(), count: 2 }],
         },
+        second_chance_packets: 5,
+        announcements: Some(Announcements {
+            routes: vec![AnnouncementView {
+                address: "10.100.0.1".parse().unwrap(),
+                state: "degraded".into(),
+                reason: "program_detached".into(),
+                for_s: 3,
+                peers: Some(2),
+                floor: 1,
+                held: false,
+            }],
+            bird_error: None,
+            changes: vec![AnnouncementChanges { address: "10.100.0.1".parse().unwrap(), state: "degraded".into(), count: 1 }],
+        }),
     }
 }
 
@@ -141,6 +156,14 @@ fn balancer_families_follow_the_conventions() {
     assert_eq!(value(&text, r#"spillway_agent_polls_total{outcome="error"}"#), 2.0);
     assert_eq!(value(&text, r#"spillway_build_info{version="0.1.0",program_tag="00112233aabbccdd",xdp_mode="native"}"#), 1.0);
     assert_eq!(value(&text, "spillway_ports_watcher_up"), 0.0);
+    let prefix = r#"prefix="10.100.0.1/32""#;
+    assert_eq!(value(&text, &format!(r#"spillway_announcement_state{{{prefix},state="degraded"}}"#)), 1.0);
+    assert_eq!(value(&text, &format!(r#"spillway_announcement_state{{{prefix},state="announced"}}"#)), 0.0);
+    assert_eq!(value(&text, &format!("spillway_announcement_peers{{{prefix}}}")), 2.0);
+    assert_eq!(value(&text, &format!("spillway_announcement_held{{{prefix}}}")), 0.0);
+    assert_eq!(value(&text, &format!(r#"spillway_announcement_changes_total{{{prefix},state="degraded"}}"#)), 1.0);
+    assert_eq!(value(&text, "spillway_bird_up"), 1.0);
+    assert_eq!(value(&text, "spillway_second_chance_packets_total"), 5.0);
     assert!(text.contains("# TYPE spillway_vip_packets counter\n") && text.contains("# UNIT spillway_vip_bytes bytes\n"), "{text}");
 }
 

@@ -442,3 +442,136 @@ fn a_change_whose_table_write_failed_is_written_when_applied_again() {
     // Unchanged VIPs next to it build nothing and write nothing.
     assert_eq!(r.apply(&mut maps, &two).unwrap(), ApplyReport::default());
 }
+
+/// The address table, read from the maps as the data path does: slot → id → address.
+fn table_in_maps(maps: &FakeMaps) -> Vec<Option<IpAddr>> {
+    maps.active_table(&vip_key(&vip()))
+        .into_iter()
+        .map(|id| maps.backend(id).ok().filter(|b| b.state == BACKEND_ACTIVE).and_then(|b| from_words(b.addr, b.family)))
+        .collect()
+}
+
+#[test]
+fn the_same_state_gives_the_same_table_whatever_the_history() {
+    let addrs = ["10.0.0.101", "10.0.0.102", "10.0.0.103", "10.0.0.104"];
+    let want = state(&addrs.iter().map(|a| (*a, 100)).collect::<Vec<_>>());
+
+    let mut first = FakeMaps::default();
+    let mut r1 = Reconciler::adopt(&first).unwrap();
+    r1.apply(&mut first, &want).unwrap();
+
+    // Another balancer: backends added one by one in another order, after one that was
+    // removed again, so every address holds another id.
+    let mut second = FakeMaps::default();
+    let mut r2 = Reconciler::adopt(&second).unwrap();
+    let mut grown = state(&[("10.0.0.250", 100)]);
+    r2.apply(&mut second, &grown).unwrap();
+    for addr in addrs.iter().rev() {
+        grown.add_backend(&vip(), addr.parse().unwrap(), 100).unwrap();
+        r2.apply(&mut second, &grown).unwrap();
+    }
+    grown.remove_backend(&vip(), "10.0.0.250".parse().unwrap()).unwrap();
+    r2.apply(&mut second, &grown).unwrap();
+    assert_eq!(grown, want);
+    let id = |r: &Reconciler| r.backend_id(&vip(), &"10.0.0.101".parse().unwrap());
+    assert_ne!(id(&r1), id(&r2), "the ids must differ for this test to mean anything");
+
+    assert_eq!(table_in_maps(&first), table_in_maps(&second));
+    assert_eq!(r1.active_table(&vip()), Some(table_in_maps(&first)));
+    assert_eq!(r2.active_table(&vip()), Some(table_in_maps(&second)));
+    // A restarted daemon adopts the same table and digest.
+    let adopted = Reconciler::adopt(&second).unwrap();
+    assert_eq!(adopted.active_table(&vip()), r1.active_table(&vip()));
+
+    let digest = |r: &Reconciler, seed| table_digest(seed, &r.active_table(&vip()).unwrap());
+    assert_eq!(digest(&r1, 7), digest(&r2, 7));
+    assert_ne!(digest(&r1, 7), digest(&r1, 8), "the seed is part of the digest");
+    let mut heavier = want.clone();
+    heavier.set_weight(&vip(), "10.0.0.101".parse().unwrap(), 200).unwrap();
+    r2.apply(&mut second, &heavier).unwrap();
+    assert_ne!(digest(&r1, 7), digest(&r2, 7), "another weight is another table");
+}
+
+#[test]
+fn a_change_keeps_the_table_before_it_as_the_second_chance_table() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    let key = vip_key(&vip());
+    let three = state(&[("10.0.0.101", 100), ("10.0.0.102", 100), ("10.0.0.103", 100)]);
+    r.apply(&mut maps, &three).unwrap();
+    assert!(maps.prior_table(&key).is_empty(), "a new VIP had no table before");
+
+    // A change right after another is part of it: the VIP was just created.
+    let mut four = three.clone();
+    four.add_backend(&vip(), "10.0.0.104".parse().unwrap(), 100).unwrap();
+    let mut heavier = three.clone();
+    heavier.set_weight(&vip(), "10.0.0.101".parse().unwrap(), 200).unwrap();
+    r.apply(&mut maps, &heavier).unwrap();
+    assert!(maps.prior_table(&key).is_empty());
+    let before = maps.active_table(&key);
+    four.set_weight(&vip(), "10.0.0.101".parse().unwrap(), 200).unwrap();
+    r.set_second_chance_settle(Duration::ZERO);
+    let report = r.apply(&mut maps, &four).unwrap();
+    assert_eq!(maps.prior_table(&key), before);
+    assert_ne!(maps.active_table(&key), before);
+    // The table in force becomes the second-chance table as it is: only the new table's
+    // slots that differ from the standby's (the first table, of three backends) are written.
+    assert!(report.slots_written < 4099, "{report:?}");
+
+    // A ramp of the same change (within the settle time) keeps it.
+    r.set_second_chance_settle(Duration::from_secs(3600));
+    let mut ramped = four.clone();
+    ramped.set_weight(&vip(), "10.0.0.104".parse().unwrap(), 50).unwrap();
+    r.apply(&mut maps, &ramped).unwrap();
+    assert_eq!(maps.prior_table(&key), before);
+
+    // Once settled, the next change keeps the table of then.
+    r.set_second_chance_settle(Duration::ZERO);
+    let then = maps.active_table(&key);
+    r.apply(&mut maps, &four).unwrap();
+    assert_eq!(maps.prior_table(&key), then);
+    assert_eq!(maps.active_table(&key).len(), 4099);
+
+    // A restarted reconciler adopts all three tables and, not knowing when the last change
+    // was, starts an episode with its first change.
+    let mut adopted = Reconciler::adopt(&maps).unwrap();
+    let now = maps.active_table(&key);
+    adopted.apply(&mut maps, &three).unwrap();
+    assert_eq!(maps.prior_table(&key), now);
+    assert_eq!(adopted.ring_pool().0, r.ring_pool().0, "the adopted pool holds the same three tables");
+}
+
+#[test]
+fn a_pool_without_room_for_a_third_table_reports_the_vip_without_second_chance() {
+    // Room for two tables of 4099 slots (1025 words each), not three.
+    let capacity = Capacity { ring_slots: 2 * 4100, ..Capacity::DEFAULT };
+    let mut maps = FakeMaps { capacity, ..FakeMaps::default() };
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    r.set_second_chance_settle(Duration::ZERO);
+    let key = vip_key(&vip());
+    r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
+    let report = r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100)])).unwrap();
+    assert_eq!((report.tables_flipped, report.second_chance_lacking), (1, 1));
+    assert!(maps.prior_table(&key).is_empty());
+}
+
+#[test]
+fn a_removed_vip_gives_its_tables_back_and_leaves_no_second_chance_table_to_its_id() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    r.set_second_chance_settle(Duration::ZERO);
+    let key = vip_key(&vip());
+    let empty_pool = r.ring_pool();
+    r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
+    r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100)])).unwrap();
+    let id = maps.vips[&key].id;
+    assert!(!maps.prior_table(&key).is_empty());
+    r.apply(&mut maps, &DesiredState::default()).unwrap();
+    assert_eq!(r.ring_pool(), empty_pool);
+    let other: Vip = "10.100.0.2:80/tcp".parse().unwrap();
+    let mut s = DesiredState::default();
+    s.add_vip(other, 13).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!(maps.vips[&vip_key(&other)].id, id, "the id is reused");
+    assert!(maps.prior_table(&vip_key(&other)).is_empty());
+}

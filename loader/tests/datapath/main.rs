@@ -12,4 +12,5 @@ mod limits;
 mod nexthop;
 mod passing;
 mod probe;
+mod second_chance;
 mod support;

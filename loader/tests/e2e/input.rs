@@ -1,5 +1,7 @@
 //! Bad lbctl input is refused with a message naming the problem and changes nothing.
 
+use std::time::Duration;
+
 use spillway_harness::cluster::XdpMode;
 
 use crate::in_both_modes;
@@ -11,6 +13,8 @@ fn bad_input_changes_nothing(mode: XdpMode) {
     vip_with_all_backends(&c, &vip, false);
     let b1 = backend_addr(&c.topo.backends()[0], false);
     let snapshot = || stable_view(&c, &vip);
+    // Health changes by itself until the backends are up: the baseline starts after that.
+    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
     let before = snapshot();
     let cases: &[(&[&str], &str)] = &[
         (&["vips", "add", "10.100.0.300:80/tcp"], "10.100.0.300"),

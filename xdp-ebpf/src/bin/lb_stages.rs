@@ -12,6 +12,8 @@ mod maps;
 mod nexthop;
 #[path = "lb/path.rs"]
 mod path;
+#[path = "lb/second_chance.rs"]
+mod second_chance;
 #[path = "lb/select.rs"]
 mod select;
 #[path = "lb/stats.rs"]

@@ -222,6 +222,7 @@ impl Lab {
             outer_src_v6: to_words(packet_lab::LOCAL6.into()).0,
             tcp_idle_timeout_s: DEFAULT_TCP_IDLE_TIMEOUT_S,
             udp_idle_timeout_s: DEFAULT_UDP_IDLE_TIMEOUT_S,
+            flow_seed: FLOW_SEED,
             ..LbConfig::default()
         })?;
         balancer.maps.tx_ports.insert(egress, egress, None, 0).context("adding the egress to the redirect map")?;

@@ -11,7 +11,7 @@ use std::{
 
 use spillway_common::{
     addr::{from_words, to_words},
-    hash::{FLOW_SEED, flow_hash},
+    hash::flow_hash,
     limits::ANY_VIP,
     prefix::masked,
     types::{
@@ -25,7 +25,7 @@ use crate::{
     api::flows::{Admission, DEFAULT_FLOW_LIST, FlowAnswer, FlowEntry, FlowEntryState, FlowList, MAX_FLOW_LIST, PurgeReport},
     daemon::telemetry::FlowCount,
     dataplane::{BalancerMaps, DataplaneError, FlowInfo},
-    model::Vip,
+    model::{Proto, Vip},
     reconcile::Maps,
     store::Store,
 };
@@ -131,27 +131,42 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             (own, _) => own,
         };
         let key = flow_key(client, vip, port);
-        let hash = flow_hash(&key, FLOW_SEED);
+        let config = self.maps.lb_config().map_err(CoreError::Counters)?;
+        let hash = flow_hash(&key, config.flow_seed);
         let id = self.reconciler.vip_id(vip).ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
         let meta = self.maps.vips().map_err(CoreError::Counters)?.into_iter().map(|(_, m)| m).find(|m| m.id == id);
         let meta = meta.ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
-        let table = meta.active;
-        let slot = hash % table.size.max(1);
-        let owner = if table.size == 0 { None } else { Some(self.maps.ring_slot(table, slot).map_err(CoreError::Counters)?) };
+        let slot = hash % meta.active.size.max(1);
+        let owner = self.maglev_slot(meta.active, hash)?;
         let maglev = owner
             .and_then(|id| self.maps.backend(id).ok())
             .filter(|b| b.state == BACKEND_ACTIVE)
             .and_then(|b| from_words(b.addr, b.family));
         let now = kernel_now_ns();
-        let config = self.maps.lb_config().map_err(CoreError::Counters)?;
         let entry = self.maps.flow(&key).map(|value| self.entry_state(&key, &value, &config, now));
         let admission = self.admission(&key, id, now)?;
+        // As `second_chance::candidates`: both ids differ and name backends in use.
+        let prior = if vip.proto == Proto::Tcp { self.maglev_slot(meta.prior, hash)? } else { None };
+        let second_chance = prior
+            .filter(|&p| Some(p) != owner && maglev.is_some())
+            .and_then(|p| self.maps.backend(p).ok())
+            .filter(|b| b.state == BACKEND_ACTIVE)
+            .and_then(|b| from_words(b.addr, b.family));
         let goes_to = match &entry {
             Some(FlowEntryState { in_force: true, backend, .. }) => *backend,
-            _ if admission.admitted => maglev,
+            _ if admission.admitted || second_chance.is_some() => maglev,
             _ => None,
         };
-        Ok(FlowAnswer { vip: *vip, client, port, entry, hash, slot, maglev, goes_to, admission })
+        Ok(FlowAnswer { vip: *vip, client, port, entry, hash, slot, maglev, second_chance, goes_to, admission })
+    }
+
+    /// The backend id a Maglev table gives `hash` (`None`: an empty table, as a VIP without
+    /// a second-chance table has).
+    fn maglev_slot(&self, table: RingRef, hash: u32) -> Result<Option<u32>, CoreError> {
+        if table.size == 0 {
+            return Ok(None);
+        }
+        self.maps.ring_slot(table, hash % table.size).map(Some).map_err(CoreError::Counters)
     }
 
     /// What the data path makes of an existing entry (`select::established`).

@@ -83,6 +83,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             flow_table,
             maps,
             daemon: self.telemetry.sample(alert),
+            second_chance_packets: self.maps.second_chance_packets().map_err(CoreError::Counters)?,
+            announcements: self.announcements.clone(),
         })
     }
 

@@ -8,6 +8,7 @@ use super::*;
 use crate::{
     api::{BackendState, VipEntry, VipList},
     model::Vip,
+    reconcile::table_digest,
     store::StateFile,
     testing::{FakeMaps, TempDir},
 };
@@ -69,12 +70,24 @@ fn mutations_apply_persist_and_list() {
     assert_eq!(reply, Reply::Done { slots_written: 251, tables_flipped: 1 });
     f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.1"), weight: None, options: Default::default() });
     f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.2"), weight: Some(50), options: Default::default() });
+    let Reply::Vips(mut list) = f.ok(Request::ListVips) else { panic!("not a VIP list") };
+    let digest = list.vips[0].table_digest.take();
+    let table = f.core.reconciler.active_table(&vip()).unwrap();
+    assert_eq!(digest, Some(table_digest(f.core.maps.lb_config().unwrap().flow_seed, &table)));
     assert_eq!(
-        f.ok(Request::ListVips),
-        Reply::Vips(VipList {
-            vips: vec![VipEntry { vip: vip(), ring_size: 251, backends: 2, health: None, effective_budget: None }],
+        list,
+        VipList {
+            vips: vec![VipEntry {
+                vip: vip(),
+                ring_size: 251,
+                backends: 2,
+                health: None,
+                effective_budget: None,
+                announcement: None,
+                table_digest: None
+            }],
             alerts: vec![]
-        })
+        }
     );
     assert_eq!(f.backends(), [(ip("10.0.0.1"), DEFAULT_WEIGHT, BackendState::Active), (ip("10.0.0.2"), 50, BackendState::Active)]);
     assert_eq!(f.saved().as_ref(), Some(f.core.state()));

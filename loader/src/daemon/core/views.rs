@@ -17,7 +17,7 @@ use crate::{
     dataplane::DataplaneError,
     health::{BackendHealth, Reason, State},
     model::{Cidr, LimitConfig, ModelError, RuleAction, Vip},
-    reconcile::Maps,
+    reconcile::{Maps, table_digest},
     store::Store,
 };
 
@@ -29,6 +29,22 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 "ALERT: forwarding is disabled on the balancer's interface ({sysctls}): every VIP packet of that family \
                  is dropped (drop_forwarding_disabled in lbctl stats); set it back to 1"
             ));
+        }
+        if let Some(announced) = &self.announcements {
+            if let Some(error) = &announced.bird_error {
+                alerts.push(format!("ALERT: BIRD: {error}"));
+            }
+            for r in announced.routes.iter().filter(|r| r.state != "announced" && r.reason != "no_backends") {
+                let held = if r.held { ", held by the floor" } else { "" };
+                let peers = r.peers.map_or_else(|| "unknown".to_owned(), |n| n.to_string());
+                alerts.push(format!(
+                    "ALERT: {} is {} ({}{held}; {peers} other balancers announce it, floor {})",
+                    crate::announce::host_route(r.address),
+                    r.state,
+                    r.reason,
+                    r.floor
+                ));
+            }
         }
         let Some(checks) = self.health.as_ref() else { return alerts };
         let now_ms = checks.now_ms();
@@ -49,6 +65,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     }
 
     pub(super) fn vips(&self) -> VipList {
+        let seed = self.maps.lb_config().ok().map(|c| c.flow_seed);
         let vips = self
             .state
             .vips
@@ -77,7 +94,17 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     }
                 });
                 let effective_budget = self.programmed().effective_limits(vip).and_then(|l| l.vip_budget);
-                VipEntry { vip: *vip, ring_size: config.ring_size, backends: config.backends.len(), health, effective_budget }
+                let announcement = self.announcements.as_ref().and_then(|a| a.routes.iter().find(|r| r.address == vip.addr)).cloned();
+                let table_digest = seed.zip(self.reconciler.active_table(vip)).map(|(seed, table)| table_digest(seed, &table));
+                VipEntry {
+                    vip: *vip,
+                    ring_size: config.ring_size,
+                    backends: config.backends.len(),
+                    health,
+                    effective_budget,
+                    announcement,
+                    table_digest,
+                }
             })
             .collect();
         VipList { vips, alerts: self.alerts() }

@@ -12,6 +12,8 @@ mod maps;
 mod nexthop;
 mod path;
 mod probe;
+mod second_chance;
+mod second_chance_program;
 mod select;
 mod stats;
 
@@ -20,6 +22,14 @@ use aya_ebpf::{macros::xdp, programs::XdpContext};
 #[xdp]
 pub fn spillway_lb(ctx: XdpContext) -> u32 {
     let verdict = path::balance::<{ path::stage::ALL }>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+/// Tail-called by `spillway_lb` for the packets second chance sends (`second_chance.rs`).
+#[xdp]
+pub fn spillway_lb_second(ctx: XdpContext) -> u32 {
+    let verdict = second_chance_program::send(&ctx);
     stats::count(&verdict);
     verdict.action
 }

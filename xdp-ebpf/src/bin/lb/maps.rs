@@ -7,7 +7,7 @@
 use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
     macros::map,
-    maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use spillway_common::{
     limits::{Capacity, MAX_RULES, MAX_TX_PORTS, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS},
@@ -16,6 +16,8 @@ use spillway_common::{
         SourceKey, SourceState, Traffic, VipSlot,
     },
 };
+
+use crate::second_chance::Handover;
 
 const DEFAULT: Capacity = Capacity::DEFAULT;
 
@@ -60,7 +62,8 @@ pub static VIP_FILTER: Array<u64> = Array::with_max_entries(VIP_FILTER_WORDS, 0)
 #[map(name = "spw_vip_addrs")]
 pub static VIP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(DEFAULT.vips, 0);
 
-/// Every VIP's two Maglev tables, four 16-bit backend ids per word (see `RingRef`).
+/// Every VIP's Maglev tables (active, standby, second chance), four 16-bit backend ids per
+/// word (see `RingRef`).
 #[map(name = "spw_rings")]
 pub static RINGS: Array<u64> = Array::with_max_entries(DEFAULT.ring_words(), BPF_F_MMAPABLE);
 
@@ -121,3 +124,15 @@ pub static RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entr
 /// What limits in observe mode would have dropped.
 #[map(name = "spw_observed")]
 pub static OBSERVED: PerCpuArray<u64> = PerCpuArray::with_max_entries(Observed::COUNT, 0);
+
+/// Packets sent with a second candidate (`second_chance.rs`).
+#[map(name = "spw_second_ch")]
+pub static SECOND_CHANCE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Slot 0: the second-chance program (`spillway_lb_second`), which the balancer tail-calls.
+#[map(name = "spw_second_prog")]
+pub static SECOND_CHANCE_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// What the balancer hands its second-chance program (per CPU: a tail call stays on it).
+#[map(name = "spw_second_hand")]
+pub static SECOND_CHANCE_HANDOVER: PerCpuArray<Handover> = PerCpuArray::with_max_entries(1, 0);

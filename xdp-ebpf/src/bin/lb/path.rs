@@ -11,12 +11,12 @@ use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{FLOW_SEED, flow_hash, vip_addr_hash, vip_filter_slot, vip_home},
     limits::VIP_PROBES,
-    types::{CFG_F_STATIC_NEXTHOP, FlowKey, LbConfig, Reason, RingRef, VipKey},
+    types::{BackendInfo, CFG_F_STATIC_NEXTHOP, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VipKey},
 };
 use xdp_ebpf::{
     encap::{self, Macs, Tunnel},
     fib::NextHop,
-    headers::EthHdr,
+    headers::{ETH_LEN, EthHdr},
     packet,
     parse::{Layout, Parsed, parse},
 };
@@ -24,7 +24,9 @@ use xdp_ebpf::{
 use crate::{
     limits,
     maps::{CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
-    nexthop, select,
+    nexthop,
+    second_chance::{self, Handover},
+    select,
     select::{Choice, Flow, Vip},
 };
 
@@ -65,7 +67,8 @@ trait Cut {
 }
 
 impl Cut for Verdict {
-    const CUT: Self = Verdict { action: XDP_TX, reason: Reason::Tx, vip: None, backend: None, bytes: 0, new_flow: false };
+    const CUT: Self =
+        Verdict { action: XDP_TX, reason: Reason::Tx, vip: None, backend: None, bytes: 0, new_flow: false, second_chance: false };
 }
 
 impl Cut for (u32, Reason) {
@@ -82,12 +85,14 @@ pub struct Verdict {
     pub bytes: usize,
     /// A new flow was placed on a backend (counted as a new flow of both).
     pub new_flow: bool,
+    /// Sent with a second candidate (`second_chance.rs`).
+    pub second_chance: bool,
 }
 
 impl Verdict {
     #[inline(always)]
-    fn ended(action: u32, reason: Reason) -> Verdict {
-        Verdict { action, reason, vip: None, backend: None, bytes: 0, new_flow: false }
+    pub fn ended(action: u32, reason: Reason) -> Verdict {
+        Verdict { action, reason, vip: None, backend: None, bytes: 0, new_flow: false, second_chance: false }
     }
 }
 
@@ -129,13 +134,31 @@ pub fn balance<const STOP: u8>(ctx: &XdpContext) -> Verdict {
     // reset), so it skips the table: it always goes through the limits and is placed afresh
     // (the tuple's old backend may have been ejected or drained since; a retransmitted SYN
     // lands on the same backend as the first while the table is unchanged).
+    // The table's buckets and the outer header's entropy always hash with FLOW_SEED, so a
+    // changed fleet seed moves no entry.
     let flow = Flow::new(&key, vip.id, flow_hash(&key, FLOW_SEED));
     let known = if syn { None } else { select::established(&flow, now, cfg, !icmp_error) };
     cut!(STOP, TABLE, &known);
     let (choice, new_flow) = match known {
         Some(choice) => (choice, false),
         None => {
-            let refused = |reason| Verdict { action: XDP_DROP, reason, vip: Some(vip.id), backend: None, bytes, new_flow: false };
+            let refused = |reason| Verdict {
+                action: XDP_DROP,
+                reason,
+                vip: Some(vip.id),
+                backend: None,
+                bytes,
+                new_flow: false,
+                second_chance: false,
+            };
+            // Maglev hashes with the fleet's seed: by default the same hash.
+            let hash = if cfg.flow_seed == FLOW_SEED { flow.hash() } else { flow_hash(&key, cfg.flow_seed) };
+            // A TCP packet past the handshake without an entry began elsewhere: if the
+            // VIP's last change moved its slot, it may belong to either backend.
+            let moved = !syn && !icmp_error && key.proto == PROTO_TCP;
+            if moved && let Some((first, second)) = second_chance::candidates(&vip, hash) {
+                second_chance::hand_over(ctx, Handover { vip_id: vip.id, first, second, flow_hash: flow.hash() });
+            }
             // ICMP errors belong to an existing flow: they are never limited.
             if !icmp_error {
                 let admitted = limits::admit_new_flow(&key, &vip, now_ns);
@@ -144,7 +167,7 @@ pub fn balance<const STOP: u8>(ctx: &XdpContext) -> Verdict {
                     return refused(reason);
                 }
             }
-            let Some(id) = select::maglev_slot(&vip, flow.hash()) else {
+            let Some(id) = select::maglev_slot(vip.ring, hash) else {
                 return refused(Reason::DropNoBackend);
             };
             cut!(STOP, SLOT, &id);
@@ -160,9 +183,16 @@ pub fn balance<const STOP: u8>(ctx: &XdpContext) -> Verdict {
             (Choice { id, backend, hash: flow.hash() }, !icmp_error)
         }
     };
-    let (action, reason) = forward::<STOP>(ctx, &key, &layout, &choice, cfg, now_ns);
-    let sent = matches!(reason, Reason::Tx | Reason::Redirect | Reason::KernelNoNeigh | Reason::KernelNoTxPort);
-    Verdict { action, reason, vip: Some(vip.id), backend: sent.then_some(choice.id), bytes, new_flow }
+    let (action, reason) = forward::<STOP>(ctx, &key, &layout, &choice, None, cfg, now_ns);
+    let sent = is_sent(reason);
+    let backend = sent.then_some(choice.id);
+    Verdict { action, reason, vip: Some(vip.id), backend, bytes, new_flow, second_chance: false }
+}
+
+/// The packet left towards its backend (from here or through the kernel).
+#[inline(always)]
+pub fn is_sent(reason: Reason) -> bool {
+    matches!(reason, Reason::Tx | Reason::Redirect | Reason::KernelNoNeigh | Reason::KernelNoTxPort)
 }
 
 /// False only for addresses no VIP uses (one inlined array read).
@@ -203,22 +233,34 @@ fn indexed_vip(vip: &VipKey, addr_hash: u32) -> Option<Vip> {
                 continue;
             }
             let meta = addr_of!((*slot).meta);
-            let active = read_volatile(addr_of!((*meta).active).cast::<u64>());
+            let table = |word: u64| RingRef { base: word as u32, size: (word >> 32) as u32 };
             return Some(Vip {
                 id: read_volatile(addr_of!((*meta).id)),
                 flags: read_volatile(addr_of!((*meta).flags)),
-                ring: RingRef { base: active as u32, size: (active >> 32) as u32 },
+                ring: table(read_volatile(addr_of!((*meta).active).cast::<u64>())),
+                prior: table(read_volatile(addr_of!((*meta).prior).cast::<u64>())),
             });
         }
     }
     None
 }
 
+/// Encapsulates towards `choice` (with a second candidate's tunnel inside, when `second`)
+/// and sends.
 #[inline(always)]
-fn forward<const STOP: u8>(ctx: &XdpContext, key: &FlowKey, layout: &Layout, choice: &Choice, cfg: &LbConfig, now: u64) -> (u32, Reason) {
+pub fn forward<const STOP: u8>(
+    ctx: &XdpContext,
+    key: &FlowKey,
+    layout: &Layout,
+    choice: &Choice,
+    second: Option<&BackendInfo>,
+    cfg: &LbConfig,
+    now: u64,
+) -> (u32, Reason) {
     let be = &choice.backend;
     let hash = choice.hash;
-    if !encap::supported(be.family, key.family) {
+    let inner_family = second.map_or(key.family, |s| s.family);
+    if !encap::supported(be.family, inner_family) || !encap::supported(inner_family, key.family) {
         return (XDP_DROP, Reason::DropEncapFailed);
     }
     let Some(eth) = packet::at::<EthHdr>(ctx, 0) else {
@@ -227,20 +269,13 @@ fn forward<const STOP: u8>(ctx: &XdpContext, key: &FlowKey, layout: &Layout, cho
     // The frame arrived addressed to us: these MACs make the kernel accept it if we must
     // hand the encapsulated packet over.
     let arrived = unsafe { Macs { src: (*eth).src, dst: (*eth).dst } };
-    let tunnel = Tunnel {
-        family: be.family,
-        src: cfg.outer_source(be.family, hash),
-        dst: be.addr,
-        inner_family: key.family,
-        inner_len: layout.l3_len,
-        tos: layout.tos,
-        flow_hash: hash,
-    };
-    let outer_len = (encap::outer_len(be.family) + layout.l3_len) as u16;
+    let src = cfg.outer_source(be.family, hash);
+    let inner_len = layout.l3_len + second.map_or(0, |s| encap::outer_len(s.family));
+    let outer_len = (encap::outer_len(be.family) + inner_len) as u16;
     let hop = if cfg.flags & CFG_F_STATIC_NEXTHOP != 0 {
         NextHop::Resolved { ifindex: cfg.static_ifindex, macs: Macs { src: cfg.static_src_mac, dst: cfg.static_dst_mac } }
     } else {
-        nexthop::resolve(ctx, choice.id, be, &tunnel.src, outer_len, now)
+        nexthop::resolve(ctx, choice.id, be, &src, outer_len, now)
     };
     // Kept as plain fields: the unused payload of another variant is undefined, and the
     // verifier refuses a program that stores it.
@@ -252,26 +287,44 @@ fn forward<const STOP: u8>(ctx: &XdpContext, key: &FlowKey, layout: &Layout, cho
             _ => (0, [0; 6], [0; 6]),
         }
     );
-    match hop {
-        NextHop::FragNeeded => (XDP_DROP, Reason::DropOversize),
-        NextHop::NoRoute => (XDP_DROP, Reason::DropNoRoute),
-        NextHop::ForwardingDisabled => (XDP_DROP, Reason::DropForwardingDisabled),
-        NextHop::NoNeigh => match encap::push(ctx, layout.l2_len, &tunnel, &arrived) {
-            Ok(()) => (XDP_PASS, Reason::KernelNoNeigh),
-            Err(()) => (XDP_DROP, Reason::DropEncapFailed),
-        },
-        NextHop::Resolved { ifindex, macs } => {
-            if encap::push(ctx, layout.l2_len, &tunnel, &macs).is_err() {
-                return (XDP_DROP, Reason::DropEncapFailed);
-            }
-            if ifindex as usize == ctx.ingress_ifindex() {
-                return (XDP_TX, Reason::Tx);
-            }
-            match TX_PORTS.redirect(ifindex, XDP_PASS as u64) {
-                Ok(_) => (XDP_REDIRECT, Reason::Redirect),
-                Err(_) => hand_to_kernel(ctx, &arrived),
-            }
+    let (macs, egress) = match hop {
+        NextHop::FragNeeded => return (XDP_DROP, Reason::DropOversize),
+        NextHop::NoRoute => return (XDP_DROP, Reason::DropNoRoute),
+        NextHop::ForwardingDisabled => return (XDP_DROP, Reason::DropForwardingDisabled),
+        NextHop::NoNeigh => (Macs { src: arrived.src, dst: arrived.dst }, None),
+        NextHop::Resolved { ifindex, macs } => (macs, Some(ifindex)),
+    };
+    // Second chance: the tunnel to the second candidate goes on first, as any tunnel does;
+    // the one to the backend then goes around it. One tunnel lives at a time (the stack).
+    let mut l2_len = layout.l2_len;
+    if let Some(s) = second {
+        let middle = Tunnel {
+            family: s.family,
+            src: cfg.outer_source(s.family, hash),
+            dst: s.addr,
+            inner_family: key.family,
+            inner_len: layout.l3_len,
+            tos: layout.tos,
+            flow_hash: hash,
+        };
+        if encap::push(ctx, l2_len, &middle, &macs).is_err() {
+            return (XDP_DROP, Reason::DropEncapFailed);
         }
+        l2_len = ETH_LEN;
+    }
+    let tunnel = Tunnel { family: be.family, src, dst: be.addr, inner_family, inner_len, tos: layout.tos, flow_hash: hash };
+    if encap::push(ctx, l2_len, &tunnel, &macs).is_err() {
+        return (XDP_DROP, Reason::DropEncapFailed);
+    }
+    let Some(ifindex) = egress else {
+        return (XDP_PASS, Reason::KernelNoNeigh);
+    };
+    if ifindex as usize == ctx.ingress_ifindex() {
+        return (XDP_TX, Reason::Tx);
+    }
+    match TX_PORTS.redirect(ifindex, XDP_PASS as u64) {
+        Ok(_) => (XDP_REDIRECT, Reason::Redirect),
+        Err(_) => hand_to_kernel(ctx, &arrived),
     }
 }
 

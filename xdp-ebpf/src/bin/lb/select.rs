@@ -38,6 +38,8 @@ pub struct Vip {
     pub flags: u32,
     /// Its active Maglev table.
     pub ring: RingRef,
+    /// Its second-chance table (size 0: none).
+    pub prior: RingRef,
 }
 
 pub struct Choice {
@@ -103,10 +105,9 @@ pub fn established(flow: &Flow, now: u32, cfg: &LbConfig, refresh: bool) -> Opti
     Some(Choice { id, backend, hash: flow.hash })
 }
 
-/// The backend id a new flow's hash selects in the VIP's active Maglev table.
+/// The backend id a flow's (Maglev) hash selects in a VIP's Maglev table `ring`.
 #[inline(always)]
-pub fn maglev_slot(vip: &Vip, hash: u32) -> Option<u32> {
-    let ring = vip.ring;
+pub fn maglev_slot(ring: RingRef, hash: u32) -> Option<u32> {
     if ring.size == 0 {
         return None;
     }

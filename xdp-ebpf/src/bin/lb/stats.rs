@@ -3,11 +3,12 @@
 use spillway_common::types::Traffic;
 
 use crate::{
-    maps::{BACKEND_STATS, REASONS, VIP_STATS},
+    maps::{BACKEND_STATS, REASONS, SECOND_CHANCE, VIP_STATS},
     path::Verdict,
 };
 
-/// Counts a frame under its reason, and its VIP's and backend's traffic.
+/// Counts a frame under its reason, its VIP's and backend's traffic, and whether it went
+/// out with a second candidate.
 #[inline(always)]
 pub fn count(verdict: &Verdict) {
     if let Some(count) = REASONS.get_ptr_mut(verdict.reason as u32) {
@@ -22,6 +23,12 @@ pub fn count(verdict: &Verdict) {
         && let Some(t) = BACKEND_STATS.get_ptr_mut(id)
     {
         add(t, verdict);
+    }
+    if verdict.second_chance
+        && let Some(n) = SECOND_CHANCE.get_ptr_mut(0)
+    {
+        // SAFETY: per-CPU slot, no other writer on this CPU while we run.
+        unsafe { *n += 1 };
     }
 }
 

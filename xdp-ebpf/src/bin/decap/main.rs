@@ -1,11 +1,15 @@
 //! Backend side: strip the IPIP/IP6IP6/IPv4-in-IPv6 header addressed to this host and pass
 //! the inner packet to the stack. Needed because many kernels (this one included) have no
-//! ipip module. Everything else passes untouched.
+//! ipip module. A second-chance packet (a tunnel inside the tunnel) is kept when this host
+//! has its connection and sent on to the other backend otherwise (`second_chance`).
+//! Everything else passes untouched.
 #![no_std]
 #![no_main]
 
+mod second_chance;
+
 use aya_ebpf::{
-    bindings::xdp_action::XDP_PASS,
+    bindings::xdp_action::{XDP_PASS, XDP_TX},
     helpers::bpf_xdp_adjust_head,
     macros::{map, xdp},
     maps::{HashMap, PerCpuArray},
@@ -33,7 +37,7 @@ pub fn spillway_decap(ctx: XdpContext) -> u32 {
     if let Some(count) = REASONS.get_ptr_mut(reason as u32) {
         unsafe { *count += 1 };
     }
-    XDP_PASS
+    if reason == DecapReason::SecondChanceForwarded { XDP_TX } else { XDP_PASS }
 }
 
 struct Outer {
@@ -70,7 +74,16 @@ fn decap(ctx: &XdpContext) -> DecapReason {
         Ok(outer) => outer,
         Err(reason) => return reason,
     };
-    if unsafe { bpf_xdp_adjust_head(ctx.ctx, outer.len as i32) } != 0 {
+    let (strip, ether_type, eth, reason) = match second_chance::nested(ctx, l2_len + outer.len, outer.inner_ether_type) {
+        None => (outer.len, outer.inner_ether_type, eth, DecapReason::Decapsulated),
+        Some(n) if n.local => (outer.len + n.middle_len, n.inner_ether_type, eth, DecapReason::SecondChanceLocal),
+        // Back to the hop it came from (a router or the balancer), which routes the inner
+        // tunnel to the other backend: the backend needs neither forwarding nor a route.
+        Some(_) => {
+            (outer.len, outer.inner_ether_type, EthHdr { dst: eth.src, src: eth.dst, proto: eth.proto }, DecapReason::SecondChanceForwarded)
+        }
+    };
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, strip as i32) } != 0 {
         return DecapReason::PassMalformed;
     }
     // Rewrite the L2 header in front of the inner packet.
@@ -79,7 +92,7 @@ fn decap(ctx: &XdpContext) -> DecapReason {
             let Some(new_eth) = at_mut::<EthHdr>(ctx, 0) else {
                 return DecapReason::PassMalformed;
             };
-            unsafe { *new_eth = EthHdr { proto: outer.inner_ether_type, ..eth } };
+            unsafe { *new_eth = EthHdr { proto: ether_type, ..eth } };
         }
         Some(tci) => {
             let (Some(new_eth), Some(new_vlan)) = (at_mut::<EthHdr>(ctx, 0), at_mut::<VlanHdr>(ctx, ETH_LEN)) else {
@@ -87,11 +100,11 @@ fn decap(ctx: &XdpContext) -> DecapReason {
             };
             unsafe {
                 *new_eth = eth;
-                *new_vlan = VlanHdr { tci, proto: outer.inner_ether_type };
+                *new_vlan = VlanHdr { tci, proto: ether_type };
             }
         }
     }
-    DecapReason::Decapsulated
+    reason
 }
 
 #[inline(always)]

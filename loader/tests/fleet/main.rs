@@ -1,0 +1,11 @@
+//! A fleet of balancers on real routing: a router running BIRD learns the VIP from every
+//! balancer's BIRD over BGP and spreads clients over them with ECMP (L4 hashing); each
+//! balancer runs the real `lbd`, backends run `lbd agent` (see `spillway_harness::fleet`).
+//! Timings are printed, not asserted: bounds here are generous and only where correctness
+//! needs one. Needs root and BIRD 2 (`./x setup` installs bird2).
+
+mod announce;
+mod failover;
+mod second_chance;
+mod support;
+mod tables;

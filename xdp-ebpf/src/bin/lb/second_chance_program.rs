@@ -1,0 +1,53 @@
+//! The second-chance program (`second_chance.rs`): the balancer tail-calls it with a
+//! packet's two candidates, and it sends the packet to the first with a tunnel to the second
+//! inside. Only the balancer's object has it (the bench's stage builds fall back to the
+//! new-flow path, which is what an empty program slot does).
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_PASS},
+    helpers::bpf_ktime_get_coarse_ns,
+    programs::XdpContext,
+};
+use spillway_common::types::Reason;
+use xdp_ebpf::{
+    packet,
+    parse::{Parsed, parse},
+};
+
+use crate::{
+    maps::{CONFIG, SECOND_CHANCE_HANDOVER},
+    path::{self, Verdict, stage},
+    select::{self, Choice},
+};
+
+/// Re-parses the packet (the balancer has) and sends it with both candidates.
+#[inline(always)]
+pub fn send(ctx: &XdpContext) -> Verdict {
+    let Parsed::Flow { key, layout, .. } = parse(ctx) else {
+        return Verdict::ended(XDP_PASS, Reason::PassMalformed);
+    };
+    // Slot 0 of an array always exists; the checks are for the verifier.
+    let (Some(cfg), Some(handover)) = (CONFIG.get(0), SECOND_CHANCE_HANDOVER.get(0)) else {
+        return Verdict::ended(XDP_PASS, Reason::PassMalformed);
+    };
+    let handover = *handover;
+    let bytes = packet::len(ctx);
+    // Both were in use a moment ago; a change in between drops the packet as a VIP without
+    // a backend would.
+    let (Some(first), Some(second)) = (select::active_backend(handover.first), select::active_backend(handover.second)) else {
+        return Verdict { vip: Some(handover.vip_id), bytes, ..Verdict::ended(XDP_DROP, Reason::DropNoBackend) };
+    };
+    let now_ns = unsafe { bpf_ktime_get_coarse_ns() };
+    let choice = Choice { id: handover.first, backend: first, hash: handover.flow_hash };
+    let (action, reason) = path::forward::<{ stage::ALL }>(ctx, &key, &layout, &choice, Some(&second), cfg, now_ns);
+    let sent = path::is_sent(reason);
+    Verdict {
+        action,
+        reason,
+        vip: Some(handover.vip_id),
+        backend: sent.then_some(handover.first),
+        bytes,
+        new_flow: false,
+        second_chance: sent,
+    }
+}
