@@ -175,8 +175,9 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "N", default_value_t = Capacity::DEFAULT.flows, value_parser = count(Capacity::MAX.flows))]
     pub max_flows: u32,
     /// Maglev slots over all VIPs; a VIP with a table of M slots (`lbctl vips add
-    /// --ring-size`) takes 2 M (rounded up to a multiple of 4 each), 2 bytes each [default:
-    /// room for every VIP at the default size, 2 x 65540 x --max-vips].
+    /// --ring-size`) takes 3 M: its table, the next one and, once it changed, its
+    /// second-chance table (each rounded up to a multiple of 4), 2 bytes a slot [default:
+    /// room for every VIP at the default size, 3 x 65540 x --max-vips].
     #[arg(long, value_name = "N", value_parser = count(Capacity::MAX.ring_slots))]
     pub ring_slots: Option<u32>,
 }

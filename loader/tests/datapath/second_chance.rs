@@ -89,6 +89,42 @@ fn a_moved_flow_without_an_entry_carries_both_candidates() {
     });
 }
 
+#[test]
+fn a_second_candidate_that_left_the_vip_is_no_candidate() {
+    with_env(|env| {
+        env.reconciler.set_second_chance_settle(Duration::ZERO);
+        let v = vip("10.200.1.1:80/tcp");
+        let b = |n| IpAddr::from(packet_lab::backend4(n));
+        env.add_vip(v, &[b(101), b(102), b(103)]);
+        env.update(|s| s.add_backend(&v, b(104), 100).unwrap());
+        let d = sock("10.200.1.1:80");
+        let key = |port: u16| flow_key(sock(&format!("192.168.10.20:{port}")), d, PROTO_TCP);
+        let prior = |env: &Env| env.balancer.maps.vips.get(&vip_key(&v)).unwrap().prior;
+        let prior_id = |env: &Env, port| {
+            let t = prior(env);
+            env.balancer.maps.rings.slot(t, flow_hash(&key(port), FLOW_SEED) % t.size)
+        };
+        // A flow the change moved away from 10.0.0.103, which then leaves the VIP within
+        // the same episode: its id stays in the second-chance table.
+        let gone = env.reconciler.backend_id(&v, &b(103)).unwrap();
+        let port = (40000..42000).find(|&p| prior_id(env, p) == gone && env.predicted_backend(&v, &key(p)) != b(103)).unwrap();
+        env.reconciler.set_second_chance_settle(Duration::from_secs(3600));
+        env.update(|s| s.remove_backend(&v, b(103)).unwrap());
+        assert_eq!(prior_id(env, port), gone, "the episode keeps its second-chance table");
+        // Its id, freed, goes to a backend of another VIP.
+        let w = vip("10.200.1.9:80/tcp");
+        env.add_vip(w, &[b(109)]);
+        assert_eq!(env.reconciler.backend_id(&w, &b(109)), Some(gone), "the freed id must be reused for this test to mean anything");
+
+        // Not the other VIP's backend: the packet goes as a new flow does.
+        let ack = frames::tcp(sock(&format!("192.168.10.20:{port}")), d, false, b"data");
+        let sent = second_chance_packets(env);
+        let out = env.expect(&ack, XDP_TX, Reason::Tx);
+        expect_encap(&out.frame, &ack, 14, env.predicted_backend(&v, &key(port)), None);
+        assert_eq!(second_chance_packets(env), sent);
+    });
+}
+
 fn decap_reasons(env: &Env) -> Vec<u64> {
     let map: PerCpuArray<_, u64> = PerCpuArray::try_from(env.decap.map(map_names::DECAP_REASONS).unwrap()).unwrap();
     DecapReason::ALL.iter().map(|r| map.get(&(*r as u32), 0).unwrap().iter().sum()).collect()

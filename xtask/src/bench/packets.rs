@@ -113,6 +113,16 @@ impl Case {
             inserts: false,
         }
     }
+
+    /// A case of the balancer's program, ending in `action` for `reason`.
+    pub fn balancer(name: &str, frames: Frames, action: u32, reason: Reason, inserts: bool) -> Case {
+        Case { name: name.to_owned(), program: Program::Balancer, frames, action, reason: Some(reason), inserts }
+    }
+
+    /// A case of the balancer's program that forwards every frame (XDP_TX).
+    pub fn forwarded(name: &str, frames: Frames, inserts: bool) -> Case {
+        Case::balancer(name, frames, XDP_TX, Reason::Tx, inserts)
+    }
 }
 
 /// The frames of the bench's flows.

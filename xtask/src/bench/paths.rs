@@ -9,7 +9,7 @@ use spillway_harness::packet_lab;
 
 use super::{
     Section,
-    packets::{CHUNK, CLIENT, Case, Flows, Frames, Lab, Program, VIP, XDP_DROP, XDP_PASS, XDP_TX},
+    packets::{CHUNK, CLIENT, Case, Flows, Frames, Lab, VIP, XDP_DROP, XDP_PASS, XDP_TX},
 };
 
 /// A case with its goal and Katran's ratio (`None`: not measured there).
@@ -20,14 +20,7 @@ struct Path {
 }
 
 fn paths(flows: Flows) -> Vec<Path> {
-    let balancer = |name: &str, frames, action, reason, inserts| Case {
-        name: name.to_owned(),
-        program: Program::Balancer,
-        frames,
-        action,
-        reason: Some(reason),
-        inserts,
-    };
+    let balancer = Case::balancer;
     vec![
         Path { case: Case::floor(&flows.syn), goal: Some(1.0), katran: Some(1.0) },
         Path {

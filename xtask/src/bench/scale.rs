@@ -76,14 +76,7 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
         ensure!(entries as f64 >= f64::from(FLOWS) * 0.999, "{entries} of {FLOWS} flows in the table");
 
         let hit = (frames::tcp(client, vip(0), true, &[]), frames::tcp(client, vip(0), false, &[]));
-        let whole = |name: &str, frames, inserts| Case {
-            name: name.to_owned(),
-            program: Program::Balancer,
-            frames,
-            action: XDP_TX,
-            reason: Some(spillway_common::types::Reason::Tx),
-            inserts,
-        };
+        let whole = Case::forwarded;
         let cases = vec![
             Case::floor(&hit.0),
             whole("scale_table_hit", Frames::Established { syn: hit.0.clone(), frame: hit.1 }, false),

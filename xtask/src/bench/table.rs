@@ -26,14 +26,7 @@ fn filler(n: u32) -> SocketAddr {
 
 pub fn part(calls: usize, reps: usize) -> Result<Section> {
     let flows = Flows::new()?;
-    let whole = |name: &str, frames, inserts| Case {
-        name: name.to_owned(),
-        program: Program::Balancer,
-        frames,
-        action: XDP_TX,
-        reason: Some(spillway_common::types::Reason::Tx),
-        inserts,
-    };
+    let whole = Case::forwarded;
     Lab::with(|lab| {
         let capacity = lab.balancer.maps.capacity();
         let entries = lab.balancer.maps.flows.buckets() as u64 * u64::from(FLOW_WAYS);
