@@ -353,8 +353,9 @@ impl Reconciler {
         let result = self.update_vip(maps, vip, config, &mut runtime, report);
         if result.is_err() && runtime.unpublished {
             // Never in the index: nothing refers to its tables or backends.
-            self.pool.free(runtime.active.at);
-            self.pool.free(runtime.standby.at);
+            for table in runtime.tables() {
+                self.pool.free(table);
+            }
             for id in runtime.backends.into_values() {
                 self.free_backend(maps, id)?;
             }

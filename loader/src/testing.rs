@@ -297,8 +297,9 @@ impl FlowTable for FakeMaps {
     fn flow_capacity(&self) -> u64 {
         u64::from(self.capacity.flow_entries())
     }
-    fn ring_slot(&self, table: RingRef, slot: u32) -> Result<u32, DataplaneError> {
-        Ok(self.rings.get(&(4 * u64::from(table.base) + u64::from(slot))).copied().unwrap_or(0))
+    fn maglev_choice(&self, table: RingRef, hash: u32) -> Result<Option<u32>, DataplaneError> {
+        let slot = |slot: u32| self.rings.get(&(4 * u64::from(table.base) + u64::from(slot))).copied().unwrap_or(0);
+        Ok((table.size != 0).then(|| slot(hash % table.size)))
     }
     fn budget_bucket(&self, vip_id: u32) -> Result<Bucket, DataplaneError> {
         Ok(self.budget.get(&vip_id).copied().unwrap_or_default())

@@ -162,8 +162,7 @@ impl BalancerMaps {
     /// flow gets), if the packet's VIP exists.
     pub fn maglev_choice(&self, key: &FlowKey, hash: u32) -> Option<u32> {
         let meta = self.vips.for_packet(&vip_of(key))?;
-        let table = meta.active;
-        (table.size != 0).then(|| self.rings.read(table)[(hash % table.size) as usize])
+        self.rings.choice(meta.active, hash)
     }
 
     /// The connection table's entry for a client -> VIP 5-tuple.

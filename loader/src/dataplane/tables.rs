@@ -283,6 +283,12 @@ impl RingPool {
         (0..table.size).map(|slot| self.slot(table, slot)).collect()
     }
 
+    /// The backend id `table` gives a flow of Maglev hash `hash` (`None`: an empty table, as
+    /// a VIP without a second-chance table has).
+    pub fn choice(&self, table: RingRef, hash: u32) -> Option<u32> {
+        (table.size != 0).then(|| self.slot(table, hash % table.size))
+    }
+
     /// The backend id in `slot` of `table`.
     pub fn slot(&self, table: RingRef, slot: u32) -> u32 {
         // SAFETY: as in `write`.

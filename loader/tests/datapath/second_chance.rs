@@ -20,7 +20,7 @@ use crate::support::*;
 /// The backend the VIP's second-chance table gives `key` (`None`: there is none).
 fn prior_backend(env: &Env, v: &spillway::model::Vip, key: &spillway_common::types::FlowKey) -> Option<IpAddr> {
     let prior = env.balancer.maps.vips.get(&vip_key(v)).unwrap().prior;
-    (prior.size != 0).then(|| env.backend_addr(env.balancer.maps.rings.slot(prior, flow_hash(key, FLOW_SEED) % prior.size)))
+    env.balancer.maps.rings.choice(prior, flow_hash(key, FLOW_SEED)).map(|id| env.backend_addr(id))
 }
 
 fn second_chance_packets(env: &Env) -> u64 {
@@ -100,10 +100,7 @@ fn a_second_candidate_that_left_the_vip_is_no_candidate() {
         let d = sock("10.200.1.1:80");
         let key = |port: u16| flow_key(sock(&format!("192.168.10.20:{port}")), d, PROTO_TCP);
         let prior = |env: &Env| env.balancer.maps.vips.get(&vip_key(&v)).unwrap().prior;
-        let prior_id = |env: &Env, port| {
-            let t = prior(env);
-            env.balancer.maps.rings.slot(t, flow_hash(&key(port), FLOW_SEED) % t.size)
-        };
+        let prior_id = |env: &Env, port| env.balancer.maps.rings.choice(prior(env), flow_hash(&key(port), FLOW_SEED)).unwrap();
         // A flow the change moved away from 10.0.0.103, which then leaves the VIP within
         // the same episode: its id stays in the second-chance table.
         let gone = env.reconciler.backend_id(&v, &b(103)).unwrap();

@@ -139,9 +139,7 @@ impl Env {
     /// hash and the table read back from the kernel.
     pub fn predicted_backend(&self, vip: &Vip, key: &FlowKey) -> IpAddr {
         let meta: VipMeta = self.balancer.maps.vips.get(&vip_key(vip)).unwrap();
-        let slot = flow_hash(key, FLOW_SEED) % meta.active.size;
-        let ring = self.balancer.maps.rings.read(meta.active);
-        self.backend_addr(ring[slot as usize])
+        self.backend_addr(self.balancer.maps.rings.choice(meta.active, flow_hash(key, FLOW_SEED)).unwrap())
     }
 
     pub fn backend_addr(&self, id: u32) -> IpAddr {

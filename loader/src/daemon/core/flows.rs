@@ -40,8 +40,9 @@ pub trait FlowTable {
     fn scan_flows(&self, visit: &mut dyn FnMut(&FlowKey, &FlowInfo) -> ControlFlow<()>) -> Result<u64, DataplaneError>;
     fn remove_flow(&mut self, key: &FlowKey) -> Result<bool, DataplaneError>;
     fn flow_capacity(&self) -> u64;
-    /// The backend id in `slot` of a Maglev table.
-    fn ring_slot(&self, table: RingRef, slot: u32) -> Result<u32, DataplaneError>;
+    /// The backend id a Maglev table gives a flow of Maglev hash `hash` (`None`: an empty
+    /// table).
+    fn maglev_choice(&self, table: RingRef, hash: u32) -> Result<Option<u32>, DataplaneError>;
     fn budget_bucket(&self, vip_id: u32) -> Result<Bucket, DataplaneError>;
     fn source_state(&self, key: &SourceKey) -> Option<SourceState>;
     fn lb_config(&self) -> Result<LbConfig, DataplaneError>;
@@ -60,8 +61,8 @@ impl FlowTable for BalancerMaps {
     fn flow_capacity(&self) -> u64 {
         BalancerMaps::flow_capacity(self)
     }
-    fn ring_slot(&self, table: RingRef, slot: u32) -> Result<u32, DataplaneError> {
-        Ok(self.rings.slot(table, slot))
+    fn maglev_choice(&self, table: RingRef, hash: u32) -> Result<Option<u32>, DataplaneError> {
+        Ok(self.rings.choice(table, hash))
     }
     fn budget_bucket(&self, vip_id: u32) -> Result<Bucket, DataplaneError> {
         BalancerMaps::budget_bucket(self, vip_id)
@@ -137,7 +138,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let meta = self.maps.vips().map_err(CoreError::Counters)?.into_iter().map(|(_, m)| m).find(|m| m.id == id);
         let meta = meta.ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
         let slot = hash % meta.active.size.max(1);
-        let owner = self.maglev_slot(meta.active, hash)?;
+        let owner = self.maps.maglev_choice(meta.active, hash).map_err(CoreError::Counters)?;
         let maglev = owner
             .and_then(|id| self.maps.backend(id).ok())
             .filter(|b| b.state == BACKEND_ACTIVE)
@@ -146,7 +147,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let entry = self.maps.flow(&key).map(|value| self.entry_state(&key, &value, &config, now));
         let admission = self.admission(&key, id, now)?;
         // As `second_chance::candidates`: both ids differ and name backends in use.
-        let prior = if vip.proto == Proto::Tcp { self.maglev_slot(meta.prior, hash)? } else { None };
+        let prior = if vip.proto == Proto::Tcp { self.maps.maglev_choice(meta.prior, hash).map_err(CoreError::Counters)? } else { None };
         let second_chance = prior
             .filter(|&p| Some(p) != owner && maglev.is_some())
             .and_then(|p| self.maps.backend(p).ok())
@@ -158,15 +159,6 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             _ => None,
         };
         Ok(FlowAnswer { vip: *vip, client, port, entry, hash, slot, maglev, second_chance, goes_to, admission })
-    }
-
-    /// The backend id a Maglev table gives `hash` (`None`: an empty table, as a VIP without
-    /// a second-chance table has).
-    fn maglev_slot(&self, table: RingRef, hash: u32) -> Result<Option<u32>, CoreError> {
-        if table.size == 0 {
-            return Ok(None);
-        }
-        self.maps.ring_slot(table, hash % table.size).map(Some).map_err(CoreError::Counters)
     }
 
     /// What the data path makes of an existing entry (`select::established`).
