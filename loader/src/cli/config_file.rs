@@ -63,6 +63,10 @@ pub const STATUS_HELP: &str = "\
 Example:
   lbctl status -o json
 
+Map columns: MAP (the pinned map), USED (entries in use; - for maps of
+counters), MAX (its capacity), USE (USED / MAX) and MEMORY (the kernel's
+accounting of its memory).
+
 JSON output (-o json):
   {\"version\":\"0.1.0\",\"uptime_s\":3600,\"iface\":\"eth0\",\"xdp_mode\":\"native\",
    \"attachment\":\"took_over\",\"pin_dir\":\"/sys/fs/bpf/spillway\",
@@ -116,6 +120,10 @@ pub fn applied_text(applied: &Applied) -> String {
     out + &summary + "\n"
 }
 
+/// `lbctl status`: the pinned maps.
+pub(super) const MAP_COLUMNS: &[(&str, Align)] =
+    &[("MAP", Align::Left), ("USED", Align::Right), ("MAX", Align::Right), ("USE", Align::Right), ("MEMORY", Align::Right)];
+
 pub fn status_text(status: &Status) -> String {
     let uptime = {
         let s = status.uptime_s;
@@ -147,8 +155,7 @@ pub fn status_text(status: &Status) -> String {
     };
     line("port watcher", watcher);
     line("announcements", status.announcements.state.clone());
-    let columns = [("MAP", Align::Left), ("USED", Align::Right), ("MAX", Align::Right), ("USE", Align::Right), ("MEMORY", Align::Right)];
-    let mut maps = Table::new(&columns);
+    let mut maps = Table::new(MAP_COLUMNS);
     for m in &status.maps {
         let share = m.used.filter(|_| m.max_entries > 0).map(|u| format!("{:.0}%", u as f64 * 100.0 / f64::from(m.max_entries)));
         let memory = m.bytes.map(|b| format!("{:.1} MiB", b as f64 / f64::from(1 << 20)));

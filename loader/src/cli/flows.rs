@@ -51,6 +51,9 @@ Lists connection-table entries the data path follows for the VIP (entries of
 removed backends and idle ones are not followed, and not listed). The walk
 stops after --limit entries (at most 10000); truncated says more matched.
 
+Columns: CLIENT (the client's address), PORT (its source port), BACKEND (where
+the entry sends it), IDLE MS (milliseconds since its last packet).
+
 JSON output (-o json):
   {\"vip\":\"10.0.0.1:80/tcp\",\"entries\":[{\"client\":\"198.51.100.7:40312\",\"port\":80,
    \"backend\":\"10.0.1.1\",\"idle_ms\":420}],\"scanned\":5120,\"truncated\":false}";
@@ -136,8 +139,12 @@ pub fn answer_text(a: &FlowAnswer) -> String {
     lines.join("\n") + "\n"
 }
 
+/// `lbctl flows list`.
+pub(super) const FLOW_COLUMNS: &[(&str, Align)] =
+    &[("CLIENT", Align::Left), ("PORT", Align::Right), ("BACKEND", Align::Left), ("IDLE MS", Align::Right)];
+
 pub fn list_table(list: &FlowList) -> String {
-    let mut t = Table::new(&[("CLIENT", Align::Left), ("PORT", Align::Right), ("BACKEND", Align::Left), ("IDLE MS", Align::Right)]);
+    let mut t = Table::new(FLOW_COLUMNS);
     for e in &list.entries {
         t.row(vec![e.client.to_string(), e.port.to_string(), e.backend.to_string(), e.idle_ms.to_string()]);
     }

@@ -56,7 +56,24 @@ Examples:
 Ephemeral-port use per destination (local address, remote address and port,
 protocol) against the host's ip_local_port_range, connect() failures for want
 of a port by process, and processes leaving sockets in CLOSE_WAIT (leak
-suspects). Agents are polled every 2 s; age_s says how old the report is.";
+suspects). Agents are polled every 2 s; age_s says how old the report is.
+
+Destinations (first table):
+  PROTO      tcp or udp
+  LOCAL      the local address the ports are taken on
+  REMOTE     the destination address:port
+  IN_USE     sockets holding a local port towards it
+  TIME_WAIT  of the closed ones, those whose port is still held in TIME_WAIT
+  USABLE     ports of ip_local_port_range usable towards it; - if unknown
+  UTIL       (IN_USE + TIME_WAIT) / USABLE
+  LEVEL      ok, warn or critical against the thresholds; unknown when the
+             namespace's port range cannot be read
+  FAILURES   connects and binds that failed for want of a free port (refused,
+             reset, timed-out and unreachable connects are not counted)
+Failing processes (\"connect() failures for want of a port\"): PID, COMM,
+  REMOTE and FAILURES of each process whose calls found no free port.
+Leak suspects: PID, COMM, CLOSE_WAIT (its sockets in CLOSE_WAIT), OLDEST_S
+  (seconds the oldest has been there) and LOCAL_PORTS.";
 
 /// `--zone`, `--capacity`, `--spare`, `--probe-target`, `--probe-path`.
 #[derive(Debug, Args)]

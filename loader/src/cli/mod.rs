@@ -54,6 +54,32 @@ const VIPS_LIST_HELP: &str = "\
 Example:
   lbctl vips list -o json
 
+Columns:
+  VIP             address:port/protocol (port 0: every port)
+  RING_SIZE       slots of its Maglev table
+  BACKENDS        every backend of the VIP, draining ones included
+  PROBE           health check kind/probe path (tcp/tunnel, http/direct, ...);
+                  - when the VIP is not checked
+  HEALTHY_WEIGHT  weight of its healthy backends / total weight
+  PANIC           no, or PANIC when too few backends are healthy, with
+                  fail open (every backend gets traffic) or fail closed (none
+                  does); notes: ejection capped (failed backends kept in by the
+                  cap), N vip_path_failed (backends that answer directly but
+                  not through the tunnel)
+  BUDGET/S        new-flow budget in force; - for none
+  SPILL/S         new flows per second its zone sends to other zones
+  ANNOUNCED       the VIP address's BGP announcement (- without --bird-socket):
+                    yes                      announced, serving
+                    DEGRADED (reason, N/K peers)
+                                             announced with GRACEFUL_SHUTDOWN
+                                             (peers: other balancers announcing
+                                             it normally, K: the floor); held:
+                                             a withdrawal the floor holds back
+                    no (reason)              withdrawn
+                  reason: serving, no_backends, no_vip, program_detached,
+                  interface_down, forwarding_disabled, restored (found announced
+                  at start, decided on the first step). Load never withdraws.
+
 JSON output (-o json):
   {\"vips\":[{\"vip\":\"10.0.0.1:80/tcp\",\"ring_size\":65537,\"backends\":2,
              \"health\":{\"probe\":{\"kind\":\"tcp\"},\"panic\":false,\"panics_entered\":0,\"fail_closed\":false,
@@ -87,6 +113,28 @@ and --probe-target: see lbctl backends options --help.";
 const BACKENDS_LIST_HELP: &str = "\
 Example:
   lbctl backends list --vip 10.0.0.1:80/tcp -o json
+
+Columns:
+  BACKEND     its address
+  WEIGHT      the operator's weight (0 while draining)
+  STATE       active or draining
+  HEALTH      healthy, unhealthy, slow, slow_start, draining or held_down;
+              (kept in): failed but kept by the ejection cap; (N unknown):
+              probes the balancer itself could not make; - when not checked
+  EFFECTIVE   the weight the data path uses after health, ejection cap, panic,
+              zones and port pressure
+  ZONE        its failure domain; - for none
+  LATENCY_MS  smoothed probe latency
+  PORTS       port pressure its agent reports: none, critical (ports nearly
+              used up: weight reduced) or exhausted (connects failing for want
+              of a port: no new flows, within the ejection cap); - without a
+              report
+  FOR_S       seconds in its health state
+  REASON      why it is in that state: added, consecutive_failures,
+              vip_path_failed, consecutive_successes, slow_start_complete,
+              flapping, hold_down_expired, slower_than_peers,
+              latency_recovered, operator_drain, operator_undrain, restored;
+              (removed in N s) for a drain with a deadline
 
 JSON output (-o json):
   {\"vip\":\"10.0.0.1:80/tcp\",
@@ -125,6 +173,14 @@ Example:
 const STATS_HELP: &str = "\
 Example:
   lbctl stats -o json
+
+Tables and columns:
+  VIP, PACKETS, BYTES            what the data path forwarded per VIP
+  VIP, BACKEND, PACKETS, BYTES   ... and per backend
+  REASON, PACKETS                every verdict (tx, pass_*, drop_*), each packet
+                                 counted under one
+  OBSERVED, PACKETS              what observe-mode limits and rules would have
+                                 dropped (forwarded, counted in REASON too)
 
 JSON output (-o json):
   {\"vips\":[{\"vip\":\"10.0.0.1:80/tcp\",\"packets\":10,\"bytes\":1500,
@@ -181,6 +237,13 @@ const RATELIMIT_LIST_HELP: &str = "\
 Example:
   lbctl ratelimit list -o json
 
+Columns:
+  SCOPE          default, or a VIP
+  PER_SOURCE     the per-source limit: N/s burst B, then observe (counted, not
+                 dropped) and (default) when the VIP inherits it; - for none
+  SOURCE_PREFIX  /IPv4 /IPv6 prefix lengths that share one bucket
+  BUDGET         the VIP's new-flow budget, written like PER_SOURCE
+
 JSON output (-o json):
   {\"default\":{\"per_source\":{\"rate\":{\"per_s\":100,\"burst\":100},
                 \"source_prefix_v4\":32,\"source_prefix_v6\":64,
@@ -224,6 +287,15 @@ const RULES_LIST_HELP: &str = "\
 Example:
   lbctl rules list -o json
 
+Columns:
+  CIDR     the client addresses it matches
+  VIP      the VIP it is for; * for every VIP
+  ACTION   limit, block or exempt
+  RATE     with limit: N/s burst B shared by the whole CIDR; - otherwise
+  OBSERVE  yes: counted, nothing dropped; no: enforced
+  HITS     new flows it matched since it was added
+  DROPPED  of those, refused (with OBSERVE yes: would have been)
+
 JSON output (-o json):
   {\"rules\":[{\"cidr\":\"10.20.0.0/16\",\"vip\":\"10.0.0.1:80/tcp\",\"action\":\"limit\",
               \"rate\":{\"per_s\":500,\"burst\":500},\"observe\":false,
@@ -247,6 +319,8 @@ Counts are exact while the VIP has a per-source limit (enforced or observed).
 Without one, only a random 1 in 16 of its new flows is recorded, counting 16:
 the counts are estimates (multiples of 16) and a source with only a few new
 flows may be missing. Counts from before a limit was set or removed stay mixed.
+
+Columns: PREFIX (the source prefix), ADMITTED and DROPPED (its new flows).
 
 JSON output (-o json):
   {\"vip\":\"10.0.0.1:80/tcp\",\"tracked\":812,

@@ -147,20 +147,51 @@ fn observe_text(observe: bool) -> &'static str {
     if observe { " (observe: counted, nothing dropped)" } else { "" }
 }
 
+/// `lbctl stats`: per VIP.
+pub(super) const STATS_VIP_COLUMNS: &[(&str, Align)] = &[("VIP", Align::Left), ("PACKETS", Align::Right), ("BYTES", Align::Right)];
+
+/// `lbctl stats`: per backend.
+pub(super) const STATS_BACKEND_COLUMNS: &[(&str, Align)] =
+    &[("VIP", Align::Left), ("BACKEND", Align::Left), ("PACKETS", Align::Right), ("BYTES", Align::Right)];
+
+/// `lbctl stats`: per verdict.
+pub(super) const STATS_REASON_COLUMNS: &[(&str, Align)] = &[("REASON", Align::Left), ("PACKETS", Align::Right)];
+
+/// `lbctl stats`: what observe mode would drop.
+pub(super) const STATS_OBSERVED_COLUMNS: &[(&str, Align)] = &[("OBSERVED", Align::Left), ("PACKETS", Align::Right)];
+
+/// `lbctl ratelimit list`.
+pub(super) const RATE_LIMIT_COLUMNS: &[(&str, Align)] =
+    &[("SCOPE", Align::Left), ("PER_SOURCE", Align::Left), ("SOURCE_PREFIX", Align::Left), ("BUDGET", Align::Left)];
+
+/// `lbctl rules list`.
+pub(super) const RULE_COLUMNS: &[(&str, Align)] = &[
+    ("CIDR", Align::Left),
+    ("VIP", Align::Left),
+    ("ACTION", Align::Left),
+    ("RATE", Align::Left),
+    ("OBSERVE", Align::Left),
+    ("HITS", Align::Right),
+    ("DROPPED", Align::Right),
+];
+
+/// `lbctl top-sources`.
+pub(super) const TOP_SOURCE_COLUMNS: &[(&str, Align)] = &[("PREFIX", Align::Left), ("ADMITTED", Align::Right), ("DROPPED", Align::Right)];
+
 fn stats_tables(stats: &Stats) -> String {
-    let mut vips = Table::new(&[("VIP", Align::Left), ("PACKETS", Align::Right), ("BYTES", Align::Right)]);
-    let mut backends = Table::new(&[("VIP", Align::Left), ("BACKEND", Align::Left), ("PACKETS", Align::Right), ("BYTES", Align::Right)]);
+    let mut vips = Table::new(STATS_VIP_COLUMNS);
+    let mut backends = Table::new(STATS_BACKEND_COLUMNS);
     for v in &stats.vips {
         vips.row(vec![v.vip.to_string(), v.packets.to_string(), v.bytes.to_string()]);
         for b in &v.backends {
             backends.row(vec![v.vip.to_string(), b.address.to_string(), b.packets.to_string(), b.bytes.to_string()]);
         }
     }
-    let mut reasons = Table::new(&[("REASON", Align::Left), ("PACKETS", Align::Right)]);
+    let mut reasons = Table::new(STATS_REASON_COLUMNS);
     for r in &stats.reasons {
         reasons.row(vec![r.reason.clone(), r.packets.to_string()]);
     }
-    let mut observed = Table::new(&[("OBSERVED", Align::Left), ("PACKETS", Align::Right)]);
+    let mut observed = Table::new(STATS_OBSERVED_COLUMNS);
     for o in &stats.observed {
         observed.row(vec![o.reason.clone(), o.packets.to_string()]);
     }
@@ -181,7 +212,7 @@ fn limit_cell(rate: &RateSpec, observe: bool, from: LimitOrigin) -> String {
 }
 
 fn rate_limits_table(list: &RateLimitList) -> String {
-    let mut t = Table::new(&[("SCOPE", Align::Left), ("PER_SOURCE", Align::Left), ("SOURCE_PREFIX", Align::Left), ("BUDGET", Align::Left)]);
+    let mut t = Table::new(RATE_LIMIT_COLUMNS);
     let mut row = |scope: String, per_source: &Option<PerSourceLimit>, budget: &Option<BudgetLimit>, is_default: bool| {
         // The default's own row does not say "(default)" on every cell.
         let from = |f: LimitOrigin| if is_default { LimitOrigin::Vip } else { f };
@@ -200,15 +231,7 @@ fn rate_limits_table(list: &RateLimitList) -> String {
 }
 
 fn rules_table(list: &RuleList) -> String {
-    let mut t = Table::new(&[
-        ("CIDR", Align::Left),
-        ("VIP", Align::Left),
-        ("ACTION", Align::Left),
-        ("RATE", Align::Left),
-        ("OBSERVE", Align::Left),
-        ("HITS", Align::Right),
-        ("DROPPED", Align::Right),
-    ]);
+    let mut t = Table::new(RULE_COLUMNS);
     for r in &list.rules {
         t.row(vec![
             r.cidr.to_string(),
@@ -224,7 +247,7 @@ fn rules_table(list: &RuleList) -> String {
 }
 
 fn top_sources_table(list: &TopSourceList) -> String {
-    let mut t = Table::new(&[("PREFIX", Align::Left), ("ADMITTED", Align::Right), ("DROPPED", Align::Right)]);
+    let mut t = Table::new(TOP_SOURCE_COLUMNS);
     for s in &list.sources {
         t.row(vec![s.prefix.to_string(), s.admitted.to_string(), s.dropped.to_string()]);
     }

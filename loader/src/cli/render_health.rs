@@ -6,6 +6,54 @@ use crate::{
     ports::PortsReport,
 };
 
+/// `lbctl vips list`.
+pub(super) const VIPS_COLUMNS: &[(&str, Align)] = &[
+    ("VIP", Align::Left),
+    ("RING_SIZE", Align::Right),
+    ("BACKENDS", Align::Right),
+    ("PROBE", Align::Left),
+    ("HEALTHY_WEIGHT", Align::Right),
+    ("PANIC", Align::Left),
+    ("BUDGET/S", Align::Right),
+    ("SPILL/S", Align::Right),
+    ("ANNOUNCED", Align::Left),
+];
+
+/// `lbctl backends list`.
+pub(super) const BACKENDS_COLUMNS: &[(&str, Align)] = &[
+    ("BACKEND", Align::Left),
+    ("WEIGHT", Align::Right),
+    ("STATE", Align::Left),
+    ("HEALTH", Align::Left),
+    ("EFFECTIVE", Align::Right),
+    ("ZONE", Align::Left),
+    ("LATENCY_MS", Align::Right),
+    ("PORTS", Align::Left),
+    ("FOR_S", Align::Right),
+    ("REASON", Align::Left),
+];
+
+/// `lbctl ports`: ports held per destination.
+pub(super) const DESTINATION_COLUMNS: &[(&str, Align)] = &[
+    ("PROTO", Align::Left),
+    ("LOCAL", Align::Left),
+    ("REMOTE", Align::Left),
+    ("IN_USE", Align::Right),
+    ("TIME_WAIT", Align::Right),
+    ("USABLE", Align::Right),
+    ("UTIL", Align::Right),
+    ("LEVEL", Align::Left),
+    ("FAILURES", Align::Right),
+];
+
+/// `lbctl ports`: processes whose calls found no free port.
+pub(super) const FAILURE_COLUMNS: &[(&str, Align)] =
+    &[("PID", Align::Right), ("COMM", Align::Left), ("REMOTE", Align::Left), ("FAILURES", Align::Right)];
+
+/// `lbctl ports`: processes leaving sockets in CLOSE_WAIT.
+pub(super) const LEAK_COLUMNS: &[(&str, Align)] =
+    &[("PID", Align::Right), ("COMM", Align::Left), ("CLOSE_WAIT", Align::Right), ("OLDEST_S", Align::Right), ("LOCAL_PORTS", Align::Left)];
+
 fn dash() -> String {
     "-".to_owned()
 }
@@ -18,17 +66,7 @@ fn with_alerts(alerts: &[String], table: String) -> String {
 }
 
 pub fn vips_table(list: &VipList) -> String {
-    let mut t = Table::new(&[
-        ("VIP", Align::Left),
-        ("RING_SIZE", Align::Right),
-        ("BACKENDS", Align::Right),
-        ("PROBE", Align::Left),
-        ("HEALTHY_WEIGHT", Align::Right),
-        ("PANIC", Align::Left),
-        ("BUDGET/S", Align::Right),
-        ("SPILL/S", Align::Right),
-        ("ANNOUNCED", Align::Left),
-    ]);
+    let mut t = Table::new(VIPS_COLUMNS);
     for v in &list.vips {
         let (probe, healthy, panic, spill) = match &v.health {
             Some(h) => (
@@ -85,18 +123,7 @@ fn announced(a: &AnnouncementView) -> String {
 }
 
 pub fn backends_table(list: &BackendList) -> String {
-    let mut t = Table::new(&[
-        ("BACKEND", Align::Left),
-        ("WEIGHT", Align::Right),
-        ("STATE", Align::Left),
-        ("HEALTH", Align::Left),
-        ("EFFECTIVE", Align::Right),
-        ("ZONE", Align::Left),
-        ("LATENCY_MS", Align::Right),
-        ("PORTS", Align::Left),
-        ("FOR_S", Align::Right),
-        ("REASON", Align::Left),
-    ]);
+    let mut t = Table::new(BACKENDS_COLUMNS);
     for b in &list.backends {
         let mut health = b.health.clone().unwrap_or_else(dash);
         if b.kept_in {
@@ -137,17 +164,7 @@ pub fn ports_tables(view: &PortsView) -> String {
 }
 
 fn report_tables(report: &PortsReport) -> String {
-    let mut d = Table::new(&[
-        ("PROTO", Align::Left),
-        ("LOCAL", Align::Left),
-        ("REMOTE", Align::Left),
-        ("IN_USE", Align::Right),
-        ("TIME_WAIT", Align::Right),
-        ("USABLE", Align::Right),
-        ("UTIL", Align::Right),
-        ("LEVEL", Align::Left),
-        ("FAILURES", Align::Right),
-    ]);
+    let mut d = Table::new(DESTINATION_COLUMNS);
     for u in &report.destinations {
         d.row(vec![
             u.protocol.clone(),
@@ -167,7 +184,7 @@ fn report_tables(report: &PortsReport) -> String {
     };
     out.push_str(&format!("level {}\n{}", format!("{:?}", report.level()).to_lowercase(), d.render()));
     if !report.failures.is_empty() {
-        let mut f = Table::new(&[("PID", Align::Right), ("COMM", Align::Left), ("REMOTE", Align::Left), ("FAILURES", Align::Right)]);
+        let mut f = Table::new(FAILURE_COLUMNS);
         for p in &report.failures {
             f.row(vec![p.pid.to_string(), p.comm.clone(), format!("{}:{}", p.remote, p.remote_port), p.failures.to_string()]);
         }
@@ -175,13 +192,7 @@ fn report_tables(report: &PortsReport) -> String {
         out.push_str(&f.render());
     }
     if !report.leak_suspects.is_empty() {
-        let mut l = Table::new(&[
-            ("PID", Align::Right),
-            ("COMM", Align::Left),
-            ("CLOSE_WAIT", Align::Right),
-            ("OLDEST_S", Align::Right),
-            ("LOCAL_PORTS", Align::Left),
-        ]);
+        let mut l = Table::new(LEAK_COLUMNS);
         for s in &report.leak_suspects {
             let ports: Vec<String> = s.local_ports.iter().map(u16::to_string).collect();
             l.row(vec![

@@ -796,3 +796,88 @@ ALERT: something
     let json: serde_json::Value = serde_json::from_str(&rendered(&["status", "-o", "json"], Reply::Status(Box::new(status)))).unwrap();
     assert_eq!((json["watcher"]["state"].as_str(), json["announcements"]["state"].as_str()), (Some("not_loaded"), Some("off")));
 }
+
+/// The long help of the subcommand at `path` (e.g. `["vips", "list"]`).
+fn long_help(path: &[&str]) -> String {
+    let mut command = Cli::command();
+    for name in path {
+        command = command.find_subcommand(name).unwrap_or_else(|| panic!("no subcommand {path:?}")).clone();
+    }
+    command.render_long_help().to_string()
+}
+
+#[test]
+fn every_table_column_and_state_is_named_in_its_commands_help() {
+    use super::{config_file::MAP_COLUMNS, flows::FLOW_COLUMNS, render::*, render_health::*, top::*};
+    use crate::{announce::policy, api::BackendState, health as backend, ports::Level};
+
+    let tables: &[(&[&str], &[&[(&str, table::Align)]])] = &[
+        (&["vips", "list"], &[VIPS_COLUMNS]),
+        (&["backends", "list"], &[BACKENDS_COLUMNS]),
+        (&["ports"], &[DESTINATION_COLUMNS, FAILURE_COLUMNS, LEAK_COLUMNS]),
+        (&["stats"], &[STATS_VIP_COLUMNS, STATS_BACKEND_COLUMNS, STATS_REASON_COLUMNS, STATS_OBSERVED_COLUMNS]),
+        (&["ratelimit", "list"], &[RATE_LIMIT_COLUMNS]),
+        (&["rules", "list"], &[RULE_COLUMNS]),
+        (&["top-sources"], &[TOP_SOURCE_COLUMNS]),
+        (&["flows", "list"], &[FLOW_COLUMNS]),
+        (&["top"], &[TOP_VIP_COLUMNS, TOP_BACKEND_COLUMNS]),
+        (&["status"], &[MAP_COLUMNS]),
+    ];
+    for (path, columns) in tables {
+        let help = long_help(path);
+        for (name, _) in columns.iter().copied().flatten() {
+            assert!(help.contains(name.trim()), "lbctl {} --help does not name column {name}:\n{help}", path.join(" "));
+        }
+    }
+
+    // The words a cell can hold, where a column has a vocabulary of its own.
+    let vips = long_help(&["vips", "list"]);
+    let announcement_reasons =
+        [policy::Reason::Serving, policy::Reason::NoBackends, policy::Reason::NoVip, policy::Reason::Restored].into_iter().chain(
+            [policy::Fault::ProgramDetached, policy::Fault::InterfaceDown, policy::Fault::ForwardingDisabled].map(policy::Reason::Fault),
+        );
+    for word in ["yes", "DEGRADED", "held", "no (reason)", "PANIC", "fail open", "fail closed", "ejection capped", "vip_path_failed"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(announcement_reasons.map(|r| r.label().to_owned()))
+    {
+        assert!(vips.contains(&word), "vips list --help does not name {word:?}");
+    }
+    let backends = long_help(&["backends", "list"]);
+    let words = backend::State::ALL
+        .iter()
+        .map(|s| s.as_str())
+        .chain(backend::Pressure::ALL.iter().map(|p| p.as_str()))
+        .chain([BackendState::Active, BackendState::Draining].map(BackendState::label))
+        .chain(["kept in", "unknown", "removed in"]);
+    for word in words {
+        assert!(backends.contains(word), "backends list --help does not name {word:?}");
+    }
+    let reasons = [
+        backend::Reason::Added,
+        backend::Reason::ConsecutiveFailures { failures: 3, last: "timeout".into() },
+        backend::Reason::VipPathFailed { failures: 3, tunnel: "timeout".into() },
+        backend::Reason::ConsecutiveSuccesses { successes: 2 },
+        backend::Reason::SlowStartComplete,
+        backend::Reason::Flapping { flaps: 2, hold_ms: 1 },
+        backend::Reason::HoldDownExpired,
+        backend::Reason::SlowerThanPeers { latency_ms: 9, peer_median_ms: 1 },
+        backend::Reason::LatencyRecovered,
+        backend::Reason::OperatorDrain,
+        backend::Reason::OperatorUndrain,
+        backend::Reason::Restored,
+    ];
+    for reason in reasons {
+        let kind = reason.to_string().split(' ').next().unwrap().to_owned();
+        assert!(backends.contains(&kind), "backends list --help does not name reason {kind}");
+    }
+    let ports = long_help(&["ports"]);
+    for level in [Level::Unknown, Level::Ok, Level::Warn, Level::Critical] {
+        let word = format!("{level:?}").to_lowercase();
+        assert!(ports.contains(&word), "ports --help does not name level {word}");
+    }
+    let rules = long_help(&["rules", "list"]);
+    for word in ["limit", "block", "exempt", "yes", "no", "*"] {
+        assert!(rules.contains(word), "rules list --help does not name {word:?}");
+    }
+}

@@ -28,6 +28,11 @@ not forwarded); per backend: its share of the VIP's new flows, health and weight
 and drops/s by reason over the whole balancer (the data path counts reasons
 globally). Rates are counter deltas between two samples, --interval apart.
 
+Columns, per VIP: VIP, PACKETS/S, NEW FLOWS/S, DROPPED/S, PANIC (PANIC or -);
+per backend: BACKEND, SHARE (of the VIP's new flows), NEW FLOWS/S, PACKETS/S,
+HEALTH (as in backends list), WEIGHT (the operator's) and EFFECTIVE (the one in
+use).
+
 JSON output (-o json), one object per sample:
   {\"interval_s\":1.0,
    \"vips\":[{\"vip\":\"10.0.0.1:80/tcp\",\"packets_per_s\":2000.0,\"new_flows_per_s\":200.0,
@@ -148,15 +153,29 @@ pub fn rates(before: &Sample, after: &Sample) -> TopView {
     TopView { interval_s: seconds, vips, drops_per_s }
 }
 
+/// `lbctl top`: per VIP.
+pub(super) const TOP_VIP_COLUMNS: &[(&str, Align)] = &[
+    ("VIP", Align::Left),
+    ("PACKETS/S", Align::Right),
+    ("NEW FLOWS/S", Align::Right),
+    ("DROPPED/S", Align::Right),
+    ("PANIC", Align::Left),
+];
+
+/// `lbctl top`: per backend of a VIP.
+pub(super) const TOP_BACKEND_COLUMNS: &[(&str, Align)] = &[
+    ("  BACKEND", Align::Left),
+    ("SHARE", Align::Right),
+    ("NEW FLOWS/S", Align::Right),
+    ("PACKETS/S", Align::Right),
+    ("HEALTH", Align::Left),
+    ("WEIGHT", Align::Right),
+    ("EFFECTIVE", Align::Right),
+];
+
 /// The view as `lbctl top` shows it: a VIP table, a backend table per VIP, drops.
 pub fn render(view: &TopView) -> String {
-    let mut vips = Table::new(&[
-        ("VIP", Align::Left),
-        ("PACKETS/S", Align::Right),
-        ("NEW FLOWS/S", Align::Right),
-        ("DROPPED/S", Align::Right),
-        ("PANIC", Align::Left),
-    ]);
+    let mut vips = Table::new(TOP_VIP_COLUMNS);
     for v in &view.vips {
         let panic = if v.panic { "PANIC" } else { "-" };
         vips.row(vec![v.vip.clone(), rate(v.packets_per_s), rate(v.new_flows_per_s), rate(v.dropped_per_s), panic.to_owned()]);
@@ -164,15 +183,7 @@ pub fn render(view: &TopView) -> String {
     let mut out = vips.render();
     for v in view.vips.iter().filter(|v| !v.backends.is_empty()) {
         out.push_str(&format!("\n{}\n", v.vip));
-        let mut t = Table::new(&[
-            ("  BACKEND", Align::Left),
-            ("SHARE", Align::Right),
-            ("NEW FLOWS/S", Align::Right),
-            ("PACKETS/S", Align::Right),
-            ("HEALTH", Align::Left),
-            ("WEIGHT", Align::Right),
-            ("EFFECTIVE", Align::Right),
-        ]);
+        let mut t = Table::new(TOP_BACKEND_COLUMNS);
         for b in &v.backends {
             t.row(vec![
                 format!("  {}", b.address),
