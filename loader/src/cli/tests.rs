@@ -811,7 +811,8 @@ fn every_table_column_and_state_is_named_in_its_commands_help() {
     use super::{config_file::MAP_COLUMNS, flows::FLOW_COLUMNS, render::*, render_health::*, top::*};
     use crate::{announce::policy, api::BackendState, health as backend, ports::Level};
 
-    let tables: &[(&[&str], &[&[(&str, table::Align)]])] = &[
+    type Columns = &'static [(&'static str, table::Align)];
+    let tables: &[(&[&str], &[Columns])] = &[
         (&["vips", "list"], &[VIPS_COLUMNS]),
         (&["backends", "list"], &[BACKENDS_COLUMNS]),
         (&["ports"], &[DESTINATION_COLUMNS, FAILURE_COLUMNS, LEAK_COLUMNS]),
