@@ -22,9 +22,15 @@
 // one of them (loader/src/ports/bpf.rs).
 //   CLOSE -> SYN_SENT        an active open: track the socket, count it for its
 //                            destination.
-//   SYN_SENT -> CLOSE with no local port (skc_num == 0)
+//   SYN_SENT -> CLOSE with no source port ever assigned (inet_sport == 0, skc_num == 0)
 //                            inet_hash_connect() found no free port: connect() fails
 //                            with EADDRNOTAVAIL. Counted per destination and per process.
+//                            skc_num alone cannot tell: tcp_set_state(TCP_CLOSE) releases
+//                            the port (inet_put_port zeroes skc_num) before the
+//                            tracepoint fires, so a refused, reset, timed-out, unreachable
+//                            or abandoned connect also shows skc_num == 0; inet_sport is
+//                            left as inet_hash_connect() set it, and stays 0 only when it
+//                            found no port.
 //   FIN_WAIT1/FIN_WAIT2/CLOSING -> CLOSE with the sock already unhashed
 //                            tcp_time_wait() has just put a timewait sock in its place
 //                            (inet_twsk_hashdance_schedule unhashes the full sock before
@@ -181,6 +187,12 @@ struct sock {
 	__u8 sk_userlocks;
 	struct socket *sk_socket;
 	struct sock_cgroup_data sk_cgrp_data;
+} __attribute__((preserve_access_index));
+
+/* The source port a connect() was given (network order); kept when the port is released. */
+struct inet_sock {
+	struct sock sk;
+	__be16 inet_sport;
 } __attribute__((preserve_access_index));
 
 /* Iterator context (DEFINE_BPF_ITER_FUNC(bpf_map_elem, ...)). */
@@ -581,8 +593,14 @@ static __always_inline void on_state(struct sock *sk, int oldstate, int newstate
 			READ(num, sk->__sk_common.skc_num);
 			READ(pprev, sk->__sk_common.skc_node.pprev);
 		}
-		if (oldstate == TCP_SYN_SENT && num == 0)
-			count_failure(sk, typed);
+		if (oldstate == TCP_SYN_SENT && num == 0) {
+			/* Read through the address in both programs: inet_sport lies beyond
+			 * struct sock, where a BTF-typed sock pointer may not be loaded from. */
+			__be16 sport = 0;
+			READ(sport, ((struct inet_sock *)sk)->inet_sport);
+			if (sport == 0)
+				count_failure(sk, typed);
+		}
 		int to_time_wait = (oldstate == TCP_FIN_WAIT1 || oldstate == TCP_FIN_WAIT2 || oldstate == TCP_CLOSING) && !pprev;
 		untrack_sock(addr, to_time_wait);
 	}

@@ -24,7 +24,9 @@ use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, SockaddrIn, 
 use spillway::ports::{
     Counts, Level, Mode, PortKey, PortsReport, STAT_NAMES, Scope, SockWatch, Thresholds, WatchOptions, WatcherMode, netns_inode, parts,
 };
-use spillway_harness::{Daemon, Host, Topology, TopologyConfig};
+use spillway_harness::connects::{outcomes, start_connect};
+use spillway_harness::frames::tcp_reset_packet;
+use spillway_harness::{Capture, Daemon, Host, Topology, TopologyConfig, send_ip_packet};
 
 const PORT: u16 = 9300;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -268,6 +270,91 @@ fn exhaustion_is_seen_per_destination_with_failing_process(mode: Mode) {
     drop(open);
 }
 in_every_mode!(exhaustion_is_seen_per_destination_with_failing_process);
+
+/// A connect to `dst` (which never answers) ended by a reset from the path: the SYN is
+/// caught on the client's interface and a RST acknowledging it is sent to the client, from
+/// `dst`, by `router` (any host on the way).
+fn reset_by_path(client: &Host, router: &Host, dst: SocketAddrV4) -> Errno {
+    let client_ip = client.ipv4();
+    let (socket, syn) = client.in_netns(|| {
+        let capture = Capture::open("eth0").expect("capturing on eth0");
+        let socket = start_connect(dst.into(), 1).expect("connect");
+        let syn = capture
+            .find(Duration::from_secs(2), |p| p.len() >= 40 && p[9] == 6 && p[16..20] == dst.ip().octets() && p[33] & 0x02 != 0)
+            .expect("capture")
+            .expect("the SYN leaves the client");
+        (socket, syn)
+    });
+    let header = usize::from(syn[0] & 0x0f) * 4;
+    let sport = u16::from_be_bytes([syn[header], syn[header + 1]]);
+    let seq = u32::from_be_bytes(syn[header + 4..header + 8].try_into().unwrap());
+    let reset = tcp_reset_packet(dst, SocketAddrV4::new(client_ip, sport), seq.wrapping_add(1));
+    router.in_netns(|| send_ip_packet(client_ip.into(), &reset)).expect("sending the reset");
+    outcomes(std::slice::from_ref(&socket), Duration::from_secs(2))[0]
+}
+
+/// Connects that fail after a port was found, or that are abandoned, are not exhaustion:
+/// refused (the port is closed), reset from the path, timed out (nobody answers the SYNs),
+/// refused by an ICMP host unreachable, and non-blocking connects closed before they
+/// complete. Each leaves a socket in SYN_SENT going to CLOSE with its port already released,
+/// which is how exhaustion looked to the watcher before (a dependency that is down must not
+/// make a backend look short of ports).
+fn failed_connects_that_had_a_port_are_not_exhaustion(mode: Mode) {
+    let Some((topology, mut watch)) = setup(mode) else { return };
+    let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
+    let client_ns = netns_inode(client.netns().path()).unwrap();
+    let refused = SocketAddrV4::new(backend.ipv4(), 9341);
+    // A neighbour that swallows every frame: SYNs to it go unanswered.
+    let silent_ip = Ipv4Addr::new(10, 0, 0, 98);
+    client
+        .run(&["ip", "neigh", "replace", &silent_ip.to_string(), "lladdr", "02:00:00:00:99:98", "dev", "eth0", "nud", "permanent"])
+        .unwrap();
+    let (timed_out, abandoned, reset) =
+        (SocketAddrV4::new(silent_ip, 9342), SocketAddrV4::new(silent_ip, 9343), SocketAddrV4::new(silent_ip, 9344));
+    // A network the backend routes nowhere: it answers ICMP host unreachable.
+    let unreachable = SocketAddrV4::new(Ipv4Addr::new(198, 18, 77, 1), 9345);
+    backend.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    backend.sysctl("net.ipv4.icmp_ratelimit", "0").unwrap();
+    backend.run(&["ip", "route", "add", "unreachable", "198.18.77.0/24"]).unwrap();
+    client.run(&["ip", "route", "add", "198.18.77.0/24", "via", &backend.ipv4().to_string()]).unwrap();
+
+    const EACH: usize = 10;
+    // The backend sends at most 5 host unreachables at once to one peer (the kernel's
+    // route.error_burst, a global sysctl this test leaves alone).
+    const UNREACHABLE: usize = 4;
+    let (refusals, timeouts, unreachables, abandons) = client.in_netns(|| {
+        let refusals: Vec<_> = (0..EACH).map(|_| TcpStream::connect_timeout(&refused.into(), CONNECT_TIMEOUT).map(drop)).collect();
+        let timeouts: Vec<OwnedFd> = (0..EACH).map(|_| start_connect(timed_out.into(), 1).unwrap()).collect();
+        let unreachables: Vec<OwnedFd> = (0..UNREACHABLE).map(|_| start_connect(unreachable.into(), 1).unwrap()).collect();
+        let abandons = (0..EACH).map(|_| drop(start_connect(abandoned.into(), 1).unwrap())).count();
+        // One SYN and one retransmission: ETIMEDOUT after about 3 s.
+        let unreachables = outcomes(&unreachables, Duration::from_secs(6));
+        (refusals, outcomes(&timeouts, Duration::from_secs(6)), unreachables, abandons)
+    });
+    assert!(refusals.iter().all(|r| r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)), "{refusals:?}");
+    assert!(timeouts.iter().all(|&e| e == Errno::ETIMEDOUT), "{timeouts:?}");
+    assert!(unreachables.iter().all(|&e| e == Errno::EHOSTUNREACH), "{unreachables:?}");
+    assert_eq!(abandons, EACH);
+    let resets: Vec<Errno> = (0..3).map(|_| reset_by_path(client, backend, reset)).collect();
+    assert!(resets.iter().all(|&e| e == Errno::ECONNREFUSED), "a reset in SYN_SENT refuses: {resets:?}");
+
+    let report = watch.report(Thresholds::default()).expect("report");
+    let ours: Vec<_> = report.destinations.iter().filter(|d| d.netns == client_ns).collect();
+    assert!(ours.iter().all(|d| d.failures == 0), "no destination counts a failure: {ours:#?}");
+    let failing: Vec<_> = report.failures.iter().filter(|f| f.netns == client_ns).collect();
+    assert!(failing.is_empty(), "no process is blamed for a want of ports: {failing:#?}");
+    // The watcher did see every one of those connects (so the silence above means something).
+    if watch.status().watches(parts::OPENS) {
+        let snapshot = watch.snapshot().expect("snapshot");
+        let dsts = [(refused, EACH), (timed_out, EACH), (unreachable, UNREACHABLE), (abandoned, EACH), (reset, resets.len())];
+        for (dst, n) in dsts {
+            let key = PortKey::tcp(client_ns, client.ipv4().into(), (*dst.ip()).into(), dst.port());
+            let c = snapshot.counts(&key);
+            assert_eq!((c.opened, c.active, c.failures), (n as u64, 0, 0), "{dst}: opened, still open, failures");
+        }
+    }
+}
+in_every_mode!(failed_connects_that_had_a_port_are_not_exhaustion);
 
 fn ten_thousand_cycles_return_to_baseline(mode: Mode) {
     let Some((topology, mut watch)) = setup(mode) else { return };

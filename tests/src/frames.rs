@@ -247,3 +247,12 @@ fn inner_ip_len(packet: &[u8]) -> usize {
         40 + u16::from_be_bytes([packet[4], packet[5]]) as usize
     }
 }
+
+/// An IPv4 TCP reset from `src` to `dst` acknowledging `ack` (no link-layer header): what
+/// a middlebox or a spoofer sends to end a connection attempt.
+pub fn tcp_reset_packet(src: std::net::SocketAddrV4, dst: std::net::SocketAddrV4, ack: u32) -> Vec<u8> {
+    let step = PacketBuilder::ipv4(src.ip().octets(), dst.ip().octets(), TTL).tcp(src.port(), dst.port(), 0, 0).rst().ack(ack);
+    let mut out = Vec::with_capacity(step.size(0));
+    step.write(&mut out, &[]).expect("writing a TCP reset");
+    out
+}

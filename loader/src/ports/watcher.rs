@@ -17,9 +17,10 @@ use super::range::{NetnsResolver, all_netns, netns_inode};
 use super::report::{PortsReport, Thresholds, build_report};
 use crate::errors::error_chain;
 
-/// How long a namespace's port range is trusted before it is read again (the sysctl may
-/// change).
-const PORT_RANGES_TTL: Duration = Duration::from_secs(60);
+/// How long a namespace's port range is trusted before it is read again: an operator who
+/// shrinks or widens `ip_local_port_range` sees the new utilisation within this (a read is
+/// a short thread joining the namespace and two small files, ~0.1 ms each).
+const PORT_RANGES_TTL: Duration = Duration::from_secs(5);
 /// The kernel's internal "not supported" (include/linux/errno.h), which bpf(2) can return.
 const ENOTSUPP: i32 = 524;
 

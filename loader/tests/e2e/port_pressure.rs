@@ -4,11 +4,12 @@
 //! unhealthy but raises a loud alert. Native XDP mode only.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use spillway::ports::{Mode, Scope, SockWatch, WatchOptions};
 use spillway_harness::Host;
 use spillway_harness::cluster::{Cluster, TCP_PORT, XdpMode};
+use spillway_harness::connects::call_dead_dependency;
 
 use crate::support::*;
 
@@ -111,6 +112,193 @@ mod a_backend_short_of_ports_loses_share_and_gets_it_back {
     #[test]
     fn sock_diag() {
         super::a_backend_short_of_ports_loses_share_and_gets_it_back(Mode::SockDiag);
+    }
+}
+
+/// The seed's cascade, replayed: a dependency every backend's application calls goes down
+/// for 30 s while clients keep connecting (refused on its closed port, and timed out or
+/// abandoned on an address that answers nothing). No backend loses its share of new flows
+/// or is ejected, and no port pressure is reported. Then one backend really runs out of
+/// ports, and only that one loses share.
+fn a_dead_dependency_costs_no_backend_its_share(mode: Mode) {
+    if !kernel_allows(mode) {
+        return;
+    }
+    let c = start_configured(XdpMode::Native, 3, 1, &[], &["--watcher-mode", mode.name()]);
+    let vip = tcp_vip(false);
+    vip_with_all_backends(&c, &vip, false);
+    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
+    let backends = c.topo.backends();
+    // The dependency: a closed port on the client host, and an address whose neighbour
+    // entry leads nowhere.
+    let refused = SocketAddr::from((c.topo.clients()[0].ipv4(), 7100));
+    let silent = SocketAddr::from((Ipv4Addr::new(10, 0, 0, 97), 7100));
+    for b in backends {
+        b.run(&["ip", "neigh", "replace", &silent.ip().to_string(), "lladdr", "02:00:00:00:99:97", "dev", "eth0", "nud", "permanent"])
+            .unwrap();
+    }
+    let steady = || {
+        let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
+        let seen: Vec<_> = list["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| (b["health"].clone(), b["effective_weight"].clone(), b["pressure"].clone()))
+            .collect();
+        assert_eq!(seen, vec![("healthy".into(), 100.into(), "none".into()); 3], "nobody loses weight: {list}");
+    };
+
+    const OUTAGE: Duration = Duration::from_secs(30);
+    let until = Instant::now() + OUTAGE;
+    let calls = std::thread::scope(|s| {
+        let callers: Vec<_> =
+            backends.iter().map(|b| s.spawn(move || b.in_netns(|| call_dead_dependency(refused, silent, until)))).collect();
+        while Instant::now() < until {
+            let shares = shares(&c);
+            assert!(shares.iter().all(|&share| share > 0.2), "every backend keeps its share: {shares:.2?}");
+            steady();
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        callers.into_iter().map(|t| t.join().unwrap()).collect::<Vec<_>>()
+    });
+    println!("dependency calls per backend during the outage: {calls:?}");
+    assert!(calls.iter().all(|k| k.refused > 500 && k.silent > 500 && k.other == 0), "{calls:?}");
+    // Two polls after the last call: still nobody under pressure, no failure reported.
+    std::thread::sleep(2 * spillway::daemon::pressure::POLL);
+    steady();
+    for b in backends {
+        let report = c.lbctl_json(&["ports", "--host", &b.ipv4().to_string()]).unwrap();
+        assert_eq!(report["report"]["watcher"]["mode"], mode.name(), "{report}");
+        let destinations = report["report"]["destinations"].as_array().unwrap();
+        assert!(destinations.iter().all(|d| d["failures"] == 0), "no failure for want of a port on {}: {report}", b.name());
+        assert_eq!(report["report"]["failures"].as_array().map(Vec::len), Some(0), "{report}");
+    }
+    assert!(!c.lbd_log().contains("event=port_pressure"), "{}", c.lbd_log());
+
+    // b1's application now really exhausts its ports (to a local dependency) and keeps
+    // trying: it alone loses its share.
+    let b1 = &backends[0];
+    b1.sysctl("net.ipv4.ip_local_port_range", "40000 40099").unwrap();
+    let dependency = b1.in_netns(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 7000)).unwrap());
+    let local = SocketAddr::from((Ipv4Addr::LOCALHOST, 7000));
+    let (held, exhausted) = hold_ports(b1, local, 105);
+    assert!(exhausted >= 5, "the 100 ports ran out");
+    let failures_watched = mode != Mode::SockDiag;
+    let expected = if failures_watched { "exhausted" } else { "critical" };
+    let b1_addr = b1.ipv4().to_string();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let lost = std::thread::scope(|s| {
+        let retries = s.spawn(|| {
+            b1.in_netns(|| {
+                // Bounded too: a failed assertion below must not leave this loop running.
+                let until = Instant::now() + Duration::from_secs(30);
+                while !done.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < until {
+                    let _ = TcpStream::connect_timeout(&local, Duration::from_millis(100));
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        });
+        // The watcher re-reads the port range within 5 s; two polls of 2 s after that.
+        let deadline = Instant::now() + Duration::from_secs(12);
+        let mut seen = backend_json(&c, &vip, &b1_addr);
+        while seen["pressure"] != expected && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            seen = backend_json(&c, &vip, &b1_addr);
+        }
+        if seen["pressure"] != expected {
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            panic!("b1 not {expected} within 12 s: {seen}; its report: {}", c.lbctl_json(&["ports", "--host", &b1_addr]).unwrap());
+        }
+        let lost = shares(&c);
+        let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        retries.join().unwrap();
+        let others: Vec<_> =
+            list["backends"].as_array().unwrap()[1..].iter().map(|b| (b["effective_weight"].clone(), b["pressure"].clone())).collect();
+        assert_eq!(others, [(100.into(), "none".into()), (100.into(), "none".into())], "only b1 changes: {list}");
+        lost
+    });
+    println!("shares with b1 out of ports ({expected}): {lost:.2?}");
+    assert!(lost[0] < 0.2 && lost[1] > 0.3 && lost[2] > 0.3, "b1 alone loses share: {lost:.2?}");
+    for stream in held {
+        set_linger_zero(&stream);
+    }
+    drop(dependency);
+}
+
+mod a_dead_dependency_costs_no_backend_its_share {
+    use spillway::ports::Mode;
+
+    #[test]
+    fn btf() {
+        super::a_dead_dependency_costs_no_backend_its_share(Mode::Btf);
+    }
+
+    #[test]
+    fn tracepoint() {
+        super::a_dead_dependency_costs_no_backend_its_share(Mode::Tracepoint);
+    }
+
+    #[test]
+    fn sock_diag() {
+        super::a_dead_dependency_costs_no_backend_its_share(Mode::SockDiag);
+    }
+}
+
+/// Health probes that fail are no port failures of the balancer: probes refused by a
+/// backend whose service died and probes timing out towards one that answers nothing leave
+/// `lbctl ports` (the balancer's own watcher) without a failure and without a failing
+/// process, while both backends are taken out.
+fn failed_probes_are_not_port_failures(mode: Mode) {
+    if !kernel_allows(mode) {
+        return;
+    }
+    let c = start_with(XdpMode::Native, 3, 1, &["--watcher-mode", mode.name()]);
+    let vip = tcp_vip(false);
+    vip_with_all_backends(&c, &vip, false);
+    // Direct probes: to the backends' own addresses, which the balancer's neighbour table
+    // can send nowhere.
+    c.lbctl(&["vips", "health", &vip, "--probe-path", "direct"]).unwrap();
+    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
+    let (refusing, silent) = (&c.topo.backends()[0], &c.topo.backends()[1]);
+    c.stop_echo(0).unwrap();
+    c.topo
+        .lb()
+        .run(&["ip", "neigh", "replace", &silent.ipv4().to_string(), "lladdr", "02:00:00:00:99:96", "dev", "eth0", "nud", "permanent"])
+        .unwrap();
+    for b in [refusing, silent] {
+        let addr = b.ipv4().to_string();
+        wait_until(Duration::from_secs(8), "the failing backend out", || backend_json(&c, &vip, &addr)["health"] == "unhealthy");
+    }
+    // A few more probe rounds, then two reads of the watcher.
+    std::thread::sleep(Duration::from_secs(3) + 2 * spillway::daemon::pressure::POLL);
+    let report = c.lbctl_json(&["ports"]).unwrap();
+    assert_eq!(report["report"]["watcher"]["mode"], mode.name(), "{report}");
+    let destinations = report["report"]["destinations"].as_array().unwrap();
+    assert!(destinations.iter().all(|d| d["failures"] == 0), "no failure for want of a port: {report}");
+    assert_eq!(report["report"]["failures"].as_array().map(Vec::len), Some(0), "no process blamed: {report}");
+    let table = c.lbctl(&["ports"]).unwrap();
+    assert!(!table.contains("for want of a port:"), "{table}");
+    let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
+    assert!(list["alerts"].as_array().is_none_or(Vec::is_empty), "no local alert: {list}");
+}
+
+mod failed_probes_are_not_port_failures {
+    use spillway::ports::Mode;
+
+    #[test]
+    fn btf() {
+        super::failed_probes_are_not_port_failures(Mode::Btf);
+    }
+
+    #[test]
+    fn tracepoint() {
+        super::failed_probes_are_not_port_failures(Mode::Tracepoint);
+    }
+
+    #[test]
+    fn sock_diag() {
+        super::failed_probes_are_not_port_failures(Mode::SockDiag);
     }
 }
 
