@@ -67,6 +67,11 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     let name = map_names::DECAP_REASONS;
     let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
     let reasons = DecapReasons::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
+    // The decapsulator's rare events (`dataplane::logs`) become log lines.
+    let _logs = dataplane::logs::forward(&mut ebpf)
+        .inspect_err(|e| event!(warn, "ebpf_logs_unavailable", error = error_chain(e)))
+        .ok()
+        .map(LogsTask);
     // Filled before the program goes live, so a takeover never stops decapsulating.
     sync_local_addrs(&mut local)?;
     let link = layout.agent_link();
@@ -95,6 +100,15 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
                 }
             }
         }
+    }
+}
+
+/// Aborts the log reader's task when dropped (the agent exits).
+struct LogsTask(tokio::task::JoinHandle<()>);
+
+impl Drop for LogsTask {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -124,6 +124,10 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
 
     let mut balancer = Balancer::load(&LoadOptions { map_pin_dir: Some(layout.balancer_maps()), capacity: args.capacity() })
         .map_err(|e| explain_load_error(e, &layout))?;
+    // The second-chance program's rare events (`dataplane::logs`) become log lines.
+    let ebpf_logs = crate::dataplane::logs::forward(balancer.ebpf_mut())
+        .inspect_err(|e| event!(warn, "ebpf_logs_unavailable", error = error_chain(e)))
+        .ok();
     // Attach before writing anything: if this fails (wrong interface, another program on
     // it), the maps a running balancer may share are left untouched.
     let link = layout.balancer_link();
@@ -243,6 +247,9 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     .await;
     upkeep.abort();
     forwarding_watch.abort();
+    if let Some(logs) = ebpf_logs {
+        logs.abort();
+    }
     pressure.abort();
     reloader.abort();
     if let Some(prober) = prober {

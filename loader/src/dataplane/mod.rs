@@ -1,6 +1,7 @@
 //! The balancer's kernel side: loading the object, pinning and reusing its maps, and typed
 //! access to every map. Only this module (and `agent`'s decap loader) talk to the kernel.
 
+pub mod logs;
 mod maps;
 mod mmap;
 mod probe;
@@ -33,6 +34,8 @@ pub enum DataplaneError {
         #[source]
         source: Box<aya::EbpfError>,
     },
+    #[error("reading the eBPF programs' log records")]
+    Logs(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("program {name} missing from its object")]
     MissingProgram { name: &'static str },
     #[error("map {name} missing from the object")]
@@ -163,9 +166,18 @@ impl Balancer {
 
     /// The loaded program, for test runs.
     pub fn program_ref(&self) -> Result<&Xdp, DataplaneError> {
-        let name = program_names::BALANCER;
+        self.xdp_ref(program_names::BALANCER)
+    }
+
+    /// One of the object's loaded XDP programs (the balancer, the second-chance program).
+    pub fn xdp_ref(&self, name: &'static str) -> Result<&Xdp, DataplaneError> {
         let program = self.ebpf.program(name).ok_or(DataplaneError::MissingProgram { name })?;
         program.try_into().map_err(|source| DataplaneError::Program { name, source })
+    }
+
+    /// The loaded object, for a reader that takes a map of it (its log records: `logs`).
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
     }
 }
 
@@ -225,7 +237,13 @@ fn map_memory(ebpf: &Ebpf) -> Vec<MapMemory> {
         .maps()
         .filter_map(|(name, map)| {
             let data = match map {
-                Map::Array(d) | Map::HashMap(d) | Map::LruHashMap(d) | Map::PerCpuArray(d) | Map::LpmTrie(d) | Map::DevMapHash(d) => d,
+                Map::Array(d)
+                | Map::HashMap(d)
+                | Map::LruHashMap(d)
+                | Map::PerCpuArray(d)
+                | Map::LpmTrie(d)
+                | Map::DevMapHash(d)
+                | Map::RingBuf(d) => d,
                 _ => return None,
             };
             let info = data.info().ok()?;

@@ -181,3 +181,42 @@ fn the_first_backend_keeps_its_connections_and_sends_the_others_on() {
         assert_eq!(decap(env, &plain, XDP_PASS, DecapReason::Decapsulated)[12..], inner[12..]);
     });
 }
+
+/// Captures log records (level and message), for reading the programs' log records.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<(log::Level, String)>>>);
+
+impl log::Log for Captured {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        self.0.lock().unwrap().push((record.level(), record.args().to_string()));
+    }
+    fn flush(&self) {}
+}
+
+#[test]
+fn a_candidate_gone_before_the_second_chance_program_runs_is_dropped_and_logged() {
+    with_env(|env| {
+        // The hand-over slot as no balancer run left it: backend ids 0, never in use, as if
+        // both candidates were removed between the balancer's check and this program.
+        let frame = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), false, b"data");
+        let program = env.balancer.xdp_ref(spillway_common::limits::program_names::SECOND_CHANCE).unwrap();
+        let before = env.reasons();
+        assert_eq!(test_run::run(program, &frame, env.ingress).unwrap().action, XDP_DROP);
+        assert_eq!(env.reasons()[Reason::DropNoBackend as usize], before[Reason::DropNoBackend as usize] + 1);
+
+        let captured = Captured::default();
+        let mut reader = spillway::dataplane::logs::reader(env.balancer.ebpf_mut(), captured.clone()).unwrap();
+        reader.flush();
+        let records = captured.0.lock().unwrap().clone();
+        assert_eq!(
+            records,
+            [(log::Level::Warn, "event=second_chance_candidate_gone vip_id=0 first_backend_id=0 second_backend_id=0".to_owned())]
+        );
+        // One line of lbd's own format.
+        let pairs = spillway::logging::parse(&records[0].1).unwrap();
+        assert_eq!(pairs[0], ("event".to_owned(), "second_chance_candidate_gone".to_owned()));
+    });
+}

@@ -84,6 +84,8 @@ fn decap(ctx: &XdpContext) -> DecapReason {
         }
     };
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, strip as i32) } != 0 {
+        // Never expected (the headers were just read from this frame): logged with its size.
+        aya_log_ebpf::warn!(ctx, "event=decap_adjust_head_failed strip_bytes={}", strip as u32);
         return DecapReason::PassMalformed;
     }
     // Rewrite the L2 header in front of the inner packet.

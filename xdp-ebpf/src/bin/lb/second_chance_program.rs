@@ -35,6 +35,15 @@ pub fn send(ctx: &XdpContext) -> Verdict {
     // Both were in use a moment ago; a change in between drops the packet as a VIP without
     // a backend would.
     let (Some(first), Some(second)) = (select::active_backend(handover.first), select::active_backend(handover.second)) else {
+        // Rare (a race with a change), and off the balancer's path: logged (aya-log; `lbd`
+        // writes it as its own line). See ARCHITECTURE.md, "Dependencies and why".
+        aya_log_ebpf::warn!(
+            ctx,
+            "event=second_chance_candidate_gone vip_id={} first_backend_id={} second_backend_id={}",
+            handover.vip_id,
+            handover.first,
+            handover.second
+        );
         return Verdict { vip: Some(handover.vip_id), bytes, ..Verdict::ended(XDP_DROP, Reason::DropNoBackend) };
     };
     let now_ns = unsafe { bpf_ktime_get_coarse_ns() };
