@@ -10,6 +10,7 @@
 //! is verified; performance is only reported, never asserted.
 
 mod control;
+mod cores;
 mod packets;
 mod paths;
 mod scale;
@@ -38,7 +39,7 @@ pub struct BenchArgs {
 }
 
 /// Every part, in the order they run.
-const PARTS: [&str; 6] = ["paths", "stages", "table", "scale", "control", "sockwatch"];
+const PARTS: [&str; 7] = ["paths", "stages", "cores", "table", "scale", "control", "sockwatch"];
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -62,6 +63,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let parts: Vec<Part> = vec![
         ("paths", Box::new(|| paths::part(calls, reps))),
         ("stages", Box::new(|| stages::part(calls, reps))),
+        ("cores", Box::new(|| cores::part(calls, reps))),
         ("table", Box::new(|| table::part(calls, reps))),
         ("scale", Box::new(|| scale::part(calls, reps))),
         ("control", Box::new(control::part)),

@@ -336,6 +336,88 @@ impl Lab {
         Ok(per_rep.into_iter().map(median).collect())
     }
 
+    /// Runs `case` `calls` times on each of `cpus` at the same time, against the same maps:
+    /// one thread pinned to each CPU, all released together. Each CPU has flows of its own
+    /// (as a NIC's receive-side scaling gives it): its own established flow, its own new
+    /// sources, its own spoofed ones. Every call's action and the reason counters are
+    /// checked, and each CPU's last output. Returns each CPU's mean ns per packet.
+    pub fn measure_concurrently(&mut self, case: &Case, cpus: &[usize], calls: usize) -> Result<Vec<f64>> {
+        let n = cpus.len() as u32;
+        let mut slots = Vec::with_capacity(cpus.len());
+        for k in 0..n {
+            let mut frame = self.first_frame(case)?;
+            if let Frames::Established { syn, .. } = &case.frames {
+                // A flow of this CPU's own: the same client on another port.
+                let port = 50_000 + k as u16;
+                let client = SocketAddr::from(([192, 168, 10, 20], port));
+                let mut own_syn = syn.clone();
+                write_source(&mut own_syn, client);
+                write_source(&mut frame, client);
+                let mut out = vec![0; own_syn.len() + HEADROOM_BYTES];
+                let (action, ..) = self.run(Program::Balancer, &own_syn, &mut out)?;
+                ensure!(action == XDP_TX, "CPU {}'s SYN got action {action}", cpus[k as usize]);
+            }
+            let out = vec![0; frame.len() + HEADROOM_BYTES];
+            slots.push(Slot { case, frame, out, next_port: (k * 1000) as u16, len: 0, ns: 0 });
+        }
+        // Per CPU k the n-th source is n * cpus + k: no two CPUs share one.
+        let (first_new, first_spoofed) = (self.new_flows.next, self.new_flows.spoofed);
+        let program = program_in(&self.balancer, &self.floor, &self.stages, case.program)?;
+        let ingress = self.ingress;
+        let before = self.reasons()?;
+        let start = std::sync::Barrier::new(cpus.len());
+        let runs: Vec<Result<()>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = slots
+                .iter_mut()
+                .zip(cpus)
+                .zip(0u32..)
+                .map(|((slot, &cpu), k)| {
+                    let start = &start;
+                    scope.spawn(move || -> Result<()> {
+                        pin_to(cpu)?;
+                        start.wait();
+                        for i in 0..calls as u32 {
+                            match slot.case.frames {
+                                Frames::NewFlows(_) => write_new_source(&mut slot.frame, first_new + i * n + k),
+                                Frames::Spoofed(_) => write_source(&mut slot.frame, spoofed_source(first_spoofed.wrapping_add(i * n + k))),
+                                Frames::NewPorts(_) => {
+                                    slot.next_port = slot.next_port.wrapping_add(1).max(1024);
+                                    slot.frame[ETH_LEN + 20..ETH_LEN + 22].copy_from_slice(&slot.next_port.to_be_bytes());
+                                }
+                                Frames::Fixed(_) | Frames::Established { .. } => {}
+                            }
+                            let run = test_run::run_into(program, &slot.frame, ingress, &mut slot.out).context("BPF_PROG_TEST_RUN")?;
+                            ensure!(run.action == slot.case.action, "CPU {cpu}: action {}, expected {}", run.action, slot.case.action);
+                            slot.len = run.len;
+                            slot.ns += run.duration_ns;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap_or_else(|_| bail!("a timing thread panicked"))).collect()
+        });
+        runs.into_iter().collect::<Result<()>>()?;
+        let after = self.reasons()?;
+        for (reason, counted) in counted(&before, &after) {
+            let expected = if case.reason == Some(reason) { calls * cpus.len() } else { 0 };
+            ensure!(counted == expected as u64, "{counted} calls counted as {}, expected {expected}", reason.label());
+        }
+        for slot in &slots {
+            self.check_output(case, &slot.frame, &slot.out[..slot.len])?;
+        }
+        match case.frames {
+            Frames::NewFlows(_) => self.new_flows.next = first_new + calls as u32 * n,
+            Frames::Spoofed(_) => self.new_flows.spoofed = first_spoofed.wrapping_add(calls as u32 * n),
+            _ => {}
+        }
+        if case.inserts {
+            self.new_flows.inserted += calls * cpus.len();
+            self.forget_new_flows()?;
+        }
+        Ok(slots.iter().map(|s| s.ns as f64 / calls as f64).collect())
+    }
+
     fn first_frame(&mut self, case: &Case) -> Result<Vec<u8>> {
         Ok(match &case.frames {
             Frames::Fixed(frame) | Frames::NewFlows(frame) | Frames::NewPorts(frame) | Frames::Spoofed(frame) => frame.clone(),
@@ -528,15 +610,26 @@ struct Slot<'c> {
     ns: u64,
 }
 
+/// The CPUs this process may run on, in order.
+pub fn allowed_cpus() -> Result<Vec<usize>> {
+    let allowed = sched_getaffinity(Pid::from_raw(0)).context("reading the CPU affinity")?;
+    let cpus: Vec<usize> = (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).collect();
+    ensure!(!cpus.is_empty(), "the CPU affinity mask is empty");
+    Ok(cpus)
+}
+
 /// Pins the calling thread to the last CPU it may run on (CPU 0 usually takes more
 /// interrupts); returns that CPU.
 fn pin_to_one_cpu() -> Result<usize> {
-    let allowed = sched_getaffinity(Pid::from_raw(0)).context("reading the CPU affinity")?;
-    let cpu = (0..CpuSet::count()).rev().find(|&c| allowed.is_set(c).unwrap_or(false)).context("the CPU affinity mask is empty")?;
+    let cpu = *allowed_cpus()?.last().context("no CPU")?;
+    pin_to(cpu)?;
+    Ok(cpu)
+}
+
+fn pin_to(cpu: usize) -> Result<()> {
     let mut only = CpuSet::new();
     only.set(cpu)?;
-    sched_setaffinity(Pid::from_raw(0), &only).with_context(|| format!("pinning to CPU {cpu}"))?;
-    Ok(cpu)
+    sched_setaffinity(Pid::from_raw(0), &only).with_context(|| format!("pinning to CPU {cpu}"))
 }
 
 /// Rewrites an untagged IPv4 SYN's source to the `n`-th new-flow source: the low 15 bits of
