@@ -49,6 +49,12 @@ pub enum PinError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "refusing the pin directory {}: {why}; an unprivileged user could remove or replace the pins there. \
+         Remove it (`lbd --cleanup`, then rmdir) or choose another --pin-dir",
+        path.display()
+    )]
+    UnsafeDir { path: PathBuf, why: String },
     #[error("another lbd is using {}; stop it first", path.display())]
     Busy { path: PathBuf },
     #[error("locking {}", path.display())]
@@ -150,7 +156,34 @@ pub fn ensure_bpffs() -> Result<(), PinError> {
     if is_bpffs(root) {
         return Ok(());
     }
-    mount(Some("bpf"), root, Some("bpf"), MsFlags::empty(), None::<&str>).map_err(PinError::Mount)
+    mount_bpffs(root)
+}
+
+/// Mode 0700: the kernel's default for a bpffs root is 1777, which lets any user create a
+/// directory there, such as the pin directory before `lbd` does.
+fn mount_bpffs(at: &Path) -> Result<(), PinError> {
+    mount(Some("bpf"), at, Some("bpf"), MsFlags::empty(), Some("mode=0700")).map_err(PinError::Mount)
+}
+
+/// Refuses `dir` unless it is a directory (not a symlink) owned by this user (root) and
+/// writable by nobody else: whoever owns or may write a directory of pins may unlink them
+/// (a pinned link gone is a detached balancer) or put maps of their own in their place.
+fn refuse_unsafe_dir(dir: &Path) -> Result<(), PinError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let unsafe_dir = |why: String| PinError::UnsafeDir { path: dir.to_owned(), why };
+    let meta = fs::symlink_metadata(dir).map_err(|source| PinError::CreateDir { path: dir.to_owned(), source })?;
+    if !meta.is_dir() {
+        return Err(unsafe_dir("it is not a directory".to_owned()));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(unsafe_dir(format!("it is owned by uid {}, not {me}", meta.uid())));
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(unsafe_dir(format!("its mode {mode:04o} lets others write to it")));
+    }
+    Ok(())
 }
 
 /// Held while a daemon owns a pin directory; a second daemon (or `--cleanup`) on the same
@@ -159,11 +192,16 @@ pub struct PinLock {
     _flock: Flock<File>,
 }
 
-/// Creates `dir` (0700) on bpffs and takes its lock.
+/// Creates `dir` (0700) on bpffs, checks that it and every directory above it on the same
+/// bpffs are root's alone (see [`refuse_unsafe_dir`]; the mount's own root is the kernel's),
+/// and takes its lock.
 pub fn create_and_lock(dir: &Path) -> Result<PinLock, PinError> {
     DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|source| PinError::CreateDir { path: dir.to_owned(), source })?;
     if !is_bpffs(dir) {
         return Err(PinError::NotBpffs { path: dir.to_owned() });
+    }
+    for ancestor in dir.ancestors().take_while(|a| a.parent().is_some_and(is_bpffs)) {
+        refuse_unsafe_dir(ancestor)?;
     }
     lock(dir)
 }
@@ -315,6 +353,75 @@ pub fn cleanup(layout: &PinLayout) -> Result<Vec<PathBuf>, PinError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A fresh directory under the system's temporary directory, removed at the end.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> TempDir {
+            let dir = std::env::temp_dir().join(format!("spw-pins-{name}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir(&dir).unwrap();
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+            TempDir(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_pin_directory_others_own_or_may_write_is_refused() {
+        let dir = TempDir::new("owned");
+        refuse_unsafe_dir(&dir.0).expect("ours, 0700");
+        fs::set_permissions(&dir.0, fs::Permissions::from_mode(0o755)).unwrap();
+        refuse_unsafe_dir(&dir.0).expect("ours, 0755");
+        for mode in [0o777, 0o770, 0o1777, 0o702] {
+            fs::set_permissions(&dir.0, fs::Permissions::from_mode(mode)).unwrap();
+            let err = refuse_unsafe_dir(&dir.0).expect_err("writable by others");
+            assert!(err.to_string().contains("lets others write"), "{mode:o}: {err}");
+        }
+        fs::set_permissions(&dir.0, fs::Permissions::from_mode(0o700)).unwrap();
+        // As an unprivileged user who created it first would leave it.
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("a nobody user");
+        nix::unistd::chown(&dir.0, Some(nobody.uid), None).unwrap();
+        let err = refuse_unsafe_dir(&dir.0).expect_err("owned by nobody");
+        assert!(err.to_string().contains(&format!("owned by uid {}", nobody.uid)), "{err}");
+        assert!(err.to_string().contains("--pin-dir"), "the error says what to do: {err}");
+        let link = dir.0.with_extension("link");
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink("/tmp", &link).unwrap();
+        let err = refuse_unsafe_dir(&link).expect_err("a symlink");
+        fs::remove_file(&link).unwrap();
+        assert!(err.to_string().contains("not a directory"), "{err}");
+    }
+
+    #[test]
+    fn bpffs_is_mounted_for_root_only() {
+        let dir = TempDir::new("mount");
+        // In a mount namespace of a thread of its own, so nothing outside sees the mount.
+        let mode = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    use nix::sched::{CloneFlags, unshare};
+                    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_FS).unwrap();
+                    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).unwrap();
+                    mount_bpffs(&dir.0).unwrap();
+                    assert!(is_bpffs(&dir.0));
+                    let mode = fs::metadata(&dir.0).unwrap().permissions().mode() & 0o7777;
+                    nix::mount::umount(&dir.0).unwrap();
+                    mode
+                })
+                .join()
+                .unwrap()
+        });
+        // The kernel always adds the sticky bit to a bpffs root.
+        assert_eq!(mode & 0o777, 0o700, "bpffs root mode {mode:o}");
+    }
 
     #[test]
     fn layout_is_versioned() {

@@ -22,7 +22,7 @@ impl Drop for PinDir {
 fn pin_dir(label: &str) -> PinDir {
     let dir = PathBuf::from(format!("/sys/fs/bpf/spw-{}-pins-{label}", std::process::id()));
     if !spillway::dataplane::is_bpffs(&PathBuf::from("/sys/fs/bpf")) {
-        std::process::Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]).status().unwrap();
+        std::process::Command::new("mount").args(["-t", "bpf", "-o", "mode=0700", "bpf", "/sys/fs/bpf"]).status().unwrap();
     }
     std::fs::create_dir_all(&dir).unwrap();
     PinDir(dir)
@@ -74,5 +74,56 @@ fn maps_pinned_with_other_sizes_are_refused_by_name() {
             Err(err) => format!("{:?}", anyhow::Error::from(err)),
         };
         assert!(maps.iter().any(|m| err.contains(&format!("`{m}`"))) && err.contains("max_entries"), "{changed:?}: {err}");
+    }
+}
+
+/// Runs `lbd` with `args` on `host` until it exits (at most 20 s: a daemon that started
+/// is killed and reported); returns its stderr.
+fn lbd_exits(host: &spillway_harness::Host, args: &[&str]) -> Result<String, String> {
+    let mut child = host
+        .cmd(env!("CARGO_BIN_EXE_lbd"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("lbd {} kept running", args.join(" ")));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "lbd {} exited 0: {stderr}", args.join(" "));
+    Ok(stderr)
+}
+
+/// An unprivileged user who creates the pin directory before `lbd` does (bpffs roots are
+/// often 1777) could later unlink its pins: `lbd` and `lbd agent` refuse such a directory,
+/// saying why, and pin nothing there.
+#[test]
+fn a_pin_directory_an_unprivileged_user_made_first_is_refused() {
+    use spillway_harness::{Topology, TopologyConfig};
+    let topology = Topology::build(TopologyConfig { backends: 1, clients: 1 }).unwrap();
+    let dir = topology.pin_dir().unwrap();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("a nobody user");
+    nix::unistd::chown(&dir, Some(nobody.uid), None).unwrap();
+    let (api, state) = (topology.tempdir().join("api.sock"), topology.tempdir().join("state"));
+    let pin_dir = dir.to_str().unwrap();
+    let lbd = ["--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir, "--api", api.to_str().unwrap(), "--state-dir"];
+    let lbd: Vec<&str> = lbd.into_iter().chain([state.to_str().unwrap()]).collect();
+    let agent = ["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir];
+    for (host, args) in [(topology.lb(), &lbd[..]), (&topology.backends()[0], &agent[..])] {
+        let stderr = lbd_exits(host, args).unwrap_or_else(|e| panic!("{e}"));
+        assert!(stderr.contains("refusing the pin directory") && stderr.contains(&format!("owned by uid {}", nobody.uid)), "{stderr}");
+        let pinned: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+        assert!(pinned.iter().all(|p| std::fs::read_dir(p).map(|mut d| d.next().is_none()).unwrap_or(true)), "nothing pinned: {pinned:?}");
     }
 }

@@ -21,5 +21,6 @@ pub(crate) fn ensure_mounted() -> Result<()> {
     if fs.filesystem_type() == BPF_FS_MAGIC {
         return Ok(());
     }
-    mount(Some("bpf"), root, Some("bpf"), MsFlags::empty(), None::<&str>).with_context(|| format!("mounting bpffs at {BPFFS_ROOT}"))
+    // Root only, as lbd mounts it.
+    mount(Some("bpf"), root, Some("bpf"), MsFlags::empty(), Some("mode=0700")).with_context(|| format!("mounting bpffs at {BPFFS_ROOT}"))
 }
