@@ -93,8 +93,11 @@ pub const DEFAULT_RING_SIZE: u32 = MAX_RING_SIZE;
 pub const SECOND_CHANCE_SETTLE_MS: u64 = 60_000;
 /// Interfaces the balancer may redirect to.
 pub const MAX_TX_PORTS: u32 = 64;
-/// Addresses the backend agent decapsulates for.
-pub const MAX_LOCAL_ADDRS: u32 = 64;
+/// Addresses the backend agent decapsulates for, by default (`lbd agent --max-local-addrs`
+/// sizes the map at load): a backend holding many VIPs on `lo` needs room for each.
+pub const DEFAULT_LOCAL_ADDRS: u32 = 1024;
+/// The most `--max-local-addrs` accepts.
+pub const MAX_LOCAL_ADDRS: u32 = 1 << 16;
 /// Operator rules (CIDR, optionally per VIP) and their counters.
 pub const MAX_RULES: u32 = 1024;
 /// Distinct prefix lengths the rules of one scope (the global rules, or one VIP's) may use

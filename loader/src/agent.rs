@@ -13,7 +13,7 @@ use aya::maps::{HashMap, MapData, PerCpuArray};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::{
     addr::{from_words, to_words},
-    limits::{MAX_LOCAL_ADDRS, map_names, program_names},
+    limits::{map_names, program_names},
     types::{AddrKey, DecapReason},
 };
 
@@ -60,10 +60,12 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
     let _lock = pins::create_and_lock(&layout.agent_dir())?;
-    let mut ebpf = dataplane::load_simple(objects::DECAP, "spillway-decap", program_names::DECAP)?;
+    let sizes = [(map_names::LOCAL_ADDRS, args.max_local_addrs)];
+    let mut ebpf = dataplane::load_sized(objects::DECAP, "spillway-decap", program_names::DECAP, &sizes)?;
     let name = map_names::LOCAL_ADDRS;
     let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
-    let mut local = LocalAddrs::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
+    let map = LocalAddrs::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
+    let mut local = Local { map, max: args.max_local_addrs as usize, left_out: Vec::new() };
     let name = map_names::DECAP_REASONS;
     let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
     let reasons = DecapReasons::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
@@ -202,10 +204,38 @@ impl PortSource {
     }
 }
 
-/// Makes the map hold exactly the host's current addresses.
-fn sync_local_addrs(map: &mut LocalAddrs) -> Result<(), AgentError> {
+/// The addresses the decap program decapsulates for: its map, its size, and the host's
+/// addresses that did not fit at the last sync.
+struct Local {
+    map: LocalAddrs,
+    max: usize,
+    left_out: Vec<IpAddr>,
+}
+
+/// Makes the map hold exactly the host's current addresses, as many as fit; an ALERT when
+/// the addresses left out change (tunnels to them are not decapsulated: the backend loses
+/// that VIP's traffic), and a line when none is left out any more.
+fn sync_local_addrs(local: &mut Local) -> Result<(), AgentError> {
+    let (want, mut left_out) = local_keys(&netif::addresses()?, local.max);
+    // Tunnels are never addressed to link-local addresses: leaving them out harms nothing.
+    left_out.retain(|a| !matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local()));
+    if left_out != local.left_out {
+        if left_out.is_empty() {
+            event!(info, "local_addrs_fit", max = local.max);
+        } else {
+            let shown: Vec<String> = left_out.iter().map(IpAddr::to_string).collect();
+            event!(
+                error,
+                "local_addrs_alert",
+                left_out = shown.join(","),
+                max = local.max,
+                message = "ALERT: tunnels to these local addresses are not decapsulated; raise --max-local-addrs"
+            );
+        }
+        local.left_out = left_out;
+    }
+    let map = &mut local.map;
     let map_error = |source| DataplaneError::Map { name: map_names::LOCAL_ADDRS, source };
-    let want = local_keys(&netif::addresses()?);
     let have: Vec<AddrKey> = map.keys().collect::<Result<_, _>>().map_err(map_error)?;
     for key in have.iter().filter(|k| !want.contains(k)) {
         map.remove(key).map_err(map_error)?;
@@ -222,23 +252,21 @@ fn show(key: &AddrKey) -> String {
     from_words(key.addr, key.family).map_or_else(|| format!("family-{}", key.family), |a| a.to_string())
 }
 
-/// The host's distinct addresses as map keys, at most the map's size; link-local ones
-/// go last so they are the ones dropped (tunnels are never addressed to them).
-fn local_keys(addrs: &[(String, IpAddr)]) -> Vec<AddrKey> {
+/// The host's distinct addresses as map keys, at most `max`, and those left out; link-local
+/// ones go last so they are the first left out (tunnels are never addressed to them).
+fn local_keys(addrs: &[(String, IpAddr)], max: usize) -> (Vec<AddrKey>, Vec<IpAddr>) {
     let unique: BTreeSet<IpAddr> = addrs.iter().map(|(_, a)| *a).collect();
     let mut ordered: Vec<IpAddr> = unique.into_iter().collect();
     ordered.sort_by_key(|a| matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local()));
-    if ordered.len() > MAX_LOCAL_ADDRS as usize {
-        event!(warn, "too_many_local_addrs", addrs = ordered.len(), kept = MAX_LOCAL_ADDRS, message = "decapsulating for the first only");
-        ordered.truncate(MAX_LOCAL_ADDRS as usize);
-    }
-    ordered
+    let left_out = ordered.split_off(max.min(ordered.len()));
+    let keys = ordered
         .into_iter()
         .map(|a| {
             let (addr, family) = to_words(a);
             AddrKey { addr, family, _pad: [0; 3] }
         })
-        .collect()
+        .collect();
+    (keys, left_out)
 }
 
 #[cfg(test)]
@@ -272,14 +300,20 @@ mod tests {
     fn keys_are_unique_and_link_local_goes_first_to_the_cut() {
         let mut addrs = vec![("lo".to_string(), "127.0.0.1".parse().unwrap()), ("eth0".into(), "fe80::1".parse().unwrap())];
         addrs.push(("eth1".into(), "127.0.0.1".parse().unwrap()));
-        for i in 0..MAX_LOCAL_ADDRS - 1 {
+        const MAX: usize = 64;
+        for i in 0..MAX - 1 {
             addrs.push(("eth0".into(), IpAddr::from([10, 0, 0, i as u8])));
         }
-        let keys = local_keys(&addrs);
-        assert_eq!(keys.len(), MAX_LOCAL_ADDRS as usize);
+        let (keys, left_out) = local_keys(&addrs, MAX);
+        assert_eq!(keys.len(), MAX);
+        assert_eq!(left_out, [IpAddr::from("fe80::1".parse::<std::net::Ipv6Addr>().unwrap())], "link-local goes first");
         let shown: Vec<String> = keys.iter().map(show).collect();
         assert!(shown.contains(&"127.0.0.1".to_string()));
         assert!(!shown.contains(&"fe80::1".to_string()));
-        assert_eq!(local_keys(&addrs[..2]).iter().map(show).collect::<Vec<_>>(), ["127.0.0.1", "fe80::1"]);
+        let (keys, left_out) = local_keys(&addrs[..2], MAX);
+        assert_eq!(keys.iter().map(show).collect::<Vec<_>>(), ["127.0.0.1", "fe80::1"]);
+        assert!(left_out.is_empty());
+        let (keys, left_out) = local_keys(&addrs, 10);
+        assert_eq!((keys.len(), left_out.len()), (10, MAX + 1 - 10), "every address is kept or left out");
     }
 }

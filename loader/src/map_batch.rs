@@ -5,9 +5,12 @@
 
 use std::io;
 use std::ops::ControlFlow;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd};
 
-use aya::Pod;
+use aya::{
+    Pod,
+    maps::{MapData, MapType},
+};
 
 // include/uapi/linux/bpf.h: enum bpf_cmd.
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
@@ -28,11 +31,14 @@ struct BatchAttr {
     flags: u64,
 }
 
-/// Visits the entries of hash map `map` (whose key and value types must be `K` and `V`),
-/// `BATCH` per syscall, until `visit` breaks or the map ends; returns how many were
-/// visited. Entries the kernel adds or removes meanwhile may be seen or not; none is seen
-/// twice.
-pub fn for_each<K: Pod, V: Pod>(map: BorrowedFd<'_>, visit: &mut dyn FnMut(&K, &V) -> ControlFlow<()>) -> io::Result<u64> {
+/// Visits the entries of hash map `map`, `BATCH` per syscall, until `visit` breaks or the
+/// map ends; returns how many were visited. Entries the kernel adds or removes meanwhile
+/// may be seen or not; none is seen twice. A map that is not a (non-per-CPU) hash map of
+/// `K` keys and `V` values is refused (`InvalidInput`) before anything is read: the kernel
+/// writes whole entries of the map's own sizes into the buffers.
+pub fn for_each<K: Pod, V: Pod>(map: &MapData, visit: &mut dyn FnMut(&K, &V) -> ControlFlow<()>) -> io::Result<u64> {
+    check_shape::<K, V>(map)?;
+    let map = map.fd().as_fd();
     // SAFETY: `Pod` types are valid for every bit pattern, all zeroes included.
     let (zero_key, zero_value) = unsafe { (std::mem::zeroed::<K>(), std::mem::zeroed::<V>()) };
     let mut keys = vec![zero_key; BATCH];
@@ -82,8 +88,26 @@ pub fn for_each<K: Pod, V: Pod>(map: BorrowedFd<'_>, visit: &mut dyn FnMut(&K, &
     }
 }
 
+/// That `map` is a hash map whose entries are a `K` and a `V`.
+fn check_shape<K, V>(map: &MapData) -> io::Result<()> {
+    let info = map.info().map_err(io::Error::other)?;
+    let wrong = |what: String| Err(io::Error::new(io::ErrorKind::InvalidInput, what));
+    if !matches!(info.map_type(), Ok(MapType::Hash | MapType::LruHash)) {
+        return wrong(format!("map type {} is not a hash map of one value per key", info.map_type().map_or(-1, |t| t as i64)));
+    }
+    let (key, value) = (size_of::<K>(), size_of::<V>());
+    if info.key_size() as usize != key || info.value_size() as usize != value {
+        return wrong(format!(
+            "the map holds {}-byte keys and {}-byte values, the reader {key}-byte keys and {value}-byte values",
+            info.key_size(),
+            info.value_size()
+        ));
+    }
+    Ok(())
+}
+
 /// Every `(key, value)` of hash map `map` (see [`for_each`]).
-pub fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>> {
+pub fn lookup_all<K: Pod, V: Pod>(map: &MapData) -> io::Result<Vec<(K, V)>> {
     let mut out = Vec::new();
     for_each::<K, V>(map, &mut |k, v| {
         out.push((*k, *v));
@@ -94,8 +118,6 @@ pub fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::AsFd;
-
     use aya::maps::{HashMap, IterableMap, MapData};
 
     use super::*;
@@ -108,7 +130,7 @@ mod tests {
         for i in 0..3000u64 {
             map.insert(&(i * 7), &((i as u32) ^ 0xabcd), 0).unwrap();
         }
-        let mut got: Vec<(u64, u32)> = lookup_all(map.map().fd().as_fd()).unwrap();
+        let mut got: Vec<(u64, u32)> = lookup_all(map.map()).unwrap();
         got.sort_unstable();
         let mut walked: Vec<(u64, u32)> = map.iter().collect::<Result<_, _>>().unwrap();
         walked.sort_unstable();
@@ -116,6 +138,26 @@ mod tests {
         assert_eq!(got, walked);
 
         let empty = HashMap::<MapData, u64, u32>::create(16, 0).unwrap();
-        assert!(lookup_all::<u64, u32>(empty.map().fd().as_fd()).unwrap().is_empty());
+        assert!(lookup_all::<u64, u32>(empty.map()).unwrap().is_empty());
+    }
+
+    /// A reader whose types do not fit the map's entries, or a map that is not a plain hash
+    /// map, is refused before the kernel writes anything.
+    #[test]
+    fn a_map_of_other_shapes_is_refused() {
+        let mut map = HashMap::<MapData, u64, u32>::create(16, 0).expect("creating a hash map (needs root)");
+        map.insert(&1, &2, 0).unwrap();
+        for error in [
+            lookup_all::<u64, u64>(map.map()).unwrap_err(),
+            lookup_all::<u32, u32>(map.map()).unwrap_err(),
+            lookup_all::<[u64; 4], [u8; 64]>(map.map()).unwrap_err(),
+        ] {
+            assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
+            assert!(error.to_string().contains("8-byte keys and 4-byte values"), "{error}");
+        }
+        let array = aya::maps::Array::<MapData, u32>::create(4, 0).unwrap();
+        let error = lookup_all::<u32, u32>(array.map()).unwrap_err();
+        assert!(error.to_string().contains("not a hash map"), "{error}");
+        assert_eq!(lookup_all::<u64, u32>(map.map()).unwrap(), [(1, 2)]);
     }
 }

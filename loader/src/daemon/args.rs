@@ -6,7 +6,10 @@ use aya::programs::XdpMode;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use spillway_common::{
     hash::FLOW_SEED,
-    limits::{Capacity, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, SECOND_CHANCE_SETTLE_MS},
+    limits::{
+        Capacity, DEFAULT_LOCAL_ADDRS, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, MAX_LOCAL_ADDRS,
+        SECOND_CHANCE_SETTLE_MS,
+    },
 };
 
 use super::{
@@ -326,6 +329,11 @@ pub struct AgentArgs {
     /// `off`. Read-only and bounded like --ports-listen.
     #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::metrics::DEFAULT_AGENT_LISTEN)]
     pub metrics_listen: MetricsListen,
+    /// Most local addresses the agent decapsulates for (its map's size): every address of
+    /// the host, VIPs on `lo` included. Beyond it, addresses are left out with an ALERT.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_LOCAL_ADDRS,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LOCAL_ADDRS)))]
+    pub max_local_addrs: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

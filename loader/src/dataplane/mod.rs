@@ -297,9 +297,23 @@ impl PinnedView {
 
 /// Loads a single-program object that needs no map setup (decap, floor) and returns it.
 pub fn load_simple(object: &'static [u8], object_name: &'static str, program: &'static str) -> Result<Ebpf, DataplaneError> {
+    load_sized(object, object_name, program, &[])
+}
+
+/// [`load_simple`], with maps of other sizes than the object's: `(map, max_entries)`.
+pub fn load_sized(
+    object: &'static [u8],
+    object_name: &'static str,
+    program: &'static str,
+    sizes: &[(&'static str, u32)],
+) -> Result<Ebpf, DataplaneError> {
     let object = objects::check(object, object_name)?;
+    let mut loader = EbpfLoader::new();
+    for &(map, entries) in sizes {
+        loader.set_max_entries(map, entries);
+    }
     let mut ebpf =
-        Ebpf::load(object).map_err(|source| DataplaneError::Load { name: object_name, pin_dir: None, source: Box::new(source) })?;
+        loader.load(object).map_err(|source| DataplaneError::Load { name: object_name, pin_dir: None, source: Box::new(source) })?;
     load_xdp(&mut ebpf, program)?;
     Ok(ebpf)
 }

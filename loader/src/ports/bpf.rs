@@ -205,7 +205,7 @@ impl BpfWatch {
     /// Every entry of hash map `name`, in batches.
     fn lookup_all<K: aya::Pod, V: aya::Pod>(&self, name: &'static str) -> Result<Vec<(K, V)>, PortsError> {
         let data = map_data(self.map(name)?, name)?;
-        crate::map_batch::lookup_all(data.fd().as_fd()).map_err(|source| PortsError::MapRead { name, source })
+        crate::map_batch::lookup_all(data).map_err(|source| PortsError::MapRead { name, source })
     }
 
     fn map(&self, name: &'static str) -> Result<&Map, PortsError> {

@@ -16,7 +16,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use spillway_common::{
-    limits::MAX_LOCAL_ADDRS,
+    limits::DEFAULT_LOCAL_ADDRS,
     types::{AddrKey, DecapReason, FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO_IPV6},
 };
 use xdp_ebpf::{
@@ -26,7 +26,8 @@ use xdp_ebpf::{
 
 /// Addresses this host decapsulates for (filled by `lbd agent`).
 #[map(name = "spw_local_addrs")]
-static LOCAL_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(MAX_LOCAL_ADDRS, 0);
+/// Sized by the agent at load (`--max-local-addrs`).
+static LOCAL_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(DEFAULT_LOCAL_ADDRS, 0);
 
 #[map(name = "spw_decap_rsn")]
 static REASONS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DecapReason::COUNT, 0);
