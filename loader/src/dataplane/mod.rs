@@ -310,7 +310,7 @@ pub fn load_sized(
     let object = objects::check(object, object_name)?;
     let mut loader = EbpfLoader::new();
     for &(map, entries) in sizes {
-        loader.set_max_entries(map, entries);
+        loader.map_max_entries(map, entries);
     }
     let mut ebpf =
         loader.load(object).map_err(|source| DataplaneError::Load { name: object_name, pin_dir: None, source: Box::new(source) })?;
