@@ -1,6 +1,6 @@
 //! Tables for VIPs and backends with their health, and for port pressure.
 
-use super::table::{Align, Table};
+use super::table::{Align, Table, printable};
 use crate::{
     api::{BackendList, PortsView, VipHealthView, VipList, announce::AnnouncementView},
     ports::PortsReport,
@@ -60,7 +60,7 @@ fn dash() -> String {
 
 /// Alerts first, loud, so they are not lost above a long table.
 fn with_alerts(alerts: &[String], table: String) -> String {
-    let mut out: String = alerts.iter().map(|a| format!("{a}\n")).collect();
+    let mut out: String = alerts.iter().map(|a| format!("{}\n", printable(a))).collect();
     out.push_str(&table);
     out
 }
@@ -153,9 +153,9 @@ pub fn backends_table(list: &BackendList) -> String {
 }
 
 pub fn ports_tables(view: &PortsView) -> String {
-    let mut out = format!("host {} (report {} s old)\n", view.host, view.age_s);
+    let mut out = format!("host {} (report {} s old)\n", printable(&view.host), view.age_s);
     if let Some(error) = &view.error {
-        out.push_str(&format!("no report: {error}\n"));
+        out.push_str(&format!("no report: {}\n", printable(error)));
     }
     if let Some(report) = &view.report {
         out.push_str(&report_tables(report));
@@ -179,7 +179,7 @@ fn report_tables(report: &PortsReport) -> String {
         ]);
     }
     let mut out = match &report.watcher {
-        Some(watcher) => format!("watcher {}\n", watcher.summary()),
+        Some(watcher) => format!("watcher {}\n", printable(&watcher.summary())),
         None => String::new(),
     };
     out.push_str(&format!("level {}\n{}", format!("{:?}", report.level()).to_lowercase(), d.render()));

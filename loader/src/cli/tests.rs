@@ -648,7 +648,7 @@ fn ports_show_destinations_failures_and_leak_suspects() {
             remote: ip("10.9.0.1"),
             remote_port: 5432,
             pid: 42,
-            comm: "app".into(),
+            comm: "\x1b[31mapp".into(),
             cgroup_id: 1,
             failures: 7,
             protocol: "tcp".into(),
@@ -659,7 +659,7 @@ fn ports_show_destinations_failures_and_leak_suspects() {
         leak_suspects: vec![LeakSuspect {
             netns: 1,
             pid: Some(77),
-            comm: Some("leaky".into()),
+            comm: Some("leaky\x1b]0;x\x07".into()),
             cgroup_id: 1,
             count: 20,
             oldest_age_secs: 45,
@@ -677,9 +677,14 @@ fn ports_show_destinations_failures_and_leak_suspects() {
     let watcher = "watcher mode tracepoint; watching with: tcp ports (tracepoint/sock/inet_sock_set_state); \
                    not watched: bind/udp connect failures (no syscall tracepoints)\n";
     assert!(out.starts_with(&format!("host 10.0.1.1 (report 1 s old)\n{watcher}level critical\n")), "{out}");
-    for needle in ["10.9.0.1:5432", "95%", "critical", "app", "leaky", "8080", "over 30 s"] {
+    for needle in ["10.9.0.1:5432", "95%", "critical", "\\x1b[31mapp", "leaky\\x1b]0;x\\x07", "8080", "over 30 s"] {
         assert!(out.contains(needle), "{needle} missing:\n{out}");
     }
+    // Process names come from the host's processes: none reaches the terminal as a control.
+    assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+    let hostile = crate::api::PortsView { host: "10.0.1.2".into(), report: None, error: Some("bad\x1b[2Jreply".into()), age_s: 0 };
+    let out = rendered(&["ports", "--host", "10.0.1.2"], Reply::Ports(Box::new(hostile)));
+    assert!(out.contains("no report: bad\\x1b[2Jreply"), "{out}");
 }
 
 #[test]
