@@ -355,44 +355,32 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    /// A fresh directory under the system's temporary directory, removed at the end.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(name: &str) -> TempDir {
-            let dir = std::env::temp_dir().join(format!("spw-pins-{name}-{}", std::process::id()));
-            let _ = fs::remove_dir_all(&dir);
-            fs::create_dir(&dir).unwrap();
-            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
-            TempDir(dir)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
+    /// A fresh directory, mode 0700, removed at the end.
+    fn temp_dir(label: &str) -> crate::testing::TempDir {
+        let dir = crate::testing::TempDir::new(label);
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        dir
     }
 
     #[test]
     fn a_pin_directory_others_own_or_may_write_is_refused() {
-        let dir = TempDir::new("owned");
-        refuse_unsafe_dir(&dir.0).expect("ours, 0700");
-        fs::set_permissions(&dir.0, fs::Permissions::from_mode(0o755)).unwrap();
-        refuse_unsafe_dir(&dir.0).expect("ours, 0755");
+        let dir = temp_dir("owned");
+        refuse_unsafe_dir(dir.path()).expect("ours, 0700");
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        refuse_unsafe_dir(dir.path()).expect("ours, 0755");
         for mode in [0o777, 0o770, 0o1777, 0o702] {
-            fs::set_permissions(&dir.0, fs::Permissions::from_mode(mode)).unwrap();
-            let err = refuse_unsafe_dir(&dir.0).expect_err("writable by others");
+            fs::set_permissions(dir.path(), fs::Permissions::from_mode(mode)).unwrap();
+            let err = refuse_unsafe_dir(dir.path()).expect_err("writable by others");
             assert!(err.to_string().contains("lets others write"), "{mode:o}: {err}");
         }
-        fs::set_permissions(&dir.0, fs::Permissions::from_mode(0o700)).unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
         // As an unprivileged user who created it first would leave it.
         let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("a nobody user");
-        nix::unistd::chown(&dir.0, Some(nobody.uid), None).unwrap();
-        let err = refuse_unsafe_dir(&dir.0).expect_err("owned by nobody");
+        nix::unistd::chown(dir.path(), Some(nobody.uid), None).unwrap();
+        let err = refuse_unsafe_dir(dir.path()).expect_err("owned by nobody");
         assert!(err.to_string().contains(&format!("owned by uid {}", nobody.uid)), "{err}");
         assert!(err.to_string().contains("--pin-dir"), "the error says what to do: {err}");
-        let link = dir.0.with_extension("link");
+        let link = dir.path().with_extension("link");
         let _ = fs::remove_file(&link);
         std::os::unix::fs::symlink("/tmp", &link).unwrap();
         let err = refuse_unsafe_dir(&link).expect_err("a symlink");
@@ -402,7 +390,7 @@ mod tests {
 
     #[test]
     fn bpffs_is_mounted_for_root_only() {
-        let dir = TempDir::new("mount");
+        let dir = temp_dir("mount");
         // In a mount namespace of a thread of its own, so nothing outside sees the mount.
         let mode = std::thread::scope(|scope| {
             scope
@@ -410,10 +398,10 @@ mod tests {
                     use nix::sched::{CloneFlags, unshare};
                     unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_FS).unwrap();
                     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).unwrap();
-                    mount_bpffs(&dir.0).unwrap();
-                    assert!(is_bpffs(&dir.0));
-                    let mode = fs::metadata(&dir.0).unwrap().permissions().mode() & 0o7777;
-                    nix::mount::umount(&dir.0).unwrap();
+                    mount_bpffs(dir.path()).unwrap();
+                    assert!(is_bpffs(dir.path()));
+                    let mode = fs::metadata(dir.path()).unwrap().permissions().mode() & 0o7777;
+                    nix::mount::umount(dir.path()).unwrap();
                     mode
                 })
                 .join()

@@ -134,30 +134,6 @@ fn setup(mode: Mode) -> Option<(Topology, SockWatch)> {
     Some((topology, watch))
 }
 
-/// One test per watcher mode, each running `$name(mode)`.
-macro_rules! in_every_mode {
-    ($name:ident) => {
-        mod $name {
-            use spillway::ports::Mode;
-
-            #[test]
-            fn btf() {
-                super::$name(Mode::Btf);
-            }
-
-            #[test]
-            fn tracepoint() {
-                super::$name(Mode::Tracepoint);
-            }
-
-            #[test]
-            fn sock_diag() {
-                super::$name(Mode::SockDiag);
-            }
-        }
-    };
-}
-
 /// That `report` says `part` is not watched.
 fn assert_not_watched(report: &PortsReport, part: &str) {
     let watcher = report.watcher.as_ref().expect("every report says how it was watched");
@@ -269,7 +245,7 @@ fn exhaustion_is_seen_per_destination_with_failing_process(mode: Mode) {
     assert_eq!(c.active, open.len() as i64);
     drop(open);
 }
-in_every_mode!(exhaustion_is_seen_per_destination_with_failing_process);
+spillway_harness::in_every_watcher_mode!(exhaustion_is_seen_per_destination_with_failing_process);
 
 /// A connect to `dst` (which never answers) ended by a reset from the path: the SYN is
 /// caught on the client's interface and a RST acknowledging it is sent to the client, from
@@ -354,7 +330,7 @@ fn failed_connects_that_had_a_port_are_not_exhaustion(mode: Mode) {
         }
     }
 }
-in_every_mode!(failed_connects_that_had_a_port_are_not_exhaustion);
+spillway_harness::in_every_watcher_mode!(failed_connects_that_had_a_port_are_not_exhaustion);
 
 fn ten_thousand_cycles_return_to_baseline(mode: Mode) {
     let Some((topology, mut watch)) = setup(mode) else { return };
@@ -425,7 +401,7 @@ fn ten_thousand_cycles_return_to_baseline(mode: Mode) {
     assert_eq!(c.active, 0);
     drop(server);
 }
-in_every_mode!(ten_thousand_cycles_return_to_baseline);
+spillway_harness::in_every_watcher_mode!(ten_thousand_cycles_return_to_baseline);
 
 fn set_linger_zero(stream: &TcpStream) {
     let linger = libc::linger { l_onoff: 1, l_linger: 0 };
@@ -544,7 +520,7 @@ fn leaking_process_is_named_as_a_leak_suspect(mode: Mode) {
     let gone = eventually(Duration::from_secs(3), || ours(&watch.report(thresholds).expect("report")).is_empty());
     assert!(gone, "suspects left after the leaky server exited");
 }
-in_every_mode!(leaking_process_is_named_as_a_leak_suspect);
+spillway_harness::in_every_watcher_mode!(leaking_process_is_named_as_a_leak_suspect);
 
 /// A UDP socket of the calling thread's namespace, not bound. Close-on-exec, or processes
 /// other tests spawn meanwhile would hold it open.
@@ -644,7 +620,7 @@ fn udp_sockets_on_ephemeral_ports_are_counted_per_destination(mode: Mode) {
     assert!(back, "after closing: (connected, unconnected, other namespace) = {last:?}");
     assert_eq!(ss_udp(client, dst, 0), 0);
 }
-in_every_mode!(udp_sockets_on_ephemeral_ports_are_counted_per_destination);
+spillway_harness::in_every_watcher_mode!(udp_sockets_on_ephemeral_ports_are_counted_per_destination);
 
 fn bind_and_udp_autobind_failures_are_counted_per_process(mode: Mode) {
     let Some((topology, mut watch)) = setup(mode) else { return };
@@ -732,7 +708,7 @@ fn bind_and_udp_autobind_failures_are_counted_per_process(mode: Mode) {
     assert_eq!(report.dropped.pending_table_full, 0);
     drop(held);
 }
-in_every_mode!(bind_and_udp_autobind_failures_are_counted_per_process);
+spillway_harness::in_every_watcher_mode!(bind_and_udp_autobind_failures_are_counted_per_process);
 
 fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     // The agents load the watcher themselves; this says whether the kernel allows the mode.
@@ -812,4 +788,4 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     assert_eq!(report.watcher.as_ref().map(|w| w.mode), Some(mode), "the report says how it was watched");
     assert!(agent.log().contains(&format!("event=sockwatch_mode mode={mode}")), "the mode is logged: {}", agent.log());
 }
-in_every_mode!(the_agent_serves_its_hosts_port_report_read_only);
+spillway_harness::in_every_watcher_mode!(the_agent_serves_its_hosts_port_report_read_only);

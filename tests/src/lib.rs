@@ -60,3 +60,29 @@ pub use raw::{Capture, send_frames, send_ip_packet};
 pub use stream::{CheckReport, Stream, StreamChecker};
 pub use topology::{Topology, TopologyConfig};
 pub use traffic::{Tally, run_connections, tcp_ask, udp_ask};
+
+/// One test per port-watcher mode (btf, tracepoint, sock_diag), each running `$name(mode)`
+/// with the loader's `spillway::ports::Mode` (resolved where the macro is used).
+#[macro_export]
+macro_rules! in_every_watcher_mode {
+    ($name:ident) => {
+        mod $name {
+            use spillway::ports::Mode;
+
+            #[test]
+            fn btf() {
+                super::$name(Mode::Btf);
+            }
+
+            #[test]
+            fn tracepoint() {
+                super::$name(Mode::Tracepoint);
+            }
+
+            #[test]
+            fn sock_diag() {
+                super::$name(Mode::SockDiag);
+            }
+        }
+    };
+}

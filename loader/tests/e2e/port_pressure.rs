@@ -96,24 +96,7 @@ fn a_backend_short_of_ports_loses_share_and_gets_it_back(mode: Mode) {
     assert!(restored[0] > 0.2, "b1 gets its share back: {restored:.2?}");
 }
 
-mod a_backend_short_of_ports_loses_share_and_gets_it_back {
-    use spillway::ports::Mode;
-
-    #[test]
-    fn btf() {
-        super::a_backend_short_of_ports_loses_share_and_gets_it_back(Mode::Btf);
-    }
-
-    #[test]
-    fn tracepoint() {
-        super::a_backend_short_of_ports_loses_share_and_gets_it_back(Mode::Tracepoint);
-    }
-
-    #[test]
-    fn sock_diag() {
-        super::a_backend_short_of_ports_loses_share_and_gets_it_back(Mode::SockDiag);
-    }
-}
+spillway_harness::in_every_watcher_mode!(a_backend_short_of_ports_loses_share_and_gets_it_back);
 
 /// The seed's cascade, replayed: a dependency every backend's application calls goes down
 /// for 30 s while clients keep connecting (refused on its closed port, and timed out or
@@ -226,24 +209,7 @@ fn a_dead_dependency_costs_no_backend_its_share(mode: Mode) {
     drop(dependency);
 }
 
-mod a_dead_dependency_costs_no_backend_its_share {
-    use spillway::ports::Mode;
-
-    #[test]
-    fn btf() {
-        super::a_dead_dependency_costs_no_backend_its_share(Mode::Btf);
-    }
-
-    #[test]
-    fn tracepoint() {
-        super::a_dead_dependency_costs_no_backend_its_share(Mode::Tracepoint);
-    }
-
-    #[test]
-    fn sock_diag() {
-        super::a_dead_dependency_costs_no_backend_its_share(Mode::SockDiag);
-    }
-}
+spillway_harness::in_every_watcher_mode!(a_dead_dependency_costs_no_backend_its_share);
 
 /// Health probes that fail are no port failures of the balancer: probes refused by a
 /// backend whose service died and probes timing out towards one that answers nothing leave
@@ -283,24 +249,7 @@ fn failed_probes_are_not_port_failures(mode: Mode) {
     assert!(list["alerts"].as_array().is_none_or(Vec::is_empty), "no local alert: {list}");
 }
 
-mod failed_probes_are_not_port_failures {
-    use spillway::ports::Mode;
-
-    #[test]
-    fn btf() {
-        super::failed_probes_are_not_port_failures(Mode::Btf);
-    }
-
-    #[test]
-    fn tracepoint() {
-        super::failed_probes_are_not_port_failures(Mode::Tracepoint);
-    }
-
-    #[test]
-    fn sock_diag() {
-        super::failed_probes_are_not_port_failures(Mode::SockDiag);
-    }
-}
+spillway_harness::in_every_watcher_mode!(failed_probes_are_not_port_failures);
 
 #[test]
 fn a_balancer_short_of_ports_marks_nobody_unhealthy_and_alerts() {
