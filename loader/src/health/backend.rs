@@ -437,7 +437,8 @@ impl Backend {
     }
 
     /// Operator weight from the desired state: 0 drains, a weight after a drain restarts
-    /// with slow start (it had no new flows).
+    /// with slow start (it had no new flows). A backend that failed while drained stays
+    /// failed for the reason it failed (`vip_path_failed` says more than `operator_undrain`).
     pub fn set_configured_weight(&mut self, weight: u32, now_ms: u64) {
         self.configured_weight = weight;
         match (weight, self.drain) {
@@ -446,9 +447,6 @@ impl Backend {
                 self.drain = None;
                 if self.health.is_serving() {
                     self.set(Health::SlowStart, Reason::OperatorUndrain, now_ms);
-                } else {
-                    self.reason = Reason::OperatorUndrain;
-                    self.since_ms = now_ms;
                 }
             }
             _ => {}

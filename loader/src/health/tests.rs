@@ -180,6 +180,21 @@ fn a_broken_vip_path_is_a_failure_named_as_such_under_the_same_cap_and_panic() {
 }
 
 #[test]
+fn a_drain_and_undrain_keep_a_failed_backends_diagnosis() {
+    let (mut t, mut now) = settled(3, HealthConfig::default());
+    run(&mut t, &mut now, &["v++", "v++"]);
+    let failed_at = t.backends(now)[0].since_ms;
+    t.sync([(be(1), 0), (be(2), 100), (be(3), 100)], now);
+    assert!(matches!(t.backends(now)[0].reason, Reason::OperatorDrain));
+    run(&mut t, &mut now, &["v++"]);
+    t.sync([(be(1), 100), (be(2), 100), (be(3), 100)], now);
+    let b1 = &t.backends(now)[0];
+    assert_eq!(b1.state, State::Unhealthy);
+    assert!(matches!(b1.reason, Reason::VipPathFailed { .. }), "the diagnosis is kept: {:?}", b1.reason);
+    assert_eq!(b1.since_ms, failed_at, "failed since it failed, not since the undrain");
+}
+
+#[test]
 fn recovery_ramps_linearly_to_exactly_the_configured_weight() {
     let (mut t, mut now) = settled(3, HealthConfig::default());
     run(&mut t, &mut now, &["-++", "-++", "+++", "+++"]);
