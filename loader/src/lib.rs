@@ -25,6 +25,7 @@ pub mod probe;
 pub mod reconcile;
 pub mod rtnl;
 pub mod store;
+pub mod tx_drops;
 pub mod vip_path;
 
 #[cfg(test)]

@@ -36,6 +36,10 @@ const FIB_RULE_HDR_LEN: usize = 12;
 const IFF_UP: u32 = 0x1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
+const IFLA_STATS64: u16 = 23;
+/// `struct rtnl_link_stats64`: rx/tx packets, rx/tx bytes, rx/tx errors, rx_dropped, then
+/// tx_dropped.
+const STATS64_TX_DROPPED: usize = 7 * 8;
 const IFLA_INFO_KIND: u16 = 1;
 const IFLA_AF_SPEC: u16 = 26;
 const IFLA_INET6_ADDR_GEN_MODE: u16 = 8;
@@ -120,6 +124,9 @@ pub struct Link {
     /// The driver kind (`ifb`, `veth`, ...); `None` for devices without one (physical NICs).
     pub kind: Option<String>,
     pub up: bool,
+    /// Frames the device dropped on the way out (`tx_dropped`; on a veth, also frames
+    /// XDP_TX or a redirect could not hand to its peer).
+    pub tx_dropped: Option<u64>,
 }
 
 /// What a route lookup answered.
@@ -370,7 +377,10 @@ fn parse_link(body: &[u8]) -> Option<Link> {
         let name = name.strip_suffix(&[0]).unwrap_or(name);
         String::from_utf8_lossy(name).into_owned()
     });
-    Some(Link { ifindex, kind, up })
+    let tx_dropped = attrs(body.get(IFINFOMSG_LEN..)?)
+        .find(|(kind, _)| *kind == IFLA_STATS64)
+        .and_then(|(_, stats)| Some(u64::from_ne_bytes(stats.get(STATS64_TX_DROPPED..STATS64_TX_DROPPED + 8)?.try_into().ok()?)));
+    Some(Link { ifindex, kind, up, tx_dropped })
 }
 
 fn parse_route(body: &[u8]) -> Option<Route> {

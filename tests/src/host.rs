@@ -44,8 +44,9 @@ pub struct Host {
     netns: Netns,
     ipv4: Ipv4Addr,
     ipv6: Ipv6Addr,
-    /// Keeps `XDP_PASS` attached to the bridge-side peer (see [`xdp_pass`]).
-    _peer_xdp: OwnedFd,
+    /// Keeps `XDP_PASS` attached to the bridge-side peer (see [`xdp_pass`]) until
+    /// [`Host::detach_peer_xdp`].
+    peer_xdp: std::sync::Mutex<Option<OwnedFd>>,
 }
 
 impl Host {
@@ -56,9 +57,15 @@ impl Host {
         let name = &spec.name;
         let netns = Netns::create(name, format!("{ns_prefix}-{name}"), registry)?;
         let peer_xdp = wire(&netns, spec.role, bridge).with_context(|| format!("wiring host {name}"))?;
-        let host = Host { netns, ipv4: spec.ipv4, ipv6: spec.ipv6, _peer_xdp: peer_xdp };
+        let host = Host { netns, ipv4: spec.ipv4, ipv6: spec.ipv6, peer_xdp: std::sync::Mutex::new(Some(peer_xdp)) };
         host.configure(spec.role).with_context(|| format!("setting up host {name}"))?;
         Ok(host)
+    }
+
+    /// Removes the `XDP_PASS` program from the bridge-side peer of `eth0`: frames this host
+    /// sends with XDP_TX are then dropped by the veth, as on a misconfigured host.
+    pub fn detach_peer_xdp(&self) {
+        drop(self.peer_xdp.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 
     /// The short name: `lb`, `c1`, `b3`...

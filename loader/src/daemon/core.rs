@@ -154,6 +154,8 @@ pub struct Core<M, S> {
     /// The balancer interface's forwarding sysctls found at 0 since the last check (VIP
     /// packets are then dropped as `drop_forwarding_disabled`), e.g. `net.ipv4.conf.eth0.forwarding = 0`.
     forwarding_off: Option<String>,
+    /// The alert about frames dropped on the way out of the interface, while it lasts.
+    tx_drops: Option<String>,
     /// `lbd`'s own counters (metrics, `lbctl top`).
     telemetry: Telemetry,
     info: DaemonInfo,
@@ -230,6 +232,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             health,
             ports: PortsBook::default(),
             forwarding_off: None,
+            tx_drops: None,
             telemetry,
             info: DaemonInfo::default(),
             announcements: None,
@@ -257,6 +260,17 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
 
     /// Records whether the balancer's interface forwards: `off` names the forwarding
     /// sysctls at 0 (`None`: all on). Logged when it changes; shown as an alert meanwhile.
+    /// The TX-drop alert in force (`None`: no drops lately); logged when it starts and ends.
+    pub fn set_tx_drops(&mut self, alert: Option<String>) {
+        if alert.is_some() != self.tx_drops.is_some() {
+            match &alert {
+                Some(alert) => crate::event!(error, "tx_drops", message = alert),
+                None => crate::event!(info, "tx_drops_ended"),
+            }
+        }
+        self.tx_drops = alert;
+    }
+
     pub fn set_forwarding_off(&mut self, off: Option<String>) {
         if off == self.forwarding_off {
             return;

@@ -134,6 +134,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let program_tag = balancer.program()?.info().map(|i| format!("{:016x}", i.tag())).unwrap_or_default();
     let mode = args.xdp_mode.label();
     let started = std::time::Instant::now();
+    warn_of_veth_tx(iface, args.xdp_mode);
     let attachment = match pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link)? {
         Attachment::Attached => {
             event!(info, "attached", iface = iface, mode = mode, link = link.display(), program_tag = program_tag);
@@ -228,7 +229,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let _metrics = metrics::start(args.metrics_listen, core.clone()).await;
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
-    let forwarding_watch = tokio::spawn(forwarding_watch(core.clone(), iface.to_owned()));
+    let interface_watch = tokio::spawn(interface_watch(core.clone(), iface.to_owned()));
     let prober = vip_path.map(|path| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed(), Arc::new(path))));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
     let announcer = announce_config(args).map(|config| {
@@ -246,7 +247,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     })
     .await;
     upkeep.abort();
-    forwarding_watch.abort();
+    interface_watch.abort();
     if let Some(logs) = ebpf_logs {
         logs.abort();
     }
@@ -299,31 +300,66 @@ fn check_forwarding(iface: &str, enable: bool) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// How often the interface's forwarding sysctls are re-read once running.
-const FORWARDING_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+/// Native XDP on a veth sends nothing unless the peer runs an XDP program, which this side
+/// cannot see: said at start (the TX-drop alert says it again if frames are lost).
+fn warn_of_veth_tx(iface: &str, mode: args::XdpModeArg) {
+    let kind = crate::rtnl::Rtnl::open().and_then(|mut r| r.link(iface)).ok().flatten().and_then(|l| l.kind);
+    if mode == args::XdpModeArg::Native && kind.as_deref() == Some("veth") {
+        event!(warn, "xdp_tx_on_veth", iface = iface, message = crate::tx_drops::advice(Some("veth")));
+    }
+}
 
-/// Keeps the core told whether `iface` still forwards (an alert in `lbctl` and one log line
-/// per change when it stops).
-async fn forwarding_watch<M, S>(core: SharedCore<M, S>, iface: String)
+/// How often the interface's forwarding sysctls and TX drops are re-read once running.
+const INTERFACE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Keeps the core told whether `iface` still forwards and whether frames are dropped on
+/// the way out of it (an alert in `lbctl` and one log line per change for each).
+async fn interface_watch<M, S>(core: SharedCore<M, S>, iface: String)
 where
     M: Maps + Counters + Send + 'static,
     S: Store + Send + 'static,
 {
-    let mut tick = tokio::time::interval(FORWARDING_CHECK);
+    let mut tick = tokio::time::interval(INTERFACE_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut drops = crate::tx_drops::TxDrops::default();
     loop {
         tick.tick().await;
         let off = match forwarding::disabled(&iface) {
-            Ok(off) if off.is_empty() => None,
-            Ok(off) => Some(forwarding::describe(&off)),
+            Ok(off) if off.is_empty() => Some(None),
+            Ok(off) => Some(Some(forwarding::describe(&off))),
             Err(e) => {
                 event!(warn, "forwarding_check_failed", iface = iface, error = error_chain(&e));
-                continue;
+                None
+            }
+        };
+        let name = iface.clone();
+        let link = tokio::task::spawn_blocking(move || crate::rtnl::Rtnl::open().and_then(|mut r| r.link(&name))).await;
+        let tx_alert = match link {
+            Ok(Ok(Some(link))) => link
+                .tx_dropped
+                .map(|n| drops.observe(n, std::time::Instant::now()).map(|n| crate::tx_drops::alert(&iface, n, link.kind.as_deref()))),
+            Ok(Ok(None)) => None,
+            Ok(Err(e)) => {
+                event!(warn, "tx_drops_check_failed", iface = iface, error = error_chain(&e));
+                None
+            }
+            Err(e) => {
+                event!(warn, "tx_drops_check_failed", iface = iface, error = e);
+                None
             }
         };
         let core = core.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || server::lock(&core).set_forwarding_off(off)).await {
-            event!(warn, "forwarding_check_failed", iface = iface, error = e);
+        let update = move || {
+            let mut core = server::lock(&core);
+            if let Some(off) = off {
+                core.set_forwarding_off(off);
+            }
+            if let Some(alert) = tx_alert {
+                core.set_tx_drops(alert);
+            }
+        };
+        if let Err(e) = tokio::task::spawn_blocking(update).await {
+            event!(warn, "interface_check_failed", iface = iface, error = e);
         }
     }
 }

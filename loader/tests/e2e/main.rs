@@ -15,6 +15,7 @@ mod overload;
 mod port_pressure;
 mod reachability;
 mod support;
+mod tx_drops;
 mod vip_path;
 
 /// Runs scenario `$name(mode)` once per XDP mode.

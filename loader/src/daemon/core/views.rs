@@ -30,6 +30,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                  is dropped (drop_forwarding_disabled in lbctl stats); set it back to 1"
             ));
         }
+        alerts.extend(self.tx_drops.clone());
         if let Some(announced) = &self.announcements {
             if let Some(error) = &announced.bird_error {
                 alerts.push(format!("ALERT: BIRD: {error}"));
