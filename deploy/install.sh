@@ -6,15 +6,17 @@
 # real host". `lbd --cleanup` removes what lbd put in the kernel; the files are the ones
 # listed at the end.
 #
-#   deploy/install.sh --bin-dir DIR [--prefix /usr/local] [--sysconfdir /etc]
+#   deploy/install.sh --bin-dir DIR [--prefix /usr/local] [--sysconfdir PREFIX/etc]
 #                     [--unitdir PREFIX/lib/systemd/system] [--destdir STAGING]
 #
 # --destdir (or $DESTDIR) stages the files under STAGING while they name their final
-# places (for packaging); --prefix alone installs into PREFIX, e.g. a test's directory.
+# places (for packaging); --prefix alone installs everything into PREFIX, e.g. a test's
+# directory: the configuration in PREFIX/etc/spillway, and the unit pointing there. Only
+# the system prefixes (none given, /usr/local, /usr) keep it in /etc/spillway.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 
-prefix=/usr/local sysconfdir=/etc unitdir= bindir_src= destdir=${DESTDIR:-}
+prefix=/usr/local sysconfdir= unitdir= bindir_src= destdir=${DESTDIR:-}
 while (($#)); do
     case "$1" in
         --prefix) prefix=$2; shift 2 ;;
@@ -22,10 +24,14 @@ while (($#)); do
         --unitdir) unitdir=$2; shift 2 ;;
         --destdir) destdir=$2; shift 2 ;;
         --bin-dir) bindir_src=$2; shift 2 ;;
-        *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+        *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 done
 [[ -n $bindir_src && -x $bindir_src/lbd && -x $bindir_src/lbctl ]] || { echo "install: --bin-dir must hold lbd and lbctl" >&2; exit 2; }
+case $prefix in
+    /usr/local | /usr) sysconfdir=${sysconfdir:-/etc} ;;
+    *) sysconfdir=${sysconfdir:-$prefix/etc} ;;
+esac
 unitdir=${unitdir:-$prefix/lib/systemd/system}
 bindir=$prefix/bin mandir=$prefix/share/man/man8 docdir=$prefix/share/doc/spillway
 installed=()
@@ -73,8 +79,9 @@ done
 printf 'installed %s\n' "${installed[@]}"
 cat <<NEXT
 
-Next: edit $sysconfdir/spillway/spillway.toml (iface, then your VIPs: lbctl diff -f checks it
-against a running lbd), then
+Next: edit $sysconfdir/spillway/spillway.toml (iface, then your VIPs), check it with
+  lbd check -f $sysconfdir/spillway/spillway.toml
+(lbctl diff -f shows what it changes in a running lbd), then
   systemctl daemon-reload && systemctl enable --now spillway          # balancer
   systemctl daemon-reload && systemctl enable --now spillway-agent    # backends
 NEXT

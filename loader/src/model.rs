@@ -20,6 +20,7 @@ use spillway_common::{
 };
 
 mod backend;
+pub mod host;
 
 pub use backend::{Backend, BackendOptions, MAX_ZONE_LEN, VipHealth, check_zone};
 
@@ -173,11 +174,15 @@ pub struct VipConfig {
     /// Health-check settings; `lbd`'s defaults when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<VipHealth>,
+    /// The VIP is on an address of the balancer itself, on purpose (`lbctl vips add
+    /// --force`): see `host::Host::check`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_local_address: bool,
 }
 
 impl Default for VipConfig {
     fn default() -> Self {
-        Self { ring_size: DEFAULT_RING_SIZE, backends: BTreeMap::new(), limits: None, health: None }
+        Self { ring_size: DEFAULT_RING_SIZE, backends: BTreeMap::new(), limits: None, health: None, allow_local_address: false }
     }
 }
 
@@ -216,6 +221,12 @@ impl DesiredState {
         let config = self.vips.remove(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
         self.rules.retain(|rule, _| rule.vip != Some(*vip));
         Ok(config)
+    }
+
+    /// Whether the VIP may be on an address of the balancer itself (see `host::Host::check`).
+    pub fn allow_local_address(&mut self, vip: &Vip, allow: bool) -> Result<(), ModelError> {
+        self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?.allow_local_address = allow;
+        Ok(())
     }
 
     pub fn vip(&self, vip: &Vip) -> Result<&VipConfig, ModelError> {

@@ -119,7 +119,9 @@ impl Env {
         let path = |p: PathBuf| p.to_str().unwrap().to_owned();
         // The backends here are addresses nobody answers on: health checks (tested end to end
         // elsewhere) would only make the listings change over time.
-        let mut args: Vec<String> = ["--iface", "veth0", "--xdp-mode", "generic", "--no-health-checks"].map(String::from).into();
+        // veth0 has no IPv6 address: the IPv6 backends need an outer source of their family.
+        let mut args: Vec<String> =
+            ["--iface", "veth0", "--xdp-mode", "generic", "--no-health-checks", "--outer-src6", "fd00:99::1"].map(String::from).into();
         args.extend(["--api".into(), path(self.socket()), "--state-dir".into(), path(self.tmp.join("state"))]);
         args.extend(["--pin-dir".into(), path(self.pin_dir.clone())]);
         args
@@ -290,7 +292,10 @@ fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
     assert_eq!(backends_of(&env.json(&["backends", "list", "--vip", V4]))[1], b("10.99.0.3", 20, "active"));
     env.ok(&["backends", "drain", "--vip", V4, "10.99.0.3"]);
     env.ok(&["backends", "remove", "--vip", V4, "10.99.0.2"]);
-    env.ok(&["vips", "remove", V6]);
+    // A VIP that still has a backend goes only with --force, and the refusal says so.
+    let err = env.refused(&["vips", "remove", V6]);
+    assert!(err.contains("has 1 backends and 0 connections") && err.contains("--force"), "{err}");
+    env.ok(&["vips", "remove", V6, "--force"]);
     assert_eq!(backends_of(&env.json(&["backends", "list", "--vip", V4])), [b("10.99.0.3", 0, "draining")]);
     assert_eq!(env.json(&["vips", "list"])["vips"].as_array().unwrap().len(), 1);
 

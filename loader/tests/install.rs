@@ -47,7 +47,9 @@ fn installs_into_a_prefix_and_the_units_verify() {
     let dir = Dir::new("install");
     let prefix = dir.0.to_str().unwrap();
     let etc = format!("{prefix}/etc");
-    install(&["--prefix", prefix, "--sysconfdir", &etc]);
+    // --prefix alone: everything in the prefix, the configuration too.
+    let out = install(&["--prefix", prefix]);
+    assert!(!text(&out).contains("installed /etc/"), "{}", text(&out));
     let p = |rel: &str| dir.0.join(rel);
     for (file, mode) in [
         ("bin/lbd", 0o755),
@@ -65,6 +67,7 @@ fn installs_into_a_prefix_and_the_units_verify() {
         ("share/man/man8/lbd-agent.8", 0o644),
         ("share/man/man8/lbctl.8", 0o644),
         ("share/man/man8/lbctl-apply.8", 0o644),
+        ("share/man/man8/lbd-check.8", 0o644),
     ] {
         let meta = fs::metadata(p(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert_eq!(meta.permissions().mode() & 0o777, mode, "{file}");
@@ -74,6 +77,12 @@ fn installs_into_a_prefix_and_the_units_verify() {
     // they are: no warning at all.
     let unit = fs::read_to_string(p("lib/systemd/system/spillway.service")).unwrap();
     assert!(unit.contains(&format!("ExecStart={prefix}/bin/lbd --config {etc}/spillway/spillway.toml")), "{unit}");
+    // The file is checked before every start and reload, and a reload only signals after it passed.
+    let check = format!("{prefix}/bin/lbd check -f {etc}/spillway/spillway.toml");
+    assert!(unit.contains(&format!("\nExecStartPre={check}\n")), "{unit}");
+    assert!(unit.contains(&format!("\nExecReload={check}\nExecReload=/bin/kill -HUP $MAINPID\n")), "{unit}");
+    let agent = fs::read_to_string(p("lib/systemd/system/spillway-agent.service")).unwrap();
+    assert!(agent.contains(&format!("{etc}/spillway/agent.toml")), "{agent}");
     assert!(!unit.contains('@'), "an unfilled placeholder:\n{unit}");
     let units = [p("lib/systemd/system/spillway.service"), p("lib/systemd/system/spillway-agent.service")];
     let verify = Command::new("systemd-analyze").arg("verify").args(&units).env("MANPATH", p("share/man")).output().unwrap();
@@ -100,7 +109,7 @@ fn installs_into_a_prefix_and_the_units_verify() {
 
     // Installing again keeps the operator's configuration.
     fs::write(p("etc/spillway/spillway.toml"), "vips = []\n").unwrap();
-    let again = install(&["--prefix", prefix, "--sysconfdir", &etc]);
+    let again = install(&["--prefix", prefix]);
     assert!(text(&again).contains(&format!("kept {etc}/spillway/spillway.toml")), "{}", text(&again));
     assert_eq!(fs::read_to_string(p("etc/spillway/spillway.toml")).unwrap(), "vips = []\n");
 }
@@ -114,4 +123,21 @@ fn stages_under_a_destdir_with_the_final_paths() {
     assert!(unit.contains("ExecStart=/usr/local/bin/lbd --config /etc/spillway/spillway.toml"), "{unit}");
     assert!(dir.0.join("usr/local/bin/lbctl").exists() && dir.0.join("etc/spillway/spillway.toml").exists());
     assert!(dir.0.join("usr/local/share/man/man8/lbctl-status.8").exists());
+}
+
+#[test]
+fn sysconfdir_wins_over_the_prefix_and_system_prefixes_keep_etc() {
+    let dir = Dir::new("install-sysconfdir");
+    let root = dir.0.to_str().unwrap();
+    let (prefix, etc) = (format!("{root}/opt"), format!("{root}/conf"));
+    install(&["--prefix", &prefix, "--sysconfdir", &etc]);
+    let unit = fs::read_to_string(dir.0.join("opt/lib/systemd/system/spillway.service")).unwrap();
+    assert!(unit.contains(&format!("ExecStart={prefix}/bin/lbd --config {etc}/spillway/spillway.toml")), "{unit}");
+    assert!(dir.0.join("conf/spillway/spillway.toml").exists() && !dir.0.join("opt/etc").exists());
+    // A package's /usr keeps the configuration in /etc (staged here under the destdir).
+    let staged = dir.0.join("pkg");
+    install(&["--prefix", "/usr", "--destdir", staged.to_str().unwrap()]);
+    let unit = fs::read_to_string(staged.join("usr/lib/systemd/system/spillway.service")).unwrap();
+    assert!(unit.contains("ExecStart=/usr/bin/lbd --config /etc/spillway/spillway.toml"), "{unit}");
+    assert!(staged.join("etc/spillway/spillway.toml").exists());
 }

@@ -41,13 +41,20 @@ pub const MAX_REQUEST_BYTES: usize = 2 * crate::config::MAX_CONFIG_BYTES + 64 * 
 pub enum Request {
     ListVips,
     /// `ring_size` defaults to `limits::DEFAULT_RING_SIZE`.
+    /// `force`: also on an address of the balancer itself (kept as the VIP's
+    /// `allow_local_address`).
     AddVip {
         vip: Vip,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         ring_size: Option<u32>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
+    /// A VIP that has backends is removed only with `force` (its connections break).
     RemoveVip {
         vip: Vip,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     ListBackends {
         vip: Vip,
@@ -72,12 +79,15 @@ pub enum Request {
         backend: IpAddr,
     },
     /// Weight 0: the backend keeps its flows but gets no new ones; with `deadline_s` it is
-    /// removed that many seconds later.
+    /// removed that many seconds later. The VIP's last active backend is drained only with
+    /// `force` (new flows would have nowhere to go).
     DrainBackend {
         vip: Vip,
         backend: IpAddr,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         deadline_s: Option<u64>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     /// Changes a VIP's health checks: the probe, its path, and policy fields by name (see
     /// `health::HealthConfig`), over the VIP's current settings (or `lbd`'s defaults).

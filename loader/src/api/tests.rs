@@ -17,9 +17,12 @@ fn ip(s: &str) -> IpAddr {
 fn requests_have_stable_names() {
     let cases = [
         (Request::ListVips, json!({"op": "list_vips"})),
-        (Request::AddVip { vip: vip(), ring_size: None }, json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp"})),
-        (Request::AddVip { vip: vip(), ring_size: Some(251) }, json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp", "ring_size": 251})),
-        (Request::RemoveVip { vip: vip() }, json!({"op": "remove_vip", "vip": "10.0.0.1:80/tcp"})),
+        (Request::AddVip { vip: vip(), ring_size: None, force: false }, json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp"})),
+        (
+            Request::AddVip { vip: vip(), ring_size: Some(251), force: false },
+            json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp", "ring_size": 251}),
+        ),
+        (Request::RemoveVip { vip: vip(), force: false }, json!({"op": "remove_vip", "vip": "10.0.0.1:80/tcp"})),
         (Request::ListBackends { vip: vip() }, json!({"op": "list_backends", "vip": "10.0.0.1:80/tcp"})),
         (
             Request::AddBackend { vip: vip(), backend: ip("fd00::1"), weight: Some(5), options: Default::default() },
@@ -34,7 +37,7 @@ fn requests_have_stable_names() {
             json!({"op": "remove_backend", "vip": "10.0.0.1:80/tcp", "backend": "10.0.1.1"}),
         ),
         (
-            Request::DrainBackend { vip: vip(), backend: ip("10.0.1.1"), deadline_s: None },
+            Request::DrainBackend { vip: vip(), backend: ip("10.0.1.1"), deadline_s: None, force: false },
             json!({"op": "drain_backend", "vip": "10.0.0.1:80/tcp", "backend": "10.0.1.1"}),
         ),
         (

@@ -10,6 +10,7 @@ fn main() -> ExitCode {
     match cli::run(&cli, &mut io::stdout().lock()) {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
         Ok(Outcome::Differs) => ExitCode::from(1),
+        Ok(Outcome::Refused) => ExitCode::from(3),
         Err(e) => {
             eprintln!("lbctl: {:#}", anyhow::Error::new(e));
             // diff(1)'s convention: 1 means "differs", so trouble is 2.

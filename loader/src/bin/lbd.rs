@@ -42,6 +42,11 @@ async fn run(Resolved { args, config, settings }: Resolved) -> anyhow::Result<()
             let iface = agent.iface.clone().context("--iface is required (on the command line or as iface in [agent])")?;
             agent::run(&agent, &iface).await.context("lbd agent")
         }
+        Some(LbdCommand::Check(c)) => {
+            let checked = daemon::check::check(&c.file).context("lbd check")?;
+            println!("{}: valid ({} VIPs, {} backends, {} rules)", c.file.display(), checked.vips, checked.backends, checked.rules);
+            Ok(())
+        }
         Some(LbdCommand::Completions(c)) => {
             docs::completions(LbdArgs::command(), c.shell, &mut io::stdout().lock());
             Ok(())

@@ -48,8 +48,18 @@ Examples:
   lbctl diff -f spillway.toml -o json
 
 Checks the file as lbctl apply would and prints what applying it would change; changes
-nothing. Exit status: 0 when it would change nothing, 1 when it would, 2 when the file
-(or the request) is refused. Output: as lbctl apply (see lbctl apply --help).";
+nothing. A change apply would refuse as it is (removing a VIP that still has backends,
+without --allow-vip-removal) is shown marked (refused: why). Settings of [lbd] that
+differ from the running ones are differences too: they take effect at the next start
+of lbd. To check a file without a running lbd: lbd check -f FILE.
+
+Exit status:
+  0  no differences
+  1  differences, all of which apply would make
+  2  the file (or the request) is refused: invalid, or lbd unreachable
+  3  differences, some of which apply would refuse (marked refused)
+Output: as lbctl apply (see lbctl apply --help); in JSON a refused change has
+\"refused\":\"why\".";
 
 pub const EXPORT_HELP: &str = "\
 Examples:
@@ -106,17 +116,26 @@ impl FileArg {
     }
 }
 
-/// The changes, one per line, the notes, then what was done.
+/// The changes, one per line, the settings that differ (`~ lbd.KEY: ...`), then what was
+/// done.
 pub fn applied_text(applied: &Applied) -> String {
     let mut out: String = applied.changes.iter().map(|c| format!("{c}\n")).collect();
     for note in &applied.notes {
-        out.push_str(&format!("note: {note}\n"));
+        out.push_str(&format!("~ {note}\n"));
     }
-    let summary = match (applied.applied, applied.changes.len()) {
-        (_, 0) => "no changes".to_owned(),
+    let refused = applied.changes.iter().filter(|c| c.refused.is_some()).count();
+    let mut summary = match (applied.applied, applied.changes.len()) {
+        (_, 0) if applied.notes.is_empty() => "no changes".to_owned(),
+        (_, 0) => "no changes to the desired state".to_owned(),
+        (false, n) if refused > 0 => {
+            format!("{n} changes, {refused} of which apply would refuse (marked refused; nothing was changed)")
+        }
         (false, n) => format!("{n} changes would be applied (nothing was changed)"),
         (true, n) => format!("applied {n} changes (slots_written={} tables_flipped={})", applied.slots_written, applied.tables_flipped),
     };
+    if !applied.notes.is_empty() {
+        summary.push_str(&format!("; {} settings of [lbd] differ: they take effect at the next start of lbd", applied.notes.len()));
+    }
     out + &summary + "\n"
 }
 

@@ -48,7 +48,12 @@ const VIPS_ADD_HELP: &str = "\
 Examples:
   lbctl vips add 10.0.0.1:80/tcp
   lbctl vips add 10.0.0.2:0/udp                       # every UDP port of 10.0.0.2
-  lbctl vips add '[fd00::1]:443/tcp' --ring-size 4099";
+  lbctl vips add '[fd00::1]:443/tcp' --ring-size 4099
+  lbctl vips add 10.0.0.2:8080/tcp --force            # an address of the balancer itself
+
+A VIP on an address of the balancer's own interfaces is refused without --force:
+the balancer's own traffic to it (SSH to 10.0.0.2:22, BGP) would go to the VIP's
+backends, or be dropped while it has none.";
 
 const VIPS_LIST_HELP: &str = "\
 Example:
@@ -91,8 +96,13 @@ JSON output (-o json):
   in force (the operator's, or lower when derived from declared capacity).";
 
 const VIPS_REMOVE_HELP: &str = "\
-Example:
-  lbctl vips remove 10.0.0.1:80/tcp";
+Examples:
+  lbctl vips remove 10.0.0.1:80/tcp
+  lbctl vips remove 10.0.0.1:80/tcp --force           # with its backends
+
+A VIP that still has backends is refused (naming how many backends and
+connections would break), as lbctl apply refuses it without --allow-vip-removal:
+drain and remove the backends first, or give --force.";
 
 const BACKENDS_HELP: &str = "\
 Examples:
@@ -164,7 +174,9 @@ Examples:
 
 Sets the weight to 0: existing connections stay on the backend, new ones go
 elsewhere. With --deadline the backend is removed once it passes (the deadline
-is kept across lbd restarts). Undo with set-weight.";
+is kept across lbd restarts). Undo with set-weight. The VIP's last active
+backend is drained only with --force: there is nowhere else for new flows, and
+new connections to the VIP fail.";
 
 const BACKENDS_SET_WEIGHT_HELP: &str = "\
 Example:
@@ -593,6 +605,10 @@ pub enum VipsCommand {
         /// Maglev table size: a prime from 13 to 65537 [default: 65537].
         #[arg(long, value_name = "PRIME")]
         ring_size: Option<u32>,
+        /// Also on an address of the balancer itself, whose own traffic to that port the VIP
+        /// then takes (kept: allow_local_address in an export).
+        #[arg(long)]
+        force: bool,
     },
     /// List the VIPs.
     #[command(after_help = VIPS_LIST_HELP)]
@@ -602,6 +618,9 @@ pub enum VipsCommand {
     Remove {
         #[arg(value_name = "VIP")]
         vip: Vip,
+        /// Also a VIP that still has backends (their connections break).
+        #[arg(long)]
+        force: bool,
     },
     /// Change how a VIP's backends are health-checked.
     #[command(after_help = VIPS_HEALTH_HELP)]
@@ -656,6 +675,9 @@ pub enum BackendsCommand {
         /// Remove the backend after this long: 90s, 15m, 2h.
         #[arg(long, value_name = "DURATION", value_parser = parse_deadline)]
         deadline: Option<u64>,
+        /// Also the VIP's last active backend (new connections to the VIP then fail).
+        #[arg(long)]
+        force: bool,
     },
     /// Change a backend's weight (also undoes a drain).
     #[command(after_help = BACKENDS_SET_WEIGHT_HELP)]
@@ -711,9 +733,11 @@ impl Command {
     /// fit together are refused.
     pub fn request(&self) -> Result<Option<Request>, CliError> {
         Ok(Some(match self {
-            Command::Vips(VipsCommand::Add { vip, ring_size }) => Request::AddVip { vip: *vip, ring_size: *ring_size },
+            Command::Vips(VipsCommand::Add { vip, ring_size, force }) => {
+                Request::AddVip { vip: *vip, ring_size: *ring_size, force: *force }
+            }
             Command::Vips(VipsCommand::List(_)) => Request::ListVips,
-            Command::Vips(VipsCommand::Remove { vip }) => Request::RemoveVip { vip: *vip },
+            Command::Vips(VipsCommand::Remove { vip, force }) => Request::RemoveVip { vip: *vip, force: *force },
             Command::Vips(VipsCommand::Health { vip, health }) => Request::SetHealth {
                 vip: *vip,
                 probe: health.probe_spec()?,
@@ -729,8 +753,8 @@ impl Command {
             }
             Command::Backends(BackendsCommand::List { vip, .. }) => Request::ListBackends { vip: *vip },
             Command::Backends(BackendsCommand::Remove { target }) => Request::RemoveBackend { vip: target.vip, backend: target.backend },
-            Command::Backends(BackendsCommand::Drain { target, deadline }) => {
-                Request::DrainBackend { vip: target.vip, backend: target.backend, deadline_s: *deadline }
+            Command::Backends(BackendsCommand::Drain { target, deadline, force }) => {
+                Request::DrainBackend { vip: target.vip, backend: target.backend, deadline_s: *deadline, force: *force }
             }
             Command::Backends(BackendsCommand::SetWeight { target, weight }) => {
                 Request::SetWeight { vip: target.vip, backend: target.backend, weight: *weight }
@@ -805,6 +829,8 @@ pub enum Outcome {
     Done,
     /// `lbctl diff` found changes (exit status 1).
     Differs,
+    /// `lbctl diff` found changes that `apply` would refuse as they are (exit status 3).
+    Refused,
 }
 
 /// Sends the command's request to lbd and writes the answer to `out` (`top` repeats it).

@@ -21,7 +21,9 @@ pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<Out
     let text = match (command, reply) {
         (Command::Apply(a), Reply::Applied(applied)) => output(a.output.output, &applied, config_file::applied_text)?,
         (Command::Diff(a), Reply::Applied(applied)) => {
-            if !applied.changes.is_empty() {
+            if applied.changes.iter().any(|c| c.refused.is_some()) {
+                outcome = Outcome::Refused;
+            } else if !applied.changes.is_empty() || !applied.notes.is_empty() {
                 outcome = Outcome::Differs;
             }
             output(a.output.output, &applied, config_file::applied_text)?
@@ -62,7 +64,7 @@ fn output<T: Serialize>(format: Format, value: &T, table: fn(&T) -> String) -> R
 fn done(command: &Command) -> Option<String> {
     let line = match command {
         Command::Vips(VipsCommand::Add { vip, .. }) => format!("added VIP {vip}"),
-        Command::Vips(VipsCommand::Remove { vip }) => format!("removed VIP {vip} and its backends"),
+        Command::Vips(VipsCommand::Remove { vip, .. }) => format!("removed VIP {vip} and its backends"),
         Command::Backends(BackendsCommand::Add { target, weight, .. }) => {
             format!("added backend {} to {} (weight {weight})", target.backend, target.vip)
         }
@@ -72,9 +74,12 @@ fn done(command: &Command) -> Option<String> {
         Command::Vips(VipsCommand::Health { vip, health }) if health.reset => format!("reset the health checks of {vip}"),
         Command::Vips(VipsCommand::Health { vip, .. }) => format!("changed the health checks of {vip}"),
         Command::Backends(BackendsCommand::Remove { target }) => format!("removed backend {} from {}", target.backend, target.vip),
-        Command::Backends(BackendsCommand::Drain { target, deadline }) => {
+        Command::Backends(BackendsCommand::Drain { target, deadline, force }) => {
             let removal = deadline.map_or_else(String::new, |s| format!("; removed in {s} s"));
-            format!("draining backend {} of {}: existing flows stay, new flows go elsewhere{removal}", target.backend, target.vip)
+            // lbd refuses the last active backend without --force: with it, there may be no elsewhere.
+            let elsewhere =
+                if *force { "new flows go to its other active backends, and fail if it has none" } else { "new flows go elsewhere" };
+            format!("draining backend {} of {}: existing flows stay, {elsewhere}{removal}", target.backend, target.vip)
         }
         Command::Backends(BackendsCommand::SetWeight { target, weight }) => {
             format!("set the weight of backend {} in {} to {weight}", target.backend, target.vip)

@@ -30,14 +30,16 @@ fn ip(s: &str) -> IpAddr {
 fn commands_map_to_requests() {
     let v = vip("10.0.0.1:80/tcp");
     let cases: Vec<(&[&str], Request)> = vec![
-        (&["vips", "add", "10.0.0.1:80/tcp"], Request::AddVip { vip: v, ring_size: None }),
+        (&["vips", "add", "10.0.0.1:80/tcp"], Request::AddVip { vip: v, ring_size: None, force: false }),
         (
             &["vips", "add", "[fd00::1]:0/udp", "--ring-size", "4099"],
-            Request::AddVip { vip: vip("[fd00::1]:0/udp"), ring_size: Some(4099) },
+            Request::AddVip { vip: vip("[fd00::1]:0/udp"), ring_size: Some(4099), force: false },
         ),
         (&["vips", "list"], Request::ListVips),
         (&["vips", "list", "-o", "json"], Request::ListVips),
-        (&["vips", "remove", "10.0.0.1:80/tcp"], Request::RemoveVip { vip: v }),
+        (&["vips", "remove", "10.0.0.1:80/tcp"], Request::RemoveVip { vip: v, force: false }),
+        (&["vips", "remove", "10.0.0.1:80/tcp", "--force"], Request::RemoveVip { vip: v, force: true }),
+        (&["vips", "add", "10.0.0.1:80/tcp", "--force"], Request::AddVip { vip: v, ring_size: None, force: true }),
         (
             &["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1"],
             Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: Default::default() },
@@ -50,7 +52,11 @@ fn commands_map_to_requests() {
         (&["backends", "remove", "--vip", "10.0.0.1:80/tcp", "fd00::2"], Request::RemoveBackend { vip: v, backend: ip("fd00::2") }),
         (
             &["backends", "drain", "--vip", "10.0.0.1:80/tcp", "10.0.1.1"],
-            Request::DrainBackend { vip: v, backend: ip("10.0.1.1"), deadline_s: None },
+            Request::DrainBackend { vip: v, backend: ip("10.0.1.1"), deadline_s: None, force: false },
+        ),
+        (
+            &["backends", "drain", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--force"],
+            Request::DrainBackend { vip: v, backend: ip("10.0.1.1"), deadline_s: None, force: true },
         ),
         (
             &["backends", "set-weight", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "7"],
@@ -533,7 +539,7 @@ fn health_zone_and_ports_commands_send_their_requests() {
     assert_eq!(probe_path, Some(crate::probe::ProbePath::Tunnel));
     assert_eq!(
         request(&["backends", "drain", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--deadline", "15m"]),
-        Request::DrainBackend { vip: v, backend: ip("10.0.1.1"), deadline_s: Some(900) }
+        Request::DrainBackend { vip: v, backend: ip("10.0.1.1"), deadline_s: Some(900), force: false }
     );
     let Request::SetHealth { probe, policy, reset, .. } = request(&[
         "vips",
@@ -730,13 +736,31 @@ fn apply_and_diff_print_one_line_per_change() {
     };
     assert_eq!(
         rendered(&["apply", "-f", "x"], Reply::Applied(applied.clone())),
-        "+ vip 10.0.0.1:80/tcp: ring_size=13, vip=\"10.0.0.1:80/tcp\"\nnote: lbd.zone: ...\napplied 1 changes (slots_written=13 tables_flipped=1)\n"
+        "+ vip 10.0.0.1:80/tcp: ring_size=13, vip=\"10.0.0.1:80/tcp\"\n~ lbd.zone: ...\napplied 1 changes \
+         (slots_written=13 tables_flipped=1); 1 settings of [lbd] differ: they take effect at the next start of lbd\n"
     );
     let dry = crate::api::Applied { applied: false, ..applied.clone() };
     let cli = parse(&["diff", "-f", "x"]).unwrap();
     let mut out = Vec::new();
     assert_eq!(render::reply(&cli.command, Reply::Applied(dry.clone()), &mut out).unwrap(), Outcome::Differs);
-    assert!(String::from_utf8(out).unwrap().ends_with("1 changes would be applied (nothing was changed)\n"));
+    assert!(String::from_utf8(out).unwrap().contains("\n1 changes would be applied (nothing was changed); 1 settings of [lbd] differ"));
+    // Settings that differ are differences, not "no changes".
+    let settings = crate::api::Applied { changes: vec![], ..dry.clone() };
+    assert_eq!(render::reply(&cli.command, Reply::Applied(settings.clone()), &mut Vec::new()).unwrap(), Outcome::Differs);
+    assert_eq!(
+        rendered(&["diff", "-f", "x"], Reply::Applied(settings)),
+        "~ lbd.zone: ...\nno changes to the desired state; 1 settings of [lbd] differ: they take effect at the next start of lbd\n"
+    );
+    // A change apply would refuse: the whole diff, that one marked, and its own exit status.
+    let mut removal = crate::config::diff(&new, &old);
+    removal[0].refused = Some("needs --allow-vip-removal".into());
+    let refused = crate::api::Applied { changes: removal, notes: vec![], ..dry.clone() };
+    assert_eq!(render::reply(&cli.command, Reply::Applied(refused.clone()), &mut Vec::new()).unwrap(), Outcome::Refused);
+    assert_eq!(
+        rendered(&["diff", "-f", "x"], Reply::Applied(refused)),
+        "- vip 10.0.0.1:80/tcp (refused: needs --allow-vip-removal)\n\
+         1 changes, 1 of which apply would refuse (marked refused; nothing was changed)\n"
+    );
     let none = crate::api::Applied { changes: vec![], notes: vec![], ..dry };
     assert_eq!(render::reply(&cli.command, Reply::Applied(none.clone()), &mut Vec::new()).unwrap(), Outcome::Done);
     assert_eq!(rendered(&["diff", "-f", "x"], Reply::Applied(none)), "no changes\n");

@@ -28,6 +28,9 @@ pub struct Change {
     /// defaults are left out).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fields: Vec<FieldChange>,
+    /// Set by a dry run on a change the apply would refuse, saying why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,7 +65,7 @@ pub struct FieldChange {
 pub fn diff(old: &DesiredState, new: &DesiredState) -> Vec<Change> {
     let (old, new) = (ConfigFile::from_state(old), ConfigFile::from_state(new));
     let mut changes = Vec::new();
-    let item = |change, item| Change { change, item, vip: None, backend: None, rule: None, fields: Vec::new() };
+    let item = |change, item| Change { change, item, vip: None, backend: None, rule: None, fields: Vec::new(), refused: None };
     compare(&mut changes, item(ChangeKind::Changed, Item::DefaultLimits), old.limits.as_ref(), new.limits.as_ref());
 
     let (old_vips, new_vips) = (keyed(&old.vips, |v| v.vip), keyed(&new.vips, |v| v.vip));
@@ -204,6 +207,9 @@ impl fmt::Display for Change {
                 ChangeKind::Added => write!(f, "{}={}", field.field, value(&field.to))?,
                 _ => write!(f, "{} {} -> {}", field.field, value(&field.from), value(&field.to))?,
             }
+        }
+        if let Some(why) = &self.refused {
+            write!(f, " (refused: {why})")?;
         }
         Ok(())
     }

@@ -47,6 +47,9 @@ pub struct FileVip {
     pub limits: Option<LimitConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<FileHealth>,
+    /// The VIP is on an address of the balancer itself, on purpose.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_local_address: bool,
     #[serde(default)]
     pub backends: Vec<FileBackend>,
 }
@@ -134,6 +137,7 @@ impl ConfigFile {
                 return Err((at.key("vip"), format!("VIP {} is declared twice (first in vips[{first}])", v.vip)));
             }
             state.add_vip(v.vip, v.ring_size.unwrap_or(DEFAULT_RING_SIZE)).map_err(|e| refusal(&at, e))?;
+            state.allow_local_address(&v.vip, v.allow_local_address).map_err(|e| refusal(&at, e))?;
             if let Some(health) = &v.health {
                 let health = health.to_model();
                 // Checked here rather than by `set_health`, whose error does not name the field.
@@ -193,11 +197,12 @@ impl ConfigFile {
 
 impl FileVip {
     pub fn from_model(vip: &Vip, config: &VipConfig) -> Self {
-        let VipConfig { ring_size, backends, limits, health } = config;
+        let VipConfig { ring_size, backends, limits, health, allow_local_address } = config;
         Self {
             vip: *vip,
             ring_size: Some(*ring_size),
             limits: *limits,
+            allow_local_address: *allow_local_address,
             health: health.as_ref().map(|h| FileHealth {
                 probe: h.probe.clone(),
                 probe_path: h.probe_path,

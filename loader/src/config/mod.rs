@@ -13,14 +13,14 @@ mod diff;
 mod file;
 mod locate;
 
-use std::{fmt, fs::File, io::Read, path::Path};
+use std::{fmt, fs::File, io::Read, net::IpAddr, path::Path};
 
 pub use diff::{Change, ChangeKind, FieldChange, Item, diff};
 pub use locate::FieldPath;
 use toml::de::DeTable;
 
 use self::file::ConfigFile;
-use crate::model::DesiredState;
+use crate::model::{DesiredState, Vip};
 
 /// Largest file accepted (a thousand VIPs of ten backends each, commented, take ~1 MiB).
 pub const MAX_CONFIG_BYTES: usize = 4 << 20;
@@ -125,6 +125,16 @@ impl Document {
     /// The desired state the file declares, checked by the model.
     pub fn desired_state(&self) -> Result<DesiredState, ConfigError> {
         self.file.desired_state().map_err(|(path, message)| self.refuse(&path, message))
+    }
+
+    /// The path of a VIP's `vip` field in the file, or of its backend's `address`.
+    pub fn field_of(&self, vip: &Vip, backend: Option<IpAddr>) -> FieldPath {
+        let Some(i) = self.file.vips.iter().position(|v| v.vip == *vip) else { return FieldPath::default() };
+        let at = FieldPath::default().key("vips").index(i);
+        match backend.and_then(|b| self.file.vips[i].backends.iter().position(|fb| fb.address == b)) {
+            Some(j) => at.key("backends").index(j).key("address"),
+            None => at.key("vip"),
+        }
     }
 
     /// A refusal of the field at `path`, placed in the text.

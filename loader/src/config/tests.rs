@@ -51,6 +51,7 @@ fn the_example_uses_every_field() {
     let mut policy = web.health.as_ref().unwrap().policy.clone();
     policy.fall = 9; // exported only when it differs from the default
     web.health.as_mut().unwrap().policy = policy;
+    web.allow_local_address = true;
     let exported = export(&full, None);
     let file: toml::Table = toml::from_str(&exported).unwrap();
     fn keys(value: &toml::Value, out: &mut Vec<String>) {

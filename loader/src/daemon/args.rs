@@ -35,6 +35,7 @@ Examples:
   lbd --iface eth0 --outer-src 10.0.0.0/24 --outer-src6 fd00::/112
   lbd --config /etc/spillway/spillway.toml
   lbd --cleanup                  # detach and remove every pin (stop lbd first)
+  lbd check -f /etc/spillway/spillway.toml    # a file checked as a start would
 
 With --config, the file's [lbd] settings are options too (a command-line option wins),
 and its VIPs, backends, limits and rules are the desired state: on the first start, and
@@ -44,6 +45,28 @@ in the example spillway.toml.
 
 lbd keeps forwarding after it exits: the XDP link and the maps stay pinned under
 --pin-dir, and the next lbd takes them over without a gap. Control it with lbctl.";
+
+const CHECK_HELP: &str = "\
+Examples:
+  lbd check -f /etc/spillway/spillway.toml
+  lbd check -f spillway.toml && systemctl reload spillway
+
+Checks what a start of lbd --config FILE checks: the syntax and every field name, the
+[lbd] and [agent] settings, the desired state, and what this host allows (the interface
+exists and forwards, no VIP on an address of the host without allow_local_address, an
+outer source for every backend's family), with every VIP and backend checked as on a
+first start. Touches nothing and needs no running lbd; the systemd unit runs it before
+each start and reload.
+
+Exit status: 0 when the file is valid (it prints what it declares), 1 when it is not
+(the error names the file, line, column and field).";
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The configuration file.
+    #[arg(short = 'f', long = "file", visible_alias = "config", value_name = "FILE")]
+    pub file: PathBuf,
+}
 
 const AGENT_EXAMPLES: &str = "\
 Examples:
@@ -77,6 +100,9 @@ pub enum LbdCommand {
     /// Run on a backend: decapsulate the balancer's tunnel packets addressed to this host.
     #[command(after_help = AGENT_EXAMPLES, args_override_self = true)]
     Agent(AgentArgs),
+    /// Check a configuration file as a start would, without starting or changing anything.
+    #[command(after_help = CHECK_HELP)]
+    Check(CheckArgs),
     /// Print a shell completion script for lbd.
     #[command(after_help = "Example:\n  lbd completions bash > /usr/local/share/bash-completion/completions/lbd")]
     Completions(crate::docs::CompletionsArgs),

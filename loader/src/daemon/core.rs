@@ -26,7 +26,10 @@ use crate::{
     event,
     health::{HealthError, Pressure},
     logging::Line,
-    model::{Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth, check_serving_weight},
+    model::{
+        Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth, check_serving_weight,
+        host::HostError,
+    },
     ports::PortsReport,
     probe::{ProbePath, ProbeSpec},
     reconcile::{ApplyReport, Maps, ReconcileError, Reconciler},
@@ -119,6 +122,19 @@ pub enum CoreError {
          or apply with --allow-vip-removal"
     )]
     VipRemoval { file: String, vips: String },
+    #[error(transparent)]
+    Host(#[from] HostError),
+    #[error(
+        "VIP {vip} has {backends} backends and {connections} connections in the connection table, which would break; \
+         drain and remove its backends first, or remove it with --force"
+    )]
+    VipInUse { vip: Vip, backends: usize, connections: u64 },
+    #[error(
+        "backend {backend} is the last active backend of VIP {vip}: drained, there is nowhere else for new flows, \
+         and new connections to the VIP fail (drop_no_backend); add or undrain another backend first, or drain \
+         with --force"
+    )]
+    LastActiveBackend { vip: Vip, backend: IpAddr },
 }
 
 /// Longest drain deadline: a week. Longer is a forgotten drain, not a plan.
@@ -134,7 +150,10 @@ impl CoreError {
             | Self::HealthChecksOff
             | Self::BadFlow { .. }
             | Self::Config(_)
-            | Self::VipRemoval { .. } => ErrorKind::Invalid,
+            | Self::VipRemoval { .. }
+            | Self::Host(_)
+            | Self::VipInUse { .. }
+            | Self::LastActiveBackend { .. } => ErrorKind::Invalid,
             Self::Apply(_) | Self::Persist(_) | Self::Counters(_) | Self::Health(_) => ErrorKind::Internal,
         };
         ApiError { kind, message: error_chain(self) }
@@ -187,7 +206,7 @@ fn or_dash<T: ToString>(value: Option<T>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
-pub use self::apply::{ApplyOptions, DaemonInfo};
+pub use self::apply::{ApplyOptions, DaemonInfo, host_refusal};
 pub use super::checks::{ProbeResult, ProbeTarget};
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
@@ -490,11 +509,21 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::ListVips => Ok(Reply::Vips(self.vips())),
             Request::ListBackends { vip } => Ok(Reply::Backends(self.backends(&vip)?)),
             Request::Stats => self.stats().map(Reply::Stats).map_err(CoreError::Counters),
-            Request::AddVip { vip, ring_size } => {
+            Request::AddVip { vip, ring_size, force } => {
                 let ring_size = ring_size.unwrap_or(DEFAULT_RING_SIZE);
-                self.mutate(change("add_vip").field("vip", &vip).field("ring_size", &ring_size), |s| s.add_vip(vip, ring_size))
+                let change = change("add_vip").field("vip", &vip).field("ring_size", &ring_size).field("force", &force);
+                self.mutate(change, |s| {
+                    s.add_vip(vip, ring_size)?;
+                    s.allow_local_address(&vip, force)
+                })
             }
-            Request::RemoveVip { vip } => self.mutate(change("remove_vip").field("vip", &vip), |s| s.remove_vip(&vip).map(drop)),
+            Request::RemoveVip { vip, force } => {
+                let backends = self.state.vip(&vip)?.backends.len();
+                if backends > 0 && !force {
+                    return Err(CoreError::VipInUse { vip, backends, connections: self.vip_connections(&vip)? });
+                }
+                self.mutate(change("remove_vip").field("vip", &vip).field("force", &force), |s| s.remove_vip(&vip).map(drop))
+            }
             Request::AddBackend { vip, backend, weight, options } => {
                 let weight = check_serving_weight(weight.unwrap_or(DEFAULT_WEIGHT))?;
                 let change =
@@ -523,14 +552,23 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::RemoveBackend { vip, backend } => {
                 self.mutate(change("remove_backend").field("vip", &vip).field("backend", &backend), |s| s.remove_backend(&vip, backend))
             }
-            Request::DrainBackend { vip, backend, deadline_s } => {
+            Request::DrainBackend { vip, backend, deadline_s, force } => {
                 let deadline = match deadline_s {
                     Some(0) | Some(MAX_DRAIN_DEADLINE_S..) => return Err(CoreError::BadDrainDeadline { seconds: deadline_s.unwrap_or(0) }),
                     Some(s) => Some(unix_ms() + s * 1000),
                     None => None,
                 };
-                let change =
-                    change("drain_backend").field("vip", &vip).field("backend", &backend).field("deadline_s", &or_dash(deadline_s));
+                let backends = &self.state.vip(&vip)?.backends;
+                let active = backends.get(&backend).ok_or(ModelError::UnknownBackend { vip, backend })?.weight > 0;
+                let others_active = backends.iter().any(|(address, b)| *address != backend && b.weight > 0);
+                if active && !others_active && !force {
+                    return Err(CoreError::LastActiveBackend { vip, backend });
+                }
+                let change = change("drain_backend")
+                    .field("vip", &vip)
+                    .field("backend", &backend)
+                    .field("deadline_s", &or_dash(deadline_s))
+                    .field("force", &force);
                 self.mutate(change, |s| s.drain_backend(&vip, backend, deadline))
             }
             Request::SetWeight { vip, backend, weight } => {
@@ -604,6 +642,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let mut next = self.state.clone();
         edit(&mut next)?;
         next.validate()?;
+        self.info.host.check(&self.state, &next)?;
         if next == self.state {
             log::info!("{}", change.line.field("changed", &false));
             return Ok(Reply::Done { slots_written: 0, tables_flipped: 0 });

@@ -4,6 +4,7 @@
 
 pub mod announce;
 pub mod args;
+pub mod check;
 pub mod checks;
 pub mod core;
 pub mod metrics;
@@ -46,7 +47,7 @@ use crate::{
     event,
     forwarding::{self, ForwardingError},
     health::HealthConfig,
-    model::DesiredState,
+    model::{DesiredState, host::Host},
     neighbours,
     netif::{self, NetifError},
     pins::{self, Attachment, PinError, PinLayout},
@@ -110,7 +111,8 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
         event!(info, "no_state", path = store.path().display(), message = "starting with no VIPs");
     }
     let config_path = args.config.clone();
-    let start = plan_start(config, config_path.as_deref(), persisted, store.load_config_mark())?;
+    let host = host_facts(args, iface)?;
+    let start = plan_start(config, config_path.as_deref(), persisted, store.load_config_mark(), &host)?;
     check_forwarding(iface, args.enable_forwarding)?;
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
@@ -219,6 +221,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
         settings,
         config: None,
         watcher: watch.as_ref().map(|w| w.status().clone()).map_err(Clone::clone),
+        host,
     });
     if let Some((doc, path)) = start.apply.as_ref().zip(config_path.as_deref()) {
         apply_config(&mut core, doc, path, "start");
@@ -391,10 +394,22 @@ pub fn cleanup(args: &DaemonArgs) -> Result<(), DaemonError> {
     Ok(())
 }
 
+/// The outer sources: the options', else the interface's first addresses.
+fn outer_sources(args: &DaemonArgs, iface: &str, addrs: &[(String, std::net::IpAddr)]) -> (Option<OuterSrc4>, Option<OuterSrc6>) {
+    let v4 = args.outer_src.or_else(|| netif::first_ipv4(addrs, iface).map(OuterSrc4::host));
+    let v6 = args.outer_src6.or_else(|| netif::first_global_ipv6(addrs, iface).map(OuterSrc6::host));
+    (v4, v6)
+}
+
+/// What this host allows a change to add: its own addresses, the outer source families.
+pub fn host_facts(args: &DaemonArgs, iface: &str) -> Result<Host, DaemonError> {
+    let addresses = netif::addresses()?;
+    let (v4, v6) = outer_sources(args, iface, &addresses);
+    Ok(Host { addresses, outer_v4: v4.is_some(), outer_v6: v6.is_some(), iface: iface.to_owned() })
+}
+
 fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
-    let addrs = netif::addresses()?;
-    let v4 = args.outer_src.or_else(|| netif::first_ipv4(&addrs, iface).map(OuterSrc4::host));
-    let v6 = args.outer_src6.or_else(|| netif::first_global_ipv6(&addrs, iface).map(OuterSrc6::host));
+    let (v4, v6) = outer_sources(args, iface, &netif::addresses()?);
     match v4 {
         Some(src) => event!(info, "outer_src", family = 4, src = src),
         None => event!(
@@ -529,12 +544,14 @@ struct Start {
 /// persisted state; with one, the file's state on a first start (none persisted), else the
 /// persisted one, and the file is applied over it (like `lbctl apply`) only if what it
 /// declares changed since `lbd` last applied it. A refused file keeps the persisted state;
-/// with nothing persisted there is nothing to run, and `lbd` exits.
+/// with nothing persisted there is nothing to run, and `lbd` exits. A first start's state is
+/// checked against `host` like any change (an apply over the persisted state is, later).
 fn plan_start(
     config: Option<Document>,
     path: Option<&Path>,
     persisted: Option<DesiredState>,
     mark: Option<ConfigMark>,
+    host: &Host,
 ) -> Result<Start, DaemonError> {
     let (Some(doc), Some(path)) = (config, path) else {
         return Ok(Start { state: persisted.unwrap_or_default(), apply: None, first: None, status: None });
@@ -542,6 +559,10 @@ fn plan_start(
     let file = path.display();
     let status = |last: &str, error: Option<String>| Some(ConfigStatus { file: file.to_string(), last: last.to_owned(), error });
     let declared = match (doc.desired_state(), persisted) {
+        (Ok(declared), None) => {
+            host.check(&DesiredState::default(), &declared).map_err(|e| DaemonError::Config(core::host_refusal(&doc, e)))?;
+            (declared, None)
+        }
         (Ok(declared), persisted) => (declared, persisted),
         (Err(e), None) => return Err(DaemonError::Config(e)),
         (Err(e), Some(state)) => {
@@ -665,7 +686,7 @@ mod tests {
 
     #[test]
     fn the_file_is_the_state_on_a_first_start() {
-        let start = plan_start(Some(doc(FILE)), Some(path()), None, None).unwrap();
+        let start = plan_start(Some(doc(FILE)), Some(path()), None, None, &Host::default()).unwrap();
         assert_eq!(start.state, doc(FILE).desired_state().unwrap());
         assert_eq!(start.first, Some(ConfigMark::of(path(), &start.state)));
         assert!(start.apply.is_none());
@@ -680,34 +701,35 @@ mod tests {
         let mark = ConfigMark::of(path(), &declared);
         // Unchanged (comments do not count): the persisted state, lbctl edits included.
         let commented = doc(&format!("# a comment\n{FILE}"));
-        let start = plan_start(Some(commented), Some(path()), Some(edited.clone()), Some(mark.clone())).unwrap();
+        let start = plan_start(Some(commented), Some(path()), Some(edited.clone()), Some(mark.clone()), &Host::default()).unwrap();
         assert_eq!(start.state, edited);
         assert!(start.apply.is_none() && start.first.is_none());
         assert!(start.status.unwrap().last.starts_with("kept the persisted state"));
         // Changed: start from the persisted state, then apply the file over it.
         let changed = FILE.replace("ring_size = 13", "ring_size = 17");
-        let start = plan_start(Some(doc(&changed)), Some(path()), Some(edited.clone()), Some(mark.clone())).unwrap();
+        let start = plan_start(Some(doc(&changed)), Some(path()), Some(edited.clone()), Some(mark.clone()), &Host::default()).unwrap();
         assert_eq!(start.state, edited);
         assert!(start.apply.is_some() && start.first.is_none());
         // Another file, or no mark at all, is a change too.
-        let other = plan_start(Some(doc(FILE)), Some(Path::new("/etc/other.toml")), Some(edited.clone()), Some(mark)).unwrap();
+        let other =
+            plan_start(Some(doc(FILE)), Some(Path::new("/etc/other.toml")), Some(edited.clone()), Some(mark), &Host::default()).unwrap();
         assert!(other.apply.is_some());
-        assert!(plan_start(Some(doc(FILE)), Some(path()), Some(edited), None).unwrap().apply.is_some());
+        assert!(plan_start(Some(doc(FILE)), Some(path()), Some(edited), None, &Host::default()).unwrap().apply.is_some());
     }
 
     #[test]
     fn a_refused_file_keeps_the_persisted_state_or_stops_a_first_start() {
         let bad = doc("[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 100\n");
         let persisted = doc(FILE).desired_state().unwrap();
-        let start = plan_start(Some(bad.clone()), Some(path()), Some(persisted.clone()), None).unwrap();
+        let start = plan_start(Some(bad.clone()), Some(path()), Some(persisted.clone()), None, &Host::default()).unwrap();
         assert_eq!(start.state, persisted);
         assert!(start.apply.is_none() && start.first.is_none());
         let status = start.status.unwrap();
         assert_eq!(status.last, "refused at start; kept the persisted state");
         assert!(status.error.unwrap().contains("spillway.toml:3:13: vips[0].ring_size: ring size 100"));
-        let err = plan_start(Some(bad), Some(path()), None, None).err().unwrap();
+        let err = plan_start(Some(bad), Some(path()), None, None, &Host::default()).err().unwrap();
         assert!(matches!(err, DaemonError::Config(_)), "{err}");
         // Without a file: the persisted state, as before.
-        assert_eq!(plan_start(None, None, Some(persisted.clone()), None).unwrap().state, persisted);
+        assert_eq!(plan_start(None, None, Some(persisted.clone()), None, &Host::default()).unwrap().state, persisted);
     }
 }

@@ -239,14 +239,14 @@ mod tests {
         assert_eq!(fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(fs::metadata(socket.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
         let vip = "10.0.0.1:80/tcp".parse().unwrap();
-        call(&socket, Request::AddVip { vip, ring_size: Some(13) }).await.unwrap();
+        call(&socket, Request::AddVip { vip, ring_size: Some(13), force: false }).await.unwrap();
         let listed = call(&socket, Request::ListVips).await.unwrap();
         assert!(matches!(listed, Reply::Vips(VipList { vips, .. }) if vips.len() == 1));
-        let err = call(&socket, Request::RemoveVip { vip: "10.0.0.2:80/tcp".parse().unwrap() }).await.unwrap_err();
+        let err = call(&socket, Request::RemoveVip { vip: "10.0.0.2:80/tcp".parse().unwrap(), force: false }).await.unwrap_err();
         assert_eq!(err.to_string(), "unknown VIP 10.0.0.2:80/tcp");
 
         for garbage in
-            [&b"{\"op\":\"frobnicate\"}\n"[..], b"not json\n", b"{\"op\":\"remove_vip\",\"vip\":\"10.0.0.1:80/tcp\",\"force\":true}\n"]
+            [&b"{\"op\":\"frobnicate\"}\n"[..], b"not json\n", b"{\"op\":\"remove_vip\",\"vip\":\"10.0.0.1:80/tcp\",\"frobnicate\":true}\n"]
         {
             let Response::Error(e) = raw(&socket, garbage.to_vec()).await else { panic!("{garbage:?} accepted") };
             assert_eq!(e.kind, ErrorKind::BadRequest, "{garbage:?}");

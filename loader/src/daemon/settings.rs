@@ -71,7 +71,7 @@ fn find<'a>(command: &'a Command, key: &str) -> Option<&'a Arg> {
 }
 
 /// The first line of a clap error, without its `error: `.
-fn clap_message(error: &clap::Error) -> String {
+pub(super) fn clap_message(error: &clap::Error) -> String {
     let text = error.render().to_string();
     let line = text.lines().next().unwrap_or_default();
     line.strip_prefix("error: ").unwrap_or(line).to_owned()

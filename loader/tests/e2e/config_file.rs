@@ -132,7 +132,6 @@ fn lbd_starts_from_the_file_and_lbctl_diffs_applies_and_exports() {
         ),
         (format!("{good}[[vips]]\nvip = \"{vip}\"\n"), ":17:7: vips[1].vip: VIP 10.100.0.1:80/tcp is declared twice"),
         (good.replace("ring_size = 4099", "ring_size = "), ":3:13: "),
-        ("vips = []\n".to_owned(), ": removes VIP 10.100.0.1:80/tcp (3 backends), whose connections would break"),
         (String::new(), ": declares nothing"),
         (huge, ": larger than the 4 MiB a configuration may be"),
     ];
@@ -146,7 +145,76 @@ fn lbd_starts_from_the_file_and_lbctl_diffs_applies_and_exports() {
         }
         assert_eq!(stable_view(&c, &vip), before, "{message}: the state changed");
     }
+
+    // Removing a VIP that has backends: apply refuses; diff shows the whole diff with the
+    // removal marked refused, and says so by its exit status (3).
+    bad.write(&format!("{}\n[[vips]]\nvip = \"{}\"\n", "[limits.per_source]\nper_s = 100", udp_vip()));
+    let out = c.lbctl_output(&["apply", "-f", bad.path()]).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("removes VIP 10.100.0.1:80/tcp (3 backends), whose connections would break"));
+    let out = c.lbctl_output(&["diff", "-f", bad.path()]).unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let why = "(refused: the VIP has 3 backends, whose connections would break: needs --allow-vip-removal)";
+    for line in ["+ default limits: observe_budget=false", &format!("- vip {vip} {why}"), &format!("- backend {b1} in {vip} {why}")] {
+        assert!(stdout.lines().any(|l| l.starts_with(line)), "{line:?} missing:\n{stdout}");
+    }
+    assert!(stdout.lines().any(|l| l.starts_with(&format!("+ vip {}", udp_vip()))), "{stdout}");
+    assert!(stdout.ends_with("changes, 4 of which apply would refuse (marked refused; nothing was changed)\n"), "{stdout}");
+    let out = c.lbctl_output(&["diff", "-f", bad.path(), "--allow-vip-removal"]).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+
+    // [lbd] settings that differ from the running ones are differences (exit 1), not "no changes".
+    let exported = c.lbctl(&["export"]).unwrap();
+    bad.write(&exported.replace("[lbd]\n", "[lbd]\nzone = \"b\"\n"));
+    let out = c.lbctl_output(&["diff", "-f", bad.path()]).unwrap();
+    assert_eq!(
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).as_ref()),
+        (
+            Some(1),
+            "~ lbd.zone: the file says b, lbd runs with its default: takes effect when lbd restarts\n\
+             no changes to the desired state; 1 settings of [lbd] differ: they take effect at the next start of lbd\n"
+        )
+    );
+    assert_eq!(stable_view(&c, &vip), before, "diff changed the state");
     assert_eq!(connections(&c, tcp_target(false), 20).failures, 0);
+}
+
+/// `lbd check -f FILE` in the balancer's namespace, with no lbd needed: exit status and output.
+fn lbd_check(c: &spillway_harness::cluster::Cluster, file: &File) -> (Option<i32>, String) {
+    let out = c.lbd_once(&["check", "-f", file.path()]).unwrap();
+    (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+#[test]
+fn lbd_check_checks_a_file_as_a_start_would() {
+    let c = start(XdpMode::Native, 2);
+    c.stop_lbd(Signal::SIGTERM).unwrap();
+    let file = File::new("config-check");
+    let path = file.path();
+    let good = format!("[lbd]\niface = \"eth0\"\n\n{}", declaring(&[(1, 100), (2, 100)]));
+    file.write(&good);
+    assert_eq!(lbd_check(&c, &file), (Some(0), format!("{path}: valid (1 VIPs, 2 backends, 0 rules)\n")));
+    let cases = [
+        (good.replace("weight = 100", "wieght = 100"), format!("{path}:10:1: vips[0].backends[0].wieght: unknown field `wieght`")),
+        (good.replace("iface", "ifac"), format!("{path}:2:8: lbd.ifac: unknown setting of lbd")),
+        (good.replace("iface = \"eth0\"", "iface = \"eth9\""), "no interface named \"eth9\"".to_owned()),
+        (good.replace("iface = \"eth0\"\n", ""), format!("{path}: lbd: no iface: set iface in [lbd]")),
+        (good.replace("weight = 100", "weight = 0"), format!("{path}:10:10: vips[0].backends[0].weight: weight 0 is out of range")),
+        (
+            format!("{good}\n[[vips]]\nvip = \"10.0.0.2:22/tcp\"\n"),
+            format!("{path}:17:7: vips[1].vip: VIP 10.0.0.2:22/tcp: 10.0.0.2 is an address of this balancer (eth0)"),
+        ),
+    ];
+    for (text, message) in cases {
+        file.write(&text);
+        let (status, output) = lbd_check(&c, &file);
+        assert_eq!(status, Some(1), "{output}");
+        assert!(output.starts_with("lbd check: ") && output.contains(&message), "{output}\n  lacks {message:?}");
+    }
+    // Allowed on purpose, the VIP on the balancer's own address passes.
+    file.write(&format!("{good}\n[[vips]]\nvip = \"10.0.0.2:22/tcp\"\nallow_local_address = true\n"));
+    assert_eq!(lbd_check(&c, &file).0, Some(0));
 }
 
 /// The unit's `CapabilityBoundingSet`, as `setpriv --bounding-set` takes it.

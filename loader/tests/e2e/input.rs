@@ -50,3 +50,78 @@ fn bad_input_changes_nothing(mode: XdpMode) {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not running"), "{out:?}");
 }
 in_both_modes!(bad_input_changes_nothing);
+
+/// The guards against an operator's slip, with the real lbd and lbctl: each refusal says
+/// what would break and how to force it, and changes nothing; forced, it goes through.
+#[test]
+fn operator_guards_refuse_what_would_break() {
+    let c = start(XdpMode::Native, 2);
+    let vip = tcp_vip(false);
+    let (b1, b2) = (backend_addr(&c.topo.backends()[0], false), backend_addr(&c.topo.backends()[1], false));
+    c.lbctl(&["vips", "add", &vip]).unwrap();
+    c.lbctl(&["backends", "add", "--vip", &vip, &b1]).unwrap();
+    wait_until(Duration::from_secs(10), "b1 healthy", || all_healthy(&c, &vip));
+    let refused = |args: &[&str], needles: &[&str]| {
+        let before = stable_view(&c, &vip);
+        let out = c.lbctl_output(args).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "lbctl {args:?}: {stderr}");
+        for needle in needles {
+            assert!(stderr.contains(needle), "lbctl {args:?}: {stderr:?} does not mention {needle:?}");
+        }
+        assert_eq!(stable_view(&c, &vip), before, "lbctl {args:?} changed the state");
+    };
+
+    // A VIP on the balancer's own address (its SSH would go to the VIP), by lbctl and by file.
+    refused(&["vips", "add", "10.0.0.2:22/tcp"], &["10.0.0.2 is an address of this balancer (eth0)", "drop_no_backend", "--force"]);
+    let file = std::env::temp_dir().join(format!("spw-{}-guards.toml", std::process::id()));
+    let exported = c.lbctl(&["export"]).unwrap();
+    std::fs::write(&file, format!("{exported}\n[[vips]]\nvip = \"10.0.0.2:22/tcp\"\n")).unwrap();
+    let path = file.to_str().unwrap();
+    refused(
+        &["apply", "-f", path],
+        &[&format!("{path}:"), ": vips[1].vip: VIP 10.0.0.2:22/tcp: 10.0.0.2 is an address", "allow_local_address = true"],
+    );
+    let _ = std::fs::remove_file(&file);
+    c.lbctl(&["vips", "add", "10.0.0.2:8080/tcp", "--force"]).unwrap();
+    assert!(c.lbctl(&["export"]).unwrap().contains("vip = \"10.0.0.2:8080/tcp\"\nring_size = 65537\nallow_local_address = true\n"));
+    c.lbctl(&["vips", "remove", "10.0.0.2:8080/tcp"]).unwrap();
+
+    // Draining the last active backend: there is nowhere else for new flows.
+    refused(&["backends", "drain", "--vip", &vip, &b1], &["last active backend", "new connections to the VIP fail", "--force"]);
+    assert_eq!(connections(&c, tcp_target(false), 10).failures, 0);
+    c.lbctl(&["backends", "add", "--vip", &vip, &b2]).unwrap();
+    wait_until(Duration::from_secs(10), "b2 healthy", || all_healthy(&c, &vip));
+    let drained = c.lbctl(&["backends", "drain", "--vip", &vip, &b1]).unwrap();
+    assert!(drained.contains("new flows go elsewhere"), "{drained}");
+    refused(&["backends", "drain", "--vip", &vip, &b2], &["last active backend"]);
+
+    // Removing a VIP with backends, as apply refuses it: how many backends and connections.
+    let flows = connections(&c, tcp_target(false), 10);
+    assert_eq!(flows.failures, 0);
+    refused(&["vips", "remove", &vip], &[&format!("VIP {vip} has 2 backends and "), " connections in the connection table", "--force"]);
+
+    // Forced, the last backend drains and the VIP goes.
+    let forced = c.lbctl(&["backends", "drain", "--vip", &vip, &b2, "--force"]).unwrap();
+    assert!(forced.contains("fail if it has none"), "{forced}");
+    c.lbctl(&["vips", "remove", &vip, "--force"]).unwrap();
+    assert!(c.lbctl_json(&["vips", "list"]).unwrap()["vips"].as_array().unwrap().is_empty());
+
+    // Without an IPv6 outer source, an IPv6 backend is refused, saying why.
+    c.stop_lbd(spillway_harness::Signal::SIGTERM).unwrap();
+    let lb6 = c.topo.lb().run(&["ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "global"]).unwrap();
+    let lb6 = lb6.split_whitespace().skip_while(|w| *w != "inet6").nth(1).unwrap().to_owned();
+    c.topo.lb().run(&["ip", "-6", "addr", "del", &lb6, "dev", "eth0"]).unwrap();
+    c.start_lbd().unwrap();
+    assert!(c.lbd_log().contains("event=no_outer_src family=6"), "{}", c.lbd_log());
+    c.lbctl(&["vips", "add", &vip]).unwrap();
+    let b1v6 = backend_addr(&c.topo.backends()[0], true);
+    refused(
+        &["backends", "add", "--vip", &vip, &b1v6],
+        &[
+            &format!("backend {b1v6} of VIP {vip}: no IPv6 outer source is configured"),
+            "--outer-src6",
+            "the tunnel to an IPv6 backend needs one",
+        ],
+    );
+}

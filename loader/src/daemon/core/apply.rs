@@ -1,14 +1,18 @@
 //! A configuration file applied as one change (the same path as every edit: try on a copy,
 //! reconcile, persist, swap), the state exported as a file, and `lbctl status`.
 
-use std::{path::PathBuf, time::Instant};
+use std::{collections::BTreeMap, path::PathBuf, time::Instant};
 
 use super::{Core, CoreError, Counters, unix_ms};
 use crate::{
     api::{AnnouncementsStatus, Applied, ConfigStatus, Exported, MapUsage, Reply, Status, WatcherStatus},
-    config::{self, Document},
+    config::{self, Change, ChangeKind, ConfigError, Document},
     daemon::settings::{RunningSettings, Section, Settings},
     event,
+    model::{
+        Vip,
+        host::{Host, HostError},
+    },
     reconcile::Maps,
     store::{ConfigMark, Store},
 };
@@ -29,6 +33,8 @@ pub struct DaemonInfo {
     pub config: Option<ConfigStatus>,
     /// The balancer's own port watcher, or why it is not loaded.
     pub watcher: Result<crate::ports::WatcherStatus, String>,
+    /// What the host allows a change to add (`Host::check`).
+    pub host: Host,
 }
 
 impl Default for DaemonInfo {
@@ -44,6 +50,7 @@ impl Default for DaemonInfo {
             settings: RunningSettings::default(),
             config: None,
             watcher: Err("not loaded yet".to_owned()),
+            host: Host::default(),
         }
     }
 }
@@ -70,8 +77,9 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     }
 
     /// Makes `doc`'s desired state the current one, as one change. Refused whole, changing
-    /// nothing, when the file is invalid (its `[lbd]` and `[agent]` settings included) or
-    /// removes a VIP that still has backends without `allow_vip_removal`.
+    /// nothing, when the file is invalid (its `[lbd]` and `[agent]` settings included), adds
+    /// what this host cannot serve (`Host::check`), or removes a VIP that still has backends
+    /// without `allow_vip_removal`; a dry run then reports those removals as refused.
     pub fn apply_file(&mut self, doc: &Document, options: ApplyOptions) -> Result<Applied, CoreError> {
         let mut next = doc.desired_state().map_err(CoreError::Config)?;
         let mark = options.mark_as.as_deref().map(|path| ConfigMark::of(path, &next));
@@ -82,18 +90,24 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         for config in next.vips.values_mut() {
             config.backends.retain(|_, b| b.drain_deadline_unix_ms.is_none_or(|deadline| deadline > now));
         }
-        let cut: Vec<String> = self
+        self.info.host.check(&self.state, &next).map_err(|e| CoreError::Config(host_refusal(doc, e)))?;
+        let cut: BTreeMap<Vip, usize> = self
             .state
             .vips
             .iter()
             .filter(|(vip, config)| !next.vips.contains_key(vip) && !config.backends.is_empty())
-            .map(|(vip, config)| format!("{vip} ({} backends)", config.backends.len()))
+            .map(|(vip, config)| (*vip, config.backends.len()))
             .collect();
-        if !cut.is_empty() && !options.allow_vip_removal {
-            return Err(CoreError::VipRemoval { file: doc.name().to_owned(), vips: cut.join(", ") });
+        let refused = !cut.is_empty() && !options.allow_vip_removal;
+        let mut changes = config::diff(&self.state, &next);
+        if refused && !options.dry_run {
+            let vips: Vec<String> = cut.iter().map(|(vip, n)| format!("{vip} ({n} backends)")).collect();
+            return Err(CoreError::VipRemoval { file: doc.name().to_owned(), vips: vips.join(", ") });
         }
-        let changes = config::diff(&self.state, &next);
         if options.dry_run {
+            if refused {
+                mark_refused_removals(&mut changes, &cut);
+            }
             return Ok(Applied { applied: false, changes, notes, slots_written: 0, tables_flipped: 0 });
         }
         for change in &changes {
@@ -189,5 +203,23 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             announcements: AnnouncementsStatus { state: "off".to_owned() },
             alerts: self.alerts(),
         })
+    }
+}
+
+/// A host refusal placed on the file's field it is about.
+pub fn host_refusal(doc: &Document, error: HostError) -> ConfigError {
+    let path = match &error {
+        HostError::LocalAddress { vip, .. } => doc.field_of(vip, None),
+        HostError::NoOuterSource { vip, backend, .. } => doc.field_of(vip, Some(*backend)),
+    };
+    doc.refuse(&path, error.to_string())
+}
+
+/// Marks the removal of each VIP in `cut` (and of its backends) as one apply would refuse.
+fn mark_refused_removals(changes: &mut [Change], cut: &BTreeMap<Vip, usize>) {
+    for change in changes.iter_mut().filter(|c| c.change == ChangeKind::Removed) {
+        if let Some(n) = change.vip.as_ref().and_then(|vip| cut.get(vip)).filter(|_| change.rule.is_none()) {
+            change.refused = Some(format!("the VIP has {n} backends, whose connections would break: needs --allow-vip-removal"));
+        }
     }
 }

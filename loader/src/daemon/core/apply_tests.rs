@@ -77,7 +77,7 @@ fn export_then_apply_changes_nothing_and_lbctl_edits_show() {
     f.apply(FILE, false, false).unwrap();
     let v = vip("10.100.0.1:80/tcp");
     f.core.handle(Request::SetWeight { vip: v, backend: "10.0.0.2".parse().unwrap(), weight: 70 }).unwrap();
-    f.core.handle(Request::DrainBackend { vip: v, backend: "10.0.0.1".parse().unwrap(), deadline_s: Some(600) }).unwrap();
+    f.core.handle(Request::DrainBackend { vip: v, backend: "10.0.0.1".parse().unwrap(), deadline_s: Some(600), force: false }).unwrap();
     let exported = f.export();
     assert!(exported.contains("weight = 70") && exported.contains("drain = true") && exported.contains("drain_deadline = "), "{exported}");
     let before = f.core.state().clone();
@@ -130,15 +130,27 @@ fn removing_a_vip_that_has_backends_is_refused_unless_allowed() {
     const UDP: &str = "[[vips]]\nvip = \"10.100.0.2:53/udp\"\nring_size = 13\n[[vips.backends]]\naddress = \"10.0.0.3\"\n";
     let without_udp = &FILE.replace(UDP, "");
     let before = f.core.state().clone();
-    for dry_run in [true, false] {
-        let err = f.apply(without_udp, dry_run, false).unwrap_err().to_string();
-        assert_eq!(
-            err,
-            "test.toml: removes VIP 10.100.0.2:53/udp (1 backends), whose connections would break; remove or drain its \
-             backends first, or apply with --allow-vip-removal"
-        );
-        assert_eq!(f.core.state(), &before);
-    }
+    let err = f.apply(without_udp, false, false).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "test.toml: removes VIP 10.100.0.2:53/udp (1 backends), whose connections would break; remove or drain its \
+         backends first, or apply with --allow-vip-removal"
+    );
+    assert_eq!(f.core.state(), &before);
+    // A dry run shows the whole diff, with what apply would refuse marked.
+    let dry = f.apply(&without_udp.replace("weight = 50", "weight = 60"), true, false).unwrap();
+    let lines: Vec<String> = dry.changes.iter().map(ToString::to_string).collect();
+    let why = " (refused: the VIP has 1 backends, whose connections would break: needs --allow-vip-removal)";
+    assert_eq!(
+        lines,
+        [
+            "~ backend 10.0.0.2 in 10.100.0.1:80/tcp: weight 50 -> 60".to_owned(),
+            format!("- vip 10.100.0.2:53/udp{why}"),
+            format!("- backend 10.0.0.3 in 10.100.0.2:53/udp{why}"),
+        ]
+    );
+    assert_eq!(f.core.state(), &before);
+    assert!(f.apply(without_udp, true, true).unwrap().changes.iter().all(|c| c.refused.is_none()));
     // With its backends gone first, the VIP goes without asking.
     let emptied = FILE.replace(UDP, "[[vips]]\nvip = \"10.100.0.2:53/udp\"\nring_size = 13\n");
     f.apply(&emptied, false, false).unwrap();

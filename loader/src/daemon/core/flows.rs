@@ -317,6 +317,20 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         Ok(PurgeReport { backend, removed, scanned })
     }
 
+    /// The connection table's entries in force for `vip` now: what removing it would break.
+    pub(super) fn vip_connections(&self, vip: &Vip) -> Result<u64, CoreError> {
+        let Some(id) = self.reconciler.vip_id(vip) else { return Ok(0) };
+        let mut backends = Backends { maps: &self.maps, seen: HashMap::new() };
+        let mut count = 0;
+        self.maps
+            .scan_flows(&mut |_, flow| {
+                count += u64::from(backends.live(flow).is_some_and(|b| b.vip_id == id));
+                ControlFlow::Continue(())
+            })
+            .map_err(CoreError::Counters)?;
+        Ok(count)
+    }
+
     /// Counts the connection table's entries, and those in force per VIP id, when the last
     /// count is older than `FLOW_COUNT_INTERVAL`.
     pub(super) fn count_flows_if_due(&mut self) -> Result<(), DataplaneError> {

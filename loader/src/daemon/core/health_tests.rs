@@ -74,7 +74,7 @@ fn weights(f: &mut Fixture) -> Vec<u32> {
 #[test]
 fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
     let mut f = Fixture::new(Some("a"));
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13) });
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false });
     f.add("10.0.0.1", Some("a"), Some(300));
     f.add("10.0.0.2", Some("b"), Some(300));
     let mut f = Fixture::restart(f.tmp, Some("a"), serving(&["10.0.0.1", "10.0.0.2"]));
@@ -96,7 +96,7 @@ fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
 #[test]
 fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13) });
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false });
     let set = |policy: &[(&str, serde_json::Value)]| Request::SetHealth {
         vip: vip(),
         probe: None,
@@ -121,11 +121,11 @@ fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
 #[test]
 fn a_drain_deadline_survives_a_restart_and_removes_the_backend() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13) });
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false });
     f.add("10.0.0.1", None, None);
     f.add("10.0.0.2", None, None);
-    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: Some(60) });
-    let err = f.core.handle(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.1"), deadline_s: Some(0) }).unwrap_err();
+    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: Some(60), force: false });
+    let err = f.core.handle(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.1"), deadline_s: Some(0), force: false }).unwrap_err();
     assert!(err.to_api().message.contains("drain deadline"), "{err}");
     assert_eq!(f.core.expire_drains(unix_ms()).unwrap(), 0);
     let in_s = f.backends()[1].drain_deadline_in_s.unwrap();
@@ -136,7 +136,7 @@ fn a_drain_deadline_survives_a_restart_and_removes_the_backend() {
     assert_eq!(f.backends().len(), 1);
     // Undraining clears a deadline.
     f.add("10.0.0.3", None, None);
-    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.3"), deadline_s: Some(5) });
+    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.3"), deadline_s: Some(5), force: false });
     f.ok(Request::SetWeight { vip: vip(), backend: ip("10.0.0.3"), weight: 100 });
     assert_eq!(f.core.expire_drains(unix_ms() + 10_000).unwrap(), 0);
 }
@@ -174,7 +174,7 @@ fn port_pressure_from_an_agent_cuts_only_that_backends_weight() {
     let tmp = TempDir::new("core-pressure");
     {
         let mut f = Fixture::restart(tmp, None, HealthSnapshot::default());
-        f.ok(Request::AddVip { vip: vip(), ring_size: Some(13) });
+        f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false });
         for b in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
             f.add(b, None, None);
         }
@@ -199,7 +199,7 @@ fn probes_go_through_the_tunnel_unless_the_vip_or_the_backend_says_direct() {
         probe::ProbePath,
     };
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13) });
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false });
     f.add("10.0.0.1", None, None);
     f.add("10.0.0.2", None, None);
     let target = Some("10.0.0.3:8080".parse().unwrap());

@@ -7,7 +7,7 @@ use spillway_common::{limits::MAX_BACKENDS_PER_VIP, maglev::MAX_WEIGHT, types::R
 use super::*;
 use crate::{
     api::{BackendState, VipEntry, VipList},
-    model::Vip,
+    model::{Vip, host::Host},
     reconcile::table_digest,
     store::StateFile,
     testing::{FakeMaps, TempDir},
@@ -49,7 +49,7 @@ impl Fixture {
 
     fn with_two_backends() -> Self {
         let mut f = Self::new();
-        f.ok(Request::AddVip { vip: vip(), ring_size: Some(251) });
+        f.ok(Request::AddVip { vip: vip(), ring_size: Some(251), force: false });
         f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.1"), weight: None, options: Default::default() });
         f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.2"), weight: Some(50), options: Default::default() });
         f
@@ -66,7 +66,7 @@ impl Fixture {
 #[test]
 fn mutations_apply_persist_and_list() {
     let mut f = Fixture::new();
-    let reply = f.ok(Request::AddVip { vip: vip(), ring_size: Some(251) });
+    let reply = f.ok(Request::AddVip { vip: vip(), ring_size: Some(251), force: false });
     assert_eq!(reply, Reply::Done { slots_written: 251, tables_flipped: 1 });
     f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.1"), weight: None, options: Default::default() });
     f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.2"), weight: Some(50), options: Default::default() });
@@ -92,13 +92,21 @@ fn mutations_apply_persist_and_list() {
     assert_eq!(f.backends(), [(ip("10.0.0.1"), DEFAULT_WEIGHT, BackendState::Active), (ip("10.0.0.2"), 50, BackendState::Active)]);
     assert_eq!(f.saved().as_ref(), Some(f.core.state()));
 
-    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: None });
+    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: None, force: false });
     assert_eq!(f.backends()[1], (ip("10.0.0.2"), 0, BackendState::Draining));
     f.ok(Request::SetWeight { vip: vip(), backend: ip("10.0.0.2"), weight: 7 });
     assert_eq!(f.backends()[1], (ip("10.0.0.2"), 7, BackendState::Active));
     f.ok(Request::RemoveBackend { vip: vip(), backend: ip("10.0.0.1") });
     assert_eq!(f.backends(), [(ip("10.0.0.2"), 7, BackendState::Active)]);
-    f.ok(Request::RemoveVip { vip: vip() });
+    // A VIP with backends goes only when forced, as `apply` needs --allow-vip-removal.
+    let err = f.core.handle(Request::RemoveVip { vip: vip(), force: false }).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "VIP 10.100.0.1:80/tcp has 1 backends and 0 connections in the connection table, which would break; drain and \
+         remove its backends first, or remove it with --force"
+    );
+    assert_eq!(f.backends().len(), 1);
+    f.ok(Request::RemoveVip { vip: vip(), force: true });
     assert_eq!(f.ok(Request::ListVips), Reply::Vips(VipList { vips: vec![], alerts: vec![] }));
     assert_eq!(f.saved(), Some(DesiredState::default()));
     assert!(f.core.maps().vips.is_empty());
@@ -109,12 +117,12 @@ fn refused_requests_name_the_problem_and_change_nothing() {
     let mut f = Fixture::with_two_backends();
     let unknown: Vip = "10.9.9.9:80/tcp".parse().unwrap();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
-    f.ok(Request::AddVip { vip: v6, ring_size: None });
+    f.ok(Request::AddVip { vip: v6, ring_size: None, force: false });
     let (state, maps, file) = (f.core.state().clone(), f.core.maps().clone(), f.file_bytes());
     let cases = [
-        (Request::AddVip { vip: vip(), ring_size: None }, "already exists"),
-        (Request::AddVip { vip: unknown, ring_size: Some(100) }, "ring size 100"),
-        (Request::RemoveVip { vip: unknown }, "unknown VIP 10.9.9.9:80/tcp"),
+        (Request::AddVip { vip: vip(), ring_size: None, force: false }, "already exists"),
+        (Request::AddVip { vip: unknown, ring_size: Some(100), force: false }, "ring size 100"),
+        (Request::RemoveVip { vip: unknown, force: false }, "unknown VIP 10.9.9.9:80/tcp"),
         (Request::ListBackends { vip: unknown }, "unknown VIP"),
         (Request::AddBackend { vip: unknown, backend: ip("10.0.0.3"), weight: None, options: Default::default() }, "unknown VIP"),
         (
@@ -132,7 +140,7 @@ fn refused_requests_name_the_problem_and_change_nothing() {
         (Request::AddBackend { vip: vip(), backend: ip("0.0.0.0"), weight: None, options: Default::default() }, "not usable"),
         (Request::AddBackend { vip: v6, backend: ip("10.0.0.3"), weight: None, options: Default::default() }, "needs an IPv6 backend"),
         (Request::RemoveBackend { vip: vip(), backend: ip("10.0.0.9") }, "backend 10.0.0.9 is not in VIP"),
-        (Request::DrainBackend { vip: vip(), backend: ip("10.0.0.9"), deadline_s: None }, "is not in VIP"),
+        (Request::DrainBackend { vip: vip(), backend: ip("10.0.0.9"), deadline_s: None, force: false }, "is not in VIP"),
         (Request::SetWeight { vip: vip(), backend: ip("10.0.0.1"), weight: 0 }, "out of range"),
     ];
     assert_all_refused(&mut f, cases, (&state, &maps, &file));
@@ -193,7 +201,7 @@ impl Store for BrokenStore {
 #[test]
 fn failed_persist_rolls_the_maps_back() {
     let (mut core, _) = Core::start(FakeMaps::default(), BrokenStore, DesiredState::default(), None).unwrap();
-    let err = core.handle(Request::AddVip { vip: vip(), ring_size: Some(13) }).unwrap_err();
+    let err = core.handle(Request::AddVip { vip: vip(), ring_size: Some(13), force: false }).unwrap_err();
     assert!(matches!(err, CoreError::Persist(_)));
     assert!(err.to_api().message.contains("/nowhere/state.json"), "{}", err.to_api().message);
     assert_eq!(core.state(), &DesiredState::default());
@@ -207,8 +215,8 @@ fn restart_with_the_same_state_writes_nothing_and_unchanged_edits_are_free() {
     let maps = f.core.maps().clone();
     let (_, report) = Core::start(maps, StateFile::open(f.tmp.path()).unwrap(), state, None).unwrap();
     assert_eq!(report, ApplyReport::default());
-    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: None });
-    let again = f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: None });
+    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: None, force: false });
+    let again = f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: None, force: false });
     assert_eq!(again, Reply::Done { slots_written: 0, tables_flipped: 0 });
 }
 
@@ -233,9 +241,9 @@ fn stats_follow_the_reconciler_ids() {
 fn backend_addrs_cover_every_vip() {
     let mut f = Fixture::with_two_backends();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
-    f.ok(Request::AddVip { vip: v6, ring_size: Some(13) });
+    f.ok(Request::AddVip { vip: v6, ring_size: Some(13), force: false });
     f.ok(Request::AddBackend { vip: v6, backend: ip("fd00::2"), weight: None, options: Default::default() });
-    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.1"), deadline_s: None });
+    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.1"), deadline_s: None, force: false });
     let addrs: Vec<IpAddr> = f.core.backend_addrs().into_iter().collect();
     assert_eq!(addrs, [ip("10.0.0.1"), ip("10.0.0.2"), ip("fd00::2")]);
 }
@@ -264,7 +272,7 @@ fn set_rule(cidr: &str, vip: Option<Vip>, action: RuleActionKind, per_s: Option<
 fn rate_limits_are_set_listed_persisted_and_cleared() {
     let mut f = Fixture::with_two_backends();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
-    f.ok(Request::AddVip { vip: v6, ring_size: Some(13) });
+    f.ok(Request::AddVip { vip: v6, ring_size: Some(13), force: false });
     f.ok(Request::SetRateLimit {
         scope: Scope::Default,
         per_s: 100,
@@ -331,7 +339,7 @@ fn rules_are_listed_with_their_counters() {
     assert_eq!(f.saved().unwrap().rules.len(), 1);
     // Removing the VIP takes its rules along; the global one stays.
     f.ok(set_rule("10.30.0.0/16", Some(vip()), RuleActionKind::Exempt, None));
-    f.ok(Request::RemoveVip { vip: vip() });
+    f.ok(Request::RemoveVip { vip: vip(), force: true });
     let left: Vec<String> = f.core.state().rules.keys().map(ToString::to_string).collect();
     assert_eq!(left, ["192.0.2.0/24"]);
     assert_eq!(f.core.maps().rules.len(), 1);
@@ -342,7 +350,7 @@ fn refused_limit_and_rule_requests_name_the_problem_and_change_nothing() {
     let mut f = Fixture::with_two_backends();
     let unknown: Vip = "10.9.9.9:80/tcp".parse().unwrap();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
-    f.ok(Request::AddVip { vip: v6, ring_size: Some(13) });
+    f.ok(Request::AddVip { vip: v6, ring_size: Some(13), force: false });
     f.ok(set_rate(Scope::Default, 10));
     f.ok(set_rule("192.0.2.0/24", None, RuleActionKind::Block, None));
     let (state, maps, file) = (f.core.state().clone(), f.core.maps().clone(), f.file_bytes());
@@ -470,4 +478,59 @@ fn assert_all_refused<'a>(
     assert_eq!(f.core.state(), before.0);
     assert_eq!(f.core.maps(), before.1);
     assert_eq!(&f.file_bytes(), before.2);
+}
+
+#[test]
+fn the_last_active_backend_is_drained_only_when_forced() {
+    let mut f = Fixture::with_two_backends();
+    let drain = |backend: &str, force| Request::DrainBackend { vip: vip(), backend: ip(backend), deadline_s: None, force };
+    f.ok(drain("10.0.0.2", false));
+    let before = (f.core.state().clone(), f.saved());
+    let err = f.core.handle(drain("10.0.0.1", false)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "backend 10.0.0.1 is the last active backend of VIP 10.100.0.1:80/tcp: drained, there is nowhere else for new \
+         flows, and new connections to the VIP fail (drop_no_backend); add or undrain another backend first, or drain \
+         with --force"
+    );
+    assert_eq!(err.to_api().kind, ErrorKind::Invalid);
+    assert_eq!((f.core.state().clone(), f.saved()), before);
+    // Draining one that is drained already changes nothing and needs nothing.
+    f.ok(drain("10.0.0.2", false));
+    f.ok(drain("10.0.0.1", true));
+    assert_eq!(f.backends()[0], (ip("10.0.0.1"), 0, BackendState::Draining));
+}
+
+#[test]
+fn what_the_host_cannot_serve_is_refused_and_changes_nothing() {
+    let mut f = Fixture::with_two_backends();
+    f.core.set_info(DaemonInfo {
+        host: Host { addresses: vec![("eth0".into(), ip("10.77.0.2"))], outer_v4: true, outer_v6: false, iface: "eth0".into() },
+        ..DaemonInfo::default()
+    });
+    let own: Vip = "10.77.0.2:22/tcp".parse().unwrap();
+    let before = (f.core.state().clone(), f.saved(), f.core.maps().vips.clone());
+    let err = f.core.handle(Request::AddVip { vip: own, ring_size: None, force: false }).unwrap_err();
+    assert!(err.to_string().starts_with("VIP 10.77.0.2:22/tcp: 10.77.0.2 is an address of this balancer (eth0)"), "{err}");
+    assert!(err.to_string().ends_with("add it with lbctl vips add --force (in a file: allow_local_address = true)"), "{err}");
+    let err = f.core.handle(Request::AddBackend { vip: vip(), backend: ip("fd00::5"), weight: None, options: Default::default() });
+    let err = err.unwrap_err().to_string();
+    assert!(err.starts_with("backend fd00::5 of VIP 10.100.0.1:80/tcp: no IPv6 outer source is configured"), "{err}");
+    // The file gets the same guards, on the field they are about.
+    let file = |extra: &str| {
+        let text = format!("[[vips]]\nvip = \"10.100.0.1:80/tcp\"\nring_size = 251\n[[vips.backends]]\naddress = \"10.0.0.1\"\n{extra}");
+        Request::Apply { config: text, source: "f.toml".into(), dry_run: false, allow_vip_removal: true }
+    };
+    let err = f.core.handle(file("[[vips.backends]]\naddress = \"fd00::5\"\n")).unwrap_err().to_string();
+    assert!(err.starts_with("f.toml:7:11: vips[0].backends[1].address: backend fd00::5 of VIP"), "{err}");
+    let err = f.core.handle(file("[[vips]]\nvip = \"10.77.0.2:22/tcp\"\n")).unwrap_err().to_string();
+    assert!(err.starts_with("f.toml:7:7: vips[1].vip: VIP 10.77.0.2:22/tcp: 10.77.0.2 is an address"), "{err}");
+    assert_eq!((f.core.state().clone(), f.saved(), f.core.maps().vips.clone()), before);
+    // Forced, the VIP is kept as allowed: an export applies again as it is.
+    f.ok(Request::AddVip { vip: own, ring_size: None, force: true });
+    let Reply::Exported(exported) = f.ok(Request::Export) else { panic!() };
+    assert!(exported.config.contains("allow_local_address = true"), "{}", exported.config);
+    f.ok(Request::RemoveVip { vip: own, force: false });
+    f.ok(Request::Apply { config: exported.config, source: "export".into(), dry_run: false, allow_vip_removal: false });
+    assert!(f.core.state().vips[&own].allow_local_address);
 }
