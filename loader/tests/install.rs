@@ -79,7 +79,7 @@ fn installs_into_a_prefix_and_the_units_verify() {
     assert!(unit.contains(&format!("ExecStart={prefix}/bin/lbd --config {etc}/spillway/spillway.toml")), "{unit}");
     // The file is checked before every start and reload, and a reload only signals after it passed.
     let check = format!("{prefix}/bin/lbd check -f {etc}/spillway/spillway.toml");
-    assert!(unit.contains(&format!("\nExecStartPre={check}\n")), "{unit}");
+    assert!(unit.contains(&format!("\nExecStartPre=-{check}\n")), "{unit}");
     assert!(unit.contains(&format!("\nExecReload={check}\nExecReload=/bin/kill -HUP $MAINPID\n")), "{unit}");
     let agent = fs::read_to_string(p("lib/systemd/system/spillway-agent.service")).unwrap();
     assert!(agent.contains(&format!("{etc}/spillway/agent.toml")), "{agent}");
