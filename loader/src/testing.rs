@@ -295,7 +295,7 @@ impl FlowTable for FakeMaps {
         Ok(self.flows.remove(key).is_some())
     }
     fn flow_capacity(&self) -> u64 {
-        u64::from(self.capacity.flow_entries())
+        u64::from(self.capacity.flows)
     }
     fn maglev_choice(&self, table: RingRef, hash: u32) -> Result<Option<u32>, DataplaneError> {
         let slot = |slot: u32| self.rings.get(&(4 * u64::from(table.base) + u64::from(slot))).copied().unwrap_or(0);

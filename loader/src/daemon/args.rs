@@ -200,7 +200,8 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "N", default_value_t = Capacity::DEFAULT.backends, value_parser = count(Capacity::MAX.backends))]
     pub max_backends: u32,
     /// Connections the table holds (k and M suffixes: thousands, millions); it takes about
-    /// 64 bytes each.
+    /// 64 bytes each, with slots for twice as many so a full table's buckets rarely
+    /// overflow. `lbctl status`, the metrics and the dashboard show this number.
     #[arg(long, value_name = "N", default_value_t = Capacity::DEFAULT.flows, value_parser = count(Capacity::MAX.flows))]
     pub max_flows: u32,
     /// Maglev slots over all VIPs; a VIP with a table of M slots (`lbctl vips add

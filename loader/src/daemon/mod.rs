@@ -271,10 +271,16 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
 
 /// One line per map with the memory the kernel charges for it, and the total.
 fn log_memory(maps: &crate::dataplane::BalancerMaps) {
-    for m in maps.memory() {
-        event!(info, "map_memory", map = m.name, kind = m.kind, entries = m.entries, bytes = m.bytes);
-    }
     let c = maps.capacity();
+    for m in maps.memory() {
+        if m.name == spillway_common::limits::map_names::FLOWS {
+            // Its kernel entries are buckets of ways; the operator set flows.
+            let (buckets, ways) = (m.entries, spillway_common::limits::FLOW_WAYS);
+            event!(info, "map_memory", map = m.name, kind = m.kind, max_flows = c.flows, buckets = buckets, ways = ways, bytes = m.bytes);
+        } else {
+            event!(info, "map_memory", map = m.name, kind = m.kind, entries = m.entries, bytes = m.bytes);
+        }
+    }
     let total: u64 = maps.memory().iter().map(|m| m.bytes).sum();
     event!(
         info,

@@ -191,8 +191,11 @@ impl BalancerMaps {
     }
 
     /// Entries the connection table holds at most.
+    /// The flows the connection table is sized for (`--max-flows`): the operator's number.
+    /// Its slots (buckets of ways) are twice as many, the room that keeps a full table's
+    /// buckets from overflowing.
     pub fn flow_capacity(&self) -> u64 {
-        u64::from(self.capacity.flow_entries())
+        u64::from(self.capacity.flows)
     }
 
     pub fn budget_bucket(&self, vip_id: u32) -> Result<Bucket, DataplaneError> {
@@ -205,8 +208,9 @@ impl BalancerMaps {
 
     /// Every map's name and capacity, and for the VIP and rule indexes and the small hash
     /// maps the entries they hold (the connection table is counted by a walk elsewhere).
-    /// Capacities are in the operator's units: VIPs, slots, backends, entries, rules (the
-    /// indexes have room to spare, and the rings pack four slots a word).
+    /// Capacities are in the operator's units: VIPs, slots, backends, flows (`--max-flows`,
+    /// not the table's slots), rules (the indexes have room to spare, and the rings pack
+    /// four slots a word).
     pub fn occupancy(&self) -> Result<Vec<MapOccupancy>, DataplaneError> {
         fn counted<K: aya::Pod, V: aya::Pod>(name: &'static str, map: &HashMap<MapData, K, V>) -> Result<u64, DataplaneError> {
             let mut entries = 0;
@@ -224,7 +228,7 @@ impl BalancerMaps {
             map(map_names::VIP_ADDRS, c.vips, Some(counted(map_names::VIP_ADDRS, &self.vip_addrs)?)),
             map(map_names::RINGS, c.ring_words() * RING_SLOTS_PER_WORD, None),
             map(map_names::BACKENDS, c.backends, None),
-            map(map_names::FLOWS, c.flow_entries(), None),
+            map(map_names::FLOWS, c.flows, None),
             map(map_names::SOURCES, as_loaded(map_names::SOURCES), Some(counted(map_names::SOURCES, &self.sources)?)),
             map(map_names::LIMITS, as_loaded(map_names::LIMITS), None),
             map(map_names::RULES, MAX_RULES, Some(self.rules.rules().len() as u64)),

@@ -181,7 +181,7 @@ fn own(f: &mut Families, s: &Sample) {
     if let Some(n) = s.flow_table.entries {
         g.gauge(Labels::new(), n as f64);
     }
-    f.gauge("flow_table_max_entries", "Entries the connection table holds at most (LRU beyond).", None)
+    f.gauge("flow_table_max_entries", "Flows the connection table is sized for (max_flows; it has slots for twice as many).", None)
         .gauge(Labels::new(), s.flow_table.capacity as f64);
     let mut memory = f.gauge("map_memory", "Memory the kernel accounts to each of the balancer's maps.", Some(Unit::Bytes));
     for m in &s.maps {

@@ -44,9 +44,15 @@ fn established_connections_survive_a_spoofed_syn_flood(mode: XdpMode) {
 
     let status = c.lbctl_json(&["status"]).unwrap();
     let flows = status["maps"].as_array().unwrap().iter().find(|m| m["name"] == "spw_flows").expect("spw_flows in lbctl status");
-    // Room for twice --max-flows.
-    let entries = flows["max_entries"].as_u64().unwrap() as u32;
-    assert_eq!(entries, 2 * MAX_FLOWS.parse::<u32>().unwrap());
+    // One number for the table's size everywhere: the flows lbd was sized for.
+    let max_flows: u32 = MAX_FLOWS.parse().unwrap();
+    assert_eq!(flows["max_entries"].as_u64(), Some(u64::from(max_flows)), "{status}");
+    let log = c.lbd_log();
+    let line = log.lines().find(|l| l.contains("event=map_memory map=spw_flows")).expect("the table's memory line");
+    assert!(line.contains(&format!("max_flows={max_flows}")) && line.contains("buckets=") && line.contains("ways=4"), "{line}");
+    // It has slots for twice as many.
+    let entries = spillway_common::limits::Capacity { flows: max_flows, ..Default::default() }.flow_entries();
+    assert_eq!(entries, 2 * max_flows);
 
     // The flood: a new spoofed source per SYN until the balancer has forwarded twice the
     // table's entries (the veths drop a few; those are made up with more).

@@ -77,7 +77,8 @@ fn metrics_show_traffic_drops_health_and_rules() {
     assert!(value(&text, "spillway_flow_table_entries", &[]).unwrap() >= 1.0);
     assert_eq!(
         value(&text, "spillway_flow_table_max_entries", &[]),
-        Some(f64::from(spillway_common::limits::Capacity::DEFAULT.flow_entries()))
+        Some(f64::from(spillway_common::limits::Capacity::DEFAULT.flows)),
+        "the flows lbd was sized for, as the operator set them"
     );
     assert!(value(&text, "spillway_map_memory_bytes", &[("map", "spw_flows")]).unwrap() > 1e6);
     assert!(value(&text, "spillway_probes_total", &[("outcome", "success")]).unwrap() >= 3.0);
