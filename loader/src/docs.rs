@@ -24,9 +24,29 @@ pub struct ManArgs {
 }
 
 /// Writes `shell`'s completion script for `command` to `out`.
-pub fn completions(mut command: Command, shell: Shell, out: &mut dyn Write) {
+pub fn completions(command: Command, shell: Shell, out: &mut dyn Write) {
+    let mut command = with_value_hints(command);
     let name = command.get_name().to_owned();
     clap_complete::generate(shell, &mut command, name, out);
+}
+
+/// Value names of options that take a path: shells complete files for those only.
+const PATH_VALUES: [&str; 4] = ["FILE", "DIR", "PATH", "SOCKET"];
+
+/// Marks every option value that is not a path as free text, so shells offer no file names
+/// for a VIP, an address or a number (bash completes files for anything unmarked).
+fn with_value_hints(command: Command) -> Command {
+    use clap::ValueHint;
+    let command = command.mut_args(|arg| {
+        let path = arg.get_value_names().is_some_and(|names| names.iter().any(|n| PATH_VALUES.contains(&n.as_str())));
+        if arg.get_action().takes_values() && arg.get_value_hint() == ValueHint::Unknown && !path {
+            arg.value_hint(ValueHint::Other)
+        } else {
+            arg
+        }
+    });
+    let names: Vec<String> = command.get_subcommands().map(|s| s.get_name().to_owned()).collect();
+    names.into_iter().fold(command, |command, name| command.mut_subcommand(name, with_value_hints))
 }
 
 /// Writes a page in section 8 (system administration) for `command` and each of its
@@ -75,6 +95,18 @@ mod tests {
             let text = String::from_utf8(script).unwrap();
             for sub in command.get_subcommands() {
                 assert!(text.contains(sub.get_name()), "{name}'s completion lacks {}", sub.get_name());
+            }
+            // A VIP is no file name; a configuration file is.
+            if name == "lbctl" {
+                let completes = |subcommand: &str, option: &str| {
+                    let section = text.split(&format!("lbctl__subcmd__{subcommand})")).nth(1).unwrap();
+                    let case = &section[section.find(&format!("{option})")).unwrap()..];
+                    case[..case.find("return 0").unwrap()].to_owned()
+                };
+                let vip = completes("flows__subcmd__get", "--vip");
+                assert!(!vip.contains("compgen -f"), "--vip completes files: {vip}");
+                let file = completes("apply", "--file");
+                assert!(file.contains("compgen -f"), "--file completes files: {file}");
             }
             for shell in [Shell::Zsh, Shell::Fish] {
                 let mut other = Vec::new();

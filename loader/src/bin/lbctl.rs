@@ -9,7 +9,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli::run(&cli, &mut io::stdout().lock()) {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
-        Ok(Outcome::Differs) => ExitCode::from(1),
+        Ok(Outcome::Differs | Outcome::NoReport) => ExitCode::from(1),
         Ok(Outcome::Refused) => ExitCode::from(3),
         Err(e) => {
             eprintln!("lbctl: {:#}", anyhow::Error::new(e));

@@ -73,6 +73,7 @@ pub enum FlowsCommand {
     /// Where one client's flow goes now, and why.
     #[command(after_help = FLOWS_GET_HELP)]
     Get {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
         #[arg(long, value_name = "VIP")]
         vip: Vip,
         /// The client's address and source port, e.g. 198.51.100.7:40312 or [2001:db8::7]:40312.
@@ -87,6 +88,7 @@ pub enum FlowsCommand {
     /// A VIP's connection-table entries.
     #[command(after_help = FLOWS_LIST_HELP)]
     List {
+        /// The VIP whose entries to list, e.g. 10.0.0.1:80/tcp.
         #[arg(long, value_name = "VIP")]
         vip: Vip,
         /// Only the entries of this backend.

@@ -56,7 +56,8 @@ Examples:
 Ephemeral-port use per destination (local address, remote address and port,
 protocol) against the host's ip_local_port_range, connect() failures for want
 of a port by process, and processes leaving sockets in CLOSE_WAIT (leak
-suspects). Agents are polled every 2 s; age_s says how old the report is.
+suspects). Agents are polled every 2 s; age_s says how old the report is. Exit
+status 1 when there is no report for the host (the reason is printed).
 
 Destinations (first table):
   PROTO      tcp or udp

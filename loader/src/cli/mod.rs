@@ -306,7 +306,8 @@ Columns:
   RATE     with limit: N/s burst B shared by the whole CIDR; - otherwise
   OBSERVE  yes: counted, nothing dropped; no: enforced
   HITS     new flows it matched since it was added
-  DROPPED  of those, refused (with OBSERVE yes: would have been)
+  DROPPED  of those, refused; with OBSERVE yes none was, and the count is marked
+           (would): what the rule would have dropped
 
 JSON output (-o json):
   {\"rules\":[{\"cidr\":\"10.20.0.0/16\",\"vip\":\"10.0.0.1:80/tcp\",\"action\":\"limit\",
@@ -831,6 +832,8 @@ pub enum Outcome {
     Differs,
     /// `lbctl diff` found changes that `apply` would refuse as they are (exit status 3).
     Refused,
+    /// `lbctl ports` has no report for the host (its error is printed; exit status 1).
+    NoReport,
 }
 
 /// Sends the command's request to lbd and writes the answer to `out` (`top` repeats it).

@@ -38,7 +38,12 @@ pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<Out
         (Command::Ratelimit(RatelimitCommand::List(o)), Reply::RateLimits(list)) => output(o.output, &list, rate_limits_table)?,
         (Command::Rules(RulesCommand::List(o)), Reply::Rules(list)) => output(o.output, &list, rules_table)?,
         (Command::TopSources { output: o, .. }, Reply::TopSources(list)) => output(o.output, &list, top_sources_table)?,
-        (Command::Ports { output: o, .. }, Reply::Ports(view)) => output(o.output, view.as_ref(), render_health::ports_tables)?,
+        (Command::Ports { output: o, .. }, Reply::Ports(view)) => {
+            if view.report.is_none() {
+                outcome = Outcome::NoReport;
+            }
+            output(o.output, view.as_ref(), render_health::ports_tables)?
+        }
         (Command::Flows(FlowsCommand::Get { output: o, .. }), Reply::Flow(answer)) => output(o.output, &answer, flows::answer_text)?,
         (Command::Flows(FlowsCommand::List { output: o, .. }), Reply::Flows(list)) => output(o.output, &list, flows::list_table)?,
         (Command::Flows(FlowsCommand::Purge { .. }), Reply::Purged(report)) => flows::purged_text(&report),
@@ -245,7 +250,8 @@ fn rules_table(list: &RuleList) -> String {
             r.rate.map_or("-".to_owned(), |rate| rate.to_string()),
             if r.observe { "yes" } else { "no" }.to_owned(),
             r.hits.to_string(),
-            r.dropped.to_string(),
+            // An observed rule dropped nothing: its count is what it would have dropped.
+            if r.observe { format!("{} (would)", r.dropped) } else { r.dropped.to_string() },
         ]);
     }
     t.render()

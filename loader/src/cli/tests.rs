@@ -442,9 +442,9 @@ fn limit_and_rule_tables() {
     );
     assert_eq!(
         rendered(&["rules", "list"], Reply::Rules(sample_rules())),
-        "CIDR          VIP              ACTION  RATE             OBSERVE  HITS  DROPPED\n\
-         10.20.0.0/16  10.0.0.1:80/tcp  limit   500/s burst 500  yes      1200       35\n\
-         192.0.2.0/24  *                block   -                no          7        7\n"
+        "CIDR          VIP              ACTION  RATE             OBSERVE  HITS     DROPPED\n\
+         10.20.0.0/16  10.0.0.1:80/tcp  limit   500/s burst 500  yes      1200  35 (would)\n\
+         192.0.2.0/24  *                block   -                no          7           7\n"
     );
     assert_eq!(
         rendered(&["top-sources", "--vip", "10.0.0.1:80/tcp"], Reply::TopSources(sample_top())),
@@ -689,8 +689,11 @@ fn ports_show_destinations_failures_and_leak_suspects() {
     // Process names come from the host's processes: none reaches the terminal as a control.
     assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
     let hostile = crate::api::PortsView { host: "10.0.1.2".into(), report: None, error: Some("bad\x1b[2Jreply".into()), age_s: 0 };
-    let out = rendered(&["ports", "--host", "10.0.1.2"], Reply::Ports(Box::new(hostile)));
+    let out = rendered(&["ports", "--host", "10.0.1.2"], Reply::Ports(Box::new(hostile.clone())));
     assert!(out.contains("no report: bad\\x1b[2Jreply"), "{out}");
+    // No report is no success: scripts see it in the exit status.
+    let cli = parse(&["ports", "--host", "10.0.1.2"]).unwrap();
+    assert_eq!(render::reply(&cli.command, Reply::Ports(Box::new(hostile)), &mut Vec::new()).unwrap(), Outcome::NoReport);
 }
 
 #[test]

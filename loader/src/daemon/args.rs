@@ -4,12 +4,9 @@ use std::{ffi::OsString, path::PathBuf};
 
 use aya::programs::XdpMode;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use spillway_common::{
-    hash::FLOW_SEED,
-    limits::{
-        Capacity, DEFAULT_LOCAL_ADDRS, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, MAX_LOCAL_ADDRS,
-        SECOND_CHANCE_SETTLE_MS,
-    },
+use spillway_common::limits::{
+    Capacity, DEFAULT_LOCAL_ADDRS, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, MAX_LOCAL_ADDRS,
+    SECOND_CHANCE_SETTLE_MS,
 };
 
 use super::{
@@ -181,7 +178,7 @@ pub struct DaemonArgs {
     /// Seed of the flow hash that picks a new flow's backend (decimal or 0x hex). A fleet
     /// setting: every balancer behind the same ECMP routes must use the same seed, so a flow
     /// that moves between them keeps its backend.
-    #[arg(long, value_name = "SEED", default_value_t = FLOW_SEED, value_parser = parse_seed)]
+    #[arg(long, value_name = "SEED", default_value = FLOW_SEED_HEX, value_parser = parse_seed)]
     pub flow_hash_seed: u32,
     /// Seconds a VIP's Maglev table must stay unchanged before its next change replaces its
     /// second-chance table (the table packets of connections this balancer has no entry for
@@ -263,6 +260,10 @@ pub struct AnnounceArgs {
 
 pub const DEFAULT_BIRD_INCLUDE: &str = "/run/spillway-bird/vips.conf";
 
+/// [`spillway_common::hash::FLOW_SEED`] written as the example file writes it (hex), for
+/// `--help`.
+const FLOW_SEED_HEX: &str = "0x5370696c";
+
 fn parse_seed(input: &str) -> Result<u32, String> {
     let parsed = match input.strip_prefix("0x").or_else(|| input.strip_prefix("0X")) {
         Some(hex) => u32::from_str_radix(hex, 16),
@@ -330,6 +331,7 @@ pub struct AgentArgs {
     /// Configuration file whose [agent] table holds these options (see spillway.toml).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// How the decap program is attached: native (in the driver) or generic (in the stack).
     #[arg(long, value_enum, default_value_t = XdpModeArg::Native)]
     pub xdp_mode: XdpModeArg,
     /// bpffs directory; the agent pins under <DIR>/agent.
@@ -393,7 +395,7 @@ impl From<XdpModeArg> for XdpMode {
 #[cfg(test)]
 mod tests {
     use clap::error::ErrorKind;
-    use spillway_common::limits::RING_TABLES;
+    use spillway_common::{hash::FLOW_SEED, limits::RING_TABLES};
 
     use super::*;
 
@@ -416,6 +418,7 @@ mod tests {
         assert!(!d.cleanup && d.tx_ifaces.is_empty());
         assert_eq!(d.capacity(), Capacity::DEFAULT);
         assert_eq!(d.flow_hash_seed, FLOW_SEED);
+        assert_eq!(parse_seed(FLOW_SEED_HEX), Ok(FLOW_SEED), "the default as --help shows it");
         assert_eq!(d.announce.bird_socket, None);
         assert_eq!(d.announce.bird_include, PathBuf::from(DEFAULT_BIRD_INCLUDE));
         assert_eq!((d.announce.announce_floor, d.announce.announce_hold_s), (1, 10));
