@@ -19,7 +19,7 @@ use crate::api::{
 
 pub const TOP_HELP: &str = "\
 Examples:
-  lbctl top                       # redraws every second; Ctrl-C to quit
+  lbctl top                       # redraws every second; q or Ctrl-C to quit
   lbctl top --count 5 | tee top.log
   lbctl top --once -o json
 
@@ -229,8 +229,14 @@ pub fn run(api: &Path, args: &TopArgs, tty: bool, out: &mut dyn Write) -> Result
     let count = if args.once { Some(1) } else { args.count };
     let mut before = sample(api)?;
     let mut shown = 0;
+    // Redrawing in place on a terminal: `q` quits, as in top(1).
+    let keys = if tty { Keys::raw() } else { None };
     while count.is_none_or(|n| shown < n) {
-        std::thread::sleep(interval);
+        match &keys {
+            Some(keys) if keys.quit_within(interval) => break,
+            Some(_) => {}
+            None => std::thread::sleep(interval),
+        }
         let after = sample(api)?;
         let view = rates(&before, &after);
         let text = match args.output.output {
@@ -247,9 +253,92 @@ pub fn run(api: &Path, args: &TopArgs, tty: bool, out: &mut dyn Write) -> Result
     Ok(())
 }
 
+/// The terminal on standard input, set to pass keys through one at a time (no line editing,
+/// no echo) while `lbctl top` runs, and restored when dropped.
+struct Keys {
+    saved: libc::termios,
+}
+
+impl Keys {
+    /// `None` when standard input is not a terminal.
+    fn raw() -> Option<Keys> {
+        // SAFETY: termios is plain data; tcgetattr fills it or fails (then it is unused).
+        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &raw mut saved) } != 0 {
+            return None;
+        }
+        // Ctrl-C must end the loop, not the process, or the terminal stays without echo.
+        // SAFETY: the handler only stores to an atomic.
+        unsafe {
+            libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t);
+            libc::signal(libc::SIGTERM, on_interrupt as *const () as libc::sighandler_t);
+        }
+        let mut raw = saved;
+        raw.c_lflag &= !(libc::ICANON | libc::ECHO);
+        raw.c_cc[libc::VMIN] = 0;
+        raw.c_cc[libc::VTIME] = 0;
+        // SAFETY: a valid termios for the terminal just read.
+        (unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &raw const raw) } == 0).then_some(Keys { saved })
+    }
+
+    /// Waits up to `timeout`; true as soon as `q` is typed.
+    fn quit_within(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let mut poll = libc::pollfd { fd: libc::STDIN_FILENO, events: libc::POLLIN, revents: 0 };
+            let millis = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+            // SAFETY: one valid pollfd for the duration of the call.
+            let ready = unsafe { libc::poll(&raw mut poll, 1, millis) };
+            if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
+                return true;
+            }
+            if ready < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            if ready <= 0 {
+                return false;
+            }
+            let mut typed = [0u8; 16];
+            // SAFETY: the buffer outlives the call and its length is passed.
+            let n = unsafe { libc::read(libc::STDIN_FILENO, typed.as_mut_ptr().cast(), typed.len()) };
+            if n <= 0 {
+                return false;
+            }
+            if wants_quit(&typed[..n as usize]) {
+                return true;
+            }
+        }
+    }
+}
+
+impl Drop for Keys {
+    fn drop(&mut self) {
+        // SAFETY: restores the settings read at the start.
+        unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &raw const self.saved) };
+    }
+}
+
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether typed bytes ask `lbctl top` to quit: `q` or `Q`.
+fn wants_quit(typed: &[u8]) -> bool {
+    typed.iter().any(|b| b.eq_ignore_ascii_case(&b'q'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn q_quits() {
+        assert!(wants_quit(b"q") && wants_quit(b"xQ"));
+        assert!(!wants_quit(b"") && !wants_quit(b" \n"));
+    }
     use crate::api::{
         ReasonCount,
         sample::{BackendSample, BuildInfo, DaemonSample, FlowTableSample, VipSample},

@@ -190,9 +190,10 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     core.set_build_info(BuildInfo { version: env!("CARGO_PKG_VERSION").to_owned(), program_tag, xdp_mode: mode.to_owned() });
     core.set_second_chance_settle(std::time::Duration::from_secs(args.second_chance_settle_s));
     let vips = &core.state().vips;
+    // A first start from a file restores nothing: it starts from the file.
     event!(
         info,
-        "state_restored",
+        if start.first.is_some() { "state_from_file" } else { "state_restored" },
         vips = vips.len(),
         backends = vips.values().map(|c| c.backends.len()).sum::<usize>(),
         rules = core.state().rules.len(),

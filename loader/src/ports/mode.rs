@@ -108,6 +108,21 @@ pub struct Refusal {
     pub reason: String,
 }
 
+impl Refusal {
+    /// `error`'s chain as one line: a verifier log, when the error carries one, is kept to
+    /// its last line (what the verifier refused), so the refusal reads as a sentence in a
+    /// log line, a report and `lbctl status` rather than as an escaped page of log.
+    pub fn new(mode: Mode, error: &str) -> Refusal {
+        let mut lines = error.lines().map(str::trim).filter(|l| !l.is_empty());
+        let first = lines.next().unwrap_or_default();
+        let reason = match lines.next_back() {
+            Some(last) => format!("{first} … {last}"),
+            None => first.to_owned(),
+        };
+        Refusal { mode, reason }
+    }
+}
+
 impl WatcherStatus {
     pub(super) fn new(mode: Mode) -> WatcherStatus {
         WatcherStatus { mode, watching: Vec::new(), not_watched: Vec::new(), refused: Vec::new() }
@@ -156,6 +171,17 @@ pub mod parts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_with_a_verifier_log_reads_as_one_line() {
+        let error = "loading sockwatch_set_state: the BPF_PROG_LOAD syscall failed. Verifier output: \n0: (79) r1 = *(u64 *)(r1 +0)\n\ninvalid bpf_context access off=0 size=8\n";
+        let refusal = Refusal::new(Mode::Btf, error);
+        assert_eq!(
+            refusal.reason,
+            "loading sockwatch_set_state: the BPF_PROG_LOAD syscall failed. Verifier output: … invalid bpf_context access off=0 size=8"
+        );
+        assert_eq!(Refusal::new(Mode::Btf, "Operation not permitted (os error 1)").reason, "Operation not permitted (os error 1)");
+    }
 
     #[test]
     fn candidates_go_from_best_to_last_resort() {

@@ -273,7 +273,7 @@ impl SockWatch {
                     return Ok(SockWatch { bpf, status, own, resolver, resolved_at: Instant::now(), close_wait_seen: HashMap::new() });
                 }
                 Err(error) => {
-                    refused.push(Refusal { mode, reason: error_chain(&error) });
+                    refused.push(Refusal::new(mode, &error_chain(&error)));
                     last_error = Some(error);
                 }
             }

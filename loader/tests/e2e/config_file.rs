@@ -71,6 +71,8 @@ fn lbd_starts_from_the_file_and_lbctl_diffs_applies_and_exports() {
         "{}",
         c.lbd_log()
     );
+    let log = c.lbd_log();
+    assert!(log.contains("event=state_from_file vips=1") && !log.contains("event=state_restored"), "nothing was restored: {log}");
     wait_until(Duration::from_secs(10), "b1 and b2 healthy", || all_healthy(&c, &vip));
     assert_shares(&connections(&c, tcp_target(false), 60), &shares(&[("b1", 0.5), ("b2", 0.5)]), 60);
 
