@@ -60,6 +60,8 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
     let _lock = pins::create_and_lock(&layout.agent_dir())?;
+    let durability = pins::durability(&layout.agent_dir());
+    durability.log_at_start(&layout.agent_dir(), "decapsulation");
     let sizes = [(map_names::LOCAL_ADDRS, args.max_local_addrs)];
     let mut ebpf = dataplane::load_sized(objects::DECAP, "spillway-decap", program_names::DECAP, &sizes)?;
     let name = map_names::LOCAL_ADDRS;
@@ -93,7 +95,7 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
         tokio::select! {
             name = signals.recv() => {
                 notify::stopping();
-                event!(info, "exiting", signal = name, link = link.display(), message = "decapsulation continues through the pinned link");
+                event!(info, "exiting", signal = name, link = link.display(), message = durability.after_exit("decapsulation"));
                 return Ok(());
             }
             _ = tick.tick() => {

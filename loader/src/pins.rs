@@ -186,6 +186,84 @@ fn refuse_unsafe_dir(dir: &Path) -> Result<(), PinError> {
     Ok(())
 }
 
+/// Whether pins in a directory outlive the process that made them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Its bpffs is mounted in the host's mount namespace (PID 1's): the pins stay when
+    /// this process and its mount namespace are gone.
+    Durable,
+    /// Its bpffs exists only in this process's mount namespace (`ip netns exec`, a
+    /// container with a bpffs of its own): the pins, and the link that keeps the program
+    /// attached, go with the namespace.
+    Private,
+    /// Not known (PID 1's mounts unreadable).
+    Unknown(String),
+}
+
+/// Whether the pins under `dir` outlive this process: the bpffs holding `dir` must be one
+/// PID 1's mount namespace has too (each bpffs mount is a file system of its own, so the
+/// device numbers tell).
+pub fn durability(dir: &Path) -> Durability {
+    use std::os::unix::fs::MetadataExt;
+    let dev = match fs::metadata(dir) {
+        Ok(m) => m.dev(),
+        Err(e) => return Durability::Unknown(format!("{}: {e}", dir.display())),
+    };
+    match fs::read_to_string("/proc/1/mountinfo") {
+        Ok(mounts) if bpffs_devices(&mounts).contains(&dev) => Durability::Durable,
+        Ok(_) => Durability::Private,
+        Err(e) => Durability::Unknown(format!("/proc/1/mountinfo: {e}")),
+    }
+}
+
+impl Durability {
+    /// Says at start what a restart will keep (a warning unless the pins outlive us).
+    pub fn log_at_start(&self, dir: &Path, what: &str) {
+        match self {
+            Durability::Durable => {}
+            Durability::Private => crate::event!(
+                warn,
+                "pins_not_durable",
+                pin_dir = dir.display(),
+                message = format!(
+                    "this bpffs exists only in this process's mount namespace (ip netns exec, or a container's own \
+                     bpffs): when it exits, the pins and the link go with it and {what} stops; restarts are not \
+                     hitless. Run it in the host's mount namespace (nsenter --net=/run/netns/NAME) or give the \
+                     container the host's /sys/fs/bpf (see the README)"
+                )
+            ),
+            Durability::Unknown(why) => {
+                crate::event!(warn, "pins_durability_unknown", pin_dir = dir.display(), reason = why)
+            }
+        }
+    }
+
+    /// What continues after this process exits, for its last log line.
+    pub fn after_exit(&self, what: &str) -> String {
+        match self {
+            Durability::Durable => format!("{what} continues through the pinned link"),
+            Durability::Private => format!("the pins go with this mount namespace: {what} stops"),
+            Durability::Unknown(_) => format!("{what} continues through the pinned link if its bpffs outlives this process"),
+        }
+    }
+}
+
+/// The device numbers of the bpf file systems in a mountinfo text (`ID PARENT MAJ:MIN ROOT
+/// MOUNT_POINT ... - FSTYPE ...`), as `stat` encodes them.
+fn bpffs_devices(mountinfo: &str) -> Vec<u64> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (mount, fs) = line.split_once(" - ")?;
+            if fs.split(' ').next()? != "bpf" {
+                return None;
+            }
+            let (major, minor) = mount.split(' ').nth(2)?.split_once(':')?;
+            Some(nix::sys::stat::makedev(major.parse().ok()?, minor.parse().ok()?))
+        })
+        .collect()
+}
+
 /// Held while a daemon owns a pin directory; a second daemon (or `--cleanup`) on the same
 /// directory fails instead of fighting over the maps. Released when the process exits.
 pub struct PinLock {
@@ -360,6 +438,38 @@ mod tests {
         let dir = crate::testing::TempDir::new(label);
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
         dir
+    }
+
+    #[test]
+    fn bpffs_devices_are_read_from_mountinfo() {
+        let mountinfo = "22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw\n\
+                         31 22 0:27 / /sys/fs/bpf rw,nosuid shared:12 - bpf bpf rw,mode=700\n\
+                         40 22 0:33 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(bpffs_devices(mountinfo), [nix::sys::stat::makedev(0, 27)]);
+        assert!(bpffs_devices("garbage\n").is_empty());
+    }
+
+    #[test]
+    fn pins_on_a_bpffs_of_this_mount_namespace_only_are_private() {
+        let dir = temp_dir("private");
+        // A bpffs mounted in a mount namespace of a thread of its own: PID 1 does not have it.
+        let private = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    use nix::sched::{CloneFlags, unshare};
+                    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_FS).unwrap();
+                    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).unwrap();
+                    mount_bpffs(dir.path()).unwrap();
+                    let durability = durability(dir.path());
+                    nix::mount::umount(dir.path()).unwrap();
+                    durability
+                })
+                .join()
+                .unwrap()
+        });
+        assert_eq!(private, Durability::Private);
+        ensure_bpffs().unwrap();
+        assert_eq!(durability(Path::new(BPFFS_ROOT)), Durability::Durable, "the host's bpffs (this test runs in PID 1's mounts)");
     }
 
     #[test]

@@ -117,6 +117,8 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
     let _lock = pins::create_and_lock(&layout.balancer_dir())?;
+    let durability = pins::durability(&layout.balancer_dir());
+    durability.log_at_start(&layout.balancer_dir(), "forwarding");
     // Bound before the dataplane is touched, so a socket problem changes nothing; clients
     // connecting during startup wait in the backlog until the state is restored.
     let (listener, _socket) = server::bind(&args.api)?;
@@ -266,7 +268,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     }
     // A killed lbd restores the last state change; a clean exit saves the present.
     server::lock(&core).persist_health();
-    event!(info, "exited", link = link.display(), message = "forwarding continues through the pinned link");
+    event!(info, "exited", link = link.display(), message = durability.after_exit("forwarding"));
     Ok(())
 }
 
