@@ -496,7 +496,7 @@ pub struct PortsView {
     pub age_s: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BackendEntry {
     pub address: IpAddr,
     /// The configured (operator's) weight.
@@ -518,7 +518,7 @@ pub struct BackendEntry {
     pub state_for_s: Option<u64>,
     /// Smoothed probe latency.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency_ms: Option<u64>,
+    pub latency_ms: Option<f64>,
     /// How it is probed (`tunnel` or `direct`); absent when it is not probed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_path: Option<ProbePath>,

@@ -72,7 +72,7 @@ pub struct VipHealthSample {
     pub total_weight: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BackendSample {
     pub address: IpAddr,
     /// The operator's weight, and the one programmed after health, zones and pressure.
@@ -87,7 +87,7 @@ pub struct BackendSample {
     pub health: Option<String>,
     /// Smoothed probe latency.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency_ms: Option<u64>,
+    pub latency_ms: Option<f64>,
     /// Port pressure from the backend's agent (`none`, `critical`, `exhausted`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pressure: Option<String>,

@@ -134,7 +134,7 @@ Columns:
   EFFECTIVE   the weight the data path uses after health, ejection cap, panic,
               zones and port pressure
   ZONE        its failure domain; - for none
-  LATENCY_MS  smoothed probe latency
+  LATENCY_MS  smoothed probe latency, in milliseconds to the microsecond
   PORTS       port pressure its agent reports: none, critical (ports nearly
               used up: weight reduced) or exhausted (connects failing for want
               of a port: no new flows, within the ejection cap); - without a

@@ -54,6 +54,16 @@ pub(super) const FAILURE_COLUMNS: &[(&str, Align)] =
 pub(super) const LEAK_COLUMNS: &[(&str, Align)] =
     &[("PID", Align::Right), ("COMM", Align::Left), ("CLOSE_WAIT", Align::Right), ("OLDEST_S", Align::Right), ("LOCAL_PORTS", Align::Left)];
 
+/// Milliseconds with the digits that mean something: 0.214, 3.05, 12.3, 250.
+fn latency(ms: f64) -> String {
+    match ms {
+        ..1.0 => format!("{ms:.3}"),
+        ..10.0 => format!("{ms:.2}"),
+        ..100.0 => format!("{ms:.1}"),
+        _ => format!("{ms:.0}"),
+    }
+}
+
 fn dash() -> String {
     "-".to_owned()
 }
@@ -143,7 +153,7 @@ pub fn backends_table(list: &BackendList) -> String {
             health,
             b.effective_weight.map_or_else(dash, |w| w.to_string()),
             b.options.zone.clone().unwrap_or_else(dash),
-            b.latency_ms.map_or_else(dash, |l| l.to_string()),
+            b.latency_ms.map_or_else(dash, latency),
             b.pressure.clone().unwrap_or_else(dash),
             b.state_for_s.map_or_else(dash, |s| s.to_string()),
             reason,
@@ -207,4 +217,14 @@ fn report_tables(report: &PortsReport) -> String {
         out.push_str(&l.render());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::latency;
+
+    #[test]
+    fn latencies_keep_their_meaningful_digits() {
+        assert_eq!([0.214, 3.05, 12.34, 250.4].map(latency), ["0.214", "3.05", "12.3", "250"]);
+    }
 }

@@ -10,8 +10,9 @@ use super::config::{HealthConfig, permille};
 /// What one probe found out.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProbeOutcome {
-    /// The backend answered correctly in `latency_ms`.
-    Success { latency_ms: u64 },
+    /// The backend answered correctly in `latency_us` (microseconds: a probe on a LAN takes
+    /// a fraction of a millisecond).
+    Success { latency_us: u64 },
     /// The backend answered wrongly or refused (`reason` is for the logs).
     Failure { reason: String },
     /// No answer within `timeout_ms`.
@@ -215,7 +216,7 @@ pub(super) struct Backend {
     pub failures: u32,
     /// Consecutive `Unknown` outcomes (shown to operators: the LB cannot probe this backend).
     pub unknowns: u32,
-    pub latency_ewma_ms: Option<u64>,
+    pub latency_ewma_us: Option<u64>,
     /// Flaps in a row: failing again within `flap_window_ms` of recovering.
     pub flaps: u32,
     pub last_recovered_ms: Option<u64>,
@@ -241,7 +242,7 @@ impl Backend {
             successes: 0,
             failures: 0,
             unknowns: 0,
-            latency_ewma_ms: None,
+            latency_ewma_us: None,
             flaps: 0,
             last_recovered_ms: None,
             failed_since_ms: None,
@@ -296,12 +297,12 @@ impl Backend {
         self.advance(config, now_ms);
         let last = match outcome {
             ProbeOutcome::Unknown => return,
-            ProbeOutcome::Success { latency_ms } => {
+            ProbeOutcome::Success { latency_us } => {
                 self.unknowns = 0;
                 self.failures = 0;
                 self.successes = self.successes.saturating_add(1);
-                let sample = *latency_ms;
-                self.latency_ewma_ms = Some(match self.latency_ewma_ms {
+                let sample = *latency_us;
+                self.latency_ewma_us = Some(match self.latency_ewma_us {
                     None => sample,
                     Some(old) => (old.saturating_mul(EWMA_KEEP_QUARTERS).saturating_add(sample)) / (EWMA_KEEP_QUARTERS + 1),
                 });

@@ -33,7 +33,7 @@ enum Condition {
         period: u64,
     },
     Slow {
-        latency_ms: u64,
+        latency_us: u64,
     },
     /// The LB cannot probe it (its own ports exhausted): every outcome is Unknown.
     Unprobeable,
@@ -51,13 +51,13 @@ fn condition(rng: &mut Rng) -> Condition {
         0..=3 => Condition::Up,
         4 | 5 => Condition::Dead,
         6 => Condition::Flapping { period: 1 + rng.below(20) },
-        7 | 8 => Condition::Slow { latency_ms: 50 + rng.below(500) },
+        7 | 8 => Condition::Slow { latency_us: (50 + rng.below(500)) * 1000 },
         _ => Condition::Unprobeable,
     }
 }
 
 fn outcome(c: Condition, cycle: u64, rng: &mut Rng) -> ProbeOutcome {
-    let up = ProbeOutcome::Success { latency_ms: 1 + rng.below(5) };
+    let up = ProbeOutcome::Success { latency_us: (1 + rng.below(5)) * 1000 };
     let down = if rng.chance(500) {
         ProbeOutcome::Timeout
     } else if rng.chance(500) {
@@ -70,7 +70,7 @@ fn outcome(c: Condition, cycle: u64, rng: &mut Rng) -> ProbeOutcome {
         Condition::Dead => down,
         Condition::Flapping { period } if (cycle / period).is_multiple_of(2) => up,
         Condition::Flapping { .. } => down,
-        Condition::Slow { latency_ms } => ProbeOutcome::Success { latency_ms },
+        Condition::Slow { latency_us } => ProbeOutcome::Success { latency_us },
         Condition::Unprobeable => ProbeOutcome::Unknown,
     }
 }

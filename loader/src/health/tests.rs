@@ -14,7 +14,7 @@ fn be(n: u8) -> IpAddr {
     IpAddr::from([10, 0, 0, n])
 }
 
-const OK: ProbeOutcome = ProbeOutcome::Success { latency_ms: 2 };
+const OK: ProbeOutcome = ProbeOutcome::Success { latency_us: 2000 };
 const TIMEOUT: ProbeOutcome = ProbeOutcome::Timeout;
 const UNKNOWN: ProbeOutcome = ProbeOutcome::Unknown;
 
@@ -233,7 +233,7 @@ fn recovery_ramps_linearly_to_exactly_the_configured_weight() {
 #[test]
 fn a_slow_backend_loses_weight_gradually_never_all_and_regains_it() {
     let (mut t, mut now) = settled(4, HealthConfig::default());
-    let slow = ProbeOutcome::Success { latency_ms: 400 };
+    let slow = ProbeOutcome::Success { latency_us: 400_000 };
     let mut seen = Vec::new();
     for _ in 0..20 {
         t.observe(be(1), &slow, now).unwrap();
@@ -268,7 +268,7 @@ fn everyone_slow_is_nobody_slow_and_two_backends_are_not_compared() {
     run(&mut t, &mut now, &[]);
     for _ in 0..10 {
         for i in 1..=3 {
-            t.observe(be(i), &ProbeOutcome::Success { latency_ms: 900 }, now).unwrap();
+            t.observe(be(i), &ProbeOutcome::Success { latency_us: 900_000 }, now).unwrap();
         }
         now += 1000;
     }
@@ -276,7 +276,7 @@ fn everyone_slow_is_nobody_slow_and_two_backends_are_not_compared() {
     // One peer is not enough to judge.
     let (mut t, mut now) = settled(2, HealthConfig::default());
     for _ in 0..10 {
-        t.observe(be(1), &ProbeOutcome::Success { latency_ms: 900 }, now).unwrap();
+        t.observe(be(1), &ProbeOutcome::Success { latency_us: 900_000 }, now).unwrap();
         now += 1000;
     }
     assert_eq!(t.effective_weights(now), weights(&[(1, 100), (2, 100)]));

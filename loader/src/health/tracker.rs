@@ -117,7 +117,8 @@ pub struct BackendHealth {
     pub consecutive_unknown: u32,
     pub pressure: Pressure,
     pub flaps: u32,
-    pub latency_ewma_ms: Option<u64>,
+    /// Smoothed probe latency, microseconds.
+    pub latency_ewma_us: Option<u64>,
     pub held_until_ms: Option<u64>,
 }
 
@@ -270,7 +271,7 @@ impl HealthTracker {
                     consecutive_unknown: b.unknowns,
                     pressure: b.pressure,
                     flaps: b.flaps,
-                    latency_ewma_ms: b.latency_ewma_ms,
+                    latency_ewma_us: b.latency_ewma_us,
                     held_until_ms: match b.health {
                         Health::HeldDown { until_ms } => Some(until_ms),
                         _ => None,
@@ -309,22 +310,23 @@ impl HealthTracker {
     /// there are fewer than `slow_min_peers` peers to compare with. The upper median is used,
     /// so with an even count the verdict leans towards "not slow".
     fn slow_verdict(&self, addr: IpAddr) -> Option<Reason> {
-        let latency_ms = self.backends.get(&addr)?.latency_ewma_ms?;
+        let latency_us = self.backends.get(&addr)?.latency_ewma_us?;
         let mut peers: Vec<u64> = self
             .backends
             .iter()
             .filter(|(a, b)| **a != addr && !b.is_draining() && !b.is_failed())
-            .filter_map(|(_, b)| b.latency_ewma_ms)
+            .filter_map(|(_, b)| b.latency_ewma_us)
             .collect();
         if peers.len() < self.config.slow_min_peers as usize {
             return None;
         }
         peers.sort_unstable();
-        let peer_median_ms = peers[peers.len() / 2];
-        let threshold_ms = peer_median_ms
+        let peer_median_us = peers[peers.len() / 2];
+        let threshold_us = peer_median_us
             .saturating_mul(u64::from(self.config.slow_factor))
-            .max(peer_median_ms.saturating_add(self.config.slow_margin_ms));
-        (latency_ms > threshold_ms).then_some(Reason::SlowerThanPeers { latency_ms, peer_median_ms })
+            .max(peer_median_us.saturating_add(self.config.slow_margin_ms.saturating_mul(1000)));
+        (latency_us > threshold_us)
+            .then_some(Reason::SlowerThanPeers { latency_ms: latency_us / 1000, peer_median_ms: peer_median_us / 1000 })
     }
 
     /// Emits the VIP-level events (panic, ejection cap) whose condition changed.

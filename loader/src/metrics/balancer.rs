@@ -89,7 +89,7 @@ fn health(f: &mut Families, s: &Sample) {
     let mut latency = f.gauge("backend_probe_latency", "Smoothed health-probe latency of the backend.", Some(Unit::Seconds));
     for (v, b) in backends() {
         if let Some(ms) = b.latency_ms {
-            latency.gauge(backend_labels(&v.vip, &b.address), ms as f64 / 1000.0);
+            latency.gauge(backend_labels(&v.vip, &b.address), ms / 1000.0);
         }
     }
     let mut pressure =

@@ -23,7 +23,7 @@ fn backend(addr: &str, health: Option<&str>) -> BackendSample {
         bytes: 700,
         new_flows: 3,
         health: health.map(str::to_owned),
-        latency_ms: Some(12),
+        latency_ms: Some(12.0),
         pressure: Some("critical".to_owned()),
     }
 }

@@ -41,7 +41,7 @@ pub async fn run(spec: &ProbeSpec, target: SocketAddr, mark: Option<u32>, timeou
         }
     };
     match tokio::time::timeout(timeout, probe).await {
-        Ok(Ok(answered)) => ProbeOutcome::Success { latency_ms: answered.duration_since(started).as_millis() as u64 },
+        Ok(Ok(answered)) => ProbeOutcome::Success { latency_us: answered.duration_since(started).as_micros() as u64 },
         Ok(Err(Fail::Io(e))) => classify::classify(&e),
         Ok(Err(Fail::Backend(reason))) => ProbeOutcome::Failure { reason },
         Err(_) => ProbeOutcome::Timeout,

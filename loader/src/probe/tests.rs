@@ -204,13 +204,13 @@ async fn http_times_out_as_a_whole() {
 async fn latency_is_the_time_to_the_answer() {
     let delay = Duration::from_millis(150);
     let (addr, _) = http_server(b"HTTP/1.1 200 OK\r\n\r\n", delay).await;
-    let ProbeOutcome::Success { latency_ms } = run(&http("/", 200, None, false), addr, None, Duration::from_secs(2)).await else {
+    let ProbeOutcome::Success { latency_us } = run(&http("/", 200, None, false), addr, None, Duration::from_secs(2)).await else {
         panic!()
     };
-    assert!((150..1000).contains(&latency_ms), "{latency_ms} ms");
+    assert!((150_000..1_000_000).contains(&latency_us), "{latency_us} us");
     let addr = udp_server(|request| request.to_vec(), delay).await;
-    let ProbeOutcome::Success { latency_ms } = run(&udp(b"x", None), addr, None, Duration::from_secs(2)).await else { panic!() };
-    assert!((150..1000).contains(&latency_ms), "{latency_ms} ms");
+    let ProbeOutcome::Success { latency_us } = run(&udp(b"x", None), addr, None, Duration::from_secs(2)).await else { panic!() };
+    assert!((150_000..1_000_000).contains(&latency_us), "{latency_us} us");
 }
 
 #[tokio::test]
@@ -288,7 +288,7 @@ async fn ipv6_targets() {
 
 #[test]
 fn only_a_failure_through_the_tunnel_alone_is_a_broken_vip_path() {
-    let passed = ProbeOutcome::Success { latency_ms: 3 };
+    let passed = ProbeOutcome::Success { latency_us: 3000 };
     let vip_path = |tunnel: &str| ProbeOutcome::VipPathFailed { tunnel: tunnel.to_owned() };
     for (tunnel, direct, diagnosis) in [
         (ProbeOutcome::Timeout, passed.clone(), vip_path("timeout")),

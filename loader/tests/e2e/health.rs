@@ -28,6 +28,15 @@ fn dead_backend_leaves_the_table() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(connections(&c, tcp_target(false), 60).failures, 0);
+    // Probes on a LAN take a fraction of a millisecond: measured in microseconds, never 0
+    // (whole milliseconds showed 0 for every backend here).
+    let measured = || {
+        let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
+        list["backends"].as_array().unwrap().iter().map(|b| b["latency_ms"].as_f64()).collect::<Option<Vec<f64>>>()
+    };
+    wait_until(Duration::from_secs(5), "a probe latency for every backend", || measured().is_some());
+    let latencies = measured().unwrap();
+    assert!(latencies.iter().all(|&ms| ms > 0.0 && ms < 1000.0), "probe latencies {latencies:?} ms");
 
     c.stop_echo(0).unwrap();
     let killed = Instant::now();

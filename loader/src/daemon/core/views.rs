@@ -128,7 +128,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     options: b.options.clone(),
                     reason: h.map(|h| h.reason.to_string()),
                     state_for_s: h.map(|h| now_ms.saturating_sub(h.since_ms) / 1000),
-                    latency_ms: h.and_then(|h| h.latency_ewma_ms),
+                    latency_ms: h.and_then(|h| h.latency_ewma_us).map(|us| us as f64 / 1000.0),
                     probe_path: h.map(|_| probe_path(config, b)),
                     pressure: h.map(|h| h.pressure.as_str().to_owned()),
                     unknown_probes: h.map_or(0, |h| h.consecutive_unknown),
