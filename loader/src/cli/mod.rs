@@ -152,7 +152,7 @@ JSON output (-o json):
                  \"health\":\"healthy\",\"effective_weight\":100,
                  \"options\":{\"zone\":\"a\",\"capacity_per_s\":500},
                  \"reason\":\"slow_start_complete\",\"state_for_s\":42,
-                 \"latency_ms\":1,\"pressure\":\"none\"}],
+                 \"latency_ms\":0.214,\"pressure\":\"none\"}],
    \"alerts\":[]}
   state is \"active\" or \"draining\" (weight 0). health is healthy, unhealthy,
   slow, slow_start, draining or held_down; effective_weight is what the balancer
