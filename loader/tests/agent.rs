@@ -38,6 +38,8 @@ fn local_addresses_beyond_the_map_raise_an_alert_that_clears() {
         "off",
         "--max-local-addrs",
         &max,
+        "--allow-from",
+        "10.0.0.2/32",
     ];
     let agent = backend.spawn(&args).unwrap();
     agent.wait_for_output("event=ready", Duration::from_secs(20)).unwrap();

@@ -742,7 +742,7 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
     let pin_dir = topology.pin_dir().expect("pin dir").join("agent");
     let endpoint: SocketAddr = "127.0.0.1:9477".parse().unwrap();
-    let args = ["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir.to_str().unwrap(), "--watcher-mode", mode.name()];
+    let args = ["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir.to_str().unwrap(), "--watcher-mode", mode.name(), "--allow-from", "127.0.0.1/32"];
     let agent =
         backend.spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &args, &["--ports-listen", &endpoint.to_string()]].concat()).expect("lbd agent");
     agent.wait_for_output("ready", Duration::from_secs(10)).expect("agent ready");
@@ -762,6 +762,8 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
         "--all-netns",
         "--watcher-mode",
         mode.name(),
+        "--allow-from",
+        "127.0.0.1/32",
     ];
     let all_agent = client
         .spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &all_args, &["--ports-listen", &everywhere.to_string()]].concat())
@@ -786,7 +788,7 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     let fetch = |host: &spillway_harness::Host, at: SocketAddr| {
         host.in_netns(|| {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            runtime.block_on(spillway::ports::endpoint::fetch_report(at, Duration::from_secs(5)))
+            runtime.block_on(spillway::ports::endpoint::fetch_report(at, Duration::from_secs(5), None)).map(|(report, _)| report)
         })
     };
     let report = fetch(backend, endpoint).expect("the agent's report");

@@ -24,6 +24,7 @@
 mod bpf;
 mod cgroup;
 mod diag;
+pub mod auth;
 pub mod endpoint;
 mod iter;
 mod leaks;
