@@ -153,12 +153,19 @@ impl Cluster {
         spawn_agent(&self.topo.backends()[i], &self.bins.lbd, self.mode, &self.agent_pin_dir(i)?, &self.agent_args)
     }
 
-    /// Stops backend `index`'s agent and removes its pinned link, which detaches its
-    /// decapsulation: the host and its service stay up, tunnelled packets are no longer opened.
-    pub fn detach_decap(&self, index: usize) -> Result<()> {
+    /// Stops backend `index`'s agent; its decapsulation goes on through the pinned link,
+    /// its ports endpoint is gone.
+    pub fn stop_agent(&self, index: usize) -> Result<()> {
         let agent = self.agents.get(index).with_context(|| format!("no backend {index}"))?;
         agent.signal(Signal::SIGTERM)?;
         ensure!(agent.wait_with_timeout(STOP_TIMEOUT)?.is_some(), "agent of backend {index} still runs");
+        Ok(())
+    }
+
+    /// Stops backend `index`'s agent and removes its pinned link, which detaches its
+    /// decapsulation: the host and its service stay up, tunnelled packets are no longer opened.
+    pub fn detach_decap(&self, index: usize) -> Result<()> {
+        self.stop_agent(index)?;
         let link = self.agent_pin_dir(index)?.join("agent").join("link");
         std::fs::remove_file(&link).with_context(|| format!("removing {}", link.display()))
     }

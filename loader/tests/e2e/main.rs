@@ -7,6 +7,7 @@ mod flood;
 mod health;
 mod health_policy;
 mod health_state;
+mod hostile;
 mod hitless_restart;
 mod input;
 mod membership;
