@@ -18,10 +18,7 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{
-    HashMap, LpmTrie, MapData, PerCpuArray,
-    lpm_trie::Key,
-};
+use aya::maps::{HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::{
     addr::{from_words, to_words},
@@ -140,7 +137,8 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
         }
         _ => event!(info, "agent_attached", iface = iface, mode = args.xdp_mode.label(), link = link.display()),
     }
-    let _serving = start_ports_endpoint(args, listeners, Access { allow: args.allow_from.clone(), key, refused: Arc::default() }, reasons).await;
+    let _serving =
+        start_ports_endpoint(args, listeners, Access { allow: args.allow_from.clone(), key, refused: Arc::default() }, reasons).await;
     event!(info, "ready", iface = iface, link = link.display());
     notify::ready(&format!("decapsulating on {iface}"));
     let mut tick = tokio::time::interval(REFRESH);

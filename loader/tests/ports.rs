@@ -742,7 +742,19 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
     let pin_dir = topology.pin_dir().expect("pin dir").join("agent");
     let endpoint: SocketAddr = "127.0.0.1:9477".parse().unwrap();
-    let args = ["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir.to_str().unwrap(), "--watcher-mode", mode.name(), "--allow-from", "127.0.0.1/32"];
+    let args = [
+        "agent",
+        "--iface",
+        "eth0",
+        "--xdp-mode",
+        "generic",
+        "--pin-dir",
+        pin_dir.to_str().unwrap(),
+        "--watcher-mode",
+        mode.name(),
+        "--allow-from",
+        "127.0.0.1/32",
+    ];
     let agent =
         backend.spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &args, &["--ports-listen", &endpoint.to_string()]].concat()).expect("lbd agent");
     agent.wait_for_output("ready", Duration::from_secs(10)).expect("agent ready");

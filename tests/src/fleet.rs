@@ -182,8 +182,7 @@ impl Fleet {
         self.servers.push(capacity::start_capacity_server(host, HTTP_PORT, 2000, 1)?);
         let pin_dir = self.pin_dir.join(format!("agent-{}", host.name()));
         // Every balancer the fleet may grow to sends tunnels (and second-chance packets).
-        let balancers: Vec<IpAddr> =
-            (1..=MAX_FLEET_BALANCERS).flat_map(|n| [IpAddr::V4(balancer4(n)), IpAddr::V6(balancer6(n))]).collect();
+        let balancers: Vec<IpAddr> = (1..=MAX_FLEET_BALANCERS).flat_map(|n| [IpAddr::V4(balancer4(n)), IpAddr::V6(balancer6(n))]).collect();
         let agent = spawn_agent(host, &self.bins.lbd, self.mode, &pin_dir, &trust_args(&balancers, &self.report_key()))?;
         self.servers.push(agent);
         Ok(())

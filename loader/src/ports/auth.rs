@@ -59,9 +59,11 @@ impl ReportKey {
     pub fn load(path: &Path) -> Result<ReportKey, KeyError> {
         let read = |source| KeyError::Read { path: path.to_owned(), source };
         let unsafe_key = |what: String| KeyError::Unsafe { path: path.to_owned(), what };
-        let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path).map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) { unsafe_key("a symbolic link".to_owned()) } else { read(e) }
-        })?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| if e.raw_os_error() == Some(libc::ELOOP) { unsafe_key("a symbolic link".to_owned()) } else { read(e) })?;
         let meta = file.metadata().map_err(read)?;
         if !meta.file_type().is_file() {
             return Err(unsafe_key("not a regular file".to_owned()));
@@ -107,7 +109,8 @@ impl ReportKey {
         let expected = self.tag(nonce, agent, body);
         let expected = expected.as_ref();
         // Every byte compared, whatever differs first: the time says nothing of the tag.
-        unhex(signature).is_some_and(|tag| tag.len() == expected.len() && tag.iter().zip(expected).fold(0, |diff, (a, b)| diff | (a ^ b)) == 0)
+        unhex(signature)
+            .is_some_and(|tag| tag.len() == expected.len() && tag.iter().zip(expected).fold(0, |diff, (a, b)| diff | (a ^ b)) == 0)
     }
 }
 
