@@ -757,7 +757,8 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     ];
     let agent =
         backend.spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &args, &["--ports-listen", &endpoint.to_string()]].concat()).expect("lbd agent");
-    agent.wait_for_output("ready", Duration::from_secs(10)).expect("agent ready");
+    // Not just "ready": an exiting agent's "Address already in use" would match.
+    agent.wait_for_output("event=ready", Duration::from_secs(10)).expect("agent ready");
     assert!(agent.log().contains(&format!("event=ports_endpoint_listening url=http://{endpoint}/ports")), "{}", agent.log());
 
     // An agent with --all-netns (on the client host) reports the other namespaces too.
@@ -776,11 +777,15 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
         mode.name(),
         "--allow-from",
         "127.0.0.1/32",
+        // Its ports endpoint takes the metrics' default port, and a listener it cannot
+        // bind would stop it.
+        "--metrics-listen",
+        "off",
     ];
     let all_agent = client
         .spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &all_args, &["--ports-listen", &everywhere.to_string()]].concat())
         .expect("lbd agent --all-netns");
-    all_agent.wait_for_output("ready", Duration::from_secs(10)).expect("agent ready");
+    all_agent.wait_for_output("event=ready", Duration::from_secs(10)).expect("agent ready");
 
     const SOCKETS: usize = 10;
     let connected_to = |host: &spillway_harness::Host, to: IpAddr| {

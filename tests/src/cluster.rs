@@ -59,7 +59,7 @@ pub(crate) fn spawn_agent(host: &Host, lbd: &Path, mode: XdpMode, pin_dir: &Path
     ];
     args.extend(extra.iter().map(std::ffi::OsStr::new));
     let agent = host.spawn(&args)?;
-    agent.wait_for_output("ready", START_TIMEOUT).with_context(|| format!("agent on {}:\n{}", host.name(), agent.log()))?;
+    agent.wait_for_output("event=ready", START_TIMEOUT).with_context(|| format!("agent on {}:\n{}", host.name(), agent.log()))?;
     Ok(agent)
 }
 
