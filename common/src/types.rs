@@ -92,6 +92,21 @@ pub struct AddrKey {
     pub _pad: [u8; 3],
 }
 
+/// The data of a key of the agent's allow-list (`spw_allow_from`, an LPM trie of the
+/// balancers' outer sources, `lbd agent --allow-from`): the family first, so that one trie
+/// holds both families and a prefix of `n` address bits is a key of
+/// [`ALLOW_KEY_FAMILY_BITS`]` + n` bits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AllowKey {
+    pub family: u8,
+    pub _pad: [u8; 3],
+    pub addr: [u32; 4],
+}
+
+/// Bits of an [`AllowKey`] before its address: every prefix covers the family.
+pub const ALLOW_KEY_FAMILY_BITS: u32 = 32;
+
 /// Backend slot states.
 pub const BACKEND_FREE: u8 = 0;
 pub const BACKEND_ACTIVE: u8 = 1;
@@ -477,6 +492,19 @@ reasons!(
         /// header stripped and the rest sent back to the hop it came from (XDP_TX), which
         /// routes it to the second candidate.
         SecondChanceForwarded = "second_chance_forwarded",
+        /// A tunnel to this host from an outer source outside `--allow-from` (not one of
+        /// the balancers): dropped.
+        DropNotAllowed = "drop_not_allowed",
+        /// A tunnel from a balancer whose inner packet is not addressed to this host (a VIP
+        /// on `lo` or its own address): dropped, so a tunnel is no way to make the host
+        /// forward or reach loopback.
+        DropInnerNotLocal = "drop_inner_not_local",
+        /// A second-chance packet whose middle header does not come from the balancer that
+        /// sent the outer one: dropped rather than sent on.
+        DropSecondChanceSource = "drop_second_chance_source",
+        /// A second-chance packet whose middle header's TTL (hop limit) would reach 0 if
+        /// sent on: dropped.
+        DropSecondChanceTtl = "drop_second_chance_ttl",
     }
 );
 
@@ -555,6 +583,7 @@ const _: () = assert!(size_of::<VipSlot>() == 64);
 const _: () = assert!(core::mem::offset_of!(VipSlot, meta.active) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(VipSlot, meta.prior) % 8 == 0);
 const _: () = assert!(size_of::<AddrKey>() == 20);
+const _: () = assert!(size_of::<AllowKey>() == 20);
 const _: () = assert!(size_of::<BackendInfo>() == 28);
 const _: () = assert!(size_of::<FlowKey>() == 40);
 const _: () = assert!(size_of::<FlowEntry>() == 32);
@@ -590,6 +619,7 @@ mod pod {
         VipMeta,
         VipSlot,
         AddrKey,
+        AllowKey,
         BackendInfo,
         FlowKey,
         FlowEntry,

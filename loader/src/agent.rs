@@ -1,32 +1,43 @@
 //! `lbd agent`: runs on a backend and strips the balancer's tunnel header from packets
 //! addressed to this host. The decap program only decapsulates for addresses in its map,
 //! which the agent keeps equal to the host's addresses (lo included, where DSR backends
-//! keep the VIPs). Like the balancer, its link is pinned and taken over on restart.
+//! keep the VIPs; loopback addresses never: no balancer tunnels to them), and only from the
+//! balancers (`--allow-from`, required). Like the balancer, its link is pinned and taken
+//! over on restart.
 //!
 //! It also serves the host's port pressure (`crate::ports`) on a read-only endpoint that
-//! `lbd` polls. Decapsulation never depends on it: if the socket watcher cannot load, the
-//! endpoint answers 503 saying why.
+//! `lbd` polls, to the balancers only, signed with `--report-key`. Decapsulation never
+//! depends on the watcher: if it cannot load, the endpoint answers 503 saying why. Its
+//! listeners are bound before anything is attached, and failing to bind one is fatal: a
+//! user who took the port first would otherwise be the one `lbd` hears.
 
-use std::{collections::BTreeSet, net::IpAddr, time::Duration};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::Duration,
+};
 
-use aya::maps::{HashMap, MapData, PerCpuArray};
+use aya::maps::{HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::{
     addr::{from_words, to_words},
-    limits::{map_names, program_names},
-    types::{AddrKey, DecapReason},
+    limits::{MAX_ALLOW_FROM, map_names, program_names},
+    types::{ALLOW_KEY_FAMILY_BITS, AddrKey, AllowKey, DecapReason},
 };
 
 use crate::{
     daemon::{DaemonError, Signals, args::AgentArgs, core::error_chain, notify},
     dataplane::{self, DataplaneError},
     event, metrics,
+    model::Cidr,
     netif::{self, NetifError},
     objects,
     pins::{self, Attachment, PinError, PinLayout},
     ports::{
         PortsReport, Scope, SockWatch, Thresholds, WatchOptions,
-        endpoint::{self, Limits, Listen},
+        auth::{KeyError, ReportKey},
+        endpoint::{self, Access, Limits, Listen},
     },
 };
 
@@ -43,9 +54,32 @@ pub enum AgentError {
     Netif(#[from] NetifError),
     #[error(transparent)]
     Daemon(#[from] DaemonError),
+    #[error(
+        "refusing to start without --allow-from (allow_from in [agent]): name the balancers' outer sources, e.g. --allow-from \
+         10.0.0.2/32, or anyone who reaches this host could tunnel packets into it"
+    )]
+    NoAllowFrom,
+    #[error("--allow-from names {given} prefixes; at most {MAX_ALLOW_FROM}")]
+    TooManyAllowFrom { given: usize },
+    #[error(transparent)]
+    ReportKey(#[from] KeyError),
+    #[error("binding {option} {addr} (is another process on the port?)")]
+    Listen {
+        option: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 type LocalAddrs = HashMap<MapData, AddrKey, u32>;
+type AllowFrom = LpmTrie<MapData, AllowKey, u32>;
+
+/// The allow-list key of a prefix (`spw_allow_from`: the family, then the address bits).
+pub fn allow_key(cidr: Cidr) -> Key<AllowKey> {
+    let (addr, family) = to_words(cidr.addr);
+    Key::new(ALLOW_KEY_FAMILY_BITS + u32::from(cidr.prefix_len), AllowKey { family, _pad: [0; 3], addr })
+}
 type DecapReasons = PerCpuArray<MapData, u64>;
 
 /// Every `DecapReason` with its count summed over CPUs (0 when unreadable).
@@ -56,6 +90,17 @@ fn decap_counts(reasons: &DecapReasons) -> Vec<(&'static str, u64)> {
 /// Runs the decapsulator on `iface` until SIGTERM or SIGINT.
 pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     umask(Mode::from_bits_truncate(0o077));
+    if args.allow_from.is_empty() {
+        return Err(AgentError::NoAllowFrom);
+    }
+    if args.allow_from.len() > MAX_ALLOW_FROM as usize {
+        return Err(AgentError::TooManyAllowFrom { given: args.allow_from.len() });
+    }
+    let key = args.report_key.as_deref().map(ReportKey::load).transpose()?.map(Arc::new);
+    if key.is_none() && args.ports_listen != Listen::Off {
+        event!(warn, "report_key_missing", message = "port reports are not signed: lbd ignores them (--report-key)");
+    }
+    let listeners = Listeners::bind(args).await?;
     let mut signals = Signals::install()?;
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
@@ -71,6 +116,14 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     let name = map_names::DECAP_REASONS;
     let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
     let reasons = DecapReasons::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
+    let name = map_names::ALLOW_FROM;
+    let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
+    let mut allow = AllowFrom::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
+    for cidr in &args.allow_from {
+        allow.insert(&allow_key(*cidr), &1, 0).map_err(|source| DataplaneError::Map { name, source })?;
+    }
+    let shown: Vec<String> = args.allow_from.iter().map(Cidr::to_string).collect();
+    event!(info, "allow_from", prefixes = shown.join(","));
     // The decapsulator's rare events (`dataplane::logs`) become log lines.
     let _logs = dataplane::logs::forward(&mut ebpf)
         .inspect_err(|e| event!(warn, "ebpf_logs_unavailable", error = error_chain(e)))
@@ -86,7 +139,8 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
         }
         _ => event!(info, "agent_attached", iface = iface, mode = args.xdp_mode.label(), link = link.display()),
     }
-    let (_endpoint, _metrics) = start_ports_endpoint(args, reasons).await;
+    let _serving =
+        start_ports_endpoint(args, listeners, Access { allow: args.allow_from.clone(), key, refused: Arc::default() }, reasons).await;
     event!(info, "ready", iface = iface, link = link.display());
     notify::ready(&format!("decapsulating on {iface}"));
     let mut tick = tokio::time::interval(REFRESH);
@@ -116,22 +170,45 @@ impl Drop for LogsTask {
     }
 }
 
-/// Aborts the endpoint's task when dropped (the agent exits).
-struct EndpointTask(tokio::task::JoinHandle<std::convert::Infallible>);
+/// Aborts a listener's task when dropped (the agent exits).
+struct ServingTask(tokio::task::JoinHandle<std::convert::Infallible>);
 
-impl Drop for EndpointTask {
+impl Drop for ServingTask {
     fn drop(&mut self) {
         self.0.abort();
     }
 }
 
+/// `--ports-listen` and `--metrics-listen`, bound (`None`: `off`).
+struct Listeners {
+    ports: Option<tokio::net::TcpListener>,
+    metrics: Option<tokio::net::TcpListener>,
+}
+
+impl Listeners {
+    async fn bind(args: &AgentArgs) -> Result<Listeners, AgentError> {
+        let bind = |option, addr| async move {
+            tokio::net::TcpListener::bind(addr).await.map_err(|source| AgentError::Listen { option, addr, source })
+        };
+        let ports = match args.ports_listen {
+            Listen::Off => None,
+            Listen::On(addr) => Some(bind("--ports-listen", addr).await?),
+        };
+        let metrics = match args.metrics_listen {
+            metrics::MetricsListen::Off => None,
+            metrics::MetricsListen::On(addr) => Some(bind("--metrics-listen", addr).await?),
+        };
+        Ok(Listeners { ports, metrics })
+    }
+}
+
 /// Loads the socket watcher and serves its reports on `--ports-listen` (JSON, polled by
-/// `lbd`) and `--metrics-listen` (Prometheus). None of it stops the agent: decapsulation
-/// matters more; each failure is logged once.
-async fn start_ports_endpoint(args: &AgentArgs, reasons: DecapReasons) -> (Option<EndpointTask>, Option<metrics::Serving>) {
-    if args.ports_listen == Listen::Off && args.metrics_listen == metrics::MetricsListen::Off {
+/// `lbd`, to `access`) and `--metrics-listen` (Prometheus). The watcher failing to load
+/// does not stop the agent: decapsulation matters more; it is logged once.
+async fn start_ports_endpoint(args: &AgentArgs, listeners: Listeners, access: Access, reasons: DecapReasons) -> Vec<ServingTask> {
+    if listeners.ports.is_none() && listeners.metrics.is_none() {
         event!(info, "ports_endpoint_off");
-        return (None, None);
+        return Vec::new();
     }
     // The watcher sees the whole kernel; a host reports its own namespace unless told.
     let options = WatchOptions { mode: args.watcher_mode, scope: if args.all_netns { Scope::All } else { Scope::Own } };
@@ -145,44 +222,22 @@ async fn start_ports_endpoint(args: &AgentArgs, reasons: DecapReasons) -> (Optio
     let thresholds = Thresholds { close_wait_secs: args.leak_after_s, ..Thresholds::default() };
     let source = std::sync::Arc::new(std::sync::Mutex::new(PortSource { watch, thresholds, last_error: None }));
     let report = move |source: &std::sync::Mutex<PortSource>| source.lock().unwrap_or_else(std::sync::PoisonError::into_inner).report();
-    let endpoint = match args.ports_listen {
-        Listen::Off => None,
-        Listen::On(addr) => match tokio::net::TcpListener::bind(addr).await {
-            Ok(listener) => {
-                event!(info, "ports_endpoint_listening", url = format!("http://{addr}{}", endpoint::PATH));
-                let source = source.clone();
-                Some(EndpointTask(tokio::spawn(endpoint::serve(listener, Limits::default(), move || report(&source)))))
-            }
-            Err(e) => {
-                event!(
-                    error,
-                    "ports_endpoint_listen_failed",
-                    listen = addr,
-                    error = e,
-                    message = "serving no port reports (--ports-listen)"
-                );
-                None
-            }
-        },
-    };
-    let rendered = move || metrics::agent(report(&source).as_ref().map_err(String::as_str), &decap_counts(&reasons));
-    let metrics = match metrics::spawn(args.metrics_listen, metrics::Limits::default(), rendered).await {
-        Ok(serving) => serving.map(|(addr, serving)| {
-            event!(info, "metrics_listening", url = format!("http://{addr}{}", metrics::PATH));
-            serving
-        }),
-        Err(e) => {
-            event!(
-                error,
-                "metrics_listen_failed",
-                listen = args.metrics_listen,
-                error = e,
-                message = "serving no metrics (--metrics-listen)"
-            );
-            None
-        }
-    };
-    (endpoint, metrics)
+    let mut serving = Vec::new();
+    let refused = Arc::clone(&access.refused);
+    if let Some(listener) = listeners.ports {
+        event!(info, "ports_endpoint_listening", url = format!("http://{}{}", args.ports_listen, endpoint::PATH));
+        let source = source.clone();
+        serving.push(ServingTask(tokio::spawn(endpoint::serve(listener, Limits::default(), access, move || report(&source)))));
+    }
+    if let Some(listener) = listeners.metrics {
+        event!(info, "metrics_listening", url = format!("http://{}{}", args.metrics_listen, metrics::PATH));
+        let rendered = move || {
+            let refused = refused.load(std::sync::atomic::Ordering::Relaxed);
+            metrics::agent(report(&source).as_ref().map_err(String::as_str), &decap_counts(&reasons), refused)
+        };
+        serving.push(ServingTask(tokio::spawn(metrics::serve(listener, metrics::Limits::default(), rendered))));
+    }
+    serving
 }
 
 /// Builds the endpoint's reports (on a blocking thread, at most once per second).
@@ -256,8 +311,10 @@ fn show(key: &AddrKey) -> String {
 
 /// The host's distinct addresses as map keys, at most `max`, and those left out; link-local
 /// ones go last so they are the first left out (tunnels are never addressed to them).
+/// Loopback addresses are never keys: a tunnel's packet to 127.0.0.1 would reach services
+/// that trust it to come from this host.
 fn local_keys(addrs: &[(String, IpAddr)], max: usize) -> (Vec<AddrKey>, Vec<IpAddr>) {
-    let unique: BTreeSet<IpAddr> = addrs.iter().map(|(_, a)| *a).collect();
+    let unique: BTreeSet<IpAddr> = addrs.iter().map(|(_, a)| *a).filter(|a| !a.is_loopback()).collect();
     let mut ordered: Vec<IpAddr> = unique.into_iter().collect();
     ordered.sort_by_key(|a| matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local()));
     let left_out = ordered.split_off(max.min(ordered.len()));
@@ -278,7 +335,7 @@ mod tests {
     use clap::Parser;
 
     fn agent_args(extra: &[&str]) -> Result<AgentArgs, clap::Error> {
-        let args = ["lbd", "agent", "--iface", "eth0"].iter().chain(extra);
+        let args = ["lbd", "agent", "--iface", "eth0", "--allow-from", "10.0.0.2/32"].iter().chain(extra);
         match LbdArgs::try_parse_from(args)?.command {
             Some(LbdCommand::Agent(agent)) => Ok(agent),
             _ => panic!("not the agent"),
@@ -306,16 +363,18 @@ mod tests {
         for i in 0..MAX - 1 {
             addrs.push(("eth0".into(), IpAddr::from([10, 0, 0, i as u8])));
         }
+        addrs.push(("eth0".into(), IpAddr::from([10, 0, 1, 1])));
         let (keys, left_out) = local_keys(&addrs, MAX);
         assert_eq!(keys.len(), MAX);
         assert_eq!(left_out, [IpAddr::from("fe80::1".parse::<std::net::Ipv6Addr>().unwrap())], "link-local goes first");
         let shown: Vec<String> = keys.iter().map(show).collect();
-        assert!(shown.contains(&"127.0.0.1".to_string()));
+        assert!(!shown.contains(&"127.0.0.1".to_string()), "loopback is never decapsulated for");
         assert!(!shown.contains(&"fe80::1".to_string()));
+        addrs.push(("lo".into(), "::1".parse().unwrap()));
         let (keys, left_out) = local_keys(&addrs[..2], MAX);
-        assert_eq!(keys.iter().map(show).collect::<Vec<_>>(), ["127.0.0.1", "fe80::1"]);
+        assert_eq!(keys.iter().map(show).collect::<Vec<_>>(), ["fe80::1"]);
         assert!(left_out.is_empty());
         let (keys, left_out) = local_keys(&addrs, 10);
-        assert_eq!((keys.len(), left_out.len()), (10, MAX + 1 - 10), "every address is kept or left out");
+        assert_eq!((keys.len(), left_out.len()), (10, MAX + 1 - 10), "every other address is kept or left out");
     }
 }

@@ -662,6 +662,12 @@ impl Cidr {
     pub const fn is_ipv4(&self) -> bool {
         self.addr.is_ipv4()
     }
+
+    /// `addr` is inside the prefix (an IPv4-mapped IPv6 address counts as its IPv4 one).
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        let addr = addr.to_canonical();
+        addr.is_ipv4() == self.is_ipv4() && Self::mask(addr, self.prefix_len) == self.addr
+    }
 }
 
 impl FromStr for Cidr {

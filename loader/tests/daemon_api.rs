@@ -366,7 +366,7 @@ fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
 fn agent_pins_its_link_and_takes_it_over() {
     let mut env = Env::new("agent");
     let pins = env.pin_dir.clone();
-    let args = ["agent", "--iface", "veth1", "--xdp-mode", "generic", "--pin-dir", pins.to_str().unwrap()];
+    let args = ["agent", "--iface", "veth1", "--xdp-mode", "generic", "--pin-dir", pins.to_str().unwrap(), "--allow-from", "10.99.0.0/24"];
     let link = pins.join("agent/link");
     let log = env.spawn(&args);
     env.wait_until(&log, |env| fs::read_to_string(&log).is_ok_and(|l| l.contains("ready")) && env.xdp_on("veth1"));

@@ -86,7 +86,7 @@ fn the_agent_on_such_a_kernel_serves_tracepoint_reports() {
     let pin_dir = topology.pin_dir().expect("pin dir").join("agent");
     let endpoint: SocketAddr = "127.0.0.1:9477".parse().unwrap();
     let mut cmd = backend.cmd(env!("CARGO_BIN_EXE_lbd"));
-    cmd.args(["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir.to_str().unwrap()]);
+    cmd.args(["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir.to_str().unwrap(), "--allow-from", "127.0.0.1/32"]);
     cmd.args(["--ports-listen", &endpoint.to_string()]);
     let armed = refuse_tracing_programs(&mut cmd).expect("arming the agent");
     let agent = backend.spawn_command("agent", cmd).expect("spawning the agent");
@@ -105,7 +105,7 @@ fn the_agent_on_such_a_kernel_serves_tracepoint_reports() {
     let report = backend
         .in_netns(|| {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            runtime.block_on(spillway::ports::endpoint::fetch_report(endpoint, Duration::from_secs(5)))
+            runtime.block_on(spillway::ports::endpoint::fetch_report(endpoint, Duration::from_secs(5), None)).map(|(report, _)| report)
         })
         .expect("the agent's report");
     drop(held);

@@ -119,7 +119,7 @@ fn a_pin_directory_an_unprivileged_user_made_first_is_refused() {
     let pin_dir = dir.to_str().unwrap();
     let lbd = ["--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir, "--api", api.to_str().unwrap(), "--state-dir"];
     let lbd: Vec<&str> = lbd.into_iter().chain([state.to_str().unwrap()]).collect();
-    let agent = ["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir];
+    let agent = ["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir, "--allow-from", "10.0.0.2/32"];
     for (host, args) in [(topology.lb(), &lbd[..]), (&topology.backends()[0], &agent[..])] {
         let stderr = lbd_exits(host, args).unwrap_or_else(|e| panic!("{e}"));
         assert!(stderr.contains("refusing the pin directory") && stderr.contains(&format!("owned by uid {}", nobody.uid)), "{stderr}");

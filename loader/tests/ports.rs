@@ -718,10 +718,23 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
     let pin_dir = topology.pin_dir().expect("pin dir").join("agent");
     let endpoint: SocketAddr = "127.0.0.1:9477".parse().unwrap();
-    let args = ["agent", "--iface", "eth0", "--xdp-mode", "generic", "--pin-dir", pin_dir.to_str().unwrap(), "--watcher-mode", mode.name()];
+    let args = [
+        "agent",
+        "--iface",
+        "eth0",
+        "--xdp-mode",
+        "generic",
+        "--pin-dir",
+        pin_dir.to_str().unwrap(),
+        "--watcher-mode",
+        mode.name(),
+        "--allow-from",
+        "127.0.0.1/32",
+    ];
     let agent =
         backend.spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &args, &["--ports-listen", &endpoint.to_string()]].concat()).expect("lbd agent");
-    agent.wait_for_output("ready", Duration::from_secs(10)).expect("agent ready");
+    // Not just "ready": an exiting agent's "Address already in use" would match.
+    agent.wait_for_output("event=ready", Duration::from_secs(10)).expect("agent ready");
     assert!(agent.log().contains(&format!("event=ports_endpoint_listening url=http://{endpoint}/ports")), "{}", agent.log());
 
     // An agent with --all-netns (on the client host) reports the other namespaces too.
@@ -738,11 +751,17 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
         "--all-netns",
         "--watcher-mode",
         mode.name(),
+        "--allow-from",
+        "127.0.0.1/32",
+        // Its ports endpoint takes the metrics' default port, and a listener it cannot
+        // bind would stop it.
+        "--metrics-listen",
+        "off",
     ];
     let all_agent = client
         .spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &all_args, &["--ports-listen", &everywhere.to_string()]].concat())
         .expect("lbd agent --all-netns");
-    all_agent.wait_for_output("ready", Duration::from_secs(10)).expect("agent ready");
+    all_agent.wait_for_output("event=ready", Duration::from_secs(10)).expect("agent ready");
 
     const SOCKETS: usize = 10;
     let connected_to = |host: &spillway_harness::Host, to: IpAddr| {
@@ -762,7 +781,7 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     let fetch = |host: &spillway_harness::Host, at: SocketAddr| {
         host.in_netns(|| {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            runtime.block_on(spillway::ports::endpoint::fetch_report(at, Duration::from_secs(5)))
+            runtime.block_on(spillway::ports::endpoint::fetch_report(at, Duration::from_secs(5), None)).map(|(report, _)| report)
         })
     };
     let report = fetch(backend, endpoint).expect("the agent's report");

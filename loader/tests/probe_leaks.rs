@@ -87,7 +87,18 @@ fn thousands_of_probes_leave_sockets_and_time_wait_flat() {
     // included) and, for one port, on its own address only.
     let agent_pins = pin_dir.join("agent");
     let agent = backend
-        .spawn(&[env!("CARGO_BIN_EXE_lbd"), "agent", "--iface", "eth0", "--ports-listen", "off", "--pin-dir", agent_pins.to_str().unwrap()])
+        .spawn(&[
+            env!("CARGO_BIN_EXE_lbd"),
+            "agent",
+            "--iface",
+            "eth0",
+            "--ports-listen",
+            "off",
+            "--pin-dir",
+            agent_pins.to_str().unwrap(),
+            "--allow-from",
+            "10.0.0.2/32",
+        ])
         .unwrap();
     agent.wait_for_output("ready", Duration::from_secs(20)).unwrap();
     let own = IpAddr::V4(backend.ipv4());

@@ -24,8 +24,28 @@ pub struct Binaries {
     pub lbctl: PathBuf,
 }
 
-/// Starts `lbd agent` on backend `host` (pinning under `pin_dir`, with `extra` arguments)
-/// and waits until it is ready.
+/// Writes a fresh random report key (`lbd --report-key`, `lbd agent --report-key`) to
+/// `path`, root's alone (mode 0600), as an operator would with `head -c 32 /dev/urandom`.
+pub fn write_report_key(path: &Path) -> Result<()> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut secret = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut secret)?;
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    writeln!(file, "{hex}").with_context(|| format!("writing {}", path.display()))
+}
+
+/// What every agent is told of its balancers: their outer sources (`--allow-from`) and the
+/// key file their reports are signed with.
+pub(crate) fn trust_args(balancers: &[IpAddr], report_key: &Path) -> Vec<String> {
+    let mut args: Vec<String> = balancers.iter().flat_map(|b| ["--allow-from".to_owned(), b.to_string()]).collect();
+    args.extend(["--report-key".to_owned(), report_key.display().to_string()]);
+    args
+}
+
+/// Starts `lbd agent` on backend `host` (pinning under `pin_dir`, with `extra` arguments,
+/// which must name the balancers: see [`trust_args`]) and waits until it is ready.
 pub(crate) fn spawn_agent(host: &Host, lbd: &Path, mode: XdpMode, pin_dir: &Path, extra: &[String]) -> Result<Daemon> {
     let mut args = vec![
         lbd.as_os_str(),
@@ -39,7 +59,7 @@ pub(crate) fn spawn_agent(host: &Host, lbd: &Path, mode: XdpMode, pin_dir: &Path
     ];
     args.extend(extra.iter().map(std::ffi::OsStr::new));
     let agent = host.spawn(&args)?;
-    agent.wait_for_output("ready", START_TIMEOUT).with_context(|| format!("agent on {}:\n{}", host.name(), agent.log()))?;
+    agent.wait_for_output("event=ready", START_TIMEOUT).with_context(|| format!("agent on {}:\n{}", host.name(), agent.log()))?;
     Ok(agent)
 }
 
@@ -79,6 +99,8 @@ pub struct Cluster {
     mode: XdpMode,
     lbd_args: Vec<String>,
     agent_args: Vec<String>,
+    /// The cluster's report key (`--report-key` of `lbd` and of every agent).
+    report_key: PathBuf,
     pub topo: Topology,
 }
 
@@ -86,6 +108,10 @@ impl Cluster {
     /// Builds the topology and starts echo servers, agents and `lbd`.
     pub fn start(bins: Binaries, config: ClusterConfig) -> Result<Cluster> {
         let topo = Topology::build(config.topology)?;
+        let report_key = topo.tempdir().join("report.key");
+        write_report_key(&report_key)?;
+        let mut agent_args = trust_args(&[crate::LB4.into(), crate::LB6.into()], &report_key);
+        agent_args.extend(config.agent_args);
         let mut cluster = Cluster {
             lbd: Mutex::new(None),
             agents: Vec::new(),
@@ -93,7 +119,8 @@ impl Cluster {
             bins,
             mode: config.mode,
             lbd_args: config.lbd_args,
-            agent_args: config.agent_args,
+            agent_args,
+            report_key,
             topo,
         };
         for i in 0..cluster.topo.backends().len() {
@@ -126,12 +153,19 @@ impl Cluster {
         spawn_agent(&self.topo.backends()[i], &self.bins.lbd, self.mode, &self.agent_pin_dir(i)?, &self.agent_args)
     }
 
-    /// Stops backend `index`'s agent and removes its pinned link, which detaches its
-    /// decapsulation: the host and its service stay up, tunnelled packets are no longer opened.
-    pub fn detach_decap(&self, index: usize) -> Result<()> {
+    /// Stops backend `index`'s agent; its decapsulation goes on through the pinned link,
+    /// its ports endpoint is gone.
+    pub fn stop_agent(&self, index: usize) -> Result<()> {
         let agent = self.agents.get(index).with_context(|| format!("no backend {index}"))?;
         agent.signal(Signal::SIGTERM)?;
         ensure!(agent.wait_with_timeout(STOP_TIMEOUT)?.is_some(), "agent of backend {index} still runs");
+        Ok(())
+    }
+
+    /// Stops backend `index`'s agent and removes its pinned link, which detaches its
+    /// decapsulation: the host and its service stay up, tunnelled packets are no longer opened.
+    pub fn detach_decap(&self, index: usize) -> Result<()> {
+        self.stop_agent(index)?;
         let link = self.agent_pin_dir(index)?.join("agent").join("link");
         std::fs::remove_file(&link).with_context(|| format!("removing {}", link.display()))
     }
@@ -209,6 +243,8 @@ impl Cluster {
             // full share at once, as the distribution tests expect.
             "--health-slow-start-ms".as_ref(),
             "0".as_ref(),
+            "--report-key".as_ref(),
+            self.report_key.as_os_str(),
         ]);
         args.extend(self.lbd_args.iter().map(std::ffi::OsStr::new));
         let (program, rest) = args.split_first().context("no lbd command")?;

@@ -28,7 +28,7 @@ use crate::addrs::{
     balancer6, edge_client4, edge_client6,
 };
 use crate::cleanup::sweep_stale;
-use crate::cluster::{Binaries, TCP_PORT, UDP_PORT, XdpMode, spawn_agent};
+use crate::cluster::{Binaries, TCP_PORT, UDP_PORT, XdpMode, spawn_agent, trust_args, write_report_key};
 use crate::host::{CLIENT_MTU, Host, HostSpec, Role, TUNNEL_MTU, wire_iface};
 use crate::lbctl::{Lbctl, START_TIMEOUT, STOP_TIMEOUT};
 use crate::netns::Netns;
@@ -128,6 +128,7 @@ impl Fleet {
             tempdir,
         };
         fleet.check_reachable()?;
+        write_report_key(&fleet.report_key())?;
         for i in 0..fleet.backends.len() {
             fleet.start_backend(i)?;
         }
@@ -159,6 +160,7 @@ impl Fleet {
             bins: self.bins.clone(),
             mode: self.mode,
             lbd_args: self.lbd_args.clone(),
+            report_key: self.report_key(),
             bird: Mutex::new(None),
             lbd: Mutex::new(None),
         };
@@ -179,9 +181,16 @@ impl Fleet {
         // Plenty of room: the fleet tests measure routing, not backend capacity.
         self.servers.push(capacity::start_capacity_server(host, HTTP_PORT, 2000, 1)?);
         let pin_dir = self.pin_dir.join(format!("agent-{}", host.name()));
-        let agent = spawn_agent(host, &self.bins.lbd, self.mode, &pin_dir, &[])?;
+        // Every balancer the fleet may grow to sends tunnels (and second-chance packets).
+        let balancers: Vec<IpAddr> = (1..=MAX_FLEET_BALANCERS).flat_map(|n| [IpAddr::V4(balancer4(n)), IpAddr::V6(balancer6(n))]).collect();
+        let agent = spawn_agent(host, &self.bins.lbd, self.mode, &pin_dir, &trust_args(&balancers, &self.report_key()))?;
         self.servers.push(agent);
         Ok(())
+    }
+
+    /// The fleet's report key file (written when the fleet starts).
+    fn report_key(&self) -> PathBuf {
+        self.tempdir.path().join("report.key")
     }
 
     /// The router reaches every backend, and c1 reaches the router's edge side.
@@ -288,6 +297,8 @@ pub struct Balancer {
     bins: Binaries,
     mode: XdpMode,
     lbd_args: Vec<String>,
+    /// The fleet's report key.
+    report_key: PathBuf,
 }
 
 impl Balancer {
@@ -371,6 +382,8 @@ impl Balancer {
             bird.as_os_str(),
             "--bird-include".as_ref(),
             include.as_os_str(),
+            "--report-key".as_ref(),
+            self.report_key.as_os_str(),
         ];
         args.extend(self.lbd_args.iter().map(std::ffi::OsStr::new));
         let daemon = self.host.spawn(&args)?;

@@ -22,3 +22,12 @@ pub fn ipv4_header(hdr: &Ipv4Hdr) -> u16 {
     sum = (sum & 0xffff) + (sum >> 16);
     !(sum as u16)
 }
+
+/// The checksum of an IPv4 header whose TTL was just decremented by one, from its old one
+/// (RFC 1624, as the kernel's `ip_decrease_ttl`): the (TTL, protocol) word fell by 0x0100,
+/// so its one's complement sum rises by as much. Both are stored as read (network order).
+#[inline(always)]
+pub fn ipv4_after_ttl_decrement(check: u16) -> u16 {
+    let sum = check as u32 + 0x0100u16.to_be() as u32;
+    (sum + (sum >= 0xffff) as u32) as u16
+}

@@ -67,8 +67,8 @@ pub struct CheckArgs {
 
 const AGENT_EXAMPLES: &str = "\
 Examples:
-  lbd agent --iface eth0
-  lbd agent --iface eth0 --xdp-mode generic --pin-dir /sys/fs/bpf/spillway
+  lbd agent --iface eth0 --allow-from 10.0.0.2/32 --report-key /etc/spillway/report.key
+  lbd agent --iface eth0 --allow-from 10.0.0.0/29 --xdp-mode generic --pin-dir /sys/fs/bpf/spillway
   lbd agent --config /etc/spillway/agent.toml      # its [agent] table";
 
 #[derive(Debug, Parser)]
@@ -159,6 +159,10 @@ pub struct DaemonArgs {
     /// and spill to others only up to their spare capacity [default: no zones].
     #[arg(long, value_name = "ZONE", value_parser = parse_zone)]
     pub zone: Option<String>,
+    /// Root-only file (mode 0600) holding the key the agents sign their port reports with
+    /// (`lbd agent --report-key`): a report without a valid signature is ignored with an ALERT.
+    #[arg(long, value_name = "FILE")]
+    pub report_key: Option<PathBuf>,
     /// Port of the backends' `lbd agent` endpoint, polled for port pressure (0: do not poll).
     #[arg(long, value_name = "PORT", default_value_t = crate::ports::endpoint::DEFAULT_PORT)]
     pub agent_port: u16,
@@ -358,6 +362,15 @@ pub struct AgentArgs {
     /// `off`. Read-only and bounded like --ports-listen.
     #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::metrics::DEFAULT_AGENT_LISTEN)]
     pub metrics_listen: MetricsListen,
+    /// The balancers' outer sources (repeatable; at most 256): tunnels to this host from any
+    /// other source are dropped (drop_not_allowed), and so is second chance's sending on.
+    /// Required: without it anyone who can reach the host could tunnel packets into it.
+    #[arg(long = "allow-from", value_name = "CIDR", required_unless_present = "config")]
+    pub allow_from: Vec<crate::model::Cidr>,
+    /// Root-only file (mode 0600) holding the key that signs this host's port reports for
+    /// `lbd` (the same file as `lbd --report-key`); without it `lbd` ignores the reports.
+    #[arg(long, value_name = "FILE")]
+    pub report_key: Option<PathBuf>,
     /// Most local addresses the agent decapsulates for (its map's size): every address of
     /// the host, VIPs on `lo` included. Beyond it, addresses are left out with an ALERT.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_LOCAL_ADDRS,
@@ -525,12 +538,19 @@ mod tests {
         let a = parse(&["--cleanup", "--pin-dir", "/sys/fs/bpf/t"]).unwrap();
         assert!(a.daemon.cleanup && a.daemon.iface.is_none());
         assert_eq!(a.daemon.pin_dir, PathBuf::from("/sys/fs/bpf/t"));
-        let Some(LbdCommand::Agent(agent)) = parse(&["agent", "--iface", "eth1", "--xdp-mode", "generic"]).unwrap().command else {
+        let agent_args = ["agent", "--iface", "eth1", "--xdp-mode", "generic", "--allow-from", "10.0.0.2", "--allow-from", "fd00::/64"];
+        let Some(LbdCommand::Agent(agent)) = parse(&agent_args).unwrap().command else {
             panic!("not the agent");
         };
         assert_eq!((agent.iface.as_deref(), agent.xdp_mode), (Some("eth1"), XdpModeArg::Generic));
         assert_eq!(agent.pin_dir, PathBuf::from("/sys/fs/bpf/spillway"));
+        assert_eq!(agent.allow_from, ["10.0.0.2/32".parse().unwrap(), "fd00::/64".parse().unwrap()]);
         assert_eq!(parse(&["agent"]).unwrap_err().kind(), ErrorKind::MissingRequiredArgument);
+        // Tunnels from anywhere are not a default: the option is named when it is missing.
+        let err = parse(&["agent", "--iface", "eth1"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument);
+        assert!(err.to_string().contains("--allow-from"), "{err}");
+        assert_eq!(parse(&["agent", "--iface", "eth1", "--allow-from", "10.0.0.1/8"]).unwrap_err().kind(), ErrorKind::ValueValidation);
     }
 
     #[test]

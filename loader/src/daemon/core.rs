@@ -16,7 +16,7 @@ use spillway_common::{
 pub use self::flows::FlowTable;
 use super::{
     checks::{Checks, ChecksConfig, HealthSnapshot},
-    pressure::PortsBook,
+    pressure::{AgentPoll, PortsBook},
     telemetry::Telemetry,
 };
 use crate::{
@@ -447,8 +447,25 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     }
 
     /// Records an agent's report, and the pressure it means for the backend.
-    pub fn record_agent_ports(&mut self, backend: IpAddr, report: Result<PortsReport, String>) -> Result<(), CoreError> {
-        self.telemetry.agent_polled(report.is_ok());
+    pub fn record_agent_ports(&mut self, backend: IpAddr, poll: AgentPoll) -> Result<(), CoreError> {
+        self.telemetry.agent_polled(poll.outcome());
+        let report = match poll {
+            AgentPoll::Report(report) => Ok(*report),
+            AgentPoll::Failed(error) => Err(error),
+            // Whoever answered may be anyone: the backend's pressure stays as it was.
+            AgentPoll::Unauthenticated(why) => {
+                if self.ports.record_rejected(backend, why.clone()) {
+                    event!(
+                        warn,
+                        "agent_report_rejected",
+                        backend = backend,
+                        reason = why,
+                        message = "ALERT: a port report that is not the agent's was ignored"
+                    );
+                }
+                return Ok(());
+            }
+        };
         let pressure = self.ports.record_agent(backend, report);
         self.set_pressure(backend, pressure)
     }

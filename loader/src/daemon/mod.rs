@@ -96,6 +96,8 @@ pub enum DaemonError {
     Config(#[source] ConfigError),
     #[error("applying the configuration file at start")]
     ApplyConfig(#[source] CoreError),
+    #[error(transparent)]
+    ReportKey(#[from] crate::ports::auth::KeyError),
 }
 
 /// Runs the balancer on `iface` until SIGTERM or SIGINT; with `config` (the `--config`
@@ -113,6 +115,14 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let config_path = args.config.clone();
     let host = host_facts(args, iface)?;
     let start = plan_start(config, config_path.as_deref(), persisted, store.load_config_mark(), &host)?;
+    let report_key = args.report_key.as_deref().map(crate::ports::auth::ReportKey::load).transpose()?.map(Arc::new);
+    if report_key.is_none() && args.agent_port != 0 {
+        event!(
+            warn,
+            "report_key_missing",
+            message = "the agents' port reports cannot be authenticated and are ignored (lbd --report-key, the agents' file)"
+        );
+    }
     check_forwarding(iface, args.enable_forwarding)?;
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
@@ -237,7 +247,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let interface_watch = tokio::spawn(interface_watch(core.clone(), iface.to_owned()));
     let prober = vip_path.map(|path| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed(), Arc::new(path))));
-    let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port));
+    let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port, report_key));
     let announcer = announce_config(args).map(|config| {
         let data_path = announce::DataPath { iface: iface.to_owned(), link: link.clone() };
         tokio::spawn(announce::announce_task(core.clone(), config, data_path))

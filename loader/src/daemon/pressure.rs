@@ -1,6 +1,8 @@
 //! Port pressure: the balancer's own (from its socket watcher) and each backend host's
 //! (polled from its `lbd agent`), kept for `lbctl ports` and turned into a [`Pressure`]
-//! the health policy applies within its ejection and panic rules.
+//! the health policy applies within its ejection and panic rules. An agent's report counts
+//! only when its signature proves it the agent's (`ports::auth`); one that does not is
+//! ignored, kept as an ALERT until the agent's next authentic report.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -19,7 +21,11 @@ use crate::{
     api::PortsView,
     event,
     health::Pressure,
-    ports::{Level, PortsReport, SockWatch, Thresholds, endpoint},
+    ports::{
+        Level, PortsReport, SockWatch, Thresholds,
+        auth::ReportKey,
+        endpoint::{self, Signed},
+    },
     reconcile::Maps,
     store::Store,
 };
@@ -43,6 +49,28 @@ pub fn classify(previous: Option<&PortsReport>, report: &PortsReport) -> Pressur
     if report.level() == Level::Critical { Pressure::Critical } else { Pressure::None }
 }
 
+/// What one poll of an agent gave.
+#[derive(Debug)]
+pub enum AgentPoll {
+    /// A report signed by the agent for this poll (boxed: the others are a line of text).
+    Report(Box<PortsReport>),
+    /// No report: the agent is unreachable or answered an error.
+    Failed(String),
+    /// An answer that cannot be told to be the agent's (why): ignored.
+    Unauthenticated(String),
+}
+
+impl AgentPoll {
+    /// The outcome of `agent_polls_total`.
+    pub const fn outcome(&self) -> &'static str {
+        match self {
+            AgentPoll::Report(_) => "ok",
+            AgentPoll::Failed(_) => "error",
+            AgentPoll::Unauthenticated(_) => "unauthenticated",
+        }
+    }
+}
+
 struct Entry {
     at: Instant,
     report: Result<PortsReport, String>,
@@ -53,6 +81,8 @@ struct Entry {
 pub struct PortsBook {
     local: Option<Entry>,
     agents: BTreeMap<IpAddr, Entry>,
+    /// Why each agent's last unauthenticated answer was ignored, until an authentic one.
+    rejected: BTreeMap<IpAddr, String>,
 }
 
 impl PortsBook {
@@ -65,16 +95,31 @@ impl PortsBook {
     pub fn record_agent(&mut self, backend: IpAddr, report: Result<PortsReport, String>) -> Pressure {
         let previous = self.agents.get(&backend).and_then(|e| e.report.as_ref().ok());
         let pressure = match &report {
-            Ok(r) => classify(previous, r),
+            Ok(r) => {
+                self.rejected.remove(&backend);
+                classify(previous, r)
+            }
             Err(_) => Pressure::None,
         };
         self.agents.insert(backend, Entry { at: Instant::now(), report });
         pressure
     }
 
+    /// Notes that `backend`'s answer was ignored (`why`); the report kept and the pressure
+    /// are unchanged. True when this is news (not the reason already noted).
+    pub fn record_rejected(&mut self, backend: IpAddr, why: String) -> bool {
+        self.rejected.insert(backend, why.clone()).as_ref() != Some(&why)
+    }
+
+    /// The agents whose last answer was ignored, and why.
+    pub fn rejected(&self) -> impl Iterator<Item = (&IpAddr, &String)> {
+        self.rejected.iter()
+    }
+
     /// Forgets hosts that are no longer backends.
     pub fn retain(&mut self, backends: &BTreeSet<IpAddr>) {
         self.agents.retain(|addr, _| backends.contains(addr));
+        self.rejected.retain(|addr, _| backends.contains(addr));
     }
 
     pub fn view(&self, host: Option<IpAddr>) -> PortsView {
@@ -102,9 +147,18 @@ impl PortsBook {
     }
 }
 
+/// Polls the agent at `addr`: its report counts only if signed with `key` for this poll.
+async fn poll_agent(addr: SocketAddr, key: Option<&ReportKey>) -> AgentPoll {
+    match endpoint::fetch_report(addr, AGENT_TIMEOUT, key).await {
+        Ok((report, Signed::Verified)) => AgentPoll::Report(Box::new(report)),
+        Ok((_, signed)) => AgentPoll::Unauthenticated(signed.problem().unwrap_or_default().to_owned()),
+        Err(e) => AgentPoll::Failed(error_chain(&e)),
+    }
+}
+
 /// Reads the balancer's own watcher (if it loaded) and polls every backend's agent on
-/// `agent_port` (0: not polled), every [`POLL`], forever.
-pub async fn pressure_task<M, S>(core: SharedCore<M, S>, watch: Result<SockWatch, String>, agent_port: u16)
+/// `agent_port` (0: not polled) with `key`, every [`POLL`], forever.
+pub async fn pressure_task<M, S>(core: SharedCore<M, S>, watch: Result<SockWatch, String>, agent_port: u16, key: Option<Arc<ReportKey>>)
 where
     M: Maps + Counters + Send + 'static,
     S: Store + Send + 'static,
@@ -155,14 +209,13 @@ where
         }
         let mut polls = JoinSet::new();
         for backend in backends {
-            let limit = limit.clone();
+            let (limit, key) = (limit.clone(), key.clone());
             polls.spawn(async move {
                 let _permit = limit.acquire_owned().await;
-                let report = endpoint::fetch_report(SocketAddr::new(backend, agent_port), AGENT_TIMEOUT).await.map_err(|e| error_chain(&e));
-                (backend, report)
+                (backend, poll_agent(SocketAddr::new(backend, agent_port), key.as_deref()).await)
             });
         }
-        let results: Vec<(IpAddr, Result<PortsReport, String>)> = polls.join_all().await;
+        let results: Vec<(IpAddr, AgentPoll)> = polls.join_all().await;
         let core = core.clone();
         let recorded = tokio::task::spawn_blocking(move || {
             let mut core = server::lock(&core);

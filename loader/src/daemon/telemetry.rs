@@ -93,8 +93,8 @@ impl Telemetry {
         *self.probes.entry(label).or_default() += 1;
     }
 
-    pub fn agent_polled(&mut self, ok: bool) {
-        *self.agent_polls.entry(if ok { "ok" } else { "error" }).or_default() += 1;
+    pub fn agent_polled(&mut self, outcome: &'static str) {
+        *self.agent_polls.entry(outcome).or_default() += 1;
     }
 
     pub fn sample(&self, local_probe_alert: bool) -> DaemonSample {

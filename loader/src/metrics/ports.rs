@@ -18,14 +18,17 @@ pub fn ports(report: Result<&PortsReport, &str>) -> super::Exposition {
 }
 
 /// An agent's metrics: its port figures, and what its decapsulation did with each packet
-/// (`reason` by `DecapReason` label; second chance shows as `second_chance_*`).
-pub fn agent(report: Result<&PortsReport, &str>, decap: &[(&'static str, u64)]) -> super::Exposition {
+/// (`reason` by `DecapReason` label; second chance shows as `second_chance_*`), and the
+/// ports endpoint's connections closed unanswered.
+pub fn agent(report: Result<&PortsReport, &str>, decap: &[(&'static str, u64)], refused: u64) -> super::Exposition {
     let mut f = Families::default();
     add(&mut f, report);
     let mut packets = f.counter("decap_packets", "Packets the backend's decapsulation saw, by what it did with them.", None);
     for (reason, n) in decap {
         packets.counter(vec![("reason", (*reason).to_owned())], *n);
     }
+    f.counter("ports_endpoint_refused", "Connections to the ports endpoint closed unanswered: the peer is not in --allow-from.", None)
+        .counter(Labels::new(), refused);
     f.encode("spillway")
 }
 

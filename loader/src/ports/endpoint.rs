@@ -7,11 +7,17 @@
 //! [`Limits::max_request_bytes`] read within [`Limits::request_timeout`], a whole exchange
 //! within [`Limits::connection_timeout`], and the report built at most once per
 //! [`Limits::report_max_age`] however many clients ask (they share the cached answer).
+//!
+//! It answers only the balancers ([`Access::allow`], the agent's `--allow-from`): a report
+//! names every destination and the processes holding ports, which is nobody else's business;
+//! other peers are closed without a byte and counted. With a key, an answer to a poll that
+//! carries a nonce is signed (see [`auth`]), and [`fetch_report`] says whether it was.
 
 use std::convert::Infallible;
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -20,7 +26,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use super::PortsReport;
+use super::{
+    PortsReport,
+    auth::{self, NONCE_HEADER, ReportKey, SIGNATURE_HEADER},
+};
+use crate::model::Cidr;
 
 /// The endpoint's path.
 pub const PATH: &str = "/ports";
@@ -81,6 +91,23 @@ impl Default for Limits {
     }
 }
 
+/// Who may read the reports, and how they are signed.
+#[derive(Clone, Default)]
+pub struct Access {
+    /// Peers answered (`lbd agent --allow-from`); everyone else is closed on unanswered.
+    pub allow: Vec<Cidr>,
+    /// Signs answers to polls that carry a nonce (`--report-key`).
+    pub key: Option<Arc<ReportKey>>,
+    /// Connections closed because their peer is not allowed (the agent's metrics).
+    pub refused: Arc<AtomicU64>,
+}
+
+impl Access {
+    fn allows(&self, peer: std::net::IpAddr) -> bool {
+        self.allow.iter().any(|cidr| cidr.contains(peer))
+    }
+}
+
 /// One answer, shared by every request within `report_max_age`.
 #[derive(Clone, Debug)]
 struct Response {
@@ -130,9 +157,9 @@ where
     }
 }
 
-/// Serves `GET /ports` on `listener` with reports from `source` (its error is the 503
-/// message) until the task is dropped.
-pub async fn serve<F>(listener: TcpListener, limits: Limits, source: F) -> Infallible
+/// Serves `GET /ports` on `listener` to the peers `access` allows, with reports from
+/// `source` (its error is the 503 message), until the task is dropped.
+pub async fn serve<F>(listener: TcpListener, limits: Limits, access: Access, source: F) -> Infallible
 where
     F: FnMut() -> Result<PortsReport, String> + Send + 'static,
 {
@@ -143,6 +170,12 @@ where
         // A slot first: past the limit, connections wait in the kernel's backlog.
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { unreachable!("the semaphore is never closed") };
         let stream = match listener.accept().await {
+            // Closed at once, before reading a byte: nothing of the host leaves to strangers.
+            Ok((_, peer)) if !access.allows(peer.ip()) => {
+                access.refused.fetch_add(1, Ordering::Relaxed);
+                debug!("ports endpoint: refused {peer}: not in --allow-from");
+                continue;
+            }
             Ok((stream, _)) => stream,
             Err(e) => {
                 // EMFILE, ECONNABORTED and the like: transient; do not spin.
@@ -151,9 +184,9 @@ where
                 continue;
             }
         };
-        let cache = Arc::clone(&cache);
+        let (cache, key) = (Arc::clone(&cache), access.key.clone());
         tokio::spawn(async move {
-            match tokio::time::timeout(limits.connection_timeout, handle(stream, &limits, &cache)).await {
+            match tokio::time::timeout(limits.connection_timeout, handle(stream, &limits, key.as_deref(), &cache)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => debug!("ports endpoint: {e}"),
                 Err(_) => debug!("ports endpoint: connection cut after {:?}", limits.connection_timeout),
@@ -163,19 +196,28 @@ where
     }
 }
 
-async fn handle<F>(mut stream: TcpStream, limits: &Limits, cache: &Cache<F>) -> std::io::Result<()>
+async fn handle<F>(mut stream: TcpStream, limits: &Limits, key: Option<&ReportKey>, cache: &Cache<F>) -> std::io::Result<()>
 where
     F: FnMut() -> Result<PortsReport, String> + Send + 'static,
 {
+    let mut nonce = None;
     let response = match tokio::time::timeout(limits.request_timeout, read_head(&mut stream, limits.max_request_bytes)).await {
         Err(_) => Response::error(408, "no complete request in time"),
         Ok(Err(HeadError::TooLarge)) => Response::error(431, &format!("request head longer than {} bytes", limits.max_request_bytes)),
         Ok(Err(HeadError::Closed)) => return Ok(()),
         Ok(Err(HeadError::Io(e))) => return Err(e),
         Ok(Ok(head)) => match route(&head) {
-            Ok(()) => cache.get().await,
+            Ok(poll_nonce) => {
+                nonce = poll_nonce;
+                cache.get().await
+            }
             Err(refused) => refused,
         },
+    };
+    // Signed for the address the poller dialled, so it holds for this host's polls only.
+    let signature = match (key, nonce) {
+        (Some(key), Some(nonce)) => format!("{SIGNATURE_HEADER}: {}\r\n", key.sign(&nonce, stream.local_addr()?.ip(), &response.body)),
+        _ => String::new(),
     };
     let reason = match response.status {
         200 => "OK",
@@ -188,7 +230,7 @@ where
         _ => "Internal Server Error",
     };
     let head = format!(
-        "HTTP/1.0 {} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
+        "HTTP/1.0 {} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nCache-Control: no-store\r\n{signature}Connection: close\r\n\r\n",
         response.status,
         response.body.len()
     );
@@ -229,8 +271,9 @@ fn head_end(bytes: &[u8]) -> Option<usize> {
     crlf.into_iter().chain(lf).min()
 }
 
-/// Accepts `GET /ports HTTP/1.x`; anything else gets its error answer.
-fn route(head: &[u8]) -> Result<(), Response> {
+/// Accepts `GET /ports HTTP/1.x` (with the poll's nonce, if it sends one); anything else
+/// gets its error answer.
+fn route(head: &[u8]) -> Result<Option<String>, Response> {
     let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.trim_end().split(' ');
@@ -244,7 +287,20 @@ fn route(head: &[u8]) -> Result<(), Response> {
     if method != "GET" {
         return Err(Response::error(405, &format!("{PATH} is read-only: only GET is served")));
     }
-    Ok(())
+    let head = String::from_utf8_lossy(head);
+    match header(&head, NONCE_HEADER) {
+        None => Ok(None),
+        Some(nonce) if auth::is_nonce(nonce) => Ok(Some(nonce.to_owned())),
+        Some(_) => Err(Response::error(400, &format!("{NONCE_HEADER} must be 32 hex digits"))),
+    }
+}
+
+/// The value of the header `name` in an HTTP head (the first line skipped), if present.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|line| {
+        let (n, value) = line.split_once(':')?;
+        n.trim().eq_ignore_ascii_case(name).then(|| value.trim())
+    })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -269,6 +325,8 @@ pub enum EndpointError {
     Malformed { addr: SocketAddr, reason: &'static str },
     #[error("the ports endpoint {addr} answered {status}: {message}")]
     Status { addr: SocketAddr, status: u16, message: String },
+    #[error("no random nonce for polling {addr} (the system's random source failed)")]
+    Nonce { addr: SocketAddr },
     #[error("the ports endpoint {addr} sent a report that does not parse")]
     Json {
         addr: SocketAddr,
@@ -277,22 +335,50 @@ pub enum EndpointError {
     },
 }
 
-/// Fetches the report of the agent at `addr`; the whole exchange must end within `timeout`
-/// and the response stay within [`MAX_RESPONSE_BYTES`].
-pub async fn fetch_report(addr: SocketAddr, timeout: Duration) -> Result<PortsReport, EndpointError> {
-    tokio::time::timeout(timeout, fetch(addr)).await.map_err(|_| EndpointError::Timeout { addr, timeout })?
+/// What a fetched report's signature proved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signed {
+    /// Signed with the key for this poll and this address.
+    Verified,
+    /// No key to check it with (none was given).
+    Unchecked,
+    /// The answer carries no signature (the agent has no key, or is no agent).
+    Missing,
+    /// The signature does not hold: another key, another poll, another host, or altered.
+    Invalid,
 }
 
-async fn fetch(addr: SocketAddr) -> Result<PortsReport, EndpointError> {
+impl Signed {
+    /// Why a report that is not [`Signed::Verified`] cannot be trusted.
+    pub const fn problem(self) -> Option<&'static str> {
+        match self {
+            Signed::Verified => None,
+            Signed::Unchecked => Some("lbd has no --report-key to check it with"),
+            Signed::Missing => Some("it is not signed (is the agent's --report-key set?)"),
+            Signed::Invalid => Some("its signature does not hold (another key, a replay, or not the agent)"),
+        }
+    }
+}
+
+/// Fetches the report of the agent at `addr`, and with `key` checks its signature; the
+/// whole exchange must end within `timeout` and the response stay within
+/// [`MAX_RESPONSE_BYTES`].
+pub async fn fetch_report(addr: SocketAddr, timeout: Duration, key: Option<&ReportKey>) -> Result<(PortsReport, Signed), EndpointError> {
+    tokio::time::timeout(timeout, fetch(addr, key)).await.map_err(|_| EndpointError::Timeout { addr, timeout })?
+}
+
+async fn fetch(addr: SocketAddr, key: Option<&ReportKey>) -> Result<(PortsReport, Signed), EndpointError> {
     let io = |source| EndpointError::Io { addr, source };
+    let nonce = key.map(|_| auth::nonce().ok_or(EndpointError::Nonce { addr })).transpose()?;
+    let nonce_line = nonce.as_ref().map(|n| format!("{NONCE_HEADER}: {n}\r\n")).unwrap_or_default();
     let mut stream = TcpStream::connect(addr).await.map_err(|source| EndpointError::Connect { addr, source })?;
-    stream.write_all(format!("GET {PATH} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await.map_err(io)?;
+    stream.write_all(format!("GET {PATH} HTTP/1.0\r\nHost: {addr}\r\n{nonce_line}\r\n").as_bytes()).await.map_err(io)?;
     let mut response = Vec::new();
     (&mut stream).take(MAX_RESPONSE_BYTES + 1).read_to_end(&mut response).await.map_err(io)?;
     if response.len() as u64 > MAX_RESPONSE_BYTES {
         return Err(EndpointError::TooLarge { addr, limit: MAX_RESPONSE_BYTES });
     }
-    let (status, body) = parse_response(&response).map_err(|reason| EndpointError::Malformed { addr, reason })?;
+    let (status, signature, body) = parse_response(&response).map_err(|reason| EndpointError::Malformed { addr, reason })?;
     if status != 200 {
         let message = serde_json::from_slice::<serde_json::Value>(body)
             .ok()
@@ -300,11 +386,19 @@ async fn fetch(addr: SocketAddr) -> Result<PortsReport, EndpointError> {
             .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned());
         return Err(EndpointError::Status { addr, status, message });
     }
-    serde_json::from_slice(body).map_err(|source| EndpointError::Json { addr, source })
+    let signed = match (key, nonce, signature) {
+        (Some(key), Some(nonce), Some(signature)) if key.verify(&nonce, addr.ip(), body, signature) => Signed::Verified,
+        (Some(_), _, Some(_)) => Signed::Invalid,
+        (Some(_), _, None) => Signed::Missing,
+        (None, _, _) => Signed::Unchecked,
+    };
+    let report = serde_json::from_slice(body).map_err(|source| EndpointError::Json { addr, source })?;
+    Ok((report, signed))
 }
 
-/// The status and the body of a whole HTTP/1.x response; a `Content-Length` must match.
-fn parse_response(response: &[u8]) -> Result<(u16, &[u8]), &'static str> {
+/// The status, the signature header and the body of a whole HTTP/1.x response; a
+/// `Content-Length` must match.
+fn parse_response(response: &[u8]) -> Result<(u16, Option<&str>, &[u8]), &'static str> {
     let end = head_end(response).ok_or("no end of headers")?;
     let head = std::str::from_utf8(&response[..end]).map_err(|_| "headers are not UTF-8")?;
     let body = &response[end..];
@@ -315,6 +409,7 @@ fn parse_response(response: &[u8]) -> Result<(u16, &[u8]), &'static str> {
         return Err("not an HTTP/1 status line");
     }
     let status = parts.next().and_then(|s| s.parse().ok()).ok_or("no status code")?;
+    let signature = header(head, SIGNATURE_HEADER);
     for line in lines {
         if let Some((name, value)) = line.split_once(':')
             && name.eq_ignore_ascii_case("content-length")
@@ -325,7 +420,7 @@ fn parse_response(response: &[u8]) -> Result<(u16, &[u8]), &'static str> {
             }
         }
     }
-    Ok((status, body))
+    Ok((status, signature, body))
 }
 
 #[cfg(test)]
@@ -336,6 +431,19 @@ mod tests {
     use crate::ports::{Dropped, Thresholds};
 
     const TIMEOUT: Duration = Duration::from_secs(2);
+
+    /// The loopback peers the tests connect from, and no key.
+    fn local_access() -> Access {
+        Access { allow: vec!["127.0.0.0/8".parse().unwrap()], ..Access::default() }
+    }
+
+    /// A report fetched without a key.
+    async fn fetch_unsigned(addr: SocketAddr, timeout: Duration) -> Result<PortsReport, EndpointError> {
+        fetch_report(addr, timeout, None).await.map(|(report, signed)| {
+            assert_eq!(signed, Signed::Unchecked);
+            report
+        })
+    }
 
     #[test]
     fn the_default_listen_address_is_on_the_default_port() {
@@ -360,7 +468,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let calls = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&calls);
-        tokio::spawn(serve(listener, limits, move || Ok(report(counter.fetch_add(1, Ordering::SeqCst) as u64 + 1))));
+        tokio::spawn(serve(listener, limits, local_access(), move || Ok(report(counter.fetch_add(1, Ordering::SeqCst) as u64 + 1))));
         (addr, calls)
     }
 
@@ -376,13 +484,13 @@ mod tests {
     async fn serves_the_report_built_at_most_once_per_interval() {
         let limits = Limits { report_max_age: Duration::from_millis(300), ..Limits::default() };
         let (addr, calls) = start(limits).await;
-        let fetches = (0..8).map(|_| fetch_report(addr, TIMEOUT));
+        let fetches = (0..8).map(|_| fetch_unsigned(addr, TIMEOUT));
         for fetched in futures_join(fetches).await {
             assert_eq!(fetched.unwrap(), report(1));
         }
         assert_eq!(calls.load(Ordering::SeqCst), 1, "eight requests, one build");
         tokio::time::sleep(Duration::from_millis(350)).await;
-        assert_eq!(fetch_report(addr, TIMEOUT).await.unwrap(), report(2));
+        assert_eq!(fetch_unsigned(addr, TIMEOUT).await.unwrap(), report(2));
     }
 
     /// Awaits all of `futures` concurrently.
@@ -399,8 +507,8 @@ mod tests {
     async fn an_unavailable_source_answers_503_with_its_message() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(serve(listener, Limits::default(), || Err("the socket watcher is not loaded: no BTF".to_owned())));
-        match fetch_report(addr, TIMEOUT).await {
+        tokio::spawn(serve(listener, Limits::default(), local_access(), || Err("the socket watcher is not loaded: no BTF".to_owned())));
+        match fetch_unsigned(addr, TIMEOUT).await {
             Err(EndpointError::Status { status: 503, message, .. }) => assert_eq!(message, "the socket watcher is not loaded: no BTF"),
             other => panic!("expected a 503, got {other:?}"),
         }
@@ -432,10 +540,10 @@ mod tests {
         let limits = Limits { max_connections: 2, request_timeout: Duration::from_millis(500), ..Limits::default() };
         let (addr, _) = start(limits).await;
         let idle = [TcpStream::connect(addr).await.unwrap(), TcpStream::connect(addr).await.unwrap()];
-        let err = fetch_report(addr, Duration::from_millis(200)).await.unwrap_err();
+        let err = fetch_unsigned(addr, Duration::from_millis(200)).await.unwrap_err();
         assert!(matches!(err, EndpointError::Timeout { .. }), "{err:?}");
         // The idle connections time out (408) and free their slots.
-        assert_eq!(fetch_report(addr, TIMEOUT).await.unwrap(), report(1));
+        assert_eq!(fetch_unsigned(addr, TIMEOUT).await.unwrap(), report(1));
         drop(idle);
     }
 
@@ -462,13 +570,83 @@ mod tests {
             }
         });
         let timeout = Duration::from_millis(200);
-        assert!(matches!(fetch_report(addr, timeout).await, Err(EndpointError::Timeout { .. })));
-        let too_large = fetch_report(addr, TIMEOUT).await;
+        assert!(matches!(fetch_unsigned(addr, timeout).await, Err(EndpointError::Timeout { .. })));
+        let too_large = fetch_unsigned(addr, TIMEOUT).await;
         assert!(matches!(too_large, Err(EndpointError::TooLarge { .. })), "{too_large:?}");
-        let truncated = fetch_report(addr, TIMEOUT).await;
+        let truncated = fetch_unsigned(addr, TIMEOUT).await;
         assert!(matches!(truncated, Err(EndpointError::Malformed { .. })), "{truncated:?}");
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
-        assert!(matches!(fetch_report(closed, TIMEOUT).await, Err(EndpointError::Connect { .. })));
+        assert!(matches!(fetch_unsigned(closed, TIMEOUT).await, Err(EndpointError::Connect { .. })));
+    }
+
+    #[tokio::test]
+    async fn peers_outside_the_allow_list_are_closed_unanswered_and_counted() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let access = Access { allow: vec!["10.0.0.2/32".parse().unwrap(), "::1/128".parse().unwrap()], ..Access::default() };
+        let refused = Arc::clone(&access.refused);
+        let built = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&built);
+        tokio::spawn(serve(listener, Limits::default(), access, move || Ok(report(counter.fetch_add(1, Ordering::SeqCst) as u64))));
+        // The attacker on the host or the network: not one of the balancers.
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(b"GET /ports HTTP/1.0\r\n\r\n").await.unwrap();
+        let mut answer = Vec::new();
+        // Closed with the request unread: an end of file or a reset, never a byte.
+        let _ = tokio::time::timeout(TIMEOUT, stream.read_to_end(&mut answer)).await.unwrap();
+        assert!(answer.is_empty(), "not a byte of the report");
+        assert!(fetch_unsigned(addr, TIMEOUT).await.is_err());
+        assert_eq!(refused.load(Ordering::Relaxed), 2);
+        assert_eq!(built.load(Ordering::SeqCst), 0, "no report built for a stranger");
+    }
+
+    #[tokio::test]
+    async fn a_report_is_trusted_only_when_signed_for_this_poll() {
+        let key = Arc::new(ReportKey::from_secret(&[7; 32]));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let access = Access { key: Some(Arc::clone(&key)), ..local_access() };
+        tokio::spawn(serve(listener, Limits::default(), access, || Ok(report(1))));
+        assert_eq!(fetch_report(addr, TIMEOUT, Some(&key)).await.unwrap(), (report(1), Signed::Verified));
+        let other = ReportKey::from_secret(&[8; 32]);
+        assert_eq!(fetch_report(addr, TIMEOUT, Some(&other)).await.unwrap().1, Signed::Invalid);
+        // An agent without a key signs nothing.
+        let unsigned = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let unsigned_addr = unsigned.local_addr().unwrap();
+        tokio::spawn(serve(unsigned, Limits::default(), local_access(), || Ok(report(1))));
+        assert_eq!(fetch_report(unsigned_addr, TIMEOUT, Some(&key)).await.unwrap().1, Signed::Missing);
+
+        // An impostor (an unprivileged user who bound the port first, say) replays a signed
+        // answer it recorded: its nonce is not the new poll's.
+        let mut recorded = TcpStream::connect(addr).await.unwrap();
+        let old_nonce = auth::nonce().unwrap();
+        recorded.write_all(format!("GET /ports HTTP/1.0\r\n{NONCE_HEADER}: {old_nonce}\r\n\r\n").as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        recorded.read_to_end(&mut answer).await.unwrap();
+        assert!(String::from_utf8_lossy(&answer).contains(SIGNATURE_HEADER));
+        let impostor = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let impostor_addr = impostor.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = impostor.accept().await.unwrap();
+            let _ = read_head(&mut stream, 4096).await;
+            let _ = stream.write_all(&answer).await;
+        });
+        assert_eq!(fetch_report(impostor_addr, TIMEOUT, Some(&key)).await.unwrap().1, Signed::Invalid);
+        // One that relays the poll to another host's agent gets that host's signature.
+        let relay = TcpListener::bind("127.0.0.2:0").await.unwrap();
+        let relay_addr = relay.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = relay.accept().await.unwrap();
+            let head = read_head(&mut stream, 4096).await.ok().unwrap();
+            let mut agent = TcpStream::connect(addr).await.unwrap();
+            agent.write_all(&head).await.unwrap();
+            let mut answer = Vec::new();
+            agent.read_to_end(&mut answer).await.unwrap();
+            let _ = stream.write_all(&answer).await;
+        });
+        assert_eq!(fetch_report(relay_addr, TIMEOUT, Some(&key)).await.unwrap().1, Signed::Invalid);
+        // A nonce that is not one is refused rather than signed.
+        assert!(raw(addr, format!("GET /ports HTTP/1.0\r\n{NONCE_HEADER}: x\r\n\r\n").as_bytes()).await.starts_with("HTTP/1.0 400 "));
     }
 
     #[test]

@@ -21,6 +21,7 @@
 //! did not name (autobound by `connect()`/`sendto()`, or bound to port 0). Sockets
 //! created before the watcher was loaded are not seen.
 
+pub mod auth;
 mod bpf;
 mod cgroup;
 mod diag;

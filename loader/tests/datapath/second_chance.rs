@@ -5,13 +5,12 @@
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use aya::maps::{HashMap, PerCpuArray};
+use aya::maps::PerCpuArray;
 use spillway::{dataplane::test_run, reconcile::vip_key};
 use spillway_common::{
-    addr::to_words,
     hash::{FLOW_SEED, flow_hash},
     limits::map_names,
-    types::{AddrKey, DecapReason, PROTO_TCP, PROTO_UDP, Reason},
+    types::{DecapReason, PROTO_TCP, PROTO_UDP, Reason},
 };
 use spillway_harness::{frames, packet_lab};
 
@@ -140,20 +139,48 @@ fn decap(env: &Env, frame: &[u8], action: u32, reason: DecapReason) -> Vec<u8> {
     out.frame
 }
 
+/// The host (its address, both families) and the balancer 10.9.0.1 / fd09::1 it trusts.
+fn backend_host(env: &mut Env) -> (IpAddr, IpAddr) {
+    env.decap_local(&[packet_lab::LOCAL4.into(), packet_lab::LOCAL6.into()]);
+    env.decap_allow(&["10.9.0.1/32", "fd09::1/128"]);
+    (IpAddr::from([10, 9, 0, 1]), ip("fd09::1"))
+}
+
+/// The middle tunnel as a router would send it on: one hop less (IPv4: checksum updated).
+fn one_hop_less(middle: &[u8]) -> Vec<u8> {
+    let mut m = middle.to_vec();
+    if m[14] >> 4 == 4 {
+        m[22] -= 1;
+        m[24..26].fill(0);
+        let sum = frames::ipv4_checksum(&m[14..34]);
+        m[24..26].copy_from_slice(&sum.to_be_bytes());
+    } else {
+        m[21] -= 1;
+    }
+    m
+}
+
+/// `frame` with the middle header's TTL (hop limit) set to `ttl` (IPv4 outer, checksum kept
+/// valid).
+fn with_middle_ttl(frame: &[u8], ttl: u8) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f[34 + 8] = ttl;
+    f[34 + 10..34 + 12].fill(0);
+    let sum = frames::ipv4_checksum(&f[34..54]);
+    f[34 + 10..34 + 12].copy_from_slice(&sum.to_be_bytes());
+    f
+}
+
 #[test]
 fn the_first_backend_keeps_its_connections_and_sends_the_others_on() {
     with_env(|env| {
-        {
-            let mut local: HashMap<_, AddrKey, u32> = HashMap::try_from(env.decap.map_mut(map_names::LOCAL_ADDRS).unwrap()).unwrap();
-            let (addr, family) = to_words(packet_lab::LOCAL4.into());
-            local.insert(&AddrKey { addr, family, _pad: [0; 3] }, &1, 0).unwrap();
-        }
-        // A connection this host has, over loopback (the lookup is this namespace's).
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (lb, _) = backend_host(env);
+        // A connection this host has, to its own address (the lookup is this namespace's).
+        let listener = TcpListener::bind(SocketAddr::new(packet_lab::LOCAL4.into(), 0)).unwrap();
         let server = listener.local_addr().unwrap();
         let client = TcpStream::connect(server).unwrap();
         let _accepted = listener.accept().unwrap();
-        let (lb, other) = (IpAddr::from([10, 9, 0, 1]), IpAddr::from(packet_lab::backend4(102)));
+        let other = IpAddr::from(packet_lab::backend4(102));
         let nested = |from: SocketAddr, syn: bool| {
             let inner = frames::tcp(from, server, syn, b"data");
             let middle = frames::tunnel(lb, other, &inner[14..]);
@@ -165,20 +192,63 @@ fn the_first_backend_keeps_its_connections_and_sends_the_others_on() {
         assert_eq!(out, [&frame[..12], &inner[12..]].concat(), "both tunnels stripped, MACs kept");
 
         // No connection (only the listener), and no socket at all: on to the other backend,
-        // back to the hop the frame came from.
-        for from in [sock("127.0.0.1:1"), sock("127.0.0.2:2")] {
+        // back to the hop the frame came from, as a router would (one hop less).
+        for from in [SocketAddr::new(server.ip(), 1), sock("192.168.10.20:2")] {
             let (_, middle, frame) = nested(from, false);
             let out = decap(env, &frame, XDP_TX, DecapReason::SecondChanceForwarded);
             assert_eq!(out[..6], frame[6..12], "to the sender's MAC");
             assert_eq!(out[6..12], frame[..6], "from ours");
-            assert_eq!(out[12..], middle[12..], "the tunnel to the other backend, untouched");
+            assert_eq!(out[12..], one_hop_less(&middle)[12..], "the tunnel to the other backend, TTL 63");
+            assert_eq!(frames::ipv4_checksum(&out[14..34]), 0, "a valid checksum");
         }
         // A SYN is a new connection: kept.
-        let (inner, _, frame) = nested(sock("127.0.0.1:3"), true);
+        let (inner, _, frame) = nested(sock("192.168.10.20:3"), true);
         assert_eq!(decap(env, &frame, XDP_PASS, DecapReason::SecondChanceLocal)[12..], inner[12..]);
         // A plain tunnel is decapsulated as always.
         let plain = frames::tunnel(lb, packet_lab::LOCAL4.into(), &inner[14..]);
         assert_eq!(decap(env, &plain, XDP_PASS, DecapReason::Decapsulated)[12..], inner[12..]);
+    });
+}
+
+#[test]
+fn only_what_a_balancer_built_is_sent_on() {
+    with_env(|env| {
+        let (lb, lb6) = backend_host(env);
+        let (here, here6) = (IpAddr::from(packet_lab::LOCAL4), IpAddr::from(packet_lab::LOCAL6));
+        let victim = ip("198.51.100.80");
+        let ack = frames::tcp(sock("192.168.10.20:40000"), SocketAddr::new(here, 80), false, b"data");
+        let nested = |outer_src: IpAddr, outer_dst: IpAddr, middle_src: IpAddr, middle_dst: IpAddr, inner: &[u8]| {
+            let middle = frames::tunnel(middle_src, middle_dst, &inner[14..]);
+            frames::tunnel(outer_src, outer_dst, &middle[14..])
+        };
+
+        // Spoofed from anywhere: reflected to the victim without these checks.
+        let spoofed = nested(ip("203.0.113.7"), here, ip("203.0.113.7"), victim, &ack);
+        decap(env, &spoofed, XDP_DROP, DecapReason::DropNotAllowed);
+        // From the balancer's address (spoofed or not), but a middle header it did not write.
+        let forged = nested(lb, here, victim, ip("10.1.0.102"), &ack);
+        decap(env, &forged, XDP_DROP, DecapReason::DropSecondChanceSource);
+        let forged = nested(lb6, here6, victim, ip("10.1.0.102"), &ack);
+        decap(env, &forged, XDP_DROP, DecapReason::DropSecondChanceSource);
+        // A connection's packet for somebody else: not this VIP's, nobody's to send on.
+        let elsewhere = frames::tcp(sock("192.168.10.20:40000"), SocketAddr::new(victim, 80), false, b"data");
+        decap(env, &nested(lb, here, lb, ip("10.1.0.102"), &elsewhere), XDP_DROP, DecapReason::DropInnerNotLocal);
+
+        // Nested tunnels bounce no further than their TTL: the last hop is dropped.
+        let good = nested(lb, here, lb, ip("10.1.0.102"), &ack);
+        decap(env, &with_middle_ttl(&good, 1), XDP_DROP, DecapReason::DropSecondChanceTtl);
+        decap(env, &with_middle_ttl(&good, 0), XDP_DROP, DecapReason::DropSecondChanceTtl);
+        let out = decap(env, &with_middle_ttl(&good, 2), XDP_TX, DecapReason::SecondChanceForwarded);
+        assert_eq!((out[22], frames::ipv4_checksum(&out[14..34])), (1, 0), "TTL 1, checksum valid");
+
+        // IPv6 middle headers lose a hop too; one of the other family than the outer header
+        // must come from a balancer.
+        let ack6 = frames::tcp(sock("[2001:db8::20]:40000"), SocketAddr::new(here6, 80), false, b"data");
+        let middle = frames::tunnel(lb6, ip("fd01::102"), &ack6[14..]);
+        let out = decap(env, &frames::tunnel(lb6, here6, &middle[14..]), XDP_TX, DecapReason::SecondChanceForwarded);
+        assert_eq!(out[12..], one_hop_less(&middle)[12..], "hop limit 63");
+        decap(env, &nested(lb6, here6, lb, ip("10.1.0.102"), &ack), XDP_TX, DecapReason::SecondChanceForwarded);
+        decap(env, &nested(lb6, here6, ip("10.9.0.2"), ip("10.1.0.102"), &ack), XDP_DROP, DecapReason::DropSecondChanceSource);
     });
 }
 

@@ -147,6 +147,25 @@ impl Env {
         from_words(info.addr, info.family).unwrap()
     }
 
+    /// Makes the decapsulator take tunnels to `addrs`, as the agent does with the host's.
+    pub fn decap_local(&mut self, addrs: &[IpAddr]) {
+        let map = self.decap.map_mut(spillway_common::limits::map_names::LOCAL_ADDRS).unwrap();
+        let mut local: aya::maps::HashMap<_, spillway_common::types::AddrKey, u32> = aya::maps::HashMap::try_from(map).unwrap();
+        for a in addrs {
+            let (addr, family) = to_words(*a);
+            local.insert(&spillway_common::types::AddrKey { addr, family, _pad: [0; 3] }, &1, 0).unwrap();
+        }
+    }
+
+    /// Makes the decapsulator take tunnels from `cidrs` (`lbd agent --allow-from`).
+    pub fn decap_allow(&mut self, cidrs: &[&str]) {
+        let map = self.decap.map_mut(spillway_common::limits::map_names::ALLOW_FROM).unwrap();
+        let mut allow = aya::maps::LpmTrie::try_from(map).unwrap();
+        for cidr in cidrs {
+            allow.insert(&spillway::agent::allow_key(cidr.parse().unwrap()), &1, 0).unwrap();
+        }
+    }
+
     /// The backend the connection table holds for `key`.
     pub fn pinned_backend(&self, key: &FlowKey) -> Option<IpAddr> {
         self.balancer.maps.flow(key).map(|v| self.backend_addr(v.backend_id))

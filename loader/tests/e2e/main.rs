@@ -8,6 +8,7 @@ mod health;
 mod health_policy;
 mod health_state;
 mod hitless_restart;
+mod hostile;
 mod input;
 mod membership;
 mod observability;

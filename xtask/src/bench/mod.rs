@@ -11,6 +11,7 @@
 
 mod control;
 mod cores;
+mod decap;
 mod packets;
 mod paths;
 mod scale;
@@ -39,7 +40,7 @@ pub struct BenchArgs {
 }
 
 /// Every part, in the order they run.
-const PARTS: [&str; 7] = ["paths", "stages", "cores", "table", "scale", "control", "sockwatch"];
+const PARTS: [&str; 8] = ["paths", "stages", "cores", "decap", "table", "scale", "control", "sockwatch"];
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -64,6 +65,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ("paths", Box::new(|| paths::part(calls, reps))),
         ("stages", Box::new(|| stages::part(calls, reps))),
         ("cores", Box::new(|| cores::part(calls, reps))),
+        ("decap", Box::new(|| decap::part(calls, reps))),
         ("table", Box::new(|| table::part(calls, reps))),
         ("scale", Box::new(|| scale::part(calls, reps))),
         ("control", Box::new(control::part)),

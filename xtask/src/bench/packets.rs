@@ -620,7 +620,7 @@ pub fn allowed_cpus() -> Result<Vec<usize>> {
 
 /// Pins the calling thread to the last CPU it may run on (CPU 0 usually takes more
 /// interrupts); returns that CPU.
-fn pin_to_one_cpu() -> Result<usize> {
+pub fn pin_to_one_cpu() -> Result<usize> {
     let cpu = *allowed_cpus()?.last().context("no CPU")?;
     pin_to(cpu)?;
     Ok(cpu)

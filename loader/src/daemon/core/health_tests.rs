@@ -9,7 +9,7 @@ use super::{
 };
 use crate::{
     api::{BackendEntry, VipEntry},
-    daemon::checks::SnapshotEntry,
+    daemon::{checks::SnapshotEntry, pressure::AgentPoll},
     health::{HealthConfig, ProbeOutcome, Restored},
     model::BackendOptions,
     ports::{DestinationUsage, Dropped, Level, Thresholds},
@@ -47,6 +47,14 @@ impl Fixture {
     fn backends(&mut self) -> Vec<BackendEntry> {
         match self.ok(Request::ListBackends { vip: vip() }) {
             Reply::Backends(list) => list.backends,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The alerts `lbctl backends list` shows.
+    fn backend_alerts(&mut self) -> Vec<String> {
+        match self.ok(Request::ListBackends { vip: vip() }) {
+            Reply::Backends(list) => list.alerts,
             other => panic!("{other:?}"),
         }
     }
@@ -180,14 +188,23 @@ fn port_pressure_from_an_agent_cuts_only_that_backends_weight() {
         }
         let mut f = Fixture::restart(f.tmp, None, snapshot);
         assert_eq!(weights(&mut f), [100, 100, 100], "restored as serving: no slow start");
-        f.core.record_agent_ports(ip("10.0.0.2"), Ok(report(0.95, 0))).unwrap();
+        f.core.record_agent_ports(ip("10.0.0.2"), AgentPoll::Report(Box::new(report(0.95, 0)))).unwrap();
         assert_eq!(weights(&mut f), [100, 25, 100]);
         assert_eq!(f.backends()[1].pressure.as_deref(), Some("critical"));
         assert_eq!(f.backends()[1].health.as_deref(), Some("healthy"), "pressure is not a health state");
-        f.core.record_agent_ports(ip("10.0.0.2"), Ok(report(0.99, 7))).unwrap();
+        f.core.record_agent_ports(ip("10.0.0.2"), AgentPoll::Report(Box::new(report(0.99, 7)))).unwrap();
         assert_eq!(weights(&mut f), [100, 0, 100], "failing connects: no new flows");
+        // An answer that is not the agent's changes nothing and is an ALERT until the
+        // agent's next authentic report.
+        let forged = AgentPoll::Unauthenticated("its signature does not hold".into());
+        f.core.record_agent_ports(ip("10.0.0.2"), forged).unwrap();
+        assert_eq!(weights(&mut f), [100, 0, 100], "a forged report moves no weight");
+        let alerts = f.backend_alerts();
+        assert!(alerts.iter().any(|a| a.starts_with("ALERT: the port report from 10.0.0.2's agent was ignored")), "{alerts:?}");
+        f.core.record_agent_ports(ip("10.0.0.2"), AgentPoll::Report(Box::new(report(0.95, 7)))).unwrap();
+        assert!(f.backend_alerts().is_empty());
         // An agent that cannot be reached says nothing: the pressure goes back to none.
-        f.core.record_agent_ports(ip("10.0.0.2"), Err("connection refused".into())).unwrap();
+        f.core.record_agent_ports(ip("10.0.0.2"), AgentPoll::Failed("connection refused".into())).unwrap();
         assert_eq!(weights(&mut f), [100, 100, 100]);
     }
 }

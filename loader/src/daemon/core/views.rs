@@ -47,6 +47,9 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 ));
             }
         }
+        alerts.extend(self.ports.rejected().map(|(backend, why)| {
+            format!("ALERT: the port report from {backend}'s agent was ignored: {why}; its port pressure is unchanged")
+        }));
         let Some(checks) = self.health.as_ref() else { return alerts };
         let now_ms = checks.now_ms();
         alerts.extend(checks.local_alerts().iter().map(|(cause, alert)| {

@@ -1,23 +1,28 @@
-//! Backend side: strip the IPIP/IP6IP6/IPv4-in-IPv6 header addressed to this host and pass
-//! the inner packet to the stack. Needed because many kernels (this one included) have no
-//! ipip module. A second-chance packet (a tunnel inside the tunnel) is kept when this host
-//! has its connection and sent on to the other backend otherwise (`second_chance`).
-//! Everything else passes untouched.
+//! Backend side: strip the IPIP/IP6IP6/IPv4-in-IPv6 header of a balancer's tunnel addressed
+//! to this host and pass the inner packet to the stack. Needed because many kernels (this
+//! one included) have no ipip module. A second-chance packet (a tunnel inside the tunnel) is
+//! kept when this host has its connection and sent on to the other backend otherwise
+//! (`second_chance`). Everything else passes untouched.
+//!
+//! A tunnel is a way into the host past its firewall's view of the source, so it is taken
+//! only from the balancers (`spw_allow_from`, the outer source) and only for a packet this
+//! host would accept anyway (the inner destination is one of its addresses); a tunnel to a
+//! loopback address is never one of ours. What fails is dropped and counted.
 #![no_std]
 #![no_main]
 
 mod second_chance;
 
 use aya_ebpf::{
-    bindings::xdp_action::{XDP_PASS, XDP_TX},
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
     helpers::bpf_xdp_adjust_head,
     macros::{map, xdp},
-    maps::{HashMap, PerCpuArray},
+    maps::{HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
 use spillway_common::{
-    limits::DEFAULT_LOCAL_ADDRS,
-    types::{AddrKey, DecapReason, FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO_IPV6},
+    limits::{DEFAULT_LOCAL_ADDRS, MAX_ALLOW_FROM},
+    types::{ALLOW_KEY_FAMILY_BITS, AddrKey, AllowKey, DecapReason, FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO_IPV6},
 };
 use xdp_ebpf::{
     headers::*,
@@ -29,6 +34,10 @@ use xdp_ebpf::{
 /// Sized by the agent at load (`--max-local-addrs`).
 static LOCAL_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(DEFAULT_LOCAL_ADDRS, 0);
 
+/// The balancers' outer sources (`lbd agent --allow-from`), by longest prefix.
+#[map(name = "spw_allow_from")]
+static ALLOW_FROM: LpmTrie<AllowKey, u32> = LpmTrie::with_max_entries(MAX_ALLOW_FROM, 0);
+
 #[map(name = "spw_decap_rsn")]
 static REASONS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DecapReason::COUNT, 0);
 
@@ -38,12 +47,53 @@ pub fn spillway_decap(ctx: XdpContext) -> u32 {
     if let Some(count) = REASONS.get_ptr_mut(reason as u32) {
         unsafe { *count += 1 };
     }
-    if reason == DecapReason::SecondChanceForwarded { XDP_TX } else { XDP_PASS }
+    match reason {
+        DecapReason::SecondChanceForwarded => XDP_TX,
+        DecapReason::DropNotAllowed
+        | DecapReason::DropInnerNotLocal
+        | DecapReason::DropSecondChanceSource
+        | DecapReason::DropSecondChanceTtl => XDP_DROP,
+        _ => XDP_PASS,
+    }
 }
 
-struct Outer {
-    len: usize,
-    inner_ether_type: u16,
+/// The fixed part of an IP header: what the checks read of the outer, middle and inner
+/// headers.
+pub struct Ip {
+    pub family: u8,
+    /// Header length (IPv4: with its options; IPv6: the fixed header only).
+    pub len: usize,
+    /// IPv4 protocol or IPv6 next header.
+    pub proto: u8,
+    /// TTL or hop limit.
+    pub ttl: u8,
+    /// An IPv4 fragment (more fragments, or an offset).
+    pub fragment: bool,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+}
+
+/// The IP header of an `ether_type` packet at `off`, if whole and consistent with the frame.
+#[inline(always)]
+pub fn ip_at(ctx: &XdpContext, off: usize, ether_type: u16) -> Option<Ip> {
+    if ether_type == ETH_P_IPV4 {
+        let ip = unsafe { *at::<Ipv4Hdr>(ctx, off)? };
+        let ihl = ((ip.ver_ihl & 0x0f) as usize) * 4;
+        let tot_len = u16::from_be(ip.tot_len) as usize;
+        if ip.ver_ihl >> 4 != 4 || ihl < IPV4_LEN || tot_len < ihl || off + tot_len > len(ctx) {
+            return None;
+        }
+        let fragment = u16::from_be(ip.frag_off) & IPV4_MF_OFFSET_MASK != 0;
+        Some(Ip { family: FAMILY_V4, len: ihl, proto: ip.proto, ttl: ip.ttl, fragment, src: [ip.src, 0, 0, 0], dst: [ip.dst, 0, 0, 0] })
+    } else if ether_type == ETH_P_IPV6 {
+        let ip = unsafe { *at::<Ipv6Hdr>(ctx, off)? };
+        if u32::from_be(ip.vtc_flow) >> 28 != 6 || off + IPV6_LEN + u16::from_be(ip.payload_len) as usize > len(ctx) {
+            return None;
+        }
+        Some(Ip { family: FAMILY_V6, len: IPV6_LEN, proto: ip.next_hdr, ttl: ip.hop_limit, fragment: false, src: ip.src, dst: ip.dst })
+    } else {
+        None
+    }
 }
 
 #[inline(always)]
@@ -64,25 +114,27 @@ fn decap(ctx: &XdpContext) -> DecapReason {
         vlan_tci = Some(vlan.tci);
         l2_len += VLAN_LEN;
     }
-    let outer = if ether_type == ETH_P_IPV4 {
-        outer_v4(ctx, l2_len)
-    } else if ether_type == ETH_P_IPV6 {
-        outer_v6(ctx, l2_len)
-    } else {
-        Err(DecapReason::PassNotTunnel)
-    };
-    let outer = match outer {
+    let outer = match outer(ctx, l2_len, ether_type) {
         Ok(outer) => outer,
         Err(reason) => return reason,
     };
-    let (strip, ether_type, eth, reason) = match second_chance::nested(ctx, l2_len + outer.len, outer.inner_ether_type) {
-        None => (outer.len, outer.inner_ether_type, eth, DecapReason::Decapsulated),
-        Some(n) if n.local => (outer.len + n.middle_len, n.inner_ether_type, eth, DecapReason::SecondChanceLocal),
+    // Ours from here on: a tunnel to this host. Only the balancers may send one.
+    if !allowed(outer.ip.family, &outer.ip.src) {
+        return DecapReason::DropNotAllowed;
+    }
+    let inner_off = l2_len + outer.ip.len;
+    let (strip, ether_type, eth, reason) = match second_chance::classify(ctx, inner_off, outer.inner_ether_type, &outer.ip) {
+        Err(reason) => return reason,
+        Ok(None) => (outer.ip.len, outer.inner_ether_type, eth, DecapReason::Decapsulated),
+        Ok(Some(n)) if n.local => (outer.ip.len + n.middle_len, n.inner_ether_type, eth, DecapReason::SecondChanceLocal),
         // Back to the hop it came from (a router or the balancer), which routes the inner
         // tunnel to the other backend: the backend needs neither forwarding nor a route.
-        Some(_) => {
-            (outer.len, outer.inner_ether_type, EthHdr { dst: eth.src, src: eth.dst, proto: eth.proto }, DecapReason::SecondChanceForwarded)
-        }
+        Ok(Some(_)) => (
+            outer.ip.len,
+            outer.inner_ether_type,
+            EthHdr { dst: eth.src, src: eth.dst, proto: eth.proto },
+            DecapReason::SecondChanceForwarded,
+        ),
     };
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, strip as i32) } != 0 {
         // Never expected (the headers were just read from this frame): logged with its size.
@@ -110,8 +162,9 @@ fn decap(ctx: &XdpContext) -> DecapReason {
     reason
 }
 
+/// The EtherType of the packet a tunnel carries (its protocol or next header).
 #[inline(always)]
-fn inner_ether_type(proto: u8) -> Option<u16> {
+pub fn inner_ether_type(proto: u8) -> Option<u16> {
     match proto {
         PROTO_IPIP => Some(ETH_P_IPV4),
         PROTO_IPV6 => Some(ETH_P_IPV6),
@@ -119,37 +172,49 @@ fn inner_ether_type(proto: u8) -> Option<u16> {
     }
 }
 
+struct Outer {
+    ip: Ip,
+    inner_ether_type: u16,
+}
+
+/// The outer header of a tunnel to one of this host's addresses, or why the packet is not
+/// one (it then passes).
 #[inline(always)]
-fn outer_v4(ctx: &XdpContext, l3: usize) -> Result<Outer, DecapReason> {
-    let ip = unsafe { *at::<Ipv4Hdr>(ctx, l3).ok_or(DecapReason::PassMalformed)? };
-    let ihl = ((ip.ver_ihl & 0x0f) as usize) * 4;
-    let tot_len = u16::from_be(ip.tot_len) as usize;
-    if ip.ver_ihl >> 4 != 4 || ihl < IPV4_LEN || tot_len < ihl || l3 + tot_len > len(ctx) {
-        return Err(DecapReason::PassMalformed);
+fn outer(ctx: &XdpContext, l3: usize, ether_type: u16) -> Result<Outer, DecapReason> {
+    if ether_type != ETH_P_IPV4 && ether_type != ETH_P_IPV6 {
+        return Err(DecapReason::PassNotTunnel);
     }
+    let ip = ip_at(ctx, l3, ether_type).ok_or(DecapReason::PassMalformed)?;
     // Fragmented tunnels are left to the kernel, which reassembles nothing here and drops.
-    if u16::from_be(ip.frag_off) & IPV4_MF_OFFSET_MASK != 0 {
+    if ip.fragment {
         return Err(DecapReason::PassNotTunnel);
     }
     let inner_ether_type = inner_ether_type(ip.proto).ok_or(DecapReason::PassNotTunnel)?;
-    local(AddrKey { addr: [ip.dst, 0, 0, 0], family: FAMILY_V4, _pad: [0; 3] })?;
-    Ok(Outer { len: ihl, inner_ether_type })
-}
-
-#[inline(always)]
-fn outer_v6(ctx: &XdpContext, l3: usize) -> Result<Outer, DecapReason> {
-    let ip = unsafe { *at::<Ipv6Hdr>(ctx, l3).ok_or(DecapReason::PassMalformed)? };
-    if u32::from_be(ip.vtc_flow) >> 28 != 6 || l3 + IPV6_LEN + u16::from_be(ip.payload_len) as usize > len(ctx) {
-        return Err(DecapReason::PassMalformed);
+    // No balancer sends to loopback; a frame on the wire that claims to is forged.
+    if loopback(ip.family, &ip.dst) || !local(ip.family, &ip.dst) {
+        return Err(DecapReason::PassNotLocal);
     }
-    let inner_ether_type = inner_ether_type(ip.next_hdr).ok_or(DecapReason::PassNotTunnel)?;
-    local(AddrKey { addr: ip.dst, family: FAMILY_V6, _pad: [0; 3] })?;
-    Ok(Outer { len: IPV6_LEN, inner_ether_type })
+    Ok(Outer { ip, inner_ether_type })
 }
 
+/// 127.0.0.0/8 or ::1 (words as read from the packet, network order).
 #[inline(always)]
-fn local(addr: AddrKey) -> Result<(), DecapReason> {
-    LOCAL_ADDRS.get_ptr(&addr).map(|_| ()).ok_or(DecapReason::PassNotLocal)
+fn loopback(family: u8, addr: &[u32; 4]) -> bool {
+    if family == FAMILY_V4 { u32::from_be(addr[0]) >> 24 == 127 } else { *addr == [0, 0, 0, 1u32.to_be()] }
+}
+
+/// One of the addresses this host decapsulates for (its own, VIPs on `lo` included).
+#[inline(always)]
+pub fn local(family: u8, addr: &[u32; 4]) -> bool {
+    LOCAL_ADDRS.get_ptr(&AddrKey { addr: *addr, family, _pad: [0; 3] }).is_some()
+}
+
+/// Inside a prefix of `--allow-from`.
+#[inline(always)]
+pub fn allowed(family: u8, addr: &[u32; 4]) -> bool {
+    let bits = if family == FAMILY_V4 { 32 } else { 128 };
+    let key = Key::new(ALLOW_KEY_FAMILY_BITS + bits, AllowKey { family, _pad: [0; 3], addr: *addr });
+    ALLOW_FROM.get(&key).is_some()
 }
 
 #[cfg(not(test))]

@@ -3,17 +3,25 @@
 //! lives on one of the two. This host keeps it if it has a socket for the connection (any
 //! but a listener: established, a handshake in progress, TIME_WAIT) and otherwise sends the
 //! inner tunnel on to the other backend.
+//!
+//! Sending on makes the backend a reflector, so it sends on only what a balancer built: the
+//! outer source was allowed by the caller, the middle header must come from that same
+//! balancer (the balancer writes both sources), and its TTL is decremented as a router's
+//! would be, so nested tunnels cannot bounce between hosts for ever.
 
 use aya_ebpf::{
     bindings::{BPF_F_CURRENT_NETNS, bpf_sock_tuple},
     helpers::{bpf_sk_release, bpf_skc_lookup_tcp},
     programs::XdpContext,
 };
-use spillway_common::types::{PROTO_IPIP, PROTO_IPV6, PROTO_TCP};
+use spillway_common::types::{DecapReason, FAMILY_V4, PROTO_TCP};
 use xdp_ebpf::{
+    csum,
     headers::*,
-    packet::{at, len},
+    packet::{at, at_mut},
 };
+
+use crate::{Ip, allowed, inner_ether_type, ip_at, local};
 
 /// `sk_state` of a listening socket: a connection it would take is not one this host has.
 const TCP_LISTEN: u32 = 10;
@@ -46,50 +54,72 @@ struct Tuple6 {
     dport: u16,
 }
 
-/// The middle header at `off` (an `ether_type` packet), if the packet inside the outer
-/// tunnel is itself a tunnel.
+/// What the tunnel from `outer` carries at `off` (an `ether_type` packet): a packet for this
+/// host (`None`), a second-chance packet (`Some`; one to send on has had its middle TTL
+/// decremented), or why it is refused.
 #[inline(always)]
-pub fn nested(ctx: &XdpContext, off: usize, ether_type: u16) -> Option<Nested> {
-    let (middle_len, proto) = if ether_type == ETH_P_IPV4 {
-        let ip = unsafe { *at::<Ipv4Hdr>(ctx, off)? };
-        ((((ip.ver_ihl & 0x0f) as usize) * 4).max(IPV4_LEN), ip.proto)
-    } else {
-        let ip = unsafe { *at::<Ipv6Hdr>(ctx, off)? };
-        (IPV6_LEN, ip.next_hdr)
+pub fn classify(ctx: &XdpContext, off: usize, ether_type: u16, outer: &Ip) -> Result<Option<Nested>, DecapReason> {
+    let inner = ip_at(ctx, off, ether_type).ok_or(DecapReason::PassMalformed)?;
+    let Some(conn_ether_type) = inner_ether_type(inner.proto) else {
+        return if local(inner.family, &inner.dst) { Ok(None) } else { Err(DecapReason::DropInnerNotLocal) };
     };
-    let inner_ether_type = match proto {
-        PROTO_IPIP => ETH_P_IPV4,
-        PROTO_IPV6 => ETH_P_IPV6,
-        _ => return None,
-    };
-    let local = has_connection(ctx, off + middle_len, inner_ether_type);
-    Some(Nested { middle_len, inner_ether_type, local })
+    // `inner` is the middle header; the connection's packet follows it, and is for a VIP
+    // this host serves whichever of the two candidates has the connection.
+    let conn_off = off + inner.len;
+    let conn = ip_at(ctx, conn_off, conn_ether_type).ok_or(DecapReason::PassMalformed)?;
+    if !local(conn.family, &conn.dst) {
+        return Err(DecapReason::DropInnerNotLocal);
+    }
+    if has_connection(ctx, conn_off, &conn) {
+        return Ok(Some(Nested { middle_len: inner.len, inner_ether_type: conn_ether_type, local: true }));
+    }
+    // The balancer writes its own outer source in both headers (of each family).
+    let from_balancer = if inner.family == outer.family { inner.src == outer.src } else { allowed(inner.family, &inner.src) };
+    if !from_balancer {
+        return Err(DecapReason::DropSecondChanceSource);
+    }
+    if inner.ttl <= 1 {
+        return Err(DecapReason::DropSecondChanceTtl);
+    }
+    decrement_ttl(ctx, off, inner.family).ok_or(DecapReason::PassMalformed)?;
+    Ok(Some(Nested { middle_len: inner.len, inner_ether_type: conn_ether_type, local: false }))
 }
 
-/// Whether this host has a socket for the TCP packet at `off`. Anything it cannot read as
+/// One hop less on the header at `off` (checked above to be above 1), its IPv4 checksum
+/// updated.
+#[inline(always)]
+fn decrement_ttl(ctx: &XdpContext, off: usize, family: u8) -> Option<()> {
+    if family == FAMILY_V4 {
+        let ip = at_mut::<Ipv4Hdr>(ctx, off)?;
+        unsafe {
+            (*ip).ttl = (*ip).ttl.wrapping_sub(1);
+            (*ip).check = csum::ipv4_after_ttl_decrement((*ip).check);
+        }
+    } else {
+        let ip = at_mut::<Ipv6Hdr>(ctx, off)?;
+        unsafe { (*ip).hop_limit = (*ip).hop_limit.wrapping_sub(1) };
+    }
+    Some(())
+}
+
+/// Whether this host has a socket for the packet `ip` at `off`. Anything it cannot read as
 /// a non-SYN TCP packet is kept.
 #[inline(always)]
-fn has_connection(ctx: &XdpContext, off: usize, ether_type: u16) -> bool {
-    if ether_type == ETH_P_IPV4 {
-        let Some(ip) = at::<Ipv4Hdr>(ctx, off) else { return true };
-        let ip = unsafe { *ip };
-        let ihl = ((ip.ver_ihl & 0x0f) as usize) * 4;
-        if ip.proto != PROTO_TCP || ihl < IPV4_LEN || off + ihl + 20 > len(ctx) {
-            return true;
-        }
-        let Some((sport, dport, flags)) = tcp(ctx, off + ihl) else { return true };
-        let mut tuple = Tuple4 { saddr: ip.src, daddr: ip.dst, sport, dport };
-        flags & TCP_SYN != 0 || lookup(ctx, &mut tuple as *mut Tuple4 as *mut bpf_sock_tuple, size_of::<Tuple4>())
+fn has_connection(ctx: &XdpContext, off: usize, ip: &Ip) -> bool {
+    // IPv6 extension headers are not walked here: such packets are kept.
+    if ip.proto != PROTO_TCP {
+        return true;
+    }
+    let Some((sport, dport, flags)) = tcp(ctx, off + ip.len) else { return true };
+    if flags & TCP_SYN != 0 {
+        return true;
+    }
+    if ip.family == FAMILY_V4 {
+        let mut tuple = Tuple4 { saddr: ip.src[0], daddr: ip.dst[0], sport, dport };
+        lookup(ctx, &mut tuple as *mut Tuple4 as *mut bpf_sock_tuple, size_of::<Tuple4>())
     } else {
-        let Some(ip) = at::<Ipv6Hdr>(ctx, off) else { return true };
-        let ip = unsafe { *ip };
-        // Extension headers are not walked here: such packets are kept.
-        if ip.next_hdr != PROTO_TCP {
-            return true;
-        }
-        let Some((sport, dport, flags)) = tcp(ctx, off + IPV6_LEN) else { return true };
         let mut tuple = Tuple6 { saddr: ip.src, daddr: ip.dst, sport, dport };
-        flags & TCP_SYN != 0 || lookup(ctx, &mut tuple as *mut Tuple6 as *mut bpf_sock_tuple, size_of::<Tuple6>())
+        lookup(ctx, &mut tuple as *mut Tuple6 as *mut bpf_sock_tuple, size_of::<Tuple6>())
     }
 }
 
