@@ -7,6 +7,7 @@ mod mmap;
 mod probe;
 mod tables;
 pub mod test_run;
+pub mod verifier;
 
 use std::path::{Path, PathBuf};
 
