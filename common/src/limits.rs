@@ -169,6 +169,8 @@ pub mod map_names {
     pub const SECOND_CHANCE: &str = "spw_second_ch";
     pub const SECOND_CHANCE_PROGRAM: &str = "spw_second_prog";
     pub const SECOND_CHANCE_HANDOVER: &str = "spw_second_hand";
+    /// A next-hop cache miss's FIB lookup parameters (per CPU); never read by userspace.
+    pub const FIB_PARAMS: &str = "spw_fib_params";
 }
 
 /// Program names in the eBPF objects.

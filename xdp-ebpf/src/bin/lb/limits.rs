@@ -32,7 +32,7 @@ use spillway_common::{
     prefix::masked,
     types::{
         Bucket, FAMILY_V4, FlowKey, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, Observed, RULE_BLOCK, RULE_LIMIT, Rate, Reason,
-        RuleSlotKey, RuleValue, SourceKey, SourceState, VIP_F_SCOPED_RULES,
+        RuleValue, SourceKey, SourceState, VIP_F_SCOPED_RULES,
     },
 };
 use xdp_ebpf::atomic::add_u64;
@@ -170,7 +170,7 @@ fn source_state(key: &FlowKey, vip_id: u32, limits: Option<&Limits>, create: boo
 
 /// The most specific of the rules scoped to this VIP and the global ones (at equal length
 /// the scoped rule wins): the rule index is probed at the prefix lengths in use only, longest
-/// first, so without rules this costs one array read.
+/// first, so without rules this costs one array read and no call.
 #[inline(always)]
 fn matching_rule(key: &FlowKey, vip: &Vip) -> Option<&'static RuleValue> {
     let none = [0u8; MAX_RULE_LENGTHS];
@@ -208,9 +208,35 @@ fn matching_rule(key: &FlowKey, vip: &Vip) -> Option<&'static RuleValue> {
 /// The rule of `scope` for the source's `/len` prefix, if there is one.
 #[inline(always)]
 fn rule_at(key: &FlowKey, scope: u32, len: u8) -> Option<&'static RuleValue> {
-    let want = RuleSlotKey { scope, family: key.family, prefix_len: len, _pad: [0; 2], addr: masked(&key.src, len) };
+    let slot = spillway_rule_slot(key, scope, len as u32);
+    RULES.get(slot.checked_sub(1)?).map(|s| &s.value)
+}
+
+/// [`rule_slot`] as a BPF global function (`#[unsafe(no_mangle)]` gives it BTF linkage
+/// global), verified once on its own for any arguments: inline, its probe sequence, unrolled
+/// for each of up to 2 * MAX_RULE_LENGTHS lengths, was walked once per state the path brought
+/// to the limits (most of the balancer's verifier budget). A call costs ~20 ns here
+/// (ARCHITECTURE.md, "verifier budget"), paid only by flows that some rule could match, once
+/// per prefix length in use. The rule's slot + 1; 0: none.
+#[unsafe(no_mangle)]
+#[inline(never)]
+extern "C" fn spillway_rule_slot(key: *const FlowKey, scope: u32, len: u32) -> u32 {
+    // SAFETY: the caller passes its own key; the verifier assumes a global function's
+    // pointer argument may be NULL, so that is checked rather than assumed away.
+    let Some(key) = (unsafe { key.as_ref() }) else {
+        return 0;
+    };
+    rule_slot(key, scope, len as u8).map_or(0, |slot| slot + 1)
+}
+
+/// The slot of `scope`'s rule for the source's `/len` prefix in the rule index. The key is
+/// compared field by field, not copied out: the function's frame, on top of the balancer's
+/// (512 bytes for the two), has no room for two copies of it.
+#[inline(always)]
+fn rule_slot(key: &FlowKey, scope: u32, len: u8) -> Option<u32> {
+    let addr = masked(&key.src, len);
     let mask = RULE_SLOTS - 1;
-    let home = rule_home(addr_hash(&want.addr, RULE_SEED), scope, key.family, len, mask);
+    let home = rule_home(addr_hash(&addr, RULE_SEED), scope, key.family, len, mask);
     // SAFETY (all): live map values, written by the loader as the VIP index is (family
     // published last, cleared first).
     let probes = unsafe { read_volatile(addr_of!((*RULES.get_ptr(home)?).probes)) };
@@ -218,10 +244,17 @@ fn rule_at(key: &FlowKey, scope: u32, len: u8) -> Option<&'static RuleValue> {
         if i >= probes {
             break;
         }
-        let slot = RULES.get_ptr((home + i) & mask)?;
+        let index = (home + i) & mask;
+        let slot = RULES.get_ptr(index)?;
         unsafe {
-            if read_volatile(addr_of!((*slot).key.family)) == key.family && read_volatile(addr_of!((*slot).key)) == want {
-                return Some(&(*slot).value);
+            let k = addr_of!((*slot).key);
+            if read_volatile(addr_of!((*k).family)) == key.family
+                && read_volatile(addr_of!((*k).scope)) == scope
+                && read_volatile(addr_of!((*k).prefix_len)) == len
+                && read_volatile(addr_of!((*k)._pad)) == [0; 2]
+                && read_volatile(addr_of!((*k).addr)) == addr
+            {
+                return Some(index);
             }
         }
     }

@@ -5,7 +5,7 @@
 //! kernel hashing, locks or byte-wise key compares.
 
 use aya_ebpf::{
-    bindings::BPF_F_MMAPABLE,
+    bindings::{BPF_F_MMAPABLE, bpf_fib_lookup},
     macros::map,
     maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
@@ -86,6 +86,11 @@ pub static REASONS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Reason::COU
 /// Per-CPU next hop per backend id (see `nexthop.rs`); never pinned, it refills itself.
 #[map(name = "spw_nh_cache")]
 pub static NEXTHOP_CACHE: PerCpuArray<CachedNextHop> = PerCpuArray::with_max_entries(DEFAULT.backend_slots(), 0);
+
+/// A cache miss's `bpf_fib_lookup` parameters (`nexthop.rs`): 64 bytes the stack, shared by
+/// the frames of a call chain, has no room for. Never pinned.
+#[map(name = "spw_fib_params")]
+pub static FIB_PARAMS: PerCpuArray<bpf_fib_lookup> = PerCpuArray::with_max_entries(1, 0);
 
 #[map(name = "spw_tx_ports")]
 pub static TX_PORTS: DevMapHash = DevMapHash::with_max_entries(MAX_TX_PORTS, 0);
