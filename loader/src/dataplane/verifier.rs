@@ -14,8 +14,9 @@ use crate::objects;
 /// (ARCHITECTURE.md, "verifier budget") plus ~5% for changes that are not about it, every
 /// other program 200k. Raising one is a decision, not a fix: first look for the branch that
 /// multiplied the walk.
-pub const BUDGETS: [(&str, u32); 4] = [
+pub const BUDGETS: [(&str, u32); 5] = [
     (program_names::BALANCER, 653_000),
+    (program_names::BALANCER_V6, 200_000),
     (program_names::SECOND_CHANCE, 200_000),
     (program_names::PROBE, 200_000),
     (program_names::DECAP, 200_000),

@@ -130,6 +130,11 @@ pub static RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entr
 #[map(name = "spw_observed")]
 pub static OBSERVED: PerCpuArray<u64> = PerCpuArray::with_max_entries(Observed::COUNT, 0);
 
+/// Slot 0: the IPv6 program (`spillway_lb_v6`), which the balancer tail-calls (`family.rs`).
+/// Pinned, as a program array must be to keep its programs once `lbd` has closed it.
+#[map(name = "spw_v6_prog")]
+pub static V6_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
 /// Packets sent with a second candidate (`second_chance.rs`).
 #[map(name = "spw_second_ch")]
 pub static SECOND_CHANCE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
