@@ -170,7 +170,9 @@ fn source_state(key: &FlowKey, vip_id: u32, limits: Option<&Limits>, create: boo
 
 /// The most specific of the rules scoped to this VIP and the global ones (at equal length
 /// the scoped rule wins): the rule index is probed at the prefix lengths in use only, longest
-/// first, so without rules this costs one array read and no call.
+/// first, so without rules this costs one array read. Each scope's longest length is probed
+/// inline (a rule-limited flow, with one length per scope as is usual, makes no call), the
+/// shorter ones through [`spillway_rule_slot`].
 #[inline(always)]
 fn matching_rule(key: &FlowKey, vip: &Vip) -> Option<&'static RuleValue> {
     let none = [0u8; MAX_RULE_LENGTHS];
@@ -183,41 +185,42 @@ fn matching_rule(key: &FlowKey, vip: &Vip) -> Option<&'static RuleValue> {
     // Both lists are longest first: the first scoped match is the VIP's most specific rule,
     // and only a strictly longer global one beats it.
     if vip.flags & VIP_F_SCOPED_RULES != 0 {
-        for len in lens(vip.id) {
+        for (i, len) in lens(vip.id).into_iter().enumerate() {
             if len == 0 {
                 break;
             }
-            found = rule_at(key, vip.id, len - 1);
+            found = rule_at(key, vip.id, len - 1, i == 0);
             if found.is_some() {
                 break;
             }
         }
     }
     let beat = found.map_or(0, |rule| rule.addr_prefix_len as u32 + 1);
-    for len in lens(default_limit_slot()) {
+    for (i, len) in lens(default_limit_slot()).into_iter().enumerate() {
         if (len as u32) <= beat {
             break;
         }
-        if let Some(rule) = rule_at(key, ANY_VIP, len - 1) {
+        if let Some(rule) = rule_at(key, ANY_VIP, len - 1, i == 0) {
             return Some(rule);
         }
     }
     found
 }
 
-/// The rule of `scope` for the source's `/len` prefix, if there is one.
+/// The rule of `scope` for the source's `/len` prefix, if there is one; probed `inline` or
+/// by a call.
 #[inline(always)]
-fn rule_at(key: &FlowKey, scope: u32, len: u8) -> Option<&'static RuleValue> {
-    let slot = spillway_rule_slot(key, scope, len as u32);
-    RULES.get(slot.checked_sub(1)?).map(|s| &s.value)
+fn rule_at(key: &FlowKey, scope: u32, len: u8, inline: bool) -> Option<&'static RuleValue> {
+    let slot = if inline { rule_slot(key, scope, len)? } else { spillway_rule_slot(key, scope, len as u32).checked_sub(1)? };
+    RULES.get(slot).map(|s| &s.value)
 }
 
 /// [`rule_slot`] as a BPF global function (`#[unsafe(no_mangle)]` gives it BTF linkage
 /// global), verified once on its own for any arguments: inline, its probe sequence, unrolled
 /// for each of up to 2 * MAX_RULE_LENGTHS lengths, was walked once per state the path brought
 /// to the limits (most of the balancer's verifier budget). A call costs ~20 ns here
-/// (ARCHITECTURE.md, "verifier budget"), paid only by flows that some rule could match, once
-/// per prefix length in use. The rule's slot + 1; 0: none.
+/// (ARCHITECTURE.md, "verifier budget"), paid only by flows probed at a scope's second
+/// length or beyond, once per length. The rule's slot + 1; 0: none.
 #[unsafe(no_mangle)]
 #[inline(never)]
 extern "C" fn spillway_rule_slot(key: *const FlowKey, scope: u32, len: u32) -> u32 {
