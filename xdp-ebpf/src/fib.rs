@@ -32,16 +32,10 @@ pub enum NextHop {
     NoRoute,
 }
 
-/// Looks up the route for an outer packet of `tot_len` bytes; the kernel also checks the
-/// egress MTU against `tot_len`.
-#[inline(always)]
-pub fn lookup(ctx: &XdpContext, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_len: u16) -> NextHop {
-    lookup_from(ctx.ctx.cast(), ctx.ingress_ifindex() as u32, family, src, dst, tot_len).0
-}
-
-/// [`lookup`] for any program context (`ctx`: its `xdp_md` or `__sk_buff`), as for a packet
-/// arriving on `ingress_ifindex`. Also returns the egress interface the FIB chose, which is
-/// known when the neighbour is not.
+/// Looks up the route for an outer packet of `tot_len` bytes (the kernel also checks the
+/// egress MTU against it) for any program context (`ctx`: its `xdp_md` or `__sk_buff`), as
+/// for a packet arriving on `ingress_ifindex`. Also returns the egress interface the FIB
+/// chose, which is known when the neighbour is not.
 #[inline(always)]
 pub fn lookup_from(ctx: *mut c_void, ingress_ifindex: u32, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_len: u16) -> (NextHop, u32) {
     // SAFETY: the struct is plain integers and unions of integers; all-zero is valid.

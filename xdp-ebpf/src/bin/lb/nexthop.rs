@@ -4,9 +4,9 @@
 //!
 //! A cache miss is a BPF global function ([`spillway_next_hop`]): verified once on its own
 //! rather than once per state the path brings to it (the lookup's five outcomes, each walked
-//! through the encapsulation after it), and its lookup's parameters off the stack (in a per-CPU
-//! map): the frames of a call chain share (512 bytes). Its ~20 ns call
-//! (ARCHITECTURE.md, "verifier budget") is paid once per backend per CPU per TTL.
+//! through the encapsulation after it). Its lookup's 64-byte parameters are in a per-CPU map:
+//! the frames of a call chain share 512 bytes of stack, and the balancer's takes most. Its
+//! ~20 ns call (ARCHITECTURE.md, "verifier budget") is paid once per backend per CPU per TTL.
 
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use spillway_common::{
