@@ -172,6 +172,10 @@ pub mod map_names {
     pub const SECOND_CHANCE: &str = "spw_second_ch";
     pub const SECOND_CHANCE_PROGRAM: &str = "spw_second_prog";
     pub const SECOND_CHANCE_HANDOVER: &str = "spw_second_hand";
+    /// Slot 0: the balancer's IPv6 program (`spillway_lb_v6`), which `spillway_lb` tail-calls.
+    pub const V6_PROGRAM: &str = "spw_v6_prog";
+    /// A next-hop cache miss's FIB lookup parameters (per CPU); never read by userspace.
+    pub const FIB_PARAMS: &str = "spw_fib_params";
 }
 
 /// Program names in the eBPF objects.
@@ -179,6 +183,8 @@ pub mod program_names {
     pub const BALANCER: &str = "spillway_lb";
     /// Tail-called by the balancer for second-chance packets.
     pub const SECOND_CHANCE: &str = "spillway_lb_second";
+    /// Tail-called by the balancer for IPv6 frames.
+    pub const BALANCER_V6: &str = "spillway_lb_v6";
     pub const DECAP: &str = "spillway_decap";
     pub const FLOOR: &str = "spillway_floor";
     /// The probe encapsulation (tc egress on the probe device), in the balancer's object.

@@ -32,21 +32,22 @@ pub enum NextHop {
     NoRoute,
 }
 
-/// Looks up the route for an outer packet of `tot_len` bytes; the kernel also checks the
-/// egress MTU against `tot_len`.
-#[inline(always)]
-pub fn lookup(ctx: &XdpContext, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_len: u16) -> NextHop {
-    lookup_from(ctx.ctx.cast(), ctx.ingress_ifindex() as u32, family, src, dst, tot_len).0
-}
-
-/// [`lookup`] for any program context (`ctx`: its `xdp_md` or `__sk_buff`), as for a packet
-/// arriving on `ingress_ifindex`. Also returns the egress interface the FIB chose, which is
-/// known when the neighbour is not.
+/// Looks up the route for an outer packet of `tot_len` bytes (the kernel also checks the
+/// egress MTU against it) for any program context (`ctx`: its `xdp_md` or `__sk_buff`), as
+/// for a packet arriving on `ingress_ifindex`. Also returns the egress interface the FIB
+/// chose, which is known when the neighbour is not.
 #[inline(always)]
 pub fn lookup_from(ctx: *mut c_void, ingress_ifindex: u32, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_len: u16) -> (NextHop, u32) {
     // SAFETY: the struct is plain integers and unions of integers; all-zero is valid.
     let mut p: FibParams = unsafe { core::mem::zeroed() };
     p.ifindex = ingress_ifindex;
+    lookup_in(ctx, &mut p, family, src, dst, tot_len)
+}
+
+/// [`lookup_from`] with the helper's 64-byte parameters in `p` (a map value, to keep them off
+/// a small stack), its `ifindex` set to the ingress interface and every other field zero.
+#[inline(always)]
+pub fn lookup_in(ctx: *mut c_void, p: &mut FibParams, family: u8, src: &[u32; 4], dst: &[u32; 4], tot_len: u16) -> (NextHop, u32) {
     p.__bindgen_anon_1.tot_len = tot_len;
     if family == FAMILY_V4 {
         p.family = AF_INET;
@@ -59,7 +60,7 @@ pub fn lookup_from(ctx: *mut c_void, ingress_ifindex: u32, family: u8, src: &[u3
         p.__bindgen_anon_3.ipv6_src = *src;
         p.__bindgen_anon_4.ipv6_dst = *dst;
     }
-    let ret = unsafe { bpf_fib_lookup(ctx, &mut p, core::mem::size_of::<FibParams>() as i32, 0) };
+    let ret = unsafe { bpf_fib_lookup(ctx, p, core::mem::size_of::<FibParams>() as i32, 0) };
     let hop = match ret {
         RET_SUCCESS => {
             let m = unsafe { p.__bindgen_anon_6.__bindgen_anon_2 };

@@ -30,6 +30,8 @@ pub enum Parsed {
     Fragment(AddrKey),
     /// IP, but nothing a VIP could own (other protocols, other ICMP).
     Other,
+    /// IP of the family [`parse_family`] was told to leave to another program.
+    OtherFamily,
     /// A TCP/UDP packet, or an ICMP error quoting one (`icmp_error`); `key` is always the
     /// client-to-VIP direction. `syn`: a TCP connection request (SYN without ACK).
     Flow { key: FlowKey, layout: Layout, icmp_error: bool, syn: bool },
@@ -37,6 +39,13 @@ pub enum Parsed {
 
 #[inline(always)]
 pub fn parse(ctx: &XdpContext) -> Parsed {
+    parse_family::<0>(ctx)
+}
+
+/// [`parse`] of one family's frames only (`FAMILY_V4`, `FAMILY_V6`; 0: both): the other's
+/// are [`Parsed::OtherFamily`], and their branches are not built in.
+#[inline(always)]
+pub fn parse_family<const FAMILY: u8>(ctx: &XdpContext) -> Parsed {
     let Some(eth) = at::<EthHdr>(ctx, 0) else {
         return Parsed::Malformed;
     };
@@ -50,9 +59,9 @@ pub fn parse(ctx: &XdpContext) -> Parsed {
         l2_len += VLAN_LEN;
     }
     if ether_type == ETH_P_IPV4 {
-        parse_v4(ctx, l2_len)
+        if FAMILY == FAMILY_V6 { Parsed::OtherFamily } else { parse_v4(ctx, l2_len) }
     } else if ether_type == ETH_P_IPV6 {
-        parse_v6(ctx, l2_len)
+        if FAMILY == FAMILY_V4 { Parsed::OtherFamily } else { parse_v6(ctx, l2_len) }
     } else {
         Parsed::NotIp
     }

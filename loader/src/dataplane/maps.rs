@@ -61,6 +61,8 @@ pub struct BalancerMaps {
     /// Slot 0: the second-chance program. Held open: the kernel empties a program array
     /// once no file descriptor or pin refers to it.
     pub second_chance_program: ProgramArray<MapData>,
+    /// Slot 0: the IPv6 program the balancer tail-calls; held open for the same reason.
+    pub v6_program: ProgramArray<MapData>,
 }
 
 pub(super) fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
@@ -110,6 +112,7 @@ impl BalancerMaps {
             observed: take(ebpf, map_names::OBSERVED)?,
             second_chance: take(ebpf, map_names::SECOND_CHANCE)?,
             second_chance_program: take(ebpf, map_names::SECOND_CHANCE_PROGRAM)?,
+            v6_program: take(ebpf, map_names::V6_PROGRAM)?,
         })
     }
 

@@ -7,6 +7,7 @@ mod mmap;
 mod probe;
 mod tables;
 pub mod test_run;
+pub mod verifier;
 
 use std::path::{Path, PathBuf};
 
@@ -119,7 +120,7 @@ pub struct Balancer {
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 22] = [
+const PINNED_MAPS: [&str; 23] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -142,6 +143,7 @@ const PINNED_MAPS: [&str; 22] = [
     map_names::SECOND_CHANCE,
     map_names::SECOND_CHANCE_PROGRAM,
     map_names::SECOND_CHANCE_HANDOVER,
+    map_names::V6_PROGRAM,
 ];
 
 impl Balancer {
@@ -151,12 +153,18 @@ impl Balancer {
         let mut ebpf = load_balancer_object(objects::BALANCER, "spillway-lb", options)?;
         load_xdp(&mut ebpf, program_names::BALANCER)?;
         load_xdp(&mut ebpf, program_names::SECOND_CHANCE)?;
+        load_xdp(&mut ebpf, program_names::BALANCER_V6)?;
         let memory = map_memory(&ebpf);
         let mut maps = BalancerMaps::take(&mut ebpf, options.capacity, memory)?;
         // The slot the balancer tail-calls: until it is filled, second chance is off.
         let name = program_names::SECOND_CHANCE;
         let second = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
         named(map_names::SECOND_CHANCE_PROGRAM, maps.second_chance_program.set(0, second, 0))?;
+        // The program the balancer tail-calls for IPv6 frames: set before the balancer is
+        // attached, so no IPv6 frame ever finds it missing.
+        let name = program_names::BALANCER_V6;
+        let v6 = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
+        named(map_names::V6_PROGRAM, maps.v6_program.set(0, v6, 0))?;
         Ok(Self { ebpf, maps })
     }
 

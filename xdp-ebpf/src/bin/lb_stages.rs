@@ -1,9 +1,12 @@
 //! Bench only: the balancer's path cut short after each stage (see `lb/path.rs`), from the
 //! same modules, so `cargo xtask bench` can measure what each stage costs. Shares its maps
-//! with the balancer through pins; never loaded by `lbd`.
+//! with the balancer through pins; never loaded by `lbd`. IPv4 only, as the balancer's own
+//! program is (`lb/family.rs`): the bench sends IPv4.
 #![no_std]
 #![no_main]
 
+#[path = "lb/family.rs"]
+mod family;
 #[path = "lb/limits.rs"]
 mod limits;
 #[path = "lb/maps.rs"]
@@ -21,13 +24,14 @@ mod stats;
 
 use aya_ebpf::{macros::xdp, programs::XdpContext};
 use path::{balance, stage};
+use spillway_common::types::FAMILY_V4;
 
 /// One program per stage, named after the last stage it runs.
 macro_rules! cut_after {
     ($($name:ident => $stage:expr,)+) => {$(
         #[xdp]
         pub fn $name(ctx: XdpContext) -> u32 {
-            balance::<{ $stage }>(&ctx).action
+            balance::<{ $stage }, FAMILY_V4>(&ctx).action
         }
     )+};
 }
@@ -48,7 +52,7 @@ cut_after!(
 /// The whole balancer, counters included: the same program `lbd` loads.
 #[xdp]
 pub fn lb_all(ctx: XdpContext) -> u32 {
-    let verdict = balance::<{ stage::ALL }>(&ctx);
+    let verdict = balance::<{ stage::ALL }, FAMILY_V4>(&ctx);
     stats::count(&verdict);
     verdict.action
 }

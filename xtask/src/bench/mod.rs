@@ -18,6 +18,7 @@ mod scale;
 mod sockwatch;
 mod stages;
 mod table;
+mod verifier;
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
@@ -40,7 +41,7 @@ pub struct BenchArgs {
 }
 
 /// Every part, in the order they run.
-const PARTS: [&str; 8] = ["paths", "stages", "cores", "decap", "table", "scale", "control", "sockwatch"];
+const PARTS: [&str; 9] = ["paths", "stages", "cores", "decap", "table", "scale", "control", "sockwatch", "verifier"];
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -70,6 +71,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ("scale", Box::new(|| scale::part(calls, reps))),
         ("control", Box::new(control::part)),
         ("sockwatch", Box::new(|| sockwatch::part(reps))),
+        ("verifier", Box::new(verifier::part)),
     ];
     let mut rows = serde_json::Map::new();
     let mut skipped = serde_json::Map::new();

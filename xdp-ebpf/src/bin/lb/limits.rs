@@ -32,7 +32,7 @@ use spillway_common::{
     prefix::masked,
     types::{
         Bucket, FAMILY_V4, FlowKey, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, Observed, RULE_BLOCK, RULE_LIMIT, Rate, Reason,
-        RuleSlotKey, RuleValue, SourceKey, SourceState, VIP_F_SCOPED_RULES,
+        RuleValue, SourceKey, SourceState, VIP_F_SCOPED_RULES,
     },
 };
 use xdp_ebpf::atomic::add_u64;
@@ -170,7 +170,9 @@ fn source_state(key: &FlowKey, vip_id: u32, limits: Option<&Limits>, create: boo
 
 /// The most specific of the rules scoped to this VIP and the global ones (at equal length
 /// the scoped rule wins): the rule index is probed at the prefix lengths in use only, longest
-/// first, so without rules this costs one array read.
+/// first, so without rules this costs one array read. Each scope's longest length is probed
+/// inline (a rule-limited flow, with one length per scope as is usual, makes no call), the
+/// shorter ones through [`spillway_rule_slot`].
 #[inline(always)]
 fn matching_rule(key: &FlowKey, vip: &Vip) -> Option<&'static RuleValue> {
     let none = [0u8; MAX_RULE_LENGTHS];
@@ -183,34 +185,61 @@ fn matching_rule(key: &FlowKey, vip: &Vip) -> Option<&'static RuleValue> {
     // Both lists are longest first: the first scoped match is the VIP's most specific rule,
     // and only a strictly longer global one beats it.
     if vip.flags & VIP_F_SCOPED_RULES != 0 {
-        for len in lens(vip.id) {
+        for (i, len) in lens(vip.id).into_iter().enumerate() {
             if len == 0 {
                 break;
             }
-            found = rule_at(key, vip.id, len - 1);
+            found = rule_at(key, vip.id, len - 1, i == 0);
             if found.is_some() {
                 break;
             }
         }
     }
     let beat = found.map_or(0, |rule| rule.addr_prefix_len as u32 + 1);
-    for len in lens(default_limit_slot()) {
+    for (i, len) in lens(default_limit_slot()).into_iter().enumerate() {
         if (len as u32) <= beat {
             break;
         }
-        if let Some(rule) = rule_at(key, ANY_VIP, len - 1) {
+        if let Some(rule) = rule_at(key, ANY_VIP, len - 1, i == 0) {
             return Some(rule);
         }
     }
     found
 }
 
-/// The rule of `scope` for the source's `/len` prefix, if there is one.
+/// The rule of `scope` for the source's `/len` prefix, if there is one; probed `inline` or
+/// by a call.
 #[inline(always)]
-fn rule_at(key: &FlowKey, scope: u32, len: u8) -> Option<&'static RuleValue> {
-    let want = RuleSlotKey { scope, family: key.family, prefix_len: len, _pad: [0; 2], addr: masked(&key.src, len) };
+fn rule_at(key: &FlowKey, scope: u32, len: u8, inline: bool) -> Option<&'static RuleValue> {
+    let slot = if inline { rule_slot(key, scope, len)? } else { spillway_rule_slot(key, scope, len as u32).checked_sub(1)? };
+    RULES.get(slot).map(|s| &s.value)
+}
+
+/// [`rule_slot`] as a BPF global function (`#[unsafe(no_mangle)]` gives it BTF linkage
+/// global), verified once on its own for any arguments: inline, its probe sequence, unrolled
+/// for each of up to 2 * MAX_RULE_LENGTHS lengths, was walked once per state the path brought
+/// to the limits (most of the balancer's verifier budget). A call costs ~20 ns here
+/// (ARCHITECTURE.md, "verifier budget"), paid only by flows probed at a scope's second
+/// length or beyond, once per length. The rule's slot + 1; 0: none.
+#[unsafe(no_mangle)]
+#[inline(never)]
+extern "C" fn spillway_rule_slot(key: *const FlowKey, scope: u32, len: u32) -> u32 {
+    // SAFETY: the caller passes its own key; the verifier assumes a global function's
+    // pointer argument may be NULL, so that is checked rather than assumed away.
+    let Some(key) = (unsafe { key.as_ref() }) else {
+        return 0;
+    };
+    rule_slot(key, scope, len as u8).map_or(0, |slot| slot + 1)
+}
+
+/// The slot of `scope`'s rule for the source's `/len` prefix in the rule index. The key is
+/// compared field by field, not copied out: the function's frame, on top of the balancer's
+/// (512 bytes for the two), has no room for two copies of it.
+#[inline(always)]
+fn rule_slot(key: &FlowKey, scope: u32, len: u8) -> Option<u32> {
+    let addr = masked(&key.src, len);
     let mask = RULE_SLOTS - 1;
-    let home = rule_home(addr_hash(&want.addr, RULE_SEED), scope, key.family, len, mask);
+    let home = rule_home(addr_hash(&addr, RULE_SEED), scope, key.family, len, mask);
     // SAFETY (all): live map values, written by the loader as the VIP index is (family
     // published last, cleared first).
     let probes = unsafe { read_volatile(addr_of!((*RULES.get_ptr(home)?).probes)) };
@@ -218,10 +247,17 @@ fn rule_at(key: &FlowKey, scope: u32, len: u8) -> Option<&'static RuleValue> {
         if i >= probes {
             break;
         }
-        let slot = RULES.get_ptr((home + i) & mask)?;
+        let index = (home + i) & mask;
+        let slot = RULES.get_ptr(index)?;
         unsafe {
-            if read_volatile(addr_of!((*slot).key.family)) == key.family && read_volatile(addr_of!((*slot).key)) == want {
-                return Some(&(*slot).value);
+            let k = addr_of!((*slot).key);
+            if read_volatile(addr_of!((*k).family)) == key.family
+                && read_volatile(addr_of!((*k).scope)) == scope
+                && read_volatile(addr_of!((*k).prefix_len)) == len
+                && read_volatile(addr_of!((*k)._pad)) == [0; 2]
+                && read_volatile(addr_of!((*k).addr)) == addr
+            {
+                return Some(index);
             }
         }
     }

@@ -7,6 +7,7 @@
 #![no_std]
 #![no_main]
 
+mod family;
 mod limits;
 mod maps;
 mod nexthop;
@@ -18,10 +19,20 @@ mod select;
 mod stats;
 
 use aya_ebpf::{macros::xdp, programs::XdpContext};
+use spillway_common::types::{FAMILY_V4, FAMILY_V6};
 
+/// IPv4 frames; IPv6 ones are tail-called to `spillway_lb_v6` (`family.rs`).
 #[xdp]
 pub fn spillway_lb(ctx: XdpContext) -> u32 {
-    let verdict = path::balance::<{ path::stage::ALL }>(&ctx);
+    let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V4>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+/// Tail-called by `spillway_lb` for IPv6 frames (`family.rs`).
+#[xdp]
+pub fn spillway_lb_v6(ctx: XdpContext) -> u32 {
+    let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V6>(&ctx);
     stats::count(&verdict);
     verdict.action
 }

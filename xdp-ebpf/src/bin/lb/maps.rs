@@ -5,7 +5,7 @@
 //! kernel hashing, locks or byte-wise key compares.
 
 use aya_ebpf::{
-    bindings::BPF_F_MMAPABLE,
+    bindings::{BPF_F_MMAPABLE, bpf_fib_lookup},
     macros::map,
     maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
@@ -87,6 +87,11 @@ pub static REASONS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Reason::COU
 #[map(name = "spw_nh_cache")]
 pub static NEXTHOP_CACHE: PerCpuArray<CachedNextHop> = PerCpuArray::with_max_entries(DEFAULT.backend_slots(), 0);
 
+/// A cache miss's `bpf_fib_lookup` parameters (`nexthop.rs`): 64 bytes the stack, shared by
+/// the frames of a call chain, has no room for. Never pinned.
+#[map(name = "spw_fib_params")]
+pub static FIB_PARAMS: PerCpuArray<bpf_fib_lookup> = PerCpuArray::with_max_entries(1, 0);
+
 #[map(name = "spw_tx_ports")]
 pub static TX_PORTS: DevMapHash = DevMapHash::with_max_entries(MAX_TX_PORTS, 0);
 
@@ -124,6 +129,11 @@ pub static RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entr
 /// What limits in observe mode would have dropped.
 #[map(name = "spw_observed")]
 pub static OBSERVED: PerCpuArray<u64> = PerCpuArray::with_max_entries(Observed::COUNT, 0);
+
+/// Slot 0: the IPv6 program (`spillway_lb_v6`), which the balancer tail-calls (`family.rs`).
+/// Pinned, as a program array must be to keep its programs once `lbd` has closed it.
+#[map(name = "spw_v6_prog")]
+pub static V6_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// Packets sent with a second candidate (`second_chance.rs`).
 #[map(name = "spw_second_ch")]

@@ -11,18 +11,18 @@ use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{FLOW_SEED, flow_hash, vip_addr_hash, vip_filter_slot, vip_home},
     limits::VIP_PROBES,
-    types::{BackendInfo, CFG_F_STATIC_NEXTHOP, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VipKey},
+    types::{BackendInfo, CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VipKey},
 };
 use xdp_ebpf::{
     encap::{self, Macs, Tunnel},
     fib::NextHop,
     headers::{ETH_LEN, EthHdr},
     packet,
-    parse::{Layout, Parsed, parse},
+    parse::{Layout, Parsed, parse_family},
 };
 
 use crate::{
-    limits,
+    family, limits,
     maps::{CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
     nexthop,
     second_chance::{self, Handover},
@@ -96,13 +96,23 @@ impl Verdict {
     }
 }
 
+/// The path for frames of `FAMILY` (`FAMILY_V4`: IPv6 frames are handed to their own
+/// program, `family.rs`; `FAMILY_V6`: the program they are handed to).
 #[inline(always)]
-pub fn balance<const STOP: u8>(ctx: &XdpContext) -> Verdict {
-    let (key, layout, icmp_error, syn) = match parse(ctx) {
+pub fn balance<const STOP: u8, const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
+    let (key, layout, icmp_error, syn) = match parse_family::<FAMILY>(ctx) {
         Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
         Parsed::NotIp => return Verdict::ended(XDP_PASS, Reason::PassNotIp),
         Parsed::Malformed => return Verdict::ended(XDP_PASS, Reason::PassMalformed),
         Parsed::Other => return Verdict::ended(XDP_PASS, Reason::PassNotVip),
+        Parsed::OtherFamily => {
+            if FAMILY == FAMILY_V4 {
+                family::hand_over_v6(ctx);
+            }
+            // Only if the IPv6 program is not there (it always is once `lbd` has loaded the
+            // balancer): the kernel gets the frame, as it gets every frame for no VIP.
+            return Verdict::ended(XDP_PASS, Reason::PassNotVip);
+        }
         Parsed::Fragment(addr) => {
             return if VIP_ADDRS.get_ptr(&addr).is_some() {
                 Verdict::ended(XDP_DROP, Reason::DropFragment)
