@@ -44,10 +44,13 @@ impl Unit {
     }
 }
 
+/// A label matcher: label, operator (`=`, `!=`, `=~`, `!~`), value.
+pub type Matcher = (String, String, String);
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Expr {
     Number,
-    Selector { metric: String, matchers: Vec<(String, String, String)> },
+    Selector { metric: String, matchers: Vec<Matcher> },
     Range(Box<Expr>),
     Call { func: String, args: Vec<Expr> },
     Aggregate { op: String, grouping: Option<(bool, Vec<String>)>, args: Vec<Expr> },
@@ -256,7 +259,7 @@ fn named(metric: &str) -> (Quantity, bool) {
     (quantity, counter.is_some())
 }
 
-fn selectors(e: &Expr, out: &mut Vec<(String, Vec<(String, String, String)>)>) {
+fn selectors(e: &Expr, out: &mut Vec<(String, Vec<Matcher>)>) {
     match e {
         Expr::Number => {}
         Expr::Selector { metric, matchers } => out.push((metric.clone(), matchers.clone())),
