@@ -83,7 +83,7 @@ fn sections(page: &str) -> Vec<(&'static str, &'static str)> {
         .TP\n.I /run/spillway/api.sock\nThe API socket lbctl talks to (\\-\\-api).\n\
         .TP\n.I /var/lib/spillway\nThe state lbd persists across restarts (\\-\\-state\\-dir).\n\
         .TP\n.I /sys/fs/bpf/spillway\nThe pinned maps and link that keep forwarding when lbd is gone (\\-\\-pin\\-dir).";
-    const LBCTL_STATUS: &str = "0 on success, 1 on any error. Exceptions: lbctl diff (see lbctl\\-diff(8)) and lbctl ports, \
+    const LBCTL_STATUS: &str = "0 on success, 1 on any error, 2 for a usage error. Exceptions: lbctl diff (see lbctl\\-diff(8)) and lbctl ports, \
         which exits 1 when lbd has no report for the host.";
     const DIFF_STATUS: &str = ".TP\n0\nApplying the file would change nothing.\n.TP\n1\nIt would change something.\n\
         .TP\n2\nAn error: the file could not be read or lbd could not be asked.\n\
@@ -96,17 +96,23 @@ fn sections(page: &str) -> Vec<(&'static str, &'static str)> {
                  .TP\nSIGTERM, SIGINT\nExit, leaving forwarding running through the pinned link (if the bpffs outlives lbd: \
                  it warns at start when not); the next lbd takes it over. lbd \\-\\-cleanup removes what lbd put in the kernel.",
             ),
-            ("EXIT STATUS", "0 when lbd exited on a signal (or \\-\\-cleanup finished), 1 when it could not start or failed."),
+            (
+                "EXIT STATUS",
+                "0 when lbd exited on a signal (or \\-\\-cleanup finished), 1 when it could not start or failed, 2 for a usage error.",
+            ),
             ("FILES", LBD_FILES),
             ("SEE ALSO", "lbctl(8), lbd\\-check(8), lbd\\-agent(8), spillway.toml(5), systemctl(1)"),
         ],
         "lbd-check" => vec![
-            ("EXIT STATUS", "0 when a start would accept the file, 1 when it would refuse it (the reason names line, column and field)."),
+            (
+                "EXIT STATUS",
+                "0 when a start would accept the file, 1 when it would refuse it (the reason names line, column and field), 2 for a usage error.",
+            ),
             ("SEE ALSO", "lbd(8), lbctl\\-diff(8), spillway.toml(5)"),
         ],
         "lbd-agent" => vec![
             ("SIGNALS", ".TP\nSIGTERM, SIGINT\nExit, leaving decapsulation running through the pinned link."),
-            ("EXIT STATUS", "0 when the agent exited on a signal, 1 when it could not start or failed."),
+            ("EXIT STATUS", "0 when the agent exited on a signal, 1 when it could not start or failed, 2 for a usage error."),
             (
                 "FILES",
                 ".TP\n.I /etc/spillway/agent.toml\nThe agent's settings ([agent] of spillway.toml(5)).\n.TP\n.I /sys/fs/bpf/spillway\nIts pinned maps and link (\\-\\-pin\\-dir).",
