@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs Spillway on this host, or under a staging root: the binaries, the systemd units
-# (with these paths filled in), the example configuration, shell completions and man pages.
-# `./x install` builds the release binaries and runs this; run it directly with --bin-dir
-# to install binaries built elsewhere. Nothing is started: see the README, "Running it on a
+# (with these paths filled in), the example configuration, shell completions and man pages
+# (lbd(8), lbctl(8) and their subcommands', spillway.toml(5)). `./x install` builds the
+# release binaries and runs this; run it directly with --bin-dir to install binaries built
+# elsewhere. Nothing is started: see the README, "Running it on a
 # real host". `lbd --cleanup` removes what lbd put in the kernel; the files are the ones
 # listed at the end.
 #
@@ -33,7 +34,7 @@ case $prefix in
     *) sysconfdir=${sysconfdir:-$prefix/etc} ;;
 esac
 unitdir=${unitdir:-$prefix/lib/systemd/system}
-bindir=$prefix/bin mandir=$prefix/share/man/man8 docdir=$prefix/share/doc/spillway
+bindir=$prefix/bin docdir=$prefix/share/doc/spillway
 installed=()
 
 put() { # MODE SOURCE DEST: copies SOURCE to DESTDIR+DEST
@@ -72,8 +73,9 @@ for bin in lbd lbctl; do
     mkdir -p "$tmp/man"
     "$bindir_src/$bin" man --dir "$tmp/man"
 done
-for page in "$tmp"/man/*.8; do
-    put 0644 "$page" "$mandir/$(basename "$page")"
+# lbd man also writes spillway.toml.5, the configuration file's page.
+for page in "$tmp"/man/*.[58]; do
+    put 0644 "$page" "$prefix/share/man/man${page##*.}/$(basename "$page")"
 done
 
 printf 'installed %s\n' "${installed[@]}"

@@ -68,6 +68,7 @@ fn installs_into_a_prefix_and_the_units_verify() {
         ("share/man/man8/lbctl.8", 0o644),
         ("share/man/man8/lbctl-apply.8", 0o644),
         ("share/man/man8/lbd-check.8", 0o644),
+        ("share/man/man5/spillway.toml.5", 0o644),
     ] {
         let meta = fs::metadata(p(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert_eq!(meta.permissions().mode() & 0o777, mode, "{file}");
@@ -100,6 +101,10 @@ fn installs_into_a_prefix_and_the_units_verify() {
     assert!(man.status.success(), "{}", text(&man));
     let page = String::from_utf8_lossy(&man.stdout).replace(['\u{8}', '_'], "");
     assert!(page.contains("config") && page.contains("agent"), "{page}");
+
+    let man = Command::new("man").args(["-l"]).arg(p("share/man/man5/spillway.toml.5")).env("MANWIDTH", "100").output().unwrap();
+    let page = String::from_utf8_lossy(&man.stdout).replace(['\u{8}', '_'], "");
+    assert!(man.status.success() && page.contains("[vips.health.policy]") && page.contains("SEE ALSO"), "{page}");
 
     let config = Document::read(&p("etc/spillway/spillway.toml")).unwrap();
     config.desired_state().unwrap();

@@ -21,6 +21,7 @@ mod cleanup;
 pub mod cluster;
 mod cmd;
 pub mod connects;
+pub mod dashboard;
 mod echo;
 pub mod fleet;
 mod flood;

@@ -122,14 +122,14 @@ pub fn missing(expr: &str, prefix: &str, exposition: &[Series]) -> Vec<String> {
             problems.push(format!("no series {metric}"));
         }
     }
-    for (metric, label, value, exact) in &uses.matchers {
+    // Prometheus adds these to every series it scrapes.
+    for (metric, label, value, exact) in uses.matchers.iter().filter(|(_, l, _, _)| !matches!(l.as_str(), "instance" | "job")) {
         if !of(metric).any(|s| s.labels.iter().any(|(k, _)| k == label)) {
             problems.push(format!("{metric} has no label {label}"));
         } else if *exact && !of(metric).any(|s| s.labels.iter().any(|(k, v)| k == label && v == value)) {
             problems.push(format!("{metric} has no series with {label}=\"{value}\""));
         }
     }
-    // Prometheus adds these to every series it scrapes.
     for label in uses.grouping.iter().filter(|l| !matches!(l.as_str(), "instance" | "job")) {
         let has = uses.metrics.iter().any(|m| of(m).any(|s| s.labels.iter().any(|(k, _)| k == label)));
         if !has {

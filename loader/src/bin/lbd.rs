@@ -52,7 +52,8 @@ async fn run(Resolved { args, config, settings }: Resolved) -> anyhow::Result<()
             Ok(())
         }
         Some(LbdCommand::Man(m)) => {
-            docs::man_pages(LbdArgs::command(), &m.dir).with_context(|| format!("writing man pages to {}", m.dir.display()))?;
+            let written = docs::man_pages(LbdArgs::command(), &m.dir).and_then(|_| docs::config_page(&m.dir));
+            written.with_context(|| format!("writing man pages to {}", m.dir.display()))?;
             Ok(())
         }
         None if args.daemon.cleanup => daemon::cleanup(&args.daemon).context("lbd --cleanup"),

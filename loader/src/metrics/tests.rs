@@ -192,19 +192,38 @@ fn promtool_accepts_the_output() {
     }
 }
 
+/// What the dashboard reads: a balancer's and an agent's endpoints.
+fn served() -> Vec<spillway_harness::promql::Series> {
+    let decap: Vec<_> = spillway_common::types::DecapReason::ALL.iter().map(|r| (r.label(), 1)).collect();
+    let mut served = spillway_harness::promql::series(&balancer(&sample(), Ok(&report())).text);
+    served.extend(spillway_harness::promql::series(&agent(Ok(&report()), &decap).text));
+    served
+}
+
 /// Every metric, label and exact label value the dashboard's queries use is served (the
 /// e2e test checks the same against a real `lbd`).
 #[test]
 fn the_dashboard_queries_what_is_served() {
     let dashboard: serde_json::Value = serde_json::from_str(DASHBOARD).unwrap();
-    let mut served = spillway_harness::promql::series(&balancer(&sample(), Ok(&report())).text);
-    served.extend(spillway_harness::promql::series(&ports(Ok(&report())).text));
+    let served = served();
     let queries = spillway_harness::promql::dashboard_queries(&dashboard);
     assert!(queries.len() >= 20, "{queries:?}");
     for (panel, expr) in queries {
         let missing = spillway_harness::promql::missing(&expr, "spillway_", &served);
         assert!(missing.is_empty(), "panel {panel:?}: {expr}: {missing:?}");
     }
+}
+
+/// Each panel's unit is that of what its queries compute, each selector narrowed to the
+/// `$instance`s chosen, and each series has a legend of its own (a fleet's lines apart).
+#[test]
+fn the_dashboard_reads_for_a_fleet() {
+    let dashboard: serde_json::Value = serde_json::from_str(DASHBOARD).unwrap();
+    let problems = spillway_harness::dashboard::problems(&dashboard, &served());
+    assert!(problems.is_empty(), "{problems:#?}");
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    let instance = variables.iter().find(|v| v["name"] == "instance").expect("an instance variable");
+    assert!(instance["multi"] == true && instance["includeAll"] == true, "{instance}");
 }
 
 pub const DASHBOARD: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/grafana/spillway.json"));

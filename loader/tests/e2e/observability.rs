@@ -138,14 +138,20 @@ fn metrics_show_traffic_drops_health_and_rules() {
             .unwrap();
     let mut served: Vec<Series> = promql::series(&text);
     served.extend(promql::series(&agent));
+    // Nor are there announcement families: this lbd announces nothing (no BIRD).
     let watcher = value(&agent, "spillway_ports_watcher_up", &[]) == Some(1.0);
+    let announces = value(&text, "spillway_bird_up", &[]).is_some();
     for (panel, expr) in promql::dashboard_queries(&dashboard) {
-        if expr.contains("spillway_ports_") && !watcher {
+        let unserved = (expr.contains("spillway_ports_") && !watcher)
+            || ((expr.contains("spillway_announcement_") || expr.contains("spillway_bird_up")) && !announces);
+        if unserved {
             continue;
         }
         let missing = promql::missing(&expr, "spillway_", &served);
         assert!(missing.is_empty(), "panel {panel:?}: {expr}: {missing:?}");
     }
+    let problems = spillway_harness::dashboard::problems(&dashboard, &served);
+    assert!(problems.is_empty(), "{problems:#?}");
 }
 
 #[test]
