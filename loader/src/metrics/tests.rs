@@ -196,7 +196,7 @@ fn promtool_accepts_the_output() {
 fn served() -> Vec<spillway_harness::promql::Series> {
     let decap: Vec<_> = spillway_common::types::DecapReason::ALL.iter().map(|r| (r.label(), 1)).collect();
     let mut served = spillway_harness::promql::series(&balancer(&sample(), Ok(&report())).text);
-    served.extend(spillway_harness::promql::series(&agent(Ok(&report()), &decap).text));
+    served.extend(spillway_harness::promql::series(&agent(Ok(&report()), &decap, 0).text));
     served
 }
 
