@@ -105,7 +105,7 @@ fn lbd_starts_from_the_file_and_lbctl_diffs_applies_and_exports() {
     assert!(applied.contains("\napplied 2 changes (slots_written="), "{applied}");
     assert_eq!(backend_weights(&c), [(b1.to_string(), 200), (backend4(2).to_string(), 100), (b3.to_string(), 100)]);
     wait_until(Duration::from_secs(10), "b3 healthy", || all_healthy(&c, &vip));
-    assert_shares(&connections(&c, tcp_target(false), 80), &shares(&[("b1", 0.5), ("b2", 0.25), ("b3", 0.25)]), 80);
+    assert_shares(&connections(&c, tcp_target(false), 200), &shares(&[("b1", 0.5), ("b2", 0.25), ("b3", 0.25)]), 200);
 
     // export | apply changes nothing; an lbctl edit shows in the export and in a diff.
     let exported = c.lbctl(&["export"]).unwrap();
@@ -303,7 +303,8 @@ fn sighup_restarts_and_readiness_under_the_unit_s_capabilities() {
     c.wait_for_lbd().unwrap();
     assert_eq!(c.lbctl_json(&["status"]).unwrap()["attachment"], "attached");
     wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
-    assert_shares(&connections(&c, tcp_target(false), 40), &shares(&[("b1", 0.25), ("b3", 0.75)]), 40);
+    // 200 connections: a quarter share is then 50 ± 6 (the check allows ±21; at 40 a flake).
+    assert_shares(&connections(&c, tcp_target(false), 200), &shares(&[("b1", 0.25), ("b3", 0.75)]), 200);
 
     // A reload says RELOADING=1 (with the monotonic time), then READY=1; a stop STOPPING=1.
     c.signal_lbd(Signal::SIGHUP).unwrap();
