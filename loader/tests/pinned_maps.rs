@@ -59,14 +59,25 @@ fn maps_pinned_with_other_sizes_are_refused_by_name() {
     let small = Capacity { vips: 8, backends: 64, flows: 4096, ring_slots: 8 * 2 * 4099 };
     drop(Balancer::load(&pinned(small)).unwrap());
     Balancer::load(&pinned(small)).expect("the same sizes load again");
-    // Each size, and the maps sized by it (the first one checked names the error).
+    // Each size, and every map sized by it (the maps are checked in no fixed order: any of
+    // them may be the one the error names).
     for (changed, maps) in [
         (Capacity { flows: 8192, ..small }, &[map_names::FLOWS][..]),
         (
             Capacity { vips: 16, ..small },
-            &[map_names::VIPS, map_names::VIP_ADDRS, map_names::VIP_STATS, map_names::LIMITS, map_names::BUDGET_STATE],
+            &[
+                map_names::VIPS,
+                map_names::VIP_ADDRS,
+                map_names::VIP_STATS,
+                map_names::LIMITS,
+                map_names::BUDGET_STATE,
+                map_names::RULE_LENS,
+            ],
         ),
-        (Capacity { backends: 128, ..small }, &[map_names::BACKENDS, map_names::BACKEND_STATS]),
+        (
+            Capacity { backends: 128, ..small },
+            &[map_names::BACKENDS, map_names::BACKEND_STATS, map_names::NEXTHOP_CACHE, map_names::PROBE_LAST],
+        ),
         (Capacity { ring_slots: 16 * 2 * 4099, ..small }, &[map_names::RINGS]),
     ] {
         let err = match Balancer::load(&pinned(changed)) {
