@@ -6,7 +6,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use spillway_harness::cluster::{XdpMode, agent_command};
 use spillway_harness::{Host, Topology, TopologyConfig};
+
+const LBD: &str = env!("CARGO_BIN_EXE_lbd");
 
 /// The distinct addresses `ip` shows on `host` (what the agent reads, as netlink gives it).
 fn addresses(host: &Host) -> BTreeSet<String> {
@@ -25,24 +28,8 @@ fn local_addresses_beyond_the_map_raise_an_alert_that_clears() {
     let routable = |a: &&String| !a.starts_with("fe80:") && a.parse::<std::net::IpAddr>().is_ok_and(|a| !a.is_loopback());
     let room = addresses(backend).iter().filter(routable).count() + 1;
     let max = room.to_string();
-    let args = [
-        env!("CARGO_BIN_EXE_lbd"),
-        "agent",
-        "--iface",
-        "eth0",
-        "--xdp-mode",
-        "generic",
-        "--pin-dir",
-        pin_dir.to_str().unwrap(),
-        "--ports-listen",
-        "off",
-        "--metrics-listen",
-        "off",
-        "--max-local-addrs",
-        &max,
-        "--allow-from",
-        "10.0.0.2/32",
-    ];
+    let extra = ["--ports-listen", "off", "--metrics-listen", "off", "--max-local-addrs", &max, "--allow-from", "10.0.0.2/32"];
+    let args = agent_command(LBD.as_ref(), XdpMode::Generic, &pin_dir, &extra);
     let agent = backend.spawn(&args).unwrap();
     agent.wait_for_output("event=ready", Duration::from_secs(20)).unwrap();
     assert!(!agent.log().contains("local_addrs_alert"), "every address fits: {}", agent.log());
@@ -92,22 +79,8 @@ fn the_ports_endpoint_answers_only_the_balancers_and_a_taken_port_is_fatal() {
     let (backend, client, lb) = (&topology.backends()[0], &topology.clients()[0], topology.lb());
     let pin_dir = topology.pin_dir().unwrap();
     let key = report_key(&topology);
-    let args = [
-        env!("CARGO_BIN_EXE_lbd"),
-        "agent",
-        "--iface",
-        "eth0",
-        "--xdp-mode",
-        "generic",
-        "--pin-dir",
-        pin_dir.to_str().unwrap(),
-        "--allow-from",
-        "10.0.0.2/32",
-        "--report-key",
-        key.to_str().unwrap(),
-        "--watcher-mode",
-        "sock_diag",
-    ];
+    let extra = ["--allow-from", "10.0.0.2/32", "--report-key", key.to_str().unwrap(), "--watcher-mode", "sock_diag"];
+    let args = agent_command(LBD.as_ref(), XdpMode::Generic, &pin_dir, &extra);
     // Someone took the port first: the agent does not run on without its endpoint (lbd
     // would be hearing the squatter), and says which option.
     let squatter = backend.in_netns(|| std::net::TcpListener::bind("0.0.0.0:9477").unwrap());

@@ -24,11 +24,13 @@ use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, SockaddrIn, 
 use spillway::ports::{
     Counts, Level, Mode, PortKey, PortsReport, STAT_NAMES, Scope, SockWatch, Thresholds, WatchOptions, WatcherMode, netns_inode, parts,
 };
+use spillway_harness::cluster::{XdpMode, agent_command};
 use spillway_harness::connects::{outcomes, start_connect};
 use spillway_harness::frames::tcp_reset_packet;
 use spillway_harness::{Capture, Daemon, Host, Topology, TopologyConfig, send_ip_packet};
 
 const PORT: u16 = 9300;
+const LBD: &str = env!("CARGO_BIN_EXE_lbd");
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const EADDRNOTAVAIL: i32 = 99;
 
@@ -718,21 +720,9 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
     let pin_dir = topology.pin_dir().expect("pin dir").join("agent");
     let endpoint: SocketAddr = "127.0.0.1:9477".parse().unwrap();
-    let args = [
-        "agent",
-        "--iface",
-        "eth0",
-        "--xdp-mode",
-        "generic",
-        "--pin-dir",
-        pin_dir.to_str().unwrap(),
-        "--watcher-mode",
-        mode.name(),
-        "--allow-from",
-        "127.0.0.1/32",
-    ];
-    let agent =
-        backend.spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &args, &["--ports-listen", &endpoint.to_string()]].concat()).expect("lbd agent");
+    let listen = endpoint.to_string();
+    let extra = ["--watcher-mode", mode.name(), "--allow-from", "127.0.0.1/32", "--ports-listen", &listen];
+    let agent = backend.spawn(&agent_command(LBD.as_ref(), XdpMode::Generic, &pin_dir, &extra)).expect("lbd agent");
     // Not just "ready": an exiting agent's "Address already in use" would match.
     agent.wait_for_output("event=ready", Duration::from_secs(10)).expect("agent ready");
     assert!(agent.log().contains(&format!("event=ports_endpoint_listening url=http://{endpoint}/ports")), "{}", agent.log());
@@ -740,27 +730,21 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     // An agent with --all-netns (on the client host) reports the other namespaces too.
     let everywhere: SocketAddr = "127.0.0.1:9478".parse().unwrap();
     let all_pin_dir = topology.pin_dir().expect("pin dir").join("agent-all");
-    let all_args = [
-        "agent",
-        "--iface",
-        "eth0",
-        "--xdp-mode",
-        "generic",
-        "--pin-dir",
-        all_pin_dir.to_str().unwrap(),
+    let listen = everywhere.to_string();
+    // Its ports endpoint takes the metrics' default port, and a listener it cannot bind
+    // would stop it: no metrics.
+    let extra = [
         "--all-netns",
         "--watcher-mode",
         mode.name(),
         "--allow-from",
         "127.0.0.1/32",
-        // Its ports endpoint takes the metrics' default port, and a listener it cannot
-        // bind would stop it.
         "--metrics-listen",
         "off",
+        "--ports-listen",
+        &listen,
     ];
-    let all_agent = client
-        .spawn(&[&[env!("CARGO_BIN_EXE_lbd")][..], &all_args, &["--ports-listen", &everywhere.to_string()]].concat())
-        .expect("lbd agent --all-netns");
+    let all_agent = client.spawn(&agent_command(LBD.as_ref(), XdpMode::Generic, &all_pin_dir, &extra)).expect("lbd agent --all-netns");
     all_agent.wait_for_output("event=ready", Duration::from_secs(10)).expect("agent ready");
 
     const SOCKETS: usize = 10;

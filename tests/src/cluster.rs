@@ -44,21 +44,18 @@ pub(crate) fn trust_args(balancers: &[IpAddr], report_key: &Path) -> Vec<String>
     args
 }
 
+/// The command line of `lbd agent` on a harness host (`eth0`, pinning under `pin_dir`), then
+/// `extra`: the agent's own options, the balancers it trusts among them (`--allow-from`).
+pub fn agent_command(lbd: &Path, mode: XdpMode, pin_dir: &Path, extra: &[&str]) -> Vec<String> {
+    let fixed = [lbd.display().to_string(), "agent".into(), "--iface".into(), "eth0".into(), "--xdp-mode".into(), mode.flag().into()];
+    fixed.into_iter().chain(["--pin-dir".into(), pin_dir.display().to_string()]).chain(extra.iter().map(|a| (*a).to_owned())).collect()
+}
+
 /// Starts `lbd agent` on backend `host` (pinning under `pin_dir`, with `extra` arguments,
 /// which must name the balancers: see [`trust_args`]) and waits until it is ready.
 pub(crate) fn spawn_agent(host: &Host, lbd: &Path, mode: XdpMode, pin_dir: &Path, extra: &[String]) -> Result<Daemon> {
-    let mut args = vec![
-        lbd.as_os_str(),
-        "agent".as_ref(),
-        "--iface".as_ref(),
-        "eth0".as_ref(),
-        "--xdp-mode".as_ref(),
-        mode.flag().as_ref(),
-        "--pin-dir".as_ref(),
-        pin_dir.as_os_str(),
-    ];
-    args.extend(extra.iter().map(std::ffi::OsStr::new));
-    let agent = host.spawn(&args)?;
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let agent = host.spawn(&agent_command(lbd, mode, pin_dir, &extra))?;
     agent.wait_for_output("event=ready", START_TIMEOUT).with_context(|| format!("agent on {}:\n{}", host.name(), agent.log()))?;
     Ok(agent)
 }
