@@ -52,14 +52,21 @@ fn kernel_allows(mode: Mode) -> bool {
     }
 }
 
-fn a_backend_short_of_ports_loses_share_and_gets_it_back(mode: Mode) {
+/// A cluster of three healthy backends on a TCP VIP, their agents watching ports in `mode`;
+/// `None` (said on stderr) where the kernel refuses the mode.
+fn three_backends_watched_in(mode: Mode) -> Option<(Cluster, String)> {
     if !kernel_allows(mode) {
-        return;
+        return None;
     }
     let c = start_configured(XdpMode::Native, 3, 1, &[], &["--watcher-mode", mode.name()]);
     let vip = tcp_vip(false);
     vip_with_all_backends(&c, &vip, false);
     wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
+    Some((c, vip))
+}
+
+fn a_backend_short_of_ports_loses_share_and_gets_it_back(mode: Mode) {
+    let Some((c, vip)) = three_backends_watched_in(mode) else { return };
     let b1 = &c.topo.backends()[0];
     let b1_addr = b1.ipv4().to_string();
 
@@ -107,13 +114,7 @@ spillway_harness::in_every_watcher_mode!(a_backend_short_of_ports_loses_share_an
 /// or is ejected, and no port pressure is reported. Then one backend really runs out of
 /// ports, and only that one loses share.
 fn a_dead_dependency_costs_no_backend_its_share(mode: Mode) {
-    if !kernel_allows(mode) {
-        return;
-    }
-    let c = start_configured(XdpMode::Native, 3, 1, &[], &["--watcher-mode", mode.name()]);
-    let vip = tcp_vip(false);
-    vip_with_all_backends(&c, &vip, false);
-    wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
+    let Some((c, vip)) = three_backends_watched_in(mode) else { return };
     let backends = c.topo.backends();
     // The dependency: a closed port on the client host, and an address whose neighbour
     // entry leads nowhere.
