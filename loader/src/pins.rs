@@ -440,6 +440,26 @@ mod tests {
         dir
     }
 
+    /// Runs `f` with a bpffs mounted (as `lbd` mounts one) at `dir`, in a mount namespace of
+    /// a thread of its own, so nothing outside sees the mount; unmounts it after.
+    fn on_private_bpffs<T: Send>(dir: &Path, f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    use nix::sched::{CloneFlags, unshare};
+                    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_FS).unwrap();
+                    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).unwrap();
+                    mount_bpffs(dir).unwrap();
+                    assert!(is_bpffs(dir));
+                    let out = f();
+                    nix::mount::umount(dir).unwrap();
+                    out
+                })
+                .join()
+                .unwrap()
+        })
+    }
+
     #[test]
     fn bpffs_devices_are_read_from_mountinfo() {
         let mountinfo = "22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw\n\
@@ -452,21 +472,8 @@ mod tests {
     #[test]
     fn pins_on_a_bpffs_of_this_mount_namespace_only_are_private() {
         let dir = temp_dir("private");
-        // A bpffs mounted in a mount namespace of a thread of its own: PID 1 does not have it.
-        let private = std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    use nix::sched::{CloneFlags, unshare};
-                    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_FS).unwrap();
-                    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).unwrap();
-                    mount_bpffs(dir.path()).unwrap();
-                    let durability = durability(dir.path());
-                    nix::mount::umount(dir.path()).unwrap();
-                    durability
-                })
-                .join()
-                .unwrap()
-        });
+        // PID 1 does not have a bpffs mounted in a mount namespace of a thread of its own.
+        let private = on_private_bpffs(dir.path(), || durability(dir.path()));
         assert_eq!(private, Durability::Private);
         ensure_bpffs().unwrap();
         assert_eq!(durability(Path::new(BPFFS_ROOT)), Durability::Durable, "the host's bpffs (this test runs in PID 1's mounts)");
@@ -501,22 +508,7 @@ mod tests {
     #[test]
     fn bpffs_is_mounted_for_root_only() {
         let dir = temp_dir("mount");
-        // In a mount namespace of a thread of its own, so nothing outside sees the mount.
-        let mode = std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    use nix::sched::{CloneFlags, unshare};
-                    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_FS).unwrap();
-                    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).unwrap();
-                    mount_bpffs(dir.path()).unwrap();
-                    assert!(is_bpffs(dir.path()));
-                    let mode = fs::metadata(dir.path()).unwrap().permissions().mode() & 0o7777;
-                    nix::mount::umount(dir.path()).unwrap();
-                    mode
-                })
-                .join()
-                .unwrap()
-        });
+        let mode = on_private_bpffs(dir.path(), || fs::metadata(dir.path()).unwrap().permissions().mode() & 0o7777);
         // The kernel always adds the sticky bit to a bpffs root.
         assert_eq!(mode & 0o777, 0o700, "bpffs root mode {mode:o}");
     }
