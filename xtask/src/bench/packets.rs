@@ -377,15 +377,7 @@ impl Lab {
                         pin_to(cpu)?;
                         start.wait();
                         for i in 0..calls as u32 {
-                            match slot.case.frames {
-                                Frames::NewFlows(_) => write_new_source(&mut slot.frame, first_new + i * n + k),
-                                Frames::Spoofed(_) => write_source(&mut slot.frame, spoofed_source(first_spoofed.wrapping_add(i * n + k))),
-                                Frames::NewPorts(_) => {
-                                    slot.next_port = slot.next_port.wrapping_add(1).max(1024);
-                                    slot.frame[ETH_LEN + 20..ETH_LEN + 22].copy_from_slice(&slot.next_port.to_be_bytes());
-                                }
-                                Frames::Fixed(_) | Frames::Established { .. } => {}
-                            }
+                            slot.vary(first_new + i * n + k, first_spoofed.wrapping_add(i * n + k));
                             let run = test_run::run_into(program, &slot.frame, ingress, &mut slot.out).context("BPF_PROG_TEST_RUN")?;
                             ensure!(run.action == slot.case.action, "CPU {cpu}: action {}, expected {}", run.action, slot.case.action);
                             slot.len = run.len;
@@ -578,20 +570,11 @@ impl NewFlows {
     /// Puts the next new-flow source in a new-flow case's frame, or the next port in a
     /// new-port case's; other frames stay as they are.
     fn next_frame(&mut self, slot: &mut Slot) {
+        slot.vary(self.next, self.spoofed);
         match slot.case.frames {
-            Frames::NewFlows(_) => {
-                write_new_source(&mut slot.frame, self.next);
-                self.next += 1;
-            }
-            Frames::NewPorts(_) => {
-                slot.next_port = slot.next_port.wrapping_add(1).max(1024);
-                slot.frame[ETH_LEN + 20..ETH_LEN + 22].copy_from_slice(&slot.next_port.to_be_bytes());
-            }
-            Frames::Spoofed(_) => {
-                write_source(&mut slot.frame, spoofed_source(self.spoofed));
-                self.spoofed = self.spoofed.wrapping_add(1);
-            }
-            Frames::Fixed(_) | Frames::Established { .. } => {}
+            Frames::NewFlows(_) => self.next += 1,
+            Frames::Spoofed(_) => self.spoofed = self.spoofed.wrapping_add(1),
+            _ => {}
         }
         if slot.case.inserts {
             self.inserted += 1;
@@ -616,6 +599,22 @@ pub fn allowed_cpus() -> Result<Vec<usize>> {
     let cpus: Vec<usize> = (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).collect();
     ensure!(!cpus.is_empty(), "the CPU affinity mask is empty");
     Ok(cpus)
+}
+
+impl Slot<'_> {
+    /// Makes the frame the next of its case: the `new`-th new-flow source, the `spoofed`-th
+    /// spoofed source, or the next source port; fixed frames stay as they are.
+    fn vary(&mut self, new: u32, spoofed: u32) {
+        match self.case.frames {
+            Frames::NewFlows(_) => write_new_source(&mut self.frame, new),
+            Frames::Spoofed(_) => write_source(&mut self.frame, spoofed_source(spoofed)),
+            Frames::NewPorts(_) => {
+                self.next_port = self.next_port.wrapping_add(1).max(1024);
+                self.frame[ETH_LEN + 20..ETH_LEN + 22].copy_from_slice(&self.next_port.to_be_bytes());
+            }
+            Frames::Fixed(_) | Frames::Established { .. } => {}
+        }
+    }
 }
 
 /// Pins the calling thread to the last CPU it may run on (CPU 0 usually takes more
