@@ -140,6 +140,10 @@ pub const FLOW_TICK_SHIFT: u32 = 20;
 /// A flow entry's timestamp is refreshed at most this often (in ticks, about 1 s), so hits
 /// rarely write.
 pub const FLOW_TOUCH_TICKS: u32 = 1 << 10;
+/// A confirmed entry idle this long (in ticks, about 4.3 s) may give its way to a new flow
+/// when every candidate way is live: nobody holds an entry without sending on it (a blind
+/// sender can confirm entries, so confirmation alone buys nothing lasting).
+pub const FLOW_HOLD_TICKS: u32 = 4 * FLOW_TOUCH_TICKS;
 
 /// Map names (at most 15 bytes: BPF_OBJ_NAME_LEN).
 pub mod map_names {
@@ -170,6 +174,8 @@ pub mod map_names {
     pub const PROBE_REASONS: &str = "spw_probe_rsn";
     pub const PROBE_LAST: &str = "spw_probe_last";
     pub const SECOND_CHANCE: &str = "spw_second_ch";
+    /// New flows forwarded without an entry: every candidate way was held (per CPU).
+    pub const FLOWS_UNREMEMBERED: &str = "spw_flows_full";
     pub const SECOND_CHANCE_PROGRAM: &str = "spw_second_prog";
     pub const SECOND_CHANCE_HANDOVER: &str = "spw_second_hand";
     /// Slot 0: the balancer's IPv6 program (`spillway_lb_v6`), which `spillway_lb` tail-calls.

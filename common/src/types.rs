@@ -110,6 +110,10 @@ pub const ALLOW_KEY_FAMILY_BITS: u32 = 32;
 /// Backend slot states.
 pub const BACKEND_FREE: u8 = 0;
 pub const BACKEND_ACTIVE: u8 = 1;
+/// `BackendInfo::flags`: the backend takes new flows (its effective weight is above 0). A
+/// SYN on a live entry of such a backend goes where the entry says; one on an entry of a
+/// drained or ejected backend is placed afresh.
+pub const BACKEND_F_NEW_FLOWS: u8 = 1;
 
 /// One backend of one VIP, indexed by backend id in the backend array.
 #[repr(C)]
@@ -120,7 +124,9 @@ pub struct BackendInfo {
     /// [`BACKEND_FREE`] or [`BACKEND_ACTIVE`]. A draining backend stays active (weight 0 only
     /// removes it from the Maglev table), so its flows keep flowing.
     pub state: u8,
-    pub _pad: [u8; 2],
+    /// [`BACKEND_F_NEW_FLOWS`].
+    pub flags: u8,
+    pub _pad: u8,
     /// Bumped whenever the slot is freed, so flows pinned to a removed backend re-hash even
     /// if the id is reused.
     pub generation: u32,
@@ -370,10 +376,12 @@ pub struct LbConfig {
     pub static_dst_mac: [u8; 6],
     /// Seed of the flow hash that picks a new flow's Maglev slot (`hash::flow_hash`).
     /// Fleet-wide: balancers that share it and the desired state send a flow to the same
-    /// backend whichever of them ECMP picks. (The connection table's buckets and the outer
-    /// source's entropy always hash with `hash::FLOW_SEED`, so a changed seed moves no
-    /// entry; with the default seed one hash serves both.)
+    /// backend whichever of them ECMP picks.
     pub flow_seed: u32,
+    /// This host's secret seed of the connection table's bucket hash and the outer header's
+    /// entropy: random when the table is created, kept with it (the entries are local, so
+    /// nobody outside can aim packets at chosen buckets; a changed fleet seed moves none).
+    pub table_seed: u32,
 }
 
 impl LbConfig {
@@ -452,7 +460,8 @@ reasons!(
         DropEncapFailed = "drop_encap_failed",
         /// A new flow over its source prefix's limit.
         DropSourceLimit = "drop_source_limit",
-        /// A new flow from a prefix an operator rule blocks.
+        /// A packet without a connection-table entry (a new flow, a mid-connection packet,
+        /// an ICMP error quoting such a flow) from a prefix an operator rule blocks.
         DropRuleBlock = "drop_rule_block",
         /// A new flow over an operator rule's limit for its client class.
         DropRuleLimit = "drop_rule_limit",
@@ -461,6 +470,9 @@ reasons!(
         /// The interface the packet arrived on does not forward (`net.ipv4.conf.<if>.forwarding`
         /// or its IPv6 twin is 0): `bpf_fib_lookup` refuses to route.
         DropForwardingDisabled = "drop_forwarding_disabled",
+        /// To a VIP address, but to a port or protocol no VIP serves (an ICMP echo, say):
+        /// the kernel would route it back to the router that sent it here, in a loop.
+        DropNoService = "drop_no_service",
     }
 );
 
@@ -588,7 +600,7 @@ const _: () = assert!(size_of::<BackendInfo>() == 28);
 const _: () = assert!(size_of::<FlowKey>() == 40);
 const _: () = assert!(size_of::<FlowEntry>() == 32);
 const _: () = assert!(size_of::<FlowBucket>() == 128);
-const _: () = assert!(size_of::<LbConfig>() == 60);
+const _: () = assert!(size_of::<LbConfig>() == 64);
 const _: () = assert!(size_of::<Traffic>() == 24);
 const _: () = assert!(size_of::<CachedNextHop>() == 32);
 const _: () = assert!(size_of::<Limits>() == 56);

@@ -37,8 +37,8 @@ use spillway_common::{
     maglev::{self, MaglevBackend, MaglevError},
     prefix::masked,
     types::{
-        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP, RULE_BLOCK, RULE_EXEMPT,
-        RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_SCOPED_RULES, VipKey, VipMeta,
+        AddrKey, BACKEND_ACTIVE, BACKEND_F_NEW_FLOWS, BACKEND_FREE, BackendInfo, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP,
+        RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_SCOPED_RULES, VipKey, VipMeta,
     },
 };
 
@@ -168,6 +168,8 @@ pub struct Reconciler {
     /// Generation of every backend id, and the ids not in use (lowest handed out first).
     generations: Vec<u32>,
     free_ids: BTreeSet<u32>,
+    /// The backend ids whose entry has `BACKEND_F_NEW_FLOWS` set.
+    takes_new_flows: BTreeSet<u32>,
     /// Active backends found in the maps that no VIP owns (freed on the next apply).
     orphans: Vec<u32>,
     /// What every slot of the limits array holds.
@@ -190,6 +192,7 @@ impl Reconciler {
         let mut generations = vec![0; capacity.backend_slots() as usize];
         let mut by_vip: HashMap<u32, BTreeMap<IpAddr, u32>> = HashMap::new();
         let mut active = Vec::new();
+        let mut takes_new_flows = BTreeSet::new();
         for id in 1..capacity.backend_slots() {
             let info = maps.backend(id)?;
             generations[id as usize] = info.generation;
@@ -198,6 +201,9 @@ impl Reconciler {
             {
                 by_vip.entry(info.vip_id).or_default().insert(addr, id);
                 active.push(id);
+                if info.flags & BACKEND_F_NEW_FLOWS != 0 {
+                    takes_new_flows.insert(id);
+                }
             }
         }
         let mut vips = HashMap::new();
@@ -247,7 +253,21 @@ impl Reconciler {
         let mut vip_filter = maps.vip_filter()?;
         vip_filter.resize(VIP_FILTER_WORDS as usize, 0);
         let settle = Duration::from_millis(SECOND_CHANCE_SETTLE_MS);
-        Ok(Self { capacity, vips, pool, generations, free_ids, orphans, limits, rules, stale_rules, vip_addrs, vip_filter, settle })
+        Ok(Self {
+            capacity,
+            vips,
+            pool,
+            generations,
+            free_ids,
+            takes_new_flows,
+            orphans,
+            limits,
+            rules,
+            stale_rules,
+            vip_addrs,
+            vip_filter,
+            settle,
+        })
     }
 
     /// How long a VIP's table must stay unchanged before its next change replaces the
@@ -421,6 +441,9 @@ impl Reconciler {
         }
         // Only once packets read the table built from them.
         runtime.built = inputs;
+        for (addr, backend) in &config.backends {
+            self.set_takes_new_flows(maps, runtime.backends[addr], backend.weight > 0)?;
+        }
         // Backends leaving the VIP are freed only after packets stopped reading their slots.
         let leaving: Vec<IpAddr> = runtime.backends.keys().filter(|a| !config.backends.contains_key(a)).copied().collect();
         for addr in leaving {
@@ -506,8 +529,14 @@ impl Reconciler {
         let id = self.free_ids.first().copied().ok_or(ReconcileError::OutOfIds { what: "backend", limit })?;
         maps.reset_backend_stats(id)?;
         let (words, family) = to_words(addr);
-        let info =
-            BackendInfo { addr: words, family, state: BACKEND_ACTIVE, _pad: [0; 2], generation: self.generations[id as usize], vip_id };
+        let info = BackendInfo {
+            addr: words,
+            family,
+            state: BACKEND_ACTIVE,
+            generation: self.generations[id as usize],
+            vip_id,
+            ..BackendInfo::default()
+        };
         maps.set_backend(id, &info)?;
         self.free_ids.remove(&id);
         Ok(id)
@@ -601,12 +630,29 @@ impl Reconciler {
 
     /// Frees a backend id; bumping the generation makes its flows re-hash even if the id is
     /// handed out again.
+    /// Sets backend `id`'s `BACKEND_F_NEW_FLOWS` if it is not as `on` already.
+    fn set_takes_new_flows(&mut self, maps: &mut dyn Maps, id: u32, on: bool) -> Result<(), ReconcileError> {
+        if self.takes_new_flows.contains(&id) == on {
+            return Ok(());
+        }
+        let mut info = maps.backend(id)?;
+        info.flags = if on { info.flags | BACKEND_F_NEW_FLOWS } else { info.flags & !BACKEND_F_NEW_FLOWS };
+        maps.set_backend(id, &info)?;
+        if on {
+            self.takes_new_flows.insert(id);
+        } else {
+            self.takes_new_flows.remove(&id);
+        }
+        Ok(())
+    }
+
     fn free_backend(&mut self, maps: &mut dyn Maps, id: u32) -> Result<(), ReconcileError> {
         let generation = self.generations[id as usize].wrapping_add(1);
         let info = BackendInfo { state: BACKEND_FREE, generation, ..BackendInfo::default() };
         maps.set_backend(id, &info)?;
         self.generations[id as usize] = generation;
         self.free_ids.insert(id);
+        self.takes_new_flows.remove(&id);
         Ok(())
     }
 }

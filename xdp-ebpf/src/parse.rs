@@ -28,8 +28,8 @@ pub enum Parsed {
     Malformed,
     /// A fragment; only its destination matters (no ports to hash on).
     Fragment(AddrKey),
-    /// IP, but nothing a VIP could own (other protocols, other ICMP).
-    Other,
+    /// IP to this address, but nothing a VIP could own (other protocols, other ICMP).
+    Other(AddrKey),
     /// IP of the family [`parse_family`] was told to leave to another program.
     OtherFamily,
     /// A TCP/UDP packet, or an ICMP error quoting one (`icmp_error`); `key` is always the
@@ -87,6 +87,7 @@ fn parse_v4(ctx: &XdpContext, l3: usize) -> Parsed {
         return Parsed::Fragment(AddrKey { addr: v4_addr(ip.dst), family: FAMILY_V4, _pad: [0; 3] });
     }
     let layout = Layout { l2_len: l3, l3_len: tot_len, tos: ip.tos };
+    let dst = AddrKey { addr: v4_addr(ip.dst), family: FAMILY_V4, _pad: [0; 3] };
     let l4 = l3 + ihl;
     match ip.proto {
         PROTO_TCP | PROTO_UDP => {
@@ -102,18 +103,18 @@ fn parse_v4(ctx: &XdpContext, l3: usize) -> Parsed {
             };
             let (kind, code) = unsafe { ((*icmp).kind, (*icmp).code) };
             if kind != ICMP_DEST_UNREACH || code != ICMP_FRAG_NEEDED {
-                return Parsed::Other;
+                return Parsed::Other(dst);
             }
-            quoted_v4(ctx, l4 + ICMP_LEN, layout)
+            quoted_v4(ctx, l4 + ICMP_LEN, layout, dst)
         }
-        _ => Parsed::Other,
+        _ => Parsed::Other(dst),
     }
 }
 
 /// The packet an ICMP "fragmentation needed" quotes was sent VIP -> client by a backend;
 /// the flow is its reverse.
 #[inline(always)]
-fn quoted_v4(ctx: &XdpContext, q: usize, layout: Layout) -> Parsed {
+fn quoted_v4(ctx: &XdpContext, q: usize, layout: Layout, dst: AddrKey) -> Parsed {
     let Some(ip) = at::<Ipv4Hdr>(ctx, q) else {
         return Parsed::Malformed;
     };
@@ -123,7 +124,7 @@ fn quoted_v4(ctx: &XdpContext, q: usize, layout: Layout) -> Parsed {
         return Parsed::Malformed;
     }
     if ip.proto != PROTO_TCP && ip.proto != PROTO_UDP {
-        return Parsed::Other;
+        return Parsed::Other(dst);
     }
     // An ICMP error quotes only 8 bytes of L4: the ports are all we may read.
     let Some(ports) = at::<Ports>(ctx, q + ihl) else {
@@ -147,6 +148,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Parsed {
         return Parsed::Malformed;
     }
     let layout = Layout { l2_len: l3, l3_len, tos: (vtc >> 20) as u8 };
+    let dst = AddrKey { addr: ip.dst, family: FAMILY_V6, _pad: [0; 3] };
     let mut next = ip.next_hdr;
     let mut off = l3 + IPV6_LEN;
     for _ in 0..MAX_IPV6_EXT_HEADERS {
@@ -160,7 +162,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Parsed {
                 off += (ext.len as usize + 1) * 8;
             }
             IPV6_FRAGMENT => {
-                return Parsed::Fragment(AddrKey { addr: ip.dst, family: FAMILY_V6, _pad: [0; 3] });
+                return Parsed::Fragment(dst);
             }
             _ => break,
         }
@@ -178,22 +180,22 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Parsed {
                 return Parsed::Malformed;
             };
             if unsafe { (*icmp).kind } != ICMPV6_PKT_TOO_BIG {
-                return Parsed::Other;
+                return Parsed::Other(dst);
             }
-            quoted_v6(ctx, off + ICMP_LEN, layout)
+            quoted_v6(ctx, off + ICMP_LEN, layout, dst)
         }
-        _ => Parsed::Other,
+        _ => Parsed::Other(dst),
     }
 }
 
 #[inline(always)]
-fn quoted_v6(ctx: &XdpContext, q: usize, layout: Layout) -> Parsed {
+fn quoted_v6(ctx: &XdpContext, q: usize, layout: Layout, dst: AddrKey) -> Parsed {
     let Some(ip) = at::<Ipv6Hdr>(ctx, q) else {
         return Parsed::Malformed;
     };
     let ip = unsafe { &*ip };
     if ip.next_hdr != PROTO_TCP && ip.next_hdr != PROTO_UDP {
-        return Parsed::Other;
+        return Parsed::Other(dst);
     }
     let Some(ports) = at::<Ports>(ctx, q + IPV6_LEN) else {
         return Parsed::Malformed;

@@ -189,7 +189,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     });
     let mut maps = balancer.maps;
     log_memory(&maps);
-    maps.set_config(&config)?;
+    maps.set_config_keeping_table_seed(&config)?;
     maps.set_tx_ports(&tx_ports)?;
     let checks = (!args.no_health_checks).then(|| {
         let defaults = HealthConfig { slow_start_ms: args.health_slow_start_ms, ..HealthConfig::default() };

@@ -3,6 +3,8 @@
 
 use std::ops::ControlFlow;
 
+use ring::rand::{SecureRandom, SystemRandom};
+
 use aya::{
     Ebpf,
     maps::{Array, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray, ProgramArray},
@@ -58,6 +60,8 @@ pub struct BalancerMaps {
     pub observed: PerCpuArray<MapData, u64>,
     /// Packets sent with a second candidate (`second_chance.rs`).
     pub second_chance: PerCpuArray<MapData, u64>,
+    /// Slot 0: new flows the full table could not remember, per CPU.
+    pub flows_unremembered: PerCpuArray<MapData, u64>,
     /// Slot 0: the second-chance program. Held open: the kernel empties a program array
     /// once no file descriptor or pin refers to it.
     pub second_chance_program: ProgramArray<MapData>,
@@ -111,6 +115,7 @@ impl BalancerMaps {
             rule_counters: take(ebpf, map_names::RULE_COUNTERS)?,
             observed: take(ebpf, map_names::OBSERVED)?,
             second_chance: take(ebpf, map_names::SECOND_CHANCE)?,
+            flows_unremembered: take(ebpf, map_names::FLOWS_UNREMEMBERED)?,
             second_chance_program: take(ebpf, map_names::SECOND_CHANCE_PROGRAM)?,
             v6_program: take(ebpf, map_names::V6_PROGRAM)?,
         })
@@ -127,6 +132,27 @@ impl BalancerMaps {
 
     pub fn set_config(&mut self, config: &LbConfig) -> Result<(), DataplaneError> {
         named(map_names::CONFIG, self.config.set(0, config, 0))
+    }
+
+    /// Writes `config` with the connection table's secret seed: the one the pinned table
+    /// was created with (its entries are placed by it), else a new random one (never 0,
+    /// which means "none yet"). Returns the seed.
+    pub fn set_config_keeping_table_seed(&mut self, config: &LbConfig) -> Result<u32, DataplaneError> {
+        let mut seed = self.config()?.table_seed;
+        while seed == 0 {
+            let mut bytes = [0u8; 4];
+            SystemRandom::new().fill(&mut bytes).map_err(|_| DataplaneError::NoRandomness)?;
+            seed = u32::from_ne_bytes(bytes);
+        }
+        self.set_config(&LbConfig { table_seed: seed, ..*config })?;
+        Ok(seed)
+    }
+
+    /// New flows forwarded without an entry because the table was full where they hash,
+    /// summed over CPUs.
+    pub fn unremembered_flows(&self) -> Result<u64, DataplaneError> {
+        let per_cpu = named(map_names::FLOWS_UNREMEMBERED, self.flows_unremembered.get(&0, 0))?;
+        Ok(per_cpu.iter().sum())
     }
 
     pub fn config(&self) -> Result<LbConfig, DataplaneError> {
@@ -171,15 +197,15 @@ impl BalancerMaps {
     /// The connection table's entry for a client -> VIP 5-tuple.
     pub fn flow(&self, key: &FlowKey) -> Option<FlowInfo> {
         let meta = self.vips.for_packet(&vip_of(key))?;
-        self.flows.get(key, meta.id)
+        self.flows.get(key, meta.id, self.config().ok()?.table_seed)
     }
 
     /// Removes a flow from the connection table; false if it was not there.
     pub fn remove_flow(&mut self, key: &FlowKey) -> bool {
-        match self.vips.for_packet(&vip_of(key)) {
-            Some(meta) => self.flows.remove(key, meta.id),
-            None => false,
-        }
+        let (Some(meta), Ok(config)) = (self.vips.for_packet(&vip_of(key)), self.config()) else {
+            return false;
+        };
+        self.flows.remove(key, meta.id, config.table_seed)
     }
 
     /// Visits the live connection-table entries with their 5-tuples until `visit` breaks

@@ -65,6 +65,8 @@ pub enum DataplaneError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the system's random number generator failed (needed for the connection table's secret seed)")]
+    NoRandomness,
     #[error("reading the number of possible CPUs")]
     Cpus(#[source] std::io::Error),
     #[error("map {name} holds values of {value_size} bytes, not the {expected} this build maps")]
@@ -120,7 +122,7 @@ pub struct Balancer {
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 23] = [
+const PINNED_MAPS: [&str; 24] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -141,6 +143,7 @@ const PINNED_MAPS: [&str; 23] = [
     map_names::RULE_LENS,
     map_names::OBSERVED,
     map_names::SECOND_CHANCE,
+    map_names::FLOWS_UNREMEMBERED,
     map_names::SECOND_CHANCE_PROGRAM,
     map_names::SECOND_CHANCE_HANDOVER,
     map_names::V6_PROGRAM,

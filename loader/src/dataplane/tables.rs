@@ -15,7 +15,7 @@ use std::{
 use aya::maps::{Array, MapData};
 use spillway_common::{
     addr::from_words,
-    hash::{FLOW_SEED, RULE_SEED, addr_hash, flow_buckets, flow_hash, rule_home, vip_addr_hash, vip_home},
+    hash::{RULE_SEED, addr_hash, flow_buckets, flow_hash, rule_home, vip_addr_hash, vip_home},
     limits::{ANY_VIP, FLOW_TICK_SHIFT, FLOW_WAYS, MAX_RULE_LENGTHS, RING_SLOTS_PER_WORD, VIP_PROBES, map_names},
     types::{
         FLOW_CONFIRMED, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowBucket, FlowEntry, FlowKey, PROTO_TCP, PROTO_UDP, RingRef, RuleLens, RuleSlot,
@@ -327,10 +327,11 @@ impl FlowTable {
         self.buckets.len()
     }
 
-    /// The entry holding `key` of VIP `vip_id`, with the tag it held when read.
-    fn find(&self, key: &FlowKey, vip_id: u32) -> Option<(*mut FlowEntry, u64, FlowInfo)> {
+    /// The entry holding `key` of VIP `vip_id`, with the tag it held when read; `seed`: the
+    /// table's (`LbConfig::table_seed`).
+    fn find(&self, key: &FlowKey, vip_id: u32, seed: u32) -> Option<(*mut FlowEntry, u64, FlowInfo)> {
         let tag = FlowEntry::tag_of(key.sport, key.dport, vip_id, key.proto == PROTO_UDP);
-        let (first, second) = flow_buckets(flow_hash(key, FLOW_SEED), self.buckets.len() as u32 - 1);
+        let (first, second) = flow_buckets(flow_hash(key, seed), self.buckets.len() as u32 - 1);
         for bucket in [first, second] {
             for way in 0..FLOW_WAYS as usize {
                 let entry = self.way(bucket, way);
@@ -349,13 +350,13 @@ impl FlowTable {
         unsafe { addr_of_mut!((*self.buckets.at(bucket as usize)).ways[way]) }
     }
 
-    pub fn get(&self, key: &FlowKey, vip_id: u32) -> Option<FlowInfo> {
-        self.find(key, vip_id).map(|(_, _, info)| info)
+    pub fn get(&self, key: &FlowKey, vip_id: u32, seed: u32) -> Option<FlowInfo> {
+        self.find(key, vip_id, seed).map(|(_, _, info)| info)
     }
 
     /// Removes the flow; false if it was not there (or changed meanwhile).
-    pub fn remove(&mut self, key: &FlowKey, vip_id: u32) -> bool {
-        let Some((entry, tag, _)) = self.find(key, vip_id) else { return false };
+    pub fn remove(&mut self, key: &FlowKey, vip_id: u32, seed: u32) -> bool {
+        let Some((entry, tag, _)) = self.find(key, vip_id, seed) else { return false };
         // SAFETY: the entry's tag word, aligned; the same compare-and-swap the data path uses.
         unsafe { AtomicU64::from_ptr(addr_of_mut!((*entry).tag)).compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() }
     }

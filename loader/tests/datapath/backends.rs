@@ -79,6 +79,32 @@ fn a_syn_reusing_a_known_tuple_is_placed_afresh() {
     });
 }
 
+/// Regression (hostile senders): a SYN on a tuple with a live entry was placed afresh, so an
+/// off-path sender who knew a client's address and port moved its connection to the current
+/// Maglev choice, which resets it after any change. Such a SYN goes where the entry says
+/// while that backend takes new flows (and is not charged twice: it went through the limits).
+#[test]
+fn a_syn_on_a_live_entry_goes_where_the_entry_says() {
+    with_env(|env| {
+        let (v, d, open) = three_backends_with_flows(env, 40000..40100);
+        for (c, _) in &open {
+            env.expect(&frames::tcp(*c, d, false, b"confirm"), XDP_TX, Reason::Tx);
+        }
+        env.update(|s| s.add_backend(&v, packet_lab::backend4(104).into(), 100).unwrap());
+        let moved: Vec<&(SocketAddr, IpAddr)> =
+            open.iter().filter(|(c, b)| env.predicted_backend(&v, &flow_key(*c, d, PROTO_TCP)) != *b).collect();
+        assert!(!moved.is_empty(), "the new backend moved no flow's Maglev choice");
+        for (c, backend) in moved {
+            let syn = frames::tcp(*c, d, true, &[]);
+            let out = env.expect(&syn, XDP_TX, Reason::Tx);
+            expect_encap(&out.frame, &syn, 14, *backend, None);
+            let data = frames::tcp(*c, d, false, b"still mine");
+            let out = env.expect(&data, XDP_TX, Reason::Tx);
+            expect_encap(&out.frame, &data, 14, *backend, None);
+        }
+    });
+}
+
 #[test]
 fn removed_backends_flows_are_rehashed_and_others_stay() {
     with_env(|env| {

@@ -91,10 +91,81 @@ fn a_full_table_of_confirmed_flows_forwards_new_ones_without_remembering_them() 
         for port in 1..=4 {
             assert!(env.pinned_backend(&flow_key(client(port), d, PROTO_TCP)).is_some(), "flow {port} lost its entry");
         }
-        // An unconfirmed entry does give way: flow 4 starts again (a SYN), then 6 arrives.
+        assert_eq!(env.balancer.maps.unremembered_flows().unwrap(), 2, "both of flow 5's packets found the table full");
+    });
+}
+
+#[test]
+fn an_unconfirmed_entry_gives_way_to_a_new_flow() {
+    let tiny = Capacity { flows: 2, ..CAPACITY };
+    with_env_sized(tiny, |env| {
+        env.add_vip(vip(&format!("{VIP}/tcp")), &[packet_lab::backend4(101).into()]);
+        let d = sock(VIP);
+        let client = |port: u16| sock(&format!("192.168.10.20:{port}"));
+        for port in 1..=3 {
+            env.expect(&frames::tcp(client(port), d, true, &[]), XDP_TX, Reason::Tx);
+            env.expect(&frames::tcp(client(port), d, false, &[]), XDP_TX, Reason::Tx);
+        }
+        // A SYN nobody followed up, then a new flow: it takes the SYN's way.
         env.expect(&frames::tcp(client(4), d, true, &[]), XDP_TX, Reason::Tx);
         env.expect(&frames::tcp(client(6), d, true, &[]), XDP_TX, Reason::Tx);
         assert!(env.pinned_backend(&flow_key(client(6), d, PROTO_TCP)).is_some());
         assert_eq!(env.pinned_backend(&flow_key(client(4), d, PROTO_TCP)), None);
+        assert_eq!(env.balancer.maps.unremembered_flows().unwrap(), 0);
+    });
+}
+
+/// Regression (hostile senders): a blind sender confirmed entries with spoofed SYN+ACK
+/// pairs, confirmed entries were never evicted, and packets of connections the full table
+/// could not remember were charged to the VIP's budget: a connection established after the
+/// flood lost 18 of its 20 packets. Now nothing but a new flow is charged, and a spoofed
+/// handshake holds its way only while its sender keeps sending on it.
+#[test]
+fn spoofed_handshakes_hold_entries_only_while_they_keep_sending() {
+    use spillway::model::{LimitConfig, RateSpec};
+    use spillway_common::limits::{FLOW_HOLD_TICKS, FLOW_TICK_SHIFT, FLOW_TOUCH_TICKS};
+    let tiny = Capacity { flows: 2, ..CAPACITY };
+    with_env_sized(tiny, |env| {
+        let v = vip(&format!("{VIP}/tcp"));
+        env.add_vip(v, &[packet_lab::backend4(101).into()]);
+        let d = sock(VIP);
+        let spoofed = |n: u16| sock(&format!("198.51.100.{n}:4000"));
+        for n in 1..=4 {
+            env.expect(&frames::tcp(spoofed(n), d, true, &[]), XDP_TX, Reason::Tx);
+            env.expect(&frames::tcp(spoofed(n), d, false, &[]), XDP_TX, Reason::Tx);
+        }
+        // A budget of one new flow a second, spent by the next SYN.
+        env.update(|s| {
+            s.set_limits(Some(&v), LimitConfig { vip_budget: Some(RateSpec { per_s: 1, burst: 0 }), ..LimitConfig::default() }).unwrap()
+        });
+        let honest = sock("192.168.10.20:5000");
+        env.expect(&frames::tcp(honest, d, true, &[]), XDP_TX, Reason::Tx);
+        for i in 0..20 {
+            let out = env.run(&frames::tcp(honest, d, false, format!("segment {i}").as_bytes()));
+            assert_eq!(out.action, XDP_TX, "packet {i} of a connection the full table could not remember");
+        }
+        assert_eq!(env.reasons()[Reason::DropVipBudget as usize], 0, "a packet past the handshake was charged to the budget");
+        assert_eq!(env.pinned_backend(&flow_key(honest, d, PROTO_TCP)), None);
+        assert!(env.balancer.maps.unremembered_flows().unwrap() >= 1, "the full table was not counted");
+        env.update(|s| s.clear_limits(Some(&v)).unwrap());
+
+        // The sender keeps paying for two entries only (a packet after the touch interval,
+        // before the hold), and a new flow then takes the way of one it stopped paying for.
+        let tick = |ticks: u32| std::time::Duration::from_nanos(u64::from(ticks) << FLOW_TICK_SHIFT);
+        std::thread::sleep(tick(FLOW_TOUCH_TICKS) + std::time::Duration::from_millis(200));
+        for n in 1..=2 {
+            env.expect(&frames::tcp(spoofed(n), d, false, b"paying"), XDP_TX, Reason::Tx);
+        }
+        std::thread::sleep(tick(FLOW_HOLD_TICKS - FLOW_TOUCH_TICKS) + std::time::Duration::from_millis(300));
+        let newcomers = [sock("192.168.10.20:5001"), sock("192.168.10.20:5002"), sock("192.168.10.20:5003")];
+        for c in newcomers {
+            env.expect(&frames::tcp(c, d, true, &[]), XDP_TX, Reason::Tx);
+            env.expect(&frames::tcp(c, d, false, &[]), XDP_TX, Reason::Tx);
+        }
+        let held = |c| env.pinned_backend(&flow_key(c, d, PROTO_TCP)).is_some();
+        assert!(held(spoofed(1)) && held(spoofed(2)), "entries their sender kept paying for");
+        assert!(!held(spoofed(3)) && !held(spoofed(4)), "entries idle past the hold");
+        assert!(held(newcomers[0]) && held(newcomers[1]), "new flows took the stale ways");
+        assert!(!held(newcomers[2]), "the third found every way held again (and its sender's entries were younger than the hold)");
     });
 }

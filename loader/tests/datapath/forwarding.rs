@@ -91,8 +91,8 @@ fn any_port_vip_takes_every_port_but_exact_vip_wins() {
         let f = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), true, &[]);
         let out = env.expect(&f, XDP_TX, Reason::Tx);
         expect_encap(&out.frame, &f, 14, packet_lab::backend4(102).into(), None);
-        // UDP to the TCP any-port VIP is not ours.
-        env.expect(&frames::udp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), b"x"), XDP_PASS, Reason::PassNotVip);
+        // UDP to the TCP any-port VIP's address is served by no VIP.
+        env.expect(&frames::udp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), b"x"), XDP_DROP, Reason::DropNoService);
     });
 }
 

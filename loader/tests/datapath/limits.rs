@@ -166,3 +166,39 @@ fn a_syn_reusing_a_known_tuple_is_still_limited() {
         env.expect(&ack, XDP_TX, Reason::Tx);
     });
 }
+
+/// Regression (hostile senders): with a block and a VIP change behind it, 111 of 200 ACKs
+/// from blocked sources (no table entry) were forwarded through second chance, and ICMP
+/// errors were never checked. A block drops every packet from its prefix that has no entry;
+/// a connection that had one before the block keeps flowing.
+#[test]
+fn a_block_drops_every_packet_without_an_entry_second_chance_or_icmp() {
+    with_vip(|env| {
+        env.reconciler.set_second_chance_settle(std::time::Duration::ZERO);
+        let v = vip(&format!("{VIP}/tcp"));
+        let d = sock(VIP);
+        let before_block = sock("198.18.0.1:1000");
+        env.expect(&frames::tcp(before_block, d, true, &[]), XDP_TX, Reason::Tx);
+        env.expect(&frames::tcp(before_block, d, false, b"hello"), XDP_TX, Reason::Tx);
+        env.update(|s| {
+            s.add_backend(&v, packet_lab::backend4(104).into(), 100).unwrap();
+            s.set_rule(rule("198.18.0.0/15", None), RuleConfig { action: RuleAction::Block, observe: false }).unwrap();
+        });
+        let second_chance = env.balancer.maps.second_chance_packets().unwrap();
+        for i in 0..200u32 {
+            let src = sock(&format!("198.{}.{}.{}:{}", 18 + (i % 2), i / 256, i % 256, 2000 + i));
+            env.expect(&frames::tcp(src, d, false, b"ack"), XDP_DROP, Reason::DropRuleBlock);
+        }
+        assert_eq!(env.balancer.maps.second_chance_packets().unwrap(), second_chance, "a blocked packet went out with second chance");
+        let icmp = frames::icmp_frag_needed(ip("192.0.2.1"), d, sock("198.18.7.7:3000"), 1400);
+        env.expect(&icmp, XDP_DROP, Reason::DropRuleBlock);
+        // What had an entry before the block goes on: its packets and ICMP errors about it.
+        env.expect(&frames::tcp(before_block, d, false, b"more"), XDP_TX, Reason::Tx);
+        env.expect(&frames::icmp_frag_needed(ip("192.0.2.1"), d, before_block, 1400), XDP_TX, Reason::Tx);
+        // Observe mode counts and lets through.
+        env.update(|s| s.set_rule(rule("198.18.0.0/15", None), RuleConfig { action: RuleAction::Block, observe: true }).unwrap());
+        assert_eq!(env.run(&frames::tcp(sock("198.18.9.9:4000"), d, false, b"ack")).action, XDP_TX);
+        let observed = env.balancer.maps.observed().unwrap();
+        assert_eq!(observed.iter().find(|(o, _)| *o == Observed::RuleBlock).unwrap().1, 1);
+    });
+}

@@ -1,5 +1,8 @@
-//! Overload protection for new flows (connection-table misses; established flows are never
-//! shed): operator rules, per-source buckets, the VIP's budget, each optionally observe-only.
+//! Overload protection for new flows (a SYN, or a UDP packet without a connection-table
+//! entry; established flows are never shed): operator rules, per-source buckets, the VIP's
+//! budget, each optionally observe-only. Other packets without an entry (a TCP connection
+//! that began elsewhere, an ICMP error about one) are charged to nothing, whether the table
+//! is full or not; only blocks drop them.
 //!
 //! The source table also feeds `lbctl top-sources`. A flow needs a source bucket only when
 //! its VIP has a per-source limit and no rule matched it; other new flows only touch the
@@ -40,11 +43,19 @@ use xdp_ebpf::atomic::add_u64;
 use crate::maps::{BUDGET, LIMITS, OBSERVED, RULE_BUCKETS, RULE_COUNTERS, RULE_LENS, RULES, SOURCES, default_limit_slot};
 use crate::select::Vip;
 
-/// Decides whether a new flow to `vip` may be created; `Err` carries the drop reason.
+/// Decides whether a packet without a table entry to `vip` may pass; `Err` carries the drop
+/// reason. A `new_flow` goes through every limit; any other packet only through a block
+/// (the rule's counters and observe mode apply; no bucket is charged).
 #[inline(always)]
-pub fn admit_new_flow(key: &FlowKey, vip: &Vip, now: u64) -> Result<(), Reason> {
-    let limits = effective_limits(vip.id);
+pub fn admit(key: &FlowKey, vip: &Vip, now: u64, new_flow: bool) -> Result<(), Reason> {
     let rule = matching_rule(key, vip);
+    if !new_flow {
+        return match rule {
+            Some(rule) if rule.action == RULE_BLOCK => apply_rule(rule, now),
+            _ => Ok(()),
+        };
+    }
+    let limits = effective_limits(vip.id);
     // Rules replace the per-source limit for the sources they match. A flow the per-source
     // limit applies to (enforced or observed) needs its source's bucket; any other only
     // feeds `top-sources`: a random sample updates the table, each counting for the flows it
@@ -63,12 +74,15 @@ pub fn admit_new_flow(key: &FlowKey, vip: &Vip, now: u64) -> Result<(), Reason> 
             (SOURCE_SAMPLE_UNLIMITED as u64, 0)
         }
     };
+    // The source's entry and what this flow counts for in it, decided before the limits so
+    // that fewer values live across them.
     let source = if weight != 0 { source_state(key, vip.id, limits, new_weight != 0) } else { None };
+    let source = source.map(|(s, created)| (s, if created { new_weight } else { weight }));
     let verdict = decide(vip.id, limits, rule, per_source.and(source.map(|(s, _)| s)), now);
-    if let Some((source, created)) = source {
+    if let Some((source, count)) = source {
         // SAFETY: a live map value; shared by CPUs, hence atomic adds.
         let counter = unsafe { if verdict.is_ok() { &mut (*source).admitted } else { &mut (*source).dropped } };
-        add(counter, if created { new_weight } else { weight });
+        add(counter, count);
     }
     verdict
 }
@@ -255,7 +269,7 @@ fn rule_slot(key: &FlowKey, scope: u32, len: u8) -> Option<u32> {
                 && read_volatile(addr_of!((*k).scope)) == scope
                 && read_volatile(addr_of!((*k).prefix_len)) == len
                 && read_volatile(addr_of!((*k)._pad)) == [0; 2]
-                && read_volatile(addr_of!((*k).addr)) == addr
+                && (0..4).all(|w| read_volatile(addr_of!((*k).addr[w])) == addr[w])
             {
                 return Some(index);
             }

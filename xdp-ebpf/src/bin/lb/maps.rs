@@ -139,6 +139,10 @@ pub static V6_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[map(name = "spw_second_ch")]
 pub static SECOND_CHANCE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// New flows forwarded without an entry because every candidate way was held (`select.rs`).
+#[map(name = "spw_flows_full")]
+pub static FLOWS_UNREMEMBERED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 /// Slot 0: the second-chance program (`spillway_lb_second`), which the balancer tail-calls.
 #[map(name = "spw_second_prog")]
 pub static SECOND_CHANCE_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);

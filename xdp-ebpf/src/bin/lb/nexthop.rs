@@ -85,16 +85,14 @@ extern "C" fn spillway_next_hop(ctx: *mut xdp_md, id_len: u64, be: *const Backen
         NextHop::NoRoute => return NO_ROUTE,
     };
     let mtu = fib::device_mtu(&ctx, ifindex);
-    // SAFETY: a per-CPU slot; nothing else writes it while we run.
-    unsafe {
-        *slot = CachedNextHop {
-            expires_ns: mtu.map_or(0, |_| now + NEXTHOP_CACHE_TTL_NS),
-            ifindex,
-            generation: be.generation,
-            mtu: mtu.unwrap_or(0),
-            src_mac: macs.src,
-            dst_mac: macs.dst,
-        };
-    }
+    // SAFETY: a per-CPU slot; nothing else writes it while we run. Field by field: a whole
+    // value would be built on this frame first, and the chain's stack has no room for it.
+    let slot: &mut CachedNextHop = unsafe { &mut *slot };
+    slot.expires_ns = mtu.map_or(0, |_| now + NEXTHOP_CACHE_TTL_NS);
+    slot.ifindex = ifindex;
+    slot.generation = be.generation;
+    slot.mtu = mtu.unwrap_or(0);
+    slot.src_mac = macs.src;
+    slot.dst_mac = macs.dst;
     RESOLVED
 }

@@ -9,9 +9,9 @@ use aya_ebpf::{
 use core::ptr::{addr_of, read_volatile};
 
 use spillway_common::{
-    hash::{FLOW_SEED, flow_hash, vip_addr_hash, vip_filter_slot, vip_home},
+    hash::{flow_hash, vip_addr_hash, vip_filter_slot, vip_home},
     limits::VIP_PROBES,
-    types::{BackendInfo, CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VipKey},
+    types::{AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VipKey},
 };
 use xdp_ebpf::{
     encap::{self, Macs, Tunnel},
@@ -27,7 +27,8 @@ use crate::{
     nexthop,
     second_chance::{self, Handover},
     select,
-    select::{Choice, Flow, Vip},
+    select::{Choice, Flow, Remembered, Vip},
+    stats,
 };
 
 /// The stages of the path, in order. The balancer runs them all; the bench-only object
@@ -82,7 +83,7 @@ pub struct Verdict {
     /// The VIP it was for and the backend it was sent to (their traffic counters).
     pub vip: Option<u32>,
     pub backend: Option<u32>,
-    pub bytes: usize,
+    pub bytes: u32,
     /// A new flow was placed on a backend (counted as a new flow of both).
     pub new_flow: bool,
     /// Sent with a second candidate (`second_chance.rs`).
@@ -104,7 +105,7 @@ pub fn balance<const STOP: u8, const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
         Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
         Parsed::NotIp => return Verdict::ended(XDP_PASS, Reason::PassNotIp),
         Parsed::Malformed => return Verdict::ended(XDP_PASS, Reason::PassMalformed),
-        Parsed::Other => return Verdict::ended(XDP_PASS, Reason::PassNotVip),
+        Parsed::Other(addr) => return not_served(&addr.addr, addr.family, Reason::DropNoService),
         Parsed::OtherFamily => {
             if FAMILY == FAMILY_V4 {
                 family::hand_over_v6(ctx);
@@ -113,13 +114,7 @@ pub fn balance<const STOP: u8, const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
             // balancer): the kernel gets the frame, as it gets every frame for no VIP.
             return Verdict::ended(XDP_PASS, Reason::PassNotVip);
         }
-        Parsed::Fragment(addr) => {
-            return if VIP_ADDRS.get_ptr(&addr).is_some() {
-                Verdict::ended(XDP_DROP, Reason::DropFragment)
-            } else {
-                Verdict::ended(XDP_PASS, Reason::PassNotVip)
-            };
-        }
+        Parsed::Fragment(addr) => return not_served(&addr.addr, addr.family, Reason::DropFragment),
     };
     cut!(STOP, PARSE, &key, &layout, &icmp_error, &syn);
     let addr_hash = vip_addr_hash(&key.dst);
@@ -130,23 +125,23 @@ pub fn balance<const STOP: u8, const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
     let Some(cfg) = CONFIG.get(0) else {
         return Verdict::ended(XDP_PASS, Reason::PassNotVip);
     };
-    let bytes = packet::len(ctx);
+    let bytes = packet::len(ctx) as u32;
     // Coarse (tick-resolution) time is enough for second-scale timeouts and costs no
     // clocksource read.
     let now_ns = unsafe { bpf_ktime_get_coarse_ns() };
     let now = select::ticks(now_ns);
     cut!(STOP, FILTER, &now_ns, cfg);
     let Some(vip) = find_vip(&key, addr_hash) else {
-        return Verdict::ended(XDP_PASS, Reason::PassNotVip);
+        return not_served(&key.dst, key.family, Reason::DropNoService);
     };
     cut!(STOP, VIP, &vip);
+    // The table's buckets and the outer header's entropy hash with this host's secret seed,
+    // so nobody outside can aim at buckets; a changed fleet seed moves no entry. Only a
+    // packet of the flow itself (no SYN, no ICMP error about it) confirms and refreshes.
+    let flow = Flow::new(&key, vip.id, flow_hash(&key, cfg.table_seed));
     // A SYN is a new connection even on a known tuple (a client reusing a port after a
-    // reset), so it skips the table: it always goes through the limits and is placed afresh
-    // (the tuple's old backend may have been ejected or drained since; a retransmitted SYN
-    // lands on the same backend as the first while the table is unchanged).
-    // The table's buckets and the outer header's entropy always hash with FLOW_SEED, so a
-    // changed fleet seed moves no entry.
-    let flow = Flow::new(&key, vip.id, flow_hash(&key, FLOW_SEED));
+    // reset), so it skips the lookup and goes through the limits; its insert then finds the
+    // tuple's entry, and keeps it if it is live.
     let known = if syn { None } else { select::established(&flow, now, cfg, !icmp_error) };
     cut!(STOP, TABLE, &known);
     let (choice, new_flow) = match known {
@@ -161,42 +156,69 @@ pub fn balance<const STOP: u8, const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
                 new_flow: false,
                 second_chance: false,
             };
-            // Maglev hashes with the fleet's seed: by default the same hash.
-            let hash = if cfg.flow_seed == FLOW_SEED { flow.hash() } else { flow_hash(&key, cfg.flow_seed) };
-            // A TCP packet past the handshake without an entry began elsewhere: if the
-            // VIP's last change moved its slot, it may belong to either backend.
-            let moved = !syn && !icmp_error && key.proto == PROTO_TCP;
-            if moved && let Some((first, second)) = second_chance::candidates(&vip, hash) {
+            // A TCP packet past the handshake without an entry began elsewhere, and an ICMP
+            // error belongs to an existing flow: neither is a new flow, so neither is
+            // charged to a limit (a flood of them buys nothing honest traffic then lacks);
+            // only a block drops them.
+            let midstream = !syn && key.proto == PROTO_TCP;
+            let admitted = limits::admit(&key, &vip, now_ns, !midstream && !icmp_error);
+            cut!(STOP, LIMITS, &admitted);
+            if let Err(reason) = admitted {
+                return refused(reason);
+            }
+            // Maglev hashes with the fleet's seed.
+            let hash = flow_hash(&key, cfg.flow_seed);
+            // If the VIP's last change moved the slot of a connection that began elsewhere,
+            // it may belong to either backend.
+            if midstream
+                && !icmp_error
+                && let Some((first, second)) = second_chance::candidates(&vip, hash)
+            {
                 second_chance::hand_over(ctx, Handover { vip_id: vip.id, first, second, flow_hash: flow.hash() });
             }
-            // ICMP errors belong to an existing flow: they are never limited.
-            if !icmp_error {
-                let admitted = limits::admit_new_flow(&key, &vip, now_ns);
-                cut!(STOP, LIMITS, &admitted);
-                if let Err(reason) = admitted {
-                    return refused(reason);
-                }
-            }
-            let Some(id) = select::maglev_slot(vip.ring, hash) else {
+            let Some(mut id) = select::maglev_slot(vip.ring, hash) else {
                 return refused(Reason::DropNoBackend);
             };
             cut!(STOP, SLOT, &id);
-            let Some(backend) = select::active_backend(id) else {
+            let Some(mut backend) = select::active_backend(id) else {
                 return refused(Reason::DropNoBackend);
             };
             cut!(STOP, BACKEND, &backend);
             // ICMP errors read the table but never create entries.
             if !icmp_error {
-                select::remember(&flow, id, &backend, now, cfg);
+                match select::remember(&flow, id, &backend, now, cfg) {
+                    Remembered::Placed => {}
+                    Remembered::Full => stats::unremembered(),
+                    // A SYN on a tuple whose entry is live goes where the entry says (an
+                    // off-path sender's SYN must not move a connection).
+                    Remembered::Kept(kept, b) => (id, backend) = (kept, *b),
+                }
             }
             cut!(STOP, INSERT);
             (Choice { id, backend, hash: flow.hash() }, !icmp_error)
         }
     };
     let (action, reason) = forward::<STOP>(ctx, &key, &layout, &choice, None, cfg, now_ns);
-    let sent = is_sent(reason);
-    let backend = sent.then_some(choice.id);
+    let backend = is_sent(reason).then_some(choice.id);
     Verdict { action, reason, vip: Some(vip.id), backend, bytes, new_flow, second_chance: false }
+}
+
+/// A packet to `addr` that no VIP serves: dropped as `reason` when the address is a VIP's
+/// (the balancer does not own it, so the kernel would route the packet back to the router
+/// that sent it here, and the router here again), passed otherwise.
+#[inline(always)]
+fn not_served(addr: &[u32; 4], family: u8, reason: Reason) -> Verdict {
+    if maybe_vip(vip_addr_hash(addr)) && is_vip_addr(addr, family) {
+        Verdict::ended(XDP_DROP, reason)
+    } else {
+        Verdict::ended(XDP_PASS, Reason::PassNotVip)
+    }
+}
+
+/// A subprogram of its own: its key lives in its frame, not in the balancer's.
+#[inline(never)]
+fn is_vip_addr(addr: &[u32; 4], family: u8) -> bool {
+    VIP_ADDRS.get_ptr(&AddrKey { addr: *addr, family, _pad: [0; 3] }).is_some()
 }
 
 /// The packet left towards its backend (from here or through the kernel).

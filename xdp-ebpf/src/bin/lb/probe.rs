@@ -21,7 +21,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use spillway_common::{
-    hash::{FLOW_SEED, flow_hash},
+    hash::flow_hash,
     limits::Capacity,
     types::{
         BACKEND_ACTIVE, CFG_F_STATIC_NEXTHOP, FAMILY_V4, FAMILY_V6, FlowKey, PROBE_MARK_TAG_SHIFT, PROTO_TCP, PROTO_UDP, ProbeConfig,
@@ -95,7 +95,8 @@ fn encapsulate(ctx: &TcContext) -> (i32, ProbeReason, Option<u32>) {
     if !encap::supported(be.family, inner.key.family) {
         return drop(ProbeReason::DropEncapFailed, Some(id));
     }
-    let hash = flow_hash(&inner.key, FLOW_SEED);
+    // The data path's outer entropy: the same hash of the same 5-tuple.
+    let hash = flow_hash(&inner.key, cfg.table_seed);
     let tunnel = Tunnel {
         family: be.family,
         src: cfg.outer_source(be.family, hash),

@@ -31,7 +31,7 @@ pub fn send(ctx: &XdpContext) -> Verdict {
         return Verdict::ended(XDP_PASS, Reason::PassMalformed);
     };
     let handover = *handover;
-    let bytes = packet::len(ctx);
+    let bytes = packet::len(ctx) as u32;
     // Both were in use a moment ago; a change in between drops the packet as a VIP without
     // a backend would.
     let (Some(first), Some(second)) = (select::active_backend(handover.first), select::active_backend(handover.second)) else {

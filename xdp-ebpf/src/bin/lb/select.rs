@@ -7,20 +7,21 @@
 //! to one entry; a reader that sees the tag unchanged around its reads saw a whole entry.
 //!
 //! Flood-proof by construction: an insert takes the way already holding the flow, a free or
-//! expired way, or else the stalest *unconfirmed* one (no packet after its first). A
-//! confirmed flow is never evicted by an insert, so spoofed SYNs, however many, only churn
-//! each other; when all eight candidate ways hold live confirmed flows the new flow goes
-//! unremembered, and its next packet tries again (Maglev sends it to the same backend while
-//! the table holds).
+//! expired way, else the stalest *unconfirmed* one (no packet after its first), else the
+//! stalest confirmed one idle past `FLOW_HOLD_TICKS`. Spoofed SYNs, however many, only churn
+//! each other; a blind sender can confirm entries too (its second packet does), but holds
+//! one only while it keeps sending on it. When all eight candidate ways are held, the new
+//! flow goes unremembered (counted: `spw_flows_full`), and its next packet tries again
+//! (Maglev sends it to the same backend while the table holds).
 
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
 use spillway_common::{
     hash::flow_buckets,
-    limits::{FLOW_TICK_SHIFT, FLOW_TOUCH_TICKS, FLOW_WAYS},
+    limits::{FLOW_HOLD_TICKS, FLOW_TICK_SHIFT, FLOW_TOUCH_TICKS, FLOW_WAYS},
     types::{
-        BACKEND_ACTIVE, BackendInfo, FLOW_CONFIRMED, FLOW_TAG_BUSY, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowEntry, FlowKey, LbConfig, PROTO_UDP,
-        RingRef,
+        BACKEND_ACTIVE, BACKEND_F_NEW_FLOWS, BackendInfo, FLOW_CONFIRMED, FLOW_TAG_BUSY, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowEntry, FlowKey,
+        LbConfig, PROTO_UDP, RingRef,
     },
 };
 use xdp_ebpf::atomic::cmpxchg_u64;
@@ -86,16 +87,8 @@ pub fn ticks(now_ns: u64) -> u32 {
 /// error about it), which confirms the entry and keeps it fresh.
 #[inline(always)]
 pub fn established(flow: &Flow, now: u32, cfg: &LbConfig, refresh: bool) -> Option<Choice> {
-    let (entry, found) = find(flow)?;
-    let id = found.backend_id as u32;
-    let backend = *BACKENDS.get(id)?;
-    if backend.state != BACKEND_ACTIVE || backend.generation as u16 != found.generation {
-        return None;
-    }
-    let idle = now.wrapping_sub(found.touched) & TICK_MASK;
-    if expired(flow.tag, idle, cfg) {
-        return None;
-    }
+    let (entry, found, backend, idle) = live(flow, now, cfg)?;
+    let (id, backend) = (found.backend_id as u32, *backend);
     // Written rarely (confirmation, then about once a second), so a hit almost never
     // dirties a shared cache line.
     if refresh && (found.touched & FLOW_CONFIRMED == 0 || idle > FLOW_TOUCH_TICKS) {
@@ -103,6 +96,30 @@ pub fn established(flow: &Flow, now: u32, cfg: &LbConfig, refresh: bool) -> Opti
         unsafe { write_volatile(addr_of_mut!((*entry).touched), now | FLOW_CONFIRMED) };
     }
     Some(Choice { id, backend, hash: flow.hash })
+}
+
+/// The flow's entry, what it holds, its backend and how long it has been idle, if it is
+/// live (see [`valid`]).
+#[inline(always)]
+fn live(flow: &Flow, now: u32, cfg: &LbConfig) -> Option<(*mut FlowEntry, Found, &'static BackendInfo, u32)> {
+    let (entry, found) = find(flow)?;
+    let (backend, idle) = valid(&found, flow.tag, now, cfg)?;
+    Some((entry, found, backend, idle))
+}
+
+/// An entry's backend and idle time, if that backend is the one it was placed on and the
+/// entry has not expired.
+#[inline(always)]
+fn valid(found: &Found, tag: u64, now: u32, cfg: &LbConfig) -> Option<(&'static BackendInfo, u32)> {
+    let backend = BACKENDS.get(found.backend_id as u32)?;
+    if backend.state != BACKEND_ACTIVE || backend.generation as u16 != found.generation {
+        return None;
+    }
+    let idle = now.wrapping_sub(found.touched) & TICK_MASK;
+    if expired(tag, idle, cfg) {
+        return None;
+    }
+    Some((backend, idle))
 }
 
 /// The backend id a flow's (Maglev) hash selects in a VIP's Maglev table `ring`.
@@ -122,17 +139,33 @@ pub fn active_backend(id: u32) -> Option<BackendInfo> {
     BACKENDS.get(id).filter(|b| b.state == BACKEND_ACTIVE).copied()
 }
 
-/// Remembers a new flow's backend, unconfirmed (see the module docs for which way it takes).
+/// What [`remember`] did.
+pub enum Remembered {
+    /// The flow is in the table with the backend it was given (or another CPU's write won
+    /// the way).
+    Placed,
+    /// Every candidate way was held: the flow goes unremembered.
+    Full,
+    /// The flow's own entry is live (a SYN on a known tuple): kept, with this backend.
+    Kept(u32, &'static BackendInfo),
+}
+
+/// Remembers a new flow's backend, unconfirmed (see the module docs for which way it takes),
+/// unless the flow's own entry is live.
 #[inline(always)]
-pub fn remember(flow: &Flow, id: u32, backend: &BackendInfo, now: u32, cfg: &LbConfig) {
-    let Some((entry, seen)) = victim(flow, now, cfg) else {
-        return;
+pub fn remember(flow: &Flow, id: u32, backend: &BackendInfo, now: u32, cfg: &LbConfig) -> Remembered {
+    let Some((entry, seen, own)) = victim(flow, now, cfg) else {
+        return Remembered::Full;
     };
+    if own && let Some((id, backend)) = live_backend(entry, seen, now, cfg) {
+        return Remembered::Kept(id, backend);
+    }
     // SAFETY: `entry` is a live map value; only the CPU whose compare-and-swap succeeds
     // writes it until it publishes the tag.
     unsafe {
+        // Lost to another CPU taking the way: not a full table.
         if cmpxchg_u64(addr_of_mut!((*entry).tag), seen, FLOW_TAG_BUSY) != seen {
-            return;
+            return Remembered::Placed;
         }
         write_volatile(addr_of_mut!((*entry).src).cast::<[u64; 2]>(), flow.src);
         write_volatile(addr_of_mut!((*entry).backend_id), id as u16);
@@ -140,6 +173,23 @@ pub fn remember(flow: &Flow, id: u32, backend: &BackendInfo, now: u32, cfg: &LbC
         write_volatile(addr_of_mut!((*entry).touched), now);
         write_volatile(addr_of_mut!((*entry).tag), flow.tag);
     }
+    Remembered::Placed
+}
+
+/// The backend of `entry` (holding tag `tag` when found) if the entry is live (its backend
+/// the one it was placed on, and not expired) and that backend still takes new flows.
+#[inline(always)]
+fn live_backend(entry: *mut FlowEntry, tag: u64, now: u32, cfg: &LbConfig) -> Option<(u32, &'static BackendInfo)> {
+    // SAFETY: a live map value, read as `find_in` reads it.
+    let found = unsafe {
+        Found {
+            backend_id: read_volatile(addr_of!((*entry).backend_id)),
+            generation: read_volatile(addr_of!((*entry).generation)),
+            touched: read_volatile(addr_of!((*entry).touched)),
+        }
+    };
+    let (backend, _) = valid(&found, tag, now, cfg)?;
+    (backend.flags & BACKEND_F_NEW_FLOWS != 0).then_some((found.backend_id as u32, backend))
 }
 
 /// What a lookup read from an entry.
@@ -196,11 +246,11 @@ const ROOMY: u32 = 3;
 
 /// The way a new flow takes, and the tag it holds now (for the compare-and-swap). Best
 /// first: the flow's own entry; a free way of the first bucket while it is roomy, else of
-/// the emptier of the two; an expired way; the unconfirmed one idle longest. Never a
-/// confirmed live flow, nor a way another CPU is writing. (A stale copy of the flow left in
+/// the emptier of the two; an expired way; the unconfirmed one idle longest; the confirmed
+/// one idle longest past the hold. Never a way another CPU is writing. (A stale copy of the flow left in
 /// the second bucket is harmless: lookups try the first bucket first.)
 #[inline(always)]
-fn victim(flow: &Flow, now: u32, cfg: &LbConfig) -> Option<(*mut FlowEntry, u64)> {
+fn victim(flow: &Flow, now: u32, cfg: &LbConfig) -> Option<(*mut FlowEntry, u64, bool)> {
     let (first, second) = flow.buckets;
     // Passes rather than one loop remembering ways: counts are all that cross from one pass
     // to the next, which keeps the verifier's states few enough to prune.
@@ -216,7 +266,7 @@ fn victim(flow: &Flow, now: u32, cfg: &LbConfig) -> Option<(*mut FlowEntry, u64)
                 let entry = addr_of_mut!((*bucket).ways[way]);
                 let tag = read_volatile(addr_of!((*entry).tag));
                 if tag == flow.tag && read_volatile(addr_of!((*entry).src).cast::<[u64; 2]>()) == flow.src {
-                    return Some((entry, tag));
+                    return Some((entry, tag, true));
                 }
                 if tag & (FLOW_TAG_LIVE | FLOW_TAG_BUSY) == 0 {
                     free[b] += 1;
@@ -232,7 +282,7 @@ fn victim(flow: &Flow, now: u32, cfg: &LbConfig) -> Option<(*mut FlowEntry, u64)
                 let entry = addr_of_mut!((*bucket).ways[way]);
                 let tag = read_volatile(addr_of!((*entry).tag));
                 if tag & (FLOW_TAG_LIVE | FLOW_TAG_BUSY) == 0 {
-                    return Some((entry, tag));
+                    return Some((entry, tag, false));
                 }
             }
         }
@@ -255,8 +305,11 @@ fn victim(flow: &Flow, now: u32, cfg: &LbConfig) -> Option<(*mut FlowEntry, u64)
                 } else if expired(tag, idle, cfg) {
                     EXPIRED
                 } else if touched & FLOW_CONFIRMED == 0 {
-                    // +1: even an unconfirmed entry touched this tick may go.
-                    idle as u64 + 1
+                    // Above every confirmed score (idle < 2^31); +1: even an unconfirmed
+                    // entry touched this tick may go.
+                    (1 << 32) + idle as u64 + 1
+                } else if idle > FLOW_HOLD_TICKS {
+                    (idle - FLOW_HOLD_TICKS) as u64
                 } else {
                     0
                 };
@@ -264,7 +317,7 @@ fn victim(flow: &Flow, now: u32, cfg: &LbConfig) -> Option<(*mut FlowEntry, u64)
             };
             if score > best_score {
                 best_score = score;
-                best = Some((entry, tag));
+                best = Some((entry, tag, false));
             }
         }
     }

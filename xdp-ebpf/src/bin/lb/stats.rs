@@ -3,7 +3,7 @@
 use spillway_common::types::Traffic;
 
 use crate::{
-    maps::{BACKEND_STATS, REASONS, SECOND_CHANCE, VIP_STATS},
+    maps::{BACKEND_STATS, FLOWS_UNREMEMBERED, REASONS, SECOND_CHANCE, VIP_STATS},
     path::Verdict,
 };
 
@@ -27,6 +27,15 @@ pub fn count(verdict: &Verdict) {
     if verdict.second_chance
         && let Some(n) = SECOND_CHANCE.get_ptr_mut(0)
     {
+        // SAFETY: per-CPU slot, no other writer on this CPU while we run.
+        unsafe { *n += 1 };
+    }
+}
+
+/// Counts a new flow the full connection table could not remember.
+#[inline(always)]
+pub fn unremembered() {
+    if let Some(n) = FLOWS_UNREMEMBERED.get_ptr_mut(0) {
         // SAFETY: per-CPU slot, no other writer on this CPU while we run.
         unsafe { *n += 1 };
     }
