@@ -64,8 +64,8 @@ fn losing_a_balancer_then_adding_one_breaks_no_established_connection() {
     println!("lb1 saw {requests_on_lb1} packets of requests, lb2 {}", support::vip_packets(lb2, &http_vip()));
     assert!(requests_on_lb1 > 0, "the requests must be spread over both balancers");
 
-    // lb1 dies: its link first (no FIN leaves, the router notices by its hold timer), then
-    // its lbd and BIRD.
+    // lb1 dies: its link first (no FIN leaves, the router notices by BFD), then its lbd and
+    // BIRD.
     let killed_at = load.elapsed();
     lb1.set_link(false).unwrap();
     lb1.stop_lbd(Signal::SIGKILL).unwrap();
