@@ -3,7 +3,7 @@
 //!
 //! Each bidirectional stream's request (read to its end, at most 64 KiB) comes back after a
 //! line naming the server: `server_id=<hex> name=<name>`. TLS uses a fresh self-signed
-//! certificate for `localhost` (ALPN `spillway-echo`); `--cert-out` writes it (DER) for
+//! certificate for `localhost` (ALPN `spillway-quic-echo`); `--cert-out` writes it (DER) for
 //! `echo-client --ca`.
 //!
 //! ```text

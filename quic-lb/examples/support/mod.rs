@@ -9,7 +9,7 @@ use quinn::rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer};
 use spillway_quic_lb::QuicLbGenerator;
 
 /// The ALPN both examples speak.
-pub const ALPN: &[u8] = b"spillway-echo";
+pub const ALPN: &[u8] = b"spillway-quic-echo";
 /// The name the self-signed certificate is for.
 pub const SERVER_NAME: &str = "localhost";
 const MAX_REQUEST: usize = 64 * 1024;
