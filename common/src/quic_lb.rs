@@ -162,7 +162,7 @@ impl ServerId {
     }
 }
 
-/// Hex, two digits an octet (as `lbctl` and the servers' command lines write it).
+/// Hex, two digits an octet, as command lines write a server id.
 impl core::str::FromStr for ServerId {
     type Err = ConfigError;
 
@@ -231,7 +231,7 @@ pub fn decode_server_id(cid: &[u8], cfg: &QuicLbConfig) -> Result<ServerId, CidE
     if cfg.flags & QUIC_LB_F_SELF_LEN != 0 {
         // §4.1: the self-described length must be large enough for this config to decode.
         let encoded = cid.first().map_or(0, |f| f & FIRST_OCTET_LEN_MASK);
-        let plaintext = (need - 1) as u8;
+        let plaintext = (need - 1).min(u8::MAX as usize) as u8;
         if encoded < plaintext {
             return Err(CidError::LengthMismatch { encoded, need: plaintext });
         }

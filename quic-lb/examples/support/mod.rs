@@ -15,6 +15,12 @@ pub const SERVER_NAME: &str = "localhost";
 const MAX_REQUEST: usize = 64 * 1024;
 const MAX_REPLY: usize = 128 * 1024;
 
+/// ring, named rather than left to rustls's process default, which is ambiguous when another
+/// crate of the build enables a second provider.
+fn provider() -> Arc<quinn::rustls::crypto::CryptoProvider> {
+    Arc::new(quinn::rustls::crypto::ring::default_provider())
+}
+
 /// A server endpoint on `socket` that issues `generator`'s connection ids, with a fresh
 /// self-signed certificate (returned, DER, for clients to trust).
 pub fn server_endpoint(socket: UdpSocket, generator: QuicLbGenerator) -> Result<(quinn::Endpoint, CertificateDer<'static>)> {
@@ -77,7 +83,10 @@ pub fn client_endpoint(remote: SocketAddr, certs: Vec<CertificateDer<'static>>) 
     for cert in certs {
         roots.add(cert)?;
     }
-    let mut tls = quinn::rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+    let mut tls = quinn::rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let client = quinn::ClientConfig::new(Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(tls)?));
     let mut endpoint = quinn::Endpoint::new(quinn::EndpointConfig::default(), None, local_socket(remote)?, Arc::new(quinn::TokioRuntime))?;
