@@ -2,7 +2,8 @@
 //!
 //! Everything in [`types`] is `#[repr(C)]` and laid out identically on both sides of the
 //! kernel boundary; [`hash`] is the one flow hash both sides compute. The Maglev table
-//! builder ([`maglev`]) only runs in userspace and needs the `user` feature.
+//! builder ([`maglev`]) only runs in userspace and needs the `user` feature. [`quic_lb`] is
+//! the QUIC-LB connection-id encoding the servers write and the data path will read.
 #![no_std]
 
 #[cfg(feature = "user")]
@@ -13,6 +14,7 @@ extern crate std;
 pub mod hash;
 pub mod limits;
 pub mod prefix;
+pub mod quic_lb;
 pub mod types;
 
 #[cfg(feature = "user")]

@@ -1,0 +1,78 @@
+//! On the wire: every packet a client sends once it has the server's connection ids carries
+//! one that decodes to the server's id, before and after the client's port changes. A relay
+//! on loopback between the two records what the client sends.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use spillway_common::quic_lb::decode_server_id;
+use spillway_quic_lb::{QuicLbConfig, QuicLbGenerator, ServerId};
+
+#[path = "../examples/support/mod.rs"]
+mod support;
+
+/// The destination connection id of the first packet of a datagram, and whether it is a
+/// short header (RFC 9000 §17.2, §17.3; the short header's DCID has the length the server's
+/// ids have). Client Initials are None: their first DCID is the client's own random one.
+fn dcid(datagram: &[u8], short_len: usize) -> Option<(bool, &[u8])> {
+    let first = *datagram.first()?;
+    if first & 0x80 == 0 {
+        return Some((true, datagram.get(1..1 + short_len)?));
+    }
+    let long_type = (first >> 4) & 0x3;
+    let len = *datagram.get(5)? as usize;
+    (long_type != 0).then_some((false, datagram.get(6..6 + len)?))
+}
+
+/// Forwards datagrams between the client (whatever its port now) and `server`, recording
+/// the client's. Runs until aborted.
+async fn relay(front: tokio::net::UdpSocket, server: SocketAddr, seen: Arc<Mutex<Vec<Vec<u8>>>>) {
+    let back = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut client = None;
+    let (mut a, mut b) = (vec![0u8; 65536], vec![0u8; 65536]);
+    loop {
+        tokio::select! {
+            Ok((n, from)) = front.recv_from(&mut a) => {
+                client = Some(from);
+                seen.lock().unwrap().push(a[..n].to_vec());
+                let _ = back.send_to(&a[..n], server).await;
+            }
+            Ok(n) = back.recv(&mut b) => {
+                if let Some(to) = client {
+                    let _ = front.send_to(&b[..n], to).await;
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn client_packets_carry_the_server_id() {
+    let cfg = QuicLbConfig { config_id: 2, server_id_len: 3, nonce_len: 5, flags: 0 };
+    let sid: ServerId = "c4605e".parse().unwrap();
+    let (server, cert) =
+        support::server_endpoint(UdpSocket::bind("127.0.0.1:0").unwrap(), QuicLbGenerator::new(cfg, sid).unwrap()).unwrap();
+    let server_addr = server.local_addr().unwrap();
+    let serving = tokio::spawn(support::serve_echo(server, "server_id=c4605e\n".to_owned()));
+
+    let front = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let front_addr = front.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let relaying = tokio::spawn(relay(front, server_addr, seen.clone()));
+
+    let client = support::client_endpoint(front_addr, vec![cert]).unwrap();
+    let exchange = support::exchange(&client, front_addr, b"ping", 3, true);
+    let replies = tokio::time::timeout(Duration::from_secs(10), exchange).await.expect("no reply in 10 s").unwrap();
+    assert_eq!(replies, vec![b"server_id=c4605e\nping".to_vec(); 3]);
+    relaying.abort();
+    serving.abort();
+
+    let seen = seen.lock().unwrap();
+    let ids: Vec<(bool, &[u8])> = seen.iter().filter_map(|d| dcid(d, cfg.cid_len())).collect();
+    let short = ids.iter().filter(|(short, _)| *short).count();
+    assert!(short >= 3, "{short} short-header packets of {} datagrams", seen.len());
+    for (is_short, id) in ids {
+        assert_eq!(decode_server_id(id, &cfg), Ok(sid), "short header: {is_short}, dcid {id:02x?}");
+    }
+}
