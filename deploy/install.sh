@@ -54,12 +54,17 @@ done
 
 put 0644 "$src/deploy/spillway.toml" "$docdir/spillway.toml"
 put 0644 "$src/deploy/agent.toml" "$docdir/agent.toml"
-# An operator's configuration is never replaced.
+# An operator's configuration is never replaced. A new spillway.toml gets a random fleet
+# seed (root's alone: it is a secret) for the operator to copy to every balancer.
+seed=$(printf '0x%08x' "$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')")
+sed -e "s|^# flow_hash_seed = .*|flow_hash_seed = \"$seed\"   # random, from ./x install: copy it to every balancer, keep it secret|" \
+    "$src/deploy/spillway.toml" > "$tmp/spillway.toml"
+cp "$src/deploy/agent.toml" "$tmp/agent.toml"
 for file in spillway.toml agent.toml; do
     if [[ -e $destdir$sysconfdir/spillway/$file ]]; then
         echo "kept $sysconfdir/spillway/$file (the example is in $docdir)"
     else
-        put 0644 "$src/deploy/$file" "$sysconfdir/spillway/$file"
+        put 0600 "$tmp/$file" "$sysconfdir/spillway/$file"
     fi
 done
 

@@ -67,6 +67,8 @@ pub struct FakeMaps {
     pub rules: HashMap<RuleSlotKey, RuleValue>,
     /// The connection table, as a data path would leave it.
     pub flows: HashMap<FlowKey, FlowInfo>,
+    /// New flows the full table could not remember, as the data path counts them.
+    pub unremembered_flows: u64,
     /// Makes the next `write_slots` fail, to exercise rollback.
     pub fail_next_write: bool,
     /// Makes the next `set_rule` fail, to exercise rollback.
@@ -263,6 +265,9 @@ impl Counters for FakeMaps {
     }
     fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
         Ok(3)
+    }
+    fn unremembered_flows(&self) -> Result<u64, DataplaneError> {
+        Ok(self.unremembered_flows)
     }
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError> {
         Ok(self.sources.iter().filter(|(k, _)| k.vip_id == vip_id).map(|(k, v)| (*k, *v)).collect())

@@ -56,8 +56,9 @@ fn installs_into_a_prefix_and_the_units_verify() {
         ("bin/lbctl", 0o755),
         ("lib/systemd/system/spillway.service", 0o644),
         ("lib/systemd/system/spillway-agent.service", 0o644),
-        ("etc/spillway/spillway.toml", 0o644),
-        ("etc/spillway/agent.toml", 0o644),
+        // The balancer's file holds the fleet's secret seed.
+        ("etc/spillway/spillway.toml", 0o600),
+        ("etc/spillway/agent.toml", 0o600),
         ("share/doc/spillway/spillway.toml", 0o644),
         ("share/bash-completion/completions/lbctl", 0o644),
         ("share/bash-completion/completions/lbd", 0o644),
@@ -109,6 +110,13 @@ fn installs_into_a_prefix_and_the_units_verify() {
     let config = Document::read(&p("etc/spillway/spillway.toml")).unwrap();
     config.desired_state().unwrap();
     assert_eq!(config.lbd().unwrap()["iface"].as_str(), Some("eth0"));
+    // A random fleet seed, never the public default, different on every install.
+    let seed = |dir: &Path| Document::read(&dir.join("etc/spillway/spillway.toml")).unwrap().lbd().unwrap()["flow_hash_seed"].clone();
+    let first = seed(&dir.0);
+    assert!(first.as_str().is_some_and(|s| s.starts_with("0x") && s.len() == 10 && s != "0x5370696c"), "{first:?}");
+    let other = Dir::new("install-seed");
+    install(&["--prefix", other.0.to_str().unwrap()]);
+    assert_ne!(seed(&other.0), first, "two installs wrote the same seed");
     let version = Command::new(p("bin/lbctl")).arg("--version").output().unwrap();
     assert!(String::from_utf8_lossy(&version.stdout).starts_with("lbctl "), "{}", text(&version));
 

@@ -379,6 +379,8 @@ impl Balancer {
             self.pin_dir.as_os_str(),
             "--health-slow-start-ms".as_ref(),
             "0".as_ref(),
+            "--flow-hash-seed".as_ref(),
+            FLEET_SEED.as_ref(),
             "--bird-socket".as_ref(),
             bird.as_os_str(),
             "--bird-include".as_ref(),
@@ -485,6 +487,10 @@ fn configure_router(router: &Netns) -> Result<()> {
     }
     Ok(())
 }
+
+/// The fleet's flow-hash seed (an announcing `lbd` refuses the public default; a test
+/// fleet's need not be secret).
+const FLEET_SEED: &str = "0x2f6c3a91";
 
 /// The BGP timers of every session: a dead peer is dropped after 3 s (without BFD), a
 /// session comes back within about a second of its peer (BIRD's defaults wait 5 s to

@@ -114,6 +114,9 @@ pub struct FlowTableSample {
     /// Seconds since the count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counted_s_ago: Option<u64>,
+    /// New flows forwarded without an entry because every way they could take was held.
+    #[serde(default)]
+    pub unremembered: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

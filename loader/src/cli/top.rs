@@ -376,7 +376,7 @@ mod tests {
             ],
             observed: Vec::new(),
             rules: Vec::new(),
-            flow_table: FlowTableSample { capacity: 1, entries: None, counted_s_ago: None },
+            flow_table: FlowTableSample { capacity: 1, entries: None, counted_s_ago: None, unremembered: 0 },
             maps: Vec::new(),
             daemon: DaemonSample::default(),
             second_chance_packets: 0,

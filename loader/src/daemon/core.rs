@@ -50,6 +50,8 @@ pub trait Counters: FlowTable {
     fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError>;
     /// Packets sent with a second candidate (second chance).
     fn second_chance_packets(&self) -> Result<u64, DataplaneError>;
+    /// New flows forwarded without an entry: the table was full where they hash.
+    fn unremembered_flows(&self) -> Result<u64, DataplaneError>;
     fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError>;
     /// The source table's entries of VIP id `vip_id`.
     fn sources(&self, vip_id: u32) -> Result<Vec<(SourceKey, SourceState)>, DataplaneError>;
@@ -81,6 +83,9 @@ impl Counters for BalancerMaps {
     }
     fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
         BalancerMaps::second_chance_packets(self)
+    }
+    fn unremembered_flows(&self) -> Result<u64, DataplaneError> {
+        BalancerMaps::unremembered_flows(self)
     }
     fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError> {
         BalancerMaps::rule_state(self, id)

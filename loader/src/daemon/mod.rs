@@ -24,7 +24,7 @@ use std::{
 
 use aya::{EbpfError, maps::MapError};
 use nix::sys::stat::{Mode, umask};
-use spillway_common::types::LbConfig;
+use spillway_common::{hash::FLOW_SEED, types::LbConfig};
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
     sync::Notify,
@@ -59,6 +59,12 @@ use crate::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
+    #[error(
+        "--flow-hash-seed (flow_hash_seed in the file) is the public default, and this balancer announces through BIRD: a fleet \
+         needs a secret seed, the same on every balancer (`./x install` writes a random one into spillway.toml; or \
+         printf '0x%08x\\n' $(od -An -N4 -tu4 /dev/urandom))"
+    )]
+    PublicFlowSeed,
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -105,6 +111,7 @@ pub enum DaemonError {
 pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, settings: RunningSettings) -> Result<(), DaemonError> {
     // Everything lbd creates (socket, state file, pin directories) is root's alone.
     umask(Mode::from_bits_truncate(0o077));
+    check_fleet_seed(args)?;
     let mut signals = Signals::install()?;
     // Read the state before touching the dataplane: a bad file must change nothing.
     let store = StateFile::open(&args.state_dir)?;
@@ -379,6 +386,7 @@ where
             if let Some(alert) = tx_alert {
                 core.set_tx_drops(alert);
             }
+            core.watch_flow_table();
         };
         if let Err(e) = tokio::task::spawn_blocking(update).await {
             event!(warn, "interface_check_failed", iface = iface, error = e);
@@ -425,6 +433,15 @@ pub fn host_facts(args: &DaemonArgs, iface: &str) -> Result<Host, DaemonError> {
     let addresses = netif::addresses()?;
     let (v4, v6) = outer_sources(args, iface, &addresses);
     Ok(Host { addresses, outer_v4: v4.is_some(), outer_v6: v6.is_some(), iface: iface.to_owned() })
+}
+
+/// A balancer that announces is one of a fleet: with the public default seed, anyone could
+/// compute which backend each flow gets (and aim at one).
+fn check_fleet_seed(args: &DaemonArgs) -> Result<(), DaemonError> {
+    if args.announce.bird_socket.is_some() && args.flow_hash_seed == FLOW_SEED {
+        return Err(DaemonError::PublicFlowSeed);
+    }
+    Ok(())
 }
 
 fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
@@ -701,6 +718,20 @@ mod tests {
 
     fn path() -> &'static Path {
         Path::new("/etc/spillway/spillway.toml")
+    }
+
+    #[test]
+    fn an_announcing_balancer_refuses_the_public_flow_seed() {
+        use clap::Parser;
+        let args = |extra: &[&str]| {
+            let argv = ["lbd", "--iface", "eth0"].into_iter().chain(extra.iter().copied());
+            super::args::LbdArgs::try_parse_from(argv).unwrap().daemon
+        };
+        let refused = check_fleet_seed(&args(&["--bird-socket", "/run/bird/bird.ctl"])).unwrap_err();
+        assert!(refused.to_string().contains("--flow-hash-seed (flow_hash_seed"), "{refused}");
+        check_fleet_seed(&args(&["--bird-socket", "/run/bird/bird.ctl", "--flow-hash-seed", "0x1234abcd"])).unwrap();
+        // Alone, a balancer's seed is nobody else's business.
+        check_fleet_seed(&args(&[])).unwrap();
     }
 
     #[test]

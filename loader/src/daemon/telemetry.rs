@@ -47,6 +47,17 @@ pub struct Telemetry {
     probes: BTreeMap<&'static str, u64>,
     agent_polls: BTreeMap<&'static str, u64>,
     pub flow_count: FlowCount,
+    pub table_full: TableFullAlert,
+}
+
+/// How often a full connection table is told at most.
+pub const TABLE_FULL_REPEAT: Duration = Duration::from_secs(60);
+
+/// The unremembered-flow count the last full-table ALERT told of, and when.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TableFullAlert {
+    pub reported: u64,
+    pub at: Option<Instant>,
 }
 
 impl Default for Telemetry {
@@ -61,6 +72,7 @@ impl Default for Telemetry {
             probes: BTreeMap::new(),
             agent_polls: BTreeMap::new(),
             flow_count: FlowCount::default(),
+            table_full: TableFullAlert::default(),
         }
     }
 }

@@ -183,6 +183,12 @@ fn own(f: &mut Families, s: &Sample) {
     }
     f.gauge("flow_table_max_entries", "Flows the connection table is sized for (max_flows; it has slots for twice as many).", None)
         .gauge(Labels::new(), s.flow_table.capacity as f64);
+    f.counter(
+        "flow_table_full",
+        "New flows forwarded without a connection-table entry: every way they could take was held (they keep their backend while the VIP's table is unchanged).",
+        None,
+    )
+    .counter(Labels::new(), s.flow_table.unremembered);
     let mut memory = f.gauge("map_memory", "Memory the kernel accounts to each of the balancer's maps.", Some(Unit::Bytes));
     for m in &s.maps {
         memory.gauge(vec![("map", m.map.clone())], m.bytes as f64);

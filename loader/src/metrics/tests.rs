@@ -58,7 +58,7 @@ fn sample() -> Sample {
             hits: 3,
             dropped: 3,
         }],
-        flow_table: FlowTableSample { capacity: 1 << 20, entries: Some(2), counted_s_ago: Some(1) },
+        flow_table: FlowTableSample { capacity: 1 << 20, entries: Some(2), counted_s_ago: Some(1), unremembered: 9 },
         maps: vec![MapMemory { map: "spw_flows".into(), bytes: 123_456 }],
         daemon: DaemonSample {
             reconciles: vec![ReconcileCount { op: "add_vip".into(), outcome: "ok".into(), count: 1 }],
@@ -164,6 +164,7 @@ fn balancer_families_follow_the_conventions() {
     assert_eq!(value(&text, &format!(r#"spillway_announcement_changes_total{{{prefix},state="degraded"}}"#)), 1.0);
     assert_eq!(value(&text, "spillway_bird_up"), 1.0);
     assert_eq!(value(&text, "spillway_second_chance_packets_total"), 5.0);
+    assert_eq!(value(&text, "spillway_flow_table_full_total"), 9.0);
     assert!(text.contains("# TYPE spillway_vip_packets counter\n") && text.contains("# UNIT spillway_vip_bytes bytes\n"), "{text}");
 }
 

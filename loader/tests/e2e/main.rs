@@ -16,6 +16,7 @@ mod overload;
 mod port_pressure;
 mod reachability;
 mod support;
+mod table_full;
 mod tx_drops;
 mod vip_path;
 

@@ -8,6 +8,7 @@
 mod announce;
 mod bfd;
 mod failover;
+mod loops;
 mod second_chance;
 mod support;
 mod tables;

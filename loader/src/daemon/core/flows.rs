@@ -23,7 +23,7 @@ use spillway_common::{
 use super::{Core, CoreError, Counters};
 use crate::{
     api::flows::{Admission, DEFAULT_FLOW_LIST, FlowAnswer, FlowEntry, FlowEntryState, FlowList, MAX_FLOW_LIST, PurgeReport},
-    daemon::telemetry::FlowCount,
+    daemon::telemetry::{FlowCount, TABLE_FULL_REPEAT, TableFullAlert},
     dataplane::{BalancerMaps, DataplaneError, FlowInfo},
     model::{Proto, Vip},
     reconcile::Maps,
@@ -329,6 +329,26 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             })
             .map_err(CoreError::Counters)?;
         Ok(count)
+    }
+
+    /// Logs an ALERT when new flows found the table full since the last one (at most one a
+    /// minute): they are forwarded without an entry, so a change of their VIP's table would
+    /// move them.
+    pub fn watch_flow_table(&mut self) {
+        let Ok(unremembered) = self.maps.unremembered_flows() else { return };
+        let alert = &mut self.telemetry.table_full;
+        if unremembered <= alert.reported || alert.at.is_some_and(|at| at.elapsed() < TABLE_FULL_REPEAT) {
+            return;
+        }
+        crate::event!(
+            error,
+            "flow_table_full",
+            unremembered = unremembered - alert.reported,
+            max_flows = self.maps.flow_capacity(),
+            message = "ALERT: the connection table was full where new flows hash: they went to their Maglev backend without an entry \
+                       (raise --max-flows, or look for a flood: ARCHITECTURE.md, \"What holding entries costs\")"
+        );
+        *alert = TableFullAlert { reported: unremembered, at: Some(std::time::Instant::now()) };
     }
 
     /// Counts the connection table's entries, and those in force per VIP id, when the last

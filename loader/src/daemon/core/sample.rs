@@ -69,6 +69,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             capacity: self.maps.flow_capacity(),
             entries: count.at.map(|_| count.entries),
             counted_s_ago: count.at.map(|at| at.elapsed().as_secs()),
+            unremembered: self.maps.unremembered_flows().map_err(CoreError::Counters)?,
         };
         let maps =
             self.maps.memory().into_iter().filter_map(|(map, bytes)| Some(MapMemory { map: map.to_owned(), bytes: bytes? })).collect();
