@@ -54,6 +54,8 @@ done
 
 put 0644 "$src/deploy/spillway.toml" "$docdir/spillway.toml"
 put 0644 "$src/deploy/agent.toml" "$docdir/agent.toml"
+# A drop-in for agents with --all-netns (see spillway-agent.service).
+put 0644 "$src/deploy/systemd/spillway-agent-all-netns.conf" "$docdir/spillway-agent-all-netns.conf"
 # An operator's configuration is never replaced.
 for file in spillway.toml agent.toml; do
     if [[ -e $destdir$sysconfdir/spillway/$file ]]; then
