@@ -113,6 +113,9 @@ pub struct SyscallFilter {
 }
 
 impl SyscallFilter {
+    /// The filter `files` (a unit, then its drop-ins) set. A `~` list after an allow list
+    /// removes its calls whatever comes after it (systemd applies the lines in order; no unit
+    /// here adds a call back).
     pub fn read(files: &[PathBuf]) -> Result<SyscallFilter> {
         let (mut allow, mut names, mut errno, mut namespaces) = (None, BTreeSet::new(), libc::EPERM, None::<u32>);
         let every_namespace = NAMESPACES.iter().fold(0, |all, (_, flag)| all | flag);
