@@ -54,6 +54,8 @@ done
 
 put 0644 "$src/deploy/spillway.toml" "$docdir/spillway.toml"
 put 0644 "$src/deploy/agent.toml" "$docdir/agent.toml"
+# A drop-in for agents with --all-netns (see spillway-agent.service).
+put 0644 "$src/deploy/systemd/spillway-agent-all-netns.conf" "$docdir/spillway-agent-all-netns.conf"
 # An operator's configuration is never replaced. A new spillway.toml gets a random fleet
 # seed (root's alone: it is a secret) for the operator to copy to every balancer.
 seed=$(printf '0x%08x' "$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')")

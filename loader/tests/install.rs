@@ -1,6 +1,7 @@
 //! The install path (`deploy/install.sh`, what `./x install` runs) into a temporary prefix
 //! and a staging root, with the real binaries: every file in place, the units verified by
-//! `systemd-analyze verify` (their man pages found where they were installed), the bash
+//! `systemd-analyze verify` (their man pages found where they were installed) and scored
+//! by `systemd-analyze security` (at most 3.0, the agent's --all-netns drop-in too), the bash
 //! completion a valid script, the man pages rendered by `man`, the example configuration
 //! valid, and an operator's configuration never replaced.
 
@@ -42,6 +43,20 @@ fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
+/// The most `systemd-analyze security` may score a shipped unit ("OK" goes up to 4.9).
+const MAX_EXPOSURE: f64 = 3.0;
+
+/// `systemd-analyze security --offline`'s overall exposure of the unit `args` name.
+fn exposure(args: &[&str]) -> f64 {
+    let out = Command::new("systemd-analyze").args(["security", "--offline=yes", "--no-pager"]).args(args).output().unwrap();
+    assert!(out.status.success(), "systemd-analyze security {args:?}: {}", text(&out));
+    let report = String::from_utf8_lossy(&out.stdout);
+    let line =
+        report.lines().find(|l| l.contains("Overall exposure level for ")).unwrap_or_else(|| panic!("no overall exposure:\n{report}"));
+    let score = line.split(": ").nth(1).and_then(|rest| rest.split_whitespace().next()).and_then(|n| n.parse().ok());
+    score.unwrap_or_else(|| panic!("unparsable: {line}"))
+}
+
 #[test]
 fn installs_into_a_prefix_and_the_units_verify() {
     let dir = Dir::new("install");
@@ -60,6 +75,7 @@ fn installs_into_a_prefix_and_the_units_verify() {
         ("etc/spillway/spillway.toml", 0o600),
         ("etc/spillway/agent.toml", 0o600),
         ("share/doc/spillway/spillway.toml", 0o644),
+        ("share/doc/spillway/spillway-agent-all-netns.conf", 0o644),
         ("share/bash-completion/completions/lbctl", 0o644),
         ("share/bash-completion/completions/lbd", 0o644),
         ("share/zsh/site-functions/_lbctl", 0o644),
@@ -85,10 +101,31 @@ fn installs_into_a_prefix_and_the_units_verify() {
     assert!(unit.contains(&format!("\nExecReload={check}\nExecReload=/bin/kill -HUP $MAINPID\n")), "{unit}");
     let agent = fs::read_to_string(p("lib/systemd/system/spillway-agent.service")).unwrap();
     assert!(agent.contains(&format!("{etc}/spillway/agent.toml")), "{agent}");
-    assert!(!unit.contains('@'), "an unfilled placeholder:\n{unit}");
+    // `@NAME@` (`@system-service` is a system call group).
+    let placeholder = |text: &str| {
+        let between: Vec<&str> = text.split('@').collect();
+        between[1..between.len().saturating_sub(1).max(1)]
+            .iter()
+            .any(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'))
+    };
+    assert!(!placeholder(&unit) && !placeholder(&agent), "an unfilled placeholder:\n{unit}\n{agent}");
     let units = [p("lib/systemd/system/spillway.service"), p("lib/systemd/system/spillway-agent.service")];
     let verify = Command::new("systemd-analyze").arg("verify").args(&units).env("MANPATH", p("share/man")).output().unwrap();
     assert!(verify.status.success() && text(&verify).is_empty(), "systemd-analyze verify: {}", text(&verify));
+    // Sandboxed: every exposure left is commented in the unit.
+    for unit in &units {
+        let score = exposure(&[unit.to_str().unwrap()]);
+        assert!(score <= MAX_EXPOSURE, "{}: exposure {score} > {MAX_EXPOSURE}", unit.display());
+    }
+    // The agent with its --all-netns drop-in, as an operator installs them.
+    let root = Dir::new("install-security");
+    let system = root.0.join("etc/systemd/system");
+    fs::create_dir_all(system.join("spillway-agent.service.d")).unwrap();
+    fs::copy(p("lib/systemd/system/spillway-agent.service"), system.join("spillway-agent.service")).unwrap();
+    fs::copy(p("share/doc/spillway/spillway-agent-all-netns.conf"), system.join("spillway-agent.service.d/all-netns.conf")).unwrap();
+    let with_drop_in = exposure(&[&format!("--root={}", root.0.display()), "spillway-agent.service"]);
+    assert!(with_drop_in > exposure(&[units[1].to_str().unwrap()]), "the drop-in was not read");
+    assert!(with_drop_in <= MAX_EXPOSURE, "spillway-agent.service with all-netns.conf: exposure {with_drop_in} > {MAX_EXPOSURE}");
 
     let bash = Command::new("bash").arg("-n").arg(p("share/bash-completion/completions/lbctl")).output().unwrap();
     assert!(bash.status.success(), "{}", text(&bash));

@@ -4,7 +4,9 @@
 //! sockets on ephemeral ports are counted like `ss` counts them, a server process that
 //! never closes its accepted sockets is named as a leak suspect, `bind()` to port 0 and UDP
 //! autobind failing on an exhausted range are counted per process (an explicit port that
-//! is taken is not), and `lbd agent` serves the report read-only. What a mode cannot watch
+//! is taken is not), and `lbd agent` serves the report read-only, also with only the
+//! capabilities and system calls its systemd unit grants (and its --all-netns drop-in's).
+//! What a mode cannot watch
 //! (sock_diag: failures, event counts) must be reported as not watched. A mode the kernel
 //! refuses is reported by the test and skipped; `auto_picks_the_best_mode_this_kernel_allows`
 //! checks the choice. Needs root; everything lives in the harness's namespaces, removed on
@@ -27,6 +29,7 @@ use spillway::ports::{
 use spillway_harness::cluster::{XdpMode, agent_command};
 use spillway_harness::connects::{outcomes, start_connect};
 use spillway_harness::frames::tcp_reset_packet;
+use spillway_harness::unit;
 use spillway_harness::{Capture, Daemon, Host, Topology, TopologyConfig, send_ip_packet};
 
 const PORT: u16 = 9300;
@@ -449,9 +452,18 @@ fn server_process() {
     }
 }
 
-fn start_server_process(host: &Host, mode: &str, port: u16) -> Daemon {
+/// A server process in `host`, run by the `wrapper` command when there is one (e.g.
+/// `setpriv --reuid ...`).
+fn start_server_process(host: &Host, mode: &str, port: u16, wrapper: &[&str]) -> Daemon {
     let exe = std::env::current_exe().expect("this test binary");
-    let mut cmd: Command = host.cmd(exe);
+    let mut cmd: Command = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut cmd = host.cmd(program);
+            cmd.args(rest).arg(exe);
+            cmd
+        }
+        None => host.cmd(exe),
+    };
     cmd.args(["--exact", "server_process", "--ignored", "--nocapture", "--test-threads=1"]).env(SERVER_ENV, format!("{mode}:{port}"));
     let daemon = host.spawn_command(&format!("{mode}-server"), cmd).expect("spawning a server process");
     daemon.wait_for_output("ready", Duration::from_secs(10)).expect("server process ready");
@@ -468,8 +480,8 @@ fn ss_local(host: &Host, port: u16, state: &str) -> usize {
 fn leaking_process_is_named_as_a_leak_suspect(mode: Mode) {
     let Some((topology, mut watch)) = setup(mode) else { return };
     let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
-    let leaky = start_server_process(backend, "leak", LEAK_PORT);
-    let tidy = start_server_process(backend, "tidy", TIDY_PORT);
+    let leaky = start_server_process(backend, "leak", LEAK_PORT, &[]);
+    let tidy = start_server_process(backend, "tidy", TIDY_PORT, &[]);
     let netns = netns_inode(backend.netns().path()).unwrap();
     const CONNECTIONS: usize = 20;
     const THRESHOLD_S: u64 = 3;
@@ -792,3 +804,100 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     assert!(agent.log().contains(&format!("event=sockwatch_mode mode={mode}")), "the mode is logged: {}", agent.log());
 }
 spillway_harness::in_every_watcher_mode!(the_agent_serves_its_hosts_port_report_read_only);
+
+/// `lbd agent` with only what its unit grants (the capabilities, NoNewPrivileges=, system
+/// call filter and RestrictNamespaces= of deploy/systemd/spillway-agent.service, read from
+/// the file), its watcher forced into
+/// `mode`: it loads, reports its namespace's sockets with their port range, and names a
+/// leaking process of another user. An agent with --all-netns and the unit's drop-in for it
+/// reports the backend's sockets, with their range, from another namespace.
+fn the_agent_works_with_only_what_its_unit_grants(mode: Mode) {
+    // The agents load the watcher themselves; this says whether the kernel allows the mode,
+    // and what it watches for full root.
+    let Some(watch) = load(mode) else { return };
+    let unwatched = |status: &spillway::ports::WatcherStatus| status.not_watched.iter().map(|p| p.what.clone()).collect::<Vec<_>>();
+    let as_root = unwatched(watch.status());
+    drop(watch);
+    let topology = Topology::build(TopologyConfig { backends: 1, clients: 1 }).expect("topology");
+    let (client, backend) = (&topology.clients()[0], &topology.backends()[0]);
+    let leaky = start_server_process(backend, "leak", LEAK_PORT, &["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]);
+    let pin_dir = topology.pin_dir().expect("pin dir");
+    let endpoint: SocketAddr = "127.0.0.1:9477".parse().unwrap();
+    let spawn = |host: &Host, files: &[std::path::PathBuf], pins: &str, extra: &[&str]| {
+        let listen = endpoint.to_string();
+        let flags = [
+            ["--watcher-mode", mode.name()],
+            ["--allow-from", "127.0.0.1/32"],
+            ["--ports-listen", &listen],
+            ["--metrics-listen", "off"],
+            ["--leak-after-s", "1"],
+        ];
+        let flags: Vec<&str> = flags.iter().flatten().chain(extra).copied().collect();
+        let wrapper = unit::setpriv_wrapper(files).expect("the unit's capabilities");
+        let mut cmd = Command::new(&wrapper[0]);
+        cmd.args(&wrapper[1..]).args(agent_command(LBD.as_ref(), XdpMode::Generic, &pin_dir.join(pins), &flags));
+        let netns = std::fs::File::open(host.netns().path()).expect("the host's namespace");
+        unit::SyscallFilter::read(files).expect("the unit's system call filter").apply(&mut cmd, netns);
+        let agent = host.spawn_command("lbd-agent", cmd).expect("lbd agent");
+        agent.wait_for_output("event=ready", Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e:#}: {}", agent.log()));
+        agent
+    };
+    let agent_unit = unit::deploy_file("spillway-agent.service");
+    let agent = spawn(backend, std::slice::from_ref(&agent_unit), "agent", &[]);
+    let all = spawn(client, &[agent_unit, unit::deploy_file("spillway-agent-all-netns.conf")], "agent-all", &["--all-netns"]);
+
+    const SOCKETS: usize = 10;
+    const LEAKS: usize = 3;
+    let to_client = SocketAddr::new(client.ipv4().into(), PORT);
+    let held = backend.in_netns(|| {
+        (0..SOCKETS)
+            .map(|_| {
+                let socket = udp_socket();
+                connect(socket.as_raw_fd(), &v4(to_client)).expect("connect");
+                socket
+            })
+            .collect::<Vec<OwnedFd>>()
+    });
+    // Closed by the client, never by the server: CLOSE_WAIT sockets of a process of nobody's.
+    client.in_netns(|| {
+        for _ in 0..LEAKS {
+            drop(TcpStream::connect_timeout(&SocketAddr::new(backend.ipv4().into(), LEAK_PORT), CONNECT_TIMEOUT).expect("connect"));
+        }
+    });
+    let fetch = |host: &Host| {
+        host.in_netns(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            runtime.block_on(spillway::ports::endpoint::fetch_report(endpoint, Duration::from_secs(5), None)).map(|(report, _)| report)
+        })
+    };
+    let netns = netns_inode(backend.netns().path()).unwrap();
+    let seen = |report: &PortsReport| {
+        report.destinations.iter().any(|d| {
+            d.netns == netns && d.protocol == "udp" && d.remote == to_client.ip() && d.in_use == SOCKETS as u64 && d.port_range.is_some()
+        })
+    };
+    let named = |report: &PortsReport| {
+        report.leak_suspects.iter().any(|s| s.netns == netns && s.pid == Some(leaky.pid()) && s.comm.as_deref() == Some("leak-server"))
+    };
+    let (mut own, mut everywhere) = (None, None);
+    let done = eventually(Duration::from_secs(10), || {
+        own = fetch(backend).ok();
+        everywhere = fetch(client).ok();
+        own.as_ref().is_some_and(|r| seen(r) && named(r)) && everywhere.as_ref().is_some_and(seen)
+    });
+    drop(held);
+    assert!(
+        done,
+        "the agent's report (its UDP sockets with their port range, the leak named):\n{own:#?}\n--all-netns's (the backend's \
+         sockets with their range):\n{everywhere:#?}\n{}\n{}",
+        agent.log(),
+        all.log()
+    );
+    let watcher = own.and_then(|r| r.watcher).expect("every report says how it was watched");
+    assert_eq!(unwatched(&watcher), as_root, "the unit's agent watches less than root's: {watcher:#?}");
+    for agent in [&agent, &all] {
+        assert!(agent.log().contains(&format!("event=sockwatch_mode mode={mode}")), "{}", agent.log());
+        assert!(agent.is_running(), "{}", agent.log());
+    }
+}
+spillway_harness::in_every_watcher_mode!(the_agent_works_with_only_what_its_unit_grants);

@@ -212,8 +212,25 @@ impl Cluster {
     }
 
     /// Starts `lbd` (again) without waiting for it: run by the `wrapper` command when there
-    /// is one (e.g. `setpriv ... --`), with `env` added to its environment.
+    /// is one (e.g. `ip netns exec ...`), with `env` added to its environment.
     pub fn spawn_lbd_with(&self, wrapper: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)]) -> Result<()> {
+        self.spawn_lbd(wrapper, env, None)
+    }
+
+    /// Starts `lbd` (again) without waiting for it, with only what the unit `files` grant
+    /// (capabilities and system calls: see [`crate::unit`]), with `env` added.
+    pub fn spawn_lbd_as_unit(&self, files: &[PathBuf], env: &[(&str, &std::ffi::OsStr)]) -> Result<()> {
+        let wrapper = crate::unit::setpriv_wrapper(files)?;
+        let wrapper: Vec<&std::ffi::OsStr> = wrapper.iter().map(std::ffi::OsStr::new).collect();
+        self.spawn_lbd(&wrapper, env, Some(&crate::unit::SyscallFilter::read(files)?))
+    }
+
+    fn spawn_lbd(
+        &self,
+        wrapper: &[&std::ffi::OsStr],
+        env: &[(&str, &std::ffi::OsStr)],
+        filter: Option<&crate::unit::SyscallFilter>,
+    ) -> Result<()> {
         let mut slot = self.lbd.lock().unwrap_or_else(|p| p.into_inner());
         ensure!(slot.as_ref().is_none_or(|d| !d.is_running()), "lbd is already running");
         let lb = self.topo.lb();
@@ -245,7 +262,14 @@ impl Cluster {
         ]);
         args.extend(self.lbd_args.iter().map(std::ffi::OsStr::new));
         let (program, rest) = args.split_first().context("no lbd command")?;
-        let mut cmd = lb.cmd(program);
+        let mut cmd = match filter {
+            Some(filter) => {
+                let mut cmd = Command::new(program);
+                filter.apply(&mut cmd, std::fs::File::open(lb.netns().path())?);
+                cmd
+            }
+            None => lb.cmd(program),
+        };
         cmd.args(rest).envs(env.iter().copied());
         *slot = Some(lb.spawn_command("lbd", cmd)?);
         Ok(())

@@ -39,6 +39,7 @@ mod raw;
 mod stream;
 mod topology;
 mod traffic;
+pub mod unit;
 mod xdp_pass;
 
 pub use addrs::{

@@ -352,6 +352,8 @@ pub struct AgentArgs {
     pub leak_after_s: u64,
     /// Report every network namespace of the host, not only the agent's: for hosts whose
     /// services run in containers with their own namespaces (each row names its namespace).
+    /// Joins each one, which needs CAP_SYS_ADMIN (under systemd: the drop-in
+    /// spillway-agent-all-netns.conf).
     #[arg(long)]
     pub all_netns: bool,
     /// How the port watcher hooks the kernel: the best mode the kernel allows (btf, else

@@ -1,6 +1,6 @@
 //! A namespace's ephemeral port range (`net.ipv4.ip_local_port_range`, minus
-//! `ip_local_reserved_ports`), read from a thread that has joined that namespace:
-//! /proc/sys/net follows the reading thread's network namespace.
+//! `ip_local_reserved_ports`), read from a thread in that namespace: /proc/sys/net follows
+//! the reading thread's network namespace.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -79,23 +79,34 @@ pub fn netns_inode(path: &Path) -> std::io::Result<u32> {
     Ok(std::fs::metadata(path)?.ino() as u32)
 }
 
-/// Reads the ranges of the namespace at `path` from a short-lived thread that joins it.
+/// Reads the ranges of the namespace at `path` (see [`in_netns`]).
 pub fn read_netns_ports(path: &Path) -> Result<NetnsPorts, PortsError> {
     let file = File::open(path).map_err(|source| PortsError::Netns { path: path.to_owned(), source })?;
+    in_netns(&file, NetnsPorts::read_current).and_then(|read| read).map_err(|source| PortsError::Netns { path: path.to_owned(), source })
+}
+
+/// Runs `f` in the network namespace `file` names: on this thread when it is already there,
+/// else on a short-lived thread that joins it first. Joining one, even one's own, needs
+/// CAP_SYS_ADMIN: a watcher of its own namespace must do without (the units grant it only
+/// for `--all-netns`). The outer error is the join's (EINVAL: `file` is no network
+/// namespace), the inner `f`'s.
+pub(super) fn in_netns<T: Send>(file: &File, f: impl FnOnce() -> std::io::Result<T> + Send) -> std::io::Result<std::io::Result<T>> {
+    let (target, own) = (file.metadata()?, std::fs::metadata("/proc/thread-self/ns/net")?);
+    if (target.dev(), target.ino()) == (own.dev(), own.ino()) {
+        return Ok(f());
+    }
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                // SAFETY: setns on a valid namespace fd affects only this thread, which
-                // exits right after reading.
+                // SAFETY: setns on a valid fd affects only this thread, which exits after `f`.
                 if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                NetnsPorts::read_current()
+                Ok(f())
             })
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
-    .map_err(|source| PortsError::Netns { path: path.to_owned(), source })
 }
 
 /// Maps namespace inodes to their port ranges: finds a file for each inode among the

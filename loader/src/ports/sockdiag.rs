@@ -5,7 +5,7 @@
 //! which port.
 //!
 //! A netlink socket belongs to the namespace it was created in, so each dump creates its
-//! socket from a short-lived thread that has joined the namespace.
+//! socket in the namespace (`range::in_netns`).
 
 use std::fs::File;
 use std::io;
@@ -13,6 +13,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use super::maps::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP};
+use super::range::in_netns;
 
 // include/uapi/linux/{netlink,sock_diag,inet_diag}.h
 const NETLINK_SOCK_DIAG: libc::c_int = 4;
@@ -88,22 +89,12 @@ pub(super) fn dump_netns(netns: &Path, proto: Proto, states: u32) -> io::Result<
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) => return Ok(None),
         Err(e) => return Err(e),
     };
-    let socket = std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                // SAFETY: setns on an open fd affects only this thread, which exits right
-                // after creating the socket.
-                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    let err = io::Error::last_os_error();
-                    // EINVAL: the file is not (or no longer) a network namespace.
-                    return if err.raw_os_error() == Some(libc::EINVAL) { Ok(None) } else { Err(err) };
-                }
-                open().map(Some)
-            })
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    })?;
-    let Some(socket) = socket else { return Ok(None) };
+    let socket = match in_netns(&file, open) {
+        Ok(socket) => socket?,
+        // The file is not (or no longer) a network namespace.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+        Err(e) => return Err(e),
+    };
     let mut sockets = dump(&socket, AF_INET, proto, states)?;
     sockets.extend(dump(&socket, AF_INET6, proto, states)?);
     Ok(Some(sockets))

@@ -1,16 +1,11 @@
 //! The configuration file with the real `lbd` and `lbctl` and real traffic: `lbd --config`
 //! on a first start, `lbctl diff`/`apply`/`export`, bad files refused whole and changing
 //! nothing, SIGHUP, restarts that keep `lbctl` edits unless the file changed, and systemd's
-//! readiness protocol with only the capabilities the unit grants.
+//! readiness protocol with only the capabilities and system calls the unit grants.
 
-use std::{
-    collections::BTreeMap,
-    os::unix::net::UnixDatagram,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{collections::BTreeMap, os::unix::net::UnixDatagram, path::PathBuf, time::Duration};
 
-use spillway_harness::{Signal, backend4, cluster::XdpMode};
+use spillway_harness::{Signal, backend4, cluster::XdpMode, unit};
 
 use crate::support::*;
 
@@ -219,15 +214,6 @@ fn lbd_check_checks_a_file_as_a_start_would() {
     assert_eq!(lbd_check(&c, &file).0, Some(0));
 }
 
-/// The unit's `CapabilityBoundingSet`, as `setpriv --bounding-set` takes it.
-fn unit_capabilities(unit: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/systemd").join(unit);
-    let text = std::fs::read_to_string(path).unwrap();
-    let line = text.lines().find_map(|l| l.strip_prefix("CapabilityBoundingSet=")).expect("a CapabilityBoundingSet");
-    let caps: Vec<String> = line.split_whitespace().map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase())).collect();
-    format!("-all,{}", caps.join(","))
-}
-
 fn receive(socket: &UnixDatagram) -> String {
     let mut buf = [0u8; 4096];
     let n = socket.recv(&mut buf).expect("a notification from lbd within the timeout");
@@ -281,7 +267,7 @@ fn sighup_restarts_and_readiness_under_the_unit_s_capabilities() {
     assert_eq!(backend_weights(&c), [(b1.clone(), 100), (b3.clone(), 300)]);
 
     // Readiness: from nothing attached (cleanup), READY=1 comes once the program is attached
-    // and the state restored, with only the unit's capabilities.
+    // and the state restored, with only the unit's capabilities and system calls.
     c.stop_lbd(Signal::SIGTERM).unwrap();
     let cleanup =
         std::process::Command::new(env!("CARGO_BIN_EXE_lbd")).arg("--cleanup").arg("--pin-dir").arg(c.lbd_pin_dir().unwrap()).output();
@@ -290,10 +276,7 @@ fn sighup_restarts_and_readiness_under_the_unit_s_capabilities() {
     let socket_path = c.topo.tempdir().join("notify.sock");
     let socket = UnixDatagram::bind(&socket_path).unwrap();
     socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let caps = unit_capabilities("spillway.service");
-    let bounding = format!("--bounding-set={caps}");
-    let wrapper = ["setpriv".as_ref(), bounding.as_ref(), "--inh-caps=-all".as_ref(), "--".as_ref()];
-    c.spawn_lbd_with(&wrapper, &[("NOTIFY_SOCKET", socket_path.as_os_str())]).unwrap();
+    c.spawn_lbd_as_unit(&[unit::deploy_file("spillway.service")], &[("NOTIFY_SOCKET", socket_path.as_os_str())]).unwrap();
     let ready = receive(&socket);
     assert_eq!(ready, "READY=1\nSTATUS=serving vips=1 backends=2", "{}", c.lbd_log());
     // At that moment, with no retry: attached, and the API answers with the state.
