@@ -7,5 +7,6 @@
 mod announce;
 mod failover;
 mod second_chance;
+mod slow_start;
 mod support;
 mod tables;
