@@ -132,13 +132,14 @@ pub fn write_starts(file: &FileArg, started: &[Started]) -> Option<String> {
         return None;
     }
     let starts: Vec<_> = started.iter().map(|s| (s.vip, s.backend, s.started_at_unix_ms)).collect();
-    let written = (file.file.as_os_str() != "-")
-        .then(|| {
-            let (text, name) = file.read().map_err(|e| e.to_string())?;
+    let written = if file.file.as_os_str() == "-" {
+        Err("the file is standard input".to_owned())
+    } else {
+        file.read().map_err(|e| e.to_string()).and_then(|(text, name)| {
             let out = config::with_starts(&name, &text, &starts)?;
             replace_file(&file.file, &out).map_err(|e| format!("writing {name}: {e}"))
         })
-        .unwrap_or_else(|| Err("the file is standard input".to_owned()));
+    };
     Some(match written {
         Ok(()) => format!(
             "wrote started_at of {} backends into {}: give the other balancers this file, so that they ramp them alike\n",

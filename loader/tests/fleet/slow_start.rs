@@ -144,6 +144,7 @@ fn balancers_program_the_same_ramp_whether_or_not_they_were_up_when_it_began() {
     lb1.start_bird().unwrap();
     lb1.start_lbd().unwrap();
     assert_eq!(digests(lb1), digests(lb2), "lb1 started with another table than lb2's");
+    assert_eq!(fourth_weight(lb1, b4), 100, "lb1 runs the fourth backend as lb2 does, not in a slow start of its own");
     wait_for_next_hops(&fleet, &[lb1, lb2], Duration::from_secs(20));
     let (compared, distinct) = compare_while_pinging(lb1, lb2, &mut streams, SLOW_START + Duration::from_secs(3), false);
     println!("lb1 back: {compared} comparisons, {distinct} tables, every connection alive");
