@@ -365,7 +365,7 @@ impl Backend {
     }
 
     /// Readmitted by its probes: this balancer's own ramp, from now (on wall-clock steps, so
-    /// balancers that readmit it within one step ramp it alike).
+    /// balancers that readmit it within the same step ramp it alike).
     fn recover(&mut self, reason: Reason, now_ms: u64) {
         self.last_recovered_ms = Some(now_ms);
         self.set(Health::SlowStart { from_ms: now_ms }, reason, now_ms);
@@ -487,7 +487,7 @@ pub const SLOW_START_STEPS: u64 = 10;
 /// How far a ramp from `from_ms` is at `now_ms` (both wall-clock, Unix ms), counted in whole
 /// steps between wall-clock multiples of the step: the ramp starts at the first multiple at
 /// or after `from_ms` and moves at each later one. So the weight is a function of the start
-/// and the wall clock alone: balancers with the same start (or starts within one step)
+/// and the wall clock alone: balancers with the same start (or starts within the same step)
 /// compute the same weight at every moment but the few milliseconds their clocks differ
 /// around a step, and a table changes `SLOW_START_STEPS` times a ramp, not every second.
 pub fn ramp_elapsed_ms(from_ms: u64, now_ms: u64, config: &HealthConfig) -> u64 {

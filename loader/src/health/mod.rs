@@ -44,7 +44,7 @@
 //!   same moment. The start is the operator's (`started_at` in the desired state: added, or
 //!   given a weight again; the same on every balancer given the same file) or, after a
 //!   readmission by the probes, the moment this balancer readmitted it: per balancer by
-//!   nature, and still the same ramp on balancers that readmit it within one step.
+//!   nature, and still the same ramp on balancers that readmit it within the same step.
 //! - Slow: smoothed latency (EWMA over ~4 probes) above `max(slow_factor × peer median,
 //!   peer median + slow_margin_ms)`, with at least `slow_min_peers` peers. Each slow verdict
 //!   takes `slow_step` of the weight away down to `slow_floor`; each normal one gives it back.

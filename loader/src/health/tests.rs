@@ -492,7 +492,7 @@ fn the_ramp_moves_on_wall_clock_steps_from_the_first_step_at_or_after_its_start(
     assert_eq!(ramp_elapsed_ms(10_500, 18_000, &config), 6_000);
     assert_eq!(ramp_elapsed_ms(12_000, 12_000, &config), 0, "a start on a step starts there");
     assert_eq!(ramp_elapsed_ms(20_000, 10_000, &config), 0, "a start in the future: the floor until then");
-    // Starts within one step give the same ramp at every moment.
+    // Starts within the same step give the same ramp at every moment.
     for now in (0..60_000).step_by(100) {
         assert_eq!(ramp_elapsed_ms(9_001, now, &config), ramp_elapsed_ms(11_999, now, &config), "at {now}");
     }
