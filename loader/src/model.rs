@@ -115,6 +115,8 @@ pub enum ModelError {
     BadProbeTarget { backend: IpAddr, target: SocketAddr },
     #[error("backend {backend} drain_deadline: only a draining backend (weight 0) has one")]
     DeadlineWithoutDrain { backend: IpAddr },
+    #[error("backend {backend} started_at: only a serving backend has one (a drained one starts when given a weight again)")]
+    StartWithoutWeight { backend: IpAddr },
     #[error("health: {message}")]
     BadHealth { message: String },
 }
@@ -245,6 +247,9 @@ impl DesiredState {
         if config.drain_deadline_unix_ms.is_some() && config.weight != 0 {
             return Err(ModelError::DeadlineWithoutDrain { backend });
         }
+        if config.started_at_unix_ms.is_some() && config.weight == 0 {
+            return Err(ModelError::StartWithoutWeight { backend });
+        }
         let total: usize = self.vips.values().map(|v| v.backends.len()).sum();
         let vip_config = self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
         if vip_config.backends.contains_key(&backend) {
@@ -269,9 +274,34 @@ impl DesiredState {
         check_weight(weight)?;
         let config = self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
         let entry = config.backends.get_mut(&backend).ok_or(ModelError::UnknownBackend { vip: *vip, backend })?;
+        // Drained, it has no start; given a weight again, it gets a new one (`stamp_starts`).
+        if weight == 0 {
+            entry.started_at_unix_ms = None;
+        }
         entry.weight = weight;
         entry.drain_deadline_unix_ms = None;
         Ok(())
+    }
+
+    /// Gives every backend that starts serving with this state (new, or given a weight again
+    /// after a drain, relative to `before`) and has no declared start the start `now_unix_ms`;
+    /// a backend serving in both keeps the start it had (applying a file without starts
+    /// restarts nothing). Returns the starts given, for the caller to report.
+    pub fn stamp_starts(&mut self, before: &DesiredState, now_unix_ms: u64) -> Vec<(Vip, IpAddr, u64)> {
+        let mut stamped = Vec::new();
+        for (vip, config) in &mut self.vips {
+            for (addr, backend) in config.backends.iter_mut().filter(|(_, b)| b.weight > 0 && b.started_at_unix_ms.is_none()) {
+                let serving_before = before.vips.get(vip).and_then(|c| c.backends.get(addr)).filter(|b| b.weight > 0);
+                match serving_before {
+                    Some(old) => backend.started_at_unix_ms = old.started_at_unix_ms,
+                    None => {
+                        backend.started_at_unix_ms = Some(now_unix_ms);
+                        stamped.push((*vip, *addr, now_unix_ms));
+                    }
+                }
+            }
+        }
+        stamped
     }
 
     /// Drains a backend (weight 0); with a deadline (Unix ms) it is removed after it.
@@ -880,6 +910,33 @@ mod tests {
 
     fn vip(s: &str) -> Vip {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_backend_that_starts_serving_gets_a_start_and_one_that_serves_keeps_its_own() {
+        let v = vip("10.0.0.1:80/tcp");
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let mut before = DesiredState::default();
+        before.add_vip(v, 13).unwrap();
+        before.add_backend(&v, ip("10.0.1.1"), 100).unwrap(); // from before the field: no start
+        before.add_backend_with(&v, ip("10.0.1.2"), Backend { weight: 100, started_at_unix_ms: Some(5), ..Backend::default() }).unwrap();
+        before.add_backend(&v, ip("10.0.1.3"), 100).unwrap();
+        before.drain_backend(&v, ip("10.0.1.3"), None).unwrap();
+        // A file that declares no starts: .1 and .2 keep theirs (none, 5), the undrained .3 and
+        // the new .4 start now.
+        let mut next = before.clone();
+        next.vips.get_mut(&v).unwrap().backends.values_mut().for_each(|b| b.started_at_unix_ms = None);
+        next.set_weight(&v, ip("10.0.1.3"), 100).unwrap();
+        next.add_backend(&v, ip("10.0.1.4"), 100).unwrap();
+        let stamped = next.stamp_starts(&before, 1000);
+        assert_eq!(stamped, [(v, ip("10.0.1.3"), 1000), (v, ip("10.0.1.4"), 1000)]);
+        let starts: Vec<Option<u64>> = next.vips[&v].backends.values().map(|b| b.started_at_unix_ms).collect();
+        assert_eq!(starts, [None, Some(5), Some(1000), Some(1000)]);
+        // Draining forgets it; a drained backend with one is refused.
+        next.drain_backend(&v, ip("10.0.1.4"), None).unwrap();
+        assert_eq!(next.vips[&v].backends[&ip("10.0.1.4")].started_at_unix_ms, None);
+        let drained = Backend { weight: 0, started_at_unix_ms: Some(5), ..Backend::default() };
+        assert!(matches!(next.add_backend_with(&v, ip("10.0.1.5"), drained), Err(ModelError::StartWithoutWeight { .. })));
     }
 
     #[test]

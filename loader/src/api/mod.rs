@@ -313,6 +313,19 @@ pub struct Applied {
     pub notes: Vec<String>,
     pub slots_written: usize,
     pub tables_flipped: usize,
+    /// Backends the file gives no `started_at` that start serving with it (new here, or
+    /// given a weight again): the start `lbd` gave them, which `lbctl apply` writes into the
+    /// file so that the other balancers given it ramp them alike.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub started: Vec<Started>,
+}
+
+/// A backend's start (`started_at`) as `lbd` gave it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Started {
+    pub vip: Vip,
+    pub backend: IpAddr,
+    pub started_at_unix_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -14,8 +14,8 @@ use super::{
     table::{Align, Table},
 };
 use crate::{
-    api::{Applied, Status},
-    config::MAX_CONFIG_BYTES,
+    api::{Applied, Started, Status},
+    config::{self, MAX_CONFIG_BYTES},
 };
 
 pub const APPLY_HELP: &str = "\
@@ -33,6 +33,12 @@ unless --allow-vip-removal. Settings of [lbd] take effect when lbd starts: those
 differ from the running ones are reported. lbctl edits made later are kept until the
 file is applied again.
 
+A backend that starts serving with the file (new to this lbd, or no longer drained) and
+has no started_at gets one, the time lbd applied it, and lbctl writes it into the file
+(a line after its address; nothing else changes): its slow start runs from that time on
+the wall clock, so every balancer given the file ramps it alike. A backend that serves
+already keeps its start.
+
 Output: one line per VIP, backend, rule or default limits added (+), removed (-) or
 changed (~). JSON output (-o json):
   {\"applied\":true,\"changes\":[{\"change\":\"changed\",\"item\":\"backend\",
@@ -40,7 +46,8 @@ changed (~). JSON output (-o json):
     \"fields\":[{\"field\":\"weight\",\"from\":100,\"to\":200}]}],
    \"notes\":[],\"slots_written\":2017,\"tables_flipped\":1}
   item is default_limits, vip, backend or rule (with \"rule\":\"CIDR[@VIP]\"); a field
-  without from (to) was not set before (after).";
+  without from (to) was not set before (after). \"started\" (when any) lists the starts
+  given: [{\"vip\":...,\"backend\":...,\"started_at_unix_ms\":N}].";
 
 pub const DIFF_HELP: &str = "\
 Examples:
@@ -114,6 +121,59 @@ impl FileArg {
         }
         Ok((text, name))
     }
+}
+
+/// Writes the starts `lbd` gave (`applied.started`) into the file that was applied, so that
+/// the other balancers given it ramp those backends alike; says what it did, or which lines
+/// to add by hand when it could not (standard input, a read-only file, a layout it cannot
+/// place a line in).
+pub fn write_starts(file: &FileArg, started: &[Started]) -> Option<String> {
+    if started.is_empty() {
+        return None;
+    }
+    let starts: Vec<_> = started.iter().map(|s| (s.vip, s.backend, s.started_at_unix_ms)).collect();
+    let written = if file.file.as_os_str() == "-" {
+        Err("the file is standard input".to_owned())
+    } else {
+        file.read().map_err(|e| e.to_string()).and_then(|(text, name)| {
+            let out = config::with_starts(&name, &text, &starts)?;
+            replace_file(&file.file, &out).map_err(|e| format!("writing {name}: {e}"))
+        })
+    };
+    Some(match written {
+        Ok(()) => format!(
+            "wrote started_at of {} backends into {}: give the other balancers this file, so that they ramp them alike\n",
+            started.len(),
+            file.file.display()
+        ),
+        Err(why) => {
+            let mut out = format!("started_at not written into the file ({why}); add it so that the other balancers ramp alike:\n");
+            for (vip, backend, at) in &starts {
+                out.push_str(&format!("  {vip} backend {backend}: started_at = {}\n", config::format_unix_ms(*at)));
+            }
+            out
+        }
+    })
+}
+
+/// Replaces `path`'s contents with `text` at once (a temporary file beside it, renamed over
+/// it, with its permissions); a symbolic link's target is replaced, not the link.
+fn replace_file(path: &std::path::Path, text: &str) -> io::Result<()> {
+    use std::io::Write;
+    let path = std::fs::canonicalize(path)?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = path.with_file_name(format!(".{name}.lbctl-{}", std::process::id()));
+    let result = (|| {
+        let mut f = File::create(&temp)?;
+        f.set_permissions(std::fs::metadata(&path)?.permissions())?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&temp, &path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result
 }
 
 /// The changes, one per line, the settings that differ (`~ lbd.KEY: ...`), then what was

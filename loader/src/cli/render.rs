@@ -19,7 +19,15 @@ use crate::{
 pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<Outcome, CliError> {
     let mut outcome = Outcome::Done;
     let text = match (command, reply) {
-        (Command::Apply(a), Reply::Applied(applied)) => output(a.output.output, &applied, config_file::applied_text)?,
+        (Command::Apply(a), Reply::Applied(applied)) => {
+            let wrote = applied.applied.then(|| config_file::write_starts(&a.file, &applied.started)).flatten();
+            let text = output(a.output.output, &applied, config_file::applied_text)?;
+            // JSON stays one document: the starts are in it.
+            match (a.output.output, wrote) {
+                (Format::Table, Some(wrote)) => text + &wrote,
+                _ => text,
+            }
+        }
         (Command::Diff(a), Reply::Applied(applied)) => {
             if applied.changes.iter().any(|c| c.refused.is_some()) {
                 outcome = Outcome::Refused;

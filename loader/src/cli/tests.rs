@@ -723,6 +723,33 @@ fn apply_and_diff_send_the_file_and_status_and_export_ask() {
 }
 
 #[test]
+fn apply_writes_the_starts_lbd_gave_into_the_file_and_diff_does_not() {
+    let tmp = crate::testing::TempDir::new("cli-starts");
+    let path = tmp.path().join("spillway.toml");
+    let text = "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\n[[vips.backends]]\naddress = \"10.0.1.1\"\n";
+    std::fs::write(&path, text).unwrap();
+    let file = path.to_str().unwrap();
+    let started = vec![crate::api::Started { vip: vip("10.0.0.1:80/tcp"), backend: ip("10.0.1.1"), started_at_unix_ms: 1_796_025_600_000 }];
+    let applied = crate::api::Applied {
+        applied: true,
+        changes: vec![],
+        notes: vec![],
+        slots_written: 0,
+        tables_flipped: 0,
+        started: started.clone(),
+    };
+    let dry = crate::api::Applied { applied: false, ..applied.clone() };
+    rendered(&["diff", "-f", file], Reply::Applied(dry));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "a dry run writes nothing");
+    let out = rendered(&["apply", "-f", file], Reply::Applied(applied.clone()));
+    assert!(out.contains("wrote started_at of 1 backends into"), "{out}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{text}started_at = 2026-11-30T08:00:00Z\n"));
+    // Standard input cannot be written: the lines to add are shown.
+    let out = rendered(&["apply", "-f", "-"], Reply::Applied(applied));
+    assert!(out.contains("the file is standard input") && out.contains("10.0.1.1: started_at = 2026-11-30T08:00:00Z"), "{out}");
+}
+
+#[test]
 fn apply_and_diff_print_one_line_per_change() {
     let old = crate::model::DesiredState::default();
     let new = crate::config::Document::parse("f", "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 13\n".into())
@@ -736,6 +763,7 @@ fn apply_and_diff_print_one_line_per_change() {
         notes: vec!["lbd.zone: ...".into()],
         slots_written: 13,
         tables_flipped: 1,
+        started: vec![],
     };
     assert_eq!(
         rendered(&["apply", "-f", "x"], Reply::Applied(applied.clone())),

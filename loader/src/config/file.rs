@@ -96,6 +96,10 @@ pub struct FileBackend {
     pub drain: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_deadline: Option<Datetime>,
+    /// When it started serving (the wall-clock start of its slow start); `lbctl apply -f`
+    /// writes the one `lbd` gave into a file that has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Datetime>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,7 +225,8 @@ impl FileHealth {
 
 impl FileBackend {
     fn to_model(&self, at: &FieldPath) -> Result<Backend, Refusal> {
-        let Self { address: _, weight, drain, drain_deadline, zone, capacity_per_s, spare_per_s, probe_target, probe_path } = self;
+        let Self { address: _, weight, drain, drain_deadline, started_at, zone, capacity_per_s, spare_per_s, probe_target, probe_path } =
+            self;
         let weight = match drain {
             true => 0,
             false => check_serving_weight(weight.unwrap_or(DEFAULT_WEIGHT)).map_err(|e| {
@@ -231,6 +236,8 @@ impl FileBackend {
         };
         let drain_deadline_unix_ms =
             drain_deadline.as_ref().map(datetime::to_unix_ms).transpose().map_err(|e| (at.clone().key("drain_deadline"), e))?;
+        let started_at_unix_ms =
+            started_at.as_ref().map(datetime::to_unix_ms).transpose().map_err(|e| (at.clone().key("started_at"), e))?;
         let options = BackendOptions {
             zone: zone.clone(),
             capacity_per_s: *capacity_per_s,
@@ -238,17 +245,18 @@ impl FileBackend {
             probe_target: *probe_target,
             probe_path: *probe_path,
         };
-        Ok(Backend { weight, options, drain_deadline_unix_ms })
+        Ok(Backend { weight, options, drain_deadline_unix_ms, started_at_unix_ms })
     }
 
     pub fn from_model(address: IpAddr, backend: &Backend) -> Self {
-        let Backend { weight, options, drain_deadline_unix_ms } = backend;
+        let Backend { weight, options, drain_deadline_unix_ms, started_at_unix_ms } = backend;
         let BackendOptions { zone, capacity_per_s, spare_per_s, probe_target, probe_path } = options.clone();
         Self {
             address,
             weight: (*weight != 0).then_some(*weight),
             drain: *weight == 0,
             drain_deadline: drain_deadline_unix_ms.map(datetime::from_unix_ms),
+            started_at: started_at_unix_ms.map(datetime::from_unix_ms),
             zone,
             capacity_per_s,
             spare_per_s,
@@ -275,6 +283,7 @@ fn field_of(error: &ModelError) -> &'static str {
         E::SpareWithoutCapacity { .. } | E::SpareAboveCapacity { .. } => "spare_per_s",
         E::BadProbeTarget { .. } => "probe_target",
         E::DeadlineWithoutDrain { .. } => "drain_deadline",
+        E::StartWithoutWeight { .. } => "started_at",
         E::BadCidr { .. }
         | E::CidrPrefixOutOfRange { .. }
         | E::CidrHostBits { .. }

@@ -145,6 +145,43 @@ impl Document {
     }
 }
 
+/// `text` (the file `name`) with a line `started_at = TIME` after the `address` line of each
+/// backend of `starts` (VIP, backend, Unix ms): how `lbctl apply` writes the starts `lbd`
+/// gave into the file, so that every balancer given it ramps those backends alike. Comments
+/// and layout are kept. Refused (nothing written) unless the result declares exactly the
+/// file's state with those starts (say, a backend written as an inline table).
+pub fn with_starts(name: &str, text: &str, starts: &[(Vip, IpAddr, u64)]) -> Result<String, String> {
+    let doc = Document::parse(name, text.to_owned()).map_err(|e| e.to_string())?;
+    let mut want = doc.desired_state().map_err(|e| e.to_string())?;
+    let tree = DeTable::parse(text).map_err(|e| e.to_string())?;
+    let mut inserts = Vec::new();
+    for (vip, backend, at) in starts {
+        let declared = want.vips.get_mut(vip).and_then(|c| c.backends.get_mut(backend));
+        let Some(declared) = declared.filter(|b| b.started_at_unix_ms.is_none()) else {
+            return Err(format!("{name} declares no backend {backend} of {vip} without started_at"));
+        };
+        declared.started_at_unix_ms = Some(*at);
+        let address = locate::span_of(&tree, &doc.field_of(vip, Some(*backend)));
+        let end_of_line = text[address.end..].find('\n').map_or(text.len(), |i| address.end + i);
+        inserts.push((end_of_line, format!("\nstarted_at = {}", datetime::from_unix_ms(*at))));
+    }
+    inserts.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+    let mut out = text.to_owned();
+    for (at, line) in inserts {
+        out.insert_str(at, &line);
+    }
+    let written = Document::parse(name, out.clone()).and_then(|d| d.desired_state()).map_err(|e| e.to_string())?;
+    if written != want {
+        return Err("its backends are not written one [[vips.backends]] table each with address on a line of its own".to_owned());
+    }
+    Ok(out)
+}
+
+/// Unix milliseconds as the file writes a time (`2026-12-01T10:00:00.5Z`).
+pub fn format_unix_ms(ms: u64) -> String {
+    datetime::from_unix_ms(ms).to_string()
+}
+
 /// `state` as a configuration file (with `lbd` as its `[lbd]` table): what `lbctl export`
 /// prints. Applying it changes nothing. Health policy fields at their defaults are left out.
 pub fn export(state: &DesiredState, lbd: Option<toml::Table>) -> String {

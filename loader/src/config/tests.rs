@@ -174,6 +174,16 @@ fn bad_files_are_refused_with_place_field_and_reason() {
             "",
         ),
         (
+            with_backend("address = \"10.0.1.1\"\ndrain = true\nstarted_at = 2026-12-01T10:00:00Z"),
+            "vips[2].backends[0].started_at: backend 10.0.1.1 started_at: only a serving backend has one",
+            "",
+        ),
+        (
+            with_backend("address = \"10.0.1.1\"\nstarted_at = 2026-12-01"),
+            "vips[2].backends[0].started_at: 2026-12-01 is not a date and time with a UTC offset",
+            "",
+        ),
+        (
             with_backend("address = \"10.0.1.1\"\ndrain = true\ndrain_deadline = 2030-01-01T00:00:00"),
             "vips[2].backends[0].drain_deadline: 2030-01-01T00:00:00 is not a date and time with a UTC offset",
             "",
@@ -276,6 +286,28 @@ fn bad_files_are_refused_with_place_field_and_reason() {
         assert!(shown.contains(message), "{text:?}\n  refused with {shown:?}\n  expected {message:?}");
         assert!(shown.contains(hint), "{shown} lacks {hint:?}");
     }
+}
+
+#[test]
+fn starts_written_into_a_file_keep_the_rest_and_declare_them() {
+    let text = "# the fleet\n[[vips]]\nvip = \"10.0.0.1:80/tcp\"\n\n[[vips.backends]]\naddress = \"10.0.1.1\" # rack 4\nweight = 5\n\n\
+                [[vips.backends]]\nstarted_at = 2026-11-30T08:00:00Z\naddress = \"10.0.1.2\"\n\n[[vips.backends]]\naddress = \"10.0.1.3\"\n";
+    let (v, b1, b3) = (vip("10.0.0.1:80/tcp"), "10.0.1.1".parse().unwrap(), "10.0.1.3".parse().unwrap());
+    let at = 1_764_633_600_250; // 2025-12-02T00:00:00.250Z
+    let written = with_starts("test.toml", text, &[(v, b1, at), (v, b3, at + 1000)]).unwrap();
+    assert!(written.starts_with("# the fleet\n"), "{written}");
+    assert!(written.contains("address = \"10.0.1.1\" # rack 4\nstarted_at = 2025-12-02T00:00:00.25Z\nweight = 5\n"), "{written}");
+    assert!(written.ends_with("address = \"10.0.1.3\"\nstarted_at = 2025-12-02T00:00:01.25Z\n"), "{written}");
+    let state = parse(&written).unwrap();
+    let starts: Vec<Option<u64>> = state.vips[&v].backends.values().map(|b| b.started_at_unix_ms).collect();
+    assert_eq!(starts, [Some(at), Some(1_796_025_600_000), Some(at + 1000)]);
+    // A backend that has one already, or that the file lacks: refused, nothing written.
+    assert!(with_starts("test.toml", text, &[(v, "10.0.1.2".parse().unwrap(), at)]).is_err());
+    assert!(with_starts("test.toml", text, &[(v, "10.0.1.9".parse().unwrap(), at)]).is_err());
+    // Backends in an inline array: the line cannot be placed, refused.
+    let inline = "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nbackends = [{ address = \"10.0.1.1\" }]\n";
+    let refused = with_starts("test.toml", inline, &[(v, b1, at)]).unwrap_err();
+    assert!(refused.contains("test.toml"), "{refused}");
 }
 
 #[test]

@@ -113,8 +113,12 @@ pub struct Checks {
     /// Port pressure by backend host, from its agent.
     pressure: BTreeMap<IpAddr, Pressure>,
     local_alerts: BTreeMap<LocalCause, LocalAlert>,
-    /// `now_ms` counts from here (monotonic).
+    /// `now_ms` counts from here (monotonic)...
     epoch: Instant,
+    /// ...starting at the wall-clock time (Unix ms) read then: slow starts are functions of
+    /// wall-clock time (the desired state's starts are Unix times), and a clock step while
+    /// `lbd` runs moves no ramp or hold-down.
+    epoch_unix_ms: u64,
     /// The effective state last applied to the maps.
     pub programmed: DesiredState,
     /// When the effective state was last programmed by a health round (`None`: never).
@@ -144,11 +148,12 @@ impl Checks {
             pressure: BTreeMap::new(),
             local_alerts: BTreeMap::new(),
             epoch: Instant::now(),
+            epoch_unix_ms: super::core::unix_ms(),
             programmed: state.clone(),
             last_programmed_ms: None,
             snapshot_due: false,
         };
-        checks.sync(state, 0)?;
+        checks.sync(state, checks.now_ms())?;
         Ok(checks)
     }
 
@@ -156,8 +161,9 @@ impl Checks {
         &self.config.defaults
     }
 
+    /// The health clock: wall-clock Unix milliseconds, advanced monotonically since start.
     pub fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        self.epoch_unix_ms + self.epoch.elapsed().as_millis() as u64
     }
 
     fn policy<'a>(&'a self, config: &'a VipConfig) -> &'a HealthConfig {
@@ -190,9 +196,10 @@ impl Checks {
 
     /// Puts backends back in the states a previous `lbd` persisted.
     pub fn restore(&mut self, snapshot: &HealthSnapshot) {
+        let now_ms = self.now_ms();
         for entry in &snapshot.backends {
             if let Some(tracker) = self.trackers.get_mut(&entry.vip) {
-                tracker.restore(entry.backend, entry.state, 0);
+                tracker.restore(entry.backend, entry.state, now_ms);
             }
         }
         let restored = snapshot.backends.len();

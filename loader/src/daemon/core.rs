@@ -236,7 +236,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         };
         let target = match &mut health {
             Some(checks) => {
-                let effective = checks.effective(&state, 0);
+                let now_ms = checks.now_ms();
+                let effective = checks.effective(&state, now_ms);
                 checks.programmed = effective.clone();
                 effective
             }
@@ -550,7 +551,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 let weight = check_serving_weight(weight.unwrap_or(DEFAULT_WEIGHT))?;
                 let change =
                     backend_options(change("add_backend").field("vip", &vip).field("backend", &backend).field("weight", &weight), &options);
-                self.mutate(change, |s| s.add_backend_with(&vip, backend, Backend { weight, options, drain_deadline_unix_ms: None }))
+                self.mutate(change, |s| s.add_backend_with(&vip, backend, Backend { weight, options, ..Backend::default() }))
             }
             Request::SetBackendOptions { vip, backend, options } => {
                 let change = backend_options(change("set_backend_options").field("vip", &vip).field("backend", &backend), &options);
@@ -663,6 +664,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     fn mutate(&mut self, change: Change, edit: impl FnOnce(&mut DesiredState) -> Result<(), ModelError>) -> Result<Reply, CoreError> {
         let mut next = self.state.clone();
         edit(&mut next)?;
+        // A backend that starts serving gets its wall-clock start: its slow start runs from it.
+        next.stamp_starts(&self.state, unix_ms());
         next.validate()?;
         self.info.host.check(&self.state, &next)?;
         if next == self.state {

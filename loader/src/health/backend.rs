@@ -157,8 +157,11 @@ pub(super) enum Health {
     Slow {
         scale_permille: u64,
     },
-    /// Ramp starting at the backend's `since_ms`.
-    SlowStart,
+    /// Ramp from `from_ms` (see [`ramp_elapsed_ms`]): the backend's declared start, or when
+    /// this balancer readmitted it.
+    SlowStart {
+        from_ms: u64,
+    },
     Unhealthy,
     HeldDown {
         until_ms: u64,
@@ -170,7 +173,7 @@ impl Health {
         match self {
             Health::Healthy => State::Healthy,
             Health::Slow { .. } => State::Slow,
-            Health::SlowStart => State::SlowStart,
+            Health::SlowStart { .. } => State::SlowStart,
             Health::Unhealthy => State::Unhealthy,
             Health::HeldDown { .. } => State::HeldDown,
         }
@@ -178,19 +181,26 @@ impl Health {
 
     /// Takes new flows on its own merits (before the ejection cap and panic are applied).
     pub(super) const fn is_serving(self) -> bool {
-        matches!(self, Health::Healthy | Health::Slow { .. } | Health::SlowStart)
+        matches!(self, Health::Healthy | Health::Slow { .. } | Health::SlowStart { .. })
     }
 }
 
 /// A backend's health as a previous `lbd` left it (persisted across restarts; the JSON is
-/// `{"kind":"serving"}`, `{"kind":"slow_start","elapsed_ms":N}`, `{"kind":"failed","flaps":N}`).
+/// `{"kind":"serving"}`, `{"kind":"slow_start","elapsed_ms":N,"from_unix_ms":T}`,
+/// `{"kind":"failed","flaps":N}`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Restored {
     /// Healthy or slow: serving at full weight again (slowness is re-measured).
     Serving,
-    /// In slow start for `elapsed_ms` already: the ramp continues from there.
-    SlowStart { elapsed_ms: u64 },
+    /// In slow start since `from_unix_ms` (the health clock is wall-clock time): the ramp
+    /// continues where it is. `elapsed_ms` alone (an older `lbd`'s file): that far in.
+    SlowStart {
+        #[serde(default)]
+        elapsed_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from_unix_ms: Option<u64>,
+    },
     /// Unhealthy or held down: out until its probes pass `rise` times.
     Failed { flaps: u32 },
 }
@@ -222,20 +232,21 @@ pub(super) struct Backend {
     pub last_recovered_ms: Option<u64>,
     /// When it last went from serving to failed (Unhealthy or HeldDown); orders ejections.
     pub failed_since_ms: Option<u64>,
-    /// Slow start already done before a restart: the ramp resumes this far in.
-    pub slow_start_credit_ms: u64,
+    /// The operator's start (`model::Backend::started_at_unix_ms`) last seen.
+    pub declared_start_ms: Option<u64>,
     pub pressure: Pressure,
     /// When `pressure` last changed; orders pressure ejections after health ones.
     pub pressure_since_ms: u64,
 }
 
 impl Backend {
-    /// A new backend starts in slow start: it takes a little traffic at once and all of it
-    /// after `slow_start_ms`, unless its probes fail first.
-    pub fn new(configured_weight: u32, now_ms: u64) -> Self {
+    /// A new backend starts in slow start from its declared start (`None`: now): it takes a
+    /// little traffic at once and all of it after `slow_start_ms`, unless its probes fail
+    /// first. A start long enough ago is a finished ramp: the first `advance` makes it healthy.
+    pub fn new(configured_weight: u32, declared_start_ms: Option<u64>, now_ms: u64) -> Self {
         let mut backend = Self {
             configured_weight,
-            health: Health::SlowStart,
+            health: Health::SlowStart { from_ms: declared_start_ms.unwrap_or(now_ms) },
             since_ms: now_ms,
             reason: Reason::Added,
             drain: None,
@@ -246,7 +257,7 @@ impl Backend {
             flaps: 0,
             last_recovered_ms: None,
             failed_since_ms: None,
-            slow_start_credit_ms: 0,
+            declared_start_ms,
             pressure: Pressure::None,
             pressure_since_ms: now_ms,
         };
@@ -280,11 +291,6 @@ impl Backend {
         self.health = health;
         self.reason = reason;
         self.since_ms = now_ms;
-        self.slow_start_credit_ms = 0;
-    }
-
-    fn slow_start_elapsed_ms(&self, now_ms: u64) -> u64 {
-        now_ms.saturating_sub(self.since_ms).saturating_add(self.slow_start_credit_ms)
     }
 
     /// Applies one probe outcome (no slow verdict: that needs the peers, see `judge_latency`).
@@ -325,7 +331,7 @@ impl Backend {
             _ => Reason::ConsecutiveFailures { failures, last: last.to_owned() },
         };
         match self.health {
-            Health::Healthy | Health::Slow { .. } | Health::SlowStart => {
+            Health::Healthy | Health::Slow { .. } | Health::SlowStart { .. } => {
                 let flapped = self.last_recovered_ms.is_some_and(|at| now_ms.saturating_sub(at) < config.flap_window_ms);
                 self.flaps = if flapped { self.flaps.saturating_add(1) } else { 0 };
                 self.set(Health::Unhealthy, reason, now_ms);
@@ -358,15 +364,17 @@ impl Backend {
         }
     }
 
+    /// Readmitted by its probes: this balancer's own ramp, from now (on wall-clock steps, so
+    /// balancers that readmit it within the same step ramp it alike).
     fn recover(&mut self, reason: Reason, now_ms: u64) {
         self.last_recovered_ms = Some(now_ms);
-        self.set(Health::SlowStart, reason, now_ms);
+        self.set(Health::SlowStart { from_ms: now_ms }, reason, now_ms);
     }
 
     /// Time-driven transitions: the end of slow start, the end of a hold-down.
     pub fn advance(&mut self, config: &HealthConfig, now_ms: u64) {
         match self.health {
-            Health::SlowStart if self.slow_start_elapsed_ms(now_ms) >= config.slow_start_ms => {
+            Health::SlowStart { from_ms } if ramp_elapsed_ms(from_ms, now_ms, config) >= config.slow_start_ms => {
                 self.set(Health::Healthy, Reason::SlowStartComplete, now_ms);
             }
             Health::HeldDown { until_ms } if now_ms >= until_ms && self.failures == 0 => self.recover(Reason::HoldDownExpired, now_ms),
@@ -408,7 +416,7 @@ impl Backend {
         let own = match self.health {
             Health::Healthy => weight,
             Health::Slow { scale_permille } => (weight * scale_permille / 1000).max(1),
-            Health::SlowStart => slow_start_weight(weight, self.slow_start_elapsed_ms(now_ms), config),
+            Health::SlowStart { from_ms } => slow_start_weight(weight, ramp_elapsed_ms(from_ms, now_ms, config), config),
             Health::Unhealthy | Health::HeldDown { .. } => 0,
         };
         own.min(weight) as u32
@@ -417,9 +425,9 @@ impl Backend {
     pub fn restore(&mut self, restored: Restored, now_ms: u64) {
         match restored {
             Restored::Serving => self.set(Health::Healthy, Reason::Restored, now_ms),
-            Restored::SlowStart { elapsed_ms } => {
-                self.set(Health::SlowStart, Reason::Restored, now_ms);
-                self.slow_start_credit_ms = elapsed_ms;
+            Restored::SlowStart { elapsed_ms, from_unix_ms } => {
+                let from_ms = from_unix_ms.unwrap_or_else(|| now_ms.saturating_sub(elapsed_ms));
+                self.set(Health::SlowStart { from_ms }, Reason::Restored, now_ms);
             }
             Restored::Failed { flaps } => {
                 self.flaps = flaps;
@@ -432,27 +440,60 @@ impl Backend {
     pub fn to_restored(&self, now_ms: u64) -> Restored {
         match self.health {
             Health::Healthy | Health::Slow { .. } => Restored::Serving,
-            Health::SlowStart => Restored::SlowStart { elapsed_ms: self.slow_start_elapsed_ms(now_ms) },
+            Health::SlowStart { from_ms } => {
+                Restored::SlowStart { elapsed_ms: now_ms.saturating_sub(from_ms), from_unix_ms: Some(from_ms) }
+            }
             Health::Unhealthy | Health::HeldDown { .. } => Restored::Failed { flaps: self.flaps },
         }
     }
 
-    /// Operator weight from the desired state: 0 drains, a weight after a drain restarts
-    /// with slow start (it had no new flows). A backend that failed while drained stays
-    /// failed for the reason it failed (`vip_path_failed` says more than `operator_undrain`).
-    pub fn set_configured_weight(&mut self, weight: u32, now_ms: u64) {
+    /// Operator weight and start from the desired state: 0 drains, a weight after a drain
+    /// restarts with slow start from the declared start (it had no new flows). A backend
+    /// that failed while drained stays failed for the reason it failed (`vip_path_failed`
+    /// says more than `operator_undrain`). A serving backend whose declared start changed
+    /// (a file gave the start another balancer gave) ramps from the new one, as that
+    /// balancer does; a start whose ramp is over leaves a healthy backend healthy.
+    pub fn set_declared(&mut self, weight: u32, declared_start_ms: Option<u64>, config: &HealthConfig, now_ms: u64) {
         self.configured_weight = weight;
+        let start_changed = declared_start_ms.is_some() && declared_start_ms != self.declared_start_ms;
+        self.declared_start_ms = declared_start_ms;
         match (weight, self.drain) {
             (0, None) => self.drain = Some(Drain { since_ms: now_ms }),
             (1.., Some(_)) => {
                 self.drain = None;
                 if self.health.is_serving() {
-                    self.set(Health::SlowStart, Reason::OperatorUndrain, now_ms);
+                    self.set(Health::SlowStart { from_ms: declared_start_ms.unwrap_or(now_ms) }, Reason::OperatorUndrain, now_ms);
+                }
+            }
+            (1.., None) if start_changed && self.health.is_serving() => {
+                let from_ms = declared_start_ms.unwrap_or(now_ms);
+                match self.health {
+                    Health::SlowStart { .. } => self.health = Health::SlowStart { from_ms },
+                    _ if ramp_elapsed_ms(from_ms, now_ms, config) < config.slow_start_ms => {
+                        self.set(Health::SlowStart { from_ms }, Reason::Added, now_ms)
+                    }
+                    _ => {}
                 }
             }
             _ => {}
         }
     }
+}
+
+/// Steps of a slow start: its weight changes only at wall-clock multiples of
+/// `slow_start_ms / SLOW_START_STEPS` (3 s of the default 30 s).
+pub const SLOW_START_STEPS: u64 = 10;
+
+/// How far a ramp from `from_ms` is at `now_ms` (both wall-clock, Unix ms), counted in whole
+/// steps between wall-clock multiples of the step: the ramp starts at the first multiple at
+/// or after `from_ms` and moves at each later one. So the weight is a function of the start
+/// and the wall clock alone: balancers with the same start (or starts within the same step)
+/// compute the same weight at every moment but the few milliseconds their clocks differ
+/// around a step, and a table changes `SLOW_START_STEPS` times a ramp, not every second.
+pub fn ramp_elapsed_ms(from_ms: u64, now_ms: u64, config: &HealthConfig) -> u64 {
+    let step = (config.slow_start_ms / SLOW_START_STEPS).max(1);
+    let start = from_ms.div_ceil(step).saturating_mul(step);
+    (now_ms / step * step).saturating_sub(start)
 }
 
 /// The slow-start ramp: `floor + (weight - floor) × elapsed / slow_start_ms`, where the

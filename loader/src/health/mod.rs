@@ -4,8 +4,9 @@
 //! In the Gmail outage routers declared themselves unavailable under overload, and each
 //! refusal pushed load onto the survivors until almost all failed. A balancer that ejects
 //! every backend that looks sick does the same to its backends. This module is pure and
-//! deterministic: no sockets, no clocks (time comes in as `now_ms`, a monotonic clock owned by
-//! the caller), no daemon wiring. Probes feed [`HealthTracker::observe`]; the daemon programs
+//! deterministic: no sockets, no clocks (time comes in as `now_ms`, owned by the caller: in
+//! `lbd` wall-clock Unix milliseconds, read once at start and advanced monotonically), no
+//! daemon wiring. Probes feed [`HealthTracker::observe`]; the daemon programs
 //! [`HealthTracker::effective_weights`] and logs [`HealthEvent`]s (one key=value line each).
 //!
 //! # One backend (`backend.rs`)
@@ -37,7 +38,13 @@
 //!   recovery is held down for `hold_down_base_ms × 2^(flaps-1)` (capped) before slow start;
 //!   staying up longer than the window resets the count.
 //! - Slow start is linear from `slow_start_floor` of the weight (at least 1) to exactly the
-//!   configured weight at `slow_start_ms`; non-decreasing in between.
+//!   configured weight at `slow_start_ms`; non-decreasing in between. It is a function of
+//!   its start and the wall clock only ([`ramp_elapsed_ms`]: whole steps between wall-clock
+//!   multiples of `slow_start_ms / 10`), so every balancer computes the same weight at the
+//!   same moment. The start is the operator's (`started_at` in the desired state: added, or
+//!   given a weight again; the same on every balancer given the same file) or, after a
+//!   readmission by the probes, the moment this balancer readmitted it: per balancer by
+//!   nature, and still the same ramp on balancers that readmit it within the same step.
 //! - Slow: smoothed latency (EWMA over ~4 probes) above `max(slow_factor × peer median,
 //!   peer median + slow_margin_ms)`, with at least `slow_min_peers` peers. Each slow verdict
 //!   takes `slow_step` of the weight away down to `slow_floor`; each normal one gives it back.
@@ -100,7 +107,7 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
-pub use backend::{Pressure, ProbeOutcome, Reason, Restored, State, slow_start_weight};
+pub use backend::{Pressure, ProbeOutcome, Reason, Restored, SLOW_START_STEPS, State, ramp_elapsed_ms, slow_start_weight};
 pub use config::{HealthConfig, HealthConfigError, MAX_DURATION_MS, MAX_JITTER, MAX_RISE_FALL};
 pub use placement::{Candidate, Placement, place};
 pub use schedule::{ProbeKey, next_probe_at};

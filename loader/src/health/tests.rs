@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use super::*;
-use crate::model::Vip;
+use crate::model::{Vip, VipConfig};
 
 fn vip() -> Vip {
     "10.100.0.1:80/tcp".parse().unwrap()
@@ -115,10 +115,11 @@ fn ejection_cap_and_panic_decide_who_keeps_traffic() {
         (HealthConfig::default(), &["?++"; 50], &[(1, 100), (2, 100), (3, 100)], &[H, H, H], false, false),
         // ... nor breaks or extends a streak of real outcomes.
         (HealthConfig::default(), &["-++", "?++", "???", "-++"], &[(1, 0), (2, 100), (3, 100)], &[U, H, H], false, false),
-        // Recovery: `rise` (2) successes, then slow start from the floor (10%); read 1 s in:
-        // 10 + 90 × 1/30.
+        // Recovery: `rise` (2) successes, then slow start from the floor (10%); read 1 s in,
+        // still the floor: the ramp moves at 3 s steps of the wall clock (readmitted at
+        // 34 s, it starts at 36 s).
         (HealthConfig::default(), &["-++", "-++", "+++"], &[(1, 0), (2, 100), (3, 100)], &[U, H, H], false, false),
-        (HealthConfig::default(), &["-++", "-++", "+++", "+++"], &[(1, 13), (2, 100), (3, 100)], &[SS, H, H], false, false),
+        (HealthConfig::default(), &["-++", "-++", "+++", "+++"], &[(1, 10), (2, 100), (3, 100)], &[SS, H, H], false, false),
         // Flapping: failing within the flap window of recovering holds the next recovery down.
         (HealthConfig::default(), &["-++", "-++", "+++", "+++", "-++", "-++", "+++", "+++"],
             &[(1, 0), (2, 100), (3, 100)], &[HeldDown, H, H], false, false),
@@ -199,8 +200,11 @@ fn recovery_ramps_linearly_to_exactly_the_configured_weight() {
     let (mut t, mut now) = settled(3, HealthConfig::default());
     run(&mut t, &mut now, &["-++", "-++", "+++", "+++"]);
     let start = t.backends(now)[0].since_ms;
-    let mut last = 0;
-    for ms in (start..=start + 31_000).step_by(250) {
+    // The ramp runs from the first 3 s step of the wall clock at or after the readmission.
+    let step = t.config().slow_start_ms / SLOW_START_STEPS;
+    let ramp_start = start.div_ceil(step) * step;
+    let mut last = t.effective_weights(start)[&be(1)];
+    for ms in (start..=ramp_start + 31_000).step_by(250) {
         // Probes keep passing; weights are read between them.
         if ms % 1000 == 0 {
             t.observe(be(1), &OK, ms).unwrap();
@@ -208,14 +212,15 @@ fn recovery_ramps_linearly_to_exactly_the_configured_weight() {
         }
         let w = t.effective_weights(ms)[&be(1)];
         assert!(w >= last, "slow start went down at {ms}: {last} -> {w}");
-        if ms - start >= 30_000 {
+        assert!(w == last || ms % step == 0, "the weight moved between steps, at {ms}: {last} -> {w}");
+        if ms >= ramp_start + 30_000 {
             assert_eq!(w, 100, "full weight at the end of slow start");
         } else {
-            assert!(w < 100 || ms - start >= 29_700, "{w} at {}", ms - start);
+            assert!(w < 100, "{w} at {}", ms - ramp_start);
         }
         last = w;
     }
-    assert_eq!(t.backends(start + 30_000)[0].state, H);
+    assert_eq!(t.backends(ramp_start + 30_000)[0].state, H);
     // The ramp itself, for odd weights too: monotonic, floor at 0, exact at the end.
     let config = HealthConfig::default();
     for weight in [1, 3, 7, 100, 999, 1_000_000] {
@@ -455,14 +460,101 @@ fn restored_backends_keep_their_state_across_a_restart() {
     now += 10_000;
     let snapshot = before.snapshot(now);
 
-    let mut after = HealthTracker::new(vip(), config).unwrap();
-    after.sync([(be(1), 100), (be(2), 100), (be(3), 100), (be(4), 100)], 0);
+    // The health clock is wall-clock time: the next `lbd` starts 5 s later on the same axis.
+    now += 5_000;
+    let mut after = HealthTracker::new(vip(), config.clone()).unwrap();
+    after.sync([(be(1), 100), (be(2), 100), (be(3), 100), (be(4), 100)], now);
     for (backend, restored) in snapshot {
-        after.restore(backend, restored, 0);
+        after.restore(backend, restored, now);
     }
-    assert_eq!(states(&after, 0), [H, State::Unhealthy, H, State::SlowStart]);
-    // The new backend's ramp continues where it was (10 s of 30 s in), not from the floor.
-    let ramp = after.effective_weights(0)[&be(4)];
-    assert_eq!(ramp, slow_start_weight(100, 10_000, after.config()) as u32);
-    assert_eq!(after.effective_weights(0)[&be(2)], 0, "a failed backend gets no traffic back before its probes pass");
+    assert_eq!(states(&after, now), [H, State::Unhealthy, H, State::SlowStart]);
+    // The new backend's ramp continues where it is (as if no restart), not from the floor.
+    assert_eq!(after.effective_weights(now)[&be(4)], before.effective_weights(now)[&be(4)]);
+    assert!(after.effective_weights(now)[&be(4)] > 10);
+    assert_eq!(after.effective_weights(now)[&be(2)], 0, "a failed backend gets no traffic back before its probes pass");
+
+    // An older lbd's file says only how far in the ramp was.
+    let mut legacy = HealthTracker::new(vip(), config).unwrap();
+    legacy.sync([(be(4), 100)], now);
+    legacy.restore(be(4), Restored::SlowStart { elapsed_ms: 15_000, from_unix_ms: None }, now);
+    assert_eq!(legacy.backends(now)[0].state, State::SlowStart);
+    assert!(legacy.effective_weights(now)[&be(4)] >= slow_start_weight(100, 12_000, legacy.config()) as u32);
+}
+
+#[test]
+fn the_ramp_moves_on_wall_clock_steps_from_the_first_step_at_or_after_its_start() {
+    let config = HealthConfig::default();
+    // 3 s steps: a start at 10.5 s ramps from 12 s.
+    assert_eq!(ramp_elapsed_ms(10_500, 10_500, &config), 0);
+    assert_eq!(ramp_elapsed_ms(10_500, 14_999, &config), 0);
+    assert_eq!(ramp_elapsed_ms(10_500, 15_000, &config), 3_000);
+    assert_eq!(ramp_elapsed_ms(10_500, 17_999, &config), 3_000);
+    assert_eq!(ramp_elapsed_ms(10_500, 18_000, &config), 6_000);
+    assert_eq!(ramp_elapsed_ms(12_000, 12_000, &config), 0, "a start on a step starts there");
+    assert_eq!(ramp_elapsed_ms(20_000, 10_000, &config), 0, "a start in the future: the floor until then");
+    // Starts within the same step give the same ramp at every moment.
+    for now in (0..60_000).step_by(100) {
+        assert_eq!(ramp_elapsed_ms(9_001, now, &config), ramp_elapsed_ms(11_999, now, &config), "at {now}");
+    }
+    // Two balancers whose clocks differ by 50 ms agree but for 50 ms at each step.
+    let weight = |now| slow_start_weight(100, ramp_elapsed_ms(10_500, now, &config), &config);
+    let disagree = (0..60_000).filter(|now| weight(*now) != weight(now + 50)).count();
+    assert_eq!(disagree, 50 * SLOW_START_STEPS as usize, "10 steps from the floor to full weight, 50 ms each");
+    // Slow start off: no ramp.
+    let off = HealthConfig { slow_start_ms: 0, ..HealthConfig::default() };
+    assert_eq!(slow_start_weight(100, ramp_elapsed_ms(10_500, 10_500, &off), &off), 100);
+}
+
+/// Weights of `be(4)` (declared start `start`) at each second of `range` on a tracker that
+/// got it at `joined` (a balancer that started, or restarted, then).
+fn ramp_seen(start: u64, joined: u64, range: std::ops::Range<u64>) -> Vec<u32> {
+    let mut t = HealthTracker::new(vip(), HealthConfig::default()).unwrap();
+    let config = VipConfig {
+        backends: [(be(4), crate::model::Backend { weight: 100, started_at_unix_ms: Some(start), ..Default::default() })].into(),
+        ..VipConfig::default()
+    };
+    t.sync_config(&config, joined);
+    range
+        .step_by(1000)
+        .map(|now| {
+            t.observe(be(4), &OK, now).unwrap();
+            t.tick(now);
+            t.effective_weights(now)[&be(4)]
+        })
+        .collect()
+}
+
+#[test]
+fn a_declared_start_gives_every_balancer_the_same_ramp_whenever_it_joined() {
+    let start = 1_764_620_000_500; // a wall-clock time, Unix ms
+    // lb2 had it from its start; lb1 joins (or restarts) 12 s into the ramp.
+    let lb2 = ramp_seen(start, start, start + 12_000..start + 40_000);
+    let lb1 = ramp_seen(start, start + 12_000, start + 12_000..start + 40_000);
+    assert_eq!(lb1, lb2);
+    assert!(lb1[0] > 10 && lb1[0] < 100, "mid-ramp when lb1 joins: {}", lb1[0]);
+    assert_eq!(*lb1.last().unwrap(), 100);
+    // A start longer ago than the ramp: full weight at once, no ramp of its own.
+    assert!(ramp_seen(start, start + 40_000, start + 40_000..start + 45_000).iter().all(|w| *w == 100));
+}
+
+#[test]
+fn a_changed_declared_start_moves_the_ramp_and_an_undrain_ramps_from_its_new_start() {
+    let (mut t, now) = settled(2, HealthConfig::default());
+    let now = now + 100_000;
+    let backend = |weight, start| crate::model::Backend { weight, started_at_unix_ms: start, ..Default::default() };
+    let with = |b1| VipConfig { backends: [(be(1), b1), (be(2), backend(100, None))].into(), ..VipConfig::default() };
+    // A file brings the start another balancer gave, 6 s ago: the ramp is that balancer's.
+    t.sync_config(&with(backend(100, Some(now - 6_000))), now);
+    assert_eq!(states(&t, now)[0], SS);
+    assert_eq!(t.effective_weights(now)[&be(1)], slow_start_weight(100, ramp_elapsed_ms(now - 6_000, now, t.config()), t.config()) as u32);
+    // ... then an older one: the ramp is over, healthy again.
+    t.sync_config(&with(backend(100, Some(now - 60_000))), now);
+    t.tick(now);
+    assert_eq!((states(&t, now)[0], t.effective_weights(now)[&be(1)]), (H, 100));
+    // Drained, then given a weight again with a start: from that start.
+    t.sync_config(&with(backend(0, None)), now);
+    assert_eq!(t.effective_weights(now)[&be(1)], 0);
+    t.sync_config(&with(backend(100, Some(now + 9_000))), now + 1_000);
+    assert_eq!(states(&t, now + 1_000)[0], SS);
+    assert_eq!(t.effective_weights(now + 20_000)[&be(1)], slow_start_weight(100, 9_000, t.config()) as u32);
 }

@@ -162,26 +162,32 @@ impl HealthTracker {
         Ok(())
     }
 
-    /// Makes the table follow the desired state's backends and weights: new backends start
-    /// in slow start, weight 0 drains, a weight after a drain restarts slow start, removed
-    /// backends are forgotten.
+    /// Makes the table follow the desired state's backends and weights (none with a declared
+    /// start: see [`Self::sync_config`]).
     pub fn sync(&mut self, backends: impl IntoIterator<Item = (IpAddr, u32)>, now_ms: u64) {
-        let wanted: BTreeMap<IpAddr, u32> = backends.into_iter().collect();
+        self.sync_declared(backends.into_iter().map(|(addr, weight)| (addr, weight, None)), now_ms);
+    }
+
+    /// `sync` from a VIP of the desired state, with each backend's declared start.
+    pub fn sync_config(&mut self, config: &VipConfig, now_ms: u64) {
+        self.sync_declared(config.backends.iter().map(|(addr, b)| (*addr, b.weight, b.started_at_unix_ms)), now_ms);
+    }
+
+    /// New backends start in slow start from their declared start (else now), weight 0
+    /// drains, a weight after a drain restarts slow start, a changed start moves the ramp,
+    /// removed backends are forgotten.
+    fn sync_declared(&mut self, backends: impl IntoIterator<Item = (IpAddr, u32, Option<u64>)>, now_ms: u64) {
+        let wanted: BTreeMap<IpAddr, (u32, Option<u64>)> = backends.into_iter().map(|(addr, w, start)| (addr, (w, start))).collect();
         self.backends.retain(|addr, _| wanted.contains_key(addr));
-        for (addr, weight) in wanted {
+        for (addr, (weight, start)) in wanted {
             match self.backends.get(&addr) {
-                Some(_) => self.update(addr, now_ms, |b, _| b.set_configured_weight(weight, now_ms)),
+                Some(_) => self.update(addr, now_ms, |b, config| b.set_declared(weight, start, config, now_ms)),
                 None => {
-                    self.backends.insert(addr, Backend::new(weight, now_ms));
+                    self.backends.insert(addr, Backend::new(weight, start, now_ms));
                 }
             }
         }
         self.refresh(now_ms);
-    }
-
-    /// `sync` from a VIP of the desired state.
-    pub fn sync_config(&mut self, config: &VipConfig, now_ms: u64) {
-        self.sync(config.backends.iter().map(|(addr, b)| (*addr, b.weight)), now_ms);
     }
 
     /// Records the port pressure the backend's agent reports.

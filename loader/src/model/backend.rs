@@ -24,6 +24,12 @@ pub struct Backend {
     /// persisted, so a restart of `lbd` neither forgets nor extends it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_deadline_unix_ms: Option<u64>,
+    /// While serving: when (Unix time, ms) it started, i.e. was added or given a weight again
+    /// after a drain. Its slow start runs from here on the wall clock, so every balancer
+    /// given the same start ramps it alike (`None`: not known, a state from before the field;
+    /// such a backend ramps from when this `lbd` first had it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_unix_ms: Option<u64>,
 }
 
 /// What else the operator says about a backend; every part is optional.

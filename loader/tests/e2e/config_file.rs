@@ -79,16 +79,16 @@ fn lbd_starts_from_the_file_and_lbctl_diffs_applies_and_exports() {
     file.write(&declaring(&[(1, 200), (2, 100), (3, 100)]));
     let out = c.lbctl_output(&["diff", "-f", file.path()]).unwrap();
     let (b1, b3) = (backend4(1), backend4(3));
-    assert_eq!(
-        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned()),
-        (
-            Some(1),
-            format!(
-                "~ backend {b1} in {vip}: weight 100 -> 200\n+ backend {b3} in {vip}: address=\"{b3}\", weight=100\n\
-                 2 changes would be applied (nothing was changed)\n"
-            )
-        )
-    );
+    // The new backend would start now (its slow start's start, `started_at`).
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert_eq!(lines[0], format!("~ backend {b1} in {vip}: weight 100 -> 200"));
+    let added = format!("+ backend {b3} in {vip}: address=\"{b3}\", started_at=\"");
+    assert!(lines[1].starts_with(&added) && lines[1].ends_with("Z\", weight=100"), "{stdout}");
+    assert_eq!(lines[2], "2 changes would be applied (nothing was changed)");
+    assert!(!std::fs::read_to_string(file.path()).unwrap().contains("started_at"), "diff wrote into the file");
     let out = c.lbctl_output(&["diff", "-f", file.path(), "-o", "json"]).unwrap();
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((json["applied"].as_bool(), json["changes"].as_array().map(Vec::len)), (Some(false), Some(2)), "{json}");
@@ -98,6 +98,10 @@ fn lbd_starts_from_the_file_and_lbctl_diffs_applies_and_exports() {
     let applied = c.lbctl(&["apply", "-f", file.path()]).unwrap();
     assert!(applied.starts_with(&format!("~ backend {b1} in {vip}: weight 100 -> 200\n")), "{applied}");
     assert!(applied.contains("\napplied 2 changes (slots_written="), "{applied}");
+    // The start lbd gave the new backend is in the file now, for the other balancers.
+    assert!(applied.contains(&format!("wrote started_at of 1 backends into {}", file.path())), "{applied}");
+    let written = std::fs::read_to_string(file.path()).unwrap();
+    assert!(written.contains(&format!("address = \"{b3}\"\nstarted_at = ")), "{written}");
     assert_eq!(backend_weights(&c), [(b1.to_string(), 200), (backend4(2).to_string(), 100), (b3.to_string(), 100)]);
     wait_until(Duration::from_secs(10), "b3 healthy", || all_healthy(&c, &vip));
     assert_shares(&connections(&c, tcp_target(false), 200), &shares(&[("b1", 0.5), ("b2", 0.25), ("b3", 0.25)]), 200);

@@ -10,5 +10,6 @@ mod bfd;
 mod failover;
 mod loops;
 mod second_chance;
+mod slow_start;
 mod support;
 mod tables;

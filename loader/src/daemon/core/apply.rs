@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, path::PathBuf, time::Instant};
 
 use super::{Core, CoreError, Counters, unix_ms};
 use crate::{
-    api::{AnnouncementsStatus, Applied, ConfigStatus, Exported, MapUsage, Reply, Status, WatcherStatus},
+    api::{AnnouncementsStatus, Applied, ConfigStatus, Exported, MapUsage, Reply, Started, Status, WatcherStatus},
     config::{self, Change, ChangeKind, ConfigError, Document},
     daemon::settings::{RunningSettings, Section, Settings},
     event,
@@ -90,6 +90,12 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         for config in next.vips.values_mut() {
             config.backends.retain(|_, b| b.drain_deadline_unix_ms.is_none_or(|deadline| deadline > now));
         }
+        // Here rather than only in `mutate`, so that the diff and the answer show the starts.
+        let started: Vec<Started> = next
+            .stamp_starts(&self.state, now)
+            .into_iter()
+            .map(|(vip, backend, started_at_unix_ms)| Started { vip, backend, started_at_unix_ms })
+            .collect();
         self.info.host.check(&self.state, &next).map_err(|e| CoreError::Config(host_refusal(doc, e)))?;
         let cut: BTreeMap<Vip, usize> = self
             .state
@@ -108,7 +114,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             if refused {
                 mark_refused_removals(&mut changes, &cut);
             }
-            return Ok(Applied { applied: false, changes, notes, slots_written: 0, tables_flipped: 0 });
+            return Ok(Applied { applied: false, changes, notes, slots_written: 0, tables_flipped: 0, started });
         }
         for change in &changes {
             event!(info, "config_change", source = doc.name(), change = change);
@@ -128,7 +134,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 event!(warn, "config_mark_not_saved", file = crate::store::CONFIG_MARK_FILE, error = super::error_chain(&e));
             }
         }
-        Ok(Applied { applied: true, changes, notes, slots_written, tables_flipped })
+        Ok(Applied { applied: true, changes, notes, slots_written, tables_flipped, started })
     }
 
     /// Persists the state `lbd` started from, which `mark` says its `--config` file declared

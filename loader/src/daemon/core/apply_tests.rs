@@ -93,6 +93,36 @@ fn export_then_apply_changes_nothing_and_lbctl_edits_show() {
 }
 
 #[test]
+fn a_backend_new_here_gets_a_start_that_the_same_file_again_keeps_and_a_given_one_replaces() {
+    let mut f = Fixture::new();
+    let applied = f.apply(FILE, false, false).unwrap();
+    let (v, b1) = (vip("10.100.0.1:80/tcp"), "10.0.0.1".parse().unwrap());
+    assert_eq!(applied.started.len(), 3, "every backend is new here: {:?}", applied.started);
+    let given = f.core.state().vips[&v].backends[&b1].started_at_unix_ms;
+    assert_eq!(given, Some(applied.started[0].started_at_unix_ms));
+    // The same file again (still without starts) restarts nothing.
+    let again = f.apply(FILE, false, false).unwrap();
+    assert_eq!((again.changes.len(), again.started.len()), (0, 0), "{:?}", again.changes);
+    // A file with the start another balancer gave: that one.
+    let other = FILE.replacen("address = \"10.0.0.1\"", "address = \"10.0.0.1\"\nstarted_at = 2026-11-30T08:00:00Z", 1);
+    let applied = f.apply(&other, false, false).unwrap();
+    let lines: Vec<String> = applied.changes.iter().map(ToString::to_string).collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("started_at ") && lines[0].ends_with(" -> \"2026-11-30T08:00:00Z\""), "{lines:?}");
+    assert_eq!(f.core.state().vips[&v].backends[&b1].started_at_unix_ms, Some(1_796_025_600_000));
+    // The export carries every start: another balancer given it starts none of its own.
+    let exported = f.export();
+    let mut g = Fixture::new();
+    assert_eq!(g.apply(&exported, false, false).unwrap().started, []);
+    assert_eq!(g.core.state(), f.core.state());
+    // A drain forgets the start; a weight again is a new start.
+    f.core.handle(Request::DrainBackend { vip: v, backend: b1, deadline_s: None, force: false }).unwrap();
+    assert_eq!(f.core.state().vips[&v].backends[&b1].started_at_unix_ms, None);
+    f.core.handle(Request::SetWeight { vip: v, backend: b1, weight: 100 }).unwrap();
+    assert!(f.core.state().vips[&v].backends[&b1].started_at_unix_ms.is_some_and(|t| t > 1_796_025_600_000));
+}
+
+#[test]
 fn a_dry_run_reports_and_changes_nothing() {
     let mut f = Fixture::new();
     let applied = f.apply(FILE, true, false).unwrap();
