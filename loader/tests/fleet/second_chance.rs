@@ -7,9 +7,8 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use spillway_harness::cluster::TCP_PORT;
-use spillway_harness::fleet::{Balancer, vip_target};
-use spillway_harness::{Signal, Stream};
+use spillway_harness::Signal;
+use spillway_harness::fleet::Balancer;
 
 use crate::support::{self, echo_vip, wait_for_next_hops};
 
@@ -48,14 +47,7 @@ fn a_backend_added_while_a_balancer_is_down_keeps_that_balancers_flows() {
     }
     wait_for_next_hops(&fleet, &[lb1, lb2], Duration::from_secs(20));
     // Long-lived connections, quiet while the balancer dies and the backend is added.
-    let mut streams: Vec<Stream> = Vec::new();
-    for client in fleet.clients() {
-        for _ in 0..STREAMS_PER_CLIENT {
-            let mut stream = client.in_netns(|| Stream::open(vip_target(TCP_PORT), Duration::from_secs(10))).unwrap();
-            stream.ping().unwrap();
-            streams.push(stream);
-        }
-    }
+    let mut streams = support::open_streams(&fleet, STREAMS_PER_CLIENT);
     let on_lb1 = clients_on(lb1);
     assert!(!on_lb1.is_empty() && on_lb1.len() < streams.len(), "{} of {} streams on lb1", on_lb1.len(), streams.len());
     std::thread::sleep(Duration::from_secs(3));

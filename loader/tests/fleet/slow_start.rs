@@ -7,8 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use spillway_harness::cluster::TCP_PORT;
-use spillway_harness::fleet::{Balancer, Fleet, vip_target};
+use spillway_harness::fleet::{Balancer, Fleet};
 use spillway_harness::{Signal, Stream};
 
 use crate::support::{self, echo_vip, http_vip, vip_json, wait_for_next_hops};
@@ -125,14 +124,7 @@ fn balancers_program_the_same_ramp_whether_or_not_they_were_up_when_it_began() {
     println!("the fourth backend ramped on lb2 in {ramped:?}");
 
     // Long-lived connections through lb2, a quarter of them on the new backend.
-    let mut streams: Vec<Stream> = Vec::new();
-    for client in fleet.clients() {
-        for _ in 0..STREAMS_PER_CLIENT {
-            let mut stream = client.in_netns(|| Stream::open(vip_target(TCP_PORT), Duration::from_secs(10))).unwrap();
-            stream.ping().unwrap();
-            streams.push(stream);
-        }
-    }
+    let mut streams = support::open_streams(&fleet, STREAMS_PER_CLIENT);
     let on_b4 = streams.iter().filter(|s| s.backend() == fleet.backends()[3].name()).count();
     println!("{on_b4} of {} connections on the fourth backend", streams.len());
     assert!(on_b4 > 0, "no connection on the new backend: this proves nothing");

@@ -122,3 +122,17 @@ pub fn connect_all(fleet: &Fleet, count: usize) -> spillway_harness::Tally {
 pub fn client(fleet: &Fleet, i: usize) -> &Host {
     &fleet.clients()[i]
 }
+
+/// `per_client` long-lived connections to the echo VIP from every client, each answered once.
+pub fn open_streams(fleet: &Fleet, per_client: usize) -> Vec<spillway_harness::Stream> {
+    let mut streams = Vec::new();
+    for client in fleet.clients() {
+        for _ in 0..per_client {
+            let target = spillway_harness::fleet::vip_target(TCP_PORT);
+            let mut stream = client.in_netns(|| spillway_harness::Stream::open(target, Duration::from_secs(10))).unwrap();
+            stream.ping().unwrap();
+            streams.push(stream);
+        }
+    }
+    streams
+}
