@@ -393,10 +393,14 @@ impl Reconciler {
         runtime: &mut VipRuntime,
         report: &mut ApplyReport,
     ) -> Result<(), ReconcileError> {
-        // New backends exist in the map before any slot can name them.
+        // New backends exist in the map before any slot can name them. An id the VIP's
+        // second-chance table still names would make the new backend the second candidate of
+        // flows that belonged to the id's last owner: such ids are handed out last.
+        let named_by_prior: BTreeSet<u32> =
+            runtime.prior.as_ref().and_then(|t| t.slots.as_ref()).map(|slots| slots.iter().copied().collect()).unwrap_or_default();
         for addr in config.backends.keys() {
             if !runtime.backends.contains_key(addr) {
-                let id = self.allocate_backend(maps, runtime.id, *addr)?;
+                let id = self.allocate_backend(maps, runtime.id, *addr, &named_by_prior)?;
                 runtime.backends.insert(*addr, id);
             }
         }
@@ -524,9 +528,16 @@ impl Reconciler {
         Ok(id)
     }
 
-    fn allocate_backend(&mut self, maps: &mut dyn Maps, vip_id: u32, addr: IpAddr) -> Result<u32, ReconcileError> {
+    /// The lowest free id not in `avoid`, else the lowest free id.
+    fn allocate_backend(&mut self, maps: &mut dyn Maps, vip_id: u32, addr: IpAddr, avoid: &BTreeSet<u32>) -> Result<u32, ReconcileError> {
         let limit = self.capacity.backends;
-        let id = self.free_ids.first().copied().ok_or(ReconcileError::OutOfIds { what: "backend", limit })?;
+        let id = self
+            .free_ids
+            .iter()
+            .find(|id| !avoid.contains(id))
+            .or(self.free_ids.first())
+            .copied()
+            .ok_or(ReconcileError::OutOfIds { what: "backend", limit })?;
         maps.reset_backend_stats(id)?;
         let (words, family) = to_words(addr);
         let info = BackendInfo {

@@ -575,3 +575,21 @@ fn a_removed_vip_gives_its_tables_back_and_leaves_no_second_chance_table_to_its_
     assert_eq!(maps.vips[&vip_key(&other)].id, id, "the id is reused");
     assert!(maps.prior_table(&vip_key(&other)).is_empty());
 }
+
+/// Regression (fleet): an id freed from a VIP went to the next backend added to the same VIP
+/// while the VIP's second-chance table still named it, so that backend became the second
+/// candidate of flows that had been on the id's last owner (they reset).
+#[test]
+fn an_id_the_second_chance_table_names_is_not_reused_by_its_vip() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    r.set_second_chance_settle(Duration::ZERO);
+    let key = vip_key(&vip());
+    r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100), ("10.0.0.103", 100)])).unwrap();
+    let gone = r.backend_id(&vip(), &"10.0.0.103".parse().unwrap()).unwrap();
+    r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100)])).unwrap();
+    assert!(maps.prior_table(&key).contains(&gone), "the second-chance table names the removed backend");
+    r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100), ("10.0.0.104", 100)])).unwrap();
+    let new = r.backend_id(&vip(), &"10.0.0.104".parse().unwrap()).unwrap();
+    assert_ne!(new, gone, "the new backend took an id the second-chance table still names");
+}
