@@ -71,7 +71,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ("table", Box::new(|| table::part(calls, reps))),
         ("scale", Box::new(|| scale::part(calls, reps))),
         ("control", Box::new(control::part)),
-        ("e2e", Box::new(e2e::part)),
+        ("e2e", Box::new(|| e2e::part(calls, reps))),
         ("sockwatch", Box::new(|| sockwatch::part(reps))),
         ("verifier", Box::new(verifier::part)),
     ];
