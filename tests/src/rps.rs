@@ -154,3 +154,26 @@ async fn run(config: ClosedLoopConfig) -> ClosedLoopReport {
     report.elapsed = start.elapsed();
     report
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_the_sorted_times() {
+        let report = ClosedLoopReport { latencies: (1..=100).map(Duration::from_millis).collect(), ..ClosedLoopReport::default() };
+        assert_eq!(report.percentile(0.0), Some(Duration::from_millis(1)));
+        assert_eq!(report.percentile(50.0), Some(Duration::from_millis(51)));
+        assert_eq!(report.percentile(99.0), Some(Duration::from_millis(99)));
+        assert_eq!(report.percentile(100.0), Some(Duration::from_millis(100)));
+        assert_eq!(ClosedLoopReport::default().percentile(50.0), None);
+    }
+
+    #[test]
+    fn merged_reports_add_up_and_take_the_longest_run() {
+        let mut a = ClosedLoopReport { ok: 3, failed: 1, elapsed: Duration::from_secs(2), ..ClosedLoopReport::default() };
+        a.merge(ClosedLoopReport { ok: 2, failed: 0, elapsed: Duration::from_secs(3), ..ClosedLoopReport::default() });
+        assert_eq!((a.ok, a.failed, a.elapsed), (5, 1, Duration::from_secs(3)));
+        assert!((a.per_second() - 5.0 / 3.0).abs() < 1e-9);
+    }
+}
