@@ -199,7 +199,8 @@ fn run_phase(bins: &Binaries, phase: Phase) -> Result<Run> {
         report.ok + report.failed,
         report.errors
     );
-    // Every backend served its share (by the frames it received).
+    // Every backend took part: as many frames as requests is a fifth of the load (5 frames a
+    // request), where an even spread gives each a third.
     let least = rx[1..].iter().min().copied().unwrap_or(0);
     ensure!(least as f64 >= report.ok as f64, "a backend received {least} frames for {} requests: {rx:?}", report.ok);
     Ok(Run { report, cpu, balancer_rx: rx[0], lbd_ticks, own_ticks })
