@@ -6,7 +6,9 @@
 //! balancer's `eth0` instead (see `xdp-ebpf/src/bin/hop.rs`): the same tunnel to the same
 //! backends, whose agents decapsulate it, with no state, no Maglev and no FIB lookup. The
 //! floor (`XDP_TX` unchanged) would bounce the frames back to the client, so it is no hop.
-//! Phases alternate, in both orders, and each reports its median.
+//! A third phase runs `lbd` with its port watcher off the socket hooks. Phases rotate over
+//! the rounds; a ratio is the median of each round's own (its runs were next to each other).
+//! Test runs of both programs in the packet lab apportion the difference per frame.
 //!
 //! Everything shares this VM's cores: clients, backends and both kernels' softirqs. So the
 //! rate is what the machine as a whole does, and the ratio is the whole path's CPU per
@@ -52,11 +54,13 @@ const WARMUP: Duration = Duration::from_secs(1);
 const WARMUP_TRIES: usize = 10;
 const MEASURE: Duration = Duration::from_secs(4);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// Rounds of both phases (the first in one order, the next in the other).
+/// Rounds of every phase, each starting one phase further on.
 const ROUNDS: usize = 4;
 /// Share of failed requests above which a run is not a measurement.
 const MAX_FAILED: f64 = 0.001;
 const GOAL: f64 = 0.97;
+/// Test runs per case for the per-frame costs, at most: they only apportion the difference.
+const FRAME_CALLS: usize = 50_000;
 /// Share of the busy CPU other users of the machine may take before the figures are flagged.
 const BUSY: f64 = 0.1;
 
@@ -96,9 +100,6 @@ struct Run {
     /// CPU time of the processes in the topology's namespaces and of this one (the load).
     own_ticks: u64,
 }
-
-/// Test runs per case for the per-frame costs, at most: they only apportion the difference.
-const FRAME_CALLS: usize = 50_000;
 
 pub fn part(calls: usize, reps: usize) -> Result<Section> {
     ensure!(nix::unistd::Uid::effective().is_root(), "needs root (network namespaces, XDP)");
