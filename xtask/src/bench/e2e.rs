@@ -99,6 +99,8 @@ struct Run {
     lbd_ticks: u64,
     /// CPU time of the processes in the topology's namespaces and of this one (the load).
     own_ticks: u64,
+    /// CPU time of the backends' agents (their threads: polls answered, maps read).
+    agent_ticks: u64,
 }
 
 pub fn part(calls: usize, reps: usize) -> Result<Section> {
@@ -187,10 +189,11 @@ fn run_phase(bins: &Binaries, phase: Phase) -> Result<Run> {
     let rx_before: Vec<u64> = std::iter::once(lb).chain(backends).map(rx_packets).collect::<Result<_>>()?;
     let lbd_ticks = || cluster.lbd_pid().map_or(Ok(0), process_ticks);
     let namespaces = topology_namespaces(&cluster)?;
-    let (cpu_before, lbd_before, own_before) = (Cpu::read()?, lbd_ticks()?, own_ticks(&namespaces)?);
+    let (cpu_before, lbd_before, (own_before, agents_before)) = (Cpu::read()?, lbd_ticks()?, own_ticks(&namespaces)?);
     let report = rps::closed_loop(&clients, load(MEASURE))?;
     let (cpu, lbd_ticks) = (Cpu::read()?.since(&cpu_before), lbd_ticks()? - lbd_before);
-    let own_ticks = own_ticks(&namespaces)?.saturating_sub(own_before);
+    let (own_after, agents_after) = own_ticks(&namespaces)?;
+    let (own_ticks, agent_ticks) = (own_after.saturating_sub(own_before), agents_after.saturating_sub(agents_before));
     let rx: Vec<u64> =
         std::iter::once(lb).chain(backends).zip(&rx_before).map(|(h, before)| Ok(rx_packets(h)? - before)).collect::<Result<_>>()?;
     ensure!(
@@ -204,7 +207,7 @@ fn run_phase(bins: &Binaries, phase: Phase) -> Result<Run> {
     // request), where an even spread gives each a third.
     let least = rx[1..].iter().min().copied().unwrap_or(0);
     ensure!(least as f64 >= report.ok as f64, "a backend received {least} frames for {} requests: {rx:?}", report.ok);
-    Ok(Run { report, cpu, balancer_rx: rx[0], lbd_ticks, own_ticks })
+    Ok(Run { report, cpu, balancer_rx: rx[0], lbd_ticks, own_ticks, agent_ticks })
 }
 
 /// Short runs until one has no failure: `lbd` has programmed the VIP, neighbours resolved.
@@ -255,28 +258,44 @@ fn rx_packets(host: &Host) -> Result<u64> {
     Ok(fields.get(1).context("short /proc/net/dev line")?.parse()?)
 }
 
-/// The inode numbers of every namespace of the cluster's topology.
-fn topology_namespaces(cluster: &Cluster) -> Result<HashSet<u64>> {
-    let topo = &cluster.topo;
-    let hosts = std::iter::once(topo.lb()).chain(topo.clients()).chain(topo.backends());
-    let paths: Vec<&std::path::Path> = hosts.map(|h| h.netns().path()).chain([topo.bridge().path()]).collect();
-    paths.into_iter().map(|p| Ok(std::fs::metadata(p).with_context(|| format!("{}", p.display()))?.ino())).collect()
+/// The inode numbers of the namespaces of the cluster's topology: all, and the backends'.
+struct Namespaces {
+    all: HashSet<u64>,
+    backends: HashSet<u64>,
 }
 
-/// CPU time so far of this process and of every process in `namespaces` (USER_HZ ticks).
-/// They all live through a run, so the difference of two readings is theirs.
-fn own_ticks(namespaces: &HashSet<u64>) -> Result<u64> {
-    let mut ticks = process_ticks(std::process::id())?;
+fn topology_namespaces(cluster: &Cluster) -> Result<Namespaces> {
+    let inode = |p: &std::path::Path| Ok(std::fs::metadata(p).with_context(|| format!("{}", p.display()))?.ino());
+    let topo = &cluster.topo;
+    let backends = topo.backends().iter().map(|h| inode(h.netns().path())).collect::<Result<HashSet<u64>>>()?;
+    let mut all = std::iter::once(topo.lb()).chain(topo.clients()).map(|h| inode(h.netns().path())).collect::<Result<HashSet<u64>>>()?;
+    all.insert(inode(topo.bridge().path())?);
+    all.extend(&backends);
+    Ok(Namespaces { all, backends })
+}
+
+/// CPU time so far (USER_HZ ticks) of this process and of every process in the topology's
+/// namespaces, and of theirs the agents' (`lbd` on a backend). They all live through a run,
+/// so the difference of two readings is theirs.
+fn own_ticks(namespaces: &Namespaces) -> Result<(u64, u64)> {
+    let (mut ticks, mut agents) = (process_ticks(std::process::id())?, 0);
     for entry in std::fs::read_dir("/proc")?.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
         // A process that ended since the listing, or that is not ours to read, is not ours.
         let Ok(link) = std::fs::read_link(entry.path().join("ns/net")) else { continue };
-        let inode = link.to_str().and_then(|l| l.strip_prefix("net:[")?.strip_suffix(']')?.parse::<u64>().ok());
-        if inode.is_some_and(|i| namespaces.contains(&i)) && pid != std::process::id() {
-            ticks += process_ticks(pid).unwrap_or(0);
+        let Some(inode) = link.to_str().and_then(|l| l.strip_prefix("net:[")?.strip_suffix(']')?.parse::<u64>().ok()) else {
+            continue;
+        };
+        if !namespaces.all.contains(&inode) || pid == std::process::id() {
+            continue;
+        }
+        let own = process_ticks(pid).unwrap_or(0);
+        ticks += own;
+        if namespaces.backends.contains(&inode) && std::fs::read_to_string(entry.path().join("comm")).is_ok_and(|c| c.trim() == "lbd") {
+            agents += own;
         }
     }
-    Ok(ticks)
+    Ok((ticks, agents))
 }
 
 /// User and system time of process `pid` so far, in USER_HZ ticks (`/proc/<pid>/stat`).
@@ -341,6 +360,7 @@ struct Summary {
     idle_share: f64,
     balancer_frames: f64,
     lbd_us: f64,
+    agents_us: f64,
     own_us: f64,
     foreign_share: f64,
 }
@@ -358,6 +378,7 @@ fn summarize(runs: &[&Run]) -> Summary {
         idle_share: med(&|r| r.cpu.idle as f64 / r.cpu.total().max(1) as f64),
         balancer_frames: med(&|r| r.balancer_rx as f64 / r.report.ok.max(1) as f64),
         lbd_us: med(&|r| us_per_request(r.lbd_ticks, r.report.ok)),
+        agents_us: med(&|r| us_per_request(r.agent_ticks, r.report.ok)),
         own_us: med(&|r| us_per_request(r.own(), r.report.ok)),
         foreign_share: med(&|r| r.foreign() as f64 / r.cpu.total().max(1) as f64),
     }
@@ -402,24 +423,24 @@ fn report(runs: &[(Phase, Run)], frames: &FrameCosts) -> Result<Section> {
          {ROUNDS} rounds. `hop` is the cheapest XDP hop that delivers the same tunnel to the same backends (spillway_hop: a \
          stateless hash onto the backends, fixed MACs, no table, no Maglev, no FIB lookup, no counters), so the backends' \
          decapsulation is in both; `spillway_unhooked` is lbd with --watcher-mode sock_diag. CPU per answered request: `own` \
-         this run's (its processes, softirq, irq), user/sys/softirq the whole machine's, lbd its own process's; `others` \
+         this run's (its processes, softirq, irq), user/sys/softirq the whole machine's, lbd and agents their processes'; `others` \
          is the share of the busy CPU that went to other users of the machine.",
         MEASURE.as_secs()
     )?;
     writeln!(
         text,
-        "{:<17} | {:>7} | {:>6} | {:>6} | {:>6} | {:>7} | {:>6} | {:>7} | {:>6} | {:>4} | {:>6} | {:>9}",
-        "phase", "req/s", "p50 us", "p99 us", "own us", "user us", "sys us", "softirq", "lbd us", "idle", "others", "lb frames"
+        "{:<17} | {:>7} | {:>6} | {:>6} | {:>6} | {:>7} | {:>6} | {:>7} | {:>6} | {:>6} | {:>4} | {:>6} | {:>9}",
+        "phase", "req/s", "p50 us", "p99 us", "own us", "user us", "sys us", "softirq", "lbd us", "agents", "idle", "others", "lb frames"
     )?;
     writeln!(
         text,
-        "{:-<17}-|-{:->7}-|-{:->6}-|-{:->6}-|-{:->6}-|-{:->7}-|-{:->6}-|-{:->7}-|-{:->6}-|-{:->4}-|-{:->6}-|-{:->9}",
-        "", "", "", "", "", "", "", "", "", "", "", ""
+        "{:-<17}-|-{:->7}-|-{:->6}-|-{:->6}-|-{:->6}-|-{:->7}-|-{:->6}-|-{:->7}-|-{:->6}-|-{:->6}-|-{:->4}-|-{:->6}-|-{:->9}",
+        "", "", "", "", "", "", "", "", "", "", "", "", ""
     )?;
     for (phase, s) in &summaries {
         writeln!(
             text,
-            "{:<17} | {:>7.0} | {:>6.0} | {:>6.0} | {:>6.1} | {:>7.1} | {:>6.1} | {:>7.1} | {:>6.2} | {:>3.0}% | {:>5.0}% | {:>9.2}",
+            "{:<17} | {:>7.0} | {:>6.0} | {:>6.0} | {:>6.1} | {:>7.1} | {:>6.1} | {:>7.1} | {:>6.2} | {:>6.2} | {:>3.0}% | {:>5.0}% | {:>9.2}",
             phase.name(),
             s.rps,
             s.p50_us,
@@ -429,6 +450,7 @@ fn report(runs: &[(Phase, Run)], frames: &FrameCosts) -> Result<Section> {
             s.system_us,
             s.softirq_us,
             s.lbd_us,
+            s.agents_us,
             s.idle_share * 100.0,
             s.foreign_share * 100.0,
             s.balancer_frames
@@ -447,7 +469,8 @@ fn report(runs: &[(Phase, Run)], frames: &FrameCosts) -> Result<Section> {
     let hooks = a.own_us - unhooked.own_us;
     // A connection's first frame to the VIP is a new flow, every later one a table hit.
     let xdp_us = (frames.new_flow + (a.balancer_frames - 1.0).max(0.0) * frames.hit - a.balancer_frames * frames.hop) / 1e3;
-    let rest = extra - hooks - a.lbd_us - xdp_us;
+    let agents = a.agents_us - b.agents_us;
+    let rest = extra - hooks - a.lbd_us - agents - xdp_us;
     writeln!(
         text,
         "Per frame (test runs in the packet lab, this process): the floor {:.0} ns, the hop {:.0}, Spillway's new flow {:.0} and \
@@ -458,15 +481,16 @@ fn report(runs: &[(Phase, Run)], frames: &FrameCosts) -> Result<Section> {
     writeln!(
         text,
         "Where the difference goes: {extra:.1} us more CPU per request with Spillway ({:.1} against {:.1}; the machine's user \
-         {:+.1}, system {:+.1}, softirq {:+.1}): the balancer program {xdp_us:.2}; lbd's own process {:.2}; lbd's port-watcher \
-         hooks, which here see every client's and backend's socket (spillway - spillway_unhooked) {hooks:.1}; the rest, \
-         {rest:.1}, is noise (compare the rounds).",
+         {:+.1}, system {:+.1}, softirq {:+.1}): the balancer program {xdp_us:.2}; lbd's own process {:.2}; the agents' work for \
+         lbd (its polls) {:.2}; lbd's port-watcher hooks, which here see every client's and backend's socket (spillway - \
+         spillway_unhooked) {hooks:.1}; the rest, {rest:.1}, is noise (compare the rounds).",
         a.own_us,
         b.own_us,
         a.user_us - b.user_us,
         a.system_us - b.system_us,
         a.softirq_us - b.softirq_us,
         a.lbd_us,
+        agents,
     )?;
     let others = median(summaries.iter().map(|(_, s)| s.foreign_share).collect());
     if others > BUSY {
@@ -503,6 +527,7 @@ fn report(runs: &[(Phase, Run)], frames: &FrameCosts) -> Result<Section> {
             (format!("e2e_{name}_cpu_system_us_per_req"), s.system_us),
             (format!("e2e_{name}_cpu_softirq_us_per_req"), s.softirq_us),
             (format!("e2e_{name}_lbd_cpu_us_per_req"), s.lbd_us),
+            (format!("e2e_{name}_agents_cpu_us_per_req"), s.agents_us),
             (format!("e2e_{name}_idle_share"), s.idle_share),
             (format!("e2e_{name}_own_cpu_us_per_req"), s.own_us),
             (format!("e2e_{name}_others_cpu_share"), s.foreign_share),
