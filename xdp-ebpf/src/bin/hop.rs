@@ -12,7 +12,10 @@ use aya_ebpf::{
     maps::Array,
     programs::XdpContext,
 };
-use spillway_common::types::{FAMILY_V4, HOP_BACKENDS, HopConfig, PROTO_TCP};
+use spillway_common::{
+    hash::hop_index,
+    types::{FAMILY_V4, HOP_BACKENDS, HopConfig, PROTO_TCP},
+};
 use xdp_ebpf::{
     encap::{self, Macs, Tunnel},
     headers::*,
@@ -40,9 +43,7 @@ fn hop(ctx: &XdpContext) -> Option<u32> {
     if ports.dst != cfg.port {
         return None;
     }
-    // Every packet of a connection to the same backend, and connections spread over all.
-    let hash = (ip.src ^ u32::from(ports.src)).wrapping_mul(0x9e37_79b1) >> 16;
-    let backend = cfg.backends.get(hash.checked_rem(cfg.count)? as usize % HOP_BACKENDS)?;
+    let backend = cfg.backends.get(hop_index(ip.src, ports.src, cfg.count)? as usize % HOP_BACKENDS)?;
     let tunnel = Tunnel {
         family: FAMILY_V4,
         src: [cfg.src, 0, 0, 0],

@@ -144,6 +144,15 @@ fn frame_costs(calls: usize, reps: usize) -> Result<FrameCosts> {
             Case::forwarded("new_flow", Frames::NewFlows(flows.syn.clone()), true),
             Case::forwarded("table_hit", Frames::Established { syn: flows.syn.clone(), frame: flows.ack.clone() }, false),
         ];
+        // Sent where it should be, whole, from sources that reach every backend.
+        let mut reached = HashSet::new();
+        for n in 0..32 {
+            let mut syn = flows.syn.clone();
+            super::packets::write_new_source(&mut syn, n);
+            reached.insert(lab.check_hop(&syn).with_context(|| format!("the hop, source {n}"))?);
+        }
+        ensure!(reached.len() == 3, "32 sources reached only the hop's backends {reached:?}");
+        lab.check_hop(&flows.ack).context("the hop, an ACK")?;
         let ns = lab.measure(&cases, calls, reps)?;
         Ok(FrameCosts { floor: ns[0], hop: (ns[1] + ns[2]) / 2.0, new_flow: ns[3], hit: ns[4] })
     })

@@ -26,7 +26,7 @@ use spillway::{
 };
 use spillway_common::{
     addr::{from_words, to_words},
-    hash::{FLOW_SEED, flow_hash},
+    hash::{FLOW_SEED, flow_hash, hop_index},
     limits::{Capacity, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, map_names, program_names},
     types::{Bucket, FAMILY_V4, FlowKey, HOP_BACKENDS, HopBackend, HopConfig, LbConfig, Reason},
 };
@@ -310,6 +310,20 @@ impl Lab {
         self.check_ipip(frame, &out[..len], self.maglev_backend(&flow_key(frame)?)?)
     }
 
+    /// Runs `frame` (to [`VIP`]) through the hop and checks it was sent in IPIP to the backend
+    /// its hash names; returns that backend's index.
+    pub fn check_hop(&self, frame: &[u8]) -> Result<u32> {
+        let mut out = vec![0; frame.len() + HEADROOM_BYTES];
+        let (action, len, _) = self.run(Program::Hop, frame, &mut out)?;
+        ensure!(action == XDP_TX, "action {action}");
+        let word = |at: usize| u32::from_ne_bytes(frame[at..at + 4].try_into().expect("4 bytes"));
+        let src_port = u16::from_ne_bytes([frame[ETH_LEN + 20], frame[ETH_LEN + 21]]);
+        let index = hop_index(word(ETH_LEN + 12), src_port, HOP_LAB_BACKENDS).context("no hop backends")?;
+        let backend = packet_lab::backend4(*packet_lab::RESOLVED_BACKENDS.start() + index as u8);
+        self.check_ipip(frame, &out[..len], backend)?;
+        Ok(index)
+    }
+
     /// Checks every case, then times them; returns each case's median ns/packet.
     pub fn measure(&mut self, cases: &[Case], calls: usize, reps: usize) -> Result<Vec<f64>> {
         let mut slots = Vec::with_capacity(cases.len());
@@ -561,8 +575,11 @@ fn program_in<'a>(balancer: &'a Balancer, floor: &'a Ebpf, stages: &'a Ebpf, hop
     Ok(ebpf.program(name).with_context(|| format!("{name} missing"))?.try_into()?)
 }
 
-/// `spillway_hop` sending [`VIP`]'s packets to the lab's first three backends, from the
-/// lab's address and `mac`.
+/// Backends of the lab's hop: the first of [`packet_lab::RESOLVED_BACKENDS`].
+const HOP_LAB_BACKENDS: u32 = 3;
+
+/// `spillway_hop` sending [`VIP`]'s packets to the lab's first [`HOP_LAB_BACKENDS`]
+/// backends, from the lab's address and `mac`.
 fn load_hop(mac: [u8; 6]) -> Result<Ebpf> {
     let mut hop = dataplane::load_simple(objects::HOP, "spillway-hop", program_names::HOP)?;
     let vip: Vip = VIP.parse()?;
@@ -572,11 +589,13 @@ fn load_hop(mac: [u8; 6]) -> Result<Ebpf> {
         src: u32::from(packet_lab::LOCAL4).to_be(),
         src_mac: mac,
         port: vip.port.to_be(),
-        count: 3,
+        count: HOP_LAB_BACKENDS,
         backends: [HopBackend::default(); HOP_BACKENDS],
     };
     for (slot, n) in cfg.backends.iter_mut().zip(packet_lab::RESOLVED_BACKENDS) {
-        *slot = HopBackend { addr: u32::from(packet_lab::backend4(n)).to_be(), mac: [0x02, 0xbe, 0, 1, 0, n], _pad: [0; 2] };
+        let addr = packet_lab::backend4(n);
+        let mac = packet_lab::neighbour_mac(addr.into()).context("a lab backend without a neighbour")?;
+        *slot = HopBackend { addr: u32::from(addr).to_be(), mac, _pad: [0; 2] };
     }
     let map = hop.map_mut(map_names::HOP_CONFIG).context("no hop config map")?;
     aya::maps::Array::try_from(map)?.set(0, &cfg, 0)?;
