@@ -110,6 +110,15 @@ pub const RULE_SEED: u32 = 0x5275_6c65; // "Rule"
 /// Seed of a flow's second bucket.
 const FLOW_BUCKET_SEED: u32 = 0x466c_6f77; // "Flow"
 
+/// Bench only: which of `count` backends the cheapest hop (`spillway_hop`) sends a packet to,
+/// from its IPv4 source and TCP source port as they lie in the frame (network order read as
+/// native words). A multiplicative hash: every packet of a connection to one backend, the
+/// connections spread over all, and nothing else; `None` for no backends.
+#[inline(always)]
+pub fn hop_index(src: u32, src_port: u16, count: u32) -> Option<u32> {
+    ((src ^ u32::from(src_port)).wrapping_mul(0x9e37_79b1) >> 16).checked_rem(count)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,5 +170,18 @@ mod tests {
         let seconds: std::collections::BTreeSet<u32> =
             (0..20_000u16).map(|p| flow_hash(&key(p), FLOW_SEED)).filter(|h| h & mask == 5).map(|h| flow_buckets(h, mask).1).collect();
         assert!(seconds.len() >= 10, "{seconds:?}");
+    }
+
+    #[test]
+    fn the_hop_keeps_a_connection_and_spreads_connections() {
+        let src = u32::from_ne_bytes([192, 168, 10, 20]);
+        let port = 40000u16.to_be();
+        assert_eq!(hop_index(src, port, 3), hop_index(src, port, 3));
+        assert_eq!(hop_index(src, port, 0), None);
+        let mut per_backend = [0u32; 3];
+        for p in 0..3000u16 {
+            per_backend[hop_index(src, (1024 + p).to_be(), 3).unwrap() as usize] += 1;
+        }
+        assert!(per_backend.iter().all(|&n| n > 800), "{per_backend:?}");
     }
 }

@@ -182,6 +182,8 @@ pub mod map_names {
     pub const V6_PROGRAM: &str = "spw_v6_prog";
     /// A next-hop cache miss's FIB lookup parameters (per CPU); never read by userspace.
     pub const FIB_PARAMS: &str = "spw_fib_params";
+    /// Bench only: the cheapest hop's [`crate::types::HopConfig`].
+    pub const HOP_CONFIG: &str = "spw_hop_cfg";
 }
 
 /// Program names in the eBPF objects.
@@ -193,6 +195,8 @@ pub mod program_names {
     pub const BALANCER_V6: &str = "spillway_lb_v6";
     pub const DECAP: &str = "spillway_decap";
     pub const FLOOR: &str = "spillway_floor";
+    /// Bench only: the cheapest XDP hop to the backends (`cargo xtask bench --part e2e`).
+    pub const HOP: &str = "spillway_hop";
     /// The probe encapsulation (tc egress on the probe device), in the balancer's object.
     pub const PROBE: &str = "spillway_probe";
 }

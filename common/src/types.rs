@@ -597,6 +597,36 @@ const _: () = assert!(core::mem::offset_of!(VipSlot, meta.prior) % 8 == 0);
 const _: () = assert!(size_of::<AddrKey>() == 20);
 const _: () = assert!(size_of::<AllowKey>() == 20);
 const _: () = assert!(size_of::<BackendInfo>() == 28);
+/// Most backends the bench's cheapest hop (`spillway_hop`) spreads over.
+pub const HOP_BACKENDS: usize = 4;
+
+/// Bench only: one backend of [`HopConfig`] (the tunnel's outer destination, and the MAC
+/// written without a FIB lookup).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HopBackend {
+    /// IPv4, network order.
+    pub addr: u32,
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+}
+
+/// Bench only: everything `spillway_hop` (the cheapest XDP hop that delivers a VIP's
+/// packets to the same backends, for `cargo xtask bench --part e2e`) needs, slot 0 of its
+/// one array. Addresses and the port in network order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HopConfig {
+    pub vip: u32,
+    /// The outer source (the balancer's address, which the agents trust).
+    pub src: u32,
+    pub src_mac: [u8; 6],
+    pub port: u16,
+    /// Backends in use, at most [`HOP_BACKENDS`].
+    pub count: u32,
+    pub backends: [HopBackend; HOP_BACKENDS],
+}
+
 const _: () = assert!(size_of::<FlowKey>() == 40);
 const _: () = assert!(size_of::<FlowEntry>() == 32);
 const _: () = assert!(size_of::<FlowBucket>() == 128);
@@ -612,6 +642,8 @@ const _: () = assert!(size_of::<RuleSlotKey>() == 24);
 const _: () = assert!(size_of::<RuleSlot>() == 72);
 const _: () = assert!(size_of::<RuleLens>() == 16);
 const _: () = assert!(size_of::<ProbeConfig>() == 8);
+const _: () = assert!(size_of::<HopBackend>() == 12);
+const _: () = assert!(size_of::<HopConfig>() == 68);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -648,7 +680,9 @@ mod pod {
         RuleSlotKey,
         RuleSlot,
         RuleLens,
-        ProbeConfig
+        ProbeConfig,
+        HopBackend,
+        HopConfig
     );
 }
 

@@ -8,6 +8,8 @@ pub static BALANCER: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/s
 pub static DECAP: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-decap"));
 /// The benchmark floor (`spillway_floor`): returns XDP_TX.
 pub static FLOOR: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-floor"));
+/// Bench only: the cheapest XDP hop to the backends (`spillway_hop`; see its source).
+pub static HOP: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-hop"));
 /// Bench only: the balancer cut short after each stage (`lb_to_*`), and whole (`lb_all`).
 pub static BALANCER_STAGES: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-lb-stages"));
 /// The socket/port watcher (`sockwatch-ebpf/`, C with CO-RE; see `crate::ports`).

@@ -104,6 +104,15 @@ pub struct Cluster {
 impl Cluster {
     /// Builds the topology and starts echo servers, agents and `lbd`.
     pub fn start(bins: Binaries, config: ClusterConfig) -> Result<Cluster> {
+        let cluster = Cluster::start_without_lbd(bins, config)?;
+        cluster.start_lbd()?;
+        Ok(cluster)
+    }
+
+    /// [`Cluster::start`] but for `lbd`: the backends with their echo servers and agents
+    /// (trusting the balancer's addresses), for something else to balance onto them (the
+    /// bench's cheapest XDP hop). [`Cluster::start_lbd`] starts `lbd` later if wanted.
+    pub fn start_without_lbd(bins: Binaries, config: ClusterConfig) -> Result<Cluster> {
         let topo = Topology::build(config.topology)?;
         let report_key = topo.tempdir().join("report.key");
         write_report_key(&report_key)?;
@@ -123,7 +132,6 @@ impl Cluster {
         for i in 0..cluster.topo.backends().len() {
             cluster.start_backend(i)?;
         }
-        cluster.start_lbd()?;
         Ok(cluster)
     }
 

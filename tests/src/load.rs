@@ -285,7 +285,7 @@ async fn request(target: SocketAddr, timeout: Duration, second: usize) -> (usize
 }
 
 /// One `GET /work` on a new connection; the response status.
-async fn exchange(target: SocketAddr) -> Result<u16> {
+pub(crate) async fn exchange(target: SocketAddr) -> Result<u16> {
     let socket = if target.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
     // Reset on close: no TIME_WAIT (see the module docs). A zero linger never blocks.
     setsockopt(&socket, sockopt::Linger, &libc::linger { l_onoff: 1, l_linger: 0 })?;

@@ -12,6 +12,7 @@
 mod control;
 mod cores;
 mod decap;
+mod e2e;
 mod packets;
 mod paths;
 mod scale;
@@ -41,7 +42,7 @@ pub struct BenchArgs {
 }
 
 /// Every part, in the order they run.
-const PARTS: [&str; 9] = ["paths", "stages", "cores", "decap", "table", "scale", "control", "sockwatch", "verifier"];
+const PARTS: [&str; 10] = ["paths", "stages", "cores", "decap", "table", "scale", "control", "e2e", "sockwatch", "verifier"];
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -70,6 +71,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ("table", Box::new(|| table::part(calls, reps))),
         ("scale", Box::new(|| scale::part(calls, reps))),
         ("control", Box::new(control::part)),
+        ("e2e", Box::new(|| e2e::part(calls, reps))),
         ("sockwatch", Box::new(|| sockwatch::part(reps))),
         ("verifier", Box::new(verifier::part)),
     ];

@@ -26,9 +26,9 @@ use spillway::{
 };
 use spillway_common::{
     addr::{from_words, to_words},
-    hash::{FLOW_SEED, flow_hash},
-    limits::{Capacity, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, program_names},
-    types::{Bucket, FAMILY_V4, FlowKey, LbConfig, Reason},
+    hash::{FLOW_SEED, flow_hash, hop_index},
+    limits::{Capacity, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, map_names, program_names},
+    types::{Bucket, FAMILY_V4, FlowKey, HOP_BACKENDS, HopBackend, HopConfig, LbConfig, Reason},
 };
 use spillway_harness::{
     frames::{self, ETH_LEN},
@@ -72,6 +72,8 @@ pub enum Program {
     Balancer,
     /// A program of the bench-only stage object (the path cut short), sharing the maps.
     Stage(&'static str),
+    /// The cheapest hop to the backends (`spillway_hop`), for [`VIP`] on three of them.
+    Hop,
 }
 
 pub enum Frames {
@@ -164,6 +166,7 @@ pub struct Lab {
     pub reconciler: Reconciler,
     stages: Ebpf,
     floor: Ebpf,
+    hop: Ebpf,
     ingress: u32,
     ingress_mac: [u8; 6],
     /// The CPU every call runs on.
@@ -224,6 +227,7 @@ impl Lab {
         program.attach(ingress, XdpMode::Driver).context("attaching the decap program to the ingress")?;
         program.attach(egress, XdpMode::Driver).context("attaching the decap program to the egress")?;
         let floor = dataplane::load_simple(objects::FLOOR, "spillway-floor", program_names::FLOOR)?;
+        let hop = load_hop(ingress_mac)?;
 
         let mut balancer = Balancer::load(pins)?;
         let stages = dataplane::load_sharing_maps(objects::BALANCER_STAGES, "spillway-lb-stages", pins, &STAGE_PROGRAMS)?;
@@ -242,6 +246,7 @@ impl Lab {
             reconciler,
             stages,
             floor,
+            hop,
             ingress,
             ingress_mac,
             cpu,
@@ -287,7 +292,7 @@ impl Lab {
     }
 
     fn program(&self, program: Program) -> Result<&Xdp> {
-        program_in(&self.balancer, &self.floor, &self.stages, program)
+        program_in(&self.balancer, &self.floor, &self.stages, &self.hop, program)
     }
 
     /// One BPF_PROG_TEST_RUN (repeat = 1): the action, the output length and the run time
@@ -303,6 +308,20 @@ impl Lab {
         let (action, len, _) = self.run(Program::Balancer, frame, &mut out)?;
         ensure!(action == XDP_TX, "action {action}");
         self.check_ipip(frame, &out[..len], self.maglev_backend(&flow_key(frame)?)?)
+    }
+
+    /// Runs `frame` (to [`VIP`]) through the hop and checks it was sent in IPIP to the backend
+    /// its hash names; returns that backend's index.
+    pub fn check_hop(&self, frame: &[u8]) -> Result<u32> {
+        let mut out = vec![0; frame.len() + HEADROOM_BYTES];
+        let (action, len, _) = self.run(Program::Hop, frame, &mut out)?;
+        ensure!(action == XDP_TX, "action {action}");
+        let word = |at: usize| u32::from_ne_bytes(frame[at..at + 4].try_into().expect("4 bytes"));
+        let src_port = u16::from_ne_bytes([frame[ETH_LEN + 20], frame[ETH_LEN + 21]]);
+        let index = hop_index(word(ETH_LEN + 12), src_port, HOP_LAB_BACKENDS).context("no hop backends")?;
+        let backend = packet_lab::backend4(*packet_lab::RESOLVED_BACKENDS.start() + index as u8);
+        self.check_ipip(frame, &out[..len], backend)?;
+        Ok(index)
     }
 
     /// Checks every case, then times them; returns each case's median ns/packet.
@@ -362,7 +381,7 @@ impl Lab {
         }
         // Per CPU k the n-th source is n * cpus + k: no two CPUs share one.
         let (first_new, first_spoofed) = (self.new_flows.next, self.new_flows.spoofed);
-        let program = program_in(&self.balancer, &self.floor, &self.stages, case.program)?;
+        let program = program_in(&self.balancer, &self.floor, &self.stages, &self.hop, case.program)?;
         let ingress = self.ingress;
         let before = self.reasons()?;
         let start = std::sync::Barrier::new(cpus.len());
@@ -459,7 +478,7 @@ impl Lab {
             let chunk = CHUNK.min(calls - done);
             for slot in slots.iter_mut() {
                 let case = slot.case;
-                let program = program_in(&self.balancer, &self.floor, &self.stages, case.program)?;
+                let program = program_in(&self.balancer, &self.floor, &self.stages, &self.hop, case.program)?;
                 for _ in 0..chunk {
                     self.new_flows.next_frame(slot);
                     let run = test_run::run_into(program, &slot.frame, self.ingress, &mut slot.out).context("BPF_PROG_TEST_RUN")?;
@@ -546,13 +565,41 @@ impl Lab {
     }
 }
 
-fn program_in<'a>(balancer: &'a Balancer, floor: &'a Ebpf, stages: &'a Ebpf, program: Program) -> Result<&'a Xdp> {
+fn program_in<'a>(balancer: &'a Balancer, floor: &'a Ebpf, stages: &'a Ebpf, hop: &'a Ebpf, program: Program) -> Result<&'a Xdp> {
     let (ebpf, name) = match program {
         Program::Balancer => return Ok(balancer.program_ref()?),
         Program::Floor => (floor, program_names::FLOOR),
         Program::Stage(name) => (stages, name),
+        Program::Hop => (hop, program_names::HOP),
     };
     Ok(ebpf.program(name).with_context(|| format!("{name} missing"))?.try_into()?)
+}
+
+/// Backends of the lab's hop: the first of [`packet_lab::RESOLVED_BACKENDS`].
+const HOP_LAB_BACKENDS: u32 = 3;
+
+/// `spillway_hop` sending [`VIP`]'s packets to the lab's first [`HOP_LAB_BACKENDS`]
+/// backends, from the lab's address and `mac`.
+fn load_hop(mac: [u8; 6]) -> Result<Ebpf> {
+    let mut hop = dataplane::load_simple(objects::HOP, "spillway-hop", program_names::HOP)?;
+    let vip: Vip = VIP.parse()?;
+    let IpAddr::V4(vip_addr) = vip.addr else { bail!("the bench VIP is IPv4") };
+    let mut cfg = HopConfig {
+        vip: u32::from(vip_addr).to_be(),
+        src: u32::from(packet_lab::LOCAL4).to_be(),
+        src_mac: mac,
+        port: vip.port.to_be(),
+        count: HOP_LAB_BACKENDS,
+        backends: [HopBackend::default(); HOP_BACKENDS],
+    };
+    for (slot, n) in cfg.backends.iter_mut().zip(packet_lab::RESOLVED_BACKENDS) {
+        let addr = packet_lab::backend4(n);
+        let mac = packet_lab::neighbour_mac(addr.into()).context("a lab backend without a neighbour")?;
+        *slot = HopBackend { addr: u32::from(addr).to_be(), mac, _pad: [0; 2] };
+    }
+    let map = hop.map_mut(map_names::HOP_CONFIG).context("no hop config map")?;
+    aya::maps::Array::try_from(map)?.set(0, &cfg, 0)?;
+    Ok(hop)
 }
 
 /// The new-flow sources handed out since the new flows were last removed.
