@@ -30,16 +30,16 @@ fn ip(s: &str) -> IpAddr {
 fn commands_map_to_requests() {
     let v = vip("10.0.0.1:80/tcp");
     let cases: Vec<(&[&str], Request)> = vec![
-        (&["vips", "add", "10.0.0.1:80/tcp"], Request::AddVip { vip: v, ring_size: None, force: false }),
+        (&["vips", "add", "10.0.0.1:80/tcp"], Request::AddVip { vip: v, ring_size: None, force: false, quic: None }),
         (
             &["vips", "add", "[fd00::1]:0/udp", "--ring-size", "4099"],
-            Request::AddVip { vip: vip("[fd00::1]:0/udp"), ring_size: Some(4099), force: false },
+            Request::AddVip { vip: vip("[fd00::1]:0/udp"), ring_size: Some(4099), force: false, quic: None },
         ),
         (&["vips", "list"], Request::ListVips),
         (&["vips", "list", "-o", "json"], Request::ListVips),
         (&["vips", "remove", "10.0.0.1:80/tcp"], Request::RemoveVip { vip: v, force: false }),
         (&["vips", "remove", "10.0.0.1:80/tcp", "--force"], Request::RemoveVip { vip: v, force: true }),
-        (&["vips", "add", "10.0.0.1:80/tcp", "--force"], Request::AddVip { vip: v, ring_size: None, force: true }),
+        (&["vips", "add", "10.0.0.1:80/tcp", "--force"], Request::AddVip { vip: v, ring_size: None, force: true, quic: None }),
         (
             &["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1"],
             Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: Default::default() },

@@ -531,12 +531,19 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::ListVips => Ok(Reply::Vips(self.vips())),
             Request::ListBackends { vip } => Ok(Reply::Backends(self.backends(&vip)?)),
             Request::Stats => self.stats().map(Reply::Stats).map_err(CoreError::Counters),
-            Request::AddVip { vip, ring_size, force } => {
+            Request::AddVip { vip, ring_size, force, quic } => {
                 let ring_size = ring_size.unwrap_or(DEFAULT_RING_SIZE);
-                let change = change("add_vip").field("vip", &vip).field("ring_size", &ring_size).field("force", &force);
+                let mut change = change("add_vip").field("vip", &vip).field("ring_size", &ring_size).field("force", &force);
+                if let Some(q) = &quic {
+                    change = change
+                        .field("quic_config_id", &q.config_id)
+                        .field("quic_server_id_len", &q.server_id_len)
+                        .field("quic_nonce_len", &q.nonce_len);
+                }
                 self.mutate(change, |s| {
                     s.add_vip(vip, ring_size)?;
-                    s.allow_local_address(&vip, force)
+                    s.allow_local_address(&vip, force)?;
+                    s.set_quic(&vip, quic)
                 })
             }
             Request::RemoveVip { vip, force } => {
