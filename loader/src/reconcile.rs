@@ -37,12 +37,12 @@ use spillway_common::{
     limits::{ANY_VIP, Capacity, MAX_RULES, SECOND_CHANCE_SETTLE_MS, VIP_FILTER_WORDS},
     maglev::{self, MaglevBackend, MaglevError},
     prefix::masked,
+    quic_lb::QuicLbConfig,
     types::{
         AddrKey, BACKEND_ACTIVE, BACKEND_F_NEW_FLOWS, BACKEND_FREE, BackendInfo, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP,
         QuicServerKey, RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_QUIC, VIP_F_SCOPED_RULES, VipKey,
         VipMeta,
     },
-    quic_lb::QuicLbConfig,
 };
 
 use self::pool::RingPool;

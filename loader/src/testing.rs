@@ -11,11 +11,11 @@ use std::{
 use spillway_common::{
     limits::{ANY_VIP, Capacity, MAX_RULES, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, map_names},
     maglev::EMPTY_SLOT,
+    quic_lb::QuicLbConfig,
     types::{
         AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, QuicServerKey, Reason, RingRef,
         RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
-    quic_lb::QuicLbConfig,
 };
 
 use crate::{

@@ -41,6 +41,15 @@ fn commands_map_to_requests() {
         (&["vips", "remove", "10.0.0.1:80/tcp", "--force"], Request::RemoveVip { vip: v, force: true }),
         (&["vips", "add", "10.0.0.1:80/tcp", "--force"], Request::AddVip { vip: v, ring_size: None, force: true, quic: None }),
         (
+            &["vips", "add", "10.0.0.3:443/udp", "--quic", "--quic-nonce-len", "8", "--quic-self-len"],
+            Request::AddVip {
+                vip: vip("10.0.0.3:443/udp"),
+                ring_size: None,
+                force: false,
+                quic: Some(crate::model::QuicConfig { nonce_len: 8, self_len: true, ..Default::default() }),
+            },
+        ),
+        (
             &["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1"],
             Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: Default::default() },
         ),

@@ -11,11 +11,11 @@ use aya::{
 };
 use spillway_common::{
     limits::{Capacity, MAX_RULES, RING_SLOTS_PER_WORD, map_names},
+    quic_lb::QuicLbConfig,
     types::{
         AddrKey, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, QuicRouting, QuicServerKey, Reason, RingRef, RuleCounters,
         RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
-    quic_lb::QuicLbConfig,
 };
 
 use super::{

@@ -14,6 +14,7 @@ mod nexthop;
 mod path;
 mod probe;
 mod quic;
+mod quic_program;
 mod second_chance;
 mod second_chance_program;
 mod select;
@@ -41,7 +42,7 @@ pub fn spillway_lb_v6(ctx: XdpContext) -> u32 {
 /// Tail-called by `spillway_lb` for a QUIC VIP's IPv4 packets (`quic.rs`).
 #[xdp]
 pub fn spillway_lb_quic(ctx: XdpContext) -> u32 {
-    let verdict = quic::send::<FAMILY_V4>(&ctx);
+    let verdict = quic_program::send::<FAMILY_V4>(&ctx);
     stats::count(&verdict);
     verdict.action
 }
@@ -49,7 +50,7 @@ pub fn spillway_lb_quic(ctx: XdpContext) -> u32 {
 /// Tail-called by `spillway_lb_v6` for a QUIC VIP's IPv6 packets (`quic.rs`).
 #[xdp]
 pub fn spillway_lb_quic_v6(ctx: XdpContext) -> u32 {
-    let verdict = quic::send::<FAMILY_V6>(&ctx);
+    let verdict = quic_program::send::<FAMILY_V6>(&ctx);
     stats::count(&verdict);
     verdict.action
 }

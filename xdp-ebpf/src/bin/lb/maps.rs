@@ -11,11 +11,11 @@ use aya_ebpf::{
 };
 use spillway_common::{
     limits::{Capacity, MAX_RULES, MAX_TX_PORTS, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS},
-    types::{
-        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, Reason, RuleCounters, RuleLens, RuleSlot,
-        QuicRouting, QuicServerKey, SourceKey, SourceState, Traffic, VipSlot,
-    },
     quic_lb::QuicLbConfig,
+    types::{
+        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, QuicRouting, QuicServerKey, Reason,
+        RuleCounters, RuleLens, RuleSlot, SourceKey, SourceState, Traffic, VipSlot,
+    },
 };
 
 use crate::{quic, second_chance::Handover};

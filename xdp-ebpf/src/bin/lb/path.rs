@@ -147,11 +147,7 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
     // A SYN is a new connection even on a known tuple (a client reusing a port after a
     // reset), so it skips the lookup and goes through the limits; its insert then finds the
     // tuple's entry, and keeps it if it is live.
-    let known = if syn {
-        None
-    } else {
-        select::established(&flow, now, cfg, !icmp_error)
-    };
+    let known = if syn { None } else { select::established(&flow, now, cfg, !icmp_error) };
     cut!(STOP, TABLE, &known);
     let (choice, new_flow) = match known {
         Some(choice) => (choice, false),
