@@ -50,6 +50,8 @@ pub trait Counters: FlowTable {
     fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError>;
     /// Packets sent with a second candidate (second chance).
     fn second_chance_packets(&self) -> Result<u64, DataplaneError>;
+    /// QUIC VIPs' short headers by how they were placed.
+    fn quic_routing(&self) -> Result<Vec<(spillway_common::types::QuicRouting, u64)>, DataplaneError>;
     /// New flows forwarded without an entry: the table was full where they hash.
     fn unremembered_flows(&self) -> Result<u64, DataplaneError>;
     fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError>;
@@ -83,6 +85,9 @@ impl Counters for BalancerMaps {
     }
     fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
         BalancerMaps::second_chance_packets(self)
+    }
+    fn quic_routing(&self) -> Result<Vec<(spillway_common::types::QuicRouting, u64)>, DataplaneError> {
+        BalancerMaps::quic_routing(self)
     }
     fn unremembered_flows(&self) -> Result<u64, DataplaneError> {
         BalancerMaps::unremembered_flows(self)
