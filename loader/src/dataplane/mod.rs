@@ -126,7 +126,7 @@ const QUIC_PROGRAMS: [&str; 4] =
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 28] = [
+const PINNED_MAPS: [&str; 29] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -152,6 +152,7 @@ const PINNED_MAPS: [&str; 28] = [
     map_names::SECOND_CHANCE_HANDOVER,
     map_names::V6_PROGRAM,
     map_names::QUIC_PROGRAM,
+    map_names::QUIC_HANDOVER,
     map_names::QUIC_CONFIG,
     map_names::QUIC_SERVERS,
     map_names::QUIC_ROUTING,

@@ -170,6 +170,7 @@ pub static QUIC_SERVERS: HashMap<QuicServerKey, u32> = HashMap::with_max_entries
 #[map(name = "spw_quic_ctrs")]
 pub static QUIC_ROUTING: PerCpuArray<u64> = PerCpuArray::with_max_entries(QuicRouting::COUNT, 0);
 
-/// What the balancer hands its QUIC programs (per CPU: a tail call stays on it). Not pinned.
+/// What the balancer hands its QUIC programs (per CPU: a tail call stays on it). Pinned
+/// with the program array: during a restart the old balancer hands over to the new programs.
 #[map(name = "spw_quic_hand")]
 pub static QUIC_HANDOVER: PerCpuArray<quic::Handover> = PerCpuArray::with_max_entries(1, 0);
