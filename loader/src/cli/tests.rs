@@ -191,6 +191,17 @@ fn tables() {
          10.0.1.1     100  active    unhealthy          0  -              -  -          -  -\n\
          fd00::2        0  draining  -                  -  -              -  -          -  -\n"
     );
+    // A QUIC VIP's backends show their server ids.
+    let quic = BackendList {
+        vip: vip("10.0.0.3:443/udp"),
+        backends: vec![BackendEntry { server_id: Some("0101".to_owned()), ..BackendEntry::configured(ip("10.0.1.1"), 100) }],
+        alerts: vec![],
+    };
+    assert_eq!(
+        rendered(&["backends", "list", "--vip", "10.0.0.3:443/udp"], Reply::Backends(quic)),
+        "BACKEND   WEIGHT  STATE   HEALTH  EFFECTIVE  ZONE  LATENCY_MS  PORTS  FOR_S  SERVER_ID  REASON\n\
+         10.0.1.1     100  active  -               -  -              -  -          -  0101       -\n"
+    );
     assert_eq!(
         rendered(&["stats"], Reply::Stats(sample_stats())),
         "VIP              PACKETS  BYTES\n10.0.0.1:80/tcp       12   3400\n\n\
