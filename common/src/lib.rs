@@ -3,7 +3,7 @@
 //! Everything in [`types`] is `#[repr(C)]` and laid out identically on both sides of the
 //! kernel boundary; [`hash`] is the one flow hash both sides compute. The Maglev table
 //! builder ([`maglev`]) only runs in userspace and needs the `user` feature. [`quic_lb`] is
-//! the QUIC-LB connection-id encoding the servers write and the data path will read.
+//! the QUIC-LB connection-id encoding the servers write and the data path reads (QUIC VIPs).
 #![no_std]
 
 #[cfg(feature = "user")]

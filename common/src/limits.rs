@@ -180,6 +180,16 @@ pub mod map_names {
     pub const SECOND_CHANCE_HANDOVER: &str = "spw_second_hand";
     /// Slot 0: the balancer's IPv6 program (`spillway_lb_v6`), which `spillway_lb` tail-calls.
     pub const V6_PROGRAM: &str = "spw_v6_prog";
+    /// QUIC VIPs: each one's QUIC-LB configuration by VIP id, the server ids of their
+    /// backends, the program array of the QUIC programs (slots 0, 1: IPv4, IPv6) and of the
+    /// UDP programs they fall back to (2, 3), and how
+    /// short headers were placed (`types::QuicRouting`, per CPU).
+    pub const QUIC_CONFIG: &str = "spw_quic_cfg";
+    pub const QUIC_SERVERS: &str = "spw_quic_sids";
+    pub const QUIC_PROGRAM: &str = "spw_quic_prog";
+    pub const QUIC_ROUTING: &str = "spw_quic_ctrs";
+    /// What the balancer hands its QUIC programs (per CPU); never read by userspace.
+    pub const QUIC_HANDOVER: &str = "spw_quic_hand";
     /// A next-hop cache miss's FIB lookup parameters (per CPU); never read by userspace.
     pub const FIB_PARAMS: &str = "spw_fib_params";
     /// Bench only: the cheapest hop's [`crate::types::HopConfig`].
@@ -193,6 +203,12 @@ pub mod program_names {
     pub const SECOND_CHANCE: &str = "spillway_lb_second";
     /// Tail-called by the balancer for IPv6 frames.
     pub const BALANCER_V6: &str = "spillway_lb_v6";
+    /// Tail-called by the balancer (and its IPv6 program) for a QUIC VIP's packets.
+    pub const BALANCER_QUIC: &str = "spillway_lb_quic";
+    pub const BALANCER_QUIC_V6: &str = "spillway_lb_quic_v6";
+    /// Tail-called by those for the packets their connection id does not place.
+    pub const BALANCER_UDP: &str = "spillway_lb_udp";
+    pub const BALANCER_UDP_V6: &str = "spillway_lb_udp_v6";
     pub const DECAP: &str = "spillway_decap";
     pub const FLOOR: &str = "spillway_floor";
     /// Bench only: the cheapest XDP hop to the backends (`cargo xtask bench --part e2e`).

@@ -9,7 +9,7 @@
 //! First Octet = Config Rotation (3) | CID Len or Random Bits (5)                    (§3.4)
 //! ```
 //!
-//! Shared by the servers' id generator (`spillway-quic-lb`) and, later, the XDP program: no
+//! Shared by the servers' id generator (`spillway-quic-lb`) and the XDP program (QUIC VIPs): no
 //! allocation, no panics (every access is a `get`), and every loop is bounded by a constant.
 //! Only the plaintext algorithm (no key, §5.4) is here; see `ARCHITECTURE.md` for why the
 //! encrypted ones are not.
@@ -220,6 +220,15 @@ pub fn config_id(cid: &[u8]) -> Result<u8, CidError> {
 /// octets after the header's first byte); only the configuration's length is read.
 #[inline(always)]
 pub fn decode_server_id(cid: &[u8], cfg: &QuicLbConfig) -> Result<ServerId, CidError> {
+    let mut id = ServerId::default();
+    decode_server_id_into(cid, cfg, &mut id)?;
+    Ok(id)
+}
+
+/// [`decode_server_id`] into `id` (the data path's map key, so no copy takes its stack);
+/// `id` is unchanged on error.
+#[inline(always)]
+pub fn decode_server_id_into(cid: &[u8], cfg: &QuicLbConfig, id: &mut ServerId) -> Result<(), CidError> {
     let config_id = config_id(cid)?;
     if !cfg.is_set() || cfg.config_id != config_id || cfg.server_id_len > MAX_SERVER_ID_LEN {
         return Err(CidError::UnknownConfig { config_id });
@@ -236,9 +245,17 @@ pub fn decode_server_id(cid: &[u8], cfg: &QuicLbConfig) -> Result<ServerId, CidE
             return Err(CidError::LengthMismatch { encoded, need: plaintext });
         }
     }
-    let mut id = ServerId { len: cfg.server_id_len, ..ServerId::default() };
-    copy_into(&mut id.bytes, 0, cid, 1, cfg.server_id_len as usize);
-    Ok(id)
+    id.len = cfg.server_id_len;
+    // Every index bounded by the constant length of `bytes` (not by `server_id_len`, whose
+    // check the BPF verifier may not see): the data path's copy verifies as is.
+    for (i, octet) in id.bytes.iter_mut().enumerate() {
+        if i < cfg.server_id_len as usize {
+            *octet = cid.get(1 + i).copied().unwrap_or(0);
+        } else {
+            *octet = 0;
+        }
+    }
+    Ok(())
 }
 
 /// Writes the connection id of `server_id` and `nonce` under `cfg` into `out`, returning its

@@ -50,6 +50,10 @@ impl RingRef {
 /// `VipMeta::flags`: some operator rule is scoped to this VIP (else new flows skip its trie
 /// lookup).
 pub const VIP_F_SCOPED_RULES: u32 = 1;
+/// `VipMeta::flags`: a QUIC VIP (UDP). Its packets go to the QUIC program, which sends
+/// short-header packets to the backend whose server id their destination connection id
+/// carries (`quic_lb`), and everything else the way of any UDP VIP.
+pub const VIP_F_QUIC: u32 = 2;
 
 /// What the data path knows about a VIP.
 #[repr(C)]
@@ -106,6 +110,15 @@ pub struct AllowKey {
 
 /// Bits of an [`AllowKey`] before its address: every prefix covers the family.
 pub const ALLOW_KEY_FAMILY_BITS: u32 = 32;
+
+/// Key of the server-id map of QUIC VIPs: a VIP id and the server id of one of its
+/// backends (the value: that backend's id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct QuicServerKey {
+    pub vip_id: u32,
+    pub server_id: crate::quic_lb::ServerId,
+}
 
 /// Backend slot states.
 pub const BACKEND_FREE: u8 = 0;
@@ -477,6 +490,18 @@ reasons!(
 );
 
 reasons!(
+    /// How the QUIC program placed a QUIC VIP's short-header packets (long headers, which
+    /// Maglev places, are not counted).
+    QuicRouting {
+        /// Sent to the backend its connection id names, whatever its 5-tuple.
+        ByConnectionId = "quic_by_connection_id",
+        /// The connection id did not decode (unknown config id, too short, a server id no
+        /// backend of the VIP has): placed by the 5-tuple instead, never dropped.
+        Fallback = "quic_fallback",
+    }
+);
+
+reasons!(
     /// Drops a limit in observe mode would have made (the packets were let through).
     Observed {
         SourceLimit = "would_drop_source_limit",
@@ -644,6 +669,7 @@ const _: () = assert!(size_of::<RuleLens>() == 16);
 const _: () = assert!(size_of::<ProbeConfig>() == 8);
 const _: () = assert!(size_of::<HopBackend>() == 12);
 const _: () = assert!(size_of::<HopConfig>() == 68);
+const _: () = assert!(size_of::<QuicServerKey>() == 20);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -682,7 +708,8 @@ mod pod {
         RuleLens,
         ProbeConfig,
         HopBackend,
-        HopConfig
+        HopConfig,
+        QuicServerKey
     );
 }
 

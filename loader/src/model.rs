@@ -21,8 +21,10 @@ use spillway_common::{
 
 mod backend;
 pub mod host;
+mod quic;
 
 pub use backend::{Backend, BackendOptions, MAX_ZONE_LEN, VipHealth, check_zone};
+pub use quic::{DEFAULT_NONCE_LEN, DEFAULT_SERVER_ID_LEN, QuicConfig, server_id_of, server_ids};
 
 /// Weight a backend gets when none is given.
 pub const DEFAULT_WEIGHT: u32 = 100;
@@ -119,6 +121,15 @@ pub enum ModelError {
     StartWithoutWeight { backend: IpAddr },
     #[error("health: {message}")]
     BadHealth { message: String },
+    #[error("VIP {vip}: quic needs a UDP VIP")]
+    QuicNotUdp { vip: Vip },
+    #[error("VIP {vip} quic: {message}")]
+    BadQuic { vip: Vip, message: String },
+    #[error(
+        "VIP {vip}: backends {other} and {backend} would both have QUIC server id {server_id} (the last server_id_len octets of \
+         the address); a longer server_id_len tells them apart"
+    )]
+    QuicServerIdTaken { vip: Vip, backend: IpAddr, other: IpAddr, server_id: String },
 }
 
 impl FromStr for Vip {
@@ -180,11 +191,14 @@ pub struct VipConfig {
     /// --force`): see `host::Host::check`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_local_address: bool,
+    /// A QUIC VIP (UDP): short headers go by the server id in their connection id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic: Option<QuicConfig>,
 }
 
 impl Default for VipConfig {
     fn default() -> Self {
-        Self { ring_size: DEFAULT_RING_SIZE, backends: BTreeMap::new(), limits: None, health: None, allow_local_address: false }
+        Self { ring_size: DEFAULT_RING_SIZE, backends: BTreeMap::new(), limits: None, health: None, allow_local_address: false, quic: None }
     }
 }
 
@@ -262,6 +276,21 @@ impl DesiredState {
             return Err(ModelError::TooManyBackends);
         }
         vip_config.backends.insert(backend, config);
+        if let Err(e) = quic::check_server_ids(vip, vip_config) {
+            vip_config.backends.remove(&backend);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Makes a VIP a QUIC VIP with `quic` (or, with `None`, a plain one again).
+    pub fn set_quic(&mut self, vip: &Vip, quic: Option<QuicConfig>) -> Result<(), ModelError> {
+        if let Some(quic) = &quic {
+            quic.check(vip)?;
+        }
+        let config = self.vips.get(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
+        quic::check_server_ids(vip, &VipConfig { quic, ..config.clone() })?;
+        self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?.quic = quic;
         Ok(())
     }
 
@@ -447,6 +476,7 @@ impl DesiredState {
         let mut rebuilt = DesiredState::default();
         for (vip, config) in &self.vips {
             rebuilt.add_vip(*vip, config.ring_size)?;
+            rebuilt.set_quic(vip, config.quic)?;
             for (backend, b) in &config.backends {
                 rebuilt.add_backend_with(vip, *backend, b.clone())?;
             }

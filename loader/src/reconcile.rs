@@ -23,6 +23,7 @@
 //! when they differ.
 
 mod pool;
+mod quic;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -36,9 +37,11 @@ use spillway_common::{
     limits::{ANY_VIP, Capacity, MAX_RULES, SECOND_CHANCE_SETTLE_MS, VIP_FILTER_WORDS},
     maglev::{self, MaglevBackend, MaglevError},
     prefix::masked,
+    quic_lb::QuicLbConfig,
     types::{
         AddrKey, BACKEND_ACTIVE, BACKEND_F_NEW_FLOWS, BACKEND_FREE, BackendInfo, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP,
-        RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_SCOPED_RULES, VipKey, VipMeta,
+        QuicServerKey, RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_QUIC, VIP_F_SCOPED_RULES, VipKey,
+        VipMeta,
     },
 };
 
@@ -104,6 +107,13 @@ pub trait Maps {
     fn remove_rule(&mut self, key: &RuleSlotKey) -> Result<(), DataplaneError>;
     /// Zeroes a rule id's bucket and counters before the id is handed out.
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError>;
+    /// The QUIC-LB configuration of every VIP id (`Capacity::vips` of them).
+    fn quic_configs(&self) -> Result<Vec<QuicLbConfig>, DataplaneError>;
+    fn set_quic_config(&mut self, vip_id: u32, config: &QuicLbConfig) -> Result<(), DataplaneError>;
+    /// Every (VIP id, server id) -> backend id entry of QUIC VIPs.
+    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>, DataplaneError>;
+    fn set_quic_server(&mut self, key: &QuicServerKey, backend_id: u32) -> Result<(), DataplaneError>;
+    fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), DataplaneError>;
 }
 
 /// What one `apply` did.
@@ -183,6 +193,9 @@ pub struct Reconciler {
     vip_filter: Vec<u64>,
     /// Table changes closer together than this are one change for second chance.
     settle: Duration,
+    /// What the QUIC maps hold: each VIP id's configuration, and the server-id entries.
+    quic_configs: Vec<QuicLbConfig>,
+    quic_servers: HashMap<QuicServerKey, u32>,
 }
 
 impl Reconciler {
@@ -253,6 +266,9 @@ impl Reconciler {
         let mut vip_filter = maps.vip_filter()?;
         vip_filter.resize(VIP_FILTER_WORDS as usize, 0);
         let settle = Duration::from_millis(SECOND_CHANCE_SETTLE_MS);
+        let mut quic_configs = maps.quic_configs()?;
+        quic_configs.resize(capacity.vips as usize, QuicLbConfig::EMPTY);
+        let quic_servers = maps.quic_servers()?.into_iter().collect();
         Ok(Self {
             capacity,
             vips,
@@ -267,6 +283,8 @@ impl Reconciler {
             vip_addrs,
             vip_filter,
             settle,
+            quic_configs,
+            quic_servers,
         })
     }
 
@@ -293,6 +311,8 @@ impl Reconciler {
         }
         self.sync_limits(maps, desired, &mut report)?;
         self.sync_rules(maps, desired, &mut report)?;
+        // Before the flag sends a QUIC VIP's packets to the QUIC program.
+        self.sync_quic(maps, desired)?;
         self.sync_vip_flags(maps, desired)?;
         sync_vip_addrs(maps, &mut self.vip_addrs, desired)?;
         sync_vip_filter(maps, &mut self.vip_filter, desired)?;
@@ -507,11 +527,16 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Sets the scoped-rules flag on exactly the VIPs that have rules of their own.
+    /// Sets the scoped-rules flag on exactly the VIPs that have rules of their own, and the
+    /// QUIC flag on the QUIC VIPs.
     fn sync_vip_flags(&mut self, maps: &mut dyn Maps, desired: &DesiredState) -> Result<(), ReconcileError> {
         let scoped: BTreeSet<Vip> = desired.rules.keys().filter_map(|r| r.vip).collect();
         for (vip, runtime) in self.vips.iter_mut() {
-            let flags = if scoped.contains(vip) { runtime.flags | VIP_F_SCOPED_RULES } else { runtime.flags & !VIP_F_SCOPED_RULES };
+            let flag = |on: bool, bit: u32| if on { bit } else { 0 };
+            let quic = desired.vips.get(vip).is_some_and(|c| c.quic.is_some());
+            let flags = runtime.flags & !(VIP_F_SCOPED_RULES | VIP_F_QUIC)
+                | flag(scoped.contains(vip), VIP_F_SCOPED_RULES)
+                | flag(quic, VIP_F_QUIC);
             if flags != runtime.flags {
                 runtime.flags = flags;
                 maps.set_vip(&vip_key(vip), &runtime.meta())?;

@@ -11,9 +11,10 @@ use std::{
 use spillway_common::{
     limits::{ANY_VIP, Capacity, MAX_RULES, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, map_names},
     maglev::EMPTY_SLOT,
+    quic_lb::QuicLbConfig,
     types::{
-        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, Reason, RingRef, RuleSlotKey,
-        RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, QuicServerKey, Reason, RingRef,
+        RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
 
@@ -76,6 +77,9 @@ pub struct FakeMaps {
     pub slot_writes: usize,
     pub limit_writes: usize,
     pub rule_writes: usize,
+    /// QUIC configurations by VIP id (absent = empty) and server-id entries.
+    pub quic_configs: HashMap<u32, QuicLbConfig>,
+    pub quic_servers: HashMap<QuicServerKey, u32>,
 }
 
 impl FakeMaps {
@@ -236,6 +240,26 @@ impl Maps for FakeMaps {
         self.rule_state.remove(&id);
         Ok(())
     }
+    fn quic_configs(&self) -> Result<Vec<QuicLbConfig>, DataplaneError> {
+        Ok((0..self.capacity.vips).map(|id| self.quic_configs.get(&id).copied().unwrap_or_default()).collect())
+    }
+    fn set_quic_config(&mut self, vip_id: u32, config: &QuicLbConfig) -> Result<(), DataplaneError> {
+        self.quic_configs.insert(vip_id, *config);
+        Ok(())
+    }
+    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>, DataplaneError> {
+        Ok(self.quic_servers.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn set_quic_server(&mut self, key: &QuicServerKey, backend_id: u32) -> Result<(), DataplaneError> {
+        let b = self.backends[&backend_id];
+        assert_eq!((b.state, b.vip_id), (BACKEND_ACTIVE, key.vip_id), "server id entry names backend {backend_id}");
+        self.quic_servers.insert(*key, backend_id);
+        Ok(())
+    }
+    fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), DataplaneError> {
+        self.quic_servers.remove(key);
+        Ok(())
+    }
 }
 
 impl Counters for FakeMaps {
@@ -265,6 +289,9 @@ impl Counters for FakeMaps {
     }
     fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
         Ok(3)
+    }
+    fn quic_routing(&self) -> Result<Vec<(spillway_common::types::QuicRouting, u64)>, DataplaneError> {
+        Ok(spillway_common::types::QuicRouting::ALL.iter().enumerate().map(|(i, r)| (*r, 20 + i as u64)).collect())
     }
     fn unremembered_flows(&self) -> Result<u64, DataplaneError> {
         Ok(self.unremembered_flows)

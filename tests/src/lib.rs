@@ -58,7 +58,7 @@ pub use icmp::ping;
 pub use load::{Bucket, Load, LoadConfig, LoadReport, render_curve};
 pub use netns::Netns;
 pub use nix::sys::signal::Signal;
-pub use process::Daemon;
+pub use process::{Daemon, harness_binary};
 pub use raw::{Capture, send_frames, send_ip_packet};
 pub use stream::{CheckReport, Stream, StreamChecker};
 pub use topology::{Topology, TopologyConfig};

@@ -19,6 +19,9 @@ pub struct Layout {
     pub l3_len: usize,
     /// IPv4 TOS or IPv6 traffic class, copied to the outer header.
     pub tos: u8,
+    /// Offset of the header after the IP ones (TCP, UDP; an ICMP error's ICMP header): where
+    /// the QUIC program finds a QUIC header.
+    pub l4: u16,
 }
 
 pub enum Parsed {
@@ -86,9 +89,9 @@ fn parse_v4(ctx: &XdpContext, l3: usize) -> Parsed {
     if u16::from_be(ip.frag_off) & IPV4_MF_OFFSET_MASK != 0 {
         return Parsed::Fragment(AddrKey { addr: v4_addr(ip.dst), family: FAMILY_V4, _pad: [0; 3] });
     }
-    let layout = Layout { l2_len: l3, l3_len: tot_len, tos: ip.tos };
-    let dst = AddrKey { addr: v4_addr(ip.dst), family: FAMILY_V4, _pad: [0; 3] };
     let l4 = l3 + ihl;
+    let layout = Layout { l2_len: l3, l3_len: tot_len, tos: ip.tos, l4: l4 as u16 };
+    let dst = AddrKey { addr: v4_addr(ip.dst), family: FAMILY_V4, _pad: [0; 3] };
     match ip.proto {
         PROTO_TCP | PROTO_UDP => {
             let Some(ports) = l4_ports(ctx, l4, ip.proto) else {
@@ -147,7 +150,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Parsed {
     if vtc >> 28 != 6 || l3 + l3_len > len(ctx) {
         return Parsed::Malformed;
     }
-    let layout = Layout { l2_len: l3, l3_len, tos: (vtc >> 20) as u8 };
+    let mut layout = Layout { l2_len: l3, l3_len, tos: (vtc >> 20) as u8, l4: 0 };
     let dst = AddrKey { addr: ip.dst, family: FAMILY_V6, _pad: [0; 3] };
     let mut next = ip.next_hdr;
     let mut off = l3 + IPV6_LEN;
@@ -167,6 +170,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Parsed {
             _ => break,
         }
     }
+    layout.l4 = off as u16;
     match next {
         PROTO_TCP | PROTO_UDP => {
             let Some(ports) = l4_ports(ctx, off, next) else {

@@ -24,7 +24,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub use crate::model::RuleActionKind;
 use crate::{
     config::Change,
-    model::{BackendOptions, Cidr, ModelError, RateSpec, Vip},
+    model::{BackendOptions, Cidr, ModelError, QuicConfig, RateSpec, Vip},
     ports::PortsReport,
     probe::{ProbePath, ProbeSpec},
 };
@@ -49,6 +49,9 @@ pub enum Request {
         ring_size: Option<u32>,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         force: bool,
+        /// A QUIC VIP (UDP) with this QUIC-LB configuration.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quic: Option<QuicConfig>,
     },
     /// A VIP that has backends is removed only with `force` (its connections break).
     RemoveVip {
@@ -547,6 +550,10 @@ pub struct BackendEntry {
     /// Seconds until a draining backend is removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_deadline_in_s: Option<u64>,
+    /// QUIC VIPs: the server id (hex) its connection ids must carry (`--server-id` of the
+    /// servers' id generator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_id: Option<String>,
 }
 
 impl BackendEntry {
@@ -567,6 +574,7 @@ impl BackendEntry {
             unknown_probes: 0,
             kept_in: false,
             drain_deadline_in_s: None,
+            server_id: None,
         }
     }
 }

@@ -17,9 +17,9 @@ fn ip(s: &str) -> IpAddr {
 fn requests_have_stable_names() {
     let cases = [
         (Request::ListVips, json!({"op": "list_vips"})),
-        (Request::AddVip { vip: vip(), ring_size: None, force: false }, json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp"})),
+        (Request::AddVip { vip: vip(), ring_size: None, force: false, quic: None }, json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp"})),
         (
-            Request::AddVip { vip: vip(), ring_size: Some(251), force: false },
+            Request::AddVip { vip: vip(), ring_size: Some(251), force: false, quic: None },
             json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp", "ring_size": 251}),
         ),
         (Request::RemoveVip { vip: vip(), force: false }, json!({"op": "remove_vip", "vip": "10.0.0.1:80/tcp"})),

@@ -24,7 +24,7 @@ use crate::{
         client::{self, ClientError},
     },
     docs::{self, CompletionsArgs, ManArgs},
-    model::{Cidr, DEFAULT_WEIGHT, MAX_RATE_PER_S, Vip},
+    model::{Cidr, DEFAULT_NONCE_LEN, DEFAULT_SERVER_ID_LEN, DEFAULT_WEIGHT, MAX_RATE_PER_S, QuicConfig, Vip},
 };
 
 const LBCTL_HELP: &str = "\
@@ -50,6 +50,12 @@ Examples:
   lbctl vips add 10.0.0.2:0/udp                       # every UDP port of 10.0.0.2
   lbctl vips add '[fd00::1]:443/tcp' --ring-size 4099
   lbctl vips add 10.0.0.2:8080/tcp --force            # an address of the balancer itself
+  lbctl vips add 10.0.0.3:443/udp --quic --quic-server-id-len 2 --quic-nonce-len 6
+
+--quic: short-header packets go by the server id in their destination connection
+id (QUIC-LB, plaintext); each backend's server id is the last --quic-server-id-len
+octets of its address (lbctl backends list shows it: give it to the server's
+connection-id generator). Ids that do not decode go by the 5-tuple (counted).
 
 A VIP on an address of the balancer's own interfaces is refused without --force:
 the balancer's own traffic to it (SSH to 10.0.0.2:22, BGP) would go to the VIP's
@@ -140,6 +146,7 @@ Columns:
               of a port: no new flows, within the ejection cap); - without a
               report
   FOR_S       seconds in its health state
+  SERVER_ID   QUIC VIPs only: the server id its connection ids carry (hex)
   REASON      why it is in that state: added, consecutive_failures,
               vip_path_failed, consecutive_successes, slow_start_complete,
               flapping, hold_down_expired, slower_than_peers,
@@ -596,6 +603,38 @@ impl RuleActionArgs {
     }
 }
 
+/// `lbctl vips add --quic`: a QUIC VIP and its QUIC-LB configuration.
+#[derive(Debug, clap::Args)]
+pub struct QuicArgs {
+    /// A QUIC VIP (UDP): short-header packets go to the backend whose server id their
+    /// connection id carries, whatever their source address and port.
+    #[arg(long)]
+    quic: bool,
+    /// QUIC-LB config id of the servers' connection ids, 0..=6.
+    #[arg(long, value_name = "ID", requires = "quic", default_value_t = 0)]
+    quic_config_id: u8,
+    /// Octets of server id in them (each backend's: the last octets of its address).
+    #[arg(long, value_name = "N", requires = "quic", default_value_t = DEFAULT_SERVER_ID_LEN)]
+    quic_server_id_len: u8,
+    /// Octets of nonce in them, at least 4.
+    #[arg(long, value_name = "N", requires = "quic", default_value_t = DEFAULT_NONCE_LEN)]
+    quic_nonce_len: u8,
+    /// The servers write the id's length into its first octet.
+    #[arg(long, requires = "quic")]
+    quic_self_len: bool,
+}
+
+impl QuicArgs {
+    fn config(&self) -> Option<QuicConfig> {
+        self.quic.then_some(QuicConfig {
+            config_id: self.quic_config_id,
+            server_id_len: self.quic_server_id_len,
+            nonce_len: self.quic_nonce_len,
+            self_len: self.quic_self_len,
+        })
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum VipsCommand {
     /// Add a VIP (no backends yet: its packets are dropped until one is added).
@@ -610,6 +649,8 @@ pub enum VipsCommand {
         /// then takes (kept: allow_local_address in an export).
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        quic: QuicArgs,
     },
     /// List the VIPs.
     #[command(after_help = VIPS_LIST_HELP)]
@@ -734,8 +775,8 @@ impl Command {
     /// fit together are refused.
     pub fn request(&self) -> Result<Option<Request>, CliError> {
         Ok(Some(match self {
-            Command::Vips(VipsCommand::Add { vip, ring_size, force }) => {
-                Request::AddVip { vip: *vip, ring_size: *ring_size, force: *force }
+            Command::Vips(VipsCommand::Add { vip, ring_size, force, quic }) => {
+                Request::AddVip { vip: *vip, ring_size: *ring_size, force: *force, quic: quic.config() }
             }
             Command::Vips(VipsCommand::List(_)) => Request::ListVips,
             Command::Vips(VipsCommand::Remove { vip, force }) => Request::RemoveVip { vip: *vip, force: *force },

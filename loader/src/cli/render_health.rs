@@ -133,7 +133,13 @@ fn announced(a: &AnnouncementView) -> String {
 }
 
 pub fn backends_table(list: &BackendList) -> String {
-    let mut t = Table::new(BACKENDS_COLUMNS);
+    // QUIC VIPs only: the others' tables stay as they were.
+    let quic = list.backends.iter().any(|b| b.server_id.is_some());
+    let mut columns = BACKENDS_COLUMNS.to_vec();
+    if quic {
+        columns.insert(columns.len() - 1, ("SERVER_ID", Align::Left));
+    }
+    let mut t = Table::new(&columns);
     for b in &list.backends {
         let mut health = b.health.clone().unwrap_or_else(dash);
         if b.kept_in {
@@ -146,7 +152,7 @@ pub fn backends_table(list: &BackendList) -> String {
         if let Some(s) = b.drain_deadline_in_s {
             reason.push_str(&format!(" (removed in {s} s)"));
         }
-        t.row(vec![
+        let mut row = vec![
             b.address.to_string(),
             b.weight.to_string(),
             b.state.label().to_owned(),
@@ -156,8 +162,12 @@ pub fn backends_table(list: &BackendList) -> String {
             b.latency_ms.map_or_else(dash, latency),
             b.pressure.clone().unwrap_or_else(dash),
             b.state_for_s.map_or_else(dash, |s| s.to_string()),
-            reason,
-        ]);
+        ];
+        if quic {
+            row.push(b.server_id.clone().unwrap_or_else(dash));
+        }
+        row.push(reason);
+        t.row(row);
     }
     with_alerts(&list.alerts, t.render())
 }

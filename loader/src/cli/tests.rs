@@ -30,16 +30,25 @@ fn ip(s: &str) -> IpAddr {
 fn commands_map_to_requests() {
     let v = vip("10.0.0.1:80/tcp");
     let cases: Vec<(&[&str], Request)> = vec![
-        (&["vips", "add", "10.0.0.1:80/tcp"], Request::AddVip { vip: v, ring_size: None, force: false }),
+        (&["vips", "add", "10.0.0.1:80/tcp"], Request::AddVip { vip: v, ring_size: None, force: false, quic: None }),
         (
             &["vips", "add", "[fd00::1]:0/udp", "--ring-size", "4099"],
-            Request::AddVip { vip: vip("[fd00::1]:0/udp"), ring_size: Some(4099), force: false },
+            Request::AddVip { vip: vip("[fd00::1]:0/udp"), ring_size: Some(4099), force: false, quic: None },
         ),
         (&["vips", "list"], Request::ListVips),
         (&["vips", "list", "-o", "json"], Request::ListVips),
         (&["vips", "remove", "10.0.0.1:80/tcp"], Request::RemoveVip { vip: v, force: false }),
         (&["vips", "remove", "10.0.0.1:80/tcp", "--force"], Request::RemoveVip { vip: v, force: true }),
-        (&["vips", "add", "10.0.0.1:80/tcp", "--force"], Request::AddVip { vip: v, ring_size: None, force: true }),
+        (&["vips", "add", "10.0.0.1:80/tcp", "--force"], Request::AddVip { vip: v, ring_size: None, force: true, quic: None }),
+        (
+            &["vips", "add", "10.0.0.3:443/udp", "--quic", "--quic-nonce-len", "8", "--quic-self-len"],
+            Request::AddVip {
+                vip: vip("10.0.0.3:443/udp"),
+                ring_size: None,
+                force: false,
+                quic: Some(crate::model::QuicConfig { nonce_len: 8, self_len: true, ..Default::default() }),
+            },
+        ),
         (
             &["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1"],
             Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: Default::default() },
@@ -181,6 +190,17 @@ fn tables() {
         "BACKEND   WEIGHT  STATE     HEALTH     EFFECTIVE  ZONE  LATENCY_MS  PORTS  FOR_S  REASON\n\
          10.0.1.1     100  active    unhealthy          0  -              -  -          -  -\n\
          fd00::2        0  draining  -                  -  -              -  -          -  -\n"
+    );
+    // A QUIC VIP's backends show their server ids.
+    let quic = BackendList {
+        vip: vip("10.0.0.3:443/udp"),
+        backends: vec![BackendEntry { server_id: Some("0101".to_owned()), ..BackendEntry::configured(ip("10.0.1.1"), 100) }],
+        alerts: vec![],
+    };
+    assert_eq!(
+        rendered(&["backends", "list", "--vip", "10.0.0.3:443/udp"], Reply::Backends(quic)),
+        "BACKEND   WEIGHT  STATE   HEALTH  EFFECTIVE  ZONE  LATENCY_MS  PORTS  FOR_S  SERVER_ID  REASON\n\
+         10.0.1.1     100  active  -               -  -              -  -          -  0101       -\n"
     );
     assert_eq!(
         rendered(&["stats"], Reply::Stats(sample_stats())),

@@ -380,6 +380,7 @@ mod tests {
             maps: Vec::new(),
             daemon: DaemonSample::default(),
             second_chance_packets: 0,
+            quic: Vec::new(),
             announcements: None,
         }
     }

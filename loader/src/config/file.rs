@@ -13,8 +13,8 @@ use super::{datetime, locate::FieldPath};
 use crate::{
     health::HealthConfig,
     model::{
-        Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, LimitConfig, ModelError, RuleActionKind, RuleConfig, RuleMatch, Vip,
-        VipConfig, VipHealth, check_serving_weight,
+        Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, LimitConfig, ModelError, QuicConfig, RuleActionKind, RuleConfig,
+        RuleMatch, Vip, VipConfig, VipHealth, check_serving_weight,
     },
     probe::{ProbePath, ProbeSpec},
 };
@@ -50,6 +50,9 @@ pub struct FileVip {
     /// The VIP is on an address of the balancer itself, on purpose.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_local_address: bool,
+    /// A QUIC VIP (UDP) and its QUIC-LB configuration: `quic = {}` takes the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic: Option<QuicConfig>,
     #[serde(default)]
     pub backends: Vec<FileBackend>,
 }
@@ -142,6 +145,7 @@ impl ConfigFile {
             }
             state.add_vip(v.vip, v.ring_size.unwrap_or(DEFAULT_RING_SIZE)).map_err(|e| refusal(&at, e))?;
             state.allow_local_address(&v.vip, v.allow_local_address).map_err(|e| refusal(&at, e))?;
+            state.set_quic(&v.vip, v.quic).map_err(|e| refusal(&at, e))?;
             if let Some(health) = &v.health {
                 let health = health.to_model();
                 // Checked here rather than by `set_health`, whose error does not name the field.
@@ -201,9 +205,10 @@ impl ConfigFile {
 
 impl FileVip {
     pub fn from_model(vip: &Vip, config: &VipConfig) -> Self {
-        let VipConfig { ring_size, backends, limits, health, allow_local_address } = config;
+        let VipConfig { ring_size, backends, limits, health, allow_local_address, quic } = config;
         Self {
             vip: *vip,
+            quic: *quic,
             ring_size: Some(*ring_size),
             limits: *limits,
             allow_local_address: *allow_local_address,
@@ -277,7 +282,8 @@ fn field_of(error: &ModelError) -> &'static str {
     match error {
         E::WeightOutOfRange { .. } | E::ServingWeightOutOfRange { .. } => "weight",
         E::DuplicateVip { .. } | E::BadVip { .. } => "vip",
-        E::DuplicateBackend { .. } | E::FamilyMismatch { .. } | E::BadBackendAddress { .. } => "address",
+        E::DuplicateBackend { .. } | E::FamilyMismatch { .. } | E::BadBackendAddress { .. } | E::QuicServerIdTaken { .. } => "address",
+        E::QuicNotUdp { .. } | E::BadQuic { .. } => "quic",
         E::BadRingSize { .. } => "ring_size",
         E::BadZone { .. } => "zone",
         E::SpareWithoutCapacity { .. } | E::SpareAboveCapacity { .. } => "spare_per_s",

@@ -36,6 +36,9 @@ fn the_example_declares_what_it_says() {
     assert_eq!(state.default_limits.unwrap().vip_budget, Some(RateSpec { per_s: 100_000, burst: 100_000 }));
     assert_eq!(state.rules.len(), 2);
     assert_eq!(state.vips[&vip("192.0.2.20:53/udp")].backends.values().next().unwrap().weight, 100);
+    let quic = &state.vips[&vip("192.0.2.30:443/udp")];
+    assert_eq!(quic.quic, Some(crate::model::QuicConfig::default()));
+    assert_eq!(crate::model::server_ids(quic).values().map(ToString::to_string).collect::<Vec<_>>(), ["031f"]);
     let doc = Document::parse("example", EXAMPLE.to_owned()).unwrap();
     assert_eq!(doc.lbd().unwrap()["iface"].as_str(), Some("eth0"));
     assert_eq!(doc.agent().unwrap()["iface"].as_str(), Some("eth0"));
@@ -52,6 +55,7 @@ fn the_example_uses_every_field() {
     policy.fall = 9; // exported only when it differs from the default
     web.health.as_mut().unwrap().policy = policy;
     web.allow_local_address = true;
+    full.vips.get_mut(&vip("192.0.2.30:443/udp")).unwrap().quic.as_mut().unwrap().self_len = true;
     let exported = export(&full, None);
     let file: toml::Table = toml::from_str(&exported).unwrap();
     fn keys(value: &toml::Value, out: &mut Vec<String>) {
@@ -264,6 +268,20 @@ fn bad_files_are_refused_with_place_field_and_reason() {
             "",
         ),
         ("[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nvip = \"10.0.0.2:80/tcp\"\n".into(), "test.toml:3:1: duplicate key `vip`", ""),
+        // QUIC VIPs.
+        ("[[vips]]\nvip = \"10.0.0.1:443/tcp\"\nquic = {}\n".into(), "vips[0].quic: VIP 10.0.0.1:443/tcp: quic needs a UDP VIP", ""),
+        (
+            "[[vips]]\nvip = \"10.0.0.1:443/udp\"\nquic = { nonce_len = 3 }\n".into(),
+            "vips[0].quic: VIP 10.0.0.1:443/udp quic: nonce_len 3 is below the minimum of 4",
+            "",
+        ),
+        (
+            "[[vips]]\nvip = \"10.0.0.1:443/udp\"\nquic = { server_id_len = 1 }\n\
+             [[vips.backends]]\naddress = \"10.0.1.5\"\n[[vips.backends]]\naddress = \"10.0.2.5\"\n"
+                .into(),
+            "vips[0].backends[1].address: VIP 10.0.0.1:443/udp: backends 10.0.1.5 and 10.0.2.5 would both have QUIC server id 05",
+            "a longer server_id_len",
+        ),
         // Syntax.
         ("[[vips]]\nvip = \n".into(), "test.toml:2:7: string values must be quoted", ""),
         ("[[vips]\n".into(), "test.toml:1:", ""),

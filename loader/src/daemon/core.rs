@@ -50,6 +50,8 @@ pub trait Counters: FlowTable {
     fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError>;
     /// Packets sent with a second candidate (second chance).
     fn second_chance_packets(&self) -> Result<u64, DataplaneError>;
+    /// QUIC VIPs' short headers by how they were placed.
+    fn quic_routing(&self) -> Result<Vec<(spillway_common::types::QuicRouting, u64)>, DataplaneError>;
     /// New flows forwarded without an entry: the table was full where they hash.
     fn unremembered_flows(&self) -> Result<u64, DataplaneError>;
     fn rule_state(&self, id: u32) -> Result<RuleState, DataplaneError>;
@@ -83,6 +85,9 @@ impl Counters for BalancerMaps {
     }
     fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
         BalancerMaps::second_chance_packets(self)
+    }
+    fn quic_routing(&self) -> Result<Vec<(spillway_common::types::QuicRouting, u64)>, DataplaneError> {
+        BalancerMaps::quic_routing(self)
     }
     fn unremembered_flows(&self) -> Result<u64, DataplaneError> {
         BalancerMaps::unremembered_flows(self)
@@ -532,12 +537,19 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::ListVips => Ok(Reply::Vips(self.vips())),
             Request::ListBackends { vip } => Ok(Reply::Backends(self.backends(&vip)?)),
             Request::Stats => self.stats().map(Reply::Stats).map_err(CoreError::Counters),
-            Request::AddVip { vip, ring_size, force } => {
+            Request::AddVip { vip, ring_size, force, quic } => {
                 let ring_size = ring_size.unwrap_or(DEFAULT_RING_SIZE);
-                let change = change("add_vip").field("vip", &vip).field("ring_size", &ring_size).field("force", &force);
+                let mut change = change("add_vip").field("vip", &vip).field("ring_size", &ring_size).field("force", &force);
+                if let Some(q) = &quic {
+                    change = change
+                        .field("quic_config_id", &q.config_id)
+                        .field("quic_server_id_len", &q.server_id_len)
+                        .field("quic_nonce_len", &q.nonce_len);
+                }
                 self.mutate(change, |s| {
                     s.add_vip(vip, ring_size)?;
-                    s.allow_local_address(&vip, force)
+                    s.allow_local_address(&vip, force)?;
+                    s.set_quic(&vip, quic)
                 })
             }
             Request::RemoveVip { vip, force } => {

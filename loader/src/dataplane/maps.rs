@@ -11,9 +11,10 @@ use aya::{
 };
 use spillway_common::{
     limits::{Capacity, MAX_RULES, RING_SLOTS_PER_WORD, map_names},
+    quic_lb::QuicLbConfig,
     types::{
-        AddrKey, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, Reason, RingRef, RuleCounters, RuleSlotKey, RuleState,
-        RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, QuicRouting, QuicServerKey, Reason, RingRef, RuleCounters,
+        RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
 
@@ -67,6 +68,13 @@ pub struct BalancerMaps {
     pub second_chance_program: ProgramArray<MapData>,
     /// Slot 0: the IPv6 program the balancer tail-calls; held open for the same reason.
     pub v6_program: ProgramArray<MapData>,
+    /// Slots 0 and 1: the QUIC programs (IPv4, IPv6); held open for the same reason.
+    pub quic_program: ProgramArray<MapData>,
+    /// QUIC VIPs: the QUIC-LB configuration by VIP id, and (VIP id, server id) -> backend id.
+    pub quic_config: Array<MapData, QuicLbConfig>,
+    pub quic_servers: HashMap<MapData, QuicServerKey, u32>,
+    /// How short headers were placed, per `QuicRouting`, per CPU.
+    pub quic_routing: PerCpuArray<MapData, u64>,
 }
 
 pub(super) fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
@@ -118,6 +126,10 @@ impl BalancerMaps {
             flows_unremembered: take(ebpf, map_names::FLOWS_UNREMEMBERED)?,
             second_chance_program: take(ebpf, map_names::SECOND_CHANCE_PROGRAM)?,
             v6_program: take(ebpf, map_names::V6_PROGRAM)?,
+            quic_program: take(ebpf, map_names::QUIC_PROGRAM)?,
+            quic_config: take(ebpf, map_names::QUIC_CONFIG)?,
+            quic_servers: take(ebpf, map_names::QUIC_SERVERS)?,
+            quic_routing: take(ebpf, map_names::QUIC_ROUTING)?,
         })
     }
 
@@ -163,6 +175,17 @@ impl BalancerMaps {
     pub fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
         let per_cpu = named(map_names::SECOND_CHANCE, self.second_chance.get(&0, 0))?;
         Ok(per_cpu.iter().sum())
+    }
+
+    /// How QUIC VIPs' short headers were placed, summed over CPUs.
+    pub fn quic_routing(&self) -> Result<Vec<(QuicRouting, u64)>, DataplaneError> {
+        QuicRouting::ALL
+            .iter()
+            .map(|&r| {
+                let per_cpu = named(map_names::QUIC_ROUTING, self.quic_routing.get(&(r as u32), 0))?;
+                Ok((r, per_cpu.iter().sum()))
+            })
+            .collect()
     }
 
     /// Makes the redirect map hold exactly `ifindexes`, each redirecting to itself.
@@ -443,6 +466,29 @@ impl crate::reconcile::Maps for BalancerMaps {
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
         named(map_names::RULE_BUCKETS, self.rule_buckets.set(id, &Bucket::default(), 0))?;
         zero_per_cpu(map_names::RULE_COUNTERS, &mut self.rule_counters, id)
+    }
+
+    fn quic_configs(&self) -> Result<Vec<QuicLbConfig>, DataplaneError> {
+        (0..self.capacity.vips).map(|id| named(map_names::QUIC_CONFIG, self.quic_config.get(&id, 0))).collect()
+    }
+
+    fn set_quic_config(&mut self, vip_id: u32, config: &QuicLbConfig) -> Result<(), DataplaneError> {
+        named(map_names::QUIC_CONFIG, self.quic_config.set(vip_id, config, 0))
+    }
+
+    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>, DataplaneError> {
+        self.quic_servers.iter().map(|r| named(map_names::QUIC_SERVERS, r)).collect()
+    }
+
+    fn set_quic_server(&mut self, key: &QuicServerKey, backend_id: u32) -> Result<(), DataplaneError> {
+        named(map_names::QUIC_SERVERS, self.quic_servers.insert(key, &backend_id, 0))
+    }
+
+    fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), DataplaneError> {
+        match self.quic_servers.remove(key) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(DataplaneError::Map { name: map_names::QUIC_SERVERS, source }),
+        }
     }
 }
 

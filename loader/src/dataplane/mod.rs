@@ -120,9 +120,13 @@ pub struct Balancer {
     pub maps: BalancerMaps,
 }
 
+/// The programs of a QUIC VIP's packets, in the order of their slots in `spw_quic_prog`.
+const QUIC_PROGRAMS: [&str; 4] =
+    [program_names::BALANCER_QUIC, program_names::BALANCER_QUIC_V6, program_names::BALANCER_UDP, program_names::BALANCER_UDP_V6];
+
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 24] = [
+const PINNED_MAPS: [&str; 29] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -147,6 +151,11 @@ const PINNED_MAPS: [&str; 24] = [
     map_names::SECOND_CHANCE_PROGRAM,
     map_names::SECOND_CHANCE_HANDOVER,
     map_names::V6_PROGRAM,
+    map_names::QUIC_PROGRAM,
+    map_names::QUIC_HANDOVER,
+    map_names::QUIC_CONFIG,
+    map_names::QUIC_SERVERS,
+    map_names::QUIC_ROUTING,
 ];
 
 impl Balancer {
@@ -157,6 +166,9 @@ impl Balancer {
         load_xdp(&mut ebpf, program_names::BALANCER)?;
         load_xdp(&mut ebpf, program_names::SECOND_CHANCE)?;
         load_xdp(&mut ebpf, program_names::BALANCER_V6)?;
+        for name in QUIC_PROGRAMS {
+            load_xdp(&mut ebpf, name)?;
+        }
         let memory = map_memory(&ebpf);
         let mut maps = BalancerMaps::take(&mut ebpf, options.capacity, memory)?;
         // The slot the balancer tail-calls: until it is filled, second chance is off.
@@ -168,6 +180,11 @@ impl Balancer {
         let name = program_names::BALANCER_V6;
         let v6 = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
         named(map_names::V6_PROGRAM, maps.v6_program.set(0, v6, 0))?;
+        // The QUIC programs and their fallbacks: set before any VIP is flagged QUIC.
+        for (slot, name) in (0..).zip(QUIC_PROGRAMS) {
+            let quic = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
+            named(map_names::QUIC_PROGRAM, maps.quic_program.set(slot, quic, 0))?;
+        }
         Ok(Self { ebpf, maps })
     }
 
@@ -224,6 +241,8 @@ fn load_balancer_object(object: &'static [u8], name: &'static str, options: &Loa
         (map_names::LIMITS, c.default_limit_slot() + 1),
         (map_names::BUDGET_STATE, c.vips),
         (map_names::RULE_LENS, c.default_limit_slot() + 1),
+        (map_names::QUIC_CONFIG, c.vips),
+        (map_names::QUIC_SERVERS, c.backends),
     ] {
         loader.map_max_entries(map, entries);
     }

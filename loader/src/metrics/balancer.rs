@@ -150,6 +150,14 @@ fn verdicts(f: &mut Families, s: &Sample) {
         None,
     )
     .counter(Labels::new(), s.second_chance_packets);
+    let mut quic = f.counter(
+        "quic_short_headers",
+        "QUIC VIPs' short-header packets, by placement: by_connection_id (the backend their id names) or fallback (the id named no backend: by the 5-tuple).",
+        None,
+    );
+    for ReasonCount { reason, packets: n } in &s.quic {
+        quic.counter(vec![("placed", reason.trim_start_matches("quic_").to_owned())], *n);
+    }
     let mut observed =
         f.counter("observed_would_drop", "Packets observe-mode limits let through that enforcing would drop, by the drop reason.", None);
     for ReasonCount { reason, packets: n } in &s.observed {

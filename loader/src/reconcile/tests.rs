@@ -593,3 +593,58 @@ fn an_id_the_second_chance_table_names_is_not_reused_by_its_vip() {
     let new = r.backend_id(&vip(), &"10.0.0.104".parse().unwrap()).unwrap();
     assert_ne!(new, gone, "the new backend took an id the second-chance table still names");
 }
+
+/// A QUIC VIP: its configuration in its VIP id's slot, one server-id entry per backend (the
+/// last octets of its address), the flag; all of it gone with the backend or the QUIC.
+#[test]
+fn quic_vips_get_their_config_server_ids_and_flag() {
+    use crate::model::{QuicConfig, server_id_of};
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    let v: Vip = "10.100.0.2:443/udp".parse().unwrap();
+    let (a, b): (IpAddr, IpAddr) = ("10.0.0.101".parse().unwrap(), "10.0.1.102".parse().unwrap());
+    let mut s = DesiredState::default();
+    s.add_vip(v, 4099).unwrap();
+    s.set_quic(&v, Some(QuicConfig::default())).unwrap();
+    s.add_backend(&v, a, 100).unwrap();
+    s.add_backend(&v, b, 100).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    let id = r.vip_id(&v).unwrap();
+    assert_eq!(maps.quic_configs[&id], QuicConfig::default().to_lb());
+    assert_ne!(maps.vips[&vip_key(&v)].flags & VIP_F_QUIC, 0);
+    let entry = |addr: IpAddr| QuicServerKey { vip_id: id, server_id: server_id_of(addr, 2) };
+    assert_eq!(maps.quic_servers.len(), 2);
+    assert_eq!(maps.quic_servers[&entry(a)], r.backend_id(&v, &a).unwrap());
+    assert_eq!(maps.quic_servers[&entry(b)], r.backend_id(&v, &b).unwrap());
+    // A restarted lbd adopts it all and writes nothing.
+    let mut again = Reconciler::adopt(&maps).unwrap();
+    let before = maps.clone();
+    again.apply(&mut maps, &s).unwrap();
+    assert_eq!((maps.quic_servers == before.quic_servers, maps.quic_configs == before.quic_configs), (true, true));
+
+    s.remove_backend(&v, b).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!(maps.quic_servers.keys().collect::<Vec<_>>(), [&entry(a)]);
+    s.set_quic(&v, None).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert!(maps.quic_servers.is_empty());
+    assert_eq!(maps.quic_configs[&id], QuicLbConfig::EMPTY);
+    assert_eq!(maps.vips[&vip_key(&v)].flags & VIP_F_QUIC, 0);
+}
+
+#[test]
+fn quic_backends_whose_addresses_end_alike_are_refused() {
+    let v: Vip = "10.100.0.2:443/udp".parse().unwrap();
+    let mut s = DesiredState::default();
+    s.add_vip(v, 4099).unwrap();
+    s.add_backend(&v, "10.0.0.101".parse().unwrap(), 100).unwrap();
+    s.add_backend(&v, "10.0.1.101".parse().unwrap(), 100).unwrap();
+    let one_octet = crate::model::QuicConfig { server_id_len: 1, ..Default::default() };
+    let err = s.set_quic(&v, Some(one_octet)).unwrap_err();
+    assert!(err.to_string().contains("would both have QUIC server id 65"), "{err}");
+    assert_eq!(s.vips[&v].quic, None);
+    s.set_quic(&v, Some(crate::model::QuicConfig::default())).unwrap();
+    let err = s.add_backend(&v, "10.1.0.101".parse().unwrap(), 100).unwrap_err();
+    assert!(matches!(err, crate::model::ModelError::QuicServerIdTaken { .. }), "{err}");
+    assert_eq!(s.vips[&v].backends.len(), 2);
+}

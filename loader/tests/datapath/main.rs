@@ -12,5 +12,6 @@ mod limits;
 mod nexthop;
 mod passing;
 mod probe;
+mod quic;
 mod second_chance;
 mod support;

@@ -14,6 +14,7 @@ mod membership;
 mod observability;
 mod overload;
 mod port_pressure;
+mod quic;
 mod reachability;
 mod support;
 mod table_full;

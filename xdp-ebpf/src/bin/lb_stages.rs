@@ -15,6 +15,8 @@ mod maps;
 mod nexthop;
 #[path = "lb/path.rs"]
 mod path;
+#[path = "lb/quic.rs"]
+mod quic;
 #[path = "lb/second_chance.rs"]
 mod second_chance;
 #[path = "lb/select.rs"]
@@ -31,7 +33,7 @@ macro_rules! cut_after {
     ($($name:ident => $stage:expr,)+) => {$(
         #[xdp]
         pub fn $name(ctx: XdpContext) -> u32 {
-            balance::<{ $stage }, FAMILY_V4>(&ctx).action
+            balance::<{ $stage }, FAMILY_V4, false>(&ctx).action
         }
     )+};
 }
@@ -52,7 +54,7 @@ cut_after!(
 /// The whole balancer, counters included: the same program `lbd` loads.
 #[xdp]
 pub fn lb_all(ctx: XdpContext) -> u32 {
-    let verdict = balance::<{ stage::ALL }, FAMILY_V4>(&ctx);
+    let verdict = balance::<{ stage::ALL }, FAMILY_V4, false>(&ctx);
     stats::count(&verdict);
     verdict.action
 }

@@ -16,7 +16,7 @@ use crate::{
     daemon::checks::{Checks, LocalCause, probe_path},
     dataplane::DataplaneError,
     health::{BackendHealth, Reason, State},
-    model::{Cidr, LimitConfig, ModelError, RuleAction, Vip},
+    model::{Cidr, LimitConfig, ModelError, RuleAction, Vip, server_ids},
     reconcile::{Maps, table_digest},
     store::Store,
 };
@@ -119,6 +119,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let now_ms = self.health.as_ref().map_or(0, Checks::now_ms);
         let now_unix_ms = unix_ms();
         let health: Vec<BackendHealth> = self.health.as_ref().and_then(|c| c.tracker(vip)).map(|t| t.backends(now_ms)).unwrap_or_default();
+        let server_ids = server_ids(config);
         let backends = config
             .backends
             .iter()
@@ -137,6 +138,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     unknown_probes: h.map_or(0, |h| h.consecutive_unknown),
                     kept_in: h.is_some_and(|h| h.kept_in),
                     drain_deadline_in_s: b.drain_deadline_unix_ms.map(|d| d.saturating_sub(now_unix_ms).div_ceil(1000)),
+                    server_id: server_ids.get(address).map(ToString::to_string),
                     ..BackendEntry::configured(*address, b.weight)
                 }
             })

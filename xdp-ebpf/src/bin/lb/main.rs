@@ -13,6 +13,8 @@ mod maps;
 mod nexthop;
 mod path;
 mod probe;
+mod quic;
+mod quic_program;
 mod second_chance;
 mod second_chance_program;
 mod select;
@@ -24,7 +26,7 @@ use spillway_common::types::{FAMILY_V4, FAMILY_V6};
 /// IPv4 frames; IPv6 ones are tail-called to `spillway_lb_v6` (`family.rs`).
 #[xdp]
 pub fn spillway_lb(ctx: XdpContext) -> u32 {
-    let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V4>(&ctx);
+    let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V4, false>(&ctx);
     stats::count(&verdict);
     verdict.action
 }
@@ -32,7 +34,40 @@ pub fn spillway_lb(ctx: XdpContext) -> u32 {
 /// Tail-called by `spillway_lb` for IPv6 frames (`family.rs`).
 #[xdp]
 pub fn spillway_lb_v6(ctx: XdpContext) -> u32 {
-    let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V6>(&ctx);
+    let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V6, false>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+/// Tail-called by `spillway_lb` for a QUIC VIP's IPv4 packets (`quic.rs`).
+#[xdp]
+pub fn spillway_lb_quic(ctx: XdpContext) -> u32 {
+    let verdict = quic_program::send::<FAMILY_V4>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+/// Tail-called by `spillway_lb_v6` for a QUIC VIP's IPv6 packets (`quic.rs`).
+#[xdp]
+pub fn spillway_lb_quic_v6(ctx: XdpContext) -> u32 {
+    let verdict = quic_program::send::<FAMILY_V6>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+/// Tail-called by `spillway_lb_quic` for the IPv4 packets their connection id does not
+/// place: the balancer's path, handing nothing over.
+#[xdp]
+pub fn spillway_lb_udp(ctx: XdpContext) -> u32 {
+    let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V4, true>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+/// `spillway_lb_udp` for IPv6.
+#[xdp]
+pub fn spillway_lb_udp_v6(ctx: XdpContext) -> u32 {
+    let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V6, true>(&ctx);
     stats::count(&verdict);
     verdict.action
 }

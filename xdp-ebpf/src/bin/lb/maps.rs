@@ -11,13 +11,14 @@ use aya_ebpf::{
 };
 use spillway_common::{
     limits::{Capacity, MAX_RULES, MAX_TX_PORTS, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS},
+    quic_lb::QuicLbConfig,
     types::{
-        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, Reason, RuleCounters, RuleLens, RuleSlot,
-        SourceKey, SourceState, Traffic, VipSlot,
+        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, QuicRouting, QuicServerKey, Reason,
+        RuleCounters, RuleLens, RuleSlot, SourceKey, SourceState, Traffic, VipSlot,
     },
 };
 
-use crate::second_chance::Handover;
+use crate::{quic, second_chance::Handover};
 
 const DEFAULT: Capacity = Capacity::DEFAULT;
 
@@ -150,3 +151,26 @@ pub static SECOND_CHANCE_PROGRAM: ProgramArray = ProgramArray::with_max_entries(
 /// What the balancer hands its second-chance program (per CPU: a tail call stays on it).
 #[map(name = "spw_second_hand")]
 pub static SECOND_CHANCE_HANDOVER: PerCpuArray<Handover> = PerCpuArray::with_max_entries(1, 0);
+
+/// Slots 0, 1: the QUIC programs for IPv4 and IPv6 frames (`spillway_lb_quic`, `_v6`),
+/// which the balancer tail-calls for a QUIC VIP's packets; 2, 3: the UDP programs
+/// (`spillway_lb_udp`, `_v6`) they tail-call for the packets their id does not place.
+#[map(name = "spw_quic_prog")]
+pub static QUIC_PROGRAM: ProgramArray = ProgramArray::with_max_entries(4, 0);
+
+/// Each QUIC VIP's QUIC-LB configuration, by VIP id.
+#[map(name = "spw_quic_cfg")]
+pub static QUIC_CONFIG: Array<QuicLbConfig> = Array::with_max_entries(DEFAULT.vips, 0);
+
+/// (VIP id, server id) -> backend id, for the backends of QUIC VIPs.
+#[map(name = "spw_quic_sids")]
+pub static QUIC_SERVERS: HashMap<QuicServerKey, u32> = HashMap::with_max_entries(DEFAULT.backends, 0);
+
+/// How short headers were placed, per `QuicRouting`.
+#[map(name = "spw_quic_ctrs")]
+pub static QUIC_ROUTING: PerCpuArray<u64> = PerCpuArray::with_max_entries(QuicRouting::COUNT, 0);
+
+/// What the balancer hands its QUIC programs (per CPU: a tail call stays on it). Pinned
+/// with the program array: during a restart the old balancer hands over to the new programs.
+#[map(name = "spw_quic_hand")]
+pub static QUIC_HANDOVER: PerCpuArray<quic::Handover> = PerCpuArray::with_max_entries(1, 0);

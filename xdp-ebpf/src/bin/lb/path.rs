@@ -11,7 +11,7 @@ use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{flow_hash, vip_addr_hash, vip_filter_slot, vip_home},
     limits::VIP_PROBES,
-    types::{AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VipKey},
+    types::{AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VIP_F_QUIC, VipKey},
 };
 use xdp_ebpf::{
     encap::{self, Macs, Tunnel},
@@ -24,7 +24,7 @@ use xdp_ebpf::{
 use crate::{
     family, limits,
     maps::{CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
-    nexthop,
+    nexthop, quic,
     second_chance::{self, Handover},
     select,
     select::{Choice, Flow, Remembered, Vip},
@@ -98,16 +98,18 @@ impl Verdict {
 }
 
 /// The path for frames of `FAMILY` (`FAMILY_V4`: IPv6 frames are handed to their own
-/// program, `family.rs`; `FAMILY_V6`: the program they are handed to).
+/// program, `family.rs`; `FAMILY_V6`: the program they are handed to). `QUIC`: the path of
+/// the QUIC programs (`quic.rs`) for the packets their connection id does not place, which
+/// hands nothing over.
 #[inline(always)]
-pub fn balance<const STOP: u8, const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
+pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpContext) -> Verdict {
     let (key, layout, icmp_error, syn) = match parse_family::<FAMILY>(ctx) {
         Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
         Parsed::NotIp => return Verdict::ended(XDP_PASS, Reason::PassNotIp),
         Parsed::Malformed => return Verdict::ended(XDP_PASS, Reason::PassMalformed),
         Parsed::Other(addr) => return not_served(&addr.addr, addr.family, Reason::DropNoService),
         Parsed::OtherFamily => {
-            if FAMILY == FAMILY_V4 {
+            if FAMILY == FAMILY_V4 && !QUIC {
                 family::hand_over_v6(ctx);
             }
             // Only if the IPv6 program is not there (it always is once `lbd` has loaded the
@@ -135,6 +137,9 @@ pub fn balance<const STOP: u8, const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
         return not_served(&key.dst, key.family, Reason::DropNoService);
     };
     cut!(STOP, VIP, &vip);
+    if !QUIC && vip.flags & VIP_F_QUIC != 0 {
+        quic::hand_over::<FAMILY>(ctx, vip.id, layout.l4);
+    }
     // The table's buckets and the outer header's entropy hash with this host's secret seed,
     // so nobody outside can aim at buckets; a changed fleet seed moves no entry. Only a
     // packet of the flow itself (no SYN, no ICMP error about it) confirms and refreshes.

@@ -1,0 +1,186 @@
+//! QUIC VIPs: short headers go by the server id in their destination connection id, long
+//! headers and ids that name no backend by the 5-tuple (Maglev), the latter counted.
+
+use std::net::{IpAddr, SocketAddr};
+
+use spillway::model::{QuicConfig, Vip, server_id_of};
+use spillway_common::{
+    quic_lb::{MAX_CID_LEN, ServerId, encode},
+    types::{PROTO_UDP, QuicRouting, Reason},
+};
+use spillway_harness::{frames, packet_lab};
+
+use crate::support::*;
+
+const CONFIG: QuicConfig = QuicConfig { config_id: 1, server_id_len: 2, nonce_len: 6, self_len: false };
+
+/// A QUIC VIP with the lab's backends `ns`.
+fn quic_vip(env: &mut Env, vip_text: &str, backends: &[IpAddr]) -> Vip {
+    let v = vip(vip_text);
+    env.add_vip(v, backends);
+    env.update(|s| s.set_quic(&v, Some(CONFIG)).unwrap());
+    v
+}
+
+/// A connection id under `CONFIG` naming `server_id`, its nonce and low bits from `seed`.
+fn cid(server_id: &ServerId, seed: u64) -> Vec<u8> {
+    let mut out = [0u8; MAX_CID_LEN];
+    let nonce = seed.to_be_bytes();
+    let len = encode(&CONFIG.to_lb(), server_id, &nonce[2..], nonce[7], &mut out).unwrap();
+    out[..len].to_vec()
+}
+
+/// A 1-RTT (short header) packet to `dcid`: first byte, id, packet number and a payload
+/// (as long as a real packet's AEAD tag and sample need).
+fn short_header(dcid: &[u8]) -> Vec<u8> {
+    let mut p = vec![0x40 | 0x01];
+    p.extend_from_slice(dcid);
+    p.extend_from_slice(&[0x17, 0x2a]);
+    p.extend_from_slice(&[0x5c; 24]);
+    p
+}
+
+/// An Initial (long header) packet of QUIC v1 with destination id `dcid`.
+fn initial(dcid: &[u8]) -> Vec<u8> {
+    let mut p = vec![0xc0 | 0x03, 0, 0, 0, 1, dcid.len() as u8];
+    p.extend_from_slice(dcid);
+    p.extend_from_slice(&[8, 1, 2, 3, 4, 5, 6, 7, 8, 0]);
+    p.extend_from_slice(&[0x44, 0x10]);
+    p.extend_from_slice(&[0x5c; 40]);
+    p
+}
+
+fn routing(env: &Env) -> [u64; 2] {
+    let counts = env.balancer.maps.quic_routing().unwrap();
+    let get = |what: QuicRouting| counts.iter().find(|(r, _)| *r == what).unwrap().1;
+    [get(QuicRouting::ByConnectionId), get(QuicRouting::Fallback)]
+}
+
+/// Sends `payload` from `client` to `to` and returns the backend it was encapsulated to.
+fn sent_to(env: &Env, client: SocketAddr, to: SocketAddr, payload: &[u8]) -> IpAddr {
+    let f = frames::udp(client, to, payload);
+    let out = env.expect(&f, XDP_TX, Reason::Tx);
+    let backend_ip = outer_destination(&out.frame);
+    expect_encap(&out.frame, &f, 14, backend_ip, None);
+    backend_ip
+}
+
+/// The outer (tunnel) destination of an encapsulated frame.
+fn outer_destination(frame: &[u8]) -> IpAddr {
+    match frame[12..14] {
+        [0x08, 0x00] => IpAddr::from(<[u8; 4]>::try_from(&frame[14 + 16..14 + 20]).unwrap()),
+        _ => IpAddr::from(<[u8; 16]>::try_from(&frame[14 + 24..14 + 40]).unwrap()),
+    }
+}
+
+fn clients(n: u16) -> impl Iterator<Item = SocketAddr> {
+    (0..n).map(|i| sock(&format!("192.168.{}.{}:{}", 10 + i % 7, 20 + i % 50, 40000 + i)))
+}
+
+#[test]
+fn a_short_header_goes_to_the_backend_its_connection_id_names_whatever_its_5_tuple() {
+    with_env(|env| {
+        let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend4(n).into()).collect();
+        let v = quic_vip(env, "10.200.1.1:443/udp", &backends);
+        let d = sock("10.200.1.1:443");
+        let mut moved = 0;
+        for (i, client) in clients(60).enumerate() {
+            let named = backends[i % 3];
+            let id = cid(&server_id_of(named, CONFIG.server_id_len), i as u64);
+            let before = routing(env);
+            assert_eq!(sent_to(env, client, d, &short_header(&id)), named, "{client}: the backend its connection id names");
+            assert_eq!(routing(env), [before[0] + 1, before[1]]);
+            // No entry needed, none made.
+            assert_eq!(env.pinned_backend(&flow_key(client, d, PROTO_UDP)), None);
+            moved += usize::from(env.predicted_backend(&v, &flow_key(client, d, PROTO_UDP)) != named);
+        }
+        // Most of these 5-tuples hash elsewhere: the id, not the tuple, chose.
+        assert!(moved >= 20, "only {moved} of 60 clients hash to another backend");
+
+        // The same packets to a UDP VIP that is not QUIC go by the 5-tuple.
+        env.update(|s| s.set_quic(&v, None).unwrap());
+        let before = routing(env);
+        for (i, client) in clients(60).enumerate() {
+            let id = cid(&server_id_of(backends[i % 3], CONFIG.server_id_len), i as u64);
+            let maglev = env.predicted_backend(&v, &flow_key(client, d, PROTO_UDP));
+            assert_eq!(sent_to(env, client, d, &short_header(&id)), maglev);
+        }
+        assert_eq!(routing(env), before);
+    });
+}
+
+#[test]
+fn an_ipv6_short_header_goes_by_its_connection_id_too() {
+    with_env(|env| {
+        let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend6(n).into()).collect();
+        let v = quic_vip(env, "[fd00:200::1]:443/udp", &backends);
+        let d = sock("[fd00:200::1]:443");
+        for i in 0..30u16 {
+            let client = sock(&format!("[fd00:10::{:x}]:{}", 20 + i, 40000 + i));
+            let named = backends[usize::from(i) % 3];
+            let id = cid(&server_id_of(named, CONFIG.server_id_len), u64::from(i));
+            assert_eq!(sent_to(env, client, d, &short_header(&id)), named, "{client} to {v}");
+        }
+        assert_eq!(routing(env), [30, 0]);
+    });
+}
+
+#[test]
+fn a_long_header_is_placed_by_maglev_and_remembered() {
+    with_env(|env| {
+        let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend4(n).into()).collect();
+        let v = quic_vip(env, "10.200.1.1:443/udp", &backends);
+        let d = sock("10.200.1.1:443");
+        let mut named_elsewhere = 0;
+        for (i, client) in clients(30).enumerate() {
+            // Even a (client-chosen) Initial id that happens to name a backend is not read.
+            let named = backends[i % 3];
+            let id = cid(&server_id_of(named, CONFIG.server_id_len), i as u64);
+            let key = flow_key(client, d, PROTO_UDP);
+            let maglev = env.predicted_backend(&v, &key);
+            named_elsewhere += usize::from(maglev != named);
+            assert_eq!(sent_to(env, client, d, &initial(&id)), maglev, "{client}");
+            assert_eq!(env.pinned_backend(&key), Some(maglev));
+        }
+        assert!(named_elsewhere >= 10);
+        assert_eq!(routing(env), [0, 0], "long headers are not counted");
+    });
+}
+
+#[test]
+fn a_connection_id_that_names_no_backend_falls_back_to_the_5_tuple_and_is_counted() {
+    with_env(|env| {
+        let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend4(n).into()).collect();
+        let v = quic_vip(env, "10.200.1.1:443/udp", &backends);
+        let d = sock("10.200.1.1:443");
+        let nobody = ServerId::new(&[0xee, 0xee]).unwrap();
+        let mut other_config = cid(&server_id_of(backends[0], CONFIG.server_id_len), 7);
+        other_config[0] = (other_config[0] & 0x1f) | 2 << 5;
+        let mut unroutable = cid(&server_id_of(backends[0], CONFIG.server_id_len), 8);
+        unroutable[0] |= 0xe0;
+        let undecodable: [(&str, Vec<u8>); 4] = [
+            ("a server id no backend has", short_header(&cid(&nobody, 1))),
+            ("an unknown config id", short_header(&other_config)),
+            ("the unroutable config id", short_header(&unroutable)),
+            ("a packet too short for an id", vec![0x41, 0x20, 0x00]),
+        ];
+        for (n, (what, payload)) in undecodable.iter().enumerate() {
+            let client = sock(&format!("192.168.10.20:{}", 41000 + n));
+            let key = flow_key(client, d, PROTO_UDP);
+            let maglev = env.predicted_backend(&v, &key);
+            let before = routing(env);
+            assert_eq!(sent_to(env, client, d, payload), maglev, "{what}: by the 5-tuple");
+            assert_eq!(routing(env), [before[0], before[1] + 1], "{what}: counted as a fallback");
+            assert_eq!(env.pinned_backend(&key), Some(maglev), "{what}: remembered as any UDP flow");
+        }
+        // A backend removed: its id is no one's, and its clients fall back rather than drop.
+        let gone = backends[1];
+        env.update(|s| s.remove_backend(&v, gone).unwrap());
+        let client = sock("192.168.10.30:42000");
+        let id = cid(&server_id_of(gone, CONFIG.server_id_len), 9);
+        let maglev = env.predicted_backend(&v, &flow_key(client, d, PROTO_UDP));
+        let before = routing(env);
+        assert_eq!(sent_to(env, client, d, &short_header(&id)), maglev);
+        assert_eq!(routing(env), [before[0], before[1] + 1]);
+    });
+}
