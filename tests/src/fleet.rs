@@ -10,12 +10,13 @@
 //!                      (BIRD, AS 65000)  └─ ...
 //! ```
 //!
+//! IPv6 VIPs take sessions of their own between the IPv6 addresses (fd00::1, fd00::1+n).
 //! Every BGP session runs BFD (100 ms × 3), so a dead balancer is gone from the router in
 //! about 0.3 s; BGP's own timers are short as well (hold 3 s, reconnect and restart after
 //! 1 to 2 s), so a balancer that comes back is routed again within seconds. Everything
 //! (processes, namespaces, pins, files) is removed on drop, also when a test panics.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -249,6 +250,13 @@ impl Fleet {
         words.windows(2).filter(|w| w[0] == "via").filter_map(|w| w[1].parse().ok()).collect()
     }
 
+    /// [`Fleet::router_next_hops`] for an IPv6 address (its /128 route).
+    pub fn router_next_hops6(&self, addr: Ipv6Addr) -> Vec<Ipv6Addr> {
+        let out = self.router.run(&["ip", "-6", "route", "show", &format!("{addr}/128")]).unwrap_or_default();
+        let words: Vec<&str> = out.split_whitespace().collect();
+        words.windows(2).filter(|w| w[0] == "via").filter_map(|w| w[1].parse().ok()).collect()
+    }
+
     /// Polls `check` every 50 ms until it holds; fails naming `what` after `timeout`.
     pub fn wait_for(&self, timeout: Duration, what: &str, mut check: impl FnMut() -> Result<bool>) -> Result<Duration> {
         let started = Instant::now();
@@ -314,6 +322,10 @@ impl Balancer {
 
     pub fn ipv4(&self) -> Ipv4Addr {
         self.host.ipv4()
+    }
+
+    pub fn ipv6(&self) -> Ipv6Addr {
+        self.host.ipv6()
     }
 
     pub fn api_socket(&self) -> PathBuf {
@@ -507,12 +519,19 @@ fn router_bird_config() -> String {
     let mut config = format!(
         "router id {ROUTER4};\nlog stderr all;\nprotocol device {{ scan time 10; }}\n\
          {BFD}protocol kernel {{ ipv4 {{ export all; import none; }}; merge paths on; }}\n\
+         protocol kernel {{ ipv6 {{ export all; import none; }}; merge paths on; }}\n\
          filter from_balancers {{ if (65535, 0) ~ bgp_community then bgp_local_pref = 0; accept; }}\n\
          template bgp balancer {{\n  local {ROUTER4} as {ROUTER_AS};\n  {TIMERS}\n  \
-         ipv4 {{ import filter from_balancers; export all; add paths tx; }};\n}}\n"
+         ipv4 {{ import filter from_balancers; export all; add paths tx; }};\n}}\n\
+         template bgp balancer6 {{\n  local {ROUTER6} as {ROUTER_AS};\n  {TIMERS}\n  \
+         ipv6 {{ import filter from_balancers; export all; add paths tx; }};\n}}\n"
     );
+    // IPv6 VIPs over sessions of their own between IPv6 addresses: the next hop is then the
+    // balancer's IPv6 address, which the kernel routes like any (an ipv6 channel over the
+    // IPv4 session would carry an IPv4-mapped next hop the kernel cannot use).
     for n in 1..=MAX_FLEET_BALANCERS {
         config.push_str(&format!("protocol bgp lb{n} from balancer {{ neighbor {} as {BALANCER_AS}; }}\n", balancer4(n)));
+        config.push_str(&format!("protocol bgp lb{n}_v6 from balancer6 {{ neighbor {} as {BALANCER_AS}; }}\n", balancer6(n)));
     }
     config
 }
@@ -521,12 +540,14 @@ fn router_bird_config() -> String {
 /// exists) in table spillway4, exported to the router; the other balancers' paths
 /// imported into the same table (never into the kernel), which is how `lbd` sees them.
 fn balancer_bird_config(n: usize, include: &Path) -> String {
-    let (me, include) = (balancer4(n), include.display());
+    let (me, me6, include) = (balancer4(n), balancer6(n), include.display());
     format!(
         "router id {me};\nlog stderr all;\nipv4 table spillway4;\nipv6 table spillway6;\n\
          include \"{include}*\";\nprotocol device {{ scan time 10; }}\n{BFD}\
          protocol bgp uplink {{\n  local {me} as {BALANCER_AS};\n  neighbor {ROUTER4} as {ROUTER_AS};\n  {TIMERS}\n  \
-         allow local as;\n  ipv4 {{ table spillway4; import all; export where proto = \"spillway_vips4\"; add paths rx; }};\n}}\n"
+         allow local as;\n  ipv4 {{ table spillway4; import all; export where proto = \"spillway_vips4\"; add paths rx; }};\n}}\n\
+         protocol bgp uplink6 {{\n  local {me6} as {BALANCER_AS};\n  neighbor {ROUTER6} as {ROUTER_AS};\n  {TIMERS}\n  \
+         allow local as;\n  ipv6 {{ table spillway6; import all; export where proto = \"spillway_vips6\"; add paths rx; }};\n}}\n"
     )
 }
 

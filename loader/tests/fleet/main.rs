@@ -8,6 +8,7 @@
 mod announce;
 mod bfd;
 mod failover;
+mod ipv6;
 mod loops;
 mod second_chance;
 mod slow_start;

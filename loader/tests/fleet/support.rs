@@ -104,11 +104,14 @@ pub fn reason_count(balancer: &Balancer, reason: &str) -> u64 {
 /// `count` new connections to the echo VIP from each client, one after the other; the
 /// backends that answered, failures as errors.
 pub fn connect_all(fleet: &Fleet, count: usize) -> spillway_harness::Tally {
+    connect_all_to(fleet, spillway_harness::fleet::vip_target(TCP_PORT), count)
+}
+
+/// [`connect_all`] to `target`.
+pub fn connect_all_to(fleet: &Fleet, target: std::net::SocketAddr, count: usize) -> spillway_harness::Tally {
     let mut total = spillway_harness::Tally::default();
     for client in fleet.clients() {
-        let tally = client.in_netns(|| {
-            spillway_harness::run_connections(spillway_harness::fleet::vip_target(TCP_PORT), count, Duration::ZERO, Duration::from_secs(3))
-        });
+        let tally = client.in_netns(|| spillway_harness::run_connections(target, count, Duration::ZERO, Duration::from_secs(3)));
         for (name, n) in tally.by_backend {
             *total.by_backend.entry(name).or_default() += n;
         }
