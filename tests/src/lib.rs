@@ -36,6 +36,7 @@ pub mod packet_lab;
 mod process;
 pub mod promql;
 mod raw;
+pub mod soak;
 mod stream;
 mod topology;
 mod traffic;

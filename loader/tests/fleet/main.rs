@@ -10,5 +10,6 @@ mod bfd;
 mod failover;
 mod loops;
 mod second_chance;
+mod soak;
 mod support;
 mod tables;
