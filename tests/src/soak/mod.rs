@@ -102,6 +102,8 @@ pub struct SoakReport {
     pub end: Vec<Resources>,
     /// Highest RSS of any `lbd`, sampled after every step.
     pub peak_rss_kib: u64,
+    /// `level=error` lines of the `lbd`s, all on balancers a step killed something of.
+    pub error_lines: u64,
 }
 
 impl fmt::Display for SoakReport {
@@ -138,7 +140,11 @@ impl fmt::Display for SoakReport {
                 e.maps
             )?;
         }
-        write!(f, "  peak lbd RSS: {} KiB", self.peak_rss_kib)
+        write!(
+            f,
+            "  peak lbd RSS: {} KiB; lbd error lines: {} (each on a balancer a step killed something of)",
+            self.peak_rss_kib, self.error_lines
+        )
     }
 }
 
@@ -446,6 +452,7 @@ impl<'c> Soak<'c> {
             self.log_seen[lb].1 = lines.len();
             let errors: Vec<&&str> = new.iter().filter(|l| l.contains("level=error")).collect();
             let excused = [op, previous].iter().flatten().any(|o| o.balancer() == Some(lb));
+            self.report.error_lines += errors.len() as u64;
             if !errors.is_empty() && !excused {
                 bail!(
                     "{} logged errors no step explains (step {index}):\n{}",
