@@ -6,11 +6,11 @@ use std::fmt::Write;
 
 use super::schedule::{RULES, RuleAction, State};
 
-/// The health checks of both VIPs: fast (a flap is seen in about a second), no slow start
+/// The health checks of both VIPs: fast (a flap is seen within about a second and a half; a probe may take 500 ms on a busy host), no slow start
 /// (see the README's fleet section), short hold-downs (the schedule flaps a backend often
 /// and wants it back within its step), and every failed backend ejected (a flap of a heavy
 /// backend must take it out, not be capped).
-const HEALTH: &str = "[vips.health]\nprobe = { kind = \"tcp\" }\n[vips.health.policy]\ninterval_ms = 300\ntimeout_ms = 300\n\
+const HEALTH: &str = "[vips.health]\nprobe = { kind = \"tcp\" }\n[vips.health.policy]\ninterval_ms = 500\ntimeout_ms = 500\n\
 slow_start_ms = 0\nhold_down_base_ms = 500\nhold_down_max_ms = 1000\nmax_ejection_fraction = 1.0\npanic_threshold = 0.1\n";
 
 /// The file declaring `state` for `vips` (the first is the echo VIP), `addrs[b]` the

@@ -42,8 +42,11 @@ use streams::{PING_TIMEOUT, Watched};
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long an `lbd` may take to give back what the schedule made it hold.
 const BASELINE_TIMEOUT: Duration = Duration::from_secs(20);
-/// One run of the load generator (at most `load::MAX_DURATION`); the soak starts the next.
-const LOAD_SEGMENT: Duration = Duration::from_secs(300);
+/// One run of the load generator: the soak judges its requests when it ends (a failure is
+/// found within about this long, while the logs still show its cause) and starts the next.
+const LOAD_SEGMENT: Duration = Duration::from_secs(20);
+/// Lines of each `lbd` log a failure prints.
+const LOG_TAIL: usize = 40;
 /// Maps whose use follows the traffic, not the configuration.
 const TRAFFIC_MAPS: [&str; 2] = ["spw_flows", "spw_sources"];
 
@@ -170,7 +173,7 @@ pub fn run(bins: Binaries, config: &SoakConfig) -> Result<SoakReport> {
     soak.stop_traffic();
     result.map_err(|e| {
         let minutes = config.duration.as_secs().div_ceil(60).max(1);
-        anyhow!("{e:#}\nreplay: cargo xtask soak --seed {} --minutes {minutes}", config.seed)
+        anyhow!("{e:#}\n{}replay: cargo xtask soak --seed {} --minutes {minutes}", soak.diagnostics(), config.seed)
     })
 }
 
@@ -566,15 +569,21 @@ impl<'c> Soak<'c> {
 
     fn start_load(&mut self) -> Result<()> {
         let client = self.fleet.clients().last().context("no client")?;
-        let load = Load::start(client, LoadConfig::new(vip_target(HTTP_PORT), self.config.load_per_s, LOAD_SEGMENT))?;
+        // Longer than a segment: the run is stopped when the next one has started.
+        let config = LoadConfig::new(vip_target(HTTP_PORT), self.config.load_per_s, 2 * LOAD_SEGMENT);
+        let load = Load::start(client, config)?;
         self.load = Some((self.started.elapsed(), load));
         Ok(())
     }
 
+    /// Starts the next run of the load once this one is a segment old, then judges this one.
     fn rotate_load(&mut self) -> Result<()> {
-        if self.load.as_ref().is_some_and(|(_, l)| l.elapsed() + Duration::from_secs(10) > LOAD_SEGMENT) {
-            self.finish_load()?;
+        if self.load.as_ref().is_some_and(|(_, l)| l.elapsed() >= LOAD_SEGMENT) {
+            let old = self.load.take();
             self.start_load()?;
+            let (offset, load) = old.expect("checked");
+            let report = load.stop()?;
+            self.judge_load(offset, &report)?;
         }
         Ok(())
     }
@@ -650,6 +659,29 @@ impl<'c> Soak<'c> {
             .with_context(|| format!("baseline {baseline:?}, now {end:?}"))?;
         self.report.end = end;
         Ok(())
+    }
+
+    /// What a failure prints besides its message: the router's sessions and route, the
+    /// end of every `lbd` log.
+    fn diagnostics(&self) -> String {
+        let mut out = format!(
+            "at {:.1}s; the router routes {VIP4} via {:?}\n",
+            self.started.elapsed().as_secs_f64(),
+            self.fleet.router_next_hops(VIP4)
+        );
+        if let Ok(protocols) = crate::fleet::birdc(&self.fleet.router_bird_socket(), "show protocols") {
+            out.push_str(&protocols);
+        }
+        for b in self.fleet.balancers() {
+            let log = b.lbd_log();
+            let lines: Vec<&str> = log.lines().collect();
+            out.push_str(&format!("---- the last lines of lbd on {} ----\n", b.name()));
+            for line in &lines[lines.len().saturating_sub(LOG_TAIL)..] {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
     }
 
     fn stop_traffic(&mut self) {

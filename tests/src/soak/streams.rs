@@ -18,7 +18,8 @@ pub const PING_TIMEOUT: Duration = Duration::from_secs(15);
 struct Shared {
     stop: AtomicBool,
     pings: AtomicU64,
-    /// When the failed ping was sent (since the soak started), and its error.
+    /// When the failed ping returned its error (since the soak started), and the error: what
+    /// broke the stream happened before then (the ping may have been sent a step earlier).
     failure: Mutex<Option<(Duration, String)>>,
 }
 
@@ -43,9 +44,9 @@ impl Watched {
                 .spawn(move || {
                     while !shared.stop.load(Ordering::Relaxed) {
                         std::thread::sleep(PING_EVERY);
-                        let sent = soak_start.elapsed();
                         if let Err(err) = stream.ping() {
-                            *shared.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent, format!("{err:#}")));
+                            let at = soak_start.elapsed();
+                            *shared.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some((at, format!("{err:#}")));
                             return;
                         }
                         shared.pings.fetch_add(1, Ordering::Relaxed);
