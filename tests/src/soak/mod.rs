@@ -395,8 +395,8 @@ impl<'c> Soak<'c> {
         Ok(())
     }
 
-    /// Waits until every active backend is healthy on every balancer and the router routes
-    /// the VIP through every balancer.
+    /// Waits until every active backend is healthy on every balancer, every balancer's tables
+    /// have the same digests, and the router routes the VIP through every balancer.
     fn settle(&self, state: &State) -> Result<()> {
         let mut want_hops: Vec<_> = self.fleet.balancers().iter().map(|b| b.ipv4()).collect();
         want_hops.sort();
@@ -415,6 +415,19 @@ impl<'c> Soak<'c> {
         hops.sort();
         if hops != want_hops {
             return Ok(Some(format!("the router routes {VIP4} via {hops:?}")));
+        }
+        // Every balancer sends a new flow where the others do: a flow ECMP moves keeps its
+        // backend.
+        let mut digests = Vec::new();
+        for b in self.fleet.balancers() {
+            let list = b.lbctl_json(&["vips", "list"])?;
+            let mut per_vip: Vec<(String, String)> =
+                array(&list, "vips")?.iter().map(|v| (str_of(&v["vip"]), str_of(&v["table_digest"]))).collect();
+            per_vip.sort();
+            digests.push((b.name().to_owned(), per_vip));
+        }
+        if digests.windows(2).any(|w| w[0].1 != w[1].1) {
+            return Ok(Some(format!("the balancers' tables differ: {digests:?}")));
         }
         for (lb, b) in self.fleet.balancers().iter().enumerate() {
             for vip in &self.vips {
