@@ -532,7 +532,7 @@ impl<'c> Soak<'c> {
                 None => kept.push(s),
                 Some((at, error)) => {
                     self.report.stream_pings += s.pings();
-                    let (cause, _) = self.judge_stream(&s.backend, s.opened, at, &error)?;
+                    let (cause, _) = self.judge_stream(&s.backend, s.opened, at, &error).map_err(|e| self.with_flow(e, s.client))?;
                     *self.report.stream_breaks.entry(cause).or_default() += 1;
                 }
             }
@@ -578,6 +578,22 @@ impl<'c> Soak<'c> {
             );
         };
         Ok((cause, during))
+    }
+
+    /// `err` with where every balancer sends the broken stream's packets now
+    /// (`lbctl flows get`: its entry, the table's backend, a second candidate).
+    fn with_flow(&self, err: anyhow::Error, client: Option<std::net::SocketAddr>) -> anyhow::Error {
+        let Some(client) = client else { return err };
+        let ways: Vec<String> = self
+            .fleet
+            .balancers()
+            .iter()
+            .map(|b| match b.lbctl_json(&["flows", "get", "--vip", &self.vips[0], &client.to_string()]) {
+                Ok(way) => format!("{}: {way}", b.name()),
+                Err(e) => format!("{}: {e:#}", b.name()),
+            })
+            .collect();
+        anyhow!("{err:#}\nthe stream's flow from {client} now: {}", ways.join("; "))
     }
 
     fn start_load(&mut self) -> Result<()> {
@@ -654,10 +670,10 @@ impl<'c> Soak<'c> {
     fn restore(&mut self) -> Result<()> {
         self.finish_load()?;
         for s in std::mem::take(&mut self.streams) {
-            let (backend, opened) = (s.backend.clone(), s.opened);
+            let (backend, opened, client) = (s.backend.clone(), s.opened, s.client);
             self.report.stream_pings += s.pings();
             if let Some((at, error)) = s.finish() {
-                let (cause, _) = self.judge_stream(&backend, opened, at, &error)?;
+                let (cause, _) = self.judge_stream(&backend, opened, at, &error).map_err(|e| self.with_flow(e, client))?;
                 *self.report.stream_breaks.entry(cause).or_default() += 1;
             }
         }

@@ -25,6 +25,8 @@ struct Shared {
 
 pub struct Watched {
     pub backend: String,
+    /// The client's end, as the balancers see it.
+    pub client: Option<std::net::SocketAddr>,
     /// Since the soak started.
     pub opened: Duration,
     shared: Arc<Shared>,
@@ -35,6 +37,7 @@ impl Watched {
     pub fn start(stream: Stream, soak_start: Instant) -> Watched {
         let shared = Arc::new(Shared::default());
         let backend = stream.backend().to_owned();
+        let client = stream.local_addr().ok();
         let opened = soak_start.elapsed();
         let thread = {
             let shared = Arc::clone(&shared);
@@ -54,7 +57,7 @@ impl Watched {
                 })
                 .expect("spawning a thread")
         };
-        Watched { backend, opened, shared, thread: Some(thread) }
+        Watched { backend, client, opened, shared, thread: Some(thread) }
     }
 
     pub fn failure(&self) -> Option<(Duration, String)> {
