@@ -59,7 +59,8 @@ pub struct FleetConfig {
 pub struct Fleet {
     // Field order is drop order: processes stop (Drop) before their namespaces go.
     balancers: Vec<Balancer>,
-    servers: Vec<Daemon>,
+    /// Per backend: its echo and capacity servers, then its agent (each stoppable).
+    servers: Vec<BackendProcs>,
     router_bird: Daemon,
     bins: Binaries,
     mode: XdpMode,
@@ -178,15 +179,59 @@ impl Fleet {
     }
 
     fn start_backend(&mut self, i: usize) -> Result<()> {
+        let servers = self.spawn_servers(i)?;
+        let agent = self.spawn_agent(i)?;
+        self.servers.push(BackendProcs { servers: Some(servers), agent: Some(agent) });
+        Ok(())
+    }
+
+    fn spawn_servers(&self, i: usize) -> Result<[Daemon; 2]> {
         let host = &self.backends[i];
-        self.servers.push(echo::start_echo(host, TCP_PORT, UDP_PORT)?);
         // Plenty of room: the fleet tests measure routing, not backend capacity.
-        self.servers.push(capacity::start_capacity_server(host, HTTP_PORT, 2000, 1)?);
+        Ok([echo::start_echo(host, TCP_PORT, UDP_PORT)?, capacity::start_capacity_server(host, HTTP_PORT, 2000, 1)?])
+    }
+
+    fn spawn_agent(&self, i: usize) -> Result<Daemon> {
+        let host = &self.backends[i];
         let pin_dir = self.pin_dir.join(format!("agent-{}", host.name()));
         // Every balancer the fleet may grow to sends tunnels (and second-chance packets).
         let balancers: Vec<IpAddr> = (1..=MAX_FLEET_BALANCERS).flat_map(|n| [IpAddr::V4(balancer4(n)), IpAddr::V6(balancer6(n))]).collect();
-        let agent = spawn_agent(host, &self.bins.lbd, self.mode, &pin_dir, &trust_args(&balancers, &self.report_key()))?;
-        self.servers.push(agent);
+        spawn_agent(host, &self.bins.lbd, self.mode, &pin_dir, &trust_args(&balancers, &self.report_key()))
+    }
+
+    /// Sends `signal` to backend `i`'s echo and capacity servers and waits for them to exit:
+    /// its connections die and its health checks fail (the agent stays).
+    pub fn stop_servers(&mut self, i: usize, signal: crate::Signal) -> Result<()> {
+        let name = self.backends[i].name().to_owned();
+        let servers = self.servers[i].servers.take().with_context(|| format!("the servers of {name} are not running"))?;
+        for daemon in &servers {
+            daemon.signal(signal)?;
+            ensure!(daemon.wait_with_timeout(STOP_TIMEOUT)?.is_some(), "a server of {name} still runs {STOP_TIMEOUT:?} after {signal}");
+        }
+        Ok(())
+    }
+
+    /// Starts backend `i`'s servers again (after [`Self::stop_servers`]).
+    pub fn start_servers(&mut self, i: usize) -> Result<()> {
+        ensure!(self.servers[i].servers.is_none(), "the servers of {} already run", self.backends[i].name());
+        self.servers[i].servers = Some(self.spawn_servers(i)?);
+        Ok(())
+    }
+
+    /// Sends `signal` to backend `i`'s agent and waits for it to exit; its decapsulation goes
+    /// on through the pinned link.
+    pub fn stop_agent(&mut self, i: usize, signal: crate::Signal) -> Result<()> {
+        let name = self.backends[i].name().to_owned();
+        let agent = self.servers[i].agent.take().with_context(|| format!("the agent of {name} is not running"))?;
+        agent.signal(signal)?;
+        ensure!(agent.wait_with_timeout(STOP_TIMEOUT)?.is_some(), "the agent of {name} still runs {STOP_TIMEOUT:?} after {signal}");
+        Ok(())
+    }
+
+    /// Starts backend `i`'s agent again (after [`Self::stop_agent`]); it adopts its pins.
+    pub fn start_agent(&mut self, i: usize) -> Result<()> {
+        ensure!(self.servers[i].agent.is_none(), "the agent of {} already runs", self.backends[i].name());
+        self.servers[i].agent = Some(self.spawn_agent(i)?);
         Ok(())
     }
 
@@ -292,6 +337,12 @@ impl Drop for Fleet {
             eprintln!("spillway-harness: cannot remove {}: {err}", self.pin_dir.display());
         }
     }
+}
+
+/// A backend's processes; `None` while stopped.
+struct BackendProcs {
+    servers: Option<[Daemon; 2]>,
+    agent: Option<Daemon>,
 }
 
 /// One balancer of a fleet: its host, BIRD and `lbd`, each stoppable and restartable.
@@ -431,6 +482,11 @@ impl Balancer {
     /// everything else keeps running.
     pub fn detach_program(&self) -> Result<()> {
         crate::bpf_link::detach(&self.pinned_link()?)
+    }
+
+    /// The pid of the running `lbd`, `None` while it is stopped.
+    pub fn lbd_pid(&self) -> Option<u32> {
+        lock(&self.lbd).as_ref().filter(|d| d.is_running()).map(Daemon::pid)
     }
 
     /// Everything the running (or last) `lbd` logged.

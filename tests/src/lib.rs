@@ -37,6 +37,7 @@ mod process;
 pub mod promql;
 mod raw;
 pub mod rps;
+pub mod soak;
 mod stream;
 mod topology;
 mod traffic;

@@ -1,10 +1,11 @@
-//! Developer tasks: `cargo xtask <test|bench|demo>`. Run them through `./x`, which first
+//! Developer tasks: `cargo xtask <test|bench|demo|soak>`. Run them through `./x`, which first
 //! installs what building needs (toolchains, LLVM, bpf-linker): cargo cannot build this
 //! crate before that.
 
 mod bench;
 mod bins;
 mod demo;
+mod soak;
 mod test;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +27,9 @@ enum Task {
     /// Per-packet cost of the data path with BPF_PROG_TEST_RUN, as ratios to a trivial
     /// XDP_TX program measured in the same run.
     Bench(bench::BenchArgs),
+    /// The seeded chaos soak of a fleet (needs root and BIRD 2): backends changed and
+    /// flapped, lbd, BIRD and balancers killed, under traffic, with invariants checked.
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,5 +37,6 @@ fn main() -> anyhow::Result<()> {
         Task::Demo => demo::run(),
         Task::Test => test::run(),
         Task::Bench(args) => bench::run(&args),
+        Task::Soak(args) => soak::run(&args),
     }
 }

@@ -12,5 +12,6 @@ mod ipv6;
 mod loops;
 mod second_chance;
 mod slow_start;
+mod soak;
 mod support;
 mod tables;
