@@ -72,11 +72,12 @@ fn maps_pinned_with_other_sizes_are_refused_by_name() {
                 map_names::LIMITS,
                 map_names::BUDGET_STATE,
                 map_names::RULE_LENS,
+                map_names::QUIC_CONFIG,
             ],
         ),
         (
             Capacity { backends: 128, ..small },
-            &[map_names::BACKENDS, map_names::BACKEND_STATS, map_names::NEXTHOP_CACHE, map_names::PROBE_LAST],
+            &[map_names::BACKENDS, map_names::BACKEND_STATS, map_names::NEXTHOP_CACHE, map_names::PROBE_LAST, map_names::QUIC_SERVERS],
         ),
         (Capacity { ring_slots: 16 * 2 * 4099, ..small }, &[map_names::RINGS]),
     ] {
