@@ -90,6 +90,11 @@ fn take_mapped<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<Mapped<T>, Data
     }
 }
 
+/// Slot `index` of a per-CPU counter array, summed over CPUs.
+fn summed(map: &PerCpuArray<MapData, u64>, name: &'static str, index: u32) -> Result<u64, DataplaneError> {
+    Ok(named(name, map.get(&index, 0))?.iter().sum())
+}
+
 /// Wraps a map error with the map's name.
 pub(crate) fn named<T>(name: &'static str, r: Result<T, MapError>) -> Result<T, DataplaneError> {
     r.map_err(|source| DataplaneError::Map { name, source })
@@ -163,8 +168,7 @@ impl BalancerMaps {
     /// New flows forwarded without an entry because the table was full where they hash,
     /// summed over CPUs.
     pub fn unremembered_flows(&self) -> Result<u64, DataplaneError> {
-        let per_cpu = named(map_names::FLOWS_UNREMEMBERED, self.flows_unremembered.get(&0, 0))?;
-        Ok(per_cpu.iter().sum())
+        summed(&self.flows_unremembered, map_names::FLOWS_UNREMEMBERED, 0)
     }
 
     pub fn config(&self) -> Result<LbConfig, DataplaneError> {
@@ -173,19 +177,12 @@ impl BalancerMaps {
 
     /// Packets sent with a second candidate, summed over CPUs.
     pub fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
-        let per_cpu = named(map_names::SECOND_CHANCE, self.second_chance.get(&0, 0))?;
-        Ok(per_cpu.iter().sum())
+        summed(&self.second_chance, map_names::SECOND_CHANCE, 0)
     }
 
     /// How QUIC VIPs' short headers were placed, summed over CPUs.
     pub fn quic_routing(&self) -> Result<Vec<(QuicRouting, u64)>, DataplaneError> {
-        QuicRouting::ALL
-            .iter()
-            .map(|&r| {
-                let per_cpu = named(map_names::QUIC_ROUTING, self.quic_routing.get(&(r as u32), 0))?;
-                Ok((r, per_cpu.iter().sum()))
-            })
-            .collect()
+        QuicRouting::ALL.iter().map(|&r| Ok((r, summed(&self.quic_routing, map_names::QUIC_ROUTING, r as u32)?))).collect()
     }
 
     /// Makes the redirect map hold exactly `ifindexes`, each redirecting to itself.
@@ -308,24 +305,12 @@ impl BalancerMaps {
 
     /// Every reason with its count summed over CPUs.
     pub fn reasons(&self) -> Result<Vec<(Reason, u64)>, DataplaneError> {
-        Reason::ALL
-            .iter()
-            .map(|&r| {
-                let per_cpu = named(map_names::REASONS, self.reasons.get(&(r as u32), 0))?;
-                Ok((r, per_cpu.iter().sum()))
-            })
-            .collect()
+        Reason::ALL.iter().map(|&r| Ok((r, summed(&self.reasons, map_names::REASONS, r as u32)?))).collect()
     }
 
     /// Every `Observed` counter summed over CPUs.
     pub fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError> {
-        Observed::ALL
-            .iter()
-            .map(|&o| {
-                let per_cpu = named(map_names::OBSERVED, self.observed.get(&(o as u32), 0))?;
-                Ok((o, per_cpu.iter().sum()))
-            })
-            .collect()
+        Observed::ALL.iter().map(|&o| Ok((o, summed(&self.observed, map_names::OBSERVED, o as u32)?))).collect()
     }
 
     /// A rule's bucket and its counters summed over CPUs.

@@ -1,7 +1,7 @@
 //! IPv6: a VIP6 announced by every balancer over IPv6 BGP sessions becomes one ECMP route
 //! at the router, and losing a balancer's BGP session leaves it to the others.
 
-use std::net::{Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use spillway_harness::cluster::TCP_PORT;
@@ -27,15 +27,7 @@ fn apply6(fleet: &Fleet, balancer: &Balancer) {
 
 /// Waits until the router's route to VIP6 goes exactly through `balancers`.
 fn wait_for_next_hops6(fleet: &Fleet, balancers: &[&Balancer], timeout: Duration) -> Duration {
-    let mut want: Vec<Ipv6Addr> = balancers.iter().map(|b| b.ipv6()).collect();
-    want.sort();
-    fleet
-        .wait_for(timeout, &format!("router's route to {VIP6} via {want:?}"), || {
-            let mut hops = fleet.router_next_hops6(VIP6);
-            hops.sort();
-            Ok(hops == want)
-        })
-        .unwrap_or_else(|e| panic!("{e:#}; the router has {:?}", fleet.router_next_hops6(VIP6)))
+    support::wait_for_route(fleet, VIP6, balancers.iter().map(|b| b.ipv6()).collect(), || fleet.router_next_hops6(VIP6), timeout)
 }
 
 #[test]

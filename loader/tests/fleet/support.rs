@@ -1,7 +1,7 @@
 //! Shared setup of the fleet scenarios: the fleet, the same desired state on every
 //! balancer, and what the router and the balancers' BIRDs see.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -62,15 +62,25 @@ pub fn all(fleet: &Fleet) -> Vec<usize> {
 
 /// Waits until the router's route to the VIP goes exactly through `balancers`.
 pub fn wait_for_next_hops(fleet: &Fleet, balancers: &[&Balancer], timeout: Duration) -> Duration {
-    let mut want: Vec<Ipv4Addr> = balancers.iter().map(|b| b.ipv4()).collect();
+    wait_for_route(fleet, VIP4, balancers.iter().map(|b| b.ipv4()).collect(), || fleet.router_next_hops(VIP4), timeout)
+}
+
+/// Waits until `hops` (the router's next hops to `vip`, of either family) are exactly `want`.
+pub fn wait_for_route<A: Ord + std::fmt::Debug>(
+    fleet: &Fleet,
+    vip: impl std::fmt::Display,
+    mut want: Vec<A>,
+    hops: impl Fn() -> Vec<A>,
+    timeout: Duration,
+) -> Duration {
     want.sort();
     fleet
-        .wait_for(timeout, &format!("router's route to {VIP4} via {want:?}"), || {
-            let mut hops = fleet.router_next_hops(VIP4);
-            hops.sort();
-            Ok(hops == want)
+        .wait_for(timeout, &format!("router's route to {vip} via {want:?}"), || {
+            let mut now = hops();
+            now.sort();
+            Ok(now == want)
         })
-        .unwrap_or_else(|e| panic!("{e:#}; the router has {:?}", fleet.router_next_hops(VIP4)))
+        .unwrap_or_else(|e| panic!("{e:#}; the router has {:?}", hops()))
 }
 
 /// The router's BGP paths to the VIP (from its own BIRD).
