@@ -209,6 +209,8 @@ pub mod program_names {
     /// Tail-called by those for the packets their connection id does not place.
     pub const BALANCER_UDP: &str = "spillway_lb_udp";
     pub const BALANCER_UDP_V6: &str = "spillway_lb_udp_v6";
+    /// Test-run by the loader to read jiffies (the clock's calibration); never attached.
+    pub const CLOCK: &str = "spillway_clock";
     pub const DECAP: &str = "spillway_decap";
     pub const FLOOR: &str = "spillway_floor";
     /// Bench only: the cheapest XDP hop to the backends (`cargo xtask bench --part e2e`).

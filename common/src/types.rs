@@ -395,6 +395,12 @@ pub struct LbConfig {
     /// entropy: random when the table is created, kept with it (the entries are local, so
     /// nobody outside can aim packets at chosen buckets; a changed fleet seed moves none).
     pub table_seed: u32,
+    /// The data path's clock is `jiffies × ns_per_jiffy + clock_offset_ns` (wrapping), which
+    /// reads as CLOCK_MONOTONIC_COARSE to within a tick: the verifier inlines the jiffies
+    /// read, where the coarse-ns helper is a real call. The loader calibrates both whenever
+    /// it writes the config.
+    pub clock_offset_ns: u64,
+    pub ns_per_jiffy: u64,
 }
 
 impl LbConfig {
@@ -655,7 +661,7 @@ pub struct HopConfig {
 const _: () = assert!(size_of::<FlowKey>() == 40);
 const _: () = assert!(size_of::<FlowEntry>() == 32);
 const _: () = assert!(size_of::<FlowBucket>() == 128);
-const _: () = assert!(size_of::<LbConfig>() == 64);
+const _: () = assert!(size_of::<LbConfig>() == 80);
 const _: () = assert!(size_of::<Traffic>() == 24);
 const _: () = assert!(size_of::<CachedNextHop>() == 32);
 const _: () = assert!(size_of::<Limits>() == 56);

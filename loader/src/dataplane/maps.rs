@@ -20,6 +20,7 @@ use spillway_common::{
 
 use super::{
     DataplaneError, MapMemory,
+    clock::Calibration,
     mmap::Mapped,
     tables::{FlowInfo, FlowTable, Index, RingPool, RuleIndex, VipIndex},
 };
@@ -34,6 +35,8 @@ pub struct MapOccupancy {
 
 pub struct BalancerMaps {
     capacity: Capacity,
+    /// Written into every config: the data path's clock.
+    clock: Calibration,
     /// Every map of the object (pinned or not) with what it takes, as loaded.
     memory: Vec<MapMemory>,
     pub config: Array<MapData, LbConfig>,
@@ -101,10 +104,11 @@ pub(crate) fn named<T>(name: &'static str, r: Result<T, MapError>) -> Result<T, 
 }
 
 impl BalancerMaps {
-    pub(super) fn take(ebpf: &mut Ebpf, capacity: Capacity, memory: Vec<MapMemory>) -> Result<Self, DataplaneError> {
+    pub(super) fn take(ebpf: &mut Ebpf, capacity: Capacity, memory: Vec<MapMemory>, clock: Calibration) -> Result<Self, DataplaneError> {
         Ok(Self {
             capacity,
             memory,
+            clock,
             config: take(ebpf, map_names::CONFIG)?,
             vips: Index { slots: take_mapped(ebpf, map_names::VIPS)? },
             vip_addrs: take(ebpf, map_names::VIP_ADDRS)?,
@@ -147,8 +151,10 @@ impl BalancerMaps {
         &self.memory
     }
 
+    /// Writes `config` with this host's clock calibration (whatever `config` holds there).
     pub fn set_config(&mut self, config: &LbConfig) -> Result<(), DataplaneError> {
-        named(map_names::CONFIG, self.config.set(0, config, 0))
+        let config = LbConfig { ns_per_jiffy: self.clock.ns_per_jiffy, clock_offset_ns: self.clock.offset_ns, ..*config };
+        named(map_names::CONFIG, self.config.set(0, &config, 0))
     }
 
     /// Writes `config` with the connection table's secret seed: the one the pinned table

@@ -1,6 +1,7 @@
 //! The balancer's kernel side: loading the object, pinning and reusing its maps, and typed
 //! access to every map. Only this module (and `agent`'s decap loader) talk to the kernel.
 
+pub mod clock;
 pub mod logs;
 mod maps;
 mod mmap;
@@ -163,6 +164,7 @@ impl Balancer {
     /// `options.map_pin_dir`.
     pub fn load(options: &LoadOptions) -> Result<Self, DataplaneError> {
         let mut ebpf = load_balancer_object(objects::BALANCER, "spillway-lb", options)?;
+        load_xdp(&mut ebpf, program_names::CLOCK)?;
         load_xdp(&mut ebpf, program_names::BALANCER)?;
         load_xdp(&mut ebpf, program_names::SECOND_CHANCE)?;
         load_xdp(&mut ebpf, program_names::BALANCER_V6)?;
@@ -170,7 +172,8 @@ impl Balancer {
             load_xdp(&mut ebpf, name)?;
         }
         let memory = map_memory(&ebpf);
-        let mut maps = BalancerMaps::take(&mut ebpf, options.capacity, memory)?;
+        let clock = clock::calibrate(xdp(&mut ebpf, program_names::CLOCK)?)?;
+        let mut maps = BalancerMaps::take(&mut ebpf, options.capacity, memory, clock)?;
         // The slot the balancer tail-calls: until it is filled, second chance is off.
         let name = program_names::SECOND_CHANCE;
         let second = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;

@@ -309,7 +309,7 @@ pub struct FlowInfo {
 }
 
 impl FlowInfo {
-    /// How long the flow has been idle at `now_ns` (`bpf_ktime_get_coarse_ns`'s clock), to
+    /// How long the flow has been idle at `now_ns` (the data path's clock, `dataplane::clock`), to
     /// the tick and as the data path counts it.
     pub fn idle_ns(&self, now_ns: u64) -> u64 {
         let now = (now_ns >> FLOW_TICK_SHIFT) as u32 & !FLOW_CONFIRMED;

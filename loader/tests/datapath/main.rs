@@ -3,6 +3,7 @@
 //! the counted reason and the output bytes (CHECK). Needs root.
 
 mod backends;
+mod clock;
 mod decap;
 mod flood;
 mod forwarding;

@@ -5,6 +5,8 @@
 #![no_std]
 #![no_main]
 
+#[path = "lb/clock.rs"]
+mod clock;
 #[path = "lb/family.rs"]
 mod family;
 #[path = "lb/limits.rs"]

@@ -24,7 +24,7 @@ use super::{Core, CoreError, Counters};
 use crate::{
     api::flows::{Admission, DEFAULT_FLOW_LIST, FlowAnswer, FlowEntry, FlowEntryState, FlowList, MAX_FLOW_LIST, PurgeReport},
     daemon::telemetry::{FlowCount, TABLE_FULL_REPEAT, TableFullAlert},
-    dataplane::{BalancerMaps, DataplaneError, FlowInfo},
+    dataplane::{BalancerMaps, DataplaneError, FlowInfo, clock},
     model::{Proto, Vip},
     reconcile::Maps,
     store::Store,
@@ -73,14 +73,6 @@ impl FlowTable for BalancerMaps {
     fn lb_config(&self) -> Result<LbConfig, DataplaneError> {
         BalancerMaps::config(self)
     }
-}
-
-/// The clock of `bpf_ktime_get_coarse_ns`, which stamps entries and buckets.
-fn kernel_now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid timespec to fill; CLOCK_MONOTONIC_COARSE always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * NS_PER_S + ts.tv_nsec as u64
 }
 
 /// Whether a GCRA bucket at `tat` would admit a flow at `now`: the data path's
@@ -143,7 +135,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             .and_then(|id| self.maps.backend(id).ok())
             .filter(|b| b.state == BACKEND_ACTIVE)
             .and_then(|b| from_words(b.addr, b.family));
-        let now = kernel_now_ns();
+        let now = clock::coarse_now_ns();
         let entry = self.maps.flow(&key).map(|value| self.entry_state(&key, &value, &config, now));
         let admission = self.admission(&key, id, now)?;
         // As `second_chance::candidates`: both ids differ and name backends in use.
@@ -259,7 +251,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             .collect();
         let mut backends = Backends { maps: &self.maps, seen: HashMap::new() };
         let (mut entries, mut truncated) = (Vec::new(), false);
-        let now = kernel_now_ns();
+        let now = clock::coarse_now_ns();
         let scanned = self
             .maps
             .scan_flows(&mut |key, flow| {

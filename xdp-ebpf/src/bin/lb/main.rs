@@ -7,6 +7,7 @@
 #![no_std]
 #![no_main]
 
+mod clock;
 mod family;
 mod limits;
 mod maps;
@@ -20,8 +21,9 @@ mod second_chance_program;
 mod select;
 mod stats;
 
-use aya_ebpf::{macros::xdp, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action::XDP_PASS, helpers::bpf_jiffies64, macros::xdp, programs::XdpContext};
 use spillway_common::types::{FAMILY_V4, FAMILY_V6};
+use xdp_ebpf::packet;
 
 /// IPv4 frames; IPv6 ones are tail-called to `spillway_lb_v6` (`family.rs`).
 #[xdp]
@@ -78,6 +80,17 @@ pub fn spillway_lb_second(ctx: XdpContext) -> u32 {
     let verdict = second_chance_program::send(&ctx);
     stats::count(&verdict);
     verdict.action
+}
+
+/// Never attached: the loader test-runs it on a frame of at least 8 bytes, which it
+/// overwrites with jiffies, to calibrate the data path's clock (`clock.rs`).
+#[xdp]
+pub fn spillway_clock(ctx: XdpContext) -> u32 {
+    if let Some(out) = packet::at_mut::<[u8; 8]>(&ctx, 0) {
+        // SAFETY: `at_mut` checked the 8 bytes are inside the frame; a helper without arguments.
+        unsafe { *out = bpf_jiffies64().to_ne_bytes() };
+    }
+    XDP_PASS
 }
 
 #[cfg(not(test))]

@@ -3,7 +3,6 @@
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX},
-    helpers::bpf_ktime_get_coarse_ns,
     programs::XdpContext,
 };
 use core::ptr::{addr_of, read_volatile};
@@ -22,7 +21,7 @@ use xdp_ebpf::{
 };
 
 use crate::{
-    family, limits,
+    clock, family, limits,
     maps::{CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
     nexthop, quic,
     second_chance::{self, Handover},
@@ -128,9 +127,8 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
         return Verdict::ended(XDP_PASS, Reason::PassNotVip);
     };
     let bytes = packet::len(ctx) as u32;
-    // Coarse (tick-resolution) time is enough for second-scale timeouts and costs no
-    // clocksource read.
-    let now_ns = unsafe { bpf_ktime_get_coarse_ns() };
+    // Tick-resolution time is enough for second-scale timeouts and costs no clocksource read.
+    let now_ns = clock::now_ns(cfg);
     let now = select::ticks(now_ns);
     cut!(STOP, FILTER, &now_ns, cfg);
     let Some(vip) = find_vip(&key, addr_hash) else {

@@ -3,7 +3,6 @@
 
 use aya_ebpf::{
     bindings::{xdp_action::XDP_PASS, xdp_md},
-    helpers::bpf_ktime_get_coarse_ns,
     programs::XdpContext,
 };
 use spillway_common::{
@@ -18,6 +17,7 @@ use xdp_ebpf::{
 };
 
 use crate::{
+    clock,
     maps::{BACKENDS, CONFIG, QUIC_CONFIG, QUIC_HANDOVER, QUIC_PROGRAM, QUIC_ROUTING, QUIC_SERVERS},
     path::{self, Verdict, stage},
     quic::Handover,
@@ -114,7 +114,7 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     count(QuicRouting::ByConnectionId);
     // Slot 0 of an array always exists; the check is for the verifier.
     let cfg = CONFIG.get(0)?;
-    let now_ns = unsafe { bpf_ktime_get_coarse_ns() };
+    let now_ns = clock::now_ns(cfg);
     let choice = Choice { id, backend: *backend, hash: flow_hash(&key, cfg.table_seed) };
     let (action, reason) = path::forward::<{ stage::ALL }>(ctx, &key, &layout, &choice, None, cfg, now_ns);
     let backend = path::is_sent(reason).then_some(id);

@@ -5,7 +5,6 @@
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
-    helpers::bpf_ktime_get_coarse_ns,
     programs::XdpContext,
 };
 use spillway_common::types::Reason;
@@ -15,6 +14,7 @@ use xdp_ebpf::{
 };
 
 use crate::{
+    clock,
     maps::{CONFIG, SECOND_CHANCE_HANDOVER},
     path::{self, Verdict, stage},
     select::{self, Choice},
@@ -46,7 +46,7 @@ pub fn send(ctx: &XdpContext) -> Verdict {
         );
         return Verdict { vip: Some(handover.vip_id), bytes, ..Verdict::ended(XDP_DROP, Reason::DropNoBackend) };
     };
-    let now_ns = unsafe { bpf_ktime_get_coarse_ns() };
+    let now_ns = clock::now_ns(cfg);
     let choice = Choice { id: handover.first, backend: first, hash: handover.flow_hash };
     let (action, reason) = path::forward::<{ stage::ALL }>(ctx, &key, &layout, &choice, Some(&second), cfg, now_ns);
     let sent = path::is_sent(reason);
