@@ -1,10 +1,11 @@
 //! Sizes of every BPF map and table, and the map names both sides agree on.
 //!
-//! Changing any number here changes a pinned map's shape: bump [`PIN_VERSION`] with it so a
-//! new `lbd` never reuses a map of the old shape.
+//! Changing any number here, or a pinned map's value type (`types`), changes a pinned map's
+//! shape: bump [`PIN_VERSION`] with it so a new `lbd` never reuses a map of the old shape.
 
 /// Version of the pinned layout under the bpffs directory (`/sys/fs/bpf/spillway/v<N>`).
-pub const PIN_VERSION: u32 = 4;
+/// 5: `LbConfig` carries the clock's calibration.
+pub const PIN_VERSION: u32 = 5;
 
 /// How big the balancer's tables are. Chosen when `lbd` starts (its options); the maps are
 /// created with these sizes, and pinned maps of another shape are refused by name.
