@@ -9,6 +9,7 @@ use std::time::Duration;
 use spillway_common::quic_lb::decode_server_id;
 use spillway_quic_lb::{QuicLbConfig, QuicLbGenerator, ServerId};
 
+#[allow(dead_code)] // `controlled` serves echo-client
 #[path = "../examples/support/mod.rs"]
 mod support;
 
