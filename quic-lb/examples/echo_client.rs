@@ -28,6 +28,9 @@ struct Args {
     /// The server (or VIP) address.
     #[arg(long)]
     connect: SocketAddr,
+    /// The local address to start from (default: any address, any port).
+    #[arg(long)]
+    bind: Option<SocketAddr>,
     /// Certificates (DER, as `echo-server --cert-out` writes them) to trust; repeatable.
     #[arg(long, required = true)]
     ca: Vec<PathBuf>,
@@ -55,7 +58,11 @@ async fn main() -> Result<()> {
     for path in &args.ca {
         certs.push(CertificateDer::from(std::fs::read(path).with_context(|| format!("--ca {}", path.display()))?));
     }
-    let endpoint = support::client_endpoint(args.connect, certs)?;
+    let socket = match args.bind {
+        Some(local) => std::net::UdpSocket::bind(local).with_context(|| format!("--bind {local}"))?,
+        None => support::local_socket(args.connect)?,
+    };
+    let endpoint = support::client_endpoint(socket, certs)?;
     let timeout = Duration::from_secs(args.timeout_s);
     if let Some(path) = &args.control {
         let orders = tokio::fs::File::open(path).await.with_context(|| format!("--control {}", path.display()))?;

@@ -9,6 +9,7 @@
 use std::ffi::OsString;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use spillway::model::DEFAULT_WEIGHT;
@@ -127,9 +128,12 @@ struct Client {
 }
 
 impl Client {
-    /// Connects to the VIP from client host `host` (the handshake done).
-    fn connect(c: &Cluster, service: &QuicService, host: &Host) -> Client {
-        let fifo = c.topo.tempdir().join(format!("quic-orders-{}", host.name()));
+    /// Connects to the VIP from client host `host`, from `bind` if given (the handshake
+    /// done).
+    fn connect(c: &Cluster, service: &QuicService, host: &Host, bind: Option<SocketAddr>) -> Client {
+        static CLIENTS: AtomicUsize = AtomicUsize::new(0);
+        let n = CLIENTS.fetch_add(1, Ordering::Relaxed);
+        let fifo = c.topo.tempdir().join(format!("quic-orders-{n}"));
         let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
         assert!(made.success(), "mkfifo {}", fifo.display());
         // Read and write: opening a FIFO so never waits for the other end, and the client
@@ -144,6 +148,9 @@ impl Client {
             "--timeout-s".into(),
             ORDER_TIMEOUT.as_secs().to_string().into(),
         ];
+        if let Some(local) = bind {
+            args.extend(["--bind".into(), local.to_string().into()]);
+        }
         args.extend(service.cas.iter().cloned());
         let process = host.spawn(&args).unwrap();
         process.wait_for_output("event=connected", ORDER_TIMEOUT).unwrap();
@@ -248,7 +255,7 @@ fn moving_client_keeps_its_server(mode: XdpMode) {
     let c = cluster(mode);
     let service = QuicService::start(&c);
     let host = &c.topo.clients()[0];
-    let mut client = Client::connect(&c, &service, host);
+    let mut client = Client::connect(&c, &service, host, None);
     let first = client.request();
     let server = service.backend_of(&c, &first.server_id);
     // A second address of the client host (c2's: the cluster has one client), as a phone
@@ -280,13 +287,14 @@ fn predicted_table(members: &[(IpAddr, u32)], ring: u32) -> Vec<Option<IpAddr>> 
 /// (b) The VIP's backends change mid-connection. A backend is added and another (not the
 /// connection's) drained, so that the 5-tuple the connection is on, which Maglev gave its
 /// server before, now hashes to another backend: its packets still reach their server.
-/// Then its own server is drained: it keeps the connection (a draining backend keeps what
+/// The new backend takes a new connection, which then keeps it by id too. Then the first
+/// connection's own server is drained: it keeps the connection (a draining backend keeps what
 /// it has), though no Maglev slot names it any more.
 fn backend_changes_keep_the_connection(mode: XdpMode) {
     let mut c = cluster(mode);
     let mut service = QuicService::start(&c);
     let host = &c.topo.clients()[0];
-    let mut client = Client::connect(&c, &service, host);
+    let mut client = Client::connect(&c, &service, host, None);
     let first = client.request();
     let server = service.backend_of(&c, &first.server_id);
     let backends: Vec<IpAddr> = c.topo.backends().iter().map(|b| b.ipv4().into()).collect();
@@ -313,7 +321,7 @@ fn backend_changes_keep_the_connection(mode: XdpMode) {
     // The change, while the connection is open.
     let added = c.add_backend_host().unwrap();
     assert_eq!(IpAddr::from(added.ipv4()), b4);
-    service.serve(&c, &c.topo.backends()[3]);
+    let added_id = service.serve(&c, &c.topo.backends()[3]);
     c.lbctl(&["backends", "drain", "--vip", &service.vip, &other.to_string()]).unwrap();
     let (_, slot) = service.by_tuple(&c, tuple);
     wait_until(Duration::from_secs(10), "the new table in force", || service.by_tuple(&c, tuple).0 == after_table[slot]);
@@ -326,6 +334,16 @@ fn backend_changes_keep_the_connection(mode: XdpMode) {
         assert_eq!((reply.local, reply.server_id.as_str()), (tuple, first.server_id.as_str()), "Maglev sends {tuple} to {moved_to}");
     }
     assert!(quic_count(&c, "by_connection_id") >= sent_before + 3);
+    // The new backend takes new connections (an Initial from a tuple Maglev gives it) and
+    // is reached by the id its own server issues.
+    let newcomer_tuple = (24_000..26_000)
+        .map(|port| SocketAddr::new(home, port))
+        .find(|t| service.by_tuple(&c, *t).0 == Some(b4))
+        .expect("a tuple Maglev gives the new backend");
+    let mut newcomer = Client::connect(&c, &service, &c.topo.clients()[0], Some(newcomer_tuple));
+    assert_eq!(newcomer.request().server_id, added_id, "a new connection on a tuple Maglev gives b4");
+    let away = service.ports_elsewhere(&c, home, b4, 26_000, 1)[0];
+    assert_eq!(newcomer.request_from(SocketAddr::new(home, away)), added_id, "b4's connection moved");
 
     // Its own server drained: no slot names it, every tuple hashes elsewhere.
     c.lbctl(&["backends", "drain", "--vip", &service.vip, &server.to_string()]).unwrap();
@@ -345,7 +363,7 @@ fn lbd_restarts_keep_the_connection(mode: XdpMode) {
     let c = cluster(mode);
     let service = QuicService::start(&c);
     let host = &c.topo.clients()[0];
-    let mut client = Client::connect(&c, &service, host);
+    let mut client = Client::connect(&c, &service, host, None);
     let first = client.request();
     let server = service.backend_of(&c, &first.server_id);
     let home: IpAddr = host.ipv4().into();

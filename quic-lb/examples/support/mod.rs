@@ -77,8 +77,8 @@ pub fn local_socket(remote: SocketAddr) -> Result<UdpSocket> {
     Ok(UdpSocket::bind(any)?)
 }
 
-/// A client endpoint for `remote` trusting `certs`.
-pub fn client_endpoint(remote: SocketAddr, certs: Vec<CertificateDer<'static>>) -> Result<quinn::Endpoint> {
+/// A client endpoint on `socket` trusting `certs`.
+pub fn client_endpoint(socket: UdpSocket, certs: Vec<CertificateDer<'static>>) -> Result<quinn::Endpoint> {
     let mut roots = RootCertStore::empty();
     for cert in certs {
         roots.add(cert)?;
@@ -89,7 +89,7 @@ pub fn client_endpoint(remote: SocketAddr, certs: Vec<CertificateDer<'static>>) 
         .with_no_client_auth();
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let client = quinn::ClientConfig::new(Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(tls)?));
-    let mut endpoint = quinn::Endpoint::new(quinn::EndpointConfig::default(), None, local_socket(remote)?, Arc::new(quinn::TokioRuntime))?;
+    let mut endpoint = quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime))?;
     endpoint.set_default_client_config(client);
     Ok(endpoint)
 }
