@@ -46,23 +46,39 @@ struct QuicService {
 }
 
 impl QuicService {
-    /// The VIP with every backend of the cluster, each serving.
-    fn start(c: &Cluster) -> QuicService {
+    /// The VIP, without backends.
+    fn new(c: &Cluster) -> QuicService {
         let vip = format!("{VIP4}:{QUIC_PORT}/udp");
         c.lbctl(&["vips", "add", &vip, "--quic", "--quic-server-id-len", "2", "--quic-nonce-len", "6"]).unwrap();
-        let mut service = QuicService { vip, server_bin: example("echo-server"), _servers: Vec::new(), cas: Vec::new() };
+        QuicService { vip, server_bin: example("echo-server"), _servers: Vec::new(), cas: Vec::new() }
+    }
+
+    /// The VIP with every backend of the cluster, each serving.
+    fn start(c: &Cluster) -> QuicService {
+        let mut service = QuicService::new(c);
         for b in c.topo.backends() {
             service.serve(c, b);
         }
         service
     }
 
+    /// Adds backend `b` to the VIP; returns the server id `lbctl` gives it.
+    fn add(&self, c: &Cluster, b: &Host) -> String {
+        let addr = backend_addr(b, false);
+        c.lbctl(&["backends", "add", "--vip", &self.vip, &addr]).unwrap();
+        backend_json(c, &self.vip, &addr)["server_id"].as_str().expect("a QUIC VIP's backend has a server id").to_owned()
+    }
+
     /// Adds backend `b` to the VIP and starts its echo server with the server id `lbctl`
     /// gives it; returns that id.
     fn serve(&mut self, c: &Cluster, b: &Host) -> String {
-        let addr = backend_addr(b, false);
-        c.lbctl(&["backends", "add", "--vip", &self.vip, &addr]).unwrap();
-        let server_id = backend_json(c, &self.vip, &addr)["server_id"].as_str().expect("a QUIC VIP's backend has a server id").to_owned();
+        let server_id = self.add(c, b);
+        self.start_server(c, b, &server_id);
+        server_id
+    }
+
+    /// Starts the echo server on `b`, issuing connection ids that name `server_id`.
+    fn start_server(&mut self, c: &Cluster, b: &Host, server_id: &str) {
         let ca = c.topo.tempdir().join(format!("quic-{}.der", b.name()));
         let listen = format!("{VIP4}:{QUIC_PORT}");
         let args = [
@@ -82,7 +98,6 @@ impl QuicService {
         server.wait_for_output("event=listening", Duration::from_secs(10)).unwrap();
         self._servers.push(server);
         self.cas.extend(["--ca".into(), ca.into_os_string()]);
-        server_id
     }
 
     /// The backend address whose server id is `server_id`.
@@ -159,12 +174,17 @@ impl Client {
 
     /// Gives `order` and returns the client's line answering it.
     fn order(&mut self, order: &str) -> String {
+        self.try_order(order).unwrap_or_else(|e| panic!("{order}: {e}"))
+    }
+
+    /// [`Client::order`], or the client's log if it exits (gives up) first.
+    fn try_order(&mut self, order: &str) -> Result<String, String> {
         use std::io::Write;
         self.seq += 1;
         writeln!(self.orders, "{order}").unwrap();
         let tag = format!(" seq={} ", self.seq);
-        self.process.wait_for_output(&tag, ORDER_TIMEOUT + Duration::from_secs(5)).unwrap_or_else(|e| panic!("{order}: {e:#}"));
-        self.process.log().lines().find(|l| l.contains(&tag)).unwrap().to_owned()
+        self.process.wait_for_output(&tag, ORDER_TIMEOUT + Duration::from_secs(5)).map_err(|e| format!("{e:#}"))?;
+        Ok(self.process.log().lines().find(|l| l.contains(&tag)).unwrap().to_owned())
     }
 
     fn field<'l>(line: &'l str, key: &str) -> &'l str {
@@ -385,3 +405,32 @@ fn lbd_restarts_keep_the_connection(mode: XdpMode) {
     assert_eq!(quic_count(&c, "fallback"), 0);
 }
 in_both_modes!(lbd_restarts_keep_the_connection);
+
+/// A server whose ids name a server id the balancer does not know (misconfigured: not the
+/// one `lbctl backends list` gives its backend): its short headers fall back to the 5-tuple
+/// and are counted. The connection works from the tuple its handshake made an entry for,
+/// and ends when the client moves: that is what the fallback counter warns of.
+#[test]
+fn a_server_id_the_balancer_does_not_know_falls_back_and_is_counted() {
+    let c = cluster(XdpMode::Native);
+    let mut service = QuicService::new(&c);
+    for (i, b) in c.topo.backends().iter().enumerate() {
+        let known = service.add(&c, b);
+        let unknown = format!("ee{i:02x}");
+        assert_ne!(unknown, known);
+        service.start_server(&c, b, &unknown);
+    }
+    let host = &c.topo.clients()[0];
+    let mut client = Client::connect(&c, &service, host, None);
+    let first = client.request();
+    assert_eq!(client.request().server_id, first.server_id, "the handshake's tuple keeps its entry");
+    assert!(quic_count(&c, "fallback") > 0, "the unknown server id was not counted");
+    assert_eq!(quic_count(&c, "by_connection_id"), 0);
+    assert_eq!(reason_count(&c, "drop_no_backend"), 0, "a fallback is never dropped");
+
+    let server = c.topo.backends()[usize::from_str_radix(&first.server_id[2..], 16).unwrap()].ipv4().into();
+    let away = service.ports_elsewhere(&c, host.ipv4().into(), server, 20_000, 1)[0];
+    client.rebind(SocketAddr::new(host.ipv4().into(), away));
+    let lost = client.try_order("request");
+    assert!(lost.is_err(), "a moved connection whose id names no backend still reached its server: {lost:?}");
+}
