@@ -19,7 +19,7 @@ use spillway_common::{
 };
 use spillway_harness::cluster::{Cluster, XdpMode};
 use spillway_harness::promql;
-use spillway_harness::{Daemon, Host, Signal, VIP4, client4, harness_binary, http_get};
+use spillway_harness::{Daemon, Host, Signal, VIP4, VIP6, client4, client6, harness_binary, http_get};
 
 use crate::in_both_modes;
 use crate::support::*;
@@ -37,6 +37,8 @@ fn example(name: &str) -> PathBuf {
 
 /// A QUIC VIP (server id 2 octets, nonce 6) and the echo servers behind it.
 struct QuicService {
+    /// Where clients connect, and the VIP (`/udp`).
+    target: SocketAddr,
     vip: String,
     server_bin: PathBuf,
     /// Held: a server stops when its guard is dropped.
@@ -46,16 +48,27 @@ struct QuicService {
 }
 
 impl QuicService {
-    /// The VIP, without backends.
+    /// The IPv4 VIP, without backends.
     fn new(c: &Cluster) -> QuicService {
-        let vip = format!("{VIP4}:{QUIC_PORT}/udp");
-        c.lbctl(&["vips", "add", &vip, "--quic", "--quic-server-id-len", "2", "--quic-nonce-len", "6"]).unwrap();
-        QuicService { vip, server_bin: example("echo-server"), _servers: Vec::new(), cas: Vec::new() }
+        QuicService::of_family(c, false)
     }
 
-    /// The VIP with every backend of the cluster, each serving.
+    /// The VIP of that family, without backends.
+    fn of_family(c: &Cluster, v6: bool) -> QuicService {
+        let target = SocketAddr::new(if v6 { VIP6.into() } else { VIP4.into() }, QUIC_PORT);
+        let vip = format!("{target}/udp");
+        c.lbctl(&["vips", "add", &vip, "--quic", "--quic-server-id-len", "2", "--quic-nonce-len", "6"]).unwrap();
+        QuicService { target, vip, server_bin: example("echo-server"), _servers: Vec::new(), cas: Vec::new() }
+    }
+
+    /// The IPv4 VIP with every backend of the cluster, each serving.
     fn start(c: &Cluster) -> QuicService {
-        let mut service = QuicService::new(c);
+        QuicService::start_family(c, false)
+    }
+
+    /// The VIP of that family with every backend of the cluster, each serving.
+    fn start_family(c: &Cluster, v6: bool) -> QuicService {
+        let mut service = QuicService::of_family(c, v6);
         for b in c.topo.backends() {
             service.serve(c, b);
         }
@@ -64,7 +77,7 @@ impl QuicService {
 
     /// Adds backend `b` to the VIP; returns the server id `lbctl` gives it.
     fn add(&self, c: &Cluster, b: &Host) -> String {
-        let addr = backend_addr(b, false);
+        let addr = backend_addr(b, self.target.is_ipv6());
         c.lbctl(&["backends", "add", "--vip", &self.vip, &addr]).unwrap();
         backend_json(c, &self.vip, &addr)["server_id"].as_str().expect("a QUIC VIP's backend has a server id").to_owned()
     }
@@ -80,7 +93,7 @@ impl QuicService {
     /// Starts the echo server on `b`, issuing connection ids that name `server_id`.
     fn start_server(&mut self, c: &Cluster, b: &Host, server_id: &str) {
         let ca = c.topo.tempdir().join(format!("quic-{}.der", b.name()));
-        let listen = format!("{VIP4}:{QUIC_PORT}");
+        let listen = self.target.to_string();
         let args = [
             self.server_bin.as_os_str(),
             "--listen".as_ref(),
@@ -157,7 +170,7 @@ impl Client {
         let mut args: Vec<OsString> = vec![
             example("echo-client").into(),
             "--connect".into(),
-            format!("{VIP4}:{QUIC_PORT}").into(),
+            service.target.to_string().into(),
             "--control".into(),
             fifo.into(),
             "--timeout-s".into(),
@@ -243,7 +256,7 @@ fn quic_count(c: &Cluster, placed: &str) -> u64 {
 fn rebinding_client_keeps_its_server(mode: XdpMode) {
     let c = cluster(mode);
     let service = QuicService::start(&c);
-    let connect = format!("{VIP4}:{QUIC_PORT}");
+    let connect = service.target.to_string();
     let requests = REQUESTS.to_string();
     let mut args: Vec<std::ffi::OsString> = vec![
         example("echo-client").into(),
@@ -272,17 +285,31 @@ in_both_modes!(rebinding_client_keeps_its_server);
 /// second address of its host, then back, each time to a 5-tuple that Maglev sends to
 /// another backend. Every request reaches the server the connection began on.
 fn moving_client_keeps_its_server(mode: XdpMode) {
+    client_moves(mode, false);
+}
+in_both_modes!(moving_client_keeps_its_server);
+
+fn ipv6_moving_client_keeps_its_server(mode: XdpMode) {
+    client_moves(mode, true);
+}
+in_both_modes!(ipv6_moving_client_keeps_its_server);
+
+fn client_moves(mode: XdpMode, v6: bool) {
     let c = cluster(mode);
-    let service = QuicService::start(&c);
+    let service = QuicService::start_family(&c, v6);
     let host = &c.topo.clients()[0];
     let mut client = Client::connect(&c, &service, host, None);
     let first = client.request();
     let server = service.backend_of(&c, &first.server_id);
     // A second address of the client host (c2's: the cluster has one client), as a phone
     // moving from one network to another has.
-    let home: IpAddr = host.ipv4().into();
-    let away: IpAddr = client4(2).into();
-    host.run(&["ip", "addr", "add", &format!("{away}/24"), "dev", "eth0"]).unwrap();
+    let (home, away): (IpAddr, IpAddr) = if v6 { (host.ipv6().into(), client6(2).into()) } else { (host.ipv4().into(), client4(2).into()) };
+    let cidr = format!("{away}/{}", if v6 { 64 } else { 24 });
+    let mut add = vec!["ip", "addr", "add", &cidr, "dev", "eth0"];
+    if v6 {
+        add.push("nodad");
+    }
+    host.run(&add).unwrap();
     let sent_before = quic_count(&c, "by_connection_id");
     for (step, ip) in [home, away, home].into_iter().enumerate() {
         for port in service.ports_elsewhere(&c, ip, server, 20_000 + 1000 * step as u16, 2) {
@@ -293,7 +320,6 @@ fn moving_client_keeps_its_server(mode: XdpMode) {
     assert!(quic_count(&c, "by_connection_id") > sent_before, "no short header went by connection id");
     assert_eq!(quic_count(&c, "fallback"), 0);
 }
-in_both_modes!(moving_client_keeps_its_server);
 
 /// The Maglev table `lbd` builds for a VIP of `ring` slots on `members` (address, weight):
 /// slot -> address. A backend's slots depend on its address, not on its id.
