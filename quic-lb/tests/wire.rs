@@ -9,6 +9,7 @@ use std::time::Duration;
 use spillway_common::quic_lb::decode_server_id;
 use spillway_quic_lb::{QuicLbConfig, QuicLbGenerator, ServerId};
 
+#[allow(dead_code)] // `controlled` serves echo-client
 #[path = "../examples/support/mod.rs"]
 mod support;
 
@@ -61,7 +62,7 @@ async fn client_packets_carry_the_server_id() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let relaying = tokio::spawn(relay(front, server_addr, seen.clone()));
 
-    let client = support::client_endpoint(front_addr, vec![cert]).unwrap();
+    let client = support::client_endpoint(support::local_socket(front_addr).unwrap(), vec![cert]).unwrap();
     let exchange = support::exchange(&client, front_addr, b"ping", 3, true);
     let replies = tokio::time::timeout(Duration::from_secs(10), exchange).await.expect("no reply in 10 s").unwrap();
     assert_eq!(replies, vec![b"server_id=c4605e\nping".to_vec(); 3]);

@@ -77,8 +77,8 @@ pub fn local_socket(remote: SocketAddr) -> Result<UdpSocket> {
     Ok(UdpSocket::bind(any)?)
 }
 
-/// A client endpoint for `remote` trusting `certs`.
-pub fn client_endpoint(remote: SocketAddr, certs: Vec<CertificateDer<'static>>) -> Result<quinn::Endpoint> {
+/// A client endpoint on `socket` trusting `certs`.
+pub fn client_endpoint(socket: UdpSocket, certs: Vec<CertificateDer<'static>>) -> Result<quinn::Endpoint> {
     let mut roots = RootCertStore::empty();
     for cert in certs {
         roots.add(cert)?;
@@ -89,7 +89,7 @@ pub fn client_endpoint(remote: SocketAddr, certs: Vec<CertificateDer<'static>>) 
         .with_no_client_auth();
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let client = quinn::ClientConfig::new(Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(tls)?));
-    let mut endpoint = quinn::Endpoint::new(quinn::EndpointConfig::default(), None, local_socket(remote)?, Arc::new(quinn::TokioRuntime))?;
+    let mut endpoint = quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime))?;
     endpoint.set_default_client_config(client);
     Ok(endpoint)
 }
@@ -103,11 +103,57 @@ pub async fn exchange(endpoint: &quinn::Endpoint, remote: SocketAddr, message: &
         if rebind && i > 0 {
             endpoint.rebind(local_socket(remote)?)?;
         }
-        let (mut send, mut recv) = conn.open_bi().await?;
-        send.write_all(message).await?;
-        send.finish()?;
-        replies.push(recv.read_to_end(MAX_REPLY).await?);
+        replies.push(request(&conn, message).await?);
     }
     conn.close(0u32.into(), b"done");
     Ok(replies)
+}
+
+/// One request on its own stream of `conn`: the reply.
+async fn request(conn: &quinn::Connection, message: &[u8]) -> Result<Vec<u8>> {
+    let (mut send, mut recv) = conn.open_bi().await?;
+    send.write_all(message).await?;
+    send.finish()?;
+    Ok(recv.read_to_end(MAX_REPLY).await?)
+}
+
+/// Connects to `remote`, then follows the orders read from `orders`, one a line, each
+/// within `timeout`: `request` sends `message` and prints the reply's first line (the
+/// server's banner) with the local address it left from; `rebind ADDR` moves the endpoint
+/// to a new socket bound to ADDR (port 0: any). Closes the connection at the orders' end.
+pub async fn controlled(
+    endpoint: &quinn::Endpoint,
+    remote: SocketAddr,
+    message: &[u8],
+    orders: impl tokio::io::AsyncRead + Unpin,
+    timeout: std::time::Duration,
+) -> Result<()> {
+    use anyhow::{Context, bail};
+    use tokio::io::AsyncBufReadExt;
+    let conn = tokio::time::timeout(timeout, async { anyhow::Ok(endpoint.connect(remote, SERVER_NAME)?.await?) })
+        .await
+        .context("no handshake within the timeout")??;
+    println!("event=connected local={}", endpoint.local_addr()?);
+    let mut lines = tokio::io::BufReader::new(orders).lines();
+    let mut seq = 0;
+    while let Some(line) = lines.next_line().await? {
+        seq += 1;
+        match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["request"] => {
+                let reply = tokio::time::timeout(timeout, request(&conn, message))
+                    .await
+                    .with_context(|| format!("order {seq} ({line}): no reply within the timeout"))??;
+                let banner = String::from_utf8_lossy(&reply).lines().next().unwrap_or_default().to_owned();
+                println!("event=reply seq={seq} local={} {banner}", endpoint.local_addr()?);
+            }
+            ["rebind", addr] => {
+                let addr: SocketAddr = addr.parse().with_context(|| format!("order {seq}: {addr:?} is no socket address"))?;
+                endpoint.rebind(UdpSocket::bind(addr).with_context(|| format!("order {seq}: binding {addr}"))?)?;
+                println!("event=rebound seq={seq} local={}", endpoint.local_addr()?);
+            }
+            _ => bail!("order {seq}: {line:?} is neither `request` nor `rebind ADDR`"),
+        }
+    }
+    conn.close(0u32.into(), b"done");
+    Ok(())
 }

@@ -15,6 +15,7 @@ mod decap;
 mod e2e;
 mod packets;
 mod paths;
+mod quic;
 mod scale;
 mod sockwatch;
 mod stages;
@@ -42,7 +43,7 @@ pub struct BenchArgs {
 }
 
 /// Every part, in the order they run.
-const PARTS: [&str; 10] = ["paths", "stages", "cores", "decap", "table", "scale", "control", "e2e", "sockwatch", "verifier"];
+const PARTS: [&str; 11] = ["paths", "quic", "stages", "cores", "decap", "table", "scale", "control", "e2e", "sockwatch", "verifier"];
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -65,6 +66,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let (calls, reps) = (args.calls as usize, args.reps as usize);
     let parts: Vec<Part> = vec![
         ("paths", Box::new(|| paths::part(calls, reps))),
+        ("quic", Box::new(|| quic::part(calls, reps))),
         ("stages", Box::new(|| stages::part(calls, reps))),
         ("cores", Box::new(|| cores::part(calls, reps))),
         ("decap", Box::new(|| decap::part(calls, reps))),

@@ -88,6 +88,9 @@ pub enum Frames {
     /// This SYN from a spoofed source never used before on every call (172.16.0.0/12): a
     /// flood, whose entries are left to evict each other.
     Spoofed(Vec<u8>),
+    /// The same frame on every call: a QUIC short header that the balancer sends to
+    /// `backend`, the server its connection id names, leaving no connection-table entry.
+    ByConnectionId { frame: Vec<u8>, backend: Ipv4Addr },
 }
 
 pub struct Case {
@@ -431,7 +434,11 @@ impl Lab {
 
     fn first_frame(&mut self, case: &Case) -> Result<Vec<u8>> {
         Ok(match &case.frames {
-            Frames::Fixed(frame) | Frames::NewFlows(frame) | Frames::NewPorts(frame) | Frames::Spoofed(frame) => frame.clone(),
+            Frames::Fixed(frame)
+            | Frames::NewFlows(frame)
+            | Frames::NewPorts(frame)
+            | Frames::Spoofed(frame)
+            | Frames::ByConnectionId { frame, .. } => frame.clone(),
             Frames::Established { syn, frame } => {
                 let mut out = vec![0; syn.len() + HEADROOM_BYTES];
                 let (action, ..) = self.run(Program::Balancer, syn, &mut out)?;
@@ -457,7 +464,9 @@ impl Lab {
             let reasons: Vec<Reason> = counted(&before, &after).filter(|(_, n)| *n > 0).map(|(r, _)| r).collect();
             ensure!(reasons == [reason], "counted as {reasons:?}, expected {reason:?}");
             self.check_output(case, &slot.frame, &slot.out[..len])?;
-            if action == XDP_TX {
+            if let Frames::ByConnectionId { .. } = case.frames {
+                ensure!(self.pinned_backend(&key)?.is_none(), "a short header left a connection-table entry");
+            } else if action == XDP_TX {
                 let pinned = self.pinned_backend(&key)?;
                 let expected = self.maglev_backend(&key)?;
                 let unremembered = pinned.is_none() && self.may_overflow > 0.0;
@@ -527,7 +536,13 @@ impl Lab {
     fn check_output(&self, case: &Case, frame: &[u8], out: &[u8]) -> Result<()> {
         match (case.reason, case.action) {
             (None, _) => Ok(()),
-            (Some(_), XDP_TX) => self.check_ipip(frame, out, self.maglev_backend(&flow_key(frame)?)?),
+            (Some(_), XDP_TX) => {
+                let backend = match case.frames {
+                    Frames::ByConnectionId { backend, .. } => backend,
+                    _ => self.maglev_backend(&flow_key(frame)?)?,
+                };
+                self.check_ipip(frame, out, backend)
+            }
             (Some(_), _) => {
                 ensure!(out == frame, "the frame was changed");
                 Ok(())
@@ -546,7 +561,7 @@ impl Lab {
     }
 
     /// The backend the VIP's Maglev table gives `key`, computed here with the same hash.
-    fn maglev_backend(&self, key: &FlowKey) -> Result<Ipv4Addr> {
+    pub fn maglev_backend(&self, key: &FlowKey) -> Result<Ipv4Addr> {
         let id = self.balancer.maps.maglev_choice(key, flow_hash(key, FLOW_SEED)).context("the flow's VIP has no table")?;
         self.backend_addr(id)
     }
@@ -659,7 +674,7 @@ impl Slot<'_> {
                 self.next_port = self.next_port.wrapping_add(1).max(1024);
                 self.frame[ETH_LEN + 20..ETH_LEN + 22].copy_from_slice(&self.next_port.to_be_bytes());
             }
-            Frames::Fixed(_) | Frames::Established { .. } => {}
+            Frames::Fixed(_) | Frames::Established { .. } | Frames::ByConnectionId { .. } => {}
         }
     }
 }

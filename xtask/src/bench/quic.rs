@@ -1,0 +1,130 @@
+//! A QUIC VIP's packets, as multiples of the floor measured in the same run, next to the
+//! connection-table hit and the new flow of a TCP VIP on the same backends: a short header
+//! sent by its connection id (the balancer, the QUIC program it tail-calls, the id's lookup;
+//! no table entry read or made) and an Initial from a new client (placed by Maglev through
+//! the UDP program, a second tail call, and remembered). The short header's goal is the
+//! table hit's ratio of this run: routing by id must cost no more than the table it replaces.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+
+use anyhow::{Context, Result, ensure};
+use spillway::model::{DEFAULT_WEIGHT, DesiredState, QuicConfig, Vip, server_id_of};
+use spillway_common::{
+    limits::{Capacity, DEFAULT_RING_SIZE},
+    quic_lb::{MAX_CID_LEN, encode},
+};
+use spillway_harness::{frames, packet_lab};
+
+use super::{
+    Section,
+    packets::{CHUNK, CLIENT, Case, Flows, Frames, Lab, VIP, flow_key},
+};
+
+const QUIC_VIP: &str = "10.200.1.4:443/udp";
+const QUIC: QuicConfig = QuicConfig { config_id: 0, server_id_len: 2, nonce_len: 6, self_len: false };
+/// A 1-RTT packet's octets after its connection id: packet number and a payload as long as
+/// the AEAD tag (the balancer reads none of it).
+const SHORT_HEADER_TAIL: usize = 2 + 16;
+/// A client's Initial is padded to at least this (RFC 9000 §14.1).
+const INITIAL_LEN: usize = 1200;
+
+pub fn part(calls: usize, reps: usize) -> Result<Section> {
+    let flows = Flows::new()?;
+    Lab::sized(Capacity::DEFAULT, |lab| {
+        configure(lab)?;
+        let client: SocketAddr = CLIENT.parse()?;
+        let quic_vip: Vip = QUIC_VIP.parse()?;
+        let to = SocketAddr::new(quic_vip.addr, quic_vip.port);
+        // The id names a backend the 5-tuple's Maglev choice is not, so the checked output
+        // shows the id chose.
+        let tuple = flow_key(&frames::udp(client, to, &[0x40]))?;
+        let maglev = lab.maglev_backend(&tuple)?;
+        let named = packet_lab::RESOLVED_BACKENDS.map(packet_lab::backend4).find(|b| *b != maglev).context("one lab backend")?;
+        let short = frames::udp(client, to, &short_header(&connection_id(named.into())?));
+        let initial = frames::udp(client, to, &initial());
+
+        let cases = vec![
+            Case::floor(&flows.syn),
+            Case::forwarded("table_hit", Frames::Established { syn: flows.syn.clone(), frame: flows.ack.clone() }, false),
+            Case::forwarded("new_flow", Frames::NewFlows(flows.syn.clone()), true),
+            Case::forwarded("quic_short_header", Frames::ByConnectionId { frame: short.clone(), backend: named }, false),
+            Case::forwarded("quic_initial", Frames::NewFlows(initial.clone()), true),
+        ];
+        let medians = lab.measure(&cases, calls, reps)?;
+        let ratio = |i: usize| medians[i] / medians[0];
+        let mut text = String::new();
+        writeln!(
+            text,
+            "QUIC VIP {QUIC_VIP} (QUIC-LB plaintext, server id {} octets, nonce {}), {} backends: a {}-byte short header whose \
+             connection id names a backend (not its 5-tuple's Maglev choice), a {}-byte Initial from a new client on every \
+             call; TCP VIP {VIP} alongside. {calls} calls per case per repetition in chunks of {CHUNK}, median of {reps}.",
+            QUIC.server_id_len,
+            QUIC.nonce_len,
+            packet_lab::RESOLVED_BACKENDS.count(),
+            short.len(),
+            initial.len()
+        )?;
+        writeln!(text, "{:<22} | {:>9} | {:>7} | {:>6}", "case", "ns/packet", "x floor", "goal")?;
+        writeln!(text, "{:-<22}-|-{:->9}-|-{:->7}-|-{:->6}", "", "", "", "")?;
+        let mut rows = Vec::new();
+        for (i, case) in cases.iter().enumerate().skip(1) {
+            // Goals in this run's terms: the short header at most the table hit.
+            let goal = if case.name == "quic_short_header" { format!("{:.2}", ratio(1)) } else { "-".to_owned() };
+            writeln!(text, "{:<22} | {:>9.1} | {:>7.2} | {goal:>6}", case.name, medians[i], ratio(i))?;
+            if case.name.starts_with("quic_") {
+                rows.push((case.name.clone(), medians[i]));
+                rows.push((format!("{}_x_floor", case.name), ratio(i)));
+            }
+        }
+        writeln!(
+            text,
+            "quic_short_header goal: <= table_hit's ratio of this run ({:.2}); {}. quic_initial is a UDP new flow after two \
+             tail calls (new_flow: a TCP one, without them).",
+            ratio(1),
+            if ratio(3) <= ratio(1) { "met" } else { "not met" }
+        )?;
+        rows.push(("quic_short_header_goal_x_floor".into(), ratio(1)));
+        Ok(Section { text, rows, ..Section::default() })
+    })
+}
+
+/// [`VIP`] (TCP) and [`QUIC_VIP`], each on the lab's backends.
+fn configure(lab: &mut Lab) -> Result<()> {
+    let mut state = DesiredState::default();
+    let (tcp, quic): (Vip, Vip) = (VIP.parse()?, QUIC_VIP.parse()?);
+    for vip in [tcp, quic] {
+        state.add_vip(vip, DEFAULT_RING_SIZE)?;
+        for n in packet_lab::RESOLVED_BACKENDS {
+            state.add_backend(&vip, packet_lab::backend4(n).into(), DEFAULT_WEIGHT)?;
+        }
+    }
+    state.set_quic(&quic, Some(QUIC))?;
+    lab.reconciler.apply(&mut lab.balancer.maps, &state).context("configuring the VIPs")?;
+    Ok(())
+}
+
+/// A connection id naming `backend`'s server id, as its `QuicLbGenerator` would issue.
+fn connection_id(backend: IpAddr) -> Result<Vec<u8>> {
+    let mut out = [0u8; MAX_CID_LEN];
+    let len = encode(&QUIC.to_lb(), &server_id_of(backend, QUIC.server_id_len), &[0x5e, 0x11, 0xa1, 0x07, 0x42, 0x99], 0x0b, &mut out)
+        .context("encoding the connection id")?;
+    ensure!(len == QUIC.to_lb().cid_len(), "a {len}-octet connection id");
+    Ok(out[..len].to_vec())
+}
+
+/// A 1-RTT packet to `dcid` (RFC 9000 §17.3: fixed bit, key phase 0, 2-octet packet number).
+fn short_header(dcid: &[u8]) -> Vec<u8> {
+    let mut p = vec![0x41];
+    p.extend_from_slice(dcid);
+    p.resize(p.len() + SHORT_HEADER_TAIL, 0x5c);
+    p
+}
+
+/// A QUIC v1 Initial with the client's random 8-octet destination id, padded as clients pad.
+fn initial() -> Vec<u8> {
+    let mut p = vec![0xc3, 0, 0, 0, 1, 8, 0x83, 0x94, 0xc8, 0xf0, 0x3e, 0x51, 0x57, 0x08, 0];
+    p.extend_from_slice(&[0, 0x44, 0xc4]);
+    p.resize(INITIAL_LEN, 0);
+    p
+}
