@@ -21,6 +21,7 @@ pub const BUDGETS: [(&str, u32); 10] = [
     (program_names::BALANCER_UDP, 200_000),
     (program_names::BALANCER_UDP_V6, 200_000),
     (program_names::SECOND_CHANCE, 200_000),
+    (program_names::PACKET_TOO_BIG, 200_000),
     (program_names::PROBE, 200_000),
     (program_names::CLOCK, 200_000),
     (program_names::DECAP, 200_000),
