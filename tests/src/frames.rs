@@ -293,7 +293,11 @@ pub fn check_packet_too_big(out: &[u8], input: &[u8], l2_len: usize, mtu: u32) -
         ensure!(icmp[8..] == sent[..548], "quoted packet differs");
         let kind = Icmpv4Type::DestinationUnreachable(DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: mtu as u16 });
         let want = Icmpv4Header::with_checksum(kind, &icmp[8..]).checksum;
-        ensure!(u16::from_be_bytes([icmp[2], icmp[3]]) == want, "ICMP checksum {:#x}, expected {want:#x}", u16::from_be_bytes([icmp[2], icmp[3]]));
+        ensure!(
+            u16::from_be_bytes([icmp[2], icmp[3]]) == want,
+            "ICMP checksum {:#x}, expected {want:#x}",
+            u16::from_be_bytes([icmp[2], icmp[3]])
+        );
     } else {
         ensure!(ip.len() == 1280, "IPv6 answer of {} bytes, expected 1280", ip.len());
         ensure!(ip[0] >> 4 == 6, "version {}", ip[0] >> 4);
@@ -303,13 +307,21 @@ pub fn check_packet_too_big(out: &[u8], input: &[u8], l2_len: usize, mtu: u32) -
         ensure!(ip[24..40] == sent[8..24], "destination is not the client");
         let icmp = &ip[40..];
         ensure!(icmp[0] == 2 && icmp[1] == 0, "ICMPv6 type {} code {}", icmp[0], icmp[1]);
-        ensure!(u32::from_be_bytes([icmp[4], icmp[5], icmp[6], icmp[7]]) == mtu, "MTU {}", u32::from_be_bytes([icmp[4], icmp[5], icmp[6], icmp[7]]));
+        ensure!(
+            u32::from_be_bytes([icmp[4], icmp[5], icmp[6], icmp[7]]) == mtu,
+            "MTU {}",
+            u32::from_be_bytes([icmp[4], icmp[5], icmp[6], icmp[7]])
+        );
         ensure!(icmp[8..] == sent[..1232], "quoted packet differs");
         let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
         src.copy_from_slice(&ip[8..24]);
         dst.copy_from_slice(&ip[24..40]);
         let want = Icmpv6Header::with_checksum(Icmpv6Type::PacketTooBig { mtu }, src, dst, &icmp[8..])?.checksum;
-        ensure!(u16::from_be_bytes([icmp[2], icmp[3]]) == want, "ICMPv6 checksum {:#x}, expected {want:#x}", u16::from_be_bytes([icmp[2], icmp[3]]));
+        ensure!(
+            u16::from_be_bytes([icmp[2], icmp[3]]) == want,
+            "ICMPv6 checksum {:#x}, expected {want:#x}",
+            u16::from_be_bytes([icmp[2], icmp[3]])
+        );
     }
     Ok(())
 }

@@ -67,7 +67,8 @@ fn a_second_chance_packet_is_advised_room_for_both_tunnels() {
         let prior = env.balancer.maps.vips.get(&spillway::reconcile::vip_key(&v)).unwrap().prior;
         let moved = (40000..41000)
             .find(|&p| {
-                let before = env.balancer.maps.rings.choice(prior, spillway_common::hash::flow_hash(&key(p), spillway_common::hash::FLOW_SEED));
+                let before =
+                    env.balancer.maps.rings.choice(prior, spillway_common::hash::flow_hash(&key(p), spillway_common::hash::FLOW_SEED));
                 before.map(|id| env.backend_addr(id)) != Some(env.predicted_backend(&v, &key(p)))
             })
             .unwrap();
@@ -143,10 +144,9 @@ fn a_spoofed_flood_from_one_source_gets_at_most_its_limit_of_answers() {
         env.add_vip(vip("[2001:db8:100::1]:80/tcp"), &[packet_lab::backend6(101).into()]);
         // (the victim's addresses, another source, VIP, outer header). IPv6 sources share a
         // bucket per /64: the attacker's other addresses in it buy nothing.
-        let v4 = |_: u32| "192.168.10.66".parse().unwrap();
-        let v6 = |i: u32| format!("2001:db8:6::{:x}", i + 1).parse().unwrap();
-        let cases: [(&dyn Fn(u32) -> std::net::IpAddr, &str, &str, usize); 2] =
-            [(&v4, "192.168.10.67:40000", "10.200.1.1:80", 20), (&v6, "[2001:db8:7::1]:40000", "[2001:db8:100::1]:80", 40)];
+        let v4: fn(u32) -> std::net::IpAddr = |_| "192.168.10.66".parse().unwrap();
+        let v6: fn(u32) -> std::net::IpAddr = |i| format!("2001:db8:6::{:x}", i + 1).parse().unwrap();
+        let cases = [(v4, "192.168.10.67:40000", "10.200.1.1:80", 20), (v6, "[2001:db8:7::1]:40000", "[2001:db8:100::1]:80", 40)];
         for (victim, other, v, outer) in cases {
             let start = Instant::now();
             let flood = (0..2000u32).map(|i| segment(SocketAddr::new(victim(i), 1024 + i as u16), sock(v), MTU - outer + 1, true));
