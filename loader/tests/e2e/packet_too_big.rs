@@ -100,6 +100,7 @@ fn pmtu_discovery_through_the_balancer(mode: XdpMode) {
         assert_eq!(route_mtu(client, target), Some(1500 - outer), "the client learned the MTU that fits the tunnel to {target}");
     }
     assert!(reason_count(&c, "tx_packet_too_big") > answered, "answered");
+    assert!(c.lbctl(&["stats"]).unwrap().contains("tx_packet_too_big"), "lbctl stats shows the answers");
 
     // Without the answer: a client that learned nothing stalls.
     stop_answering(&c);
