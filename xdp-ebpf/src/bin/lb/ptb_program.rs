@@ -3,13 +3,12 @@
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_TX},
-    helpers::bpf_ktime_get_coarse_ns,
     programs::XdpContext,
 };
 use spillway_common::{
     limits::{PTB_GLOBAL_BURST, PTB_GLOBAL_PER_S, PTB_SOURCE_BURST, PTB_SOURCE_PER_S, PTB_SOURCE_PREFIX_V6},
     prefix::masked,
-    types::{AddrKey, Bucket, FAMILY_V4, FlowKey, Rate, Reason},
+    types::{AddrKey, Bucket, FAMILY_V4, FlowKey, LbConfig, Rate, Reason},
 };
 use xdp_ebpf::{
     headers::{ETH_LEN, IPV4_DF, Ipv4Hdr, VLAN_LEN},
@@ -18,8 +17,9 @@ use xdp_ebpf::{
 };
 
 use crate::{
+    clock,
     limits::gcra_admit,
-    maps::{PTB_GLOBAL, PTB_HANDOVER, PTB_SOURCES},
+    maps::{CONFIG, PTB_GLOBAL, PTB_HANDOVER, PTB_SOURCES},
     path::Verdict,
 };
 
@@ -30,17 +30,17 @@ const GLOBAL: Rate = Rate::new(PTB_GLOBAL_PER_S, PTB_GLOBAL_BURST);
 #[inline(always)]
 pub fn send(ctx: &XdpContext) -> Verdict {
     let bytes = packet::len(ctx) as u32;
-    // Slot 0 of an array always exists; the check is for the verifier.
-    let Some(handover) = PTB_HANDOVER.get(0) else {
+    // Slot 0 of an array always exists; the checks are for the verifier.
+    let (Some(cfg), Some(handover)) = (CONFIG.get(0), PTB_HANDOVER.get(0)) else {
         return Verdict::ended(XDP_DROP, Reason::DropOversize);
     };
     let handover = *handover;
-    let (action, reason) = answer(ctx, handover.mtu);
+    let (action, reason) = answer(ctx, cfg, handover.mtu);
     Verdict { vip: Some(handover.vip_id), bytes, ..Verdict::ended(action, reason) }
 }
 
 #[inline(always)]
-fn answer(ctx: &XdpContext, mtu: u32) -> (u32, Reason) {
+fn answer(ctx: &XdpContext, cfg: &LbConfig, mtu: u32) -> (u32, Reason) {
     let unanswered = (XDP_DROP, Reason::DropOversize);
     let Parsed::Flow { key, layout, icmp_error: false, .. } = parse(ctx) else {
         return unanswered;
@@ -48,7 +48,7 @@ fn answer(ctx: &XdpContext, mtu: u32) -> (u32, Reason) {
     if !answerable(ctx, &key, &layout, mtu) {
         return unanswered;
     }
-    if !admitted(&key) {
+    if !admitted(&key, clock::now_ns(cfg)) {
         return (XDP_DROP, Reason::DropOversizeLimited);
     }
     let built = match (key.family == FAMILY_V4, layout.l2_len == ETH_LEN) {
@@ -87,8 +87,7 @@ fn answerable(ctx: &XdpContext, key: &FlowKey, layout: &Layout, mtu: u32) -> boo
 
 /// Takes an answer from the source's bucket, then from the global one.
 #[inline(always)]
-fn admitted(key: &FlowKey) -> bool {
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+fn admitted(key: &FlowKey, now: u64) -> bool {
     let prefix = if key.family == FAMILY_V4 { 32 } else { PTB_SOURCE_PREFIX_V6 };
     let source = AddrKey { addr: masked(&key.src, prefix), family: key.family, _pad: [0; 3] };
     if PTB_SOURCES.get_ptr_mut(&source).is_none() {
