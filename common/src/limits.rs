@@ -133,6 +133,19 @@ pub const VIP_FILTER_WORDS: u32 = 1024;
 /// (~440 ns here) vanish from the per-packet path.
 pub const NEXTHOP_CACHE_TTL_NS: u64 = 1_000_000_000;
 
+/// "Packet too big" answers (`spillway_lb_ptb`): each source (an IPv4 address, an IPv6
+/// /64) gets at most `PTB_SOURCE_BURST + 1` at once and `PTB_SOURCE_PER_S` a second after
+/// that, and all sources together `PTB_GLOBAL_PER_S` (burst `PTB_GLOBAL_BURST`). An answer
+/// is a reflection to an address that may be spoofed; one is all a connection needs.
+pub const PTB_SOURCE_PER_S: u32 = 10;
+pub const PTB_SOURCE_BURST: u32 = 10;
+pub const PTB_GLOBAL_PER_S: u32 = 1000;
+pub const PTB_GLOBAL_BURST: u32 = 100;
+/// Sources whose answers are counted (LRU: a source forgotten starts with a full bucket).
+pub const PTB_SOURCE_ENTRIES: u32 = 4096;
+/// The IPv6 prefix that shares one source bucket (a link's hosts; an IPv4 address is one).
+pub const PTB_SOURCE_PREFIX_V6: u8 = 64;
+
 /// Default idle timeouts after which a connection-table entry is treated as a new flow.
 pub const DEFAULT_TCP_IDLE_TIMEOUT_S: u32 = 900;
 pub const DEFAULT_UDP_IDLE_TIMEOUT_S: u32 = 120;
@@ -193,6 +206,14 @@ pub mod map_names {
     pub const QUIC_HANDOVER: &str = "spw_quic_hand";
     /// A next-hop cache miss's FIB lookup parameters (per CPU); never read by userspace.
     pub const FIB_PARAMS: &str = "spw_fib_params";
+    /// Slot 0: the "packet too big" program (`spillway_lb_ptb`), which the balancer
+    /// tail-calls for an oversize packet, and what it hands it (per CPU; never read by
+    /// userspace).
+    pub const PTB_PROGRAM: &str = "spw_ptb_prog";
+    pub const PTB_HANDOVER: &str = "spw_ptb_hand";
+    /// Its rate limits: per source (LRU) and global (one bucket).
+    pub const PTB_SOURCES: &str = "spw_ptb_src";
+    pub const PTB_GLOBAL: &str = "spw_ptb_all";
     /// Bench only: the cheapest hop's [`crate::types::HopConfig`].
     pub const HOP_CONFIG: &str = "spw_hop_cfg";
 }
@@ -202,6 +223,8 @@ pub mod program_names {
     pub const BALANCER: &str = "spillway_lb";
     /// Tail-called by the balancer for second-chance packets.
     pub const SECOND_CHANCE: &str = "spillway_lb_second";
+    /// Tail-called by the balancer for packets too big for the egress once encapsulated.
+    pub const PACKET_TOO_BIG: &str = "spillway_lb_ptb";
     /// Tail-called by the balancer for IPv6 frames.
     pub const BALANCER_V6: &str = "spillway_lb_v6";
     /// Tail-called by the balancer (and its IPv6 program) for a QUIC VIP's packets.

@@ -469,7 +469,9 @@ reasons!(
         KernelNoTxPort = "pass_no_tx_port",
         /// An IPv4 or IPv6 fragment to a VIP address (no ports to hash on).
         DropFragment = "drop_fragment",
-        /// The encapsulated packet would exceed the egress MTU.
+        /// The encapsulated packet would exceed the egress MTU, and is not answered (IPv4
+        /// without DF, an ICMP error, an MTU below the family's minimum; see
+        /// `tx_packet_too_big`).
         DropOversize = "drop_oversize",
         /// The VIP has no backend to send a new flow to.
         DropNoBackend = "drop_no_backend",
@@ -492,6 +494,13 @@ reasons!(
         /// To a VIP address, but to a port or protocol no VIP serves (an ICMP echo, say):
         /// the kernel would route it back to the router that sent it here, in a loop.
         DropNoService = "drop_no_service",
+        /// Would exceed the egress MTU once encapsulated, and answered: an ICMP
+        /// "fragmentation needed" (IPv4 with DF) or ICMPv6 "packet too big" carrying the MTU
+        /// the client must use went back to it (XDP_TX; `spillway_lb_ptb`).
+        TxPacketTooBig = "tx_packet_too_big",
+        /// As `tx_packet_too_big`, but the per-source or the global rate of answers was
+        /// spent: dropped unanswered (the client retransmits, and a later one is answered).
+        DropOversizeLimited = "drop_oversize_limited",
     }
 );
 

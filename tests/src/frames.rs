@@ -256,3 +256,72 @@ pub fn tcp_reset_packet(src: std::net::SocketAddrV4, dst: std::net::SocketAddrV4
     step.write(&mut out, &[]).expect("writing a TCP reset");
     out
 }
+
+/// Sets or clears the DF bit of an untagged IPv4 frame (its checksum refreshed).
+pub fn with_dont_fragment(frame: &[u8], df: bool) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f[ETH_LEN + 6] = (f[ETH_LEN + 6] & !0x40) | if df { 0x40 } else { 0 };
+    refresh_ipv4_checksum(&mut f);
+    f
+}
+
+/// Checks the balancer's answer to `input`, a packet too big for its egress: the frame back
+/// to its sender (MACs swapped, the L2 header's other `l2_len` bytes kept), an ICMP
+/// "fragmentation needed" (IPv4) or ICMPv6 "packet too big" advising `mtu`, from the VIP
+/// the packet was sent to, quoting the packet's first 548 (IPv4: a 576-byte answer) or
+/// 1232 bytes (IPv6: 1280), checksums valid (computed by etherparse), and no longer than
+/// `input`.
+pub fn check_packet_too_big(out: &[u8], input: &[u8], l2_len: usize, mtu: u32) -> Result<()> {
+    use etherparse::{Icmpv4Header, Icmpv4Type, Icmpv6Header, Icmpv6Type, icmpv4::DestUnreachableHeader};
+    ensure!(out.len() <= input.len(), "answer of {} bytes to a frame of {}", out.len(), input.len());
+    ensure!(out[0..6] == input[6..12] && out[6..12] == input[0..6], "MACs not swapped: {:02x?}", &out[0..12]);
+    ensure!(out[12..l2_len] == input[12..l2_len], "L2 header changed: {:02x?}", &out[12..l2_len]);
+    let (ip, sent) = (&out[l2_len..], &input[l2_len..]);
+    if sent[0] >> 4 == 4 {
+        ensure!(ip.len() == 576, "IPv4 answer of {} bytes, expected 576", ip.len());
+        ensure!(ip[0] == 0x45, "version/IHL {:#x}", ip[0]);
+        ensure!(u16::from_be_bytes([ip[2], ip[3]]) == 576, "total length");
+        ensure!(ip[6] & 0x3f == 0 && ip[7] == 0, "answer is a fragment");
+        ensure!(ip[8] == 64 && ip[9] == 1, "TTL {} / protocol {}", ip[8], ip[9]);
+        ensure!(ipv4_checksum(&ip[..20]) == 0, "IPv4 checksum");
+        ensure!(ip[12..16] == sent[16..20], "source {:?} is not the VIP {:?}", &ip[12..16], &sent[16..20]);
+        ensure!(ip[16..20] == sent[12..16], "destination {:?} is not the client {:?}", &ip[16..20], &sent[12..16]);
+        let icmp = &ip[20..];
+        ensure!(icmp[0] == 3 && icmp[1] == 4, "ICMP type {} code {}", icmp[0], icmp[1]);
+        ensure!(icmp[4..6] == [0, 0], "unused bytes {:02x?}", &icmp[4..6]);
+        ensure!(u16::from_be_bytes([icmp[6], icmp[7]]) as u32 == mtu, "next-hop MTU {}", u16::from_be_bytes([icmp[6], icmp[7]]));
+        ensure!(icmp[8..] == sent[..548], "quoted packet differs");
+        let kind = Icmpv4Type::DestinationUnreachable(DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: mtu as u16 });
+        let want = Icmpv4Header::with_checksum(kind, &icmp[8..]).checksum;
+        ensure!(
+            u16::from_be_bytes([icmp[2], icmp[3]]) == want,
+            "ICMP checksum {:#x}, expected {want:#x}",
+            u16::from_be_bytes([icmp[2], icmp[3]])
+        );
+    } else {
+        ensure!(ip.len() == 1280, "IPv6 answer of {} bytes, expected 1280", ip.len());
+        ensure!(ip[0] >> 4 == 6, "version {}", ip[0] >> 4);
+        ensure!(u16::from_be_bytes([ip[4], ip[5]]) == 1240, "payload length");
+        ensure!(ip[6] == 58 && ip[7] == 64, "next header {} / hop limit {}", ip[6], ip[7]);
+        ensure!(ip[8..24] == sent[24..40], "source is not the VIP");
+        ensure!(ip[24..40] == sent[8..24], "destination is not the client");
+        let icmp = &ip[40..];
+        ensure!(icmp[0] == 2 && icmp[1] == 0, "ICMPv6 type {} code {}", icmp[0], icmp[1]);
+        ensure!(
+            u32::from_be_bytes([icmp[4], icmp[5], icmp[6], icmp[7]]) == mtu,
+            "MTU {}",
+            u32::from_be_bytes([icmp[4], icmp[5], icmp[6], icmp[7]])
+        );
+        ensure!(icmp[8..] == sent[..1232], "quoted packet differs");
+        let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
+        src.copy_from_slice(&ip[8..24]);
+        dst.copy_from_slice(&ip[24..40]);
+        let want = Icmpv6Header::with_checksum(Icmpv6Type::PacketTooBig { mtu }, src, dst, &icmp[8..])?.checksum;
+        ensure!(
+            u16::from_be_bytes([icmp[2], icmp[3]]) == want,
+            "ICMPv6 checksum {:#x}, expected {want:#x}",
+            u16::from_be_bytes([icmp[2], icmp[3]])
+        );
+    }
+    Ok(())
+}

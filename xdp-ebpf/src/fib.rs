@@ -23,8 +23,8 @@ pub enum NextHop {
     Resolved { ifindex: u32, macs: Macs },
     /// Routed, but the neighbour is not resolved yet: the kernel must send it.
     NoNeigh,
-    /// The outer packet exceeds the egress MTU.
-    FragNeeded,
+    /// The outer packet exceeds the egress MTU, which is `mtu`.
+    FragNeeded { mtu: u32 },
     /// The ingress interface does not forward (its `forwarding` sysctl is 0): a host
     /// setting, not a route, so it is told apart.
     ForwardingDisabled,
@@ -67,7 +67,8 @@ pub fn lookup_in(ctx: *mut c_void, p: &mut FibParams, family: u8, src: &[u32; 4]
             NextHop::Resolved { ifindex: p.ifindex, macs: Macs { src: m.smac, dst: m.dmac } }
         }
         RET_NO_NEIGH => NextHop::NoNeigh,
-        RET_FRAG_NEEDED => NextHop::FragNeeded,
+        // The kernel writes the route's MTU over `tot_len` (`mtu_result`, a union).
+        RET_FRAG_NEEDED => NextHop::FragNeeded { mtu: unsafe { p.__bindgen_anon_1.mtu_result } as u32 },
         RET_FWD_DISABLED => NextHop::ForwardingDisabled,
         _ => NextHop::NoRoute,
     };

@@ -1,5 +1,6 @@
 //! Stateless packet mechanics shared by Spillway's XDP programs: bounds-checked access,
-//! header layouts, parsing, checksums, encapsulation and next-hop lookup.
+//! header layouts, parsing, checksums, encapsulation, next-hop lookup and ICMP "too big"
+//! answers.
 //!
 //! Invariants: nothing here panics, allocates or loops without a constant bound; every
 //! packet access goes through [`packet`], which proves the bounds to the verifier. Maps
@@ -12,5 +13,6 @@ pub mod csum;
 pub mod encap;
 pub mod fib;
 pub mod headers;
+pub mod icmp;
 pub mod packet;
 pub mod parse;

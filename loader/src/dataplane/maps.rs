@@ -71,6 +71,8 @@ pub struct BalancerMaps {
     pub second_chance_program: ProgramArray<MapData>,
     /// Slot 0: the IPv6 program the balancer tail-calls; held open for the same reason.
     pub v6_program: ProgramArray<MapData>,
+    /// Slot 0: the "packet too big" program; held open for the same reason.
+    pub ptb_program: ProgramArray<MapData>,
     /// Slots 0 and 1: the QUIC programs (IPv4, IPv6); held open for the same reason.
     pub quic_program: ProgramArray<MapData>,
     /// QUIC VIPs: the QUIC-LB configuration by VIP id, and (VIP id, server id) -> backend id.
@@ -135,6 +137,7 @@ impl BalancerMaps {
             flows_unremembered: take(ebpf, map_names::FLOWS_UNREMEMBERED)?,
             second_chance_program: take(ebpf, map_names::SECOND_CHANCE_PROGRAM)?,
             v6_program: take(ebpf, map_names::V6_PROGRAM)?,
+            ptb_program: take(ebpf, map_names::PTB_PROGRAM)?,
             quic_program: take(ebpf, map_names::QUIC_PROGRAM)?,
             quic_config: take(ebpf, map_names::QUIC_CONFIG)?,
             quic_servers: take(ebpf, map_names::QUIC_SERVERS)?,

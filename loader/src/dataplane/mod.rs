@@ -127,7 +127,7 @@ const QUIC_PROGRAMS: [&str; 4] =
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 29] = [
+const PINNED_MAPS: [&str; 31] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -157,6 +157,8 @@ const PINNED_MAPS: [&str; 29] = [
     map_names::QUIC_CONFIG,
     map_names::QUIC_SERVERS,
     map_names::QUIC_ROUTING,
+    map_names::PTB_PROGRAM,
+    map_names::PTB_HANDOVER,
 ];
 
 impl Balancer {
@@ -168,6 +170,7 @@ impl Balancer {
         load_xdp(&mut ebpf, program_names::BALANCER)?;
         load_xdp(&mut ebpf, program_names::SECOND_CHANCE)?;
         load_xdp(&mut ebpf, program_names::BALANCER_V6)?;
+        load_xdp(&mut ebpf, program_names::PACKET_TOO_BIG)?;
         for name in QUIC_PROGRAMS {
             load_xdp(&mut ebpf, name)?;
         }
@@ -183,6 +186,11 @@ impl Balancer {
         let name = program_names::BALANCER_V6;
         let v6 = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
         named(map_names::V6_PROGRAM, maps.v6_program.set(0, v6, 0))?;
+        // The program the balancer tail-calls for packets too big for the egress: until it
+        // is set, they are dropped unanswered.
+        let name = program_names::PACKET_TOO_BIG;
+        let ptb = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
+        named(map_names::PTB_PROGRAM, maps.ptb_program.set(0, ptb, 0))?;
         // The QUIC programs and their fallbacks: set before any VIP is flagged QUIC.
         for (slot, name) in (0..).zip(QUIC_PROGRAMS) {
             let quic = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;

@@ -129,10 +129,11 @@ fn health(f: &mut Families, s: &Sample) {
     }
 }
 
-/// `tx`, `redirect`, `pass` or `drop`: what the data path did with a packet of `reason`.
+/// `tx`, `redirect`, `pass` or `drop`: what the data path did with a packet of `reason`
+/// (`tx_packet_too_big`: an answer sent back with XDP_TX).
 fn action(reason: &str) -> &'static str {
     match reason {
-        "tx" => "tx",
+        r if r == "tx" || r.starts_with("tx_") => "tx",
         "redirect" => "redirect",
         r if r.starts_with("drop_") => "drop",
         _ => "pass",

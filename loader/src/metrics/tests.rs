@@ -48,6 +48,7 @@ fn sample() -> Sample {
             ReasonCount { reason: "pass_not_vip".into(), packets: 5 },
             ReasonCount { reason: "drop_rule_block".into(), packets: 1 },
             ReasonCount { reason: "drop_vip_budget".into(), packets: 0 },
+            ReasonCount { reason: "tx_packet_too_big".into(), packets: 2 },
         ],
         observed: vec![ReasonCount { reason: "would_drop_vip_budget".into(), packets: 6 }],
         rules: vec![RuleSample {
@@ -145,6 +146,8 @@ fn balancer_families_follow_the_conventions() {
     assert_eq!(value(&text, r#"spillway_packets_total{reason="drop_rule_block",action="drop"}"#), 1.0);
     assert_eq!(value(&text, r#"spillway_packets_total{reason="pass_not_vip",action="pass"}"#), 5.0);
     assert_eq!(value(&text, r#"spillway_packets_total{reason="tx",action="tx"}"#), 9.0);
+    // An answer to the client leaves with XDP_TX too.
+    assert_eq!(value(&text, r#"spillway_packets_total{reason="tx_packet_too_big",action="tx"}"#), 2.0);
     assert_eq!(value(&text, r#"spillway_observed_would_drop_total{reason="drop_vip_budget"}"#), 6.0);
     assert_eq!(value(&text, r#"spillway_rule_drops_total{cidr="192.0.2.0/24",vip="*",action="block",observe="false"}"#), 3.0);
     assert_eq!(value(&text, "spillway_flow_table_entries"), 2.0);

@@ -11,6 +11,7 @@ mod fuzz;
 mod icmp;
 mod limits;
 mod nexthop;
+mod packet_too_big;
 mod passing;
 mod probe;
 mod quic;

@@ -44,14 +44,17 @@ fn backend_behind_another_interface_is_redirected() {
     });
 }
 
+/// Without DF: its sender did not ask for path MTU discovery, so nothing answers it (with DF
+/// it is answered, `packet_too_big.rs`).
 #[test]
-fn encapsulated_packet_over_the_egress_mtu_is_dropped() {
+fn encapsulated_packet_over_the_egress_mtu_without_df_is_dropped() {
     with_env(|env| {
         env.add_vip(vip("10.200.1.1:80/tcp"), &[packet_lab::backend4(101).into()]);
         let room = packet_lab::MTU as usize - 20 - 40;
         let fits = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), false, &vec![0u8; room]);
         env.expect(&fits, XDP_TX, Reason::Tx);
         let full = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), false, &vec![0u8; room + 1]);
+        let full = frames::with_dont_fragment(&full, false);
         env.expect(&full, XDP_DROP, Reason::DropOversize);
     });
 }

@@ -13,6 +13,7 @@ mod input;
 mod membership;
 mod observability;
 mod overload;
+mod packet_too_big;
 mod port_pressure;
 mod quic;
 mod reachability;

@@ -17,6 +17,8 @@ mod maps;
 mod nexthop;
 #[path = "lb/path.rs"]
 mod path;
+#[path = "lb/ptb.rs"]
+mod ptb;
 #[path = "lb/quic.rs"]
 mod quic;
 #[path = "lb/second_chance.rs"]

@@ -280,7 +280,7 @@ fn rule_slot(key: &FlowKey, scope: u32, len: u8) -> Option<u32> {
 
 /// GCRA admission (see the module docs); a zero rate admits everything.
 #[inline(always)]
-fn gcra_admit(bucket: &mut Bucket, rate: &Rate, now: u64) -> bool {
+pub(crate) fn gcra_admit(bucket: &mut Bucket, rate: &Rate, now: u64) -> bool {
     let (interval, tolerance) = (rate.interval_ns, rate.tolerance_ns);
     if rate.per_s == 0 {
         return true;

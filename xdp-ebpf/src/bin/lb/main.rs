@@ -14,6 +14,8 @@ mod maps;
 mod nexthop;
 mod path;
 mod probe;
+mod ptb;
+mod ptb_program;
 mod quic;
 mod quic_program;
 mod second_chance;
@@ -91,6 +93,15 @@ pub fn spillway_clock(ctx: XdpContext) -> u32 {
         unsafe { *out = bpf_jiffies64().to_ne_bytes() };
     }
     XDP_PASS
+}
+
+/// Tail-called by the balancer's programs for a packet too big for the egress once
+/// encapsulated (`ptb.rs`).
+#[xdp]
+pub fn spillway_lb_ptb(ctx: XdpContext) -> u32 {
+    let verdict = ptb_program::send(&ctx);
+    stats::count(&verdict);
+    verdict.action
 }
 
 #[cfg(not(test))]

@@ -10,7 +10,7 @@ use aya_ebpf::{
     maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use spillway_common::{
-    limits::{Capacity, MAX_RULES, MAX_TX_PORTS, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS},
+    limits::{Capacity, MAX_RULES, MAX_TX_PORTS, PTB_SOURCE_ENTRIES, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS},
     quic_lb::QuicLbConfig,
     types::{
         AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, QuicRouting, QuicServerKey, Reason,
@@ -18,7 +18,7 @@ use spillway_common::{
     },
 };
 
-use crate::{quic, second_chance::Handover};
+use crate::{ptb, quic, second_chance::Handover};
 
 const DEFAULT: Capacity = Capacity::DEFAULT;
 
@@ -174,3 +174,20 @@ pub static QUIC_ROUTING: PerCpuArray<u64> = PerCpuArray::with_max_entries(QuicRo
 /// with the program array: during a restart the old balancer hands over to the new programs.
 #[map(name = "spw_quic_hand")]
 pub static QUIC_HANDOVER: PerCpuArray<quic::Handover> = PerCpuArray::with_max_entries(1, 0);
+
+/// Slot 0: the "packet too big" program (`spillway_lb_ptb`), which the balancer tail-calls
+/// for a packet too big for the egress once encapsulated (`ptb.rs`).
+#[map(name = "spw_ptb_prog")]
+pub static PTB_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// What the balancer hands its "packet too big" program (per CPU: a tail call stays on it).
+#[map(name = "spw_ptb_hand")]
+pub static PTB_HANDOVER: PerCpuArray<ptb::Handover> = PerCpuArray::with_max_entries(1, 0);
+
+/// Each source's bucket of answers (shared by all CPUs); the LRU forgets the quietest.
+#[map(name = "spw_ptb_src")]
+pub static PTB_SOURCES: LruHashMap<AddrKey, Bucket> = LruHashMap::with_max_entries(PTB_SOURCE_ENTRIES, 0);
+
+/// The bucket of all answers (shared by all CPUs).
+#[map(name = "spw_ptb_all")]
+pub static PTB_GLOBAL: Array<Bucket> = Array::with_max_entries(1, 0);

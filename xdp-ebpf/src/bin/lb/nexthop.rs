@@ -20,7 +20,8 @@ use xdp_ebpf::{
 
 use crate::maps::{FIB_PARAMS, NEXTHOP_CACHE};
 
-/// [`spillway_next_hop`]'s results; `RESOLVED`: the hop is in the backend's cache slot.
+/// [`spillway_next_hop`]'s results (the low byte; `FRAG_NEEDED` carries the route's MTU
+/// above it); `RESOLVED`: the hop is in the backend's cache slot.
 const RESOLVED: u32 = 0;
 const NO_NEIGH: u32 = 1;
 const FRAG_NEEDED: u32 = 2;
@@ -37,10 +38,10 @@ pub fn resolve(ctx: &XdpContext, id: u32, be: &BackendInfo, src: &[u32; 4], oute
     let cached = unsafe { &*slot };
     if !(cached.ifindex != 0 && cached.generation == be.generation && now < cached.expires_ns) {
         let looked_up = spillway_next_hop(ctx.ctx, id as u64 | (outer_len as u64) << 32, be, src, now);
-        match looked_up {
+        match looked_up & 0xff {
             RESOLVED => {}
             NO_NEIGH => return NextHop::NoNeigh,
-            FRAG_NEEDED => return NextHop::FragNeeded,
+            FRAG_NEEDED => return NextHop::FragNeeded { mtu: looked_up >> 8 },
             FORWARDING_DISABLED => return NextHop::ForwardingDisabled,
             _ => return NextHop::NoRoute,
         }
@@ -49,7 +50,7 @@ pub fn resolve(ctx: &XdpContext, id: u32, be: &BackendInfo, src: &[u32; 4], oute
         return NextHop::Resolved { ifindex: cached.ifindex, macs: Macs { src: cached.src_mac, dst: cached.dst_mac } };
     }
     if outer_len as u32 > cached.mtu {
-        return NextHop::FragNeeded;
+        return NextHop::FragNeeded { mtu: cached.mtu };
     }
     NextHop::Resolved { ifindex: cached.ifindex, macs: Macs { src: cached.src_mac, dst: cached.dst_mac } }
 }
@@ -80,7 +81,7 @@ extern "C" fn spillway_next_hop(ctx: *mut xdp_md, id_len: u64, be: *const Backen
     let (ifindex, macs) = match fib::lookup_in(ctx.ctx.cast(), params, be.family, src, &be.addr, outer_len).0 {
         NextHop::Resolved { ifindex, macs } => (ifindex, macs),
         NextHop::NoNeigh => return NO_NEIGH,
-        NextHop::FragNeeded => return FRAG_NEEDED,
+        NextHop::FragNeeded { mtu } => return FRAG_NEEDED | (mtu & 0xffff) << 8,
         NextHop::ForwardingDisabled => return FORWARDING_DISABLED,
         NextHop::NoRoute => return NO_ROUTE,
     };

@@ -23,7 +23,7 @@ use xdp_ebpf::{
 use crate::{
     clock, family, limits,
     maps::{CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
-    nexthop, quic,
+    nexthop, ptb, quic,
     second_chance::{self, Handover},
     select,
     select::{Choice, Flow, Remembered, Vip},
@@ -323,7 +323,8 @@ pub fn forward<const STOP: u8>(
         }
     );
     let (macs, egress) = match hop {
-        NextHop::FragNeeded => return (XDP_DROP, Reason::DropOversize),
+        // Answered with the MTU that fits (`ptb.rs`); the overhead is what encapsulation adds.
+        NextHop::FragNeeded { mtu } => return ptb::hand_over(ctx, be.vip_id, mtu, outer_len as usize - layout.l3_len),
         NextHop::NoRoute => return (XDP_DROP, Reason::DropNoRoute),
         NextHop::ForwardingDisabled => return (XDP_DROP, Reason::DropForwardingDisabled),
         NextHop::NoNeigh => (Macs { src: arrived.src, dst: arrived.dst }, None),

@@ -114,7 +114,7 @@ fn encapsulate(ctx: &TcContext) -> (i32, ProbeReason, Option<u32>) {
         fib::lookup_from(ctx.as_ptr(), probe_cfg.ingress_ifindex, be.family, &tunnel.src, &be.addr, outer_len)
     };
     let macs = match hop {
-        NextHop::FragNeeded => return drop(ProbeReason::DropOversize, Some(id)),
+        NextHop::FragNeeded { .. } => return drop(ProbeReason::DropOversize, Some(id)),
         NextHop::NoRoute => return drop(ProbeReason::DropNoRoute, Some(id)),
         NextHop::ForwardingDisabled => return drop(ProbeReason::DropForwardingDisabled, Some(id)),
         NextHop::NoNeigh => None,

@@ -1,0 +1,105 @@
+//! The "packet too big" program (`ptb.rs`): the balancer tail-calls it with the MTU to
+//! advise; it decides whether the packet is answered, and answers it.
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_TX},
+    programs::XdpContext,
+};
+use spillway_common::{
+    limits::{PTB_GLOBAL_BURST, PTB_GLOBAL_PER_S, PTB_SOURCE_BURST, PTB_SOURCE_PER_S, PTB_SOURCE_PREFIX_V6},
+    prefix::masked,
+    types::{AddrKey, Bucket, FAMILY_V4, FlowKey, LbConfig, Rate, Reason},
+};
+use xdp_ebpf::{
+    headers::{ETH_LEN, IPV4_DF, Ipv4Hdr, VLAN_LEN},
+    icmp, packet,
+    parse::{Layout, Parsed, parse},
+};
+
+use crate::{
+    clock,
+    limits::gcra_admit,
+    maps::{CONFIG, PTB_GLOBAL, PTB_HANDOVER, PTB_SOURCES},
+    path::Verdict,
+};
+
+const PER_SOURCE: Rate = Rate::new(PTB_SOURCE_PER_S, PTB_SOURCE_BURST);
+const GLOBAL: Rate = Rate::new(PTB_GLOBAL_PER_S, PTB_GLOBAL_BURST);
+
+/// Re-parses the packet (the balancer has) and answers it, or drops it unanswered.
+#[inline(always)]
+pub fn send(ctx: &XdpContext) -> Verdict {
+    let bytes = packet::len(ctx) as u32;
+    // Slot 0 of an array always exists; the checks are for the verifier.
+    let (Some(cfg), Some(handover)) = (CONFIG.get(0), PTB_HANDOVER.get(0)) else {
+        return Verdict::ended(XDP_DROP, Reason::DropOversize);
+    };
+    let handover = *handover;
+    let (action, reason) = answer(ctx, cfg, handover.mtu);
+    Verdict { vip: Some(handover.vip_id), bytes, ..Verdict::ended(action, reason) }
+}
+
+#[inline(always)]
+fn answer(ctx: &XdpContext, cfg: &LbConfig, mtu: u32) -> (u32, Reason) {
+    let unanswered = (XDP_DROP, Reason::DropOversize);
+    let Parsed::Flow { key, layout, icmp_error: false, .. } = parse(ctx) else {
+        return unanswered;
+    };
+    if !answerable(ctx, &key, &layout, mtu) {
+        return unanswered;
+    }
+    if !admitted(&key, clock::now_ns(cfg)) {
+        return (XDP_DROP, Reason::DropOversizeLimited);
+    }
+    let built = match (key.family == FAMILY_V4, layout.l2_len == ETH_LEN) {
+        (true, true) => icmp::frag_needed_v4::<ETH_LEN>(ctx, mtu as u16),
+        (true, false) => icmp::frag_needed_v4::<{ ETH_LEN + VLAN_LEN }>(ctx, mtu as u16),
+        (false, true) => icmp::packet_too_big_v6::<ETH_LEN>(ctx, mtu),
+        (false, false) => icmp::packet_too_big_v6::<{ ETH_LEN + VLAN_LEN }>(ctx, mtu),
+    };
+    // A failed resize leaves the frame unusable; it was to be dropped anyway.
+    if built.is_err() {
+        return unanswered;
+    }
+    (XDP_TX, Reason::TxPacketTooBig)
+}
+
+/// Whether an answer is due: the sender asked for path MTU discovery, the advice is one the
+/// family allows, the answer is no longer than the packet, and the source could be a host.
+#[inline(always)]
+fn answerable(ctx: &XdpContext, key: &FlowKey, layout: &Layout, mtu: u32) -> bool {
+    if key.family == FAMILY_V4 {
+        let Some(ip) = packet::at::<Ipv4Hdr>(ctx, layout.l2_len) else {
+            return false;
+        };
+        let df = u16::from_be(unsafe { (*ip).frag_off }) & IPV4_DF != 0;
+        let first = key.src[0].to_ne_bytes()[0];
+        // 0/8, 127/8, and multicast and reserved (224/4, 240/4, broadcast).
+        let host = first != 0 && first != 127 && first < 224;
+        df && host && mtu >= icmp::MIN_MTU_V4 && layout.l3_len >= icmp::ANSWER_V4
+    } else {
+        let first = key.src[0].to_ne_bytes()[0];
+        let unspecified_or_loopback = key.src[0] == 0 && key.src[1] == 0 && key.src[2] == 0 && u32::from_be(key.src[3]) <= 1;
+        let host = first != 0xff && !unspecified_or_loopback;
+        host && mtu >= icmp::MIN_MTU_V6 && layout.l3_len >= icmp::ANSWER_V6
+    }
+}
+
+/// Takes an answer from the source's bucket, then from the global one.
+#[inline(always)]
+fn admitted(key: &FlowKey, now: u64) -> bool {
+    let prefix = if key.family == FAMILY_V4 { 32 } else { PTB_SOURCE_PREFIX_V6 };
+    let source = AddrKey { addr: masked(&key.src, prefix), family: key.family, _pad: [0; 3] };
+    if PTB_SOURCES.get_ptr_mut(&source).is_none() {
+        // BPF_NOEXIST: of two CPUs adding the source at once, the second keeps the first's.
+        let _ = PTB_SOURCES.insert(&source, &Bucket::default(), 1);
+    }
+    let Some(bucket) = PTB_SOURCES.get_ptr_mut(&source) else {
+        return false;
+    };
+    // SAFETY: live map values, shared by CPUs (the buckets' adds are atomic).
+    if !gcra_admit(unsafe { &mut *bucket }, &PER_SOURCE, now) {
+        return false;
+    }
+    PTB_GLOBAL.get_ptr_mut(0).is_some_and(|all| gcra_admit(unsafe { &mut *all }, &GLOBAL, now))
+}
