@@ -72,15 +72,10 @@ pub const fn addr_hash(addr: &[u32; 4], seed: u32) -> u32 {
 }
 
 /// Hash of a VIP's address, computed once per packet: it places the address in the
-/// pre-filter and, with the port and protocol, the VIP in the VIP index. One finalizer over
-/// the folded words (two multiplies on every packet's path, where [`addr_hash`] takes five
-/// for IPv4): these tables hold operator-chosen addresses, where a collision costs a probe;
-/// nothing here is a bucket an outside sender could aim at (the connection table is keyed
-/// by a secret seed).
+/// pre-filter and, with the port and protocol, the VIP in the VIP index.
 #[inline(always)]
 pub const fn vip_addr_hash(addr: &[u32; 4]) -> u32 {
-    let folded = addr[0] ^ addr[1].rotate_left(8) ^ addr[2].rotate_left(16) ^ addr[3].rotate_left(24);
-    finish(folded ^ VIP_FILTER_SEED, 1)
+    addr_hash(addr, VIP_FILTER_SEED)
 }
 
 /// Word index and bit of an address (by [`vip_addr_hash`]) in the VIP address pre-filter.
@@ -93,8 +88,7 @@ pub const fn vip_filter_slot(addr_hash: u32) -> (u32, u64) {
 /// VIP index of `mask + 1` slots.
 #[inline(always)]
 pub const fn vip_home(addr_hash: u32, port: u16, proto: u8, mask: u32) -> u32 {
-    // The port's multiply does not wait for the address hash: one finalizer after it.
-    finish(addr_hash ^ (port as u32 | ((proto as u32) << 16)).wrapping_mul(C1), 2) & mask
+    finish(mix(addr_hash, port as u32 | ((proto as u32) << 16)), 2) & mask
 }
 
 /// Home slot of a rule (its address by [`addr_hash`] with [`RULE_SEED`]) in a rule index of
