@@ -87,7 +87,7 @@ fn responses_have_stable_names() {
                 }],
                 alerts: vec![],
             })),
-            json!({"ok": {"type": "vips", "vips": [{"vip": "10.0.0.1:80/tcp", "ring_size": 13, "backends": 1}]}}),
+            json!({"ok": {"type": "vips", "vips": [{"vip": "10.0.0.1:80/tcp", "ring_size": 13, "encap": "ipip", "backends": 1}]}}),
         ),
         (
             Response::Ok(Reply::Backends(BackendList {
@@ -96,7 +96,7 @@ fn responses_have_stable_names() {
                 alerts: vec![],
             })),
             json!({"ok": {"type": "backends", "vip": "10.0.0.1:80/tcp",
-                          "backends": [{"address": "10.0.1.1", "weight": 0, "state": "draining"}]}}),
+                          "backends": [{"address": "10.0.1.1", "weight": 0, "state": "draining", "encap": "ipip"}]}}),
         ),
         (
             Response::Ok(Reply::Stats(Stats {

@@ -136,8 +136,8 @@ fn every_help_has_an_example() {
     let mut seen = 0;
     walk(&Cli::command(), &mut Vec::new(), &mut seen);
     assert_eq!(
-        seen, 36,
-        "lbctl, vips (4), backends (6), stats, ratelimit (4), rules (3), top-sources, top, flows (3), ports, apply, diff, export, \
+        seen, 37,
+        "lbctl, vips (5), backends (6), stats, ratelimit (4), rules (3), top-sources, top, flows (3), ports, apply, diff, export, \
          status, completions, man"
     );
 }
@@ -169,7 +169,7 @@ fn tables() {
         vips: vec![VipEntry {
             vip: vip("10.0.0.1:80/tcp"),
             ring_size: 65537,
-            encap: Encap::Ipip,
+            encap: Encap::Gue,
             backends: 2,
             health: None,
             effective_budget: None,
@@ -180,8 +180,8 @@ fn tables() {
     };
     assert_eq!(
         rendered(&["vips", "list"], Reply::Vips(vips)),
-        "VIP              RING_SIZE  BACKENDS  PROBE  HEALTHY_WEIGHT  PANIC  BUDGET/S  SPILL/S  ANNOUNCED\n\
-         10.0.0.1:80/tcp      65537         2  -                   -  -             -        -  -\n"
+        "VIP              RING_SIZE  ENCAP  BACKENDS  PROBE  HEALTHY_WEIGHT  PANIC  BUDGET/S  SPILL/S  ANNOUNCED\n\
+         10.0.0.1:80/tcp      65537  gue           2  -                   -  -             -        -  -\n"
     );
     let backends = BackendList {
         vip: vip("10.0.0.1:80/tcp"),
@@ -189,6 +189,7 @@ fn tables() {
             BackendEntry {
                 health: Some("unhealthy".to_owned()),
                 effective_weight: Some(0),
+                encap: Encap::Gue,
                 ..BackendEntry::configured(ip("10.0.1.1"), 100)
             },
             BackendEntry::configured(ip("fd00::2"), 0),
@@ -197,9 +198,9 @@ fn tables() {
     };
     assert_eq!(
         rendered(&["backends", "list", "--vip", "10.0.0.1:80/tcp"], Reply::Backends(backends)),
-        "BACKEND   WEIGHT  STATE     HEALTH     EFFECTIVE  ZONE  LATENCY_MS  PORTS  FOR_S  REASON\n\
-         10.0.1.1     100  active    unhealthy          0  -              -  -          -  -\n\
-         fd00::2        0  draining  -                  -  -              -  -          -  -\n"
+        "BACKEND   WEIGHT  STATE     HEALTH     EFFECTIVE  ZONE  ENCAP  LATENCY_MS  PORTS  FOR_S  REASON\n\
+         10.0.1.1     100  active    unhealthy          0  -     gue             -  -          -  -\n\
+         fd00::2        0  draining  -                  -  -     ipip            -  -          -  -\n"
     );
     // A QUIC VIP's backends show their server ids.
     let quic = BackendList {
@@ -209,8 +210,8 @@ fn tables() {
     };
     assert_eq!(
         rendered(&["backends", "list", "--vip", "10.0.0.3:443/udp"], Reply::Backends(quic)),
-        "BACKEND   WEIGHT  STATE   HEALTH  EFFECTIVE  ZONE  LATENCY_MS  PORTS  FOR_S  SERVER_ID  REASON\n\
-         10.0.1.1     100  active  -               -  -              -  -          -  0101       -\n"
+        "BACKEND   WEIGHT  STATE   HEALTH  EFFECTIVE  ZONE  ENCAP  LATENCY_MS  PORTS  FOR_S  SERVER_ID  REASON\n\
+         10.0.1.1     100  active  -               -  -     ipip            -  -          -  0101       -\n"
     );
     assert_eq!(
         rendered(&["stats"], Reply::Stats(sample_stats())),
@@ -238,7 +239,7 @@ fn json_output_has_the_documented_fields() {
     let out = rendered(&["backends", "list", "--vip", "10.0.0.1:80/tcp", "-o", "json"], Reply::Backends(list));
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&out).unwrap(),
-        serde_json::json!({"vip": "10.0.0.1:80/tcp", "backends": [{"address": "10.0.1.1", "weight": 0, "state": "draining"}]})
+        serde_json::json!({"vip": "10.0.0.1:80/tcp", "backends": [{"address": "10.0.1.1", "weight": 0, "state": "draining", "encap": "ipip"}]})
     );
 }
 

@@ -216,7 +216,7 @@ impl FileVip {
         Self {
             vip: *vip,
             quic: *quic,
-            encap: Some(*encap),
+            encap: (!encap.is_ipip()).then_some(*encap),
             ring_size: Some(*ring_size),
             limits: *limits,
             allow_local_address: *allow_local_address,
