@@ -1,13 +1,14 @@
 //! GUE end to end: real TCP through real `lbd` (VIPs and backends with `encap = gue`, set
 //! with `lbctl`) to agents that decapsulate GUE on their port; a switch between the two
 //! tunnels breaks no connection; a backend whose agent does not take GUE fails its probes
-//! through the tunnel and serves again once given IPIP.
+//! through the tunnel, loses the connections sent to it in GUE, and serves again once given
+//! IPIP.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use spillway_harness::cluster::XdpMode;
-use spillway_harness::{Stream, StreamChecker};
+use spillway_harness::{Stream, StreamChecker, run_connections};
 
 use crate::in_both_modes;
 use crate::support::*;
@@ -17,7 +18,8 @@ fn even(names: &[&'static str]) -> BTreeMap<&'static str, f64> {
 }
 
 fn gue_tunnels(mode: XdpMode) {
-    let mut c = start(mode, 3);
+    // No slow start: a backend back in service takes its share at once.
+    let mut c = start_with(mode, 3, 1, &["--health-slow-start-ms", "0"]);
     for v6 in [false, true] {
         let vip = tcp_vip(v6);
         c.lbctl(&["vips", "add", &vip, "--encap", "gue"]).unwrap();
@@ -45,20 +47,25 @@ fn gue_tunnels(mode: XdpMode) {
     assert!(report.pings > 10);
 
     // GUE is what the wire carries: b1's agent without GUE (--gue-port 0) leaves its tunnels
-    // to its kernel, which has no socket on the port, so its probes through the tunnel fail
-    // while its direct ones pass.
+    // to its kernel, which has no socket on the port. Its probes through the tunnel fail
+    // while its direct ones pass...
     let b1 = backend_addr(&c.topo.backends()[0], false);
     c.stop_agent(0).unwrap();
     c.restart_agent_with(0, &["--gue-port", "0"]).unwrap();
     wait_until(Duration::from_secs(30), "b1 failing through the GUE tunnel only", || {
         backend_json(&c, &vip, &b1)["reason"].as_str().is_some_and(|r| r.starts_with("vip_path_failed"))
     });
-    // Its own encap, IPIP, brings it back; the others keep GUE.
+    // ... and once probed directly it is healthy again, but the connections it is given,
+    // in GUE, never reach its service.
+    c.lbctl(&["vips", "health", &vip, "--probe-path", "direct"]).unwrap();
+    wait_until(Duration::from_secs(30), "b1 healthy when probed directly", || all_healthy(&c, &vip));
+    let short = Duration::from_millis(500);
+    let tally = c.topo.clients()[0].in_netns(|| run_connections(tcp_target(false), 30, Duration::ZERO, short));
+    assert!(tally.failures > 0 && !tally.by_backend.contains_key("b1"), "b1 took GUE without decapsulating it: {tally:?}");
+    // Its own encap, IPIP, makes it serve again; the others keep GUE.
     c.lbctl(&["backends", "options", "--vip", &vip, &b1, "--encap", "ipip"]).unwrap();
     assert_eq!(backend_json(&c, &vip, &b1)["encap"], "ipip");
     assert_eq!(backend_json(&c, &vip, &backend_addr(&c.topo.backends()[1], false))["encap"], "gue");
-    wait_until(Duration::from_secs(60), "b1 healthy again over IPIP", || backend_json(&c, &vip, &b1)["health"] == "healthy");
-    let tally = connections(&c, tcp_target(false), 100);
-    assert_eq!(tally.failures, 0, "failed connections: {:?}", tally.errors);
+    assert_shares(&connections(&c, tcp_target(false), 300), &even(&["b1", "b2", "b3"]), 300);
 }
 in_both_modes!(gue_tunnels);
