@@ -39,9 +39,9 @@ use spillway_common::{
     prefix::masked,
     quic_lb::QuicLbConfig,
     types::{
-        AddrKey, BACKEND_ACTIVE, BACKEND_F_NEW_FLOWS, BACKEND_FREE, BackendInfo, ENCAP_GUE, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP,
-        QuicServerKey, RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_QUIC, VIP_F_SCOPED_RULES, VipKey,
-        VipMeta,
+        AddrKey, BACKEND_ACTIVE, BACKEND_F_NEW_FLOWS, BACKEND_FREE, BackendInfo, ENCAP_GUE, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP,
+        PROTO_UDP, QuicServerKey, RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_QUIC,
+        VIP_F_SCOPED_RULES, VipKey, VipMeta,
     },
 };
 

@@ -135,12 +135,7 @@ pub fn ipv6_header(t: &Tunnel) -> Ipv6Hdr {
 #[inline(always)]
 pub fn udp_header(t: &Tunnel) -> Option<UdpHdr> {
     let port = t.gue_port?;
-    Some(UdpHdr {
-        src: gue_source_port(t.flow_hash).to_be(),
-        dst: port,
-        len: ((UDP_LEN + t.inner_len) as u16).to_be(),
-        check: 0,
-    })
+    Some(UdpHdr { src: gue_source_port(t.flow_hash).to_be(), dst: port, len: ((UDP_LEN + t.inner_len) as u16).to_be(), check: 0 })
 }
 
 /// The outer header's protocol: UDP for GUE, else the inner family's tunnel protocol.

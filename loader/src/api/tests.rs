@@ -17,7 +17,10 @@ fn ip(s: &str) -> IpAddr {
 fn requests_have_stable_names() {
     let cases = [
         (Request::ListVips, json!({"op": "list_vips"})),
-        (Request::AddVip { vip: vip(), ring_size: None, force: false, quic: None, encap: Encap::Ipip }, json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp"})),
+        (
+            Request::AddVip { vip: vip(), ring_size: None, force: false, quic: None, encap: Encap::Ipip },
+            json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp"}),
+        ),
         (
             Request::AddVip { vip: vip(), ring_size: Some(251), force: false, quic: None, encap: Encap::Ipip },
             json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp", "ring_size": 251}),

@@ -39,7 +39,10 @@ fn commands_map_to_requests() {
         (&["vips", "list", "-o", "json"], Request::ListVips),
         (&["vips", "remove", "10.0.0.1:80/tcp"], Request::RemoveVip { vip: v, force: false }),
         (&["vips", "remove", "10.0.0.1:80/tcp", "--force"], Request::RemoveVip { vip: v, force: true }),
-        (&["vips", "add", "10.0.0.1:80/tcp", "--force"], Request::AddVip { vip: v, ring_size: None, force: true, quic: None, encap: Encap::Ipip }),
+        (
+            &["vips", "add", "10.0.0.1:80/tcp", "--force"],
+            Request::AddVip { vip: v, ring_size: None, force: true, quic: None, encap: Encap::Ipip },
+        ),
         (
             &["vips", "add", "10.0.0.3:443/udp", "--quic", "--quic-nonce-len", "8", "--quic-self-len"],
             Request::AddVip {

@@ -13,8 +13,8 @@ use super::{datetime, locate::FieldPath};
 use crate::{
     health::HealthConfig,
     model::{
-        Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, Encap, LimitConfig, ModelError, QuicConfig, RuleActionKind, RuleConfig,
-        RuleMatch, Vip, VipConfig, VipHealth, check_serving_weight,
+        Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, Encap, LimitConfig, ModelError, QuicConfig, RuleActionKind,
+        RuleConfig, RuleMatch, Vip, VipConfig, VipHealth, check_serving_weight,
     },
     probe::{ProbePath, ProbeSpec},
 };

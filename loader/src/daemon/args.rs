@@ -5,8 +5,8 @@ use std::{ffi::OsString, path::PathBuf};
 use aya::programs::XdpMode;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use spillway_common::limits::{
-    Capacity, DEFAULT_GUE_PORT, DEFAULT_LOCAL_ADDRS, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, MAX_LOCAL_ADDRS,
-    SECOND_CHANCE_SETTLE_MS,
+    Capacity, DEFAULT_GUE_PORT, DEFAULT_LOCAL_ADDRS, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S,
+    MAX_LOCAL_ADDRS, SECOND_CHANCE_SETTLE_MS,
 };
 
 use super::{

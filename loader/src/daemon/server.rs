@@ -192,9 +192,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        model::Encap,
         api::{Reply, VipList, client},
         model::DesiredState,
+        model::Encap,
         store::StateFile,
         testing::{FakeMaps, TempDir},
     };

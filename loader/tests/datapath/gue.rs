@@ -210,7 +210,10 @@ fn the_agent_strips_gue_from_the_balancers_on_its_port_only() {
         }
         let gue4 = frames::gue_tunnel(ip("10.9.0.1"), ip("10.1.0.1"), (50123, PORT), 0, &inner4[14..]);
         let tagged = frames::with_vlan(&gue4, 9);
-        assert_eq!(run_decap(env, &tagged, XDP_PASS, DecapReason::Decapsulated), frames::with_vlan(&[&gue4[..12], &inner4[12..]].concat(), 9));
+        assert_eq!(
+            run_decap(env, &tagged, XDP_PASS, DecapReason::Decapsulated),
+            frames::with_vlan(&[&gue4[..12], &inner4[12..]].concat(), 9)
+        );
 
         // UDP to another port is no tunnel, even from a balancer: the kernel's.
         let other_port = frames::gue_tunnel(ip("10.9.0.1"), ip("10.1.0.1"), (50123, PORT + 1), 0, &inner4[14..]);
@@ -272,7 +275,8 @@ fn the_agent_keeps_or_sends_on_second_chance_packets_in_gue() {
         let gue = |src: IpAddr, to: IpAddr, inner: &[u8]| frames::gue_tunnel(src, to, (50123, PORT), 0, inner);
         let ipip = |src: IpAddr, to: IpAddr, inner: &[u8]| frames::tunnel(src, to, inner);
         type Wrap<'a> = &'a dyn Fn(IpAddr, IpAddr, &[u8]) -> Vec<u8>;
-        let kinds: [(&str, Wrap, Wrap); 3] = [("GUE around IPIP", &gue, &ipip), ("IPIP around GUE", &ipip, &gue), ("GUE around GUE", &gue, &gue)];
+        let kinds: [(&str, Wrap, Wrap); 3] =
+            [("GUE around IPIP", &gue, &ipip), ("IPIP around GUE", &ipip, &gue), ("GUE around GUE", &gue, &gue)];
         for (kind, outer, middle) in kinds {
             // The connection is this host's: both headers stripped.
             let inner = frames::tcp(client.local_addr().unwrap(), server, false, b"data");

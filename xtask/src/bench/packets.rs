@@ -27,7 +27,9 @@ use spillway::{
 use spillway_common::{
     addr::{from_words, to_words},
     hash::{FLOW_SEED, flow_hash, gue_source_port, hop_index},
-    limits::{Capacity, DEFAULT_GUE_PORT, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, map_names, program_names},
+    limits::{
+        Capacity, DEFAULT_GUE_PORT, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, map_names, program_names,
+    },
     types::{Bucket, FAMILY_V4, FlowKey, HOP_BACKENDS, HopBackend, HopConfig, LbConfig, Reason},
 };
 use spillway_harness::{
@@ -574,7 +576,12 @@ impl Lab {
         let hash = flow_hash(&flow_key(input)?, self.balancer.maps.config()?.table_seed);
         let ports = (gue_source_port(hash), DEFAULT_GUE_PORT);
         let expected = frames::gue_tunnel(packet_lab::LOCAL4.into(), backend.into(), ports, hash, &input[ETH_LEN..]);
-        ensure!(out.len() == input.len() + IPV4_HEADER_LEN + UDP_HEADER_LEN, "output of {} bytes for a {}-byte frame", out.len(), input.len());
+        ensure!(
+            out.len() == input.len() + IPV4_HEADER_LEN + UDP_HEADER_LEN,
+            "output of {} bytes for a {}-byte frame",
+            out.len(),
+            input.len()
+        );
         let mac = packet_lab::neighbour_mac(backend.into()).with_context(|| format!("{backend} has no neighbour in the lab"))?;
         ensure!(out[..6] == mac && out[6..12] == self.ingress_mac, "MACs {:02x?}", &out[..12]);
         ensure!(out[12..] == expected[12..], "not the GUE frame expected to {backend}");

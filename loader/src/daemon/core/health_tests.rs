@@ -8,11 +8,11 @@ use super::{
     *,
 };
 use crate::{
-    model::Encap,
     api::{BackendEntry, VipEntry},
     daemon::{checks::SnapshotEntry, pressure::AgentPoll},
     health::{HealthConfig, ProbeOutcome, Restored},
     model::BackendOptions,
+    model::Encap,
     ports::{DestinationUsage, Dropped, Level, Thresholds},
     store::StateFile,
     testing::{FakeMaps, TempDir},

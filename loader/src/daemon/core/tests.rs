@@ -6,8 +6,8 @@ use spillway_common::{limits::MAX_BACKENDS_PER_VIP, maglev::MAX_WEIGHT, types::R
 
 use super::*;
 use crate::{
-    model::Encap,
     api::{BackendState, VipEntry, VipList},
+    model::Encap,
     model::{Vip, host::Host},
     reconcile::table_digest,
     store::StateFile,

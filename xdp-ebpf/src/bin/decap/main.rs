@@ -140,12 +140,9 @@ fn decap(ctx: &XdpContext) -> DecapReason {
         Ok(Some(n)) if n.local => (tunnel.len + n.middle_len, n.inner_ether_type, eth, DecapReason::SecondChanceLocal),
         // Back to the hop it came from (a router or the balancer), which routes the inner
         // tunnel to the other backend: the backend needs neither forwarding nor a route.
-        Ok(Some(_)) => (
-            tunnel.len,
-            inner_ether_type,
-            EthHdr { dst: eth.src, src: eth.dst, proto: eth.proto },
-            DecapReason::SecondChanceForwarded,
-        ),
+        Ok(Some(_)) => {
+            (tunnel.len, inner_ether_type, EthHdr { dst: eth.src, src: eth.dst, proto: eth.proto }, DecapReason::SecondChanceForwarded)
+        }
     };
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, strip as i32) } != 0 {
         // Never expected (the headers were just read from this frame): logged with its size.

@@ -12,8 +12,7 @@ use spillway_common::{
     hash::{flow_hash, vip_addr_hash, vip_filter_slot, vip_home},
     limits::VIP_PROBES,
     types::{
-        AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VIP_F_QUIC,
-        VipKey,
+        AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VIP_F_QUIC, VipKey,
     },
 };
 use xdp_ebpf::{

@@ -24,8 +24,8 @@ use spillway_common::{
     hash::flow_hash,
     limits::Capacity,
     types::{
-        BACKEND_ACTIVE, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FAMILY_V6, FlowKey, PROBE_MARK_TAG_SHIFT, PROTO_TCP, PROTO_UDP, ProbeConfig,
-        ProbeReason, probe_generation_matches, probe_mark_backend,
+        BACKEND_ACTIVE, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FAMILY_V6, FlowKey, PROBE_MARK_TAG_SHIFT, PROTO_TCP, PROTO_UDP,
+        ProbeConfig, ProbeReason, probe_generation_matches, probe_mark_backend,
     },
 };
 use xdp_ebpf::{
