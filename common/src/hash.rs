@@ -107,6 +107,20 @@ pub const MAGLEV_OFFSET_SEED: u32 = 0x6c77_6179; // "lway"
 pub const MAGLEV_SKIP_SEED: u32 = 0x4d61_676c; // "Magl"
 /// Seed of the rule index.
 pub const RULE_SEED: u32 = 0x5275_6c65; // "Rule"
+/// First port of the dynamic range (RFC 6335), where GUE's outer source ports lie: never a
+/// well-known port a middlebox would treat as that service.
+pub const GUE_SOURCE_PORT_BASE: u16 = 49152;
+
+/// The outer UDP source port of a GUE tunnel (host order) for a flow of hash `hash` (the
+/// table seed's, as the rest of the outer entropy): every packet of a flow takes one, and
+/// flows spread over the 16384 ports of the dynamic range, so a backend's RSS spreads them
+/// over its queues. The top 14 bits: the low ones are the outer source's host bits and the
+/// IPv6 flow label already.
+#[inline(always)]
+pub const fn gue_source_port(hash: u32) -> u16 {
+    GUE_SOURCE_PORT_BASE | (hash >> 18) as u16
+}
+
 /// Seed of a flow's second bucket.
 const FLOW_BUCKET_SEED: u32 = 0x466c_6f77; // "Flow"
 
@@ -125,6 +139,14 @@ mod tests {
 
     fn key(sport: u16) -> FlowKey {
         FlowKey { src: [0x0a00_000a, 0, 0, 0], dst: [0x0a64_0001, 0, 0, 0], sport, dport: 80, proto: 6, family: 4, _pad: [0; 2] }
+    }
+
+    #[test]
+    fn gue_source_ports_stay_in_the_dynamic_range_and_spread() {
+        assert_eq!(gue_source_port(0), 49152);
+        assert_eq!(gue_source_port(u32::MAX), 65535);
+        let ports: std::collections::BTreeSet<u16> = (0..1000u16).map(|p| gue_source_port(flow_hash(&key(p), FLOW_SEED))).collect();
+        assert!(ports.len() > 900, "{} distinct ports of 1000 flows", ports.len());
     }
 
     #[test]

@@ -101,6 +101,9 @@ pub const DEFAULT_LOCAL_ADDRS: u32 = 1024;
 pub const MAX_LOCAL_ADDRS: u32 = 1 << 16;
 /// Prefixes the backend agent accepts tunnels from (`lbd agent --allow-from`).
 pub const MAX_ALLOW_FROM: u32 = 256;
+/// GUE's UDP port unless `--gue-port` says otherwise, on the balancer and the agents alike
+/// (the one IANA assigned to GUE).
+pub const DEFAULT_GUE_PORT: u16 = 6080;
 /// Operator rules (CIDR, optionally per VIP) and their counters.
 pub const MAX_RULES: u32 = 1024;
 /// Distinct prefix lengths the rules of one scope (the global rules, or one VIP's) may use
@@ -184,6 +187,7 @@ pub mod map_names {
     pub const LOCAL_ADDRS: &str = "spw_local_addrs";
     pub const DECAP_REASONS: &str = "spw_decap_rsn";
     pub const ALLOW_FROM: &str = "spw_allow_from";
+    pub const DECAP_CONFIG: &str = "spw_decap_cfg";
     pub const PROBE_CONFIG: &str = "spw_probe_cfg";
     pub const PROBE_REASONS: &str = "spw_probe_rsn";
     pub const PROBE_LAST: &str = "spw_probe_last";

@@ -128,6 +128,13 @@ pub const BACKEND_ACTIVE: u8 = 1;
 /// drained or ejected backend is placed afresh.
 pub const BACKEND_F_NEW_FLOWS: u8 = 1;
 
+/// `BackendInfo::encap`: IPIP, IP6IP6 or IPv4-in-IPv6 (the outer protocol says which).
+pub const ENCAP_IPIP: u8 = 0;
+/// `BackendInfo::encap`: GUE variant 1 (RFC draft-ietf-intarea-gue): the same outer IP
+/// header with a UDP header after it (destination `LbConfig::gue_port`, source from the
+/// flow hash: `hash::gue_source_port`, checksum 0), then the inner IP header directly.
+pub const ENCAP_GUE: u8 = 1;
+
 /// One backend of one VIP, indexed by backend id in the backend array.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -139,7 +146,9 @@ pub struct BackendInfo {
     pub state: u8,
     /// [`BACKEND_F_NEW_FLOWS`].
     pub flags: u8,
-    pub _pad: u8,
+    /// How packets are tunnelled to it: [`ENCAP_IPIP`] (0, so an entry written before the
+    /// field existed reads as IPIP) or [`ENCAP_GUE`].
+    pub encap: u8,
     /// Bumped whenever the slot is freed, so flows pinned to a removed backend re-hash even
     /// if the id is reused.
     pub generation: u32,
@@ -367,7 +376,7 @@ pub struct RuleState {
 }
 
 /// Static next hop: set when the operator pins the egress instead of using the FIB.
-pub const CFG_F_STATIC_NEXTHOP: u32 = 1;
+pub const CFG_F_STATIC_NEXTHOP: u16 = 1;
 
 /// Global settings, slot 0 of the config array.
 #[repr(C)]
@@ -380,7 +389,11 @@ pub struct LbConfig {
     /// Outer IPv6 source; `outer_src_v6_hostmask` applies to its last word.
     pub outer_src_v6: [u32; 4],
     pub outer_src_v6_hostmask: u32,
-    pub flags: u32,
+    /// `CFG_F_*` bits.
+    pub flags: u16,
+    /// The UDP destination port of GUE tunnels (network order; `lbd --gue-port`, which the
+    /// agents decapsulate on). Beside `flags` so the config stays one cache line.
+    pub gue_port: u16,
     pub tcp_idle_timeout_s: u32,
     pub udp_idle_timeout_s: u32,
     /// With [`CFG_F_STATIC_NEXTHOP`]: egress ifindex and the MACs to write.
@@ -588,6 +601,16 @@ reasons!(
     }
 );
 
+/// Settings of the decapsulation program, slot 0 of its config array (`spw_decap_cfg`,
+/// written by `lbd agent` before the program goes live).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecapConfig {
+    /// The UDP port GUE tunnels arrive on (network order, `--gue-port`); 0: GUE off.
+    pub gue_port: u16,
+    pub _pad: u16,
+}
+
 /// Settings of the probe-encapsulation program, slot 0 of its config array (not pinned: each
 /// `lbd` writes it before its program goes live).
 #[repr(C)]
@@ -682,6 +705,7 @@ const _: () = assert!(size_of::<RuleSlotKey>() == 24);
 const _: () = assert!(size_of::<RuleSlot>() == 72);
 const _: () = assert!(size_of::<RuleLens>() == 16);
 const _: () = assert!(size_of::<ProbeConfig>() == 8);
+const _: () = assert!(size_of::<DecapConfig>() == 4);
 const _: () = assert!(size_of::<HopBackend>() == 12);
 const _: () = assert!(size_of::<HopConfig>() == 68);
 const _: () = assert!(size_of::<QuicServerKey>() == 20);
@@ -722,6 +746,7 @@ mod pod {
         RuleSlot,
         RuleLens,
         ProbeConfig,
+        DecapConfig,
         HopBackend,
         HopConfig,
         QuicServerKey

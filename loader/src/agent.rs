@@ -18,12 +18,12 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key};
+use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::{
     addr::{from_words, to_words},
     limits::{MAX_ALLOW_FROM, map_names, program_names},
-    types::{ALLOW_KEY_FAMILY_BITS, AddrKey, AllowKey, DecapReason},
+    types::{ALLOW_KEY_FAMILY_BITS, AddrKey, AllowKey, DecapConfig, DecapReason},
 };
 
 use crate::{
@@ -124,6 +124,11 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     }
     let shown: Vec<String> = args.allow_from.iter().map(Cidr::to_string).collect();
     event!(info, "allow_from", prefixes = shown.join(","));
+    let name = map_names::DECAP_CONFIG;
+    let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
+    let mut config = Array::<MapData, DecapConfig>::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
+    config.set(0, &DecapConfig { gue_port: args.gue_port.to_be(), _pad: 0 }, 0).map_err(|source| DataplaneError::Map { name, source })?;
+    event!(info, "gue_port", port = args.gue_port, message = if args.gue_port == 0 { "GUE off: IPIP only" } else { "GUE on" });
     // The decapsulator's rare events (`dataplane::logs`) become log lines.
     let _logs = dataplane::logs::forward(&mut ebpf)
         .inspect_err(|e| event!(warn, "ebpf_logs_unavailable", error = error_chain(e)))

@@ -23,7 +23,7 @@ mod backend;
 pub mod host;
 mod quic;
 
-pub use backend::{Backend, BackendOptions, MAX_ZONE_LEN, VipHealth, check_zone};
+pub use backend::{Backend, BackendOptions, Encap, MAX_ZONE_LEN, VipHealth, check_zone};
 pub use quic::{DEFAULT_NONCE_LEN, DEFAULT_SERVER_ID_LEN, QuicConfig, server_id_of, server_ids};
 
 /// Weight a backend gets when none is given.
@@ -194,11 +194,29 @@ pub struct VipConfig {
     /// A QUIC VIP (UDP): short headers go by the server id in their connection id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic: Option<QuicConfig>,
+    /// How its backends are tunnelled to, unless a backend's options say otherwise.
+    #[serde(default, skip_serializing_if = "Encap::is_ipip")]
+    pub encap: Encap,
 }
 
 impl Default for VipConfig {
     fn default() -> Self {
-        Self { ring_size: DEFAULT_RING_SIZE, backends: BTreeMap::new(), limits: None, health: None, allow_local_address: false, quic: None }
+        Self {
+            ring_size: DEFAULT_RING_SIZE,
+            backends: BTreeMap::new(),
+            limits: None,
+            health: None,
+            allow_local_address: false,
+            quic: None,
+            encap: Encap::Ipip,
+        }
+    }
+}
+
+impl VipConfig {
+    /// How `backend` is tunnelled to: its own setting, else the VIP's.
+    pub fn encap_of(&self, backend: &Backend) -> Encap {
+        backend.options.encap.unwrap_or(self.encap)
     }
 }
 
@@ -240,6 +258,12 @@ impl DesiredState {
     }
 
     /// Whether the VIP may be on an address of the balancer itself (see `host::Host::check`).
+    /// How the VIP's backends are tunnelled to (those without their own setting).
+    pub fn set_encap(&mut self, vip: &Vip, encap: Encap) -> Result<(), ModelError> {
+        self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?.encap = encap;
+        Ok(())
+    }
+
     pub fn allow_local_address(&mut self, vip: &Vip, allow: bool) -> Result<(), ModelError> {
         self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?.allow_local_address = allow;
         Ok(())

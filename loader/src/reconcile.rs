@@ -39,16 +39,16 @@ use spillway_common::{
     prefix::masked,
     quic_lb::QuicLbConfig,
     types::{
-        AddrKey, BACKEND_ACTIVE, BACKEND_F_NEW_FLOWS, BACKEND_FREE, BackendInfo, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP,
-        QuicServerKey, RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_QUIC, VIP_F_SCOPED_RULES, VipKey,
-        VipMeta,
+        AddrKey, BACKEND_ACTIVE, BACKEND_F_NEW_FLOWS, BACKEND_FREE, BackendInfo, ENCAP_GUE, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP,
+        PROTO_UDP, QuicServerKey, RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_QUIC,
+        VIP_F_SCOPED_RULES, VipKey, VipMeta,
     },
 };
 
 use self::pool::RingPool;
 use crate::{
     dataplane::DataplaneError,
-    model::{Cidr, DesiredState, LimitConfig, Proto, RuleAction, RuleConfig, RuleMatch, Vip, VipConfig},
+    model::{Cidr, DesiredState, Encap, LimitConfig, Proto, RuleAction, RuleConfig, RuleMatch, Vip, VipConfig},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -180,6 +180,8 @@ pub struct Reconciler {
     free_ids: BTreeSet<u32>,
     /// The backend ids whose entry has `BACKEND_F_NEW_FLOWS` set.
     takes_new_flows: BTreeSet<u32>,
+    /// The backend ids whose entry says GUE (`ENCAP_GUE`).
+    gue: BTreeSet<u32>,
     /// Active backends found in the maps that no VIP owns (freed on the next apply).
     orphans: Vec<u32>,
     /// What every slot of the limits array holds.
@@ -206,6 +208,7 @@ impl Reconciler {
         let mut by_vip: HashMap<u32, BTreeMap<IpAddr, u32>> = HashMap::new();
         let mut active = Vec::new();
         let mut takes_new_flows = BTreeSet::new();
+        let mut gue = BTreeSet::new();
         for id in 1..capacity.backend_slots() {
             let info = maps.backend(id)?;
             generations[id as usize] = info.generation;
@@ -216,6 +219,9 @@ impl Reconciler {
                 active.push(id);
                 if info.flags & BACKEND_F_NEW_FLOWS != 0 {
                     takes_new_flows.insert(id);
+                }
+                if info.encap == ENCAP_GUE {
+                    gue.insert(id);
                 }
             }
         }
@@ -276,6 +282,7 @@ impl Reconciler {
             generations,
             free_ids,
             takes_new_flows,
+            gue,
             orphans,
             limits,
             rules,
@@ -418,9 +425,9 @@ impl Reconciler {
         // flows that belonged to the id's last owner: such ids are handed out last.
         let named_by_prior: BTreeSet<u32> =
             runtime.prior.as_ref().and_then(|t| t.slots.as_ref()).map(|slots| slots.iter().copied().collect()).unwrap_or_default();
-        for addr in config.backends.keys() {
+        for (addr, backend) in &config.backends {
             if !runtime.backends.contains_key(addr) {
-                let id = self.allocate_backend(maps, runtime.id, *addr, &named_by_prior)?;
+                let id = self.allocate_backend(maps, runtime.id, *addr, config.encap_of(backend), &named_by_prior)?;
                 runtime.backends.insert(*addr, id);
             }
         }
@@ -466,7 +473,7 @@ impl Reconciler {
         // Only once packets read the table built from them.
         runtime.built = inputs;
         for (addr, backend) in &config.backends {
-            self.set_takes_new_flows(maps, runtime.backends[addr], backend.weight > 0)?;
+            self.sync_entry(maps, runtime.backends[addr], backend.weight > 0, config.encap_of(backend))?;
         }
         // Backends leaving the VIP are freed only after packets stopped reading their slots.
         let leaving: Vec<IpAddr> = runtime.backends.keys().filter(|a| !config.backends.contains_key(a)).copied().collect();
@@ -553,8 +560,16 @@ impl Reconciler {
         Ok(id)
     }
 
-    /// The lowest free id not in `avoid`, else the lowest free id.
-    fn allocate_backend(&mut self, maps: &mut dyn Maps, vip_id: u32, addr: IpAddr, avoid: &BTreeSet<u32>) -> Result<u32, ReconcileError> {
+    /// The lowest free id not in `avoid`, else the lowest free id. Its encapsulation is
+    /// right from its first packet.
+    fn allocate_backend(
+        &mut self,
+        maps: &mut dyn Maps,
+        vip_id: u32,
+        addr: IpAddr,
+        encap: Encap,
+        avoid: &BTreeSet<u32>,
+    ) -> Result<u32, ReconcileError> {
         let limit = self.capacity.backends;
         let id = self
             .free_ids
@@ -571,10 +586,14 @@ impl Reconciler {
             state: BACKEND_ACTIVE,
             generation: self.generations[id as usize],
             vip_id,
+            encap: encap.data_path(),
             ..BackendInfo::default()
         };
         maps.set_backend(id, &info)?;
         self.free_ids.remove(&id);
+        if encap == Encap::Gue {
+            self.gue.insert(id);
+        }
         Ok(id)
     }
 
@@ -666,18 +685,24 @@ impl Reconciler {
 
     /// Frees a backend id; bumping the generation makes its flows re-hash even if the id is
     /// handed out again.
-    /// Sets backend `id`'s `BACKEND_F_NEW_FLOWS` if it is not as `on` already.
-    fn set_takes_new_flows(&mut self, maps: &mut dyn Maps, id: u32, on: bool) -> Result<(), ReconcileError> {
-        if self.takes_new_flows.contains(&id) == on {
+    /// Sets backend `id`'s `BACKEND_F_NEW_FLOWS` (to `new_flows`) and its encapsulation if
+    /// either is not as wanted already. A packet reads the entry before or after the write:
+    /// a changed encapsulation applies from one packet to the next, and the agent takes both.
+    fn sync_entry(&mut self, maps: &mut dyn Maps, id: u32, new_flows: bool, encap: Encap) -> Result<(), ReconcileError> {
+        let gue = encap == Encap::Gue;
+        if self.takes_new_flows.contains(&id) == new_flows && self.gue.contains(&id) == gue {
             return Ok(());
         }
         let mut info = maps.backend(id)?;
-        info.flags = if on { info.flags | BACKEND_F_NEW_FLOWS } else { info.flags & !BACKEND_F_NEW_FLOWS };
+        info.flags = if new_flows { info.flags | BACKEND_F_NEW_FLOWS } else { info.flags & !BACKEND_F_NEW_FLOWS };
+        info.encap = encap.data_path();
         maps.set_backend(id, &info)?;
-        if on {
-            self.takes_new_flows.insert(id);
-        } else {
-            self.takes_new_flows.remove(&id);
+        for (set, on) in [(&mut self.takes_new_flows, new_flows), (&mut self.gue, gue)] {
+            if on {
+                set.insert(id);
+            } else {
+                set.remove(&id);
+            }
         }
         Ok(())
     }
@@ -689,6 +714,7 @@ impl Reconciler {
         self.generations[id as usize] = generation;
         self.free_ids.insert(id);
         self.takes_new_flows.remove(&id);
+        self.gue.remove(&id);
         Ok(())
     }
 }

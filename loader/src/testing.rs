@@ -77,6 +77,7 @@ pub struct FakeMaps {
     pub slot_writes: usize,
     pub limit_writes: usize,
     pub rule_writes: usize,
+    pub backend_writes: usize,
     /// QUIC configurations by VIP id (absent = empty) and server-id entries.
     pub quic_configs: HashMap<u32, QuicLbConfig>,
     pub quic_servers: HashMap<QuicServerKey, u32>,
@@ -184,6 +185,7 @@ impl Maps for FakeMaps {
     }
     fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {
         self.backends.insert(id, *info);
+        self.backend_writes += 1;
         if info.state == BACKEND_FREE {
             self.assert_consistent();
         }

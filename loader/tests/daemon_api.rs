@@ -240,7 +240,7 @@ fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
 
     // Adding.
     assert_eq!(env.ok(&["vips", "add", V4, "--ring-size", "251"]), format!("added VIP {V4}\n"));
-    env.ok(&["vips", "add", V6, "--ring-size", "13"]);
+    env.ok(&["vips", "add", V6, "--ring-size", "13", "--encap", "gue"]);
     env.ok(&["backends", "add", "--vip", V4, "10.99.0.2"]);
     env.ok(&["backends", "add", "--vip", V4, "10.99.0.3", "--weight", "50"]);
     env.ok(&["backends", "add", "--vip", V6, "fd00::2"]);
@@ -252,8 +252,8 @@ fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
     assert_eq!(
         vips,
         serde_json::json!({"vips": [
-            {"vip": V4, "ring_size": 251, "backends": 2},
-            {"vip": V6, "ring_size": 13, "backends": 1},
+            {"vip": V4, "ring_size": 251, "encap": "ipip", "backends": 2},
+            {"vip": V6, "ring_size": 13, "encap": "gue", "backends": 1},
         ]})
     );
     let list = env.json(&["backends", "list", "--vip", V4]);
@@ -278,6 +278,9 @@ fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
         (&["backends", "remove", "--vip", V4, "10.99.0.9"], "backend 10.99.0.9 is not in VIP"),
         (&["backends", "drain", "--vip", V4, "10.99.0.9"], "is not in VIP"),
         (&["backends", "list", "--vip", "10.100.0.9:80/tcp"], "unknown VIP"),
+        (&["vips", "encap", "10.100.0.9:80/tcp", "gue"], "unknown VIP"),
+        (&["vips", "add", "10.100.0.9:80/tcp", "--encap", "gre"], "invalid value 'gre' for '--encap <ENCAP>'"),
+        (&["backends", "options", "--vip", V4, "10.99.0.2", "--encap", "vxlan"], "--encap"),
     ] {
         let err = env.refused(args);
         assert!(err.contains(problem), "lbctl {args:?}: {err:?} lacks {problem:?}");

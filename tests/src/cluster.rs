@@ -182,6 +182,15 @@ impl Cluster {
         Ok(())
     }
 
+    /// Starts backend `index`'s agent again (after [`Self::stop_agent`]) with `extra` after
+    /// the cluster's agent arguments; later restarts take the cluster's arguments alone.
+    pub fn restart_agent_with(&mut self, index: usize, extra: &[&str]) -> Result<()> {
+        ensure!(index < self.agents.len(), "no backend {index}");
+        let args: Vec<String> = self.agent_args.iter().cloned().chain(extra.iter().map(|a| (*a).to_owned())).collect();
+        self.agents[index] = spawn_agent(&self.topo.backends()[index], &self.bins.lbd, self.mode, &self.agent_pin_dir(index)?, &args)?;
+        Ok(())
+    }
+
     /// Stops backend `index`'s echo server (SIGKILL), as a crashed service would: its host
     /// and agent stay up, so connections to it are refused.
     pub fn stop_echo(&self, index: usize) -> Result<()> {

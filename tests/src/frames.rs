@@ -123,6 +123,30 @@ pub fn tunnel(outer_src: IpAddr, outer_dst: IpAddr, inner: &[u8]) -> Vec<u8> {
     f
 }
 
+/// Wraps an IP packet in a GUE variant 1 tunnel in a frame, as the balancer writes one: the
+/// outer header of [`tunnel`] with protocol UDP (IPv6: `flow_label` as its flow label), a
+/// UDP header from `sport` to `dport` with checksum 0, then the packet.
+pub fn gue_tunnel(outer_src: IpAddr, outer_dst: IpAddr, (sport, dport): (u16, u16), flow_label: u32, inner: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(8 + inner.len());
+    payload.extend_from_slice(&sport.to_be_bytes());
+    payload.extend_from_slice(&dport.to_be_bytes());
+    payload.extend_from_slice(&((8 + inner.len()) as u16).to_be_bytes());
+    payload.extend_from_slice(&[0, 0]);
+    payload.extend_from_slice(inner);
+    let mut f = tunnel(outer_src, outer_dst, &payload);
+    if outer_src.is_ipv4() {
+        f[ETH_LEN + 9] = 17;
+        f[ETH_LEN + 10..ETH_LEN + 12].fill(0);
+        let sum = ipv4_checksum(&f[ETH_LEN..ETH_LEN + 20]);
+        f[ETH_LEN + 10..ETH_LEN + 12].copy_from_slice(&sum.to_be_bytes());
+    } else {
+        f[ETH_LEN + 6] = 17;
+        let vtc = (6u32 << 28) | (flow_label & 0x000f_ffff);
+        f[ETH_LEN..ETH_LEN + 4].copy_from_slice(&vtc.to_be_bytes());
+    }
+    f
+}
+
 /// Inserts one 802.1Q tag (VLAN `id`) after the MAC addresses.
 pub fn with_vlan(frame: &[u8], id: u16) -> Vec<u8> {
     let mut f = frame[..12].to_vec();

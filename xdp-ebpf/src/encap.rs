@@ -1,9 +1,13 @@
-//! Direct-server-return encapsulation: IPv4-in-IPv4, IPv6-in-IPv6 and IPv4-in-IPv6.
-//! The inner packet is never touched; only a new Ethernet and outer IP header are written
-//! in front of it.
+//! Direct-server-return encapsulation: IPv4-in-IPv4, IPv6-in-IPv6 and IPv4-in-IPv6, each
+//! either plain (IPIP) or with a UDP header between the outer and the inner IP header (GUE
+//! variant 1). The inner packet is never touched; only a new Ethernet, outer IP (and UDP)
+//! header are written in front of it.
 
 use aya_ebpf::{helpers::bpf_xdp_adjust_head, programs::XdpContext};
-use spillway_common::types::{FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO_IPV6};
+use spillway_common::{
+    hash::gue_source_port,
+    types::{FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO_IPV6, PROTO_UDP},
+};
 
 use crate::csum;
 use crate::headers::*;
@@ -19,8 +23,11 @@ pub struct Tunnel {
     /// Inner packet length in bytes.
     pub inner_len: usize,
     pub tos: u8,
-    /// Low 20 bits become the IPv6 flow label (more entropy for ECMP on the way).
+    /// Low 20 bits become the IPv6 flow label (more entropy for ECMP on the way); with GUE
+    /// the top bits are the UDP source port too.
     pub flow_hash: u32,
+    /// GUE: the UDP destination port (network order). `None`: IPIP.
+    pub gue_port: Option<u16>,
 }
 
 pub struct Macs {
@@ -30,16 +37,30 @@ pub struct Macs {
 
 const OUTER_TTL: u8 = 64;
 
+/// Bytes the tunnel adds: the outer IP header, and GUE's UDP header.
 #[inline(always)]
-pub const fn outer_len(family: u8) -> usize {
-    if family == FAMILY_V4 { IPV4_LEN } else { IPV6_LEN }
+pub const fn outer_len(family: u8, gue: bool) -> usize {
+    (if family == FAMILY_V4 { IPV4_LEN } else { IPV6_LEN }) + if gue { UDP_LEN } else { 0 }
+}
+
+impl Tunnel {
+    #[inline(always)]
+    pub const fn outer_len(&self) -> usize {
+        outer_len(self.family, self.gue_port.is_some())
+    }
+
+    /// The outer IP header's payload: the UDP header, if any, and the inner packet.
+    #[inline(always)]
+    const fn ip_payload_len(&self) -> usize {
+        self.inner_len + if self.gue_port.is_some() { UDP_LEN } else { 0 }
+    }
 }
 
 /// Replaces the `l2_len` bytes before the inner IP header with Ethernet + outer IP.
 /// A VLAN tag on the way in is not carried over: the FIB chose the egress.
 #[inline(always)]
 pub fn push(ctx: &XdpContext, l2_len: usize, t: &Tunnel, macs: &Macs) -> Result<(), ()> {
-    let outer = outer_len(t.family);
+    let outer = t.outer_len();
     let delta = l2_len as i32 - (ETH_LEN + outer) as i32;
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, delta) } != 0 {
         return Err(());
@@ -59,6 +80,11 @@ pub fn push(ctx: &XdpContext, l2_len: usize, t: &Tunnel, macs: &Macs) -> Result<
             *ip = ipv6_header(t);
         }
     }
+    if let Some(udp) = udp_header(t) {
+        let at = ETH_LEN + if t.family == FAMILY_V4 { IPV4_LEN } else { IPV6_LEN };
+        let hdr = at_mut::<UdpHdr>(ctx, at).ok_or(())?;
+        unsafe { *hdr = udp };
+    }
     Ok(())
 }
 
@@ -74,7 +100,7 @@ pub fn ipv4_header(t: &Tunnel) -> Ipv4Hdr {
     let mut hdr = Ipv4Hdr {
         ver_ihl: 0x45,
         tos: t.tos,
-        tot_len: ((IPV4_LEN + t.inner_len) as u16).to_be(),
+        tot_len: ((IPV4_LEN + t.ip_payload_len()) as u16).to_be(),
         id: 0,
         frag_off: IPV4_DF.to_be(),
         ttl: OUTER_TTL,
@@ -93,7 +119,7 @@ pub fn ipv6_header(t: &Tunnel) -> Ipv6Hdr {
     let vtc = (6u32 << 28) | ((t.tos as u32) << 20) | (t.flow_hash & 0x000f_ffff);
     Ipv6Hdr {
         vtc_flow: vtc.to_be(),
-        payload_len: (t.inner_len as u16).to_be(),
+        payload_len: (t.ip_payload_len() as u16).to_be(),
         next_hdr: inner_proto(t),
         hop_limit: OUTER_TTL,
         src: t.src,
@@ -101,9 +127,27 @@ pub fn ipv6_header(t: &Tunnel) -> Ipv6Hdr {
     }
 }
 
+/// GUE's UDP header: the source port from the flow hash (RSS on the backend spreads flows
+/// by it), checksum 0. Over IPv4 a zero checksum means "none"; over IPv6 RFC 6935 allows
+/// it for tunnels whose receiver accepts it on that port (RFC 6936), which `spillway_decap`
+/// does: the inner packet keeps its own checksums, and the outer addresses are checked
+/// against the allow-list and the local addresses, so a corrupted header is not delivered.
+#[inline(always)]
+pub fn udp_header(t: &Tunnel) -> Option<UdpHdr> {
+    let port = t.gue_port?;
+    Some(UdpHdr { src: gue_source_port(t.flow_hash).to_be(), dst: port, len: ((UDP_LEN + t.inner_len) as u16).to_be(), check: 0 })
+}
+
+/// The outer header's protocol: UDP for GUE, else the inner family's tunnel protocol.
 #[inline(always)]
 fn inner_proto(t: &Tunnel) -> u8 {
-    if t.inner_family == FAMILY_V4 { PROTO_IPIP } else { PROTO_IPV6 }
+    if t.gue_port.is_some() {
+        PROTO_UDP
+    } else if t.inner_family == FAMILY_V4 {
+        PROTO_IPIP
+    } else {
+        PROTO_IPV6
+    }
 }
 
 /// True when the encapsulation can carry this inner family (no IPv6 inside IPv4).

@@ -80,6 +80,16 @@ pub struct Ports {
     pub dst: u16,
 }
 
+/// A UDP header (GUE's outer one).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UdpHdr {
+    pub src: u16,
+    pub dst: u16,
+    pub len: u16,
+    pub check: u16,
+}
+
 pub const TCP_LEN: usize = 20;
 /// Offset of the TCP flags byte, and the bits that make a connection request.
 pub const TCP_FLAGS_OFFSET: usize = 13;
@@ -106,3 +116,4 @@ const _: () = assert!(core::mem::size_of::<EthHdr>() == ETH_LEN);
 const _: () = assert!(core::mem::size_of::<Ipv4Hdr>() == IPV4_LEN);
 const _: () = assert!(core::mem::size_of::<Ipv6Hdr>() == IPV6_LEN);
 const _: () = assert!(core::mem::size_of::<IcmpHdr>() == ICMP_LEN);
+const _: () = assert!(core::mem::size_of::<UdpHdr>() == UDP_LEN);

@@ -24,7 +24,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub use crate::model::RuleActionKind;
 use crate::{
     config::Change,
-    model::{BackendOptions, Cidr, ModelError, QuicConfig, RateSpec, Vip},
+    model::{BackendOptions, Cidr, Encap, ModelError, QuicConfig, RateSpec, Vip},
     ports::PortsReport,
     probe::{ProbePath, ProbeSpec},
 };
@@ -52,6 +52,14 @@ pub enum Request {
         /// A QUIC VIP (UDP) with this QUIC-LB configuration.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         quic: Option<QuicConfig>,
+        /// How its backends are tunnelled to (`ipip` when left out).
+        #[serde(default, skip_serializing_if = "Encap::is_ipip")]
+        encap: Encap,
+    },
+    /// How a VIP's backends are tunnelled to (those without their own `encap` option).
+    SetVipEncap {
+        vip: Vip,
+        encap: Encap,
     },
     /// A VIP that has backends is removed only with `force` (its connections break).
     RemoveVip {
@@ -442,6 +450,9 @@ pub struct VipList {
 pub struct VipEntry {
     pub vip: Vip,
     pub ring_size: u32,
+    /// How its backends are tunnelled to, unless their options say otherwise.
+    #[serde(default)]
+    pub encap: Encap,
     /// Number of backends, draining ones included.
     pub backends: usize,
     /// Health checks of the VIP; absent when it is not checked.
@@ -518,6 +529,9 @@ pub struct BackendEntry {
     /// The configured (operator's) weight.
     pub weight: u32,
     pub state: BackendState,
+    /// How it is tunnelled to: its option, else its VIP's.
+    #[serde(default)]
+    pub encap: Encap,
     /// The health state (`healthy`, `unhealthy`, `slow_start`, …); absent when the backend is
     /// not probed (health checks off, UDP and any-port VIPs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -563,6 +577,7 @@ impl BackendEntry {
             address,
             weight,
             state: BackendState::of_weight(weight),
+            encap: Encap::Ipip,
             health: None,
             effective_weight: None,
             options: BackendOptions::default(),

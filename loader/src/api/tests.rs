@@ -17,9 +17,12 @@ fn ip(s: &str) -> IpAddr {
 fn requests_have_stable_names() {
     let cases = [
         (Request::ListVips, json!({"op": "list_vips"})),
-        (Request::AddVip { vip: vip(), ring_size: None, force: false, quic: None }, json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp"})),
         (
-            Request::AddVip { vip: vip(), ring_size: Some(251), force: false, quic: None },
+            Request::AddVip { vip: vip(), ring_size: None, force: false, quic: None, encap: Encap::Ipip },
+            json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp"}),
+        ),
+        (
+            Request::AddVip { vip: vip(), ring_size: Some(251), force: false, quic: None, encap: Encap::Ipip },
             json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp", "ring_size": 251}),
         ),
         (Request::RemoveVip { vip: vip(), force: false }, json!({"op": "remove_vip", "vip": "10.0.0.1:80/tcp"})),
@@ -78,6 +81,7 @@ fn responses_have_stable_names() {
                 vips: vec![VipEntry {
                     vip: vip(),
                     ring_size: 13,
+                    encap: Encap::Ipip,
                     backends: 1,
                     health: None,
                     effective_budget: None,
@@ -86,7 +90,7 @@ fn responses_have_stable_names() {
                 }],
                 alerts: vec![],
             })),
-            json!({"ok": {"type": "vips", "vips": [{"vip": "10.0.0.1:80/tcp", "ring_size": 13, "backends": 1}]}}),
+            json!({"ok": {"type": "vips", "vips": [{"vip": "10.0.0.1:80/tcp", "ring_size": 13, "encap": "ipip", "backends": 1}]}}),
         ),
         (
             Response::Ok(Reply::Backends(BackendList {
@@ -95,7 +99,7 @@ fn responses_have_stable_names() {
                 alerts: vec![],
             })),
             json!({"ok": {"type": "backends", "vip": "10.0.0.1:80/tcp",
-                          "backends": [{"address": "10.0.1.1", "weight": 0, "state": "draining"}]}}),
+                          "backends": [{"address": "10.0.1.1", "weight": 0, "state": "draining", "encap": "ipip"}]}}),
         ),
         (
             Response::Ok(Reply::Stats(Stats {

@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::CliError;
 use crate::{
-    model::{BackendOptions, MAX_RATE_PER_S},
+    model::{BackendOptions, Encap, MAX_RATE_PER_S},
     probe::{ProbePath, ProbeSpec},
 };
 
@@ -95,6 +95,9 @@ pub struct BackendOptionArgs {
     /// How to probe it [default: as its VIP says].
     #[arg(long, value_name = "PATH", value_enum)]
     pub probe_path: Option<ProbePath>,
+    /// How to tunnel to it: ipip or gue [default: as its VIP says].
+    #[arg(long, value_name = "ENCAP", value_enum)]
+    pub encap: Option<Encap>,
 }
 
 impl BackendOptionArgs {
@@ -105,6 +108,7 @@ impl BackendOptionArgs {
             spare_per_s: self.spare,
             probe_target: self.probe_target,
             probe_path: self.probe_path,
+            encap: self.encap,
         }
     }
 }

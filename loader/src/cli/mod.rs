@@ -24,7 +24,7 @@ use crate::{
         client::{self, ClientError},
     },
     docs::{self, CompletionsArgs, ManArgs},
-    model::{Cidr, DEFAULT_NONCE_LEN, DEFAULT_SERVER_ID_LEN, DEFAULT_WEIGHT, MAX_RATE_PER_S, QuicConfig, Vip},
+    model::{Cidr, DEFAULT_NONCE_LEN, DEFAULT_SERVER_ID_LEN, DEFAULT_WEIGHT, Encap, MAX_RATE_PER_S, QuicConfig, Vip},
 };
 
 const LBCTL_HELP: &str = "\
@@ -51,6 +51,7 @@ Examples:
   lbctl vips add '[fd00::1]:443/tcp' --ring-size 4099
   lbctl vips add 10.0.0.2:8080/tcp --force            # an address of the balancer itself
   lbctl vips add 10.0.0.3:443/udp --quic --quic-server-id-len 2 --quic-nonce-len 6
+  lbctl vips add 10.0.0.4:443/tcp --encap gue         # tunnel to its backends in GUE
 
 --quic: short-header packets go by the server id in their destination connection
 id (QUIC-LB, plaintext); each backend's server id is the last --quic-server-id-len
@@ -59,7 +60,19 @@ connection-id generator). Ids that do not decode go by the 5-tuple (counted).
 
 A VIP on an address of the balancer's own interfaces is refused without --force:
 the balancer's own traffic to it (SSH to 10.0.0.2:22, BGP) would go to the VIP's
-backends, or be dropped while it has none.";
+backends, or be dropped while it has none.
+
+--encap: ipip (the default: IPIP, IP6IP6 or IPv4-in-IPv6) or gue (the same with a
+UDP header to lbd's --gue-port, whose source port spreads flows over the backend's
+RSS queues; 8 bytes more). Every agent decapsulates both (lbd agent --gue-port).";
+
+const VIPS_ENCAP_HELP: &str = "\
+Example:
+  lbctl vips encap 10.0.0.1:80/tcp gue
+
+Changes the tunnel of every backend of the VIP that has no --encap of its own
+(lbctl backends options): packets in flight keep arriving, each as the agent
+decapsulates both. ipip or gue (see lbctl vips add --help).";
 
 const VIPS_LIST_HELP: &str = "\
 Example:
@@ -68,6 +81,8 @@ Example:
 Columns:
   VIP             address:port/protocol (port 0: every port)
   RING_SIZE       slots of its Maglev table
+  ENCAP           how its backends are tunnelled to (ipip or gue), unless their
+                  own --encap says otherwise
   BACKENDS        every backend of the VIP, draining ones included
   PROBE           health check kind/probe path (tcp/tunnel, http/direct, ...);
                   - when the VIP is not checked
@@ -140,6 +155,7 @@ Columns:
   EFFECTIVE   the weight the data path uses after health, ejection cap, panic,
               zones and port pressure
   ZONE        its failure domain; - for none
+  ENCAP       how it is tunnelled to: ipip or gue (its own, else its VIP's)
   LATENCY_MS  smoothed probe latency, in milliseconds to the microsecond
   PORTS       port pressure its agent reports: none, critical (ports nearly
               used up: weight reduced) or exhausted (connects failing for want
@@ -651,6 +667,17 @@ pub enum VipsCommand {
         force: bool,
         #[command(flatten)]
         quic: QuicArgs,
+        /// How its backends are tunnelled to (a backend's --encap overrides it).
+        #[arg(long, value_enum, value_name = "ENCAP", default_value_t = Encap::Ipip)]
+        encap: Encap,
+    },
+    /// Change how a VIP's backends are tunnelled to (those without their own --encap).
+    #[command(after_help = VIPS_ENCAP_HELP)]
+    Encap {
+        #[arg(value_name = "VIP")]
+        vip: Vip,
+        #[arg(value_enum, value_name = "ENCAP")]
+        encap: Encap,
     },
     /// List the VIPs.
     #[command(after_help = VIPS_LIST_HELP)]
@@ -775,11 +802,12 @@ impl Command {
     /// fit together are refused.
     pub fn request(&self) -> Result<Option<Request>, CliError> {
         Ok(Some(match self {
-            Command::Vips(VipsCommand::Add { vip, ring_size, force, quic }) => {
-                Request::AddVip { vip: *vip, ring_size: *ring_size, force: *force, quic: quic.config() }
+            Command::Vips(VipsCommand::Add { vip, ring_size, force, quic, encap }) => {
+                Request::AddVip { vip: *vip, ring_size: *ring_size, force: *force, quic: quic.config(), encap: *encap }
             }
             Command::Vips(VipsCommand::List(_)) => Request::ListVips,
             Command::Vips(VipsCommand::Remove { vip, force }) => Request::RemoveVip { vip: *vip, force: *force },
+            Command::Vips(VipsCommand::Encap { vip, encap }) => Request::SetVipEncap { vip: *vip, encap: *encap },
             Command::Vips(VipsCommand::Health { vip, health }) => Request::SetHealth {
                 vip: *vip,
                 probe: health.probe_spec()?,

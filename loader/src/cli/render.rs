@@ -78,6 +78,7 @@ fn done(command: &Command) -> Option<String> {
     let line = match command {
         Command::Vips(VipsCommand::Add { vip, .. }) => format!("added VIP {vip}"),
         Command::Vips(VipsCommand::Remove { vip, .. }) => format!("removed VIP {vip} and its backends"),
+        Command::Vips(VipsCommand::Encap { vip, encap }) => format!("VIP {vip}: backends without their own encap now take {encap}"),
         Command::Backends(BackendsCommand::Add { target, weight, .. }) => {
             format!("added backend {} to {} (weight {weight})", target.backend, target.vip)
         }

@@ -10,6 +10,7 @@ use crate::{
 pub(super) const VIPS_COLUMNS: &[(&str, Align)] = &[
     ("VIP", Align::Left),
     ("RING_SIZE", Align::Right),
+    ("ENCAP", Align::Left),
     ("BACKENDS", Align::Right),
     ("PROBE", Align::Left),
     ("HEALTHY_WEIGHT", Align::Right),
@@ -27,6 +28,7 @@ pub(super) const BACKENDS_COLUMNS: &[(&str, Align)] = &[
     ("HEALTH", Align::Left),
     ("EFFECTIVE", Align::Right),
     ("ZONE", Align::Left),
+    ("ENCAP", Align::Left),
     ("LATENCY_MS", Align::Right),
     ("PORTS", Align::Left),
     ("FOR_S", Align::Right),
@@ -92,7 +94,18 @@ pub fn vips_table(list: &VipList) -> String {
         };
         let budget = v.effective_budget.map_or_else(dash, |b| b.per_s.to_string());
         let announced = v.announcement.as_ref().map_or_else(dash, announced);
-        t.row(vec![v.vip.to_string(), v.ring_size.to_string(), v.backends.to_string(), probe, healthy, panic, budget, spill, announced]);
+        t.row(vec![
+            v.vip.to_string(),
+            v.ring_size.to_string(),
+            v.encap.to_string(),
+            v.backends.to_string(),
+            probe,
+            healthy,
+            panic,
+            budget,
+            spill,
+            announced,
+        ]);
     }
     with_alerts(&list.alerts, t.render())
 }
@@ -159,6 +172,7 @@ pub fn backends_table(list: &BackendList) -> String {
             health,
             b.effective_weight.map_or_else(dash, |w| w.to_string()),
             b.options.zone.clone().unwrap_or_else(dash),
+            b.encap.to_string(),
             b.latency_ms.map_or_else(dash, latency),
             b.pressure.clone().unwrap_or_else(dash),
             b.state_for_s.map_or_else(dash, |s| s.to_string()),

@@ -30,16 +30,19 @@ fn ip(s: &str) -> IpAddr {
 fn commands_map_to_requests() {
     let v = vip("10.0.0.1:80/tcp");
     let cases: Vec<(&[&str], Request)> = vec![
-        (&["vips", "add", "10.0.0.1:80/tcp"], Request::AddVip { vip: v, ring_size: None, force: false, quic: None }),
+        (&["vips", "add", "10.0.0.1:80/tcp"], Request::AddVip { vip: v, ring_size: None, force: false, quic: None, encap: Encap::Ipip }),
         (
             &["vips", "add", "[fd00::1]:0/udp", "--ring-size", "4099"],
-            Request::AddVip { vip: vip("[fd00::1]:0/udp"), ring_size: Some(4099), force: false, quic: None },
+            Request::AddVip { vip: vip("[fd00::1]:0/udp"), ring_size: Some(4099), force: false, quic: None, encap: Encap::Ipip },
         ),
         (&["vips", "list"], Request::ListVips),
         (&["vips", "list", "-o", "json"], Request::ListVips),
         (&["vips", "remove", "10.0.0.1:80/tcp"], Request::RemoveVip { vip: v, force: false }),
         (&["vips", "remove", "10.0.0.1:80/tcp", "--force"], Request::RemoveVip { vip: v, force: true }),
-        (&["vips", "add", "10.0.0.1:80/tcp", "--force"], Request::AddVip { vip: v, ring_size: None, force: true, quic: None }),
+        (
+            &["vips", "add", "10.0.0.1:80/tcp", "--force"],
+            Request::AddVip { vip: v, ring_size: None, force: true, quic: None, encap: Encap::Ipip },
+        ),
         (
             &["vips", "add", "10.0.0.3:443/udp", "--quic", "--quic-nonce-len", "8", "--quic-self-len"],
             Request::AddVip {
@@ -47,8 +50,14 @@ fn commands_map_to_requests() {
                 ring_size: None,
                 force: false,
                 quic: Some(crate::model::QuicConfig { nonce_len: 8, self_len: true, ..Default::default() }),
+                encap: Encap::Ipip,
             },
         ),
+        (
+            &["vips", "add", "10.0.0.1:80/tcp", "--encap", "gue"],
+            Request::AddVip { vip: v, ring_size: None, force: false, quic: None, encap: Encap::Gue },
+        ),
+        (&["vips", "encap", "10.0.0.1:80/tcp", "ipip"], Request::SetVipEncap { vip: v, encap: Encap::Ipip }),
         (
             &["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1"],
             Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: Default::default() },
@@ -99,6 +108,9 @@ fn bad_input_is_refused_before_reaching_lbd() {
         (&["backends", "add", "10.0.1.1"], ErrorKind::MissingRequiredArgument, "--vip"),
         (&["backends", "list"], ErrorKind::MissingRequiredArgument, "--vip"),
         (&["stats", "-o", "yaml"], ErrorKind::InvalidValue, "yaml"),
+        (&["vips", "add", "10.0.0.1:80/tcp", "--encap", "vxlan"], ErrorKind::InvalidValue, "--encap <ENCAP>"),
+        (&["vips", "encap", "10.0.0.1:80/tcp", "gre"], ErrorKind::InvalidValue, "[possible values: ipip, gue]"),
+        (&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--encap", "GUE!"], ErrorKind::InvalidValue, "--encap"),
         (&["vips"], ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand, "Usage"),
     ];
     for (args, kind, text) in cases {
@@ -127,8 +139,8 @@ fn every_help_has_an_example() {
     let mut seen = 0;
     walk(&Cli::command(), &mut Vec::new(), &mut seen);
     assert_eq!(
-        seen, 36,
-        "lbctl, vips (4), backends (6), stats, ratelimit (4), rules (3), top-sources, top, flows (3), ports, apply, diff, export, \
+        seen, 37,
+        "lbctl, vips (5), backends (6), stats, ratelimit (4), rules (3), top-sources, top, flows (3), ports, apply, diff, export, \
          status, completions, man"
     );
 }
@@ -160,6 +172,7 @@ fn tables() {
         vips: vec![VipEntry {
             vip: vip("10.0.0.1:80/tcp"),
             ring_size: 65537,
+            encap: Encap::Gue,
             backends: 2,
             health: None,
             effective_budget: None,
@@ -170,8 +183,8 @@ fn tables() {
     };
     assert_eq!(
         rendered(&["vips", "list"], Reply::Vips(vips)),
-        "VIP              RING_SIZE  BACKENDS  PROBE  HEALTHY_WEIGHT  PANIC  BUDGET/S  SPILL/S  ANNOUNCED\n\
-         10.0.0.1:80/tcp      65537         2  -                   -  -             -        -  -\n"
+        "VIP              RING_SIZE  ENCAP  BACKENDS  PROBE  HEALTHY_WEIGHT  PANIC  BUDGET/S  SPILL/S  ANNOUNCED\n\
+         10.0.0.1:80/tcp      65537  gue           2  -                   -  -             -        -  -\n"
     );
     let backends = BackendList {
         vip: vip("10.0.0.1:80/tcp"),
@@ -179,6 +192,7 @@ fn tables() {
             BackendEntry {
                 health: Some("unhealthy".to_owned()),
                 effective_weight: Some(0),
+                encap: Encap::Gue,
                 ..BackendEntry::configured(ip("10.0.1.1"), 100)
             },
             BackendEntry::configured(ip("fd00::2"), 0),
@@ -187,9 +201,9 @@ fn tables() {
     };
     assert_eq!(
         rendered(&["backends", "list", "--vip", "10.0.0.1:80/tcp"], Reply::Backends(backends)),
-        "BACKEND   WEIGHT  STATE     HEALTH     EFFECTIVE  ZONE  LATENCY_MS  PORTS  FOR_S  REASON\n\
-         10.0.1.1     100  active    unhealthy          0  -              -  -          -  -\n\
-         fd00::2        0  draining  -                  -  -              -  -          -  -\n"
+        "BACKEND   WEIGHT  STATE     HEALTH     EFFECTIVE  ZONE  ENCAP  LATENCY_MS  PORTS  FOR_S  REASON\n\
+         10.0.1.1     100  active    unhealthy          0  -     gue             -  -          -  -\n\
+         fd00::2        0  draining  -                  -  -     ipip            -  -          -  -\n"
     );
     // A QUIC VIP's backends show their server ids.
     let quic = BackendList {
@@ -199,8 +213,8 @@ fn tables() {
     };
     assert_eq!(
         rendered(&["backends", "list", "--vip", "10.0.0.3:443/udp"], Reply::Backends(quic)),
-        "BACKEND   WEIGHT  STATE   HEALTH  EFFECTIVE  ZONE  LATENCY_MS  PORTS  FOR_S  SERVER_ID  REASON\n\
-         10.0.1.1     100  active  -               -  -              -  -          -  0101       -\n"
+        "BACKEND   WEIGHT  STATE   HEALTH  EFFECTIVE  ZONE  ENCAP  LATENCY_MS  PORTS  FOR_S  SERVER_ID  REASON\n\
+         10.0.1.1     100  active  -               -  -     ipip            -  -          -  0101       -\n"
     );
     assert_eq!(
         rendered(&["stats"], Reply::Stats(sample_stats())),
@@ -228,7 +242,7 @@ fn json_output_has_the_documented_fields() {
     let out = rendered(&["backends", "list", "--vip", "10.0.0.1:80/tcp", "-o", "json"], Reply::Backends(list));
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&out).unwrap(),
-        serde_json::json!({"vip": "10.0.0.1:80/tcp", "backends": [{"address": "10.0.1.1", "weight": 0, "state": "draining"}]})
+        serde_json::json!({"vip": "10.0.0.1:80/tcp", "backends": [{"address": "10.0.1.1", "weight": 0, "state": "draining", "encap": "ipip"}]})
     );
 }
 
@@ -550,6 +564,11 @@ fn health_zone_and_ports_commands_send_their_requests() {
     let r = request(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--probe-path", "direct"]);
     let options = crate::model::BackendOptions { probe_path: Some(crate::probe::ProbePath::Direct), ..Default::default() };
     assert_eq!(r, Request::SetBackendOptions { vip: v, backend: ip("10.0.1.1"), options });
+    let r = request(&["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--encap", "gue"]);
+    let options = crate::model::BackendOptions { encap: Some(Encap::Gue), ..Default::default() };
+    assert_eq!(r, Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: options.clone() });
+    let r = request(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--encap", "gue"]);
+    assert_eq!(r, Request::SetBackendOptions { vip: v, backend: ip("10.0.1.1"), options });
     let err = parse(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--probe-path", "sideways"]).unwrap_err().to_string();
     assert!(err.contains("--probe-path") && err.contains("direct") && err.contains("tunnel"), "{err}");
     let Request::SetHealth { probe_path, probe: None, .. } = request(&["vips", "health", "10.0.0.1:80/tcp", "--probe-path", "tunnel"])
@@ -609,6 +628,7 @@ fn health_panic_budget_and_alerts_are_shown() {
         vips: vec![VipEntry {
             vip: vip("10.0.0.1:80/tcp"),
             ring_size: 13,
+            encap: Encap::Ipip,
             backends: 3,
             health: Some(crate::api::VipHealthView {
                 probe: crate::probe::ProbeSpec::default(),

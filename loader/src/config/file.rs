@@ -13,8 +13,8 @@ use super::{datetime, locate::FieldPath};
 use crate::{
     health::HealthConfig,
     model::{
-        Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, LimitConfig, ModelError, QuicConfig, RuleActionKind, RuleConfig,
-        RuleMatch, Vip, VipConfig, VipHealth, check_serving_weight,
+        Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, Encap, LimitConfig, ModelError, QuicConfig, RuleActionKind,
+        RuleConfig, RuleMatch, Vip, VipConfig, VipHealth, check_serving_weight,
     },
     probe::{ProbePath, ProbeSpec},
 };
@@ -53,6 +53,9 @@ pub struct FileVip {
     /// A QUIC VIP (UDP) and its QUIC-LB configuration: `quic = {}` takes the defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic: Option<QuicConfig>,
+    /// `ipip` (the default) or `gue`: how its backends are tunnelled to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encap: Option<Encap>,
     #[serde(default)]
     pub backends: Vec<FileBackend>,
 }
@@ -113,6 +116,9 @@ pub struct FileBackend {
     pub probe_target: Option<SocketAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_path: Option<ProbePath>,
+    /// This backend's tunnel, when not its VIP's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encap: Option<Encap>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,6 +152,7 @@ impl ConfigFile {
             state.add_vip(v.vip, v.ring_size.unwrap_or(DEFAULT_RING_SIZE)).map_err(|e| refusal(&at, e))?;
             state.allow_local_address(&v.vip, v.allow_local_address).map_err(|e| refusal(&at, e))?;
             state.set_quic(&v.vip, v.quic).map_err(|e| refusal(&at, e))?;
+            state.set_encap(&v.vip, v.encap.unwrap_or_default()).map_err(|e| refusal(&at, e))?;
             if let Some(health) = &v.health {
                 let health = health.to_model();
                 // Checked here rather than by `set_health`, whose error does not name the field.
@@ -205,10 +212,11 @@ impl ConfigFile {
 
 impl FileVip {
     pub fn from_model(vip: &Vip, config: &VipConfig) -> Self {
-        let VipConfig { ring_size, backends, limits, health, allow_local_address, quic } = config;
+        let VipConfig { ring_size, backends, limits, health, allow_local_address, quic, encap } = config;
         Self {
             vip: *vip,
             quic: *quic,
+            encap: (!encap.is_ipip()).then_some(*encap),
             ring_size: Some(*ring_size),
             limits: *limits,
             allow_local_address: *allow_local_address,
@@ -230,8 +238,19 @@ impl FileHealth {
 
 impl FileBackend {
     fn to_model(&self, at: &FieldPath) -> Result<Backend, Refusal> {
-        let Self { address: _, weight, drain, drain_deadline, started_at, zone, capacity_per_s, spare_per_s, probe_target, probe_path } =
-            self;
+        let Self {
+            address: _,
+            weight,
+            drain,
+            drain_deadline,
+            started_at,
+            zone,
+            capacity_per_s,
+            spare_per_s,
+            probe_target,
+            probe_path,
+            encap,
+        } = self;
         let weight = match drain {
             true => 0,
             false => check_serving_weight(weight.unwrap_or(DEFAULT_WEIGHT)).map_err(|e| {
@@ -249,13 +268,14 @@ impl FileBackend {
             spare_per_s: *spare_per_s,
             probe_target: *probe_target,
             probe_path: *probe_path,
+            encap: *encap,
         };
         Ok(Backend { weight, options, drain_deadline_unix_ms, started_at_unix_ms })
     }
 
     pub fn from_model(address: IpAddr, backend: &Backend) -> Self {
         let Backend { weight, options, drain_deadline_unix_ms, started_at_unix_ms } = backend;
-        let BackendOptions { zone, capacity_per_s, spare_per_s, probe_target, probe_path } = options.clone();
+        let BackendOptions { zone, capacity_per_s, spare_per_s, probe_target, probe_path, encap } = options.clone();
         Self {
             address,
             weight: (*weight != 0).then_some(*weight),
@@ -267,6 +287,7 @@ impl FileBackend {
             spare_per_s,
             probe_target,
             probe_path,
+            encap,
         }
     }
 }

@@ -45,6 +45,21 @@ fn the_example_declares_what_it_says() {
 }
 
 #[test]
+fn encap_is_read_per_vip_and_backend_and_exported() {
+    let text = "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nencap = \"gue\"\n\n[[vips.backends]]\naddress = \"10.0.1.1\"\n\n\
+                [[vips.backends]]\naddress = \"10.0.1.2\"\nencap = \"ipip\"\n\n[[vips]]\nvip = \"10.0.0.2:80/tcp\"\n\n\
+                [[vips.backends]]\naddress = \"10.0.1.3\"\nencap = \"gue\"\n";
+    let state = parse(text).unwrap();
+    let (web, other) = (&state.vips[&vip("10.0.0.1:80/tcp")], &state.vips[&vip("10.0.0.2:80/tcp")]);
+    use crate::model::Encap::{Gue, Ipip};
+    assert_eq!((web.encap, other.encap), (Gue, Ipip), "a VIP without encap is ipip");
+    let of = |config: &crate::model::VipConfig, b: &str| config.encap_of(&config.backends[&b.parse().unwrap()]);
+    assert_eq!([of(web, "10.0.1.1"), of(web, "10.0.1.2"), of(other, "10.0.1.3")], [Gue, Ipip, Gue]);
+    let exported = export(&state, None);
+    assert_eq!(parse(&exported).unwrap(), state, "{exported}");
+}
+
+#[test]
 fn the_example_uses_every_field() {
     // A state with every optional part set: every key its export holds must appear in the
     // example (documented there once).
@@ -55,6 +70,7 @@ fn the_example_uses_every_field() {
     policy.fall = 9; // exported only when it differs from the default
     web.health.as_mut().unwrap().policy = policy;
     web.allow_local_address = true;
+    web.encap = crate::model::Encap::Gue;
     full.vips.get_mut(&vip("192.0.2.30:443/udp")).unwrap().quic.as_mut().unwrap().self_len = true;
     let exported = export(&full, None);
     let file: toml::Table = toml::from_str(&exported).unwrap();
@@ -170,6 +186,17 @@ fn bad_files_are_refused_with_place_field_and_reason() {
             "",
         ),
         (with_backend("address = \"10.0.1.1\"\nzone = \"Zone A\""), "vips[2].backends[0].zone: zone \"Zone A\"", ""),
+        (
+            with_backend("address = \"10.0.1.1\"\nencap = \"vxlan\""),
+            "test.toml:11:9: vips[2].backends[0].encap: unknown variant `vxlan`, expected `ipip` or `gue`",
+            "",
+        ),
+        (
+            "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nencap = \"GUE\"\n".into(),
+            "test.toml:3:9: vips[0].encap: unknown variant `GUE`, expected `ipip` or `gue`",
+            "",
+        ),
+        ("[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nencap = 4\n".into(), "test.toml:3:9: vips[0].encap: wanted string or table", ""),
         (with_backend("address = \"10.0.1.1\"\nprobe_target = \"10.0.1.1:0\""), "vips[2].backends[0].probe_target:", ""),
         (with_backend("address = \"fd00::1\""), "", ""),
         (

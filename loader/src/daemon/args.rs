@@ -5,8 +5,8 @@ use std::{ffi::OsString, path::PathBuf};
 use aya::programs::XdpMode;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use spillway_common::limits::{
-    Capacity, DEFAULT_LOCAL_ADDRS, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, MAX_LOCAL_ADDRS,
-    SECOND_CHANCE_SETTLE_MS,
+    Capacity, DEFAULT_GUE_PORT, DEFAULT_LOCAL_ADDRS, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S,
+    MAX_LOCAL_ADDRS, SECOND_CHANCE_SETTLE_MS,
 };
 
 use super::{
@@ -184,6 +184,10 @@ pub struct DaemonArgs {
     /// that moves between them keeps its backend.
     #[arg(long, value_name = "SEED", default_value = FLOW_SEED_HEX, value_parser = parse_seed)]
     pub flow_hash_seed: u32,
+    /// UDP destination port of GUE tunnels (to backends whose encap is gue). A fleet setting:
+    /// every agent's --gue-port must be the same.
+    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_GUE_PORT, value_parser = clap::value_parser!(u16).range(1..))]
+    pub gue_port: u16,
     /// Seconds a VIP's Maglev table must stay unchanged before its next change replaces its
     /// second-chance table (the table packets of connections this balancer has no entry for
     /// may also belong to); changes closer together, such as a slow-start ramp, are one.
@@ -378,6 +382,10 @@ pub struct AgentArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_LOCAL_ADDRS,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LOCAL_ADDRS)))]
     pub max_local_addrs: u32,
+    /// UDP port GUE tunnels arrive on (the balancers' --gue-port), or 0: IPIP only. Taken
+    /// only from --allow-from, as IPIP is; UDP to this port from anyone else is dropped.
+    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_GUE_PORT)]
+    pub gue_port: u16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -537,9 +537,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::ListVips => Ok(Reply::Vips(self.vips())),
             Request::ListBackends { vip } => Ok(Reply::Backends(self.backends(&vip)?)),
             Request::Stats => self.stats().map(Reply::Stats).map_err(CoreError::Counters),
-            Request::AddVip { vip, ring_size, force, quic } => {
+            Request::AddVip { vip, ring_size, force, quic, encap } => {
                 let ring_size = ring_size.unwrap_or(DEFAULT_RING_SIZE);
-                let mut change = change("add_vip").field("vip", &vip).field("ring_size", &ring_size).field("force", &force);
+                let mut change =
+                    change("add_vip").field("vip", &vip).field("ring_size", &ring_size).field("force", &force).field("encap", &encap);
                 if let Some(q) = &quic {
                     change = change
                         .field("quic_config_id", &q.config_id)
@@ -549,8 +550,12 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 self.mutate(change, |s| {
                     s.add_vip(vip, ring_size)?;
                     s.allow_local_address(&vip, force)?;
+                    s.set_encap(&vip, encap)?;
                     s.set_quic(&vip, quic)
                 })
+            }
+            Request::SetVipEncap { vip, encap } => {
+                self.mutate(change("set_vip_encap").field("vip", &vip).field("encap", &encap), |s| s.set_encap(&vip, encap))
             }
             Request::RemoveVip { vip, force } => {
                 let backends = self.state.vip(&vip)?.backends.len();
@@ -801,6 +806,9 @@ fn backend_options(mut change: Change, options: &crate::model::BackendOptions) -
     }
     if let Some(path) = options.probe_path {
         change = change.field("probe_path", &path);
+    }
+    if let Some(encap) = options.encap {
+        change = change.field("encap", &encap);
     }
     change
 }

@@ -478,6 +478,7 @@ fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
         tcp_idle_timeout_s: args.tcp_idle_timeout_s,
         udp_idle_timeout_s: args.udp_idle_timeout_s,
         flow_seed: args.flow_hash_seed,
+        gue_port: args.gue_port.to_be(),
         ..LbConfig::default()
     })
 }

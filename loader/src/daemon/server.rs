@@ -194,6 +194,7 @@ mod tests {
     use crate::{
         api::{Reply, VipList, client},
         model::DesiredState,
+        model::Encap,
         store::StateFile,
         testing::{FakeMaps, TempDir},
     };
@@ -239,7 +240,7 @@ mod tests {
         assert_eq!(fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(fs::metadata(socket.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
         let vip = "10.0.0.1:80/tcp".parse().unwrap();
-        call(&socket, Request::AddVip { vip, ring_size: Some(13), force: false, quic: None }).await.unwrap();
+        call(&socket, Request::AddVip { vip, ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip }).await.unwrap();
         let listed = call(&socket, Request::ListVips).await.unwrap();
         assert!(matches!(listed, Reply::Vips(VipList { vips, .. }) if vips.len() == 1));
         let err = call(&socket, Request::RemoveVip { vip: "10.0.0.2:80/tcp".parse().unwrap(), force: false }).await.unwrap_err();

@@ -4,6 +4,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
+use spillway_common::types::{ENCAP_GUE, ENCAP_IPIP};
+
 use super::{MAX_RATE_PER_S, ModelError};
 use crate::{
     health::HealthConfig,
@@ -54,6 +56,50 @@ pub struct BackendOptions {
     /// How to probe it, when not as its VIP says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_path: Option<ProbePath>,
+    /// How to tunnel to it, when not as its VIP says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encap: Option<Encap>,
+}
+
+/// How packets are tunnelled to a backend (the data path's `BackendInfo::encap`); its agent
+/// decapsulates both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Encap {
+    /// IPIP, IP6IP6 or IPv4-in-IPv6: the outer IP header alone.
+    #[default]
+    Ipip,
+    /// GUE variant 1: the outer IP header, then a UDP header (to `lbd --gue-port`, from a
+    /// source port taken from the flow hash, so the backend's RSS spreads flows), then the
+    /// packet. 8 bytes more than IPIP; passes network gear that mishandles IPIP.
+    Gue,
+}
+
+impl Encap {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Encap::Ipip => "ipip",
+            Encap::Gue => "gue",
+        }
+    }
+
+    pub fn is_ipip(&self) -> bool {
+        *self == Encap::Ipip
+    }
+
+    /// `BackendInfo::encap`.
+    pub const fn data_path(self) -> u8 {
+        match self {
+            Encap::Ipip => ENCAP_IPIP,
+            Encap::Gue => ENCAP_GUE,
+        }
+    }
+}
+
+impl std::fmt::Display for Encap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl BackendOptions {
@@ -62,7 +108,7 @@ impl BackendOptions {
     }
 
     pub fn validate(&self, backend: IpAddr) -> Result<(), ModelError> {
-        let Self { zone, capacity_per_s, spare_per_s, probe_target, probe_path: _ } = self;
+        let Self { zone, capacity_per_s, spare_per_s, probe_target, probe_path: _, encap: _ } = self;
         if let Some(zone) = zone {
             check_zone(zone)?;
         }

@@ -121,6 +121,34 @@ fn adopting_existing_maps_writes_nothing_for_the_same_state() {
 }
 
 #[test]
+fn each_backend_entry_carries_its_encap_and_a_restart_rewrites_none() {
+    use crate::model::{BackendOptions, Encap};
+    use spillway_common::types::{ENCAP_GUE, ENCAP_IPIP};
+    let mut maps = FakeMaps::default();
+    let mut s = state(&[("10.0.0.101", 100), ("10.0.0.102", 100)]);
+    s.set_encap(&vip(), Encap::Gue).unwrap();
+    let ipip = BackendOptions { encap: Some(Encap::Ipip), ..BackendOptions::default() };
+    s.set_backend_options(&vip(), "10.0.0.102".parse().unwrap(), ipip).unwrap();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    let encap_of =
+        |maps: &FakeMaps, r: &Reconciler, addr: &str| maps.backends[&r.backend_id(&vip(), &addr.parse().unwrap()).unwrap()].encap;
+    assert_eq!((encap_of(&maps, &r, "10.0.0.101"), encap_of(&maps, &r, "10.0.0.102")), (ENCAP_GUE, ENCAP_IPIP));
+    // A restarted lbd adopts the entries as they are: nothing to write.
+    let writes = maps.backend_writes;
+    let mut restarted = Reconciler::adopt(&maps).unwrap();
+    assert_eq!(restarted.apply(&mut maps, &s).unwrap(), ApplyReport::default());
+    assert_eq!(maps.backend_writes, writes, "a restart rewrote backend entries");
+    // The VIP's change reaches the backend that takes the VIP's, not the one with its own.
+    s.set_encap(&vip(), Encap::Ipip).unwrap();
+    restarted.apply(&mut maps, &s).unwrap();
+    assert_eq!(encap_of(&maps, &restarted, "10.0.0.101"), ENCAP_IPIP);
+    s.set_backend_options(&vip(), "10.0.0.102".parse().unwrap(), BackendOptions { encap: Some(Encap::Gue), ..Default::default() }).unwrap();
+    restarted.apply(&mut maps, &s).unwrap();
+    assert_eq!(encap_of(&maps, &restarted, "10.0.0.102"), ENCAP_GUE);
+}
+
+#[test]
 fn ring_size_change_flips_to_a_full_table_of_the_new_size() {
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();

@@ -14,7 +14,7 @@ fn decap_reasons(env: &Env) -> Vec<u64> {
 }
 
 /// Runs the decapsulator on `frame`: its action, and that only `reason` was counted.
-fn run_decap(env: &Env, frame: &[u8], action: u32, reason: DecapReason) -> Vec<u8> {
+pub(crate) fn run_decap(env: &Env, frame: &[u8], action: u32, reason: DecapReason) -> Vec<u8> {
     let program = env.decap.program("spillway_decap").unwrap();
     let program: &aya::programs::Xdp = program.try_into().unwrap();
     let before = decap_reasons(env);

@@ -8,6 +8,7 @@ mod decap;
 mod flood;
 mod forwarding;
 mod fuzz;
+mod gue;
 mod icmp;
 mod limits;
 mod nexthop;

@@ -5,7 +5,10 @@
 use std::net::IpAddr;
 
 use spillway::dataplane::{ProbeMaps, test_run};
-use spillway_common::types::{CFG_F_STATIC_NEXTHOP, ProbeConfig, ProbeReason, Reason, probe_mark};
+use spillway_common::{
+    limits::DEFAULT_GUE_PORT,
+    types::{CFG_F_STATIC_NEXTHOP, ProbeConfig, ProbeReason, Reason, probe_mark},
+};
 use spillway_harness::{frames, packet_lab};
 
 use crate::support::*;
@@ -45,6 +48,29 @@ fn probe_frame(v: &str, udp: bool) -> Vec<u8> {
     let target = sock(v.rsplit_once('/').unwrap().0);
     let src = if target.is_ipv4() { "10.1.0.1:40000" } else { "[fd01::1]:40000" };
     if udp { frames::udp(sock(src), target, b"ping") } else { frames::tcp(sock(src), target, true, &[]) }
+}
+
+#[test]
+fn a_probe_to_a_gue_backend_leaves_in_gue_as_the_data_path_sends_it() {
+    with_env(|env| {
+        let maps = load_probe(env);
+        let cases: [(&str, IpAddr, bool); 3] = [
+            ("10.200.1.1:80/tcp", packet_lab::backend4(101).into(), false),
+            ("[2001:db8:100::2]:53/udp", packet_lab::backend6(102).into(), true),
+            ("10.200.1.3:80/tcp", packet_lab::backend6(103).into(), false),
+        ];
+        for (v, backend, udp) in cases {
+            env.add_vip(vip(v), &[backend]);
+            env.update(|s| s.set_encap(&vip(v), spillway::model::Encap::Gue).unwrap());
+            let frame = probe_frame(v, udp);
+            let data_path = env.expect(&frame, XDP_TX, Reason::Tx).frame;
+            let probe = expect_probe(env, &maps, &frame, mark(env, v, backend), TC_ACT_REDIRECT, ProbeReason::Redirect);
+            let outer_ip = if backend.is_ipv4() { 20 } else { 40 };
+            assert_eq!(probe[14 + if backend.is_ipv4() { 9 } else { 6 }], 17, "{v}: an outer UDP header");
+            assert_eq!(u16::from_be_bytes([probe[14 + outer_ip + 2], probe[14 + outer_ip + 3]]), DEFAULT_GUE_PORT);
+            assert_eq!(probe, data_path, "{v} via {backend}: the probe differs from the data path's GUE packet");
+        }
+    });
 }
 
 #[test]

@@ -147,7 +147,7 @@ fn backend_host(env: &mut Env) -> (IpAddr, IpAddr) {
 }
 
 /// The middle tunnel as a router would send it on: one hop less (IPv4: checksum updated).
-fn one_hop_less(middle: &[u8]) -> Vec<u8> {
+pub(crate) fn one_hop_less(middle: &[u8]) -> Vec<u8> {
     let mut m = middle.to_vec();
     if m[14] >> 4 == 4 {
         m[22] -= 1;

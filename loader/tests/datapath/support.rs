@@ -16,7 +16,7 @@ use spillway::{
 use spillway_common::{
     addr::{from_words, to_words},
     hash::{FLOW_SEED, flow_hash},
-    limits::{Capacity, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
+    limits::{Capacity, DEFAULT_GUE_PORT, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
     types::{FlowKey, LbConfig, Reason, VipMeta},
 };
 use spillway_harness::{
@@ -93,6 +93,7 @@ pub fn default_config() -> LbConfig {
         tcp_idle_timeout_s: DEFAULT_TCP_IDLE_TIMEOUT_S,
         udp_idle_timeout_s: DEFAULT_UDP_IDLE_TIMEOUT_S,
         flow_seed: FLOW_SEED,
+        gue_port: DEFAULT_GUE_PORT.to_be(),
         ..LbConfig::default()
     }
 }
@@ -164,6 +165,13 @@ impl Env {
         for cidr in cidrs {
             allow.insert(&spillway::agent::allow_key(cidr.parse().unwrap()), &1, 0).unwrap();
         }
+    }
+
+    /// Makes the decapsulator take GUE on `port` (0: off), as `lbd agent --gue-port` does.
+    pub fn decap_gue_port(&mut self, port: u16) {
+        let map = self.decap.map_mut(spillway_common::limits::map_names::DECAP_CONFIG).unwrap();
+        let mut config: aya::maps::Array<_, spillway_common::types::DecapConfig> = aya::maps::Array::try_from(map).unwrap();
+        config.set(0, &spillway_common::types::DecapConfig { gue_port: port.to_be(), _pad: 0 }, 0).unwrap();
     }
 
     /// The backend the connection table holds for `key`.

@@ -4,6 +4,7 @@
 
 mod config_file;
 mod flood;
+mod gue;
 mod health;
 mod health_policy;
 mod health_state;

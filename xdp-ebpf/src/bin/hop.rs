@@ -52,6 +52,7 @@ fn hop(ctx: &XdpContext) -> Option<u32> {
         inner_len: usize::from(u16::from_be(ip.tot_len)),
         tos: ip.tos,
         flow_hash: 0,
+        gue_port: None,
     };
     encap::push(ctx, ETH_LEN, &tunnel, &Macs { src: cfg.src_mac, dst: backend.mac }).ok()?;
     Some(XDP_TX)

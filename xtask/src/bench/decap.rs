@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use anyhow::{Context, Result, ensure};
 use aya::{
-    maps::{HashMap, LpmTrie},
+    maps::{Array, HashMap, LpmTrie},
     programs::{Xdp, XdpMode},
 };
 use spillway::{
@@ -16,8 +16,8 @@ use spillway::{
 };
 use spillway_common::{
     addr::to_words,
-    limits::{MAX_ALLOW_FROM, map_names, program_names},
-    types::AddrKey,
+    limits::{DEFAULT_GUE_PORT, MAX_ALLOW_FROM, map_names, program_names},
+    types::{AddrKey, DecapConfig},
 };
 use spillway_harness::{frames, packet_lab::PacketLab};
 
@@ -52,9 +52,11 @@ fn measure(ingress: u32, calls: usize, reps: usize) -> Result<Section> {
     let (one, full) = (load(1)?, load(MAX_ALLOW_FROM)?);
     let inner = frames::tcp("192.168.10.20:40000".parse()?, VIP.parse()?, false, b"data");
     let tunnel = |src: &str| -> Result<Vec<u8>> { Ok(frames::tunnel(src.parse()?, LOCAL.parse()?, &inner[14..])) };
+    let gue = frames::gue_tunnel(BALANCER.parse()?, LOCAL.parse()?, (50123, DEFAULT_GUE_PORT), 0, &inner[14..]);
     let cases = [
         (Case { name: "floor", frame: inner.clone(), action: XDP_TX }, program(&floor, program_names::FLOOR)?),
         (Case { name: "decap_allowed", frame: tunnel(BALANCER)?, action: XDP_PASS }, program(&one, program_names::DECAP)?),
+        (Case { name: "decap_allowed_gue", frame: gue, action: XDP_PASS }, program(&one, program_names::DECAP)?),
         (Case { name: "decap_allowed_full_list", frame: tunnel(BALANCER)?, action: XDP_PASS }, program(&full, program_names::DECAP)?),
         (Case { name: "decap_refused", frame: tunnel("203.0.113.7")?, action: XDP_DROP }, program(&full, program_names::DECAP)?),
     ];
@@ -79,8 +81,8 @@ fn measure(ingress: u32, calls: usize, reps: usize) -> Result<Section> {
     let mut text = String::new();
     writeln!(
         text,
-        "Decapsulation (lbd agent): a {}-byte IPIP tunnel from the balancer to a local address, with an allow-list of one \
-         prefix and of {MAX_ALLOW_FROM}, and from a source outside it (dropped); thread pinned to CPU {cpu}.",
+        "Decapsulation (lbd agent): a {}-byte IPIP tunnel (and the same in GUE) from the balancer to a local address, with \
+         an allow-list of one prefix and of {MAX_ALLOW_FROM}, and from a source outside it (dropped); thread pinned to CPU {cpu}.",
         cases[1].0.frame.len()
     )?;
     writeln!(text, "{:<24} | {:>9} | {:>7}", "case", "ns/packet", "x floor")?;
@@ -94,6 +96,8 @@ fn measure(ingress: u32, calls: usize, reps: usize) -> Result<Section> {
             rows.push((format!("{}_x_floor", case.name), ratio));
         }
     }
+    writeln!(text, "decap_allowed_gue / decap_allowed (GUE against IPIP): {:.3}", medians[2] / medians[1])?;
+    rows.push(("decap_allowed_gue_x_ipip".to_owned(), medians[2] / medians[1]));
     Ok(Section { text, rows, ..Section::default() })
 }
 
@@ -106,6 +110,8 @@ fn load(prefixes: u32) -> Result<aya::Ebpf> {
         let (addr, family) = to_words(addr.parse()?);
         local.insert(&AddrKey { addr, family, _pad: [0; 3] }, &1, 0)?;
     }
+    let mut config: Array<_, DecapConfig> = Array::try_from(ebpf.map_mut(map_names::DECAP_CONFIG).context("no config map")?)?;
+    config.set(0, &DecapConfig { gue_port: DEFAULT_GUE_PORT.to_be(), _pad: 0 }, 0)?;
     let mut allow = LpmTrie::try_from(ebpf.map_mut(map_names::ALLOW_FROM).context("no allow-list map")?)?;
     allow.insert(&spillway::agent::allow_key(format!("{BALANCER}/32").parse()?), &1, 0)?;
     for n in 1..prefixes {

@@ -20,14 +20,16 @@ use spillway::{
         self, Balancer, LoadOptions,
         test_run::{self, HEADROOM_BYTES},
     },
-    model::{DEFAULT_WEIGHT, DesiredState, LimitConfig, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip},
+    model::{DEFAULT_WEIGHT, DesiredState, Encap, LimitConfig, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip},
     objects,
     reconcile::Reconciler,
 };
 use spillway_common::{
     addr::{from_words, to_words},
-    hash::{FLOW_SEED, flow_hash, hop_index},
-    limits::{Capacity, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, map_names, program_names},
+    hash::{FLOW_SEED, flow_hash, gue_source_port, hop_index},
+    limits::{
+        Capacity, DEFAULT_GUE_PORT, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, map_names, program_names,
+    },
     types::{Bucket, FAMILY_V4, FlowKey, HOP_BACKENDS, HopBackend, HopConfig, LbConfig, Reason},
 };
 use spillway_harness::{
@@ -56,6 +58,10 @@ pub const LIMITED_VIP: &str = "10.200.1.2:80/tcp";
 const SOURCE_LIMIT: RateSpec = RateSpec { per_s: 1000, burst: 100 };
 /// A third VIP whose budget is deep in debt: every new flow to it is dropped, no rule involved.
 pub const BUDGET_VIP: &str = "10.200.1.3:80/tcp";
+/// A fourth VIP, like [`VIP`] but tunnelled in GUE.
+pub const GUE_VIP: &str = "10.200.1.4:80/tcp";
+/// What GUE adds to IPIP: a UDP header.
+const UDP_HEADER_LEN: usize = 8;
 /// A client whose class (an operator rule) is deep in debt: every new flow from it is dropped.
 pub const LIMITED_CLIENT: &str = "192.168.10.30:40000";
 /// The established flow's client, and the client that repeats one SYN.
@@ -139,6 +145,9 @@ pub struct Flows {
     pub limited: Vec<u8>,
     pub through_limit: Vec<u8>,
     pub over_budget: Vec<u8>,
+    /// The established flow's SYN and ACK to [`GUE_VIP`].
+    pub gue_syn: Vec<u8>,
+    pub gue_ack: Vec<u8>,
 }
 
 impl Flows {
@@ -154,7 +163,17 @@ impl Flows {
             limited: frames::tcp(LIMITED_CLIENT.parse()?, limited, true, &[]),
             through_limit: frames::tcp(client, limited, true, &[]),
             over_budget: frames::tcp(client, vip_addr(BUDGET_VIP)?, true, &[]),
+            gue_syn: frames::tcp(client, vip_addr(GUE_VIP)?, true, &[]),
+            gue_ack: frames::tcp(client, vip_addr(GUE_VIP)?, false, &[]),
         })
+    }
+}
+
+/// [`GUE_VIP`]'s address, as a frame carries it.
+fn gue_vip_octets() -> Result<[u8; 4]> {
+    match vip_addr(GUE_VIP)?.ip() {
+        IpAddr::V4(addr) => Ok(addr.octets()),
+        IpAddr::V6(_) => bail!("{GUE_VIP} is not IPv4"),
     }
 }
 
@@ -240,6 +259,7 @@ impl Lab {
             tcp_idle_timeout_s: DEFAULT_TCP_IDLE_TIMEOUT_S,
             udp_idle_timeout_s: DEFAULT_UDP_IDLE_TIMEOUT_S,
             flow_seed: FLOW_SEED,
+            gue_port: DEFAULT_GUE_PORT.to_be(),
             ..LbConfig::default()
         })?;
         balancer.maps.tx_ports.insert(egress, egress, None, 0).context("adding the egress to the redirect map")?;
@@ -261,18 +281,21 @@ impl Lab {
     }
 
     /// The bench's VIPs (each on the lab's ten backends): one plain, one with a per-source
-    /// limit and a rule holding a client class in debt, one with its budget in debt.
+    /// limit and a rule holding a client class in debt, one with its budget in debt, one
+    /// plain in GUE.
     fn configure_bench_vips(&mut self) -> Result<()> {
         let vip: Vip = VIP.parse()?;
         let limited_vip: Vip = LIMITED_VIP.parse()?;
         let budget_vip: Vip = BUDGET_VIP.parse()?;
+        let gue_vip: Vip = GUE_VIP.parse()?;
         let mut state = DesiredState::default();
-        for vip in [vip, limited_vip, budget_vip] {
+        for vip in [vip, limited_vip, budget_vip, gue_vip] {
             state.add_vip(vip, DEFAULT_RING_SIZE)?;
             for n in packet_lab::RESOLVED_BACKENDS {
                 state.add_backend(&vip, packet_lab::backend4(n).into(), DEFAULT_WEIGHT)?;
             }
         }
+        state.set_encap(&gue_vip, Encap::Gue)?;
         let limits = LimitConfig { per_source: Some(SOURCE_LIMIT), ..LimitConfig::default() };
         state.set_limits(Some(&limited_vip), limits)?;
         let budget = LimitConfig { vip_budget: Some(RateSpec { per_s: 1, burst: 0 }), ..LimitConfig::default() };
@@ -536,6 +559,9 @@ impl Lab {
     fn check_output(&self, case: &Case, frame: &[u8], out: &[u8]) -> Result<()> {
         match (case.reason, case.action) {
             (None, _) => Ok(()),
+            (Some(_), XDP_TX) if frame[ETH_LEN + 16..ETH_LEN + 20] == gue_vip_octets()? => {
+                self.check_gue(frame, out, self.maglev_backend(&flow_key(frame)?)?)
+            }
             (Some(_), XDP_TX) => {
                 let backend = match case.frames {
                     Frames::ByConnectionId { backend, .. } => backend,
@@ -557,6 +583,23 @@ impl Lab {
         ensure!(out[6..12] == self.ingress_mac, "source MAC {:02x?} is not the ingress interface's", &out[6..12]);
         let src = frames::check_encap(out, input, ETH_LEN, backend.into(), Some(mac))?;
         ensure!(src == IpAddr::V4(packet_lab::LOCAL4), "outer source {src}");
+        Ok(())
+    }
+
+    /// `out` is `input` in GUE to `backend`, byte for byte as built here from the flow hash.
+    fn check_gue(&self, input: &[u8], out: &[u8], backend: Ipv4Addr) -> Result<()> {
+        let hash = flow_hash(&flow_key(input)?, self.balancer.maps.config()?.table_seed);
+        let ports = (gue_source_port(hash), DEFAULT_GUE_PORT);
+        let expected = frames::gue_tunnel(packet_lab::LOCAL4.into(), backend.into(), ports, hash, &input[ETH_LEN..]);
+        ensure!(
+            out.len() == input.len() + IPV4_HEADER_LEN + UDP_HEADER_LEN,
+            "output of {} bytes for a {}-byte frame",
+            out.len(),
+            input.len()
+        );
+        let mac = packet_lab::neighbour_mac(backend.into()).with_context(|| format!("{backend} has no neighbour in the lab"))?;
+        ensure!(out[..6] == mac && out[6..12] == self.ingress_mac, "MACs {:02x?}", &out[..12]);
+        ensure!(out[12..] == expected[12..], "not the GUE frame expected to {backend}");
         Ok(())
     }
 

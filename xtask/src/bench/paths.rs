@@ -12,6 +12,9 @@ use super::{
     packets::{CHUNK, CLIENT, Case, Flows, Frames, Lab, VIP, XDP_DROP, XDP_PASS, XDP_TX},
 };
 
+/// GUE's table hit against IPIP's: at most 5% slower.
+const GUE_GOAL: f64 = 1.05;
+
 /// A case with its goal and Katran's ratio (`None`: not measured there).
 struct Path {
     case: Case,
@@ -27,6 +30,12 @@ fn paths(flows: Flows) -> Vec<Path> {
             case: balancer("table_hit", Frames::Established { syn: flows.syn.clone(), frame: flows.ack }, XDP_TX, Reason::Tx, false),
             goal: Some(2.2),
             katran: Some(2.77),
+        },
+        // The same hit in GUE; its goal is a ratio to `table_hit` (below).
+        Path {
+            case: balancer("table_hit_gue", Frames::Established { syn: flows.gue_syn, frame: flows.gue_ack }, XDP_TX, Reason::Tx, false),
+            goal: None,
+            katran: None,
         },
         Path { case: balancer("new_flow", Frames::NewFlows(flows.syn), XDP_TX, Reason::Tx, true), goal: Some(6.4), katran: Some(8.08) },
         Path {
@@ -86,6 +95,14 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
         writeln!(text, "{name:<22} | {ns:>9.1} | {ratio:>7.2} | {:>6} | {:>6}", show(goal), show(katran))?;
         rows.push((name.clone(), *ns));
         rows.push((format!("{name}_x_floor"), ratio));
+    }
+    // GUE against IPIP, both measured in this run, alternating.
+    let ns = |name: &str| cases.iter().position(|c| c.name == name).map(|i| medians[i]);
+    if let (Some(gue), Some(ipip)) = (ns("table_hit_gue"), ns("table_hit")) {
+        let ratio = gue / ipip;
+        text.push('\n');
+        writeln!(text, "table_hit_gue / table_hit (GUE against IPIP): {ratio:.3}   goal: within 5% of IPIP (<= {GUE_GOAL:.2})")?;
+        rows.push(("table_hit_gue_x_ipip".to_owned(), ratio));
     }
     Ok(Section { text, rows, ..Section::default() })
 }

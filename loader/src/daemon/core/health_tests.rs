@@ -12,6 +12,7 @@ use crate::{
     daemon::{checks::SnapshotEntry, pressure::AgentPoll},
     health::{HealthConfig, ProbeOutcome, Restored},
     model::BackendOptions,
+    model::Encap,
     ports::{DestinationUsage, Dropped, Level, Thresholds},
     store::StateFile,
     testing::{FakeMaps, TempDir},
@@ -82,7 +83,7 @@ fn weights(f: &mut Fixture) -> Vec<u32> {
 #[test]
 fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
     let mut f = Fixture::new(Some("a"));
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None });
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
     f.add("10.0.0.1", Some("a"), Some(300));
     f.add("10.0.0.2", Some("b"), Some(300));
     let mut f = Fixture::restart(f.tmp, Some("a"), serving(&["10.0.0.1", "10.0.0.2"]));
@@ -104,7 +105,7 @@ fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
 #[test]
 fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None });
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
     let set = |policy: &[(&str, serde_json::Value)]| Request::SetHealth {
         vip: vip(),
         probe: None,
@@ -129,7 +130,7 @@ fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
 #[test]
 fn a_drain_deadline_survives_a_restart_and_removes_the_backend() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None });
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
     f.add("10.0.0.1", None, None);
     f.add("10.0.0.2", None, None);
     f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: Some(60), force: false });
@@ -182,7 +183,7 @@ fn port_pressure_from_an_agent_cuts_only_that_backends_weight() {
     let tmp = TempDir::new("core-pressure");
     {
         let mut f = Fixture::restart(tmp, None, HealthSnapshot::default());
-        f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None });
+        f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
         for b in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
             f.add(b, None, None);
         }
@@ -216,7 +217,7 @@ fn probes_go_through_the_tunnel_unless_the_vip_or_the_backend_says_direct() {
         probe::ProbePath,
     };
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None });
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
     f.add("10.0.0.1", None, None);
     f.add("10.0.0.2", None, None);
     let target = Some("10.0.0.3:8080".parse().unwrap());

@@ -103,6 +103,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 VipEntry {
                     vip: *vip,
                     ring_size: config.ring_size,
+                    encap: config.encap,
                     backends: config.backends.len(),
                     health,
                     effective_budget,
@@ -127,6 +128,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 let h = health.iter().find(|h| h.backend == *address);
                 let effective_weight = self.programmed().vips.get(vip).and_then(|c| c.backends.get(address)).map_or(b.weight, |p| p.weight);
                 BackendEntry {
+                    encap: config.encap_of(b),
                     health: h.map(|h| h.state.as_str().to_owned()),
                     effective_weight: Some(effective_weight),
                     options: b.options.clone(),

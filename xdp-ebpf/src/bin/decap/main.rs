@@ -1,5 +1,6 @@
-//! Backend side: strip the IPIP/IP6IP6/IPv4-in-IPv6 header of a balancer's tunnel addressed
-//! to this host and pass the inner packet to the stack. Needed because many kernels (this
+//! Backend side: strip the IPIP/IP6IP6/IPv4-in-IPv6 header (or the same with GUE's UDP
+//! header, on the configured port) of a balancer's tunnel addressed to this host and pass
+//! the inner packet to the stack. Needed because many kernels (this
 //! one included) have no ipip module. A second-chance packet (a tunnel inside the tunnel) is
 //! kept when this host has its connection and sent on to the other backend otherwise
 //! (`second_chance`). Everything else passes untouched.
@@ -17,12 +18,12 @@ use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
     helpers::bpf_xdp_adjust_head,
     macros::{map, xdp},
-    maps::{HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
 use spillway_common::{
     limits::{DEFAULT_LOCAL_ADDRS, MAX_ALLOW_FROM},
-    types::{ALLOW_KEY_FAMILY_BITS, AddrKey, AllowKey, DecapReason, FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO_IPV6},
+    types::{ALLOW_KEY_FAMILY_BITS, AddrKey, AllowKey, DecapConfig, DecapReason, FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO_IPV6, PROTO_UDP},
 };
 use xdp_ebpf::{
     headers::*,
@@ -37,6 +38,10 @@ static LOCAL_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(DEFAULT_LO
 /// The balancers' outer sources (`lbd agent --allow-from`), by longest prefix.
 #[map(name = "spw_allow_from")]
 static ALLOW_FROM: LpmTrie<AllowKey, u32> = LpmTrie::with_max_entries(MAX_ALLOW_FROM, 0);
+
+/// The GUE port (`lbd agent --gue-port`).
+#[map(name = "spw_decap_cfg")]
+static CONFIG: Array<DecapConfig> = Array::with_max_entries(1, 0);
 
 #[map(name = "spw_decap_rsn")]
 static REASONS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DecapReason::COUNT, 0);
@@ -114,27 +119,30 @@ fn decap(ctx: &XdpContext) -> DecapReason {
         vlan_tci = Some(vlan.tci);
         l2_len += VLAN_LEN;
     }
-    let outer = match outer(ctx, l2_len, ether_type) {
+    // Slot 0 of an array always exists; the check is for the verifier.
+    let gue_port = CONFIG.get(0).map_or(0, |c| c.gue_port);
+    let (outer, tunnel) = match outer(ctx, l2_len, ether_type, gue_port) {
         Ok(outer) => outer,
         Err(reason) => return reason,
     };
-    // Ours from here on: a tunnel to this host. Only the balancers may send one.
-    if !allowed(outer.ip.family, &outer.ip.src) {
+    // Ours from here on: a tunnel to this host (GUE: any UDP to its port). Only the
+    // balancers may send one.
+    if !allowed(outer.family, &outer.src) {
         return DecapReason::DropNotAllowed;
     }
-    let inner_off = l2_len + outer.ip.len;
-    let (strip, ether_type, eth, reason) = match second_chance::classify(ctx, inner_off, outer.inner_ether_type, &outer.ip) {
+    let inner_off = l2_len + tunnel.len;
+    let Some(inner_ether_type) = carried(ctx, inner_off, &outer, &tunnel) else {
+        return DecapReason::PassMalformed;
+    };
+    let (strip, ether_type, eth, reason) = match second_chance::classify(ctx, inner_off, inner_ether_type, &outer, gue_port) {
         Err(reason) => return reason,
-        Ok(None) => (outer.ip.len, outer.inner_ether_type, eth, DecapReason::Decapsulated),
-        Ok(Some(n)) if n.local => (outer.ip.len + n.middle_len, n.inner_ether_type, eth, DecapReason::SecondChanceLocal),
+        Ok(None) => (tunnel.len, inner_ether_type, eth, DecapReason::Decapsulated),
+        Ok(Some(n)) if n.local => (tunnel.len + n.middle_len, n.inner_ether_type, eth, DecapReason::SecondChanceLocal),
         // Back to the hop it came from (a router or the balancer), which routes the inner
         // tunnel to the other backend: the backend needs neither forwarding nor a route.
-        Ok(Some(_)) => (
-            outer.ip.len,
-            outer.inner_ether_type,
-            EthHdr { dst: eth.src, src: eth.dst, proto: eth.proto },
-            DecapReason::SecondChanceForwarded,
-        ),
+        Ok(Some(_)) => {
+            (tunnel.len, inner_ether_type, EthHdr { dst: eth.src, src: eth.dst, proto: eth.proto }, DecapReason::SecondChanceForwarded)
+        }
     };
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, strip as i32) } != 0 {
         // Never expected (the headers were just read from this frame): logged with its size.
@@ -172,15 +180,50 @@ pub fn inner_ether_type(proto: u8) -> Option<u16> {
     }
 }
 
-struct Outer {
-    ip: Ip,
-    inner_ether_type: u16,
+/// A tunnel header: its IP header and, for GUE, the UDP header after it.
+pub struct Tunnel {
+    /// Bytes to strip: the IP header, and GUE's UDP header.
+    pub len: usize,
+    pub gue: bool,
+}
+
+/// The tunnel whose IP header `ip` is at `off`: IPIP by its protocol, GUE (variant 1) as UDP
+/// to `gue_port` (network order; 0: GUE off). `None`: not a tunnel. The UDP checksum is not
+/// read (the balancer writes 0, which RFC 6935 lets this receiver accept over IPv6): the
+/// inner packet carries its own.
+#[inline(always)]
+pub fn tunnel_at(ctx: &XdpContext, off: usize, ip: &Ip, gue_port: u16) -> Option<Tunnel> {
+    if inner_ether_type(ip.proto).is_some() {
+        return Some(Tunnel { len: ip.len, gue: false });
+    }
+    if ip.proto != PROTO_UDP || gue_port == 0 {
+        return None;
+    }
+    let udp = unsafe { *at::<UdpHdr>(ctx, off + ip.len)? };
+    (udp.dst == gue_port).then_some(Tunnel { len: ip.len + UDP_LEN, gue: true })
+}
+
+/// The EtherType of the packet a tunnel carries at `off`, right after the tunnel header:
+/// IPIP's protocol says it; GUE variant 1 has no header of its own, so the inner IP
+/// header's version says it (anything but 4 and 6 is no variant 1 packet).
+#[inline(always)]
+pub fn carried(ctx: &XdpContext, off: usize, ip: &Ip, tunnel: &Tunnel) -> Option<u16> {
+    if !tunnel.gue {
+        return inner_ether_type(ip.proto);
+    }
+    // Bounds-checked as the smallest IP header it can be (a one-byte check at a variable
+    // offset proves nothing to the verifier).
+    match unsafe { (*at::<Ipv4Hdr>(ctx, off)?).ver_ihl } >> 4 {
+        4 => Some(ETH_P_IPV4),
+        6 => Some(ETH_P_IPV6),
+        _ => None,
+    }
 }
 
 /// The outer header of a tunnel to one of this host's addresses, or why the packet is not
 /// one (it then passes).
 #[inline(always)]
-fn outer(ctx: &XdpContext, l3: usize, ether_type: u16) -> Result<Outer, DecapReason> {
+fn outer(ctx: &XdpContext, l3: usize, ether_type: u16, gue_port: u16) -> Result<(Ip, Tunnel), DecapReason> {
     if ether_type != ETH_P_IPV4 && ether_type != ETH_P_IPV6 {
         return Err(DecapReason::PassNotTunnel);
     }
@@ -189,12 +232,12 @@ fn outer(ctx: &XdpContext, l3: usize, ether_type: u16) -> Result<Outer, DecapRea
     if ip.fragment {
         return Err(DecapReason::PassNotTunnel);
     }
-    let inner_ether_type = inner_ether_type(ip.proto).ok_or(DecapReason::PassNotTunnel)?;
+    let tunnel = tunnel_at(ctx, l3, &ip, gue_port).ok_or(DecapReason::PassNotTunnel)?;
     // No balancer sends to loopback; a frame on the wire that claims to is forged.
     if loopback(ip.family, &ip.dst) || !local(ip.family, &ip.dst) {
         return Err(DecapReason::PassNotLocal);
     }
-    Ok(Outer { ip, inner_ether_type })
+    Ok((ip, tunnel))
 }
 
 /// 127.0.0.0/8 or ::1 (words as read from the packet, network order).

@@ -21,7 +21,7 @@ use xdp_ebpf::{
     packet::{at, at_mut},
 };
 
-use crate::{Ip, allowed, inner_ether_type, ip_at, local};
+use crate::{Ip, allowed, carried, ip_at, local, tunnel_at};
 
 /// `sk_state` of a listening socket: a connection it would take is not one this host has.
 const TCP_LISTEN: u32 = 10;
@@ -56,22 +56,27 @@ struct Tuple6 {
 
 /// What the tunnel from `outer` carries at `off` (an `ether_type` packet): a packet for this
 /// host (`None`), a second-chance packet (`Some`; one to send on has had its middle TTL
-/// decremented), or why it is refused.
+/// decremented), or why it is refused. The middle header is IPIP or GUE (`gue_port`) as
+/// the second candidate takes it, whatever the outer one is.
 #[inline(always)]
-pub fn classify(ctx: &XdpContext, off: usize, ether_type: u16, outer: &Ip) -> Result<Option<Nested>, DecapReason> {
+pub fn classify(ctx: &XdpContext, off: usize, ether_type: u16, outer: &Ip, gue_port: u16) -> Result<Option<Nested>, DecapReason> {
     let inner = ip_at(ctx, off, ether_type).ok_or(DecapReason::PassMalformed)?;
-    let Some(conn_ether_type) = inner_ether_type(inner.proto) else {
+    // A middle GUE header goes to the other backend; UDP to this host on the GUE port is a
+    // client's packet to a UDP VIP on that port.
+    let middle = tunnel_at(ctx, off, &inner, gue_port).filter(|t| !t.gue || !local(inner.family, &inner.dst));
+    let Some(middle) = middle else {
         return if local(inner.family, &inner.dst) { Ok(None) } else { Err(DecapReason::DropInnerNotLocal) };
     };
     // `inner` is the middle header; the connection's packet follows it, and is for a VIP
     // this host serves whichever of the two candidates has the connection.
-    let conn_off = off + inner.len;
+    let conn_off = off + middle.len;
+    let conn_ether_type = carried(ctx, conn_off, &inner, &middle).ok_or(DecapReason::PassMalformed)?;
     let conn = ip_at(ctx, conn_off, conn_ether_type).ok_or(DecapReason::PassMalformed)?;
     if !local(conn.family, &conn.dst) {
         return Err(DecapReason::DropInnerNotLocal);
     }
     if has_connection(ctx, conn_off, &conn) {
-        return Ok(Some(Nested { middle_len: inner.len, inner_ether_type: conn_ether_type, local: true }));
+        return Ok(Some(Nested { middle_len: middle.len, inner_ether_type: conn_ether_type, local: true }));
     }
     // The balancer writes its own outer source in both headers (of each family).
     let from_balancer = if inner.family == outer.family { inner.src == outer.src } else { allowed(inner.family, &inner.src) };
@@ -82,7 +87,7 @@ pub fn classify(ctx: &XdpContext, off: usize, ether_type: u16, outer: &Ip) -> Re
         return Err(DecapReason::DropSecondChanceTtl);
     }
     decrement_ttl(ctx, off, inner.family).ok_or(DecapReason::PassMalformed)?;
-    Ok(Some(Nested { middle_len: inner.len, inner_ether_type: conn_ether_type, local: false }))
+    Ok(Some(Nested { middle_len: middle.len, inner_ether_type: conn_ether_type, local: false }))
 }
 
 /// One hop less on the header at `off` (checked above to be above 1), its IPv4 checksum

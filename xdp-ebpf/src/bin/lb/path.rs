@@ -10,7 +10,9 @@ use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{flow_hash, vip_addr_hash, vip_filter_slot, vip_home},
     limits::VIP_PROBES,
-    types::{AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VIP_F_QUIC, VipKey},
+    types::{
+        AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VIP_F_QUIC, VipKey,
+    },
 };
 use xdp_ebpf::{
     encap::{self, Macs, Tunnel},
@@ -305,8 +307,10 @@ pub fn forward<const STOP: u8>(
     // hand the encapsulated packet over.
     let arrived = unsafe { Macs { src: (*eth).src, dst: (*eth).dst } };
     let src = cfg.outer_source(be.family, hash);
-    let inner_len = layout.l3_len + second.map_or(0, |s| encap::outer_len(s.family));
-    let outer_len = (encap::outer_len(be.family) + inner_len) as u16;
+    // Each tunnel as its backend's agent takes it: IPIP, or GUE on the fleet's port.
+    let gue_port = |b: &BackendInfo| (b.encap == ENCAP_GUE).then_some(cfg.gue_port);
+    let inner_len = layout.l3_len + second.map_or(0, |s| encap::outer_len(s.family, s.encap == ENCAP_GUE));
+    let outer_len = (encap::outer_len(be.family, be.encap == ENCAP_GUE) + inner_len) as u16;
     let hop = if cfg.flags & CFG_F_STATIC_NEXTHOP != 0 {
         NextHop::Resolved { ifindex: cfg.static_ifindex, macs: Macs { src: cfg.static_src_mac, dst: cfg.static_dst_mac } }
     } else {
@@ -342,13 +346,15 @@ pub fn forward<const STOP: u8>(
             inner_len: layout.l3_len,
             tos: layout.tos,
             flow_hash: hash,
+            gue_port: gue_port(s),
         };
         if encap::push(ctx, l2_len, &middle, &macs).is_err() {
             return (XDP_DROP, Reason::DropEncapFailed);
         }
         l2_len = ETH_LEN;
     }
-    let tunnel = Tunnel { family: be.family, src, dst: be.addr, inner_family, inner_len, tos: layout.tos, flow_hash: hash };
+    let tunnel =
+        Tunnel { family: be.family, src, dst: be.addr, inner_family, inner_len, tos: layout.tos, flow_hash: hash, gue_port: gue_port(be) };
     if encap::push(ctx, l2_len, &tunnel, &macs).is_err() {
         return (XDP_DROP, Reason::DropEncapFailed);
     }

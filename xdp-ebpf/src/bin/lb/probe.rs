@@ -12,7 +12,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::{
-        __sk_buff, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6, TC_ACT_REDIRECT, TC_ACT_SHOT,
+        __sk_buff, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6, BPF_F_ADJ_ROOM_ENCAP_L4_UDP, TC_ACT_REDIRECT, TC_ACT_SHOT,
         bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
     },
     helpers::{bpf_redirect, bpf_redirect_neigh},
@@ -24,8 +24,8 @@ use spillway_common::{
     hash::flow_hash,
     limits::Capacity,
     types::{
-        BACKEND_ACTIVE, CFG_F_STATIC_NEXTHOP, FAMILY_V4, FAMILY_V6, FlowKey, PROBE_MARK_TAG_SHIFT, PROTO_TCP, PROTO_UDP, ProbeConfig,
-        ProbeReason, probe_generation_matches, probe_mark_backend,
+        BACKEND_ACTIVE, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FAMILY_V6, FlowKey, PROBE_MARK_TAG_SHIFT, PROTO_TCP, PROTO_UDP,
+        ProbeConfig, ProbeReason, probe_generation_matches, probe_mark_backend,
     },
 };
 use xdp_ebpf::{
@@ -105,8 +105,9 @@ fn encapsulate(ctx: &TcContext) -> (i32, ProbeReason, Option<u32>) {
         inner_len: inner.len,
         tos: inner.tos,
         flow_hash: hash,
+        gue_port: (be.encap == ENCAP_GUE).then_some(cfg.gue_port),
     };
-    let outer_len = (encap::outer_len(be.family) + inner.len) as u16;
+    let outer_len = (tunnel.outer_len() + inner.len) as u16;
     let (hop, egress) = if cfg.flags & CFG_F_STATIC_NEXTHOP != 0 {
         let macs = Macs { src: cfg.static_src_mac, dst: cfg.static_dst_mac };
         (NextHop::Resolved { ifindex: cfg.static_ifindex, macs }, cfg.static_ifindex)
@@ -169,9 +170,13 @@ fn inner(ctx: &TcContext) -> Option<Inner> {
 /// rewrites them) and only its type changes.
 #[inline(always)]
 fn push(ctx: &TcContext, t: &Tunnel, macs: Option<Macs>) -> Result<(), ()> {
-    let (room, flags) =
+    let (ip_len, mut flags) =
         if t.family == FAMILY_V4 { (IPV4_LEN, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4) } else { (IPV6_LEN, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6) };
-    ctx.adjust_room(room as i32, BPF_ADJ_ROOM_MAC, u64::from(flags)).map_err(|_| ())?;
+    let udp = encap::udp_header(t);
+    if udp.is_some() {
+        flags |= BPF_F_ADJ_ROOM_ENCAP_L4_UDP;
+    }
+    ctx.adjust_room(t.outer_len() as i32, BPF_ADJ_ROOM_MAC, u64::from(flags)).map_err(|_| ())?;
     let macs = match macs {
         Some(macs) => macs,
         None => {
@@ -181,8 +186,12 @@ fn push(ctx: &TcContext, t: &Tunnel, macs: Option<Macs>) -> Result<(), ()> {
     };
     ctx.store(0, &encap::ethernet_header(t, &macs), 0).map_err(|_| ())?;
     if t.family == FAMILY_V4 {
-        ctx.store(ETH_LEN, &encap::ipv4_header(t), 0).map_err(|_| ())
+        ctx.store(ETH_LEN, &encap::ipv4_header(t), 0).map_err(|_| ())?;
     } else {
-        ctx.store(ETH_LEN, &encap::ipv6_header(t), 0).map_err(|_| ())
+        ctx.store(ETH_LEN, &encap::ipv6_header(t), 0).map_err(|_| ())?;
+    }
+    match udp {
+        Some(udp) => ctx.store(ETH_LEN + ip_len, &udp, 0).map_err(|_| ()),
+        None => Ok(()),
     }
 }
