@@ -4,7 +4,6 @@
 //! on its port only; second chance works with either tunnel in GUE.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
 
 use spillway::{
     model::{BackendOptions, Encap},
@@ -152,10 +151,7 @@ fn gue_takes_eight_bytes_more_of_the_egress_mtu() {
 #[test]
 fn second_chance_carries_either_tunnel_in_gue() {
     with_env(|env| {
-        env.reconciler.set_second_chance_settle(Duration::ZERO);
-        let v = vip("10.200.1.1:80/tcp");
-        env.add_vip(v, &(101..=103).map(|n| packet_lab::backend4(n).into()).collect::<Vec<_>>());
-        env.update(|s| s.add_backend(&v, packet_lab::backend4(104).into(), 100).unwrap());
+        let v = vip_gaining_a_fourth_backend(env);
         let d = sock("10.200.1.1:80");
         let key = |port: u16| flow_key(sock(&format!("192.168.10.20:{port}")), d, PROTO_TCP);
         let prior = |env: &Env, k: &FlowKey| {

@@ -57,10 +57,7 @@ fn an_oversize_packet_is_answered_with_the_mtu_that_fits() {
 #[test]
 fn a_second_chance_packet_is_advised_room_for_both_tunnels() {
     with_env(|env| {
-        env.reconciler.set_second_chance_settle(Duration::ZERO);
-        let v = vip("10.200.1.1:80/tcp");
-        env.add_vip(v, &(101..=103).map(|n| packet_lab::backend4(n).into()).collect::<Vec<_>>());
-        env.update(|s| s.add_backend(&v, packet_lab::backend4(104).into(), 100).unwrap());
+        let v = vip_gaining_a_fourth_backend(env);
         let d = sock("10.200.1.1:80");
         let client = |port: u16| sock(&format!("192.168.10.20:{port}"));
         let key = |port| flow_key(client(port), d, PROTO_TCP);

@@ -210,3 +210,13 @@ impl Rng {
         (self.next() % n as u64) as usize
     }
 }
+
+/// 10.200.1.1:80/tcp on backends 101-103, then 104 added with second chance on at once: the
+/// flows Maglev moved to 104 have the old backend as a second candidate.
+pub fn vip_gaining_a_fourth_backend(env: &mut Env) -> Vip {
+    env.reconciler.set_second_chance_settle(std::time::Duration::ZERO);
+    let v = vip("10.200.1.1:80/tcp");
+    env.add_vip(v, &(101..=103).map(|n| packet_lab::backend4(n).into()).collect::<Vec<_>>());
+    env.update(|s| s.add_backend(&v, packet_lab::backend4(104).into(), 100).unwrap());
+    v
+}
