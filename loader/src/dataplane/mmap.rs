@@ -52,8 +52,9 @@ impl<T> Mapped<T> {
         let bytes = (len * size_of::<T>()).next_multiple_of(4096);
         let length = std::num::NonZeroUsize::new(bytes).expect("a non-empty table");
         // SAFETY: a fresh private anonymous mapping, zero-filled by the kernel.
-        let base = unsafe { nix::sys::mman::mmap_anonymous(None, length, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE) }
-            .expect("anonymous mapping");
+        let base =
+            unsafe { nix::sys::mman::mmap_anonymous(None, length, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE) }
+                .expect("anonymous mapping");
         Self { base: base.cast(), len, bytes }
     }
 

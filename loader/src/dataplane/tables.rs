@@ -18,8 +18,8 @@ use spillway_common::{
     hash::{RULE_SEED, addr_hash, flow_buckets, flow_hash, quic_server_home, rule_home, vip_addr_hash, vip_home},
     limits::{ANY_VIP, FLOW_TICK_SHIFT, FLOW_WAYS, MAX_RULE_LENGTHS, RING_SLOTS_PER_WORD, VIP_PROBES, map_names},
     types::{
-        FLOW_CONFIRMED, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowBucket, FlowEntry, FlowKey, PROTO_TCP, PROTO_UDP, QuicServerKey, QuicServerSlot, RingRef, RuleLens, RuleSlot,
-        RuleSlotKey, RuleValue, VipKey, VipMeta, VipSlot,
+        FLOW_CONFIRMED, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowBucket, FlowEntry, FlowKey, PROTO_TCP, PROTO_UDP, QuicServerKey, QuicServerSlot,
+        RingRef, RuleLens, RuleSlot, RuleSlotKey, RuleValue, VipKey, VipMeta, VipSlot,
     },
 };
 
