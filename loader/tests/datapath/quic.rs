@@ -229,3 +229,21 @@ fn ids_sharing_a_home_slot_are_each_found_and_one_that_misses_falls_back() {
         assert_eq!(routing(env), [before[0], before[1] + 1]);
     });
 }
+
+#[test]
+fn an_icmp_error_about_a_quic_flow_goes_to_the_flows_backend_uncounted() {
+    with_env(|env| {
+        let backends: Vec<IpAddr> = (101..=105).map(|n| packet_lab::backend4(n).into()).collect();
+        quic_vip(env, "10.200.1.1:443/udp", &backends);
+        let (c, d) = (sock("192.168.10.20:40000"), sock("10.200.1.1:443"));
+        let pinned = sent_to(env, c, d, &initial(&[7; 8]));
+        assert_eq!(env.pinned_backend(&flow_key(c, d, PROTO_UDP)), Some(pinned));
+        // The bytes where a short header's first octet and id would be are the quoted IP
+        // header's: read as an id, they would be counted (and could name a backend).
+        let before = routing(env);
+        let icmp = frames::icmp_frag_needed_udp(ip("192.168.1.1"), d, c, 1400);
+        let out = env.expect(&icmp, XDP_TX, Reason::Tx);
+        assert_eq!(outer_destination(&out.frame), pinned);
+        assert_eq!(routing(env), before, "an ICMP error is no short header");
+    });
+}
