@@ -98,6 +98,16 @@ pub const fn rule_home(addr_hash: u32, scope: u32, family: u8, prefix_len: u8, m
     finish(mix(mix(addr_hash, scope), family as u32 | (prefix_len as u32) << 8), 3) & mask
 }
 
+/// Home slot of a QUIC server id (its [`crate::quic_lb::ServerId::words`]) of VIP `vip_id`
+/// in a server-id index of `mask + 1` slots. One finalizer over the folded words, as for
+/// VIP addresses: the index holds loader-written ids, and a packet naming an id of its
+/// choice reads at most its home's probe window whatever it aims at.
+#[inline(always)]
+pub const fn quic_server_home(vip_id: u32, words: &[u32; 4], mask: u32) -> u32 {
+    let folded = words[0] ^ words[1].rotate_left(8) ^ words[2].rotate_left(16) ^ words[3].rotate_left(24);
+    finish(folded ^ vip_id.wrapping_mul(C1) ^ QUIC_SERVER_SEED, 2) & mask
+}
+
 /// Seed of the VIP address pre-filter.
 pub const VIP_FILTER_SEED: u32 = 0x5669_7046; // "VipF"
 /// Seed of the flow hash used to choose a backend.
@@ -107,6 +117,8 @@ pub const MAGLEV_OFFSET_SEED: u32 = 0x6c77_6179; // "lway"
 pub const MAGLEV_SKIP_SEED: u32 = 0x4d61_676c; // "Magl"
 /// Seed of the rule index.
 pub const RULE_SEED: u32 = 0x5275_6c65; // "Rule"
+/// Seed of the QUIC server-id index.
+const QUIC_SERVER_SEED: u32 = 0x5153_6964; // "QSid"
 /// First port of the dynamic range (RFC 6335), where GUE's outer source ports lie: never a
 /// well-known port a middlebox would treat as that service.
 pub const GUE_SOURCE_PORT_BASE: u16 = 49152;
@@ -211,6 +223,20 @@ mod tests {
             assert!(homes.iter().all(|&n| n <= 4), "{family}: a home holds {}", homes.iter().max().unwrap());
             assert!(bits.len() >= 240, "{family}: {} filter bits for 256 addresses", bits.len());
         }
+    }
+
+    #[test]
+    fn server_ids_of_one_vip_spread_over_the_index() {
+        // 1024 consecutive 2-octet ids of one VIP (and the same ids of another VIP) in an
+        // index of 2048 slots: no home holds more than a few, and the VIPs' homes differ.
+        let id = |n: u16| crate::quic_lb::ServerId::new(&n.to_be_bytes()).unwrap().words();
+        let mut homes = [0u32; 2048];
+        for n in 0..1024u16 {
+            homes[quic_server_home(3, &id(n), 2047) as usize] += 1;
+        }
+        assert!(homes.iter().all(|&n| n <= 5), "a home holds {}", homes.iter().max().unwrap());
+        let moved = (0..1024u16).filter(|&n| quic_server_home(3, &id(n), 2047) != quic_server_home(4, &id(n), 2047)).count();
+        assert!(moved > 1000, "{moved} of 1024 ids change home with the VIP");
     }
 
     #[test]

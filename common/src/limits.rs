@@ -51,6 +51,12 @@ impl Capacity {
         (self.vips * 4).next_power_of_two()
     }
 
+    /// Slots of the QUIC server-id index: two per backend (every backend a QUIC VIP's at
+    /// most), so probe windows stay short.
+    pub const fn quic_server_slots(&self) -> u32 {
+        (self.backends * 2).next_power_of_two()
+    }
+
     /// Ring slots `vips` VIPs with tables of `ring_size` slots take: [`RING_TABLES`] each,
     /// every table a whole number of words.
     pub const fn ring_slots_for(vips: u32, ring_size: u32) -> u32 {
@@ -81,7 +87,8 @@ pub const FLOW_WAYS: u32 = 4;
 pub const RING_TABLES: u32 = 3;
 /// Maglev slots per word of the ring pool (16-bit backend ids).
 pub const RING_SLOTS_PER_WORD: u32 = 4;
-/// Most slots of the VIP index a lookup scans from a VIP's home slot.
+/// Most slots of the VIP index (and the rule and QUIC server-id indexes) a lookup scans from
+/// a key's home slot.
 pub const VIP_PROBES: u32 = 8;
 /// Most backends in one VIP; keeps every Maglev table at least 64 slots per backend.
 pub const MAX_BACKENDS_PER_VIP: u32 = 1024;

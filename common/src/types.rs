@@ -111,13 +111,30 @@ pub struct AllowKey {
 /// Bits of an [`AllowKey`] before its address: every prefix covers the family.
 pub const ALLOW_KEY_FAMILY_BITS: u32 = 32;
 
-/// Key of the server-id map of QUIC VIPs: a VIP id and the server id of one of its
-/// backends (the value: that backend's id).
+/// Key of the server-id index of QUIC VIPs: a VIP id and the server id of one of its
+/// backends.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct QuicServerKey {
     pub vip_id: u32,
     pub server_id: crate::quic_lb::ServerId,
+}
+
+/// A slot of the server-id index (`spw_quic_sids`), an array placed by the loader like the
+/// VIP index: a key lives within `VIP_PROBES` slots of its home
+/// ([`crate::hash::quic_server_home`]), and the home's `probes` says how far its keys reach,
+/// so a packet's id (any value a sender likes) costs at most that many slot reads. Free
+/// when the server id's length is 0 (a server id has at least one octet): the length is
+/// published last and cleared first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuicServerSlot {
+    pub key: QuicServerKey,
+    /// The backend the server id names.
+    pub backend_id: u32,
+    /// Slots from this home that hold keys homed here, at most (0: none).
+    pub probes: u32,
+    pub _pad: u32,
 }
 
 /// Backend slot states.
@@ -709,6 +726,7 @@ const _: () = assert!(size_of::<DecapConfig>() == 4);
 const _: () = assert!(size_of::<HopBackend>() == 12);
 const _: () = assert!(size_of::<HopConfig>() == 68);
 const _: () = assert!(size_of::<QuicServerKey>() == 20);
+const _: () = assert!(size_of::<QuicServerSlot>() == 32);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -749,7 +767,8 @@ mod pod {
         DecapConfig,
         HopBackend,
         HopConfig,
-        QuicServerKey
+        QuicServerKey,
+        QuicServerSlot
     );
 }
 

@@ -51,9 +51,18 @@ pub fn icmp6_packet_too_big(router: IpAddr, vip: SocketAddr, client: SocketAddr,
     icmp_error(router, vip, client, 2, 0, mtu.to_be_bytes())
 }
 
+/// ICMP "fragmentation needed" from `router` to `vip`, quoting a UDP packet from `vip` to
+/// `client` (IPv4 only).
+pub fn icmp_frag_needed_udp(router: IpAddr, vip: SocketAddr, client: SocketAddr, mtu: u16) -> Vec<u8> {
+    icmp_error_quoting(router, &udp(vip, client, &[0; 32]), vip, 3, 4, [0, 0, (mtu >> 8) as u8, mtu as u8])
+}
+
 fn icmp_error(router: IpAddr, vip: SocketAddr, client: SocketAddr, kind: u8, code: u8, rest: [u8; 4]) -> Vec<u8> {
-    // The quoted packet: IP header + the first 8 bytes of TCP, as routers send.
-    let quoted_frame = tcp(vip, client, false, &[]);
+    icmp_error_quoting(router, &tcp(vip, client, false, &[]), vip, kind, code, rest)
+}
+
+fn icmp_error_quoting(router: IpAddr, quoted_frame: &[u8], vip: SocketAddr, kind: u8, code: u8, rest: [u8; 4]) -> Vec<u8> {
+    // The quoted packet: IP header + the first 8 bytes of TCP or UDP, as routers send.
     let ip_len = if vip.is_ipv4() { 20 } else { 40 };
     let quoted = &quoted_frame[ETH_LEN..ETH_LEN + ip_len + 8];
     let step = ip_step(router, vip.ip());

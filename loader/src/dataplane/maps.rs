@@ -22,7 +22,7 @@ use super::{
     DataplaneError, MapMemory,
     clock::Calibration,
     mmap::Mapped,
-    tables::{FlowInfo, FlowTable, Index, RingPool, RuleIndex, VipIndex},
+    tables::{FlowInfo, FlowTable, Index, QuicServerIndex, RingPool, RuleIndex, VipIndex},
 };
 
 /// A map's capacity and, when counted, its entries.
@@ -77,7 +77,7 @@ pub struct BalancerMaps {
     pub quic_program: ProgramArray<MapData>,
     /// QUIC VIPs: the QUIC-LB configuration by VIP id, and (VIP id, server id) -> backend id.
     pub quic_config: Array<MapData, QuicLbConfig>,
-    pub quic_servers: HashMap<MapData, QuicServerKey, u32>,
+    pub quic_servers: QuicServerIndex,
     /// How short headers were placed, per `QuicRouting`, per CPU.
     pub quic_routing: PerCpuArray<MapData, u64>,
 }
@@ -140,7 +140,7 @@ impl BalancerMaps {
             ptb_program: take(ebpf, map_names::PTB_PROGRAM)?,
             quic_program: take(ebpf, map_names::QUIC_PROGRAM)?,
             quic_config: take(ebpf, map_names::QUIC_CONFIG)?,
-            quic_servers: take(ebpf, map_names::QUIC_SERVERS)?,
+            quic_servers: Index { slots: take_mapped(ebpf, map_names::QUIC_SERVERS)? },
             quic_routing: take(ebpf, map_names::QUIC_ROUTING)?,
         })
     }
@@ -471,18 +471,16 @@ impl crate::reconcile::Maps for BalancerMaps {
     }
 
     fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>, DataplaneError> {
-        self.quic_servers.iter().map(|r| named(map_names::QUIC_SERVERS, r)).collect()
+        Ok(self.quic_servers.entries())
     }
 
     fn set_quic_server(&mut self, key: &QuicServerKey, backend_id: u32) -> Result<(), DataplaneError> {
-        named(map_names::QUIC_SERVERS, self.quic_servers.insert(key, &backend_id, 0))
+        self.quic_servers.set(key, backend_id)
     }
 
     fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), DataplaneError> {
-        match self.quic_servers.remove(key) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(source) => Err(DataplaneError::Map { name: map_names::QUIC_SERVERS, source }),
-        }
+        self.quic_servers.remove(key);
+        Ok(())
     }
 }
 

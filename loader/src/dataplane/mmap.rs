@@ -45,6 +45,19 @@ impl<T> Mapped<T> {
         Ok(Self { base: base.cast(), len, bytes })
     }
 
+    /// `len` zeroed elements of anonymous memory, as a fresh map holds: for unit tests of
+    /// the tables' layouts, without a kernel map.
+    #[cfg(test)]
+    pub fn anonymous(len: usize) -> Self {
+        let bytes = (len * size_of::<T>()).next_multiple_of(4096);
+        let length = std::num::NonZeroUsize::new(bytes).expect("a non-empty table");
+        // SAFETY: a fresh private anonymous mapping, zero-filled by the kernel.
+        let base =
+            unsafe { nix::sys::mman::mmap_anonymous(None, length, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE) }
+                .expect("anonymous mapping");
+        Self { base: base.cast(), len, bytes }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

@@ -78,7 +78,7 @@ pub enum DataplaneError {
         #[source]
         source: std::io::Error,
     },
-    #[error("no free slot near the key's home in the VIP or rule index")]
+    #[error("no free slot near the key's home in the VIP, rule or QUIC server-id index")]
     IndexFull,
     #[error("the rules of one scope and family may use at most {max} distinct prefix lengths")]
     RuleLengths { max: usize },
@@ -253,7 +253,7 @@ fn load_balancer_object(object: &'static [u8], name: &'static str, options: &Loa
         (map_names::BUDGET_STATE, c.vips),
         (map_names::RULE_LENS, c.default_limit_slot() + 1),
         (map_names::QUIC_CONFIG, c.vips),
-        (map_names::QUIC_SERVERS, c.backends),
+        (map_names::QUIC_SERVERS, c.quic_server_slots()),
     ] {
         loader.map_max_entries(map, entries);
     }
@@ -262,6 +262,8 @@ fn load_balancer_object(object: &'static [u8], name: &'static str, options: &Loa
     loader.override_global("FLOW_BUCKET_MASK", &flow_mask, true);
     loader.override_global("VIP_SLOT_MASK", &vip_mask, true);
     loader.override_global("DEFAULT_LIMIT_SLOT", &default_slot, true);
+    let quic_server_mask = c.quic_server_slots() - 1;
+    loader.override_global("QUIC_SERVER_SLOT_MASK", &quic_server_mask, true);
     if let Some(dir) = &options.map_pin_dir {
         std::fs::create_dir_all(dir).map_err(|source| DataplaneError::Pin { path: dir.clone(), source })?;
         for map in PINNED_MAPS {

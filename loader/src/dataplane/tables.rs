@@ -1,6 +1,6 @@
 //! The tables packets index with the program's own hashes, as userspace sees them through
-//! their memory mappings: the VIP index, the rule index, the ring pool and the connection
-//! table. The writes keep the data path's reading protocols (see `xdp-ebpf/src/bin/lb/`
+//! their memory mappings: the VIP index, the rule index, the QUIC server-id index, the ring
+//! pool and the connection table. The writes keep the data path's reading protocols (see `xdp-ebpf/src/bin/lb/`
 //! `path.rs`, `limits.rs` and `select.rs`): an index slot's family is published last and
 //! cleared first, a table flip is one atomic 8-byte store, and a flow entry is only changed
 //! by compare-and-swap of its tag.
@@ -15,17 +15,18 @@ use std::{
 use aya::maps::{Array, MapData};
 use spillway_common::{
     addr::from_words,
-    hash::{RULE_SEED, addr_hash, flow_buckets, flow_hash, rule_home, vip_addr_hash, vip_home},
+    hash::{RULE_SEED, addr_hash, flow_buckets, flow_hash, quic_server_home, rule_home, vip_addr_hash, vip_home},
     limits::{ANY_VIP, FLOW_TICK_SHIFT, FLOW_WAYS, MAX_RULE_LENGTHS, RING_SLOTS_PER_WORD, VIP_PROBES, map_names},
     types::{
-        FLOW_CONFIRMED, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowBucket, FlowEntry, FlowKey, PROTO_TCP, PROTO_UDP, RingRef, RuleLens, RuleSlot,
-        RuleSlotKey, RuleValue, VipKey, VipMeta, VipSlot,
+        FLOW_CONFIRMED, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowBucket, FlowEntry, FlowKey, PROTO_TCP, PROTO_UDP, QuicServerKey, QuicServerSlot,
+        RingRef, RuleLens, RuleSlot, RuleSlotKey, RuleValue, VipKey, VipMeta, VipSlot,
     },
 };
 
 use super::{DataplaneError, mmap::Mapped};
 
-/// A slot of an array placed by home slot and probe window (the VIP and rule indexes): a
+/// A slot of an array placed by home slot and probe window (the VIP, rule and server-id
+/// indexes): a
 /// key lives in the first free slot within `VIP_PROBES` of its home, and the home counts how
 /// far its keys reach.
 pub trait Probed: Copy {
@@ -150,8 +151,57 @@ impl Probed for RuleSlot {
     }
 }
 
+impl Probed for QuicServerSlot {
+    type Key = QuicServerKey;
+    fn key(&self) -> QuicServerKey {
+        self.key
+    }
+    fn is_free(&self) -> bool {
+        self.key.server_id.len == 0
+    }
+    fn home(key: &QuicServerKey, mask: u32) -> usize {
+        quic_server_home(key.vip_id, &key.server_id.words(), mask) as usize
+    }
+    /// The server id's length, which marks the slot used.
+    unsafe fn family(slot: *mut Self) -> *mut u8 {
+        unsafe { addr_of_mut!((*slot).key.server_id.len) }
+    }
+    unsafe fn probes(slot: *mut Self) -> *mut u32 {
+        unsafe { addr_of_mut!((*slot).probes) }
+    }
+}
+
 /// The VIP index (`spw_vips`).
 pub type VipIndex = Index<VipSlot>;
+
+/// The QUIC server-id index (`spw_quic_sids`): (VIP id, server id) -> backend id.
+pub type QuicServerIndex = Index<QuicServerSlot>;
+
+impl QuicServerIndex {
+    pub fn get(&self, key: &QuicServerKey) -> Option<u32> {
+        self.find(key).map(|i| self.slots.read(i).backend_id)
+    }
+
+    pub fn entries(&self) -> Vec<(QuicServerKey, u32)> {
+        self.all().map(|s| (s.key, s.backend_id)).collect()
+    }
+
+    /// Inserts `key`, or changes its backend in place (one 4-byte store).
+    pub fn set(&mut self, key: &QuicServerKey, backend_id: u32) -> Result<(), DataplaneError> {
+        let Some(i) = self.find(key) else {
+            return self.insert(key, QuicServerSlot { key: *key, backend_id, ..QuicServerSlot::default() }).map(drop);
+        };
+        // SAFETY: a slot of the live mapping; the field is aligned.
+        unsafe { AtomicU32::from_ptr(addr_of_mut!((*self.slots.at(i)).backend_id)).store(backend_id, Ordering::Release) };
+        Ok(())
+    }
+
+    pub fn remove(&mut self, key: &QuicServerKey) {
+        if let Some(i) = self.find(key) {
+            self.remove_at(i);
+        }
+    }
+}
 
 impl VipIndex {
     /// The VIP's meta, if it is in the index.
@@ -420,5 +470,87 @@ fn info(e: &FlowEntry) -> FlowInfo {
         generation: e.generation,
         confirmed: e.touched & FLOW_CONFIRMED != 0,
         touched_tick: e.touched & !FLOW_CONFIRMED,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spillway_common::quic_lb::ServerId;
+
+    use super::*;
+
+    const SLOTS: usize = 64;
+
+    fn index() -> QuicServerIndex {
+        Index { slots: Mapped::anonymous(SLOTS) }
+    }
+
+    fn key(vip_id: u32, n: u16) -> QuicServerKey {
+        QuicServerKey { vip_id, server_id: ServerId::new(&n.to_be_bytes()).unwrap() }
+    }
+
+    fn home(k: &QuicServerKey) -> usize {
+        QuicServerSlot::home(k, SLOTS as u32 - 1)
+    }
+
+    /// Keys of VIP 1 whose home is `at`, `count` of them.
+    fn homed_at(at: usize, count: usize) -> Vec<QuicServerKey> {
+        (0..u16::MAX).map(|n| key(1, n)).filter(|k| home(k) == at).take(count).collect()
+    }
+
+    #[test]
+    fn a_server_id_lives_at_its_home_and_is_found_by_vip_and_id() {
+        let mut index = index();
+        let k = key(1, 0x0a01);
+        index.set(&k, 7).unwrap();
+        let slot = index.slots.read(home(&k));
+        assert_eq!((slot.key, slot.backend_id, slot.probes), (k, 7, 1));
+        assert_eq!(index.get(&k), Some(7));
+        // The same id of another VIP, and another id of the VIP, are not there.
+        assert_eq!(index.get(&key(2, 0x0a01)), None);
+        assert_eq!(index.get(&key(1, 0x0a02)), None);
+        // Set again: changed in place.
+        index.set(&k, 9).unwrap();
+        assert_eq!((index.get(&k), index.entries().len()), (Some(9), 1));
+    }
+
+    #[test]
+    fn ids_sharing_a_home_probe_on_and_the_home_counts_how_far() {
+        let mut index = index();
+        let keys = homed_at(5, 3);
+        for (id, k) in (1..).zip(&keys) {
+            index.set(k, id).unwrap();
+        }
+        assert_eq!(index.slots.read(5).probes, 3);
+        for (id, k) in (1..).zip(&keys) {
+            assert_eq!(index.get(k), Some(id));
+        }
+        assert_eq!((index.slots.read(6).key, index.slots.read(7).key), (keys[1], keys[2]));
+        // Removing the farthest shortens the window; the others stay found.
+        index.remove(&keys[2]);
+        assert_eq!((index.slots.read(5).probes, index.get(&keys[2])), (2, None));
+        assert_eq!((index.get(&keys[0]), index.get(&keys[1])), (Some(1), Some(2)));
+        // A key homed in a slot another home's key took goes on past it.
+        let next = homed_at(6, 1)[0];
+        index.set(&next, 4).unwrap();
+        assert_eq!((index.slots.read(6).probes, index.get(&next)), (2, Some(4)));
+    }
+
+    #[test]
+    fn a_full_probe_window_refuses_the_next_id() {
+        let mut index = index();
+        let keys = homed_at(60, VIP_PROBES as usize + 1);
+        for (id, k) in (1..).zip(&keys[..VIP_PROBES as usize]) {
+            index.set(k, id).unwrap();
+        }
+        // The window wraps around the end of the table.
+        assert_eq!(index.slots.read(3).key, keys[VIP_PROBES as usize - 1]);
+        assert!(matches!(index.set(&keys[VIP_PROBES as usize], 99), Err(DataplaneError::IndexFull)));
+        assert_eq!(index.get(&keys[VIP_PROBES as usize]), None);
+        assert_eq!(index.entries().len(), VIP_PROBES as usize);
+        // A freed slot takes it.
+        index.remove(&keys[0]);
+        index.set(&keys[VIP_PROBES as usize], 99).unwrap();
+        assert_eq!(index.get(&keys[VIP_PROBES as usize]), Some(99));
     }
 }

@@ -3,8 +3,10 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use spillway::model::{QuicConfig, Vip, server_id_of};
+use spillway::model::{DEFAULT_WEIGHT, QuicConfig, Vip, server_id_of};
 use spillway_common::{
+    hash::quic_server_home,
+    limits::Capacity,
     quic_lb::{MAX_CID_LEN, ServerId, encode},
     types::{PROTO_UDP, QuicRouting, Reason},
 };
@@ -182,5 +184,66 @@ fn a_connection_id_that_names_no_backend_falls_back_to_the_5_tuple_and_is_counte
         let before = routing(env);
         assert_eq!(sent_to(env, client, d, &short_header(&id)), maglev);
         assert_eq!(routing(env), [before[0], before[1] + 1]);
+    });
+}
+
+#[test]
+fn ids_sharing_a_home_slot_are_each_found_and_one_that_misses_falls_back() {
+    // Four backends' worth of maps: an index of 8 slots, so of the lab's ten backends two
+    // have server ids of one home; the second of them lies a probe past it.
+    let capacity = Capacity { backends: 4, ..Capacity::DEFAULT };
+    with_env_sized(capacity, |env| {
+        let lab: Vec<IpAddr> = packet_lab::RESOLVED_BACKENDS.map(|n| packet_lab::backend4(n).into()).collect();
+        let v = quic_vip(env, "10.200.1.1:443/udp", &lab[..1]);
+        let vip_id = env.reconciler.vip_id(&v).unwrap();
+        let mask = capacity.quic_server_slots() - 1;
+        let home = |id: &ServerId| quic_server_home(vip_id, &id.words(), mask);
+        let sid = |addr: IpAddr| server_id_of(addr, CONFIG.server_id_len);
+        let (a, b) = lab
+            .iter()
+            .enumerate()
+            .find_map(|(i, &a)| lab[i + 1..].iter().find(|&&b| home(&sid(a)) == home(&sid(b))).map(|&b| (a, b)))
+            .expect("ten ids in eight homes: two share one");
+        env.update(|s| {
+            if a != lab[0] {
+                s.add_backend(&v, a, DEFAULT_WEIGHT).unwrap();
+                s.remove_backend(&v, lab[0]).unwrap();
+            }
+            s.add_backend(&v, b, DEFAULT_WEIGHT).unwrap();
+        });
+        let d = sock("10.200.1.1:443");
+        for (i, (named, client)) in [a, b].into_iter().cycle().zip(clients(8)).enumerate() {
+            let before = routing(env);
+            assert_eq!(sent_to(env, client, d, &short_header(&cid(&sid(named), i as u64))), named, "{named}: by its id");
+            assert_eq!(routing(env), [before[0] + 1, before[1]]);
+        }
+        // An id no backend has, homed where both are: read, compared, missed, counted.
+        let nobody = (0..=u16::MAX)
+            .map(|n| ServerId::new(&n.to_be_bytes()).unwrap())
+            .find(|id| home(id) == home(&sid(a)) && *id != sid(a) && *id != sid(b))
+            .unwrap();
+        let client = sock("192.168.10.20:43000");
+        let maglev = env.predicted_backend(&v, &flow_key(client, d, PROTO_UDP));
+        let before = routing(env);
+        assert_eq!(sent_to(env, client, d, &short_header(&cid(&nobody, 3))), maglev);
+        assert_eq!(routing(env), [before[0], before[1] + 1]);
+    });
+}
+
+#[test]
+fn an_icmp_error_about_a_quic_flow_goes_to_the_flows_backend_uncounted() {
+    with_env(|env| {
+        let backends: Vec<IpAddr> = (101..=105).map(|n| packet_lab::backend4(n).into()).collect();
+        quic_vip(env, "10.200.1.1:443/udp", &backends);
+        let (c, d) = (sock("192.168.10.20:40000"), sock("10.200.1.1:443"));
+        let pinned = sent_to(env, c, d, &initial(&[7; 8]));
+        assert_eq!(env.pinned_backend(&flow_key(c, d, PROTO_UDP)), Some(pinned));
+        // The bytes where a short header's first octet and id would be are the quoted IP
+        // header's: read as an id, they would be counted (and could name a backend).
+        let before = routing(env);
+        let icmp = frames::icmp_frag_needed_udp(ip("192.168.1.1"), d, c, 1400);
+        let out = env.expect(&icmp, XDP_TX, Reason::Tx);
+        assert_eq!(outer_destination(&out.frame), pinned);
+        assert_eq!(routing(env), before, "an ICMP error is no short header");
     });
 }

@@ -13,7 +13,7 @@ use spillway_common::{
     limits::{Capacity, MAX_RULES, MAX_TX_PORTS, PTB_SOURCE_ENTRIES, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS},
     quic_lb::QuicLbConfig,
     types::{
-        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, QuicRouting, QuicServerKey, Reason,
+        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, QuicRouting, QuicServerSlot, Reason,
         RuleCounters, RuleLens, RuleSlot, SourceKey, SourceState, Traffic, VipSlot,
     },
 };
@@ -29,6 +29,9 @@ static FLOW_BUCKET_MASK: u32 = DEFAULT.flow_buckets() - 1;
 static VIP_SLOT_MASK: u32 = DEFAULT.vip_slots() - 1;
 #[unsafe(no_mangle)]
 static DEFAULT_LIMIT_SLOT: u32 = DEFAULT.default_limit_slot();
+/// Slots of the QUIC server-id index, minus one (read by `quic_program.rs`).
+#[unsafe(no_mangle)]
+pub static QUIC_SERVER_SLOT_MASK: u32 = DEFAULT.quic_server_slots() - 1;
 
 /// `FLOW_BUCKET_MASK`: buckets of the connection table, minus one.
 #[inline(always)]
@@ -162,9 +165,11 @@ pub static QUIC_PROGRAM: ProgramArray = ProgramArray::with_max_entries(4, 0);
 #[map(name = "spw_quic_cfg")]
 pub static QUIC_CONFIG: Array<QuicLbConfig> = Array::with_max_entries(DEFAULT.vips, 0);
 
-/// (VIP id, server id) -> backend id, for the backends of QUIC VIPs.
+/// The server-id index: (VIP id, server id) -> backend id for the backends of QUIC VIPs,
+/// placed like the VIP index (see `QuicServerSlot`); written by the loader through a memory
+/// mapping.
 #[map(name = "spw_quic_sids")]
-pub static QUIC_SERVERS: HashMap<QuicServerKey, u32> = HashMap::with_max_entries(DEFAULT.backends, 0);
+pub static QUIC_SERVERS: Array<QuicServerSlot> = Array::with_max_entries(DEFAULT.quic_server_slots(), BPF_F_MMAPABLE);
 
 /// How short headers were placed, per `QuicRouting`.
 #[map(name = "spw_quic_ctrs")]

@@ -138,7 +138,7 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
     };
     cut!(STOP, VIP, &vip);
     if !QUIC && vip.flags & VIP_F_QUIC != 0 {
-        quic::hand_over::<FAMILY>(ctx, vip.id, layout.l4);
+        quic::hand_over::<FAMILY>(ctx, vip.id, &key, &layout, icmp_error);
     }
     // The table's buckets and the outer header's entropy hash with this host's secret seed,
     // so nobody outside can aim at buckets; a changed fleet seed moves no entry. Only a
