@@ -266,7 +266,7 @@ impl<'c> Soak<'c> {
         }
         self.perform(&step.op, &after)?;
         self.check_state(&after).context("after the step")?;
-        self.settle(&after)?;
+        let waited_for_table = self.settle(&after)?;
         let removed = before.members.keys().filter(|b| !after.members.contains_key(b)).copied().collect();
         let ramps = starts_ramp(before, &after, &step.op);
         self.records.push(Record { index: step.index, op: step.op.clone(), removed, ramps, start, end: self.started.elapsed() });
@@ -278,6 +278,9 @@ impl<'c> Soak<'c> {
             step.op,
             (self.started.elapsed() - start).as_secs_f64()
         );
+        if let Some(why) = waited_for_table {
+            println!("  settled once the table caught up with the health: {why}");
+        }
         self.check_logs(step.index, Some(&step.op))?;
         self.harvest_streams()?;
         self.retire_oldest_stream();
@@ -421,19 +424,17 @@ impl<'c> Soak<'c> {
 
     /// Waits until every active backend serves (in its health and in the table) on every
     /// balancer, every balancer's tables have the same digests, and the router routes the VIP
-    /// through every balancer. Counts the waits for a health change to reach the table.
-    fn settle(&mut self, state: &State) -> Result<()> {
+    /// through every balancer. Counts the waits for a health change to reach the table, and
+    /// returns what the first such wait was for.
+    fn settle(&mut self, state: &State) -> Result<Option<String>> {
         let mut want_hops: Vec<_> = self.fleet.balancers().iter().map(|b| b.ipv4()).collect();
         want_hops.sort();
         let started = Instant::now();
         let mut waited_for_table = None;
         loop {
             let Some(last) = self.unsettled(state, &want_hops)? else {
-                if let Some(why) = waited_for_table {
-                    self.report.settles_waiting_for_table += 1;
-                    println!("  settled once the table caught up with the health: {why}");
-                }
-                return Ok(());
+                self.report.settles_waiting_for_table += u64::from(waited_for_table.is_some());
+                return Ok(waited_for_table);
             };
             // Counted only where health and digests alone would have called the fleet settled.
             if waited_for_table.is_none()
