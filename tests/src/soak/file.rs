@@ -6,19 +6,29 @@ use std::fmt::Write;
 
 use super::schedule::{RULES, RuleAction, State};
 
-/// The health checks of both VIPs: fast (a flap is seen within about a second and a half; a probe may take 500 ms on a busy host), no slow start
-/// (see the README's fleet section), short hold-downs (the schedule flaps a backend often
-/// and wants it back within its step), and every failed backend ejected (a flap of a heavy
-/// backend must take it out, not be capped).
-const HEALTH: &str = "[vips.health]\nprobe = { kind = \"tcp\" }\n[vips.health.policy]\ninterval_ms = 500\ntimeout_ms = 500\n\
-slow_start_ms = 0\nhold_down_base_ms = 500\nhold_down_max_ms = 1000\nmax_ejection_fraction = 1.0\npanic_threshold = 0.1\n";
+/// A backend's slow start ([`health`]): `lbd`'s default, on the wall clock in ten steps.
+pub const SLOW_START_MS: u64 = 30_000;
+
+/// The health checks of both VIPs: fast (a flap is seen within about a second and a half; a
+/// probe may take 500 ms on a busy host), slow start on ([`SLOW_START_MS`]: a backend added,
+/// given a weight again or readmitted ramps up, and the balancers program the same ramp),
+/// short hold-downs (the schedule flaps a backend often and wants it back within its step),
+/// and every failed backend ejected (a flap of a heavy backend must take it out, not be
+/// capped).
+fn health() -> String {
+    format!(
+        "[vips.health]\nprobe = {{ kind = \"tcp\" }}\n[vips.health.policy]\ninterval_ms = 500\ntimeout_ms = 500\n\
+         slow_start_ms = {SLOW_START_MS}\nhold_down_base_ms = 500\nhold_down_max_ms = 1000\nmax_ejection_fraction = 1.0\n\
+         panic_threshold = 0.1\n"
+    )
+}
 
 /// The file declaring `state` for `vips` (the first is the echo VIP), `addrs[b]` the
 /// address of backend `b`.
 pub fn render(state: &State, vips: &[String], addrs: &[String]) -> String {
     let mut toml = String::from("# The soak's desired state, applied on every balancer.\n");
     for vip in vips {
-        let _ = write!(toml, "\n[[vips]]\nvip = \"{vip}\"\n{HEALTH}");
+        let _ = write!(toml, "\n[[vips]]\nvip = \"{vip}\"\n{}", health());
         for (b, m) in &state.members {
             let _ = write!(toml, "\n[[vips.backends]]\naddress = \"{}\"\nweight = {}\n", addrs[*b], m.weight);
             if m.drained {

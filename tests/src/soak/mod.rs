@@ -24,7 +24,7 @@ mod streams;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
@@ -38,13 +38,24 @@ use crate::{Signal, VIP4};
 pub use schedule::{Op, Schedule, Shape, State, Step};
 use streams::{PING_TIMEOUT, Watched};
 
-/// How long the fleet may take to settle after a step.
-const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the fleet may take to settle after a step: a backend readmitted by two
+/// balancers on either side of a ramp step's boundary ramps one step apart on them until
+/// its slow start ends (see ARCHITECTURE.md, "Slow start on the wall clock").
+const SETTLE_TIMEOUT: Duration = Duration::from_millis(file::SLOW_START_MS + 15_000);
+/// How long after a step that starts a slow start the tables keep changing: the ramp, its
+/// first step's wait, and a margin for the health round that programs each step.
+const RAMP_WINDOW: Duration = Duration::from_millis(file::SLOW_START_MS + file::SLOW_START_MS / 10 + 2_000);
+/// A `lbctl` change made on every balancer that starts a slow start is begun at least this
+/// long before the next ramp step's boundary, so every balancer stamps its start within the
+/// same step and programs the same ramp.
+const RAMP_STEP_GUARD: Duration = Duration::from_secs(2);
 /// How long an `lbd` may take to give back what the schedule made it hold.
 const BASELINE_TIMEOUT: Duration = Duration::from_secs(20);
 /// One run of the load generator: the soak judges its requests when it ends (a failure is
 /// found within about this long, while the logs still show its cause) and starts the next.
 const LOAD_SEGMENT: Duration = Duration::from_secs(20);
+/// How [`not_in_table`] says a serving backend's weight is not programmed yet.
+const NOT_YET_IN_TABLE: &str = "not yet in the table";
 /// Lines of each `lbd` log a failure prints.
 const LOG_TAIL: usize = 40;
 /// Maps whose use follows the traffic, not the configuration.
@@ -107,6 +118,10 @@ pub struct SoakReport {
     pub peak_rss_kib: u64,
     /// `level=error` lines of the `lbd`s, all on balancers a step killed something of.
     pub error_lines: u64,
+    /// Settles that found a backend serving by its health on a balancer but not yet in its
+    /// table (`lbd` programs health at most once a probe interval) while the digests were
+    /// equal, and waited for it.
+    pub settles_waiting_for_table: u64,
 }
 
 impl fmt::Display for SoakReport {
@@ -143,6 +158,7 @@ impl fmt::Display for SoakReport {
                 e.maps
             )?;
         }
+        writeln!(f, "  settles that waited for a health change to reach the table: {}", self.settles_waiting_for_table)?;
         write!(
             f,
             "  peak lbd RSS: {} KiB; lbd error lines: {} (each on a balancer a step killed something of)",
@@ -157,6 +173,9 @@ struct Record {
     op: Op,
     /// An `ApplyFile` that took a backend out of the set.
     removed: BTreeSet<usize>,
+    /// It started a slow start: a backend added, given a weight again, or flapped (its
+    /// readmission ramps), so the tables go on changing for [`RAMP_WINDOW`].
+    ramps: bool,
     start: Duration,
     end: Duration,
 }
@@ -213,9 +232,7 @@ impl<'c> Soak<'c> {
 
     fn run(&mut self) -> Result<SoakReport> {
         let initial = State::initial(self.config.backends);
-        for lb in 0..self.config.balancers {
-            self.apply_file(lb, &initial).context("applying the first state")?;
-        }
+        self.apply_file(&initial).context("applying the first state")?;
         self.settle(&initial).context("the fleet did not settle before the first step")?;
         self.report.baseline = (0..self.config.balancers).map(|lb| self.resources(lb)).collect::<Result<_>>()?;
         self.check_logs(0, None)?;
@@ -244,11 +261,15 @@ impl<'c> Soak<'c> {
         let start = self.started.elapsed();
         let mut after = before.clone();
         schedule::apply(&mut after, &step.op);
+        if matches!(step.op, Op::AddBackend { .. } | Op::SetWeight { .. }) && starts_ramp(before, &after, &step.op) {
+            within_one_ramp_step();
+        }
         self.perform(&step.op, &after)?;
         self.check_state(&after).context("after the step")?;
-        self.settle(&after)?;
+        let waited_for_table = self.settle(&after)?;
         let removed = before.members.keys().filter(|b| !after.members.contains_key(b)).copied().collect();
-        self.records.push(Record { index: step.index, op: step.op.clone(), removed, start, end: self.started.elapsed() });
+        let ramps = starts_ramp(before, &after, &step.op);
+        self.records.push(Record { index: step.index, op: step.op.clone(), removed, ramps, start, end: self.started.elapsed() });
         *self.report.ops.entry(step.op.kind()).or_default() += 1;
         println!(
             "step {:>4} {:>6.1}s {} ({:.1} s)",
@@ -257,6 +278,9 @@ impl<'c> Soak<'c> {
             step.op,
             (self.started.elapsed() - start).as_secs_f64()
         );
+        if let Some(why) = waited_for_table {
+            println!("  settled once the table caught up with the health: {why}");
+        }
         self.check_logs(step.index, Some(&step.op))?;
         self.harvest_streams()?;
         self.retire_oldest_stream();
@@ -288,7 +312,7 @@ impl<'c> Soak<'c> {
                 let (addr, weight) = (self.addrs[*backend].clone(), weight.to_string());
                 self.on_every_balancer(|vip| vec!["backends", "set-weight", "--vip", vip, &addr, &weight])
             }
-            Op::ApplyFile { .. } => (0..n).try_for_each(|lb| self.apply_file(lb, after)),
+            Op::ApplyFile { .. } => self.apply_file(after),
             Op::AddRule { rule } | Op::RemoveRule { rule } => {
                 let r = schedule::RULES[*rule];
                 let mut args = vec!["rules".to_owned(), if matches!(op, Op::AddRule { .. }) { "add" } else { "remove" }.to_owned()];
@@ -313,7 +337,7 @@ impl<'c> Soak<'c> {
                     self.wait("every balancer to eject the killed backend", || {
                         for lb in 0..n {
                             for vip in &self.vips {
-                                if self.backend_health(lb, vip, &addr)? == "healthy" {
+                                if serving(&self.backend_health(lb, vip, &addr)?) {
                                     return Ok(false);
                                 }
                             }
@@ -363,11 +387,14 @@ impl<'c> Soak<'c> {
         Ok(())
     }
 
-    fn apply_file(&mut self, lb: usize, state: &State) -> Result<()> {
+    /// `lbctl apply -f` of one file on every balancer in turn: the first writes the starts it
+    /// gave (`started_at`) into the file, so the others ramp those backends alike.
+    fn apply_file(&mut self, state: &State) -> Result<()> {
         self.files += 1;
         let path: PathBuf = self.fleet.tempdir().join(format!("soak-{}.toml", self.files));
         std::fs::write(&path, file::render(state, &self.vips, &self.addrs)).with_context(|| format!("writing {}", path.display()))?;
-        self.fleet.balancer(lb + 1).lbctl(&["apply", "-f", &path.display().to_string()]).map(drop)
+        let path = path.display().to_string();
+        self.fleet.balancers().iter().try_for_each(|b| b.lbctl(&["apply", "-f", &path]).map(drop))
     }
 
     /// Every balancer shows `state`: the backends of both VIPs, and the rules.
@@ -395,14 +422,28 @@ impl<'c> Soak<'c> {
         Ok(())
     }
 
-    /// Waits until every active backend is healthy on every balancer, every balancer's tables
-    /// have the same digests, and the router routes the VIP through every balancer.
-    fn settle(&self, state: &State) -> Result<()> {
+    /// Waits until every active backend serves (in its health and in the table) on every
+    /// balancer, every balancer's tables have the same digests, and the router routes the VIP
+    /// through every balancer. Counts the waits for a health change to reach the table, and
+    /// returns what the first such wait was for.
+    fn settle(&mut self, state: &State) -> Result<Option<String>> {
         let mut want_hops: Vec<_> = self.fleet.balancers().iter().map(|b| b.ipv4()).collect();
         want_hops.sort();
         let started = Instant::now();
+        let mut waited_for_table = None;
         loop {
-            let Some(last) = self.unsettled(state, &want_hops)? else { return Ok(()) };
+            let Some(last) = self.unsettled(state, &want_hops)? else {
+                self.report.settles_waiting_for_table += u64::from(waited_for_table.is_some());
+                return Ok(waited_for_table);
+            };
+            // Counted only where health and digests alone would have called the fleet settled.
+            if waited_for_table.is_none()
+                && last.contains(NOT_YET_IN_TABLE)
+                && self.serving_by_health(state)?
+                && self.digests_differ()?.is_none()
+            {
+                waited_for_table = Some(last.clone());
+            }
             if started.elapsed() > SETTLE_TIMEOUT {
                 bail!("the fleet did not settle within {SETTLE_TIMEOUT:?}: {last}");
             }
@@ -416,8 +457,29 @@ impl<'c> Soak<'c> {
         if hops != want_hops {
             return Ok(Some(format!("the router routes {VIP4} via {hops:?}")));
         }
-        // Every balancer sends a new flow where the others do: a flow ECMP moves keeps its
-        // backend.
+        // Every active backend serves on every balancer, in the table and not only in its
+        // health: `lbd` programs a health change at most once a probe interval, so a backend
+        // shown healthy may still be out of the table for a moment (on every balancer at
+        // once, with equal digests). Read before the digests, so these see what it shows.
+        for b in self.fleet.balancers() {
+            for vip in &self.vips {
+                let list = b.lbctl_json(&["backends", "list", "--vip", vip])?;
+                let entries = array(&list, "backends")?;
+                for (i, _) in state.members.iter().filter(|(_, m)| !m.drained) {
+                    let addr = &self.addrs[*i];
+                    let entry = entries.iter().find(|e| e["address"] == addr.as_str());
+                    if let Some(why) = not_in_table(entry) {
+                        return Ok(Some(format!("{} has {vip} backend {addr} {why}", b.name())));
+                    }
+                }
+            }
+        }
+        self.digests_differ()
+    }
+
+    /// Whether the balancers' tables differ (every balancer sends a new flow where the others
+    /// do, so a flow ECMP moves keeps its backend).
+    fn digests_differ(&self) -> Result<Option<String>> {
         let mut digests = Vec::new();
         for b in self.fleet.balancers() {
             let list = b.lbctl_json(&["vips", "list"])?;
@@ -426,20 +488,21 @@ impl<'c> Soak<'c> {
             per_vip.sort();
             digests.push((b.name().to_owned(), per_vip));
         }
-        if digests.windows(2).any(|w| w[0].1 != w[1].1) {
-            return Ok(Some(format!("the balancers' tables differ: {digests:?}")));
-        }
-        for (lb, b) in self.fleet.balancers().iter().enumerate() {
+        Ok(digests.windows(2).any(|w| w[0].1 != w[1].1).then(|| format!("the balancers' tables differ: {digests:?}")))
+    }
+
+    /// Whether every active backend serves on every balancer by its health alone.
+    fn serving_by_health(&self, state: &State) -> Result<bool> {
+        for lb in 0..self.config.balancers {
             for vip in &self.vips {
                 for (i, _) in state.members.iter().filter(|(_, m)| !m.drained) {
-                    let health = self.backend_health(lb, vip, &self.addrs[*i])?;
-                    if health != "healthy" {
-                        return Ok(Some(format!("{} has {vip} backend {} {health}", b.name(), self.addrs[*i])));
+                    if !serving(&self.backend_health(lb, vip, &self.addrs[*i])?) {
+                        return Ok(false);
                     }
                 }
             }
         }
-        Ok(None)
+        Ok(true)
     }
 
     fn backend_health(&self, lb: usize, vip: &str, addr: &str) -> Result<String> {
@@ -510,7 +573,9 @@ impl<'c> Soak<'c> {
             let stream = client
                 .in_netns(|| Stream::open(vip_target(TCP_PORT), PING_TIMEOUT))
                 .with_context(|| format!("a new connection from {} failed on a settled fleet", client.name()))?;
-            self.streams.push(Watched::start(stream, self.started));
+            let mut watched = Watched::start(stream, self.started);
+            watched.placed = self.flow_ways(watched.client);
+            self.streams.push(watched);
             self.report.streams_opened += 1;
         }
         Ok(())
@@ -532,7 +597,8 @@ impl<'c> Soak<'c> {
                 None => kept.push(s),
                 Some((at, error)) => {
                     self.report.stream_pings += s.pings();
-                    let (cause, _) = self.judge_stream(&s.backend, s.opened, at, &error).map_err(|e| self.with_flow(e, s.client))?;
+                    let (cause, _) =
+                        self.judge_stream(&s.backend, s.opened, at, &error).map_err(|e| self.with_flow(e, s.client, &s.placed))?;
                     *self.report.stream_breaks.entry(cause).or_default() += 1;
                 }
             }
@@ -550,17 +616,20 @@ impl<'c> Soak<'c> {
         let killed = lived.iter().any(|r| matches!(r.op, Op::FlapServer { backend, .. } if backend == b));
         let removed = lived.iter().any(|r| matches!(r.op, Op::RemoveBackend { backend } if backend == b) || r.removed.contains(&b));
         let moved = lived.iter().any(|r| r.op.moves_flows());
-        let changed = lived.iter().any(|r| {
-            matches!(
-                r.op,
-                Op::AddBackend { .. }
-                    | Op::RemoveBackend { .. }
-                    | Op::Drain { .. }
-                    | Op::SetWeight { .. }
-                    | Op::ApplyFile { .. }
-                    | Op::FlapServer { .. }
-            )
-        });
+        // The table changed while it lived: a change step, or a ramp still stepping.
+        let ramping = self.records.iter().any(|r| r.ramps && r.end + RAMP_WINDOW >= opened && r.start <= at);
+        let changed = ramping
+            || lived.iter().any(|r| {
+                matches!(
+                    r.op,
+                    Op::AddBackend { .. }
+                        | Op::RemoveBackend { .. }
+                        | Op::Drain { .. }
+                        | Op::SetWeight { .. }
+                        | Op::ApplyFile { .. }
+                        | Op::FlapServer { .. }
+                )
+            });
         let cause = if killed {
             "server_killed"
         } else if removed {
@@ -581,9 +650,16 @@ impl<'c> Soak<'c> {
     }
 
     /// `err` with where every balancer sends the broken stream's packets now
-    /// (`lbctl flows get`: its entry, the table's backend, a second candidate).
-    fn with_flow(&self, err: anyhow::Error, client: Option<std::net::SocketAddr>) -> anyhow::Error {
+    /// (`lbctl flows get`: its entry, the table's backend, a second candidate), and where
+    /// they sent them right after the stream opened.
+    fn with_flow(&self, err: anyhow::Error, client: Option<std::net::SocketAddr>, placed: &str) -> anyhow::Error {
         let Some(client) = client else { return err };
+        anyhow!("{err:#}\nthe stream's flow from {client} now: {}\nright after it opened: {placed}", self.flow_ways(Some(client)))
+    }
+
+    /// What every balancer's `lbctl flows get` says of the echo VIP's flow from `client`.
+    fn flow_ways(&self, client: Option<std::net::SocketAddr>) -> String {
+        let Some(client) = client else { return String::new() };
         let ways: Vec<String> = self
             .fleet
             .balancers()
@@ -593,7 +669,7 @@ impl<'c> Soak<'c> {
                 Err(e) => format!("{}: {e:#}", b.name()),
             })
             .collect();
-        anyhow!("{err:#}\nthe stream's flow from {client} now: {}", ways.join("; "))
+        ways.join("; ")
     }
 
     fn start_load(&mut self) -> Result<()> {
@@ -670,10 +746,10 @@ impl<'c> Soak<'c> {
     fn restore(&mut self) -> Result<()> {
         self.finish_load()?;
         for s in std::mem::take(&mut self.streams) {
-            let (backend, opened, client) = (s.backend.clone(), s.opened, s.client);
+            let (backend, opened, client, placed) = (s.backend.clone(), s.opened, s.client, s.placed.clone());
             self.report.stream_pings += s.pings();
             if let Some((at, error)) = s.finish() {
-                let (cause, _) = self.judge_stream(&backend, opened, at, &error).map_err(|e| self.with_flow(e, client))?;
+                let (cause, _) = self.judge_stream(&backend, opened, at, &error).map_err(|e| self.with_flow(e, client, &placed))?;
                 *self.report.stream_breaks.entry(cause).or_default() += 1;
             }
         }
@@ -702,6 +778,12 @@ impl<'c> Soak<'c> {
             out.push_str(&protocols);
         }
         for b in self.fleet.balancers() {
+            for args in [&["vips", "list"][..], &["stats"]] {
+                match b.lbctl_json(args) {
+                    Ok(v) => out.push_str(&format!("{} lbctl {}: {v}\n", b.name(), args.join(" "))),
+                    Err(e) => out.push_str(&format!("{} lbctl {}: {e:#}\n", b.name(), args.join(" "))),
+                }
+            }
             let log = b.lbd_log();
             let lines: Vec<&str> = log.lines().collect();
             out.push_str(&format!("---- the last lines of lbd on {} ----\n", b.name()));
@@ -735,10 +817,94 @@ fn same_maps(end: &BTreeMap<String, u64>, baseline: &BTreeMap<String, u64>) -> b
     rings_ok && without(end) == without(baseline)
 }
 
+/// Whether `op` (from `before` to `after`) starts a slow start: a backend takes new flows
+/// that did not, or an active backend's servers are flapped (its readmission ramps).
+fn starts_ramp(before: &State, after: &State, op: &Op) -> bool {
+    let flapped = matches!(op, Op::FlapServer { backend, .. } if after.is_active(*backend));
+    flapped || after.members.keys().any(|b| after.is_active(*b) && !before.is_active(*b))
+}
+
+/// Waits, if need be, until the next ramp step (a wall-clock multiple of a tenth of the
+/// slow start) is at least [`RAMP_STEP_GUARD`] away. `lbctl backends add` (or `set-weight`
+/// after a drain) stamps the start on each balancer when it gets there; an operator doing
+/// it on every balancer within one step gets one ramp everywhere.
+fn within_one_ramp_step() {
+    let step = (file::SLOW_START_MS / 10).max(1);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let left = Duration::from_millis(step - now % step);
+    if left < RAMP_STEP_GUARD {
+        std::thread::sleep(left + Duration::from_millis(50));
+    }
+}
+
+/// A backend health that takes new flows (a slow start is one).
+fn serving(health: &str) -> bool {
+    matches!(health, "healthy" | "slow_start")
+}
+
+/// Why an active backend's entry in `lbctl backends list -o json` does not take its share of
+/// new flows yet, if it does not: its health, or a health that serves while the programmed
+/// weight (`effective_weight`, what the table was built with) is not the one it implies
+/// (the configured weight when healthy, some of it in a slow start).
+fn not_in_table(entry: Option<&Value>) -> Option<String> {
+    let Some(entry) = entry else { return Some("missing".to_owned()) };
+    let health = str_of(&entry["health"]);
+    if !serving(&health) {
+        return Some(health);
+    }
+    let (weight, programmed) = (entry["weight"].as_u64().unwrap_or(0), entry["effective_weight"].as_u64().unwrap_or(0));
+    let in_table = if health == "healthy" { programmed == weight } else { programmed > 0 && programmed <= weight };
+    (!in_table).then(|| format!("{health} with weight {weight} but programmed with {programmed} ({NOT_YET_IN_TABLE})"))
+}
+
 fn array<'v>(value: &'v Value, key: &str) -> Result<&'v Vec<Value>> {
     value[key].as_array().with_context(|| format!("no array {key:?} in {value}"))
 }
 
 fn str_of(value: &Value) -> String {
     value.as_str().unwrap_or_default().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_backend_serves_only_once_its_weight_is_in_the_table() {
+        let entry =
+            |health: &str, weight: u64, programmed: u64| json!({"health": health, "weight": weight, "effective_weight": programmed});
+        assert_eq!(not_in_table(Some(&entry("healthy", 100, 100))), None);
+        assert_eq!(not_in_table(Some(&entry("slow_start", 100, 10))), None);
+        // Readmitted, not programmed yet: what let a stream be placed on a table without it.
+        let pending = not_in_table(Some(&entry("healthy", 100, 0))).expect("not in the table");
+        assert!(pending.contains(NOT_YET_IN_TABLE), "{pending}");
+        assert!(not_in_table(Some(&entry("slow_start", 100, 0))).is_some());
+        assert!(not_in_table(Some(&entry("healthy", 200, 100))).is_some(), "a re-weight not programmed yet");
+        assert_eq!(not_in_table(Some(&entry("unhealthy", 100, 0))).as_deref(), Some("unhealthy"));
+        assert_eq!(not_in_table(Some(&entry("held_down", 100, 100))).as_deref(), Some("held_down"));
+        assert!(not_in_table(None).is_some());
+    }
+
+    #[test]
+    fn a_step_starts_a_ramp_when_a_backend_begins_to_serve_or_is_flapped() {
+        let initial = State::initial(4);
+        let mut added = initial.clone();
+        let add = Op::AddBackend { backend: 3, weight: 100 };
+        schedule::apply(&mut added, &add);
+        assert!(starts_ramp(&initial, &added, &add));
+        let reweight = Op::SetWeight { backend: 0, weight: 200 };
+        let mut reweighted = initial.clone();
+        schedule::apply(&mut reweighted, &reweight);
+        assert!(!starts_ramp(&initial, &reweighted, &reweight), "an active backend's new weight is no ramp");
+        let mut drained = initial.clone();
+        schedule::apply(&mut drained, &Op::Drain { backend: 0 });
+        let mut undrained = drained.clone();
+        schedule::apply(&mut undrained, &reweight);
+        assert!(starts_ramp(&drained, &undrained, &reweight), "a weight again after a drain ramps");
+        let flap = |backend| Op::FlapServer { backend, down_ms: 500 };
+        assert!(starts_ramp(&initial, &initial, &flap(0)));
+        assert!(!starts_ramp(&initial, &initial, &flap(3)), "a backend outside the set is readmitted nowhere");
+    }
 }

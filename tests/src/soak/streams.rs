@@ -29,6 +29,9 @@ pub struct Watched {
     pub client: Option<std::net::SocketAddr>,
     /// Since the soak started.
     pub opened: Duration,
+    /// Where every balancer sent the flow right after it opened (`lbctl flows get`), for
+    /// a failure's diagnostics.
+    pub placed: String,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
@@ -57,7 +60,7 @@ impl Watched {
                 })
                 .expect("spawning a thread")
         };
-        Watched { backend, client, opened, shared, thread: Some(thread) }
+        Watched { backend, client, opened, placed: String::new(), shared, thread: Some(thread) }
     }
 
     pub fn failure(&self) -> Option<(Duration, String)> {
