@@ -4,13 +4,15 @@
 //! arrays indexed by hashes the program computes itself: one inlined array access each, no
 //! kernel hashing, locks or byte-wise key compares.
 
+use core::ptr::{addr_of, read_volatile};
+
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, bpf_fib_lookup},
     macros::map,
     maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use spillway_common::{
-    limits::{Capacity, MAX_RULES, MAX_TX_PORTS, PTB_SOURCE_ENTRIES, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS},
+    limits::{Capacity, MAX_RULES, MAX_TX_PORTS, PTB_SOURCE_ENTRIES, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, VIP_PROBES},
     quic_lb::QuicLbConfig,
     types::{
         AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, QuicRouting, QuicServerSlot, Reason,
@@ -196,3 +198,45 @@ pub static PTB_SOURCES: LruHashMap<AddrKey, Bucket> = LruHashMap::with_max_entri
 /// The bucket of all answers (shared by all CPUs).
 #[map(name = "spw_ptb_all")]
 pub static PTB_GLOBAL: Array<Bucket> = Array::with_max_entries(1, 0);
+
+/// A slot of an open-addressed index the loader fills (the VIP index, the server-id index):
+/// its home counts how many slots from it hold keys homed there.
+pub trait Probed {
+    /// That count, read from a live slot (volatile: the loader writes slots while packets
+    /// read them).
+    fn probes(slot: *const Self) -> u32;
+}
+
+impl Probed for VipSlot {
+    #[inline(always)]
+    fn probes(slot: *const Self) -> u32 {
+        // SAFETY: a live map value.
+        unsafe { read_volatile(addr_of!((*slot).probes)) }
+    }
+}
+
+impl Probed for QuicServerSlot {
+    #[inline(always)]
+    fn probes(slot: *const Self) -> u32 {
+        // SAFETY: a live map value.
+        unsafe { read_volatile(addr_of!((*slot).probes)) }
+    }
+}
+
+/// The first slot that `holds` the key among those a key homed at `home` may occupy in
+/// `index` (`mask + 1` slots): at most the home's count of them and never more than
+/// `VIP_PROBES`, so a key nobody has costs one slot read, or a few.
+#[inline(always)]
+pub fn probe<S: Probed>(index: &Array<S>, home: u32, mask: u32, holds: impl Fn(*const S) -> bool) -> Option<*const S> {
+    let probes = S::probes(index.get_ptr(home)?);
+    for i in 0..VIP_PROBES {
+        if i >= probes {
+            break;
+        }
+        let slot = index.get_ptr((home + i) & mask)?;
+        if holds(slot) {
+            return Some(slot);
+        }
+    }
+    None
+}

@@ -9,7 +9,6 @@ use core::ptr::{addr_of, read_volatile};
 
 use spillway_common::{
     hash::{flow_hash, vip_addr_hash, vip_filter_slot, vip_home},
-    limits::VIP_PROBES,
     types::{
         AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VIP_F_QUIC, VipKey,
     },
@@ -24,7 +23,7 @@ use xdp_ebpf::{
 
 use crate::{
     clock, family, limits,
-    maps::{CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
+    maps::{self, CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
     nexthop, ptb, quic,
     second_chance::{self, Handover},
     select,
@@ -258,28 +257,20 @@ fn find_vip(key: &FlowKey, addr_hash: u32) -> Option<Vip> {
 fn indexed_vip(vip: &VipKey, addr_hash: u32) -> Option<Vip> {
     let mask = vip_slot_mask();
     let home = vip_home(addr_hash, vip.port, vip.proto, mask);
-    let probes = unsafe { read_volatile(addr_of!((*VIPS.get_ptr(home)?).probes)) };
-    for i in 0..VIP_PROBES {
-        if i >= probes {
-            break;
-        }
-        let slot = VIPS.get_ptr((home + i) & mask)?;
-        // SAFETY: a live map value.
-        unsafe {
-            if read_volatile(addr_of!((*slot).key.family)) != vip.family || read_volatile(addr_of!((*slot).key)) != *vip {
-                continue;
-            }
-            let meta = addr_of!((*slot).meta);
-            let table = |word: u64| RingRef { base: word as u32, size: (word >> 32) as u32 };
-            return Some(Vip {
-                id: read_volatile(addr_of!((*meta).id)),
-                flags: read_volatile(addr_of!((*meta).flags)),
-                ring: table(read_volatile(addr_of!((*meta).active).cast::<u64>())),
-                prior: table(read_volatile(addr_of!((*meta).prior).cast::<u64>())),
-            });
-        }
+    // SAFETY (both): live map values.
+    let slot = maps::probe(&VIPS, home, mask, |slot| unsafe {
+        read_volatile(addr_of!((*slot).key.family)) == vip.family && read_volatile(addr_of!((*slot).key)) == *vip
+    })?;
+    let table = |word: u64| RingRef { base: word as u32, size: (word >> 32) as u32 };
+    unsafe {
+        let meta = addr_of!((*slot).meta);
+        Some(Vip {
+            id: read_volatile(addr_of!((*meta).id)),
+            flags: read_volatile(addr_of!((*meta).flags)),
+            ring: table(read_volatile(addr_of!((*meta).active).cast::<u64>())),
+            prior: table(read_volatile(addr_of!((*meta).prior).cast::<u64>())),
+        })
     }
-    None
 }
 
 /// Encapsulates towards `choice` (with a second candidate's tunnel inside, when `second`)

@@ -8,7 +8,6 @@ use aya_ebpf::{
 use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{flow_hash, quic_server_home},
-    limits::VIP_PROBES,
     quic_lb::{MAX_CID_LEN, ServerId, decode_server_id_into},
     types::{BACKEND_ACTIVE, FAMILY_V4, FlowKey, QuicRouting, Reason},
 };
@@ -16,7 +15,7 @@ use xdp_ebpf::{headers::UDP_LEN, packet, parse::Layout};
 
 use crate::{
     clock,
-    maps::{BACKENDS, CONFIG, QUIC_CONFIG, QUIC_HANDOVER, QUIC_PROGRAM, QUIC_ROUTING, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
+    maps::{self, BACKENDS, CONFIG, QUIC_CONFIG, QUIC_HANDOVER, QUIC_PROGRAM, QUIC_ROUTING, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
     path::{self, Verdict, stage},
     select::Choice,
 };
@@ -79,25 +78,14 @@ fn indexed_server(vip_id: u32, words: &[u32; 4]) -> Option<u32> {
     // SAFETY: a `.rodata` constant the loader patches at load (volatile: not the default).
     let mask = unsafe { read_volatile(&QUIC_SERVER_SLOT_MASK) };
     let home = quic_server_home(vip_id, words, mask);
-    // SAFETY (all): live map values; the server id is 4-aligned (`ServerId`).
-    let probes = unsafe { read_volatile(addr_of!((*QUIC_SERVERS.get_ptr(home)?).probes)) };
-    for i in 0..VIP_PROBES {
-        if i >= probes {
-            break;
-        }
-        let slot = QUIC_SERVERS.get_ptr((home + i) & mask)?;
-        unsafe {
-            let have = addr_of!((*slot).key.server_id).cast::<[u32; 4]>();
-            if read_volatile(have.cast::<u32>()) != words[0]
-                || read_volatile(addr_of!((*slot).key.vip_id)) != vip_id
-                || read_volatile(have) != *words
-            {
-                continue;
-            }
-            return Some(read_volatile(addr_of!((*slot).backend_id)));
-        }
-    }
-    None
+    // SAFETY (both): live map values; the server id is 4-aligned (`ServerId`).
+    let slot = maps::probe(&QUIC_SERVERS, home, mask, |slot| unsafe {
+        let have = addr_of!((*slot).key.server_id).cast::<[u32; 4]>();
+        read_volatile(have.cast::<u32>()) == words[0]
+            && read_volatile(addr_of!((*slot).key.vip_id)) == vip_id
+            && read_volatile(have) == *words
+    })?;
+    Some(unsafe { read_volatile(addr_of!((*slot).backend_id)) })
 }
 
 /// The QUIC program: sends a short-header packet the balancer handed over to the backend
