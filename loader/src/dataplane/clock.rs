@@ -38,16 +38,18 @@ pub fn calibrate(program: &Xdp) -> Result<Calibration, DataplaneError> {
 
 /// Now on the clock the data path reads (CLOCK_MONOTONIC_COARSE).
 pub fn coarse_now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid timespec to fill; CLOCK_MONOTONIC_COARSE always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    coarse(libc::clock_gettime)
 }
 
 fn coarse_resolution_ns() -> u64 {
+    coarse(libc::clock_getres)
+}
+
+/// `call` (`clock_gettime` or `clock_getres`) of CLOCK_MONOTONIC_COARSE, in nanoseconds.
+fn coarse(call: unsafe extern "C" fn(libc::clockid_t, *mut libc::timespec) -> libc::c_int) -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: as above.
-    unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    // SAFETY: a valid timespec to fill; CLOCK_MONOTONIC_COARSE always exists on Linux.
+    unsafe { call(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
