@@ -27,7 +27,7 @@ pub(crate) fn run_decap(env: &Env, frame: &[u8], action: u32, reason: DecapReaso
 }
 
 /// The host's addresses (its own and a VIP on `lo`, each family), and the balancers'.
-fn backend_host(env: &mut Env) {
+pub(crate) fn backend_host(env: &mut Env) {
     env.decap_local(&["10.1.0.1", "fd01::1", "10.200.1.1", "2001:db8:100::1"].map(ip));
     env.decap_allow(&["10.9.0.1/32", "fd09::/64"]);
 }

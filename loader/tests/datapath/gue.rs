@@ -16,7 +16,11 @@ use spillway_common::{
 };
 use spillway_harness::{frames, packet_lab};
 
-use crate::{decap::run_decap, second_chance::one_hop_less, support::*};
+use crate::{
+    decap::{backend_host, run_decap},
+    second_chance::one_hop_less,
+    support::*,
+};
 
 const PORT: u16 = DEFAULT_GUE_PORT;
 
@@ -186,11 +190,9 @@ fn second_chance_carries_either_tunnel_in_gue() {
     });
 }
 
-/// The agent's host: its addresses (its own and a VIP on `lo`, each family), the balancers
-/// it trusts and GUE on the default port.
+/// The agent's host (`decap::backend_host`) with GUE on the default port.
 fn gue_agent(env: &mut Env) {
-    env.decap_local(&["10.1.0.1", "fd01::1", "10.200.1.1", "2001:db8:100::1"].map(ip));
-    env.decap_allow(&["10.9.0.1/32", "fd09::/64"]);
+    backend_host(env);
     env.decap_gue_port(PORT);
 }
 
