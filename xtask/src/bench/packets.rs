@@ -22,7 +22,7 @@ use spillway::{
     },
     model::{DEFAULT_WEIGHT, DesiredState, Encap, LimitConfig, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip},
     objects,
-    reconcile::Reconciler,
+    reconcile::{Reconciler, vip_key},
 };
 use spillway_common::{
     addr::{from_words, to_words},
@@ -169,12 +169,11 @@ impl Flows {
     }
 }
 
-/// [`GUE_VIP`]'s address, as a frame carries it.
-fn gue_vip_octets() -> Result<[u8; 4]> {
-    match vip_addr(GUE_VIP)?.ip() {
-        IpAddr::V4(addr) => Ok(addr.octets()),
-        IpAddr::V6(_) => bail!("{GUE_VIP} is not IPv4"),
-    }
+/// Whether `key` is a packet to [`GUE_VIP`]: its address, port and protocol (other VIPs of
+/// the lab share the address).
+fn to_gue_vip(key: &FlowKey) -> Result<bool> {
+    let vip: Vip = GUE_VIP.parse().with_context(|| format!("parsing {GUE_VIP}"))?;
+    Ok(dataplane::vip_of(key) == vip_key(&vip))
 }
 
 fn vip_addr(vip: &str) -> Result<SocketAddr> {
@@ -559,15 +558,13 @@ impl Lab {
     fn check_output(&self, case: &Case, frame: &[u8], out: &[u8]) -> Result<()> {
         match (case.reason, case.action) {
             (None, _) => Ok(()),
-            (Some(_), XDP_TX) if frame[ETH_LEN + 16..ETH_LEN + 20] == gue_vip_octets()? => {
-                self.check_gue(frame, out, self.maglev_backend(&flow_key(frame)?)?)
-            }
             (Some(_), XDP_TX) => {
-                let backend = match case.frames {
-                    Frames::ByConnectionId { backend, .. } => backend,
-                    _ => self.maglev_backend(&flow_key(frame)?)?,
-                };
-                self.check_ipip(frame, out, backend)
+                let key = flow_key(frame)?;
+                match case.frames {
+                    Frames::ByConnectionId { backend, .. } => self.check_ipip(frame, out, backend),
+                    _ if to_gue_vip(&key)? => self.check_gue(frame, out, self.maglev_backend(&key)?),
+                    _ => self.check_ipip(frame, out, self.maglev_backend(&key)?),
+                }
             }
             (Some(_), _) => {
                 ensure!(out == frame, "the frame was changed");
