@@ -228,15 +228,35 @@ pub fn config_id(cid: &[u8]) -> Result<u8, CidError> {
 /// octets after the header's first byte); only the configuration's length is read.
 #[inline(always)]
 pub fn decode_server_id(cid: &[u8], cfg: &QuicLbConfig) -> Result<ServerId, CidError> {
-    let mut id = ServerId::default();
-    decode_server_id_into(cid, cfg, &mut id)?;
+    check(cid, cfg)?;
+    let mut id = ServerId { len: cfg.server_id_len, ..ServerId::default() };
+    copy_into(&mut id.bytes, 0, cid, 1, cfg.server_id_len as usize);
     Ok(id)
 }
 
-/// [`decode_server_id`] into `id` (the data path's map key, so no copy takes its stack);
-/// `id` is unchanged on error.
+/// [`decode_server_id`]'s [`ServerId::words`], read from the id's octets as two 8-octet words
+/// and masked (the data path's: no copy octet by octet, no `ServerId` on its stack). A
+/// `ServerId` in memory is its length, then its octets, zero past them: the id's first 16
+/// octets with the first replaced by the length and those past the server id cleared.
 #[inline(always)]
-pub fn decode_server_id_into(cid: &[u8], cfg: &QuicLbConfig, id: &mut ServerId) -> Result<(), CidError> {
+pub fn decode_server_id_words(cid: &[u8; MAX_CID_LEN], cfg: &QuicLbConfig) -> Result<[u32; 4], CidError> {
+    check(cid, cfg)?;
+    // Octets of the `ServerId` that are its length or its id: 2..=16 (`check` bounds the
+    // length by MAX_SERVER_ID_LEN).
+    let used = 1 + cfg.server_id_len as u32;
+    let mask = |octets: u32| if octets >= 8 { u64::MAX } else { (1u64 << (8 * octets)) - 1 };
+    let word = |at: usize| {
+        u64::from_le_bytes([cid[at], cid[at + 1], cid[at + 2], cid[at + 3], cid[at + 4], cid[at + 5], cid[at + 6], cid[at + 7]])
+    };
+    let low = (word(0) & !0xff | cfg.server_id_len as u64) & mask(used);
+    let high = word(8) & mask(used.saturating_sub(8));
+    let native = |w: u64| u32::from_ne_bytes((w as u32).to_le_bytes());
+    Ok([native(low), native(low >> 32), native(high), native(high >> 32)])
+}
+
+/// What §4.1 asks of a connection id before its server id is read under `cfg`.
+#[inline(always)]
+fn check(cid: &[u8], cfg: &QuicLbConfig) -> Result<(), CidError> {
     let config_id = config_id(cid)?;
     if !cfg.is_set() || cfg.config_id != config_id || cfg.server_id_len > MAX_SERVER_ID_LEN {
         return Err(CidError::UnknownConfig { config_id });
@@ -251,16 +271,6 @@ pub fn decode_server_id_into(cid: &[u8], cfg: &QuicLbConfig, id: &mut ServerId) 
         let plaintext = (need - 1).min(u8::MAX as usize) as u8;
         if encoded < plaintext {
             return Err(CidError::LengthMismatch { encoded, need: plaintext });
-        }
-    }
-    id.len = cfg.server_id_len;
-    // Every index bounded by the constant length of `bytes` (not by `server_id_len`, whose
-    // check the BPF verifier may not see): the data path's copy verifies as is.
-    for (i, octet) in id.bytes.iter_mut().enumerate() {
-        if i < cfg.server_id_len as usize {
-            *octet = cid.get(1 + i).copied().unwrap_or(0);
-        } else {
-            *octet = 0;
         }
     }
     Ok(())
@@ -443,5 +453,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The data path's masked read gives the words of the decoded id for every server id
+    /// length, whatever follows the id; and the same errors.
+    #[test]
+    fn words_read_from_the_id_are_the_decoded_ids() {
+        for sid_len in MIN_SERVER_ID_LEN..=MAX_SERVER_ID_LEN {
+            for flags in [0, QUIC_LB_F_SELF_LEN] {
+                let c = cfg(sid_len % 7, sid_len, MIN_NONCE_LEN, flags);
+                for seed in 0..8u8 {
+                    let sid: std::vec::Vec<u8> = (0..sid_len).map(|i| seed.wrapping_mul(37) ^ i.wrapping_mul(11) | 1).collect();
+                    let mut cid = [0xffu8; MAX_CID_LEN];
+                    let id = encoded(&c, &sid, &[seed; MIN_NONCE_LEN as usize], seed);
+                    cid[..id.len()].copy_from_slice(&id);
+                    assert_eq!(decode_server_id_words(&cid, &c), Ok(decode_server_id(&cid, &c).unwrap().words()), "{sid_len} {seed}");
+                }
+            }
+        }
+        let c = cfg(1, 3, 4, QUIC_LB_F_SELF_LEN);
+        for first in [0xe7, 0x47, 0x26, 0x27] {
+            let mut cid = [0u8; MAX_CID_LEN];
+            cid[0] = first;
+            let decoded = decode_server_id(&cid, &c).map(|id| id.words());
+            assert_eq!(decode_server_id_words(&cid, &c), decoded, "{first:#x}");
+        }
+        assert_eq!(decode_server_id_words(&[0x27; MAX_CID_LEN], &QuicLbConfig::EMPTY), Err(CidError::UnknownConfig { config_id: 1 }));
     }
 }

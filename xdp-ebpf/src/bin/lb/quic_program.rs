@@ -8,7 +8,7 @@ use aya_ebpf::{
 use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{flow_hash, quic_server_home},
-    quic_lb::{MAX_CID_LEN, ServerId, decode_server_id_into},
+    quic_lb::{MAX_CID_LEN, decode_server_id_words},
     types::{BACKEND_ACTIVE, FAMILY_V4, FlowKey, QuicRouting, Reason},
 };
 use xdp_ebpf::{headers::UDP_LEN, packet, parse::Layout};
@@ -61,12 +61,11 @@ extern "C" fn spillway_quic_backend(ctx: *mut xdp_md, vip_id: u32, l4: u64) -> u
     let (Some(cid), Some(cfg)) = (packet::at::<[u8; MAX_CID_LEN]>(&ctx, payload + 1), QUIC_CONFIG.get(vip_id)) else {
         return UNROUTABLE;
     };
-    let mut server_id = ServerId::default();
     // SAFETY: bounds-checked by `at`; packet memory, read only.
-    if decode_server_id_into(unsafe { &*cid }, cfg, &mut server_id).is_err() {
+    let Ok(words) = decode_server_id_words(unsafe { &*cid }, cfg) else {
         return UNROUTABLE;
-    }
-    indexed_server(vip_id, &server_id.words()).unwrap_or(UNROUTABLE)
+    };
+    indexed_server(vip_id, &words).unwrap_or(UNROUTABLE)
 }
 
 /// The backend id of (`vip_id`, server id `words`) in the server-id index: at most its home
