@@ -9,6 +9,7 @@
 //! (no tracefs for the socket watcher, say) says why, and the others still run. Every result
 //! is verified; performance is only reported, never asserted.
 
+mod against;
 mod control;
 mod cores;
 mod decap;
@@ -37,13 +38,18 @@ pub struct BenchArgs {
     /// says otherwise), with `skipped` naming the parts that could not run and why.
     #[arg(short, long, value_enum, default_value_t = Format::Text)]
     output: Format,
+    /// Another build's `spillway-lb` object (`target/**/bpfel-unknown-none/release/spillway-lb`
+    /// of its tree) for the `against` part: both balancers measured in one run.
+    #[arg(long, value_name = "OBJECT")]
+    against: Option<std::path::PathBuf>,
     /// Run only these parts (repeatable) [default: all].
     #[arg(long = "part", value_name = "PART", value_parser = clap::builder::PossibleValuesParser::new(PARTS))]
     parts: Vec<String>,
 }
 
 /// Every part, in the order they run.
-const PARTS: [&str; 11] = ["paths", "quic", "stages", "cores", "decap", "table", "scale", "control", "e2e", "sockwatch", "verifier"];
+const PARTS: [&str; 12] =
+    ["paths", "against", "quic", "stages", "cores", "decap", "table", "scale", "control", "e2e", "sockwatch", "verifier"];
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -66,6 +72,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let (calls, reps) = (args.calls as usize, args.reps as usize);
     let parts: Vec<Part> = vec![
         ("paths", Box::new(|| paths::part(calls, reps))),
+        ("against", Box::new(|| against::part(args.against.as_deref(), calls, reps))),
         ("quic", Box::new(|| quic::part(calls, reps))),
         ("stages", Box::new(|| stages::part(calls, reps))),
         ("cores", Box::new(|| cores::part(calls, reps))),

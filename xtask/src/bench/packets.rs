@@ -80,8 +80,11 @@ pub enum Program {
     Stage(&'static str),
     /// The cheapest hop to the backends (`spillway_hop`), for [`VIP`] on three of them.
     Hop,
+    /// The balancer of another build, sharing the maps (`--against`, `against.rs`).
+    Against,
 }
 
+#[derive(Clone)]
 pub enum Frames {
     /// The same frame on every call.
     Fixed(Vec<u8>),
@@ -99,6 +102,7 @@ pub enum Frames {
     ByConnectionId { frame: Vec<u8>, backend: Ipv4Addr },
 }
 
+#[derive(Clone)]
 pub struct Case {
     /// Stable: the key in the JSON output.
     pub name: String,
@@ -186,6 +190,10 @@ pub struct Lab {
     pub balancer: Balancer,
     pub reconciler: Reconciler,
     stages: Ebpf,
+    /// Another build's balancer object, when loaded ([`Lab::load_against`]).
+    against: Option<Ebpf>,
+    /// Where the maps are pinned, for objects loaded later.
+    pins: LoadOptions,
     floor: Ebpf,
     hop: Ebpf,
     ingress: u32,
@@ -267,6 +275,8 @@ impl Lab {
             balancer,
             reconciler,
             stages,
+            against: None,
+            pins: pins.clone(),
             floor,
             hop,
             ingress,
@@ -316,8 +326,21 @@ impl Lab {
         Ok(())
     }
 
+    /// Loads another build's balancer object (its ELF bytes, 8-aligned) on this lab's maps,
+    /// for [`Program::Against`]. Its maps must have the shapes of this build's.
+    pub fn load_against(&mut self, object: &'static [u8]) -> Result<()> {
+        let against = dataplane::load_sharing_maps(object, "the --against object", &self.pins, &[program_names::BALANCER])
+            .context("loading the --against object on this build's maps (is it a spillway-lb of the same pin version?)")?;
+        self.against = Some(against);
+        Ok(())
+    }
+
     fn program(&self, program: Program) -> Result<&Xdp> {
-        program_in(&self.balancer, &self.floor, &self.stages, &self.hop, program)
+        program_in(self.programs(), program)
+    }
+
+    fn programs(&self) -> Programs<'_> {
+        Programs { balancer: &self.balancer, floor: &self.floor, stages: &self.stages, hop: &self.hop, against: self.against.as_ref() }
     }
 
     /// One BPF_PROG_TEST_RUN (repeat = 1): the action, the output length and the run time
@@ -406,7 +429,7 @@ impl Lab {
         }
         // Per CPU k the n-th source is n * cpus + k: no two CPUs share one.
         let (first_new, first_spoofed) = (self.new_flows.next, self.new_flows.spoofed);
-        let program = program_in(&self.balancer, &self.floor, &self.stages, &self.hop, case.program)?;
+        let program = program_in(self.programs(), case.program)?;
         let ingress = self.ingress;
         let before = self.reasons()?;
         let start = std::sync::Barrier::new(cpus.len());
@@ -509,7 +532,15 @@ impl Lab {
             let chunk = CHUNK.min(calls - done);
             for slot in slots.iter_mut() {
                 let case = slot.case;
-                let program = program_in(&self.balancer, &self.floor, &self.stages, &self.hop, case.program)?;
+                // Field by field: the frame generator is mutated while the program is borrowed.
+                let programs = Programs {
+                    balancer: &self.balancer,
+                    floor: &self.floor,
+                    stages: &self.stages,
+                    hop: &self.hop,
+                    against: self.against.as_ref(),
+                };
+                let program = program_in(programs, case.program)?;
                 for _ in 0..chunk {
                     self.new_flows.next_frame(slot);
                     let run = test_run::run_into(program, &slot.frame, self.ingress, &mut slot.out).context("BPF_PROG_TEST_RUN")?;
@@ -620,12 +651,22 @@ impl Lab {
     }
 }
 
-fn program_in<'a>(balancer: &'a Balancer, floor: &'a Ebpf, stages: &'a Ebpf, hop: &'a Ebpf, program: Program) -> Result<&'a Xdp> {
+/// The lab's loaded objects, borrowed apart from the rest of it.
+struct Programs<'a> {
+    balancer: &'a Balancer,
+    floor: &'a Ebpf,
+    stages: &'a Ebpf,
+    hop: &'a Ebpf,
+    against: Option<&'a Ebpf>,
+}
+
+fn program_in(programs: Programs<'_>, program: Program) -> Result<&Xdp> {
     let (ebpf, name) = match program {
-        Program::Balancer => return Ok(balancer.program_ref()?),
-        Program::Floor => (floor, program_names::FLOOR),
-        Program::Stage(name) => (stages, name),
-        Program::Hop => (hop, program_names::HOP),
+        Program::Balancer => return Ok(programs.balancer.program_ref()?),
+        Program::Floor => (programs.floor, program_names::FLOOR),
+        Program::Stage(name) => (programs.stages, name),
+        Program::Hop => (programs.hop, program_names::HOP),
+        Program::Against => (programs.against.context("no --against object loaded")?, program_names::BALANCER),
     };
     Ok(ebpf.program(name).with_context(|| format!("{name} missing"))?.try_into()?)
 }

@@ -16,13 +16,13 @@ use super::{
 const GUE_GOAL: f64 = 1.05;
 
 /// A case with its goal and Katran's ratio (`None`: not measured there).
-struct Path {
-    case: Case,
+pub(super) struct Path {
+    pub(super) case: Case,
     goal: Option<f64>,
     katran: Option<f64>,
 }
 
-fn paths(flows: Flows) -> Vec<Path> {
+pub(super) fn paths(flows: Flows) -> Vec<Path> {
     let balancer = Case::balancer;
     vec![
         Path { case: Case::floor(&flows.syn), goal: Some(1.0), katran: Some(1.0) },
