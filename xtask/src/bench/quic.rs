@@ -22,6 +22,9 @@ use super::{
 };
 
 const QUIC_VIP: &str = "10.200.1.4:443/udp";
+/// A plain UDP VIP: its table hit, on the short header's own frame, tells what a UDP packet
+/// of that size costs without QUIC.
+const UDP_VIP: &str = "10.200.1.5:443/udp";
 const QUIC: QuicConfig = QuicConfig { config_id: 0, server_id_len: 2, nonce_len: 6, self_len: false };
 /// A 1-RTT packet's octets after its connection id: packet number and a payload as long as
 /// the AEAD tag (the balancer reads none of it).
@@ -43,6 +46,8 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
         let named = packet_lab::RESOLVED_BACKENDS.map(packet_lab::backend4).find(|b| *b != maglev).context("one lab backend")?;
         let short = frames::udp(client, to, &short_header(&connection_id(named.into())?));
         let initial = frames::udp(client, to, &initial());
+        let udp_vip: Vip = UDP_VIP.parse()?;
+        let udp = frames::udp(client, SocketAddr::new(udp_vip.addr, udp_vip.port), &short_header(&connection_id(named.into())?));
 
         let cases = vec![
             Case::floor(&flows.syn),
@@ -50,6 +55,7 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
             Case::forwarded("new_flow", Frames::NewFlows(flows.syn.clone()), true),
             Case::forwarded("quic_short_header", Frames::ByConnectionId { frame: short.clone(), backend: named }, false),
             Case::forwarded("quic_initial", Frames::NewFlows(initial.clone()), true),
+            Case::forwarded("udp_table_hit", Frames::Established { syn: udp.clone(), frame: udp }, false),
         ];
         let medians = lab.measure(&cases, calls, reps)?;
         let ratio = |i: usize| medians[i] / medians[0];
@@ -58,7 +64,8 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
             text,
             "QUIC VIP {QUIC_VIP} (QUIC-LB plaintext, server id {} octets, nonce {}), {} backends: a {}-byte short header whose \
              connection id names a backend (not its 5-tuple's Maglev choice), a {}-byte Initial from a new client on every \
-             call; TCP VIP {VIP} alongside. {calls} calls per case per repetition in chunks of {CHUNK}, median of {reps}.",
+             call; TCP VIP {VIP} alongside, and UDP VIP {UDP_VIP} (udp_table_hit: the short header's frame, sent \
+             to it, hitting its connection-table entry). {calls} calls per case per repetition in chunks of {CHUNK}, median of {reps}.",
             QUIC.server_id_len,
             QUIC.nonce_len,
             packet_lab::RESOLVED_BACKENDS.count(),
@@ -72,7 +79,7 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
             // Goals in this run's terms: the short header at most the table hit.
             let goal = if case.name == "quic_short_header" { format!("{:.2}", ratio(1)) } else { "-".to_owned() };
             writeln!(text, "{:<22} | {:>9.1} | {:>7.2} | {goal:>6}", case.name, medians[i], ratio(i))?;
-            if case.name.starts_with("quic_") {
+            if case.name.starts_with("quic_") || case.name == "udp_table_hit" {
                 rows.push((case.name.clone(), medians[i]));
                 rows.push((format!("{}_x_floor", case.name), ratio(i)));
             }
@@ -89,11 +96,11 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
     })
 }
 
-/// [`VIP`] (TCP) and [`QUIC_VIP`], each on the lab's backends.
+/// [`VIP`] (TCP), [`QUIC_VIP`] and [`UDP_VIP`], each on the lab's backends.
 fn configure(lab: &mut Lab) -> Result<()> {
     let mut state = DesiredState::default();
-    let (tcp, quic): (Vip, Vip) = (VIP.parse()?, QUIC_VIP.parse()?);
-    for vip in [tcp, quic] {
+    let (tcp, quic, udp): (Vip, Vip, Vip) = (VIP.parse()?, QUIC_VIP.parse()?, UDP_VIP.parse()?);
+    for vip in [tcp, quic, udp] {
         state.add_vip(vip, DEFAULT_RING_SIZE)?;
         for n in packet_lab::RESOLVED_BACKENDS {
             state.add_backend(&vip, packet_lab::backend4(n).into(), DEFAULT_WEIGHT)?;
