@@ -228,8 +228,17 @@ impl Probed for QuicServerSlot {
 /// `VIP_PROBES`, so a key nobody has costs one slot read, or a few.
 #[inline(always)]
 pub fn probe<S: Probed>(index: &Array<S>, home: u32, mask: u32, holds: impl Fn(*const S) -> bool) -> Option<*const S> {
-    let probes = S::probes(index.get_ptr(home)?);
-    for i in 0..VIP_PROBES {
+    // The home is read once for its count and its key: each lookup is a helper call to the
+    // compiler, so it would not merge two.
+    let first = index.get_ptr(home)?;
+    let probes = S::probes(first);
+    if probes == 0 {
+        return None;
+    }
+    if holds(first) {
+        return Some(first);
+    }
+    for i in 1..VIP_PROBES {
         if i >= probes {
             break;
         }

@@ -50,24 +50,32 @@ pub struct Choice {
     pub hash: u32,
 }
 
-/// A flow as the connection table knows it: its tag, its source and its two buckets.
-pub struct Flow {
+/// A flow as the connection table knows it: its tag, its source (read from its key when
+/// compared: a copy would take 16 bytes of the balancer's frame) and its two buckets.
+pub struct Flow<'a> {
     hash: u32,
     tag: u64,
-    src: [u64; 2],
+    key: &'a FlowKey,
     buckets: (u32, u32),
 }
 
-impl Flow {
+impl<'a> Flow<'a> {
     #[inline(always)]
-    pub fn new(key: &FlowKey, vip_id: u32, hash: u32) -> Flow {
-        let word = |lo: u32, hi: u32| lo as u64 | (hi as u64) << 32;
+    pub fn new(key: &'a FlowKey, vip_id: u32, hash: u32) -> Flow<'a> {
         Flow {
             hash,
             tag: FlowEntry::tag_of(key.sport, key.dport, vip_id, key.proto == PROTO_UDP),
-            src: [word(key.src[0], key.src[1]), word(key.src[2], key.src[3])],
+            key,
             buckets: flow_buckets(hash, flow_bucket_mask()),
         }
+    }
+
+    /// The source address as an entry holds it: two words.
+    #[inline(always)]
+    fn src(&self) -> [u64; 2] {
+        let word = |lo: u32, hi: u32| lo as u64 | (hi as u64) << 32;
+        let src = &self.key.src;
+        [word(src[0], src[1]), word(src[2], src[3])]
     }
 
     #[inline(always)]
@@ -167,7 +175,7 @@ pub fn remember(flow: &Flow, id: u32, backend: &BackendInfo, now: u32, cfg: &LbC
         if cmpxchg_u64(addr_of_mut!((*entry).tag), seen, FLOW_TAG_BUSY) != seen {
             return Remembered::Placed;
         }
-        write_volatile(addr_of_mut!((*entry).src).cast::<[u64; 2]>(), flow.src);
+        write_volatile(addr_of_mut!((*entry).src).cast::<[u64; 2]>(), flow.src());
         write_volatile(addr_of_mut!((*entry).backend_id), id as u16);
         write_volatile(addr_of_mut!((*entry).generation), backend.generation as u16);
         write_volatile(addr_of_mut!((*entry).touched), now);
@@ -221,7 +229,7 @@ fn find_in(bucket: u32, flow: &Flow) -> Option<(*mut FlowEntry, Found)> {
         unsafe {
             let entry = addr_of_mut!((*bucket).ways[way]);
             let tag = read_volatile(addr_of!((*entry).tag));
-            if tag != flow.tag || read_volatile(addr_of!((*entry).src).cast::<[u64; 2]>()) != flow.src {
+            if tag != flow.tag || read_volatile(addr_of!((*entry).src).cast::<[u64; 2]>()) != flow.src() {
                 continue;
             }
             let found = Found {
@@ -265,7 +273,7 @@ fn victim(flow: &Flow, now: u32, cfg: &LbConfig) -> Option<(*mut FlowEntry, u64,
             unsafe {
                 let entry = addr_of_mut!((*bucket).ways[way]);
                 let tag = read_volatile(addr_of!((*entry).tag));
-                if tag == flow.tag && read_volatile(addr_of!((*entry).src).cast::<[u64; 2]>()) == flow.src {
+                if tag == flow.tag && read_volatile(addr_of!((*entry).src).cast::<[u64; 2]>()) == flow.src() {
                     return Some((entry, tag, true));
                 }
                 if tag & (FLOW_TAG_LIVE | FLOW_TAG_BUSY) == 0 {
