@@ -14,6 +14,7 @@
 //! runs are swept by the next [`Topology::build`]. Needs root.
 
 mod addrs;
+pub mod alone;
 mod bpf_link;
 mod bpffs;
 mod capacity;

@@ -60,6 +60,8 @@ pub struct Topology {
     backends: Vec<Host>,
     pin_dir: Mutex<Option<PathBuf>>,
     tempdir: TempDir,
+    /// Last: the topology is gone before a test that runs alone may start.
+    _shared: crate::alone::Shared,
 }
 
 impl Topology {
@@ -70,6 +72,7 @@ impl Topology {
     pub fn build(config: TopologyConfig) -> Result<Topology> {
         ensure!((1..=MAX_CLIENTS).contains(&config.clients), "clients must be 1..={MAX_CLIENTS}, not {}", config.clients);
         ensure!(config.backends <= MAX_BACKENDS, "at most {MAX_BACKENDS} backends, not {}", config.backends);
+        let shared = crate::alone::shared();
         if let Err(err) = sweep_stale() {
             eprintln!("spillway-harness: {err:#}");
         }
@@ -85,7 +88,8 @@ impl Topology {
                 Host::create(spec, &id, &bridge, Arc::clone(&registry))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut topology = Topology { id, registry, bridge, lb, clients, backends: Vec::new(), pin_dir: Mutex::new(None), tempdir };
+        let mut topology =
+            Topology { id, registry, bridge, lb, clients, backends: Vec::new(), pin_dir: Mutex::new(None), tempdir, _shared: shared };
         topology.check_reachable(&topology.lb)?;
         for _ in 0..config.backends {
             topology.add_backend()?;

@@ -178,14 +178,17 @@ fn a_failed_zone_spills_only_the_other_zones_spare_capacity() {
     assert!(shed as f64 >= 60.0 * window.as_secs_f64(), "the rest (~110/s) is shed and counted: {shed}");
 }
 
-/// Capacity servers: C requests at once, T ms each: at most C / T = 500 requests a second.
+/// Capacity servers: C requests at once, T ms each: at most C / T = 250 requests a second.
+/// (At 100 ms, 500 a second, the replay offered 1050 requests a second, and on a slower
+/// 2-core machine its own load, client, balancer and servers, kept the servers under that
+/// nominal capacity: rejections above the 3% below, for want of CPU, not of slots.)
 const CONCURRENCY: u32 = 50;
-const SERVICE_MS: u64 = 100;
-const HARD_PER_S: u32 = 500;
+const SERVICE_MS: u64 = 200;
+const HARD_PER_S: u32 = 250;
 /// What each backend declares to `lbd` (new flows per second): 80% of what it can do at
 /// most, the headroom an operator plans with so that randomly arriving requests rarely find
 /// every slot busy (with 50 slots at 100% load about one in ten would be rejected).
-const DECLARED_PER_S: u32 = 400;
+const DECLARED_PER_S: u32 = 200;
 
 struct Replay {
     report: LoadReport,
@@ -237,6 +240,8 @@ fn replay(protected: bool) -> Replay {
 
 #[test]
 fn router_overload_replay_sheds_at_the_edge_instead_of_collapsing() {
+    // Goodput against the backends' capacity: no other test may share the machine's CPU.
+    let _alone = spillway_harness::alone::alone();
     let remaining = 2.0 * f64::from(DECLARED_PER_S);
     let protected = replay(true);
     let unprotected = replay(false);
