@@ -44,10 +44,11 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
         let tuple = flow_key(&frames::udp(client, to, &[0x40]))?;
         let maglev = lab.maglev_backend(&tuple)?;
         let named = packet_lab::RESOLVED_BACKENDS.map(packet_lab::backend4).find(|b| *b != maglev).context("one lab backend")?;
-        let short = frames::udp(client, to, &short_header(&connection_id(named.into())?));
+        let payload = short_header(&connection_id(named.into())?);
+        let short = frames::udp(client, to, &payload);
         let initial = frames::udp(client, to, &initial());
         let udp_vip: Vip = UDP_VIP.parse()?;
-        let udp = frames::udp(client, SocketAddr::new(udp_vip.addr, udp_vip.port), &short_header(&connection_id(named.into())?));
+        let udp = frames::udp(client, SocketAddr::new(udp_vip.addr, udp_vip.port), &payload);
 
         let cases = vec![
             Case::floor(&flows.syn),
