@@ -1,7 +1,7 @@
 //! The tables packets index with the program's own hashes, as userspace sees them through
 //! their memory mappings: the VIP index, the rule index, the QUIC server-id index, the ring
-//! pool and the connection table. The writes keep the data path's reading protocols (see `xdp-ebpf/src/bin/lb/`
-//! `path.rs`, `limits.rs` and `select.rs`): an index slot's family is published last and
+//! pool and the connection table. The writes keep the data path's reading protocols (see
+//! `xdp-ebpf/src/bin/lb/` `path.rs`, `limits.rs` and `select.rs`): an index slot's family is published last and
 //! cleared first, a table flip is one atomic 8-byte store, and a flow entry is only changed
 //! by compare-and-swap of its tag.
 
@@ -26,9 +26,8 @@ use spillway_common::{
 use super::{DataplaneError, mmap::Mapped};
 
 /// A slot of an array placed by home slot and probe window (the VIP, rule and server-id
-/// indexes): a
-/// key lives in the first free slot within `VIP_PROBES` of its home, and the home counts how
-/// far its keys reach.
+/// indexes): a key lives in the first free slot within `VIP_PROBES` of its home, and the home
+/// counts how far its keys reach.
 pub trait Probed: Copy {
     type Key: Copy + PartialEq;
     fn key(&self) -> Self::Key;

@@ -36,7 +36,8 @@ const UDP_V6: u32 = 3;
 /// connection id names if it is a short header ([`UNROUTABLE`] if it names none), 0 for a
 /// long header (placed by Maglev, not counted). A BPF global function: verified once on its
 /// own, with a frame of its own for the decoded server id. Inlined into the program it
-/// measured 2-3 ns a packet slower (`bench --part quic`, five runs each), not faster.
+/// measured 2-3 ns a packet slower on an AMD EPYC VM (`bench --part quic`, five runs each)
+/// and no different on an Intel Xeon one, never faster.
 #[unsafe(no_mangle)]
 #[inline(never)]
 extern "C" fn spillway_quic_backend(ctx: *mut xdp_md, vip_id: u32, l4: u64) -> u32 {
