@@ -11,9 +11,13 @@ use spillway_harness::{
 
 const PORT: u16 = 8080;
 const CONCURRENCY: u32 = 20;
-const SERVICE_MS: u64 = 40;
+/// (At 40 ms, 500 a second, a slower 2-core VM once kept the server at 80-84% of that
+/// nominal capacity while the generator ran at twice it: short of CPU, not of slots.)
+const SERVICE_MS: u64 = 80;
 /// Requests a second the server can serve: C slots, each free again after T.
 const CAPACITY: u64 = CONCURRENCY as u64 * 1000 / SERVICE_MS;
+/// The rate below capacity: 60% of it.
+const BELOW: u64 = CAPACITY * 3 / 5;
 const TIMEOUT: Duration = Duration::from_secs(2);
 
 fn stats(host: &Host, port: u16) -> CapacityStats {
@@ -22,17 +26,19 @@ fn stats(host: &Host, port: u16) -> CapacityStats {
 
 #[test]
 fn server_holds_its_capacity_and_the_generator_keeps_its_schedule() {
+    // Served against what the machine can do: no other test shares its CPU meanwhile.
+    let _alone = spillway_harness::alone::alone();
     let topo = Topology::build(TopologyConfig { backends: 1, clients: 1 }).unwrap();
     let (backend, client) = (&topo.backends()[0], &topo.clients()[0]);
     let _server = start_capacity_server(backend, PORT, CONCURRENCY, SERVICE_MS).unwrap();
     let target = SocketAddr::new(backend.ipv4().into(), PORT);
 
     // Below capacity (60%): everything served, nothing rejected.
-    let below = Load::start(client, LoadConfig::new(target, 300, Duration::from_secs(3))).unwrap().wait().unwrap();
-    println!("{}", render_curve("300/s, below capacity", &below.buckets));
+    let below = Load::start(client, LoadConfig::new(target, BELOW as u32, Duration::from_secs(3))).unwrap().wait().unwrap();
+    println!("{}", render_curve(&format!("{BELOW}/s, below capacity"), &below.buckets));
     let after_below = stats(backend, PORT);
     let t = below.totals;
-    assert_eq!(t.attempted, 900, "{below:?}");
+    assert_eq!(t.attempted, 3 * BELOW, "{below:?}");
     assert_eq!((t.failed, t.not_sent), (0, 0), "{below:?}");
     assert!(t.ok * 100 >= t.attempted * 99, "{below:?}");
     assert_eq!((after_below.served, after_below.rejected), (t.ok, t.rejected), "{after_below:?}");
@@ -40,16 +46,16 @@ fn server_holds_its_capacity_and_the_generator_keeps_its_schedule() {
 
     // Twice the capacity, switched to while running: the server serves its capacity,
     // rejects the rest, and is full but never over.
-    let load = Load::start(client, LoadConfig::new(target, 300, Duration::from_secs(4))).unwrap();
+    let load = Load::start(client, LoadConfig::new(target, BELOW as u32, Duration::from_secs(4))).unwrap();
     std::thread::sleep(Duration::from_secs(1).saturating_sub(load.elapsed()));
     load.set_rate(2 * CAPACITY as u32);
     let above = load.wait().unwrap();
-    println!("{}", render_curve("300/s, then 1000/s: twice the capacity", &above.buckets));
+    println!("{}", render_curve(&format!("{BELOW}/s, then {}/s: twice the capacity", 2 * CAPACITY), &above.buckets));
     println!("generator: worst start lag {:?}", above.max_start_lag.max(below.max_start_lag));
     let after_above = stats(backend, PORT);
     assert_eq!(above.buckets.len(), 4, "{above:?}");
     let near = |count: u64, expected: u64| count * 100 >= expected * 97 && count * 100 <= expected * 103;
-    assert!(near(above.buckets[0].attempted, 300), "{above:?}");
+    assert!(near(above.buckets[0].attempted, BELOW), "{above:?}");
     for b in &above.buckets[2..] {
         assert!(near(b.attempted, 2 * CAPACITY), "paced at the new rate: {above:?}");
         assert!(b.ok * 100 >= CAPACITY * 85 && b.ok * 100 <= CAPACITY * 105, "served about the capacity: {above:?}");
