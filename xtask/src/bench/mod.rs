@@ -14,6 +14,7 @@ mod control;
 mod cores;
 mod decap;
 mod e2e;
+mod katran;
 mod packets;
 mod paths;
 mod quic;
@@ -42,6 +43,11 @@ pub struct BenchArgs {
     /// of its tree) for the `against` part: both balancers measured in one run.
     #[arg(long, value_name = "OBJECT")]
     against: Option<std::path::PathBuf>,
+    /// Katran's ratios to its own floor measured on this machine, back to back with the
+    /// bench (`case ratio` lines; `katran.rs`): the paths part's goals become 0.8 of them.
+    /// Without it, the reference's figures from another machine.
+    #[arg(long, value_name = "FILE")]
+    katran: Option<std::path::PathBuf>,
     /// Run only these parts (repeatable) [default: all].
     #[arg(long = "part", value_name = "PART", value_parser = clap::builder::PossibleValuesParser::new(PARTS))]
     parts: Vec<String>,
@@ -70,8 +76,10 @@ type Part<'a> = (&'static str, Box<dyn FnOnce() -> Result<Section> + 'a>);
 
 pub fn run(args: &BenchArgs) -> Result<()> {
     let (calls, reps) = (args.calls as usize, args.reps as usize);
+    // Read first: a bad file is refused before anything is measured.
+    let katran = katran::Katran::from_arg(args.katran.as_deref())?;
     let parts: Vec<Part> = vec![
-        ("paths", Box::new(|| paths::part(calls, reps))),
+        ("paths", Box::new(|| paths::part(calls, reps, &katran))),
         ("against", Box::new(|| against::part(args.against.as_deref(), calls, reps))),
         ("quic", Box::new(|| quic::part(calls, reps))),
         ("stages", Box::new(|| stages::part(calls, reps))),

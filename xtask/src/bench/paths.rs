@@ -1,5 +1,5 @@
 //! The paths that matter, whole, as multiples of the floor measured in the same run, next to
-//! Katran's figures taken the same way (`shared/bench-reference.md`).
+//! Katran's figures taken the same way (`katran.rs`: the reference's, or this machine's).
 
 use std::fmt::Write as _;
 
@@ -9,67 +9,51 @@ use spillway_harness::packet_lab;
 
 use super::{
     Section,
+    katran::{GOAL_FACTOR, Katran},
     packets::{CHUNK, CLIENT, Case, Flows, Frames, Lab, VIP, XDP_DROP, XDP_PASS, XDP_TX},
 };
 
 /// GUE's table hit against IPIP's: at most 5% slower.
 const GUE_GOAL: f64 = 1.05;
 
-/// A case with its goal and Katran's ratio (`None`: not measured there).
+/// A case with the goal set from the reference's Katran figures (`None`: none).
 pub(super) struct Path {
     pub(super) case: Case,
     goal: Option<f64>,
-    katran: Option<f64>,
 }
 
 pub(super) fn paths(flows: Flows) -> Vec<Path> {
     let balancer = Case::balancer;
     vec![
-        Path { case: Case::floor(&flows.syn), goal: Some(1.0), katran: Some(1.0) },
+        Path { case: Case::floor(&flows.syn), goal: Some(1.0) },
         Path {
             case: balancer("table_hit", Frames::Established { syn: flows.syn.clone(), frame: flows.ack }, XDP_TX, Reason::Tx, false),
             goal: Some(2.2),
-            katran: Some(2.77),
         },
         // The same hit in GUE; its goal is a ratio to `table_hit` (below).
         Path {
             case: balancer("table_hit_gue", Frames::Established { syn: flows.gue_syn, frame: flows.gue_ack }, XDP_TX, Reason::Tx, false),
             goal: None,
-            katran: None,
         },
-        Path { case: balancer("new_flow", Frames::NewFlows(flows.syn), XDP_TX, Reason::Tx, true), goal: Some(6.4), katran: Some(8.08) },
-        Path {
-            case: balancer("syn_same_tuple", Frames::Fixed(flows.same_syn), XDP_TX, Reason::Tx, false),
-            goal: Some(4.6),
-            katran: Some(5.92),
-        },
-        Path {
-            case: balancer("non_vip_pass", Frames::Fixed(flows.non_vip), XDP_PASS, Reason::PassNotVip, false),
-            goal: Some(1.3),
-            katran: Some(1.81),
-        },
+        Path { case: balancer("new_flow", Frames::NewFlows(flows.syn), XDP_TX, Reason::Tx, true), goal: Some(6.4) },
+        Path { case: balancer("syn_same_tuple", Frames::Fixed(flows.same_syn), XDP_TX, Reason::Tx, false), goal: Some(4.6) },
+        Path { case: balancer("non_vip_pass", Frames::Fixed(flows.non_vip), XDP_PASS, Reason::PassNotVip, false), goal: Some(1.3) },
         Path {
             // Katran's counterpart: its SYN flood limiter, tripped.
             case: balancer("rate_limited_drop", Frames::NewPorts(flows.limited), XDP_DROP, Reason::DropRuleLimit, false),
             goal: Some(2.2),
-            katran: Some(2.82),
         },
         Path {
             // The same, refused by the VIP's budget (no rule).
             case: balancer("budget_drop", Frames::NewPorts(flows.over_budget), XDP_DROP, Reason::DropVipBudget, false),
             goal: Some(2.2),
-            katran: Some(2.82),
         },
-        Path {
-            case: balancer("admitted_through_limit", Frames::NewFlows(flows.through_limit), XDP_TX, Reason::Tx, true),
-            goal: None,
-            katran: None,
-        },
+        Path { case: balancer("admitted_through_limit", Frames::NewFlows(flows.through_limit), XDP_TX, Reason::Tx, true), goal: None },
     ]
 }
 
-pub fn part(calls: usize, reps: usize) -> Result<Section> {
-    let (cases, references): (Vec<Case>, Vec<_>) = paths(Flows::new()?).into_iter().map(|p| (p.case, (p.goal, p.katran))).unzip();
+pub fn part(calls: usize, reps: usize, katran: &Katran) -> Result<Section> {
+    let (cases, goals): (Vec<Case>, Vec<_>) = paths(Flows::new()?).into_iter().map(|p| (p.case, p.goal)).unzip();
     let (cpu, medians) = Lab::with(|lab| Ok((lab.cpu, lab.measure(&cases, calls, reps)?)))?;
     let floor = medians[0];
     let mut text = String::new();
@@ -84,17 +68,42 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
         "Setup: VIP {VIP}, {backends} backends, Maglev table {DEFAULT_RING_SIZE}; 54-byte Ethernet/IPv4/TCP frames from \
          {CLIENT} (new_flow: a new source address and port on every call)."
     )?;
+    if katran.here {
+        writeln!(
+            text,
+            "Katran: its ratios to its own floor, measured on this machine back to back with this run (--katran); \
+             goal: at most {GOAL_FACTOR} of Katran's ratio."
+        )?;
+    } else {
+        writeln!(
+            text,
+            "Katran: the reference's ratios, from another machine (shared/bench-reference.md): ratios move with the CPU, \
+             so the last column is indicative; --katran FILE gives this machine's."
+        )?;
+    }
     text.push('\n');
-    writeln!(text, "{:<22} | {:>9} | {:>7} | {:>6} | {:>6}", "case", "ns/packet", "x floor", "goal", "Katran")?;
-    writeln!(text, "{:-<22}-|-{:->9}-|-{:->7}-|-{:->6}-|-{:->6}", "", "", "", "", "")?;
+    writeln!(text, "{:<22} | {:>9} | {:>7} | {:>6} | {:>6} | {:>8}", "case", "ns/packet", "x floor", "goal", "Katran", "/ Katran")?;
+    writeln!(text, "{:-<22}-|-{:->9}-|-{:->7}-|-{:->6}-|-{:->6}-|-{:->8}", "", "", "", "", "", "")?;
     let mut rows = Vec::new();
-    for ((case, (goal, katran)), ns) in cases.iter().zip(references).zip(&medians) {
+    for ((case, fixed), ns) in cases.iter().zip(goals).zip(&medians) {
         let ratio = ns / floor;
-        let show = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
         let name = &case.name;
-        writeln!(text, "{name:<22} | {ns:>9.1} | {ratio:>7.2} | {:>6} | {:>6}", show(goal), show(katran))?;
+        let theirs = katran.ratio(name);
+        let show = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
+        let share = theirs.map(|k| ratio / k);
+        writeln!(
+            text,
+            "{name:<22} | {ns:>9.1} | {ratio:>7.2} | {:>6} | {:>6} | {:>8}",
+            show(katran.goal(name, fixed)),
+            show(theirs),
+            show(share)
+        )?;
         rows.push((name.clone(), *ns));
         rows.push((format!("{name}_x_floor"), ratio));
+        // Only a same-machine comparison is a figure; the reference's is another machine's.
+        if let Some(share) = share.filter(|_| katran.here) {
+            rows.push((format!("{name}_x_katran"), share));
+        }
     }
     // GUE against IPIP, both measured in this run, alternating.
     let ns = |name: &str| cases.iter().position(|c| c.name == name).map(|i| medians[i]);
