@@ -1,4 +1,6 @@
-//! The one hash both sides compute: MurmurHash3's 32-bit block mix over fixed-size inputs.
+//! The hashes both sides compute, over fixed-size inputs: the per-packet ones (the flow and
+//! the VIP address) by 64-bit multiplies that do not wait for each other, the rest (Maglev's
+//! backend permutations, rules, QUIC server ids) by MurmurHash3's 32-bit block mix.
 //!
 //! Fixed-size and branch-free so the verifier sees straight-line code, and identical on the
 //! host so tests and the loader can predict the kernel's choices.
@@ -25,29 +27,50 @@ const fn finish(h: u32, len_words: u32) -> u32 {
 }
 
 /// Hash of a connection's 5-tuple; picks the Maglev slot, the connection table's buckets and
-/// the outer source's host bits. An IPv4 tuple mixes only the words it uses.
+/// the outer source's host bits. The tuple as 64-bit words, each keyed by `seed` and
+/// multiplied by an odd constant of its own (a bijection of the word, so no word can stop
+/// counting), summed, then a 64-bit finalizer. The products do not wait for each other, so
+/// the data path waits for one multiply and the finalizer instead of a chain of one mix per
+/// word (the chain was the table hit's longest dependency). Without the seed a sender cannot
+/// aim at a bucket: what a changed source word adds depends on the seed's bits.
 #[inline(always)]
 pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
-    let ports = (key.sport as u32) | ((key.dport as u32) << 16);
-    let mut h = seed;
-    if key.family == FAMILY_V4 {
-        h = mix(h, key.src[0]);
-        h = mix(h, key.dst[0]);
-        h = mix(h, ports);
-        h = mix(h, key.proto as u32);
-        return finish(h, 4);
-    }
-    h = mix(h, key.src[0]);
-    h = mix(h, key.src[1]);
-    h = mix(h, key.src[2]);
-    h = mix(h, key.src[3]);
-    h = mix(h, key.dst[0]);
-    h = mix(h, key.dst[1]);
-    h = mix(h, key.dst[2]);
-    h = mix(h, key.dst[3]);
-    h = mix(h, ports);
-    h = mix(h, key.proto as u32);
-    finish(h, 10)
+    let keyed = (seed as u64).wrapping_mul(SEED_SPREAD);
+    let term = |w: u64, m: u64| (w ^ keyed).wrapping_mul(m);
+    let (src, dst) = (&key.src, &key.dst);
+    let ports = word((key.sport as u32) | ((key.dport as u32) << 16), key.proto as u32);
+    let sum = if key.family == FAMILY_V4 {
+        term(word(src[0], dst[0]), WORD_MULS[0]).wrapping_add(term(ports, WORD_MULS[1]))
+    } else {
+        term(word(src[0], src[1]), WORD_MULS[0])
+            .wrapping_add(term(word(src[2], src[3]), WORD_MULS[2]))
+            .wrapping_add(term(word(dst[0], dst[1]), WORD_MULS[3]))
+            .wrapping_add(term(word(dst[2], dst[3]), WORD_MULS[4]))
+            .wrapping_add(term(ports, WORD_MULS[1]))
+    };
+    fmix64(sum) as u32
+}
+
+/// Two 32-bit words as one 64-bit word, `lo` in the low half.
+#[inline(always)]
+const fn word(lo: u32, hi: u32) -> u64 {
+    lo as u64 | (hi as u64) << 32
+}
+
+/// Spreads the 32-bit seed over the 64 bits each word is keyed with.
+const SEED_SPREAD: u64 = 0x9e37_79b9_7f4a_7c15;
+/// One odd multiplier per word of the tuple.
+const WORD_MULS: [u64; 5] =
+    [0xbf58_476d_1ce4_e5b9, 0x94d0_49bb_1331_11eb, 0xd6e8_feb8_6659_fd93, 0xa076_1d64_78bd_642f, 0xe703_7ed1_a0b4_28db];
+
+/// MurmurHash3's 64-bit finalizer: every input bit reaches every output bit.
+#[inline(always)]
+const fn fmix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 /// The two buckets a flow may live in, in a connection table of `mask + 1` buckets: the
@@ -72,10 +95,15 @@ pub const fn addr_hash(addr: &[u32; 4], seed: u32) -> u32 {
 }
 
 /// Hash of a VIP's address, computed once per packet: it places the address in the
-/// pre-filter and, with the port and protocol, the VIP in the VIP index.
+/// pre-filter and, with the port and protocol, the VIP in the VIP index. Unkeyed (the loader
+/// places operator-chosen addresses; a packet aiming at a slot only reads it) and short: two
+/// independent multiplies, a fold and a third multiply, the same for either family.
 #[inline(always)]
 pub const fn vip_addr_hash(addr: &[u32; 4]) -> u32 {
-    addr_hash(addr, VIP_FILTER_SEED)
+    let mut h = (word(addr[0], addr[1]) ^ VIP_ADDR_KEY).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ word(addr[2], addr[3]).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 32;
+    (h.wrapping_mul(0x94d0_49bb_1331_11eb) >> 32) as u32
 }
 
 /// Word index and bit of an address (by [`vip_addr_hash`]) in the VIP address pre-filter.
@@ -85,10 +113,13 @@ pub const fn vip_filter_slot(addr_hash: u32) -> (u32, u64) {
 }
 
 /// Home slot of a VIP (address by [`vip_addr_hash`], port in network order, protocol) in a
-/// VIP index of `mask + 1` slots.
+/// VIP index of `mask + 1` slots: one multiply-shift, the address hash above the port and
+/// protocol (the product's high half depends on every bit of those, and the address hash's
+/// low bits are already well mixed).
 #[inline(always)]
 pub const fn vip_home(addr_hash: u32, port: u16, proto: u8, mask: u32) -> u32 {
-    finish(mix(addr_hash, port as u32 | ((proto as u32) << 16)), 2) & mask
+    let x = (addr_hash as u64) << 32 | port as u64 | (proto as u64) << 16;
+    (x.wrapping_mul(0xd6e8_feb8_6659_fd93) >> 32) as u32 & mask
 }
 
 /// Home slot of a rule (its address by [`addr_hash`] with [`RULE_SEED`]) in a rule index of
@@ -108,8 +139,8 @@ pub const fn quic_server_home(vip_id: u32, words: &[u32; 4], mask: u32) -> u32 {
     finish(folded ^ vip_id.wrapping_mul(C1) ^ QUIC_SERVER_SEED, 2) & mask
 }
 
-/// Seed of the VIP address pre-filter.
-pub const VIP_FILTER_SEED: u32 = 0x5669_7046; // "VipF"
+/// Key of the VIP address hash (pre-filter and VIP index).
+const VIP_ADDR_KEY: u64 = 0x5669_7041_6464_7248; // "VipAddrH"
 /// Seed of the flow hash used to choose a backend.
 pub const FLOW_SEED: u32 = 0x5370_696c; // "Spil"
 /// Seeds of Maglev's per-backend offset and skip.
@@ -175,6 +206,28 @@ mod tests {
         }
         for count in buckets {
             assert!((900..1100).contains(&count), "uneven bucket: {count}");
+        }
+    }
+
+    #[test]
+    fn flow_hash_spreads_sources_of_either_family_and_follows_the_seed() {
+        // 16,000 clients of one /16 (IPv4) or one /64 (IPv6), one port each, over 16 buckets,
+        // and how many of 1000 flows keep their low 10 bits under another seed.
+        let v4 = |i: u32| FlowKey { src: [u32::from_ne_bytes([10, 1, (i >> 8) as u8, i as u8]), 0, 0, 0], ..key(40000) };
+        let v6 = |i: u32| FlowKey {
+            src: [0x2001_0db8u32.to_be(), 0, 0, i.to_be()],
+            dst: [0x2001_0db8u32.to_be(), 0, 0, 1],
+            family: 6,
+            ..key(40000)
+        };
+        for (family, make) in [("v4", &v4 as &dyn Fn(u32) -> FlowKey), ("v6", &v6)] {
+            let mut buckets = [0u32; 16];
+            for i in 0..16_000 {
+                buckets[(flow_hash(&make(i), FLOW_SEED) % 16) as usize] += 1;
+            }
+            assert!(buckets.iter().all(|n| (900..1100).contains(n)), "{family}: {buckets:?}");
+            let kept = (0..1000).filter(|&i| flow_hash(&make(i), 1) & 1023 == flow_hash(&make(i), 2) & 1023).count();
+            assert!(kept < 10, "{family}: {kept} of 1000 flows keep their bucket under another seed");
         }
     }
 

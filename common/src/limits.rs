@@ -4,8 +4,9 @@
 //! shape: bump [`PIN_VERSION`] with it so a new `lbd` never reuses a map of the old shape.
 
 /// Version of the pinned layout under the bpffs directory (`/sys/fs/bpf/spillway/v<N>`).
-/// 5: `LbConfig` carries the clock's calibration.
-pub const PIN_VERSION: u32 = 5;
+/// 5: `LbConfig` carries the clock's calibration. 6: the flow hash and the VIP index's
+/// hash changed (a table entry or VIP slot placed by 5 would not be found where 6 looks).
+pub const PIN_VERSION: u32 = 6;
 
 /// How big the balancer's tables are. Chosen when `lbd` starts (its options); the maps are
 /// created with these sizes, and pinned maps of another shape are refused by name.
