@@ -1,10 +1,7 @@
 //! The QUIC program (`quic.rs`): reads a short header's destination connection id, and
 //! sends the packet to the backend it names, or tail-calls the UDP program.
 
-use aya_ebpf::{
-    bindings::{xdp_action::XDP_PASS, xdp_md},
-    programs::XdpContext,
-};
+use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
 use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{flow_hash, quic_server_home},
@@ -25,7 +22,7 @@ const LONG_HEADER: u8 = 0x80;
 /// Where a UDP header can start, at most: after Ethernet, a VLAN tag, IPv6 and its
 /// extension headers (`parse.rs` walks a few).
 const MAX_L4: u64 = 1 << 13;
-/// [`spillway_quic_backend`]: a connection id naming no backend (no backend has id
+/// [`connection_id_backend`]: a connection id naming no backend (no backend has id
 /// `u32::MAX`).
 const UNROUTABLE: u32 = u32::MAX;
 /// Slots of the UDP programs in the QUIC programs' array.
@@ -34,23 +31,21 @@ const UDP_V6: u32 = 3;
 
 /// For a packet to QUIC VIP `vip_id` whose UDP header starts at `l4`: the backend id its
 /// connection id names if it is a short header ([`UNROUTABLE`] if it names none), 0 for a
-/// long header (placed by Maglev, not counted). A BPF global function: verified once on its
-/// own, with a frame of its own for the decoded server id. Inlined into the program it
-/// measured 2-3 ns a packet slower on an AMD EPYC VM (`bench --part quic`, five runs each)
-/// and no different on an Intel Xeon one, never faster.
-#[unsafe(no_mangle)]
-#[inline(never)]
-extern "C" fn spillway_quic_backend(ctx: *mut xdp_md, vip_id: u32, l4: u64) -> u32 {
-    let ctx = XdpContext::new(ctx);
-    // Bounded, so the verifier can check the reads after it (a global function's arguments
-    // are any values to it). A full register: a 32-bit one would be widened again after the
+/// long header (placed by Maglev, not counted). Inline: as a BPF global function (verified
+/// once, a frame of its own) its call and return cost the short header 15-20 ns on an AMD
+/// EPYC VM whose kernel returns through a thunk (`spec_rstack_overflow`: Safe RET), three
+/// runs of `bench --part quic` alternating with it; the QUIC programs' walks grow by 0.1k.
+#[inline(always)]
+fn connection_id_backend(ctx: &XdpContext, vip_id: u32, l4: u64) -> u32 {
+    // Bounded, so the verifier can check the reads after it (the hand-over's value is any
+    // value to it). A full register: a 32-bit one would be widened again after the
     // check, and the verifier would lose the bound.
     if l4 > MAX_L4 {
         return UNROUTABLE;
     }
     let payload = l4 as usize + UDP_LEN;
     // SAFETY: bounds-checked by `at`.
-    let Some(first) = packet::at::<u8>(&ctx, payload).map(|first| unsafe { *first }) else {
+    let Some(first) = packet::at::<u8>(ctx, payload).map(|first| unsafe { *first }) else {
         return UNROUTABLE;
     };
     if first & LONG_HEADER != 0 {
@@ -59,7 +54,7 @@ extern "C" fn spillway_quic_backend(ctx: *mut xdp_md, vip_id: u32, l4: u64) -> u
     // A short header does not say how long its id is: the configuration does, and the
     // decoder reads only that much of the octets after the first byte (the packet number
     // and the AEAD tag follow, so a real packet always has MAX_CID_LEN of them).
-    let (Some(cid), Some(cfg)) = (packet::at::<[u8; MAX_CID_LEN]>(&ctx, payload + 1), QUIC_CONFIG.get(vip_id)) else {
+    let (Some(cid), Some(cfg)) = (packet::at::<[u8; MAX_CID_LEN]>(ctx, payload + 1), QUIC_CONFIG.get(vip_id)) else {
         return UNROUTABLE;
     };
     // SAFETY: bounds-checked by `at`; packet memory, read only.
@@ -111,7 +106,7 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
         return None;
     }
     let vip_id = handover.vip_id;
-    let id = spillway_quic_backend(ctx.ctx, vip_id, handover.l4.into());
+    let id = connection_id_backend(ctx, vip_id, handover.l4.into());
     if id == 0 {
         return None;
     }
