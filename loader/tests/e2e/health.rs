@@ -7,9 +7,6 @@ use spillway_harness::cluster::XdpMode;
 
 use crate::support::*;
 
-/// `interval × fall + timeout + 1 s` with the default health settings (1 s, 2, 1 s).
-const DETECTION_BOUND: Duration = Duration::from_secs(4);
-
 #[test]
 fn dead_backend_leaves_the_table() {
     let c = start(XdpMode::Native, 3);

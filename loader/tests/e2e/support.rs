@@ -10,6 +10,10 @@ use spillway_harness::cluster::{Binaries, Cluster, ClusterConfig, TCP_PORT, UDP_
 use spillway_harness::{Host, Tally, TopologyConfig, VIP4, VIP6, run_connections};
 
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a failed backend may stay in the table: `interval × fall + timeout` with the
+/// default health settings (1 s, 2, 1 s), and 2 s for the test's own polling (each poll runs
+/// `lbctl`; a loaded 2-core machine once took 4.03 s with 1 s).
+pub const DETECTION_BOUND: Duration = Duration::from_secs(5);
 
 pub fn start(mode: XdpMode, backends: usize) -> Cluster {
     start_with(mode, backends, 1, &[])

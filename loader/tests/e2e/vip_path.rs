@@ -11,8 +11,6 @@ use spillway_harness::{Host, Signal, VIP4, VIP6, start_capacity_servers};
 
 use crate::support::*;
 
-/// `interval × fall + timeout + 1 s` with the default health settings (1 s, 2, 1 s).
-const DETECTION_BOUND: Duration = Duration::from_secs(4);
 /// Slow start for the scenarios that watch a backend come back.
 const SLOW_START: &str = "slow_start_ms=4000";
 
