@@ -16,5 +16,5 @@ clang-22 -O2 -g -target bpf -I "$src" -I "$src/katran/lib/linux_includes" -I "$o
     -Wno-unused-value -Wno-pointer-sign -Wno-compare-distinct-pointer-types \
     -c "$src/katran/lib/bpf/balancer.bpf.c" -o "$out/balancer.bpf.o"
 clang-22 -O2 -g -target bpf -I "$sys" -c "$here/floor.bpf.c" -o "$out/floor.bpf.o"
-gcc -O2 -Wall -o "$out/runner" "$here/runner.c" -lbpf
+gcc -O2 -Wall -I "$src" -o "$out/runner" "$here/runner.c" -lbpf
 echo "built: $out/balancer.bpf.o $out/floor.bpf.o $out/runner"

@@ -5,7 +5,7 @@
 // lines `--katran FILE` reads. Built by `build.sh` (README.md there).
 //
 // Maps are set up as Katran's userspace (katran/lib/KatranLb.cpp) does for one VIP with 10
-// reals; the structs below mirror the layouts of its balancer_structs.h (its ABI).
+// reals, with its own headers for the maps' layouts.
 #define _GNU_SOURCE
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
@@ -22,34 +22,9 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 
-// ---- Katran constants / structs (balancer_consts.h, balancer_structs.h) ----
-#define MAX_VIPS 512
-#define RING_SIZE 65537
-#define MAX_CONN_RATE 125000
-#define LRU_CNTRS 0
-#define LRU_MISS_CNTR 1
-#define NEW_CONN_RATE_CNTR 2
-#define FALLBACK_LRU_CNTR 3
-#define CH_DROP_STATS 9
-#define XDP_TOTAL_CNTR 16
-#define XDP_TX_CNTR 17
-#define XDP_DROP_CNTR 18
-#define XDP_PASS_CNTR 19
-#define IPIP_V4_PREFIX 4268
-#define MAX_SUPPORTED_CPUS 128
-
-struct flow_key {
-  union { uint32_t src; uint32_t srcv6[4]; };
-  union { uint32_t dst; uint32_t dstv6[4]; };
-  union { uint32_t ports; uint16_t port16[2]; };
-  uint8_t proto;
-};
-struct ctl_value { union { uint64_t value; uint32_t ifindex; uint8_t mac[6]; }; };
-struct vip_definition { union { uint32_t vip; uint32_t vipv6[4]; }; uint16_t port; uint8_t proto; };
-struct vip_meta { uint32_t flags; uint32_t vip_num; };
-struct real_pos_lru { uint32_t pos; uint64_t atime; };
-struct real_definition { union { uint32_t dst; uint32_t dstv6[4]; }; uint8_t flags; };
-struct lb_stats { uint64_t v1; uint64_t v2; };
+// Katran's own constants and map layouts, from its checkout (build.sh: -I KATRAN_SRC).
+#include "katran/lib/bpf/balancer_consts.h"
+#include "katran/lib/bpf/balancer_structs.h"
 
 #define NREALS 10
 #define CHUNK 10000
@@ -428,11 +403,11 @@ int main(int argc, char** argv) {
         totals_nonsyn_miss += nonsyn_miss;
         if (c == C_NEW || c == C_SYNSAME) {
           struct lb_stats cr = stat_get(MAX_VIPS + NEW_CONN_RATE_CNTR);
-          if (cr.v1 != (uint64_t)chunk) DIE("%s: conn-rate counter %lu after %ld SYNs (a quantum rolled or limiter hit)", NAMES[c], cr.v1, chunk);
+          if (cr.v1 != (uint64_t)chunk) DIE("%s: conn-rate counter %llu after %ld SYNs (a quantum rolled or limiter hit)", NAMES[c], (unsigned long long)cr.v1, chunk);
         }
         if (c == C_RATE) {
           struct lb_stats cr = stat_get(MAX_VIPS + NEW_CONN_RATE_CNTR);
-          if (cr.v1 <= MAX_CONN_RATE) DIE("rate_limited_drop: limiter not tripped (%lu)", cr.v1);
+          if (cr.v1 <= MAX_CONN_RATE) DIE("rate_limited_drop: limiter not tripped (%llu)", (unsigned long long)cr.v1);
           for (uint32_t n = rate_first; n < rate_n; n++) {
             new_source(f, RATE_BASE, n);
             struct flow_key k = frame_key(f);
