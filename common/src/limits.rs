@@ -47,15 +47,15 @@ impl Capacity {
         self.flow_buckets() * FLOW_WAYS
     }
 
-    /// Slots of the VIP index: four per VIP, so probe windows stay short.
+    /// Slots of the VIP index: [`INDEX_SLOTS_PER_KEY`] per VIP.
     pub const fn vip_slots(&self) -> u32 {
-        (self.vips * 4).next_power_of_two()
+        (self.vips * INDEX_SLOTS_PER_KEY).next_power_of_two()
     }
 
-    /// Slots of the QUIC server-id index: two per backend (every backend a QUIC VIP's at
-    /// most), so probe windows stay short.
+    /// Slots of the QUIC server-id index: [`INDEX_SLOTS_PER_KEY`] per backend (every backend
+    /// a QUIC VIP's at most).
     pub const fn quic_server_slots(&self) -> u32 {
-        (self.backends * 2).next_power_of_two()
+        (self.backends * INDEX_SLOTS_PER_KEY).next_power_of_two()
     }
 
     /// Ring slots `vips` VIPs with tables of `ring_size` slots take: [`RING_TABLES`] each,
@@ -91,6 +91,11 @@ pub const RING_SLOTS_PER_WORD: u32 = 4;
 /// Most slots of the VIP index (and the rule and QUIC server-id indexes) a lookup scans from
 /// a key's home slot.
 pub const VIP_PROBES: u32 = 8;
+/// Slots of those indexes per key they hold at most. A key takes the first free slot of its
+/// window, and is refused when all of it is taken: with four slots a key, one placement in
+/// 20 of 1,000 random homes refused a key before the index was full, and nearly every one of
+/// 65,536; with sixteen, no key of 65,536 needed more than 6 of its 8 (simulated placements).
+pub const INDEX_SLOTS_PER_KEY: u32 = 16;
 /// Most backends in one VIP; keeps every Maglev table at least 64 slots per backend.
 pub const MAX_BACKENDS_PER_VIP: u32 = 1024;
 /// Largest Maglev table (also the default). Must be prime.
@@ -117,8 +122,8 @@ pub const MAX_RULES: u32 = 1024;
 /// Distinct prefix lengths the rules of one scope (the global rules, or one VIP's) may use
 /// per family: a new flow probes the rule index once per length in use, longest first.
 pub const MAX_RULE_LENGTHS: usize = 8;
-/// Slots of the rule index: four per rule keeps probe windows short.
-pub const RULE_SLOTS: u32 = 4 * MAX_RULES;
+/// Slots of the rule index ([`INDEX_SLOTS_PER_KEY`] per rule).
+pub const RULE_SLOTS: u32 = INDEX_SLOTS_PER_KEY * MAX_RULES;
 const _: () = assert!(RULE_SLOTS.is_power_of_two());
 /// Sources tracked for per-source limits and `lbctl top-sources` (LRU: the quietest go).
 pub const SOURCE_TABLE_ENTRIES: u32 = 1 << 16;

@@ -474,7 +474,7 @@ fn info(e: &FlowEntry) -> FlowInfo {
 
 #[cfg(test)]
 mod tests {
-    use spillway_common::quic_lb::ServerId;
+    use spillway_common::{limits::Capacity, quic_lb::ServerId, types::FAMILY_V4};
 
     use super::*;
 
@@ -533,6 +533,28 @@ mod tests {
         let next = homed_at(6, 1)[0];
         index.set(&next, 4).unwrap();
         assert_eq!((index.slots.read(6).probes, index.get(&next)), (2, Some(4)));
+    }
+
+    /// Every VIP up to the capacity finds a slot: the bench's 1,000 (whose addresses a VIP
+    /// index of four slots a VIP refused) and the largest capacity, on consecutive addresses
+    /// as operators allocate them.
+    #[test]
+    fn an_index_takes_every_vip_up_to_its_capacity() {
+        for vips in [1000, Capacity::MAX.vips] {
+            let capacity = Capacity { vips, ..Capacity::DEFAULT };
+            let mut index: VipIndex = Index { slots: Mapped::anonymous(capacity.vip_slots() as usize) };
+            let key = |n: u32| VipKey {
+                addr: [u32::from_ne_bytes([10, 210 + (n >> 16) as u8, (n >> 8) as u8, n as u8]), 0, 0, 0],
+                port: 80u16.to_be(),
+                proto: PROTO_TCP,
+                family: FAMILY_V4,
+            };
+            for n in 0..vips {
+                let meta = VipMeta { id: n, ..VipMeta::default() };
+                index.set(&key(n), &meta).unwrap_or_else(|e| panic!("VIP {n} of {vips}: {e}"));
+            }
+            assert!((0..vips).all(|n| index.get(&key(n)).is_some_and(|m| m.id == n)), "{vips} VIPs");
+        }
     }
 
     #[test]
