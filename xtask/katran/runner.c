@@ -379,12 +379,10 @@ int main(int argc, char** argv) {
             case C_HIT: case C_SYNSAME:
               if (check_ipip(NAMES[c], in, out, olen) != syn_real) DIE("%s: not the flow's real", NAMES[c]);
               break;
-            case C_NEW: {
-              int real = check_ipip(NAMES[c], in, out, olen);
+            case C_NEW:
+              check_ipip(NAMES[c], in, out, olen);
               inserted[n_inserted++] = frame_key(in);
-              (void)real;
               break;
-            }
             default: check_ipip(NAMES[c], in, out, olen); break;
           }
         }

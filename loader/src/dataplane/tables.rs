@@ -544,7 +544,7 @@ mod tests {
             let capacity = Capacity { vips, ..Capacity::DEFAULT };
             let mut index: VipIndex = Index { slots: Mapped::anonymous(capacity.vip_slots() as usize) };
             let key = |n: u32| VipKey {
-                addr: [u32::from_ne_bytes([10, 210 + (n >> 16) as u8, (n >> 8) as u8, n as u8]), 0, 0, 0],
+                addr: [u32::from_ne_bytes([10, 210, (n >> 8) as u8, n as u8]), 0, 0, 0],
                 port: 80u16.to_be(),
                 proto: PROTO_TCP,
                 family: FAMILY_V4,
