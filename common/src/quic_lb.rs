@@ -228,46 +228,49 @@ pub fn config_id(cid: &[u8]) -> Result<u8, CidError> {
 /// octets after the header's first byte); only the configuration's length is read.
 #[inline(always)]
 pub fn decode_server_id(cid: &[u8], cfg: &QuicLbConfig) -> Result<ServerId, CidError> {
-    check(cid, cfg)?;
+    let first = *cid.first().ok_or(CidError::TooShort { len: 0, need: 1 })?;
+    check(first, cid.len(), cfg)?;
     let mut id = ServerId { len: cfg.server_id_len, ..ServerId::default() };
     copy_into(&mut id.bytes, 0, cid, 1, cfg.server_id_len as usize);
     Ok(id)
 }
 
-/// [`decode_server_id`]'s [`ServerId::words`], read from the id's octets as two 8-octet words
-/// and masked (the data path's: no copy octet by octet, no `ServerId` on its stack). A
-/// `ServerId` in memory is its length, then its octets, zero past them: the id's first 16
-/// octets with the first replaced by the length and those past the server id cleared.
+/// [`decode_server_id`]'s [`ServerId::words`] for a connection id of [`MAX_CID_LEN`] octets
+/// given as its first 16, two little-endian words (the data path loads each from the packet
+/// in one load), masked: no copy octet by octet, no `ServerId` on the stack. A `ServerId` in
+/// memory is its length, then its octets, zero past them: the id's first 16 octets with the
+/// first replaced by the length and those past the server id cleared.
 #[inline(always)]
-pub fn decode_server_id_words(cid: &[u8; MAX_CID_LEN], cfg: &QuicLbConfig) -> Result<[u32; 4], CidError> {
-    check(cid, cfg)?;
+pub fn server_id_words(low: u64, high: u64, cfg: &QuicLbConfig) -> Result<[u32; 4], CidError> {
+    check(low as u8, MAX_CID_LEN, cfg)?;
     // Octets of the `ServerId` that are its length or its id: 2..=16 (`check` bounds the
     // length by MAX_SERVER_ID_LEN).
     let used = 1 + cfg.server_id_len as u32;
     let mask = |octets: u32| if octets >= 8 { u64::MAX } else { (1u64 << (8 * octets)) - 1 };
-    let word = |at: usize| {
-        u64::from_le_bytes([cid[at], cid[at + 1], cid[at + 2], cid[at + 3], cid[at + 4], cid[at + 5], cid[at + 6], cid[at + 7]])
-    };
-    let low = (word(0) & !0xff | cfg.server_id_len as u64) & mask(used);
-    let high = word(8) & mask(used.saturating_sub(8));
+    let low = (low & !0xff | cfg.server_id_len as u64) & mask(used);
+    let high = high & mask(used.saturating_sub(8));
     let native = |w: u64| u32::from_ne_bytes((w as u32).to_le_bytes());
     Ok([native(low), native(low >> 32), native(high), native(high >> 32)])
 }
 
-/// What §4.1 asks of a connection id before its server id is read under `cfg`.
+/// What §4.1 asks of a connection id of `len` octets, the first `first`, before its server
+/// id is read under `cfg`.
 #[inline(always)]
-fn check(cid: &[u8], cfg: &QuicLbConfig) -> Result<(), CidError> {
-    let config_id = config_id(cid)?;
+fn check(first: u8, len: usize, cfg: &QuicLbConfig) -> Result<(), CidError> {
+    let config_id = first >> CONFIG_ID_SHIFT;
+    if config_id == CONFIG_ID_UNROUTABLE {
+        return Err(CidError::Unroutable);
+    }
     if !cfg.is_set() || cfg.config_id != config_id || cfg.server_id_len > MAX_SERVER_ID_LEN {
         return Err(CidError::UnknownConfig { config_id });
     }
     let need = cfg.cid_len();
-    if cid.len() < need {
-        return Err(CidError::TooShort { len: cid.len().min(u8::MAX as usize) as u8, need: need.min(u8::MAX as usize) as u8 });
+    if len < need {
+        return Err(CidError::TooShort { len: len.min(u8::MAX as usize) as u8, need: need.min(u8::MAX as usize) as u8 });
     }
     if cfg.flags & QUIC_LB_F_SELF_LEN != 0 {
         // §4.1: the self-described length must be large enough for this config to decode.
-        let encoded = cid.first().map_or(0, |f| f & FIRST_OCTET_LEN_MASK);
+        let encoded = first & FIRST_OCTET_LEN_MASK;
         let plaintext = (need - 1).min(u8::MAX as usize) as u8;
         if encoded < plaintext {
             return Err(CidError::LengthMismatch { encoded, need: plaintext });
@@ -457,6 +460,12 @@ mod tests {
 
     /// The data path's masked read gives the words of the decoded id for every server id
     /// length, whatever follows the id; and the same errors.
+    /// [`server_id_words`] of `cid`'s first 16 octets, as the data path loads them.
+    fn words(cid: &[u8; MAX_CID_LEN], c: &QuicLbConfig) -> Result<[u32; 4], CidError> {
+        let word = |at: usize| u64::from_le_bytes(cid[at..at + 8].try_into().unwrap());
+        server_id_words(word(0), word(8), c)
+    }
+
     #[test]
     fn words_read_from_the_id_are_the_decoded_ids() {
         for sid_len in MIN_SERVER_ID_LEN..=MAX_SERVER_ID_LEN {
@@ -467,7 +476,7 @@ mod tests {
                     let mut cid = [0xffu8; MAX_CID_LEN];
                     let id = encoded(&c, &sid, &[seed; MIN_NONCE_LEN as usize], seed);
                     cid[..id.len()].copy_from_slice(&id);
-                    assert_eq!(decode_server_id_words(&cid, &c), Ok(decode_server_id(&cid, &c).unwrap().words()), "{sid_len} {seed}");
+                    assert_eq!(words(&cid, &c), Ok(decode_server_id(&cid, &c).unwrap().words()), "{sid_len} {seed}");
                 }
             }
         }
@@ -476,8 +485,8 @@ mod tests {
             let mut cid = [0u8; MAX_CID_LEN];
             cid[0] = first;
             let decoded = decode_server_id(&cid, &c).map(|id| id.words());
-            assert_eq!(decode_server_id_words(&cid, &c), decoded, "{first:#x}");
+            assert_eq!(words(&cid, &c), decoded, "{first:#x}");
         }
-        assert_eq!(decode_server_id_words(&[0x27; MAX_CID_LEN], &QuicLbConfig::EMPTY), Err(CidError::UnknownConfig { config_id: 1 }));
+        assert_eq!(words(&[0x27; MAX_CID_LEN], &QuicLbConfig::EMPTY), Err(CidError::UnknownConfig { config_id: 1 }));
     }
 }

@@ -24,3 +24,24 @@ pub fn at_mut<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
 pub fn len(ctx: &XdpContext) -> usize {
     ctx.data_end() - ctx.data()
 }
+
+/// The 8 octets at `ptr` as a little-endian word, in one load wherever they lie: the BPF
+/// target reads a `u64` it cannot prove aligned octet by octet (eight loads, shifts and ors),
+/// and the verifier admits unaligned packet loads where the CPU has efficient unaligned
+/// access (x86-64, arm64).
+///
+/// # Safety
+/// `ptr` must point into the frame with 8 octets after it, as checked by [`at`].
+#[inline(always)]
+pub unsafe fn load_u64_le(ptr: *const u8) -> u64 {
+    let word: u64;
+    unsafe {
+        core::arch::asm!(
+            "{word} = *(u64 *)({ptr} + 0)",
+            ptr = in(reg) ptr,
+            word = out(reg) word,
+            options(nostack, readonly, preserves_flags),
+        );
+    }
+    word
+}

@@ -26,9 +26,14 @@ fn quic_vip(env: &mut Env, vip_text: &str, backends: &[IpAddr]) -> Vip {
 
 /// A connection id under `CONFIG` naming `server_id`, its nonce and low bits from `seed`.
 fn cid(server_id: &ServerId, seed: u64) -> Vec<u8> {
+    cid_under(&CONFIG, server_id, seed)
+}
+
+/// [`cid`] under `config`.
+fn cid_under(config: &QuicConfig, server_id: &ServerId, seed: u64) -> Vec<u8> {
     let mut out = [0u8; MAX_CID_LEN];
     let nonce = seed.to_be_bytes();
-    let len = encode(&CONFIG.to_lb(), server_id, &nonce[2..], nonce[7], &mut out).unwrap();
+    let len = encode(&config.to_lb(), server_id, &nonce[8 - usize::from(config.nonce_len)..], nonce[7], &mut out).unwrap();
     out[..len].to_vec()
 }
 
@@ -121,6 +126,28 @@ fn an_ipv6_short_header_goes_by_its_connection_id_too() {
             let client = sock(&format!("[fd00:10::{:x}]:{}", 20 + i, 40000 + i));
             let named = backends[usize::from(i) % 3];
             let id = cid(&server_id_of(named, CONFIG.server_id_len), u64::from(i));
+            assert_eq!(sent_to(env, client, d, &short_header(&id)), named, "{client} to {v}");
+        }
+        assert_eq!(routing(env), [30, 0]);
+    });
+}
+
+/// The balancer reads a connection id's first 16 octets as two words: a server id that runs
+/// into the second is read whole. Twelve-octet ids of IPv6 backends that differ only in their
+/// last octet (the id's twelfth, in the second word) each go to their own backend.
+#[test]
+fn a_server_id_past_the_eighth_octet_is_read_whole() {
+    const LONG: QuicConfig = QuicConfig { config_id: 2, server_id_len: 12, nonce_len: 4, self_len: false };
+    with_env(|env| {
+        let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend6(n).into()).collect();
+        let v = vip("[fd00:200::1]:443/udp");
+        env.add_vip(v, &backends);
+        env.update(|s| s.set_quic(&v, Some(LONG)).unwrap());
+        let d = sock("[fd00:200::1]:443");
+        for i in 0..30u16 {
+            let client = sock(&format!("[fd00:10::{:x}]:{}", 20 + i, 40000 + i));
+            let named = backends[usize::from(i) % 3];
+            let id = cid_under(&LONG, &server_id_of(named, LONG.server_id_len), u64::from(i));
             assert_eq!(sent_to(env, client, d, &short_header(&id)), named, "{client} to {v}");
         }
         assert_eq!(routing(env), [30, 0]);

@@ -5,7 +5,7 @@ use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
 use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{flow_hash, quic_server_home},
-    quic_lb::{MAX_CID_LEN, decode_server_id_words},
+    quic_lb::{MAX_CID_LEN, server_id_words},
     types::{BACKEND_ACTIVE, FAMILY_V4, FlowKey, QuicRouting, Reason},
 };
 use xdp_ebpf::{headers::UDP_LEN, packet, parse::Layout};
@@ -63,8 +63,10 @@ fn connection_id_backend(ctx: &XdpContext, vip_id: u32, l4: u64) -> Named {
     let (Some(cid), Some(cfg)) = (packet::at::<[u8; MAX_CID_LEN]>(ctx, payload + 1), QUIC_CONFIG.get(vip_id)) else {
         return Named::Nothing;
     };
-    // SAFETY: bounds-checked by `at`; packet memory, read only.
-    let Ok(words) = decode_server_id_words(unsafe { &*cid }, cfg) else {
+    let cid = cid.cast::<u8>();
+    // SAFETY: `at` checked the MAX_CID_LEN octets from `cid` are in the frame.
+    let (low, high) = unsafe { (packet::load_u64_le(cid), packet::load_u64_le(cid.add(8))) };
+    let Ok(words) = server_id_words(low, high, cfg) else {
         return Named::Nothing;
     };
     indexed_server(vip_id, &words).map_or(Named::Nothing, Named::Backend)
