@@ -283,11 +283,16 @@ fn a_balancer_short_of_ports_marks_nobody_unhealthy_and_alerts() {
         held.extend(streams);
     }
     wait_until(Duration::from_secs(6), "the alert", || c.lbctl(&["backends", "list", "--vip", &vip]).unwrap().contains("ALERT"));
-    // Several probe intervals (fall 2) later nobody was marked unhealthy.
-    std::thread::sleep(Duration::from_secs(3));
+    // Every backend's probes then fail here more times than its fall (2), and nobody is
+    // marked unhealthy. Waited for rather than slept: a probe may still have found a port
+    // while the test was taking the last backend's, so that backend's count starts later.
+    let unknown_everywhere = || {
+        let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
+        list["backends"].as_array().unwrap().iter().all(|b| b["unknown_probes"].as_u64() > Some(2))
+    };
+    wait_until(Duration::from_secs(10), "three unknown probes of every backend", unknown_everywhere);
     assert!(healthy(), "{}", c.lbctl(&["backends", "list", "--vip", &vip]).unwrap());
     let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
-    assert!(list["backends"].as_array().unwrap().iter().all(|b| b["unknown_probes"].as_u64() > Some(2)), "{list}");
     assert!(list["alerts"][0].as_str().unwrap().contains("cannot open probe sockets"), "{list}");
     assert!(c.lbctl(&["vips", "list"]).unwrap().starts_with("ALERT"));
     assert!(c.lbd_log().contains("event=lb_probe_alert"), "the alert is logged");
