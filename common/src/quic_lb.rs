@@ -213,9 +213,17 @@ fn copy_into(dst: &mut [u8], dst_at: usize, src: &[u8], src_at: usize, len: usiz
 /// reserved 0b111 is [`CidError::Unroutable`] (§3.2).
 #[inline(always)]
 pub fn config_id(cid: &[u8]) -> Result<u8, CidError> {
-    let Some(first) = cid.first() else {
-        return Err(CidError::TooShort { len: 0, need: 1 });
-    };
+    first_octet(cid).and_then(config_id_of)
+}
+
+#[inline(always)]
+fn first_octet(cid: &[u8]) -> Result<u8, CidError> {
+    cid.first().copied().ok_or(CidError::TooShort { len: 0, need: 1 })
+}
+
+/// [`config_id`] of an id whose first octet is `first`.
+#[inline(always)]
+fn config_id_of(first: u8) -> Result<u8, CidError> {
     let id = first >> CONFIG_ID_SHIFT;
     if id == CONFIG_ID_UNROUTABLE { Err(CidError::Unroutable) } else { Ok(id) }
 }
@@ -228,8 +236,7 @@ pub fn config_id(cid: &[u8]) -> Result<u8, CidError> {
 /// octets after the header's first byte); only the configuration's length is read.
 #[inline(always)]
 pub fn decode_server_id(cid: &[u8], cfg: &QuicLbConfig) -> Result<ServerId, CidError> {
-    let first = *cid.first().ok_or(CidError::TooShort { len: 0, need: 1 })?;
-    check(first, cid.len(), cfg)?;
+    check(first_octet(cid)?, cid.len(), cfg)?;
     let mut id = ServerId { len: cfg.server_id_len, ..ServerId::default() };
     copy_into(&mut id.bytes, 0, cid, 1, cfg.server_id_len as usize);
     Ok(id)
@@ -257,10 +264,7 @@ pub fn server_id_words(low: u64, high: u64, cfg: &QuicLbConfig) -> Result<[u32; 
 /// id is read under `cfg`.
 #[inline(always)]
 fn check(first: u8, len: usize, cfg: &QuicLbConfig) -> Result<(), CidError> {
-    let config_id = first >> CONFIG_ID_SHIFT;
-    if config_id == CONFIG_ID_UNROUTABLE {
-        return Err(CidError::Unroutable);
-    }
+    let config_id = config_id_of(first)?;
     if !cfg.is_set() || cfg.config_id != config_id || cfg.server_id_len > MAX_SERVER_ID_LEN {
         return Err(CidError::UnknownConfig { config_id });
     }
@@ -458,14 +462,14 @@ mod tests {
         }
     }
 
-    /// The data path's masked read gives the words of the decoded id for every server id
-    /// length, whatever follows the id; and the same errors.
     /// [`server_id_words`] of `cid`'s first 16 octets, as the data path loads them.
     fn words(cid: &[u8; MAX_CID_LEN], c: &QuicLbConfig) -> Result<[u32; 4], CidError> {
         let word = |at: usize| u64::from_le_bytes(cid[at..at + 8].try_into().unwrap());
         server_id_words(word(0), word(8), c)
     }
 
+    /// The data path's masked read gives the words of the decoded id for every server id
+    /// length, whatever follows the id; and the same errors.
     #[test]
     fn words_read_from_the_id_are_the_decoded_ids() {
         for sid_len in MIN_SERVER_ID_LEN..=MAX_SERVER_ID_LEN {
