@@ -235,7 +235,36 @@ pub fn load_sharing_maps(
     Ok(ebpf)
 }
 
+/// Loads another build's balancer `object` as [`load_sharing_maps`] does, with its QUIC
+/// programs in a program array of its own (with its own hand-over), so its QUIC VIPs'
+/// packets run its QUIC code, not the pinned balancer's (the bench's `--against`). Its IPv6
+/// frames still go to the pinned balancer's IPv6 program.
+pub fn load_other_balancer(object: &'static [u8], object_name: &'static str, options: &LoadOptions) -> Result<Ebpf, DataplaneError> {
+    let own = [map_names::QUIC_PROGRAM, map_names::QUIC_HANDOVER];
+    let mut ebpf = load_object(object, object_name, options, &own)?;
+    load_xdp(&mut ebpf, program_names::BALANCER)?;
+    let mut programs = Vec::with_capacity(QUIC_PROGRAMS.len());
+    for name in QUIC_PROGRAMS {
+        load_xdp(&mut ebpf, name)?;
+        let program = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
+        programs.push(program.try_clone().map_err(|source| DataplaneError::Program { name, source: ProgramError::IOError(source) })?);
+    }
+    let name = map_names::QUIC_PROGRAM;
+    // Borrowed, not taken: the kernel empties a program array once no fd of it is left.
+    let map = ebpf.map_mut(name).ok_or(DataplaneError::MissingMap { name })?;
+    let mut array = aya::maps::ProgramArray::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
+    for (slot, program) in (0..).zip(&programs) {
+        named(name, array.set(slot, program, 0))?;
+    }
+    Ok(ebpf)
+}
+
 fn load_balancer_object(object: &'static [u8], name: &'static str, options: &LoadOptions) -> Result<Ebpf, DataplaneError> {
+    load_object(object, name, options, &[])
+}
+
+/// Loads `object` with the pinned maps of `options`, but those named in `own`.
+fn load_object(object: &'static [u8], name: &'static str, options: &LoadOptions, own: &[&str]) -> Result<Ebpf, DataplaneError> {
     let object = objects::check(object, name)?;
     let mut loader = EbpfLoader::new();
     let c = options.capacity;
@@ -266,7 +295,7 @@ fn load_balancer_object(object: &'static [u8], name: &'static str, options: &Loa
     loader.override_global("QUIC_SERVER_SLOT_MASK", &quic_server_mask, true);
     if let Some(dir) = &options.map_pin_dir {
         std::fs::create_dir_all(dir).map_err(|source| DataplaneError::Pin { path: dir.clone(), source })?;
-        for map in PINNED_MAPS {
+        for map in PINNED_MAPS.into_iter().filter(|map| !own.contains(map)) {
             loader.map_pin_path(map, dir.join(map));
         }
     }

@@ -1,44 +1,31 @@
-//! `--against <object>`: the paths' balancer cases run by this build's balancer and by
-//! another build's (its `spillway-lb` object), on the same maps, alternating in the same
-//! chunks of the same repetitions. Two builds measured in two runs differ by more than most
-//! changes do on a shared VM (the floor itself moves 10-15% between runs); measured in one,
-//! the machine's drift falls on both alike, and the ratio of the two is what changed.
+//! `--against <object>`: the balancer cases of the paths and QUIC parts run by this build's
+//! balancer and by another build's (its `spillway-lb` object), on the same maps, alternating
+//! in the same chunks of the same repetitions. Two builds measured in two runs differ by more
+//! than most changes do on a shared VM (the floor itself moves 10-15% between runs); measured
+//! in one, the machine's drift falls on both alike, and the ratio of the two is what changed.
+//! The other build's QUIC programs are its own (`dataplane::load_other_balancer`).
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use spillway_common::limits::Capacity;
 
 use super::{
     Section,
     packets::{Case, Flows, Lab, Program},
-    paths,
+    paths, quic,
 };
 
 pub fn part(object: Option<&Path>, calls: usize, reps: usize) -> Result<Section> {
     let path = object.context("needs --against <the spillway-lb object of another build>")?;
     let object = aligned(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?);
-    // Each balancer case twice, this build's then the other's; measured a second time with
-    // each pair swapped, since a case runs a little differently after its neighbour in the
-    // chunk (the caches it leaves): the geometric mean of the two orders' ratios cancels that.
-    let mut cases: Vec<Case> = Vec::new();
-    for case in paths::paths(Flows::new()?).into_iter().map(|p| p.case) {
-        let theirs = (case.program == Program::Balancer).then(|| Case {
-            name: format!("{}_against", case.name),
-            program: Program::Against,
-            ..case.clone()
-        });
-        cases.push(case);
-        cases.extend(theirs);
-    }
-    let mut swapped = cases.clone();
-    let pairs: Vec<usize> = (0..cases.len()).filter(|&i| cases[i].program == Program::Balancer).collect();
-    for &i in &pairs {
-        swapped.swap(i, i + 1);
-    }
-    let (first, second) = Lab::with(|lab| {
-        lab.load_against(object)?;
-        Ok((lab.measure(&cases, calls, reps)?, lab.measure(&swapped, calls, reps)?))
+    let paths_cases: Vec<Case> = paths::paths(Flows::new()?).into_iter().map(|p| p.case).collect();
+    let paths = Lab::with(|lab| compare(lab, object, &paths_cases, calls, reps))?;
+    let flows = Flows::new()?;
+    let quic = Lab::sized(Capacity::DEFAULT, |lab| {
+        let cases: Vec<Case> = quic::cases(lab, &flows)?.into_iter().filter(|c| c.name.starts_with("quic_")).collect();
+        compare(lab, object, &cases, calls, reps)
     })?;
     let mut text = String::new();
     writeln!(
@@ -50,14 +37,54 @@ pub fn part(object: Option<&Path>, calls: usize, reps: usize) -> Result<Section>
     writeln!(text, "{:<22} | {:>9} | {:>9} | {:>10} | {:>10}", "case", "this ns", "other ns", "this/other", "two orders")?;
     writeln!(text, "{:-<22}-|-{:->9}-|-{:->9}-|-{:->10}-|-{:->10}", "", "", "", "", "")?;
     let mut rows = Vec::new();
-    for (i, case) in pairs.into_iter().map(|i| (i, &cases[i])) {
-        let (ours, theirs) = ((first[i] * second[i + 1]).sqrt(), (first[i + 1] * second[i]).sqrt());
-        let orders = format!("{:.3} {:.3}", first[i] / first[i + 1], second[i + 1] / second[i]);
-        let name = &case.name;
-        writeln!(text, "{name:<22} | {ours:>9.1} | {theirs:>9.1} | {:>10.3} | {orders:>10}", ours / theirs)?;
-        rows.push((format!("against_{name}_x_other"), ours / theirs));
+    for pair in paths.iter().chain(&quic) {
+        let name = &pair.name;
+        writeln!(text, "{name:<22} | {:>9.1} | {:>9.1} | {:>10.3} | {:>10}", pair.ours, pair.theirs, pair.ours / pair.theirs, pair.orders)?;
+        rows.push((format!("against_{name}_x_other"), pair.ours / pair.theirs));
     }
     Ok(Section { text, rows, ..Section::default() })
+}
+
+/// One case measured by both builds.
+struct Pair {
+    name: String,
+    ours: f64,
+    theirs: f64,
+    /// This build's ratio to the other's in each order.
+    orders: String,
+}
+
+/// Each balancer case of `cases` twice, this build's then the other's; measured a second
+/// time with each pair swapped, since a case runs a little differently after its neighbour
+/// in the chunk (the caches it leaves): the geometric mean of the two orders' ratios cancels
+/// that.
+fn compare(lab: &mut Lab, object: &'static [u8], cases: &[Case], calls: usize, reps: usize) -> Result<Vec<Pair>> {
+    let mut paired: Vec<Case> = Vec::new();
+    for case in cases {
+        let theirs = (case.program == Program::Balancer).then(|| Case {
+            name: format!("{}_against", case.name),
+            program: Program::Against,
+            ..case.clone()
+        });
+        paired.push(case.clone());
+        paired.extend(theirs);
+    }
+    let mut swapped = paired.clone();
+    let pairs: Vec<usize> = (0..paired.len()).filter(|&i| paired[i].program == Program::Balancer).collect();
+    for &i in &pairs {
+        swapped.swap(i, i + 1);
+    }
+    lab.load_against(object)?;
+    let (first, second) = (lab.measure(&paired, calls, reps)?, lab.measure(&swapped, calls, reps)?);
+    Ok(pairs
+        .into_iter()
+        .map(|i| Pair {
+            name: paired[i].name.clone(),
+            ours: (first[i] * second[i + 1]).sqrt(),
+            theirs: (first[i + 1] * second[i]).sqrt(),
+            orders: format!("{:.3} {:.3}", first[i] / first[i + 1], second[i + 1] / second[i]),
+        })
+        .collect())
 }
 
 /// `bytes` in memory 8-aligned, as the ELF parser wants it, for the rest of the run.

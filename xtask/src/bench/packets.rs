@@ -327,9 +327,10 @@ impl Lab {
     }
 
     /// Loads another build's balancer object (its ELF bytes, 8-aligned) on this lab's maps,
-    /// for [`Program::Against`]. Its maps must have the shapes of this build's.
+    /// for [`Program::Against`], with QUIC programs of its own. Its maps must have the shapes
+    /// of this build's (but the QUIC hand-over, its own).
     pub fn load_against(&mut self, object: &'static [u8]) -> Result<()> {
-        let against = dataplane::load_sharing_maps(object, "the --against object", &self.pins, &[program_names::BALANCER])
+        let against = dataplane::load_other_balancer(object, "the --against object", &self.pins)
             .context("loading the --against object on this build's maps (is it a spillway-lb of the same pin version?)")?;
         self.against = Some(against);
         Ok(())

@@ -2,7 +2,9 @@
 //! connection-table hit and the new flow of a TCP VIP on the same backends: a short header
 //! sent by its connection id (the balancer, the QUIC program it tail-calls, the id's lookup;
 //! no table entry read or made) and an Initial from a new client (placed by Maglev through
-//! the UDP program, a second tail call, and remembered). The short header's goal is the
+//! the UDP program, a second tail call, and remembered), and a long header of a known flow
+//! (the same two tail calls, then a table hit: what a QUIC VIP's packets that the id does not
+//! place pay over a plain UDP VIP's hit). The short header's goal is the
 //! table hit's ratio of this run: routing by id must cost no more than the table it replaces.
 
 use std::fmt::Write as _;
@@ -29,35 +31,16 @@ const QUIC: QuicConfig = QuicConfig { config_id: 0, server_id_len: 2, nonce_len:
 /// A 1-RTT packet's octets after its connection id: packet number and a payload as long as
 /// the AEAD tag (the balancer reads none of it).
 const SHORT_HEADER_TAIL: usize = 2 + 16;
+/// The first octet of a Handshake packet (RFC 9000 §17.2.4: long form, fixed bit, type 2).
+const LONG_HEADER_HANDSHAKE: u8 = 0xe0;
 /// A client's Initial is padded to at least this (RFC 9000 §14.1).
 const INITIAL_LEN: usize = 1200;
 
 pub fn part(calls: usize, reps: usize) -> Result<Section> {
     let flows = Flows::new()?;
     Lab::sized(Capacity::DEFAULT, |lab| {
-        configure(lab)?;
-        let client: SocketAddr = CLIENT.parse()?;
-        let quic_vip: Vip = QUIC_VIP.parse()?;
-        let to = SocketAddr::new(quic_vip.addr, quic_vip.port);
-        // The id names a backend the 5-tuple's Maglev choice is not, so the checked output
-        // shows the id chose.
-        let tuple = flow_key(&frames::udp(client, to, &[0x40]))?;
-        let maglev = lab.maglev_backend(&tuple)?;
-        let named = packet_lab::RESOLVED_BACKENDS.map(packet_lab::backend4).find(|b| *b != maglev).context("one lab backend")?;
-        let payload = short_header(&connection_id(named.into())?);
-        let short = frames::udp(client, to, &payload);
-        let initial = frames::udp(client, to, &initial());
-        let udp_vip: Vip = UDP_VIP.parse()?;
-        let udp = frames::udp(client, SocketAddr::new(udp_vip.addr, udp_vip.port), &payload);
-
-        let cases = vec![
-            Case::floor(&flows.syn),
-            Case::forwarded("table_hit", Frames::Established { syn: flows.syn.clone(), frame: flows.ack.clone() }, false),
-            Case::forwarded("new_flow", Frames::NewFlows(flows.syn.clone()), true),
-            Case::forwarded("quic_short_header", Frames::ByConnectionId { frame: short.clone(), backend: named }, false),
-            Case::forwarded("quic_initial", Frames::NewFlows(initial.clone()), true),
-            Case::forwarded("udp_table_hit", Frames::Established { syn: udp.clone(), frame: udp }, false),
-        ];
+        let cases = cases(lab, &flows)?;
+        let (short, initial) = (frame_len(&cases[3]), frame_len(&cases[4]));
         let medians = lab.measure(&cases, calls, reps)?;
         let ratio = |i: usize| medians[i] / medians[0];
         let mut text = String::new();
@@ -66,12 +49,13 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
             "QUIC VIP {QUIC_VIP} (QUIC-LB plaintext, server id {} octets, nonce {}), {} backends: a {}-byte short header whose \
              connection id names a backend (not its 5-tuple's Maglev choice), a {}-byte Initial from a new client on every \
              call; TCP VIP {VIP} alongside, and UDP VIP {UDP_VIP} (udp_table_hit: the short header's frame, sent \
-             to it, hitting its connection-table entry). {calls} calls per case per repetition in chunks of {CHUNK}, median of {reps}.",
+             to it, hitting its connection-table entry; quic_long_header_hit: a Handshake packet of the same size, of a flow \
+             the table knows). {calls} calls per case per repetition in chunks of {CHUNK}, median of {reps}.",
             QUIC.server_id_len,
             QUIC.nonce_len,
             packet_lab::RESOLVED_BACKENDS.count(),
-            short.len(),
-            initial.len()
+            short,
+            initial,
         )?;
         writeln!(text, "{:<22} | {:>9} | {:>7} | {:>6}", "case", "ns/packet", "x floor", "goal")?;
         writeln!(text, "{:-<22}-|-{:->9}-|-{:->7}-|-{:->6}", "", "", "", "")?;
@@ -95,6 +79,46 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
         rows.push(("quic_short_header_goal_x_floor".into(), ratio(1)));
         Ok(Section { text, rows, ..Section::default() })
     })
+}
+
+/// Configures `lab`'s VIPs and returns this part's cases: the floor, TCP's table hit and new
+/// flow, the short header, the Initial, and the UDP VIP's table hit.
+pub fn cases(lab: &mut Lab, flows: &Flows) -> Result<Vec<Case>> {
+    configure(lab)?;
+    let client: SocketAddr = CLIENT.parse()?;
+    let quic_vip: Vip = QUIC_VIP.parse()?;
+    let to = SocketAddr::new(quic_vip.addr, quic_vip.port);
+    // The id names a backend the 5-tuple's Maglev choice is not, so the checked output
+    // shows the id chose.
+    let tuple = flow_key(&frames::udp(client, to, &[0x40]))?;
+    let maglev = lab.maglev_backend(&tuple)?;
+    let named = packet_lab::RESOLVED_BACKENDS.map(packet_lab::backend4).find(|b| *b != maglev).context("one lab backend")?;
+    let payload = short_header(&connection_id(named.into())?);
+    let short = frames::udp(client, to, &payload);
+    let initial = frames::udp(client, to, &initial());
+    let udp_vip: Vip = UDP_VIP.parse()?;
+    let udp = frames::udp(client, SocketAddr::new(udp_vip.addr, udp_vip.port), &payload);
+    // A long header of a client the table knows (another port than the short header's,
+    // whose tuple must stay out of the table): its packets go QUIC program, UDP program, hit.
+    let mut long_header = payload.clone();
+    long_header[0] = LONG_HEADER_HANDSHAKE;
+    let long = frames::udp(SocketAddr::new(client.ip(), client.port() + 1), to, &long_header);
+    Ok(vec![
+        Case::floor(&flows.syn),
+        Case::forwarded("table_hit", Frames::Established { syn: flows.syn.clone(), frame: flows.ack.clone() }, false),
+        Case::forwarded("new_flow", Frames::NewFlows(flows.syn.clone()), true),
+        Case::forwarded("quic_short_header", Frames::ByConnectionId { frame: short, backend: named }, false),
+        Case::forwarded("quic_initial", Frames::NewFlows(initial), true),
+        Case::forwarded("udp_table_hit", Frames::Established { syn: udp.clone(), frame: udp }, false),
+        Case::forwarded("quic_long_header_hit", Frames::Established { syn: long.clone(), frame: long }, false),
+    ])
+}
+
+fn frame_len(case: &Case) -> usize {
+    match &case.frames {
+        Frames::ByConnectionId { frame, .. } | Frames::NewFlows(frame) => frame.len(),
+        _ => 0,
+    }
 }
 
 /// [`VIP`] (TCP), [`QUIC_VIP`] and [`UDP_VIP`], each on the lab's backends.
