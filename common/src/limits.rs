@@ -6,7 +6,8 @@
 /// Version of the pinned layout under the bpffs directory (`/sys/fs/bpf/spillway/v<N>`).
 /// 5: `LbConfig` carries the clock's calibration. 6: the flow hash and the VIP index's
 /// hash changed (a table entry or VIP slot placed by 5 would not be found where 6 looks).
-pub const PIN_VERSION: u32 = 6;
+/// 7: a VIP slot carries its QUIC-LB configuration, and the QUIC hand-over its counts.
+pub const PIN_VERSION: u32 = 7;
 
 /// How big the balancer's tables are. Chosen when `lbd` starts (its options); the maps are
 /// created with these sizes, and pinned maps of another shape are refused by name.
@@ -211,15 +212,13 @@ pub mod map_names {
     pub const SECOND_CHANCE_HANDOVER: &str = "spw_second_hand";
     /// Slot 0: the balancer's IPv6 program (`spillway_lb_v6`), which `spillway_lb` tail-calls.
     pub const V6_PROGRAM: &str = "spw_v6_prog";
-    /// QUIC VIPs: each one's QUIC-LB configuration by VIP id, the server ids of their
-    /// backends, the program array of the QUIC programs (slots 0, 1: IPv4, IPv6) and of the
-    /// UDP programs they fall back to (2, 3), and how
-    /// short headers were placed (`types::QuicRouting`, per CPU).
-    pub const QUIC_CONFIG: &str = "spw_quic_cfg";
+    /// QUIC VIPs (their QUIC-LB configuration is in their VIP slot): the server ids of their
+    /// backends, and the program array of the QUIC programs (slots 0, 1: IPv4, IPv6) and of
+    /// the UDP programs they fall back to (2, 3).
     pub const QUIC_SERVERS: &str = "spw_quic_sids";
     pub const QUIC_PROGRAM: &str = "spw_quic_prog";
-    pub const QUIC_ROUTING: &str = "spw_quic_ctrs";
-    /// What the balancer hands its QUIC programs (per CPU); never read by userspace.
+    /// What the balancer hands its QUIC programs, and how short headers were placed
+    /// (`types::QuicHandover`, per CPU); userspace reads only the counts.
     pub const QUIC_HANDOVER: &str = "spw_quic_hand";
     /// A next-hop cache miss's FIB lookup parameters (per CPU); never read by userspace.
     pub const FIB_PARAMS: &str = "spw_fib_params";

@@ -107,8 +107,22 @@ pub enum ConfigError {
 }
 
 impl QuicLbConfig {
-    /// An empty slot of the data path's array.
+    /// No configuration: the VIP is not QUIC.
     pub const EMPTY: QuicLbConfig = QuicLbConfig { config_id: 0, server_id_len: 0, nonce_len: 0, flags: 0 };
+
+    /// The four octets as one word, in order: how the loader stores a VIP slot's
+    /// configuration and the data path reads it, whole.
+    #[inline(always)]
+    pub const fn to_word(self) -> u32 {
+        u32::from_ne_bytes([self.config_id, self.server_id_len, self.nonce_len, self.flags])
+    }
+
+    /// The configuration [`Self::to_word`] made `word` of.
+    #[inline(always)]
+    pub const fn from_word(word: u32) -> QuicLbConfig {
+        let [config_id, server_id_len, nonce_len, flags] = word.to_ne_bytes();
+        QuicLbConfig { config_id, server_id_len, nonce_len, flags }
+    }
 
     /// Whether this slot holds a configuration.
     #[inline(always)]

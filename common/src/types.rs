@@ -6,6 +6,8 @@
 
 use core::mem::size_of;
 
+use crate::quic_lb::QuicLbConfig;
+
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
 
@@ -71,6 +73,10 @@ pub struct VipMeta {
     /// Second chance: the table in force before the VIP's last change episode (size 0:
     /// none). Written whole before this word names it, cleared before it is rewritten.
     pub prior: RingRef,
+    /// A QUIC VIP's QUIC-LB configuration (`VIP_F_QUIC`; empty for other VIPs): in the slot
+    /// the balancer reads anyway, so a short header's decoding reads no line of its own.
+    /// Written before the flag, in one 4-byte store.
+    pub quic: QuicLbConfig,
 }
 
 /// One slot of the VIP index, an array of `Capacity::vip_slots` slots: a VIP lives in the
@@ -84,7 +90,7 @@ pub struct VipSlot {
     /// scans no further.
     pub probes: u32,
     pub meta: VipMeta,
-    pub _pad: [u32; 2],
+    pub _pad: u32,
 }
 
 /// An address that some VIP uses; lets the program tell VIP-bound fragments from the host's.
@@ -135,6 +141,31 @@ pub struct QuicServerSlot {
     /// Slots from this home that hold keys homed here, at most (0: none).
     pub probes: u32,
     pub _pad: u32,
+}
+
+/// One CPU's value of `spw_quic_hand`: what the balancer hands its QUIC program for a QUIC
+/// VIP's packet (the packet as it parsed it and the VIP's configuration, so the QUIC program
+/// reads only the connection id), and how that CPU's short headers were placed. The counts
+/// live beside the hand-over, which both programs touch anyway: a short header reads and
+/// writes no line of its own for them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuicHandover {
+    pub key: FlowKey,
+    pub vip_id: u32,
+    pub l3_len: u32,
+    /// The VIP's configuration ([`QuicLbConfig::to_word`]).
+    pub quic: u32,
+    /// Where the UDP header starts (the ICMP header's for an ICMP error).
+    pub l4: u16,
+    /// Bytes before the IP header (14, or 18 with a VLAN tag).
+    pub l2_len: u8,
+    pub tos: u8,
+    /// An ICMP error about a flow of the VIP.
+    pub icmp_error: u8,
+    pub _pad: [u8; 7],
+    /// Short headers placed, per `QuicRouting`.
+    pub placed: [u64; QuicRouting::COUNT as usize],
 }
 
 /// Backend slot states.
@@ -670,7 +701,7 @@ const _: () = assert!(crate::limits::Capacity::MAX.backends <= PROBE_MARK_ID_MAS
 
 // Layout checks: these sizes are part of the pinned-map contract.
 const _: () = assert!(size_of::<VipKey>() == 20);
-const _: () = assert!(size_of::<VipMeta>() == 32);
+const _: () = assert!(size_of::<VipMeta>() == 36);
 const _: () = assert!(size_of::<VipSlot>() == 64);
 const _: () = assert!(core::mem::offset_of!(VipSlot, meta.active) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(VipSlot, meta.prior) % 8 == 0);
@@ -727,6 +758,7 @@ const _: () = assert!(size_of::<HopBackend>() == 12);
 const _: () = assert!(size_of::<HopConfig>() == 68);
 const _: () = assert!(size_of::<QuicServerKey>() == 20);
 const _: () = assert!(size_of::<QuicServerSlot>() == 32);
+const _: () = assert!(size_of::<QuicHandover>() == 80);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -745,6 +777,7 @@ mod pod {
         RingRef,
         VipMeta,
         VipSlot,
+        QuicHandover,
         AddrKey,
         AllowKey,
         BackendInfo,

@@ -107,9 +107,6 @@ pub trait Maps {
     fn remove_rule(&mut self, key: &RuleSlotKey) -> Result<(), DataplaneError>;
     /// Zeroes a rule id's bucket and counters before the id is handed out.
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError>;
-    /// The QUIC-LB configuration of every VIP id (`Capacity::vips` of them).
-    fn quic_configs(&self) -> Result<Vec<QuicLbConfig>, DataplaneError>;
-    fn set_quic_config(&mut self, vip_id: u32, config: &QuicLbConfig) -> Result<(), DataplaneError>;
     /// Every (VIP id, server id) -> backend id entry of QUIC VIPs.
     fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>, DataplaneError>;
     fn set_quic_server(&mut self, key: &QuicServerKey, backend_id: u32) -> Result<(), DataplaneError>;
@@ -149,6 +146,8 @@ struct VipRuntime {
     /// built again once to compare).
     built: Option<(u32, Vec<MaglevBackend>)>,
     flags: u32,
+    /// Its QUIC-LB configuration (`EMPTY` unless the VIP is QUIC).
+    quic: QuicLbConfig,
     /// Not yet in the VIP index: its first table is being written.
     unpublished: bool,
     active: Table,
@@ -163,7 +162,7 @@ struct VipRuntime {
 impl VipRuntime {
     fn meta(&self) -> VipMeta {
         let prior = self.prior.as_ref().map_or(RingRef::default(), |t| t.at);
-        VipMeta { id: self.id, flags: self.flags, active: self.active.at, standby: self.standby.at, prior }
+        VipMeta { id: self.id, flags: self.flags, active: self.active.at, standby: self.standby.at, prior, quic: self.quic }
     }
 
     fn tables(&self) -> impl Iterator<Item = RingRef> + '_ {
@@ -195,8 +194,7 @@ pub struct Reconciler {
     vip_filter: Vec<u64>,
     /// Table changes closer together than this are one change for second chance.
     settle: Duration,
-    /// What the QUIC maps hold: each VIP id's configuration, and the server-id entries.
-    quic_configs: Vec<QuicLbConfig>,
+    /// What the server-id index holds.
     quic_servers: HashMap<QuicServerKey, u32>,
 }
 
@@ -234,6 +232,7 @@ impl Reconciler {
                 id: meta.id,
                 built: None,
                 flags: meta.flags,
+                quic: meta.quic,
                 unpublished: false,
                 active: table(meta.active)?,
                 standby: table(meta.standby)?,
@@ -272,8 +271,6 @@ impl Reconciler {
         let mut vip_filter = maps.vip_filter()?;
         vip_filter.resize(VIP_FILTER_WORDS as usize, 0);
         let settle = Duration::from_millis(SECOND_CHANCE_SETTLE_MS);
-        let mut quic_configs = maps.quic_configs()?;
-        quic_configs.resize(capacity.vips as usize, QuicLbConfig::EMPTY);
         let quic_servers = maps.quic_servers()?.into_iter().collect();
         Ok(Self {
             capacity,
@@ -290,7 +287,6 @@ impl Reconciler {
             vip_addrs,
             vip_filter,
             settle,
-            quic_configs,
             quic_servers,
         })
     }
@@ -319,7 +315,7 @@ impl Reconciler {
         self.sync_limits(maps, desired, &mut report)?;
         self.sync_rules(maps, desired, &mut report)?;
         // Before the flag sends a QUIC VIP's packets to the QUIC program.
-        self.sync_quic(maps, desired)?;
+        self.sync_quic_servers(maps, desired)?;
         self.sync_vip_flags(maps, desired)?;
         sync_vip_addrs(maps, &mut self.vip_addrs, desired)?;
         sync_vip_filter(maps, &mut self.vip_filter, desired)?;
@@ -388,6 +384,7 @@ impl Reconciler {
                     id,
                     built: None,
                     flags: 0,
+                    quic: QuicLbConfig::EMPTY,
                     unpublished: true,
                     active,
                     standby,
@@ -535,17 +532,19 @@ impl Reconciler {
     }
 
     /// Sets the scoped-rules flag on exactly the VIPs that have rules of their own, and the
-    /// QUIC flag on the QUIC VIPs.
+    /// QUIC flag and configuration on the QUIC VIPs (the configuration lands first: one
+    /// slot, `Maps::set_vip`).
     fn sync_vip_flags(&mut self, maps: &mut dyn Maps, desired: &DesiredState) -> Result<(), ReconcileError> {
         let scoped: BTreeSet<Vip> = desired.rules.keys().filter_map(|r| r.vip).collect();
         for (vip, runtime) in self.vips.iter_mut() {
             let flag = |on: bool, bit: u32| if on { bit } else { 0 };
-            let quic = desired.vips.get(vip).is_some_and(|c| c.quic.is_some());
+            let quic = desired.vips.get(vip).and_then(|c| c.quic);
             let flags = runtime.flags & !(VIP_F_SCOPED_RULES | VIP_F_QUIC)
                 | flag(scoped.contains(vip), VIP_F_SCOPED_RULES)
-                | flag(quic, VIP_F_QUIC);
-            if flags != runtime.flags {
-                runtime.flags = flags;
+                | flag(quic.is_some(), VIP_F_QUIC);
+            let quic = quic.map_or(QuicLbConfig::EMPTY, |q| q.to_lb());
+            if (flags, quic) != (runtime.flags, runtime.quic) {
+                (runtime.flags, runtime.quic) = (flags, quic);
                 maps.set_vip(&vip_key(vip), &runtime.meta())?;
             }
         }

@@ -11,7 +11,6 @@ use std::{
 use spillway_common::{
     limits::{ANY_VIP, Capacity, MAX_RULES, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, map_names},
     maglev::EMPTY_SLOT,
-    quic_lb::QuicLbConfig,
     types::{
         AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, QuicServerKey, Reason, RingRef,
         RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
@@ -78,8 +77,7 @@ pub struct FakeMaps {
     pub limit_writes: usize,
     pub rule_writes: usize,
     pub backend_writes: usize,
-    /// QUIC configurations by VIP id (absent = empty) and server-id entries.
-    pub quic_configs: HashMap<u32, QuicLbConfig>,
+    /// Server-id entries.
     pub quic_servers: HashMap<QuicServerKey, u32>,
 }
 
@@ -240,13 +238,6 @@ impl Maps for FakeMaps {
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
         assert!(!self.rules.values().any(|v| v.id == id), "zeroed the counters of live rule id {id}");
         self.rule_state.remove(&id);
-        Ok(())
-    }
-    fn quic_configs(&self) -> Result<Vec<QuicLbConfig>, DataplaneError> {
-        Ok((0..self.capacity.vips).map(|id| self.quic_configs.get(&id).copied().unwrap_or_default()).collect())
-    }
-    fn set_quic_config(&mut self, vip_id: u32, config: &QuicLbConfig) -> Result<(), DataplaneError> {
-        self.quic_configs.insert(vip_id, *config);
         Ok(())
     }
     fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>, DataplaneError> {

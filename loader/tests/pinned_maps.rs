@@ -72,7 +72,6 @@ fn maps_pinned_with_other_sizes_are_refused_by_name() {
                 map_names::LIMITS,
                 map_names::BUDGET_STATE,
                 map_names::RULE_LENS,
-                map_names::QUIC_CONFIG,
             ],
         ),
         (

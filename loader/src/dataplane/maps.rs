@@ -11,10 +11,9 @@ use aya::{
 };
 use spillway_common::{
     limits::{Capacity, MAX_RULES, RING_SLOTS_PER_WORD, map_names},
-    quic_lb::QuicLbConfig,
     types::{
-        AddrKey, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, QuicRouting, QuicServerKey, Reason, RingRef, RuleCounters,
-        RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, QuicHandover, QuicRouting, QuicServerKey, Reason, RingRef,
+        RuleCounters, RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
 
@@ -75,11 +74,11 @@ pub struct BalancerMaps {
     pub ptb_program: ProgramArray<MapData>,
     /// Slots 0 and 1: the QUIC programs (IPv4, IPv6); held open for the same reason.
     pub quic_program: ProgramArray<MapData>,
-    /// QUIC VIPs: the QUIC-LB configuration by VIP id, and (VIP id, server id) -> backend id.
-    pub quic_config: Array<MapData, QuicLbConfig>,
+    /// QUIC VIPs: (VIP id, server id) -> backend id.
     pub quic_servers: QuicServerIndex,
-    /// How short headers were placed, per `QuicRouting`, per CPU.
-    pub quic_routing: PerCpuArray<MapData, u64>,
+    /// The QUIC hand-over, per CPU, where the QUIC programs count how short headers were
+    /// placed (`QuicHandover::placed`).
+    pub quic_handover: PerCpuArray<MapData, QuicHandover>,
 }
 
 pub(super) fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
@@ -139,9 +138,8 @@ impl BalancerMaps {
             v6_program: take(ebpf, map_names::V6_PROGRAM)?,
             ptb_program: take(ebpf, map_names::PTB_PROGRAM)?,
             quic_program: take(ebpf, map_names::QUIC_PROGRAM)?,
-            quic_config: take(ebpf, map_names::QUIC_CONFIG)?,
             quic_servers: Index { slots: take_mapped(ebpf, map_names::QUIC_SERVERS)? },
-            quic_routing: take(ebpf, map_names::QUIC_ROUTING)?,
+            quic_handover: take(ebpf, map_names::QUIC_HANDOVER)?,
         })
     }
 
@@ -191,7 +189,8 @@ impl BalancerMaps {
 
     /// How QUIC VIPs' short headers were placed, summed over CPUs.
     pub fn quic_routing(&self) -> Result<Vec<(QuicRouting, u64)>, DataplaneError> {
-        QuicRouting::ALL.iter().map(|&r| Ok((r, summed(&self.quic_routing, map_names::QUIC_ROUTING, r as u32)?))).collect()
+        let cpus = named(map_names::QUIC_HANDOVER, self.quic_handover.get(&0, 0))?;
+        Ok(QuicRouting::ALL.iter().map(|&r| (r, cpus.iter().map(|h: &QuicHandover| h.placed[r as usize]).sum())).collect())
     }
 
     /// Makes the redirect map hold exactly `ifindexes`, each redirecting to itself.
@@ -460,14 +459,6 @@ impl crate::reconcile::Maps for BalancerMaps {
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
         named(map_names::RULE_BUCKETS, self.rule_buckets.set(id, &Bucket::default(), 0))?;
         zero_per_cpu(map_names::RULE_COUNTERS, &mut self.rule_counters, id)
-    }
-
-    fn quic_configs(&self) -> Result<Vec<QuicLbConfig>, DataplaneError> {
-        (0..self.capacity.vips).map(|id| named(map_names::QUIC_CONFIG, self.quic_config.get(&id, 0))).collect()
-    }
-
-    fn set_quic_config(&mut self, vip_id: u32, config: &QuicLbConfig) -> Result<(), DataplaneError> {
-        named(map_names::QUIC_CONFIG, self.quic_config.set(vip_id, config, 0))
     }
 
     fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>, DataplaneError> {

@@ -127,7 +127,7 @@ const QUIC_PROGRAMS: [&str; 4] =
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 31] = [
+const PINNED_MAPS: [&str; 29] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -154,9 +154,7 @@ const PINNED_MAPS: [&str; 31] = [
     map_names::V6_PROGRAM,
     map_names::QUIC_PROGRAM,
     map_names::QUIC_HANDOVER,
-    map_names::QUIC_CONFIG,
     map_names::QUIC_SERVERS,
-    map_names::QUIC_ROUTING,
     map_names::PTB_PROGRAM,
     map_names::PTB_HANDOVER,
 ];
@@ -281,7 +279,6 @@ fn load_object(object: &'static [u8], name: &'static str, options: &LoadOptions,
         (map_names::LIMITS, c.default_limit_slot() + 1),
         (map_names::BUDGET_STATE, c.vips),
         (map_names::RULE_LENS, c.default_limit_slot() + 1),
-        (map_names::QUIC_CONFIG, c.vips),
         (map_names::QUIC_SERVERS, c.quic_server_slots()),
     ] {
         loader.map_max_entries(map, entries);

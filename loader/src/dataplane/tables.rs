@@ -227,7 +227,9 @@ impl VipIndex {
         let slot = self.slots.at(i);
         // SAFETY: a slot of the live mapping; fields are aligned (see `VipSlot`).
         unsafe {
-            AtomicU32::from_ptr(addr_of_mut!((*slot).meta.flags)).store(meta.flags, Ordering::Relaxed);
+            AtomicU32::from_ptr(addr_of_mut!((*slot).meta.quic).cast()).store(meta.quic.to_word(), Ordering::Relaxed);
+            // Release: a QUIC VIP's configuration is in place once packets see its flag.
+            AtomicU32::from_ptr(addr_of_mut!((*slot).meta.flags)).store(meta.flags, Ordering::Release);
             AtomicU64::from_ptr(addr_of_mut!((*slot).meta.standby).cast()).store(meta.standby.to_word(), Ordering::Relaxed);
             // Release: a second-chance table is always a table packets read as active before.
             AtomicU64::from_ptr(addr_of_mut!((*slot).meta.prior).cast()).store(meta.prior.to_word(), Ordering::Release);

@@ -622,7 +622,7 @@ fn an_id_the_second_chance_table_names_is_not_reused_by_its_vip() {
     assert_ne!(new, gone, "the new backend took an id the second-chance table still names");
 }
 
-/// A QUIC VIP: its configuration in its VIP id's slot, one server-id entry per backend (the
+/// A QUIC VIP: its configuration and flag in its VIP slot, one server-id entry per backend (the
 /// last octets of its address), the flag; all of it gone with the backend or the QUIC.
 #[test]
 fn quic_vips_get_their_config_server_ids_and_flag() {
@@ -638,7 +638,7 @@ fn quic_vips_get_their_config_server_ids_and_flag() {
     s.add_backend(&v, b, 100).unwrap();
     r.apply(&mut maps, &s).unwrap();
     let id = r.vip_id(&v).unwrap();
-    assert_eq!(maps.quic_configs[&id], QuicConfig::default().to_lb());
+    assert_eq!(maps.vips[&vip_key(&v)].quic, QuicConfig::default().to_lb());
     assert_ne!(maps.vips[&vip_key(&v)].flags & VIP_F_QUIC, 0);
     let entry = |addr: IpAddr| QuicServerKey { vip_id: id, server_id: server_id_of(addr, 2) };
     assert_eq!(maps.quic_servers.len(), 2);
@@ -648,7 +648,7 @@ fn quic_vips_get_their_config_server_ids_and_flag() {
     let mut again = Reconciler::adopt(&maps).unwrap();
     let before = maps.clone();
     again.apply(&mut maps, &s).unwrap();
-    assert_eq!((maps.quic_servers == before.quic_servers, maps.quic_configs == before.quic_configs), (true, true));
+    assert_eq!((maps.quic_servers == before.quic_servers, maps.vips == before.vips), (true, true));
 
     s.remove_backend(&v, b).unwrap();
     r.apply(&mut maps, &s).unwrap();
@@ -656,7 +656,7 @@ fn quic_vips_get_their_config_server_ids_and_flag() {
     s.set_quic(&v, None).unwrap();
     r.apply(&mut maps, &s).unwrap();
     assert!(maps.quic_servers.is_empty());
-    assert_eq!(maps.quic_configs[&id], QuicLbConfig::EMPTY);
+    assert_eq!(maps.vips[&vip_key(&v)].quic, QuicLbConfig::EMPTY);
     assert_eq!(maps.vips[&vip_key(&v)].flags & VIP_F_QUIC, 0);
 }
 

@@ -13,14 +13,13 @@ use aya_ebpf::{
 };
 use spillway_common::{
     limits::{Capacity, MAX_RULES, MAX_TX_PORTS, PTB_SOURCE_ENTRIES, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, VIP_PROBES},
-    quic_lb::QuicLbConfig,
     types::{
-        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, QuicRouting, QuicServerSlot, Reason,
+        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, QuicHandover, QuicServerSlot, Reason,
         RuleCounters, RuleLens, RuleSlot, SourceKey, SourceState, Traffic, VipSlot,
     },
 };
 
-use crate::{ptb, quic, second_chance::Handover};
+use crate::{ptb, second_chance::Handover};
 
 const DEFAULT: Capacity = Capacity::DEFAULT;
 
@@ -163,24 +162,17 @@ pub static SECOND_CHANCE_HANDOVER: PerCpuArray<Handover> = PerCpuArray::with_max
 #[map(name = "spw_quic_prog")]
 pub static QUIC_PROGRAM: ProgramArray = ProgramArray::with_max_entries(4, 0);
 
-/// Each QUIC VIP's QUIC-LB configuration, by VIP id.
-#[map(name = "spw_quic_cfg")]
-pub static QUIC_CONFIG: Array<QuicLbConfig> = Array::with_max_entries(DEFAULT.vips, 0);
-
 /// The server-id index: (VIP id, server id) -> backend id for the backends of QUIC VIPs,
 /// placed like the VIP index (see `QuicServerSlot`); written by the loader through a memory
 /// mapping.
 #[map(name = "spw_quic_sids")]
 pub static QUIC_SERVERS: Array<QuicServerSlot> = Array::with_max_entries(DEFAULT.quic_server_slots(), BPF_F_MMAPABLE);
 
-/// How short headers were placed, per `QuicRouting`.
-#[map(name = "spw_quic_ctrs")]
-pub static QUIC_ROUTING: PerCpuArray<u64> = PerCpuArray::with_max_entries(QuicRouting::COUNT, 0);
-
-/// What the balancer hands its QUIC programs (per CPU: a tail call stays on it). Pinned
-/// with the program array: during a restart the old balancer hands over to the new programs.
+/// What the balancer hands its QUIC programs (per CPU: a tail call stays on it), and how
+/// short headers were placed (`QuicHandover`). Pinned with the program array: during a
+/// restart the old balancer hands over to the new programs.
 #[map(name = "spw_quic_hand")]
-pub static QUIC_HANDOVER: PerCpuArray<quic::Handover> = PerCpuArray::with_max_entries(1, 0);
+pub static QUIC_HANDOVER: PerCpuArray<QuicHandover> = PerCpuArray::with_max_entries(1, 0);
 
 /// Slot 0: the "packet too big" program (`spillway_lb_ptb`), which the balancer tail-calls
 /// for a packet too big for the egress once encapsulated (`ptb.rs`).

@@ -137,7 +137,7 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
     };
     cut!(STOP, VIP, &vip);
     if !QUIC && vip.flags & VIP_F_QUIC != 0 {
-        quic::hand_over::<FAMILY>(ctx, vip.id, &key, &layout, icmp_error);
+        quic::hand_over::<FAMILY>(ctx, &vip, &key, &layout, icmp_error);
     }
     // The table's buckets and the outer header's entropy hash with this host's secret seed,
     // so nobody outside can aim at buckets; a changed fleet seed moves no entry. Only a
@@ -269,6 +269,7 @@ fn indexed_vip(vip: &VipKey, addr_hash: u32) -> Option<Vip> {
             flags: read_volatile(addr_of!((*meta).flags)),
             ring: table(read_volatile(addr_of!((*meta).active).cast::<u64>())),
             prior: table(read_volatile(addr_of!((*meta).prior).cast::<u64>())),
+            quic: read_volatile(addr_of!((*meta).quic).cast::<u32>()),
         })
     }
 }

@@ -16,41 +16,29 @@ use aya_ebpf::programs::XdpContext;
 use spillway_common::types::{FAMILY_V4, FlowKey};
 use xdp_ebpf::parse::Layout;
 
-use crate::maps::{QUIC_HANDOVER, QUIC_PROGRAM};
-
-/// What the balancer hands its QUIC programs: the packet as it parsed it (5-tuple, VIP,
-/// where its headers are), so the QUIC program reads only the connection id.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Handover {
-    pub key: FlowKey,
-    pub vip_id: u32,
-    pub l2_len: u32,
-    pub l3_len: u32,
-    /// Where the UDP header starts.
-    pub l4: u32,
-    pub tos: u8,
-    /// An ICMP error about a flow of the VIP (its `l4` is the ICMP header's).
-    pub icmp_error: u8,
-    pub _pad: [u8; 2],
-}
+use crate::{
+    maps::{QUIC_HANDOVER, QUIC_PROGRAM},
+    select::Vip,
+};
 
 /// Slots of the program array of the QUIC programs (those of the UDP programs, 2 and 3:
 /// `quic_program.rs`).
 const QUIC_V4: u32 = 0;
 const QUIC_V6: u32 = 1;
 
-/// Tail-calls the QUIC program of `FAMILY`. Returns only if it cannot run (not loaded, or
+/// Tail-calls the QUIC program of `FAMILY` with the packet as parsed and `vip`'s
+/// configuration in this CPU's `QuicHandover`. Returns only if it cannot run (not loaded, or
 /// the bench's stage builds): the packet then goes on as any UDP VIP's. No test here of what
 /// the packet is: a branch before the tail call nearly doubles the balancer's verifier walk
 /// (70k to 125k instructions), the QUIC program tells long headers and ICMP errors apart.
 #[inline(always)]
-pub fn hand_over<const FAMILY: u8>(ctx: &XdpContext, vip_id: u32, key: &FlowKey, layout: &Layout, icmp_error: bool) {
+pub fn hand_over<const FAMILY: u8>(ctx: &XdpContext, vip: &Vip, key: &FlowKey, layout: &Layout, icmp_error: bool) {
     let slot = if FAMILY == FAMILY_V4 { QUIC_V4 } else { QUIC_V6 };
     if let Some(handover) = QUIC_HANDOVER.get_ptr_mut(0) {
         // SAFETY: this CPU's slot; the program it calls runs next, on this CPU. The slots of
         // the program array hold XDP programs of the balancer's object, or nothing. Field by
-        // field: the balancer's frame has no room for a whole `Handover`.
+        // field: the balancer's frame has no room for a whole `QuicHandover`, and the counts
+        // are the QUIC program's.
         unsafe {
             let h = &mut (*handover).key;
             if FAMILY == FAMILY_V4 {
@@ -64,10 +52,12 @@ pub fn hand_over<const FAMILY: u8>(ctx: &XdpContext, vip_id: u32, key: &FlowKey,
                 h.dst = key.dst;
             }
             (h.sport, h.dport, h.proto, h.family, h._pad) = (key.sport, key.dport, key.proto, key.family, [0; 2]);
-            (*handover).vip_id = vip_id;
-            (*handover).l2_len = layout.l2_len as u32;
+            (*handover).vip_id = vip.id;
             (*handover).l3_len = layout.l3_len as u32;
-            (*handover).l4 = layout.l4 as u32;
+            (*handover).quic = vip.quic;
+            (*handover).l4 = layout.l4;
+            // 14, or 18 with a VLAN tag.
+            (*handover).l2_len = layout.l2_len as u8;
             (*handover).tos = layout.tos;
             (*handover).icmp_error = icmp_error as u8;
             let _ = QUIC_PROGRAM.tail_call(ctx, slot);

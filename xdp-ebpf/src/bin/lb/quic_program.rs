@@ -5,14 +5,14 @@ use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
 use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{flow_hash, quic_server_home},
-    quic_lb::{MAX_CID_LEN, server_id_words},
-    types::{BACKEND_ACTIVE, FAMILY_V4, FlowKey, QuicRouting, Reason},
+    quic_lb::{MAX_CID_LEN, QuicLbConfig, server_id_words},
+    types::{BACKEND_ACTIVE, FAMILY_V4, FlowKey, QuicHandover, QuicRouting, Reason},
 };
 use xdp_ebpf::{headers::UDP_LEN, packet, parse::Layout};
 
 use crate::{
     clock,
-    maps::{self, BACKENDS, CONFIG, QUIC_CONFIG, QUIC_HANDOVER, QUIC_PROGRAM, QUIC_ROUTING, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
+    maps::{self, BACKENDS, CONFIG, QUIC_HANDOVER, QUIC_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
     path::{self, Verdict, stage},
     select::Choice,
 };
@@ -36,13 +36,14 @@ enum Named {
     Nothing,
 }
 
-/// For a packet to QUIC VIP `vip_id` whose UDP header starts at `l4`: what its header names.
+/// For a packet to QUIC VIP `vip_id` (configuration `cfg`) whose UDP header starts at `l4`:
+/// what its header names.
 /// Inline: as a BPF global function (verified
 /// once, a frame of its own) its call and return cost the short header 15-20 ns on an AMD
 /// EPYC VM whose kernel returns through a thunk (`spec_rstack_overflow`: Safe RET), three
 /// runs of `bench --part quic` alternating with it; the QUIC programs' walks stay ~3.0k / 2.4k.
 #[inline(always)]
-fn connection_id_backend(ctx: &XdpContext, vip_id: u32, l4: u64) -> Named {
+fn connection_id_backend(ctx: &XdpContext, vip_id: u32, cfg: &QuicLbConfig, l4: u64) -> Named {
     // Bounded, so the verifier can check the reads after it (the hand-over's value is any
     // value to it). A full register: a 32-bit one would be widened again after the
     // check, and the verifier would lose the bound.
@@ -60,7 +61,7 @@ fn connection_id_backend(ctx: &XdpContext, vip_id: u32, l4: u64) -> Named {
     // A short header does not say how long its id is: the configuration does, and the
     // decoder reads only that much of the octets after the first byte (the packet number
     // and the AEAD tag follow, so a real packet always has MAX_CID_LEN of them).
-    let (Some(cid), Some(cfg)) = (packet::at::<[u8; MAX_CID_LEN]>(ctx, payload + 1), QUIC_CONFIG.get(vip_id)) else {
+    let Some(cid) = packet::at::<[u8; MAX_CID_LEN]>(ctx, payload + 1) else {
         return Named::Nothing;
     };
     let cid = cid.cast::<u8>();
@@ -109,12 +110,15 @@ pub fn send<const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
 #[inline(always)]
 fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     // What the balancer parsed: the frame is the one it handed over, unchanged.
-    let handover = QUIC_HANDOVER.get(0)?;
+    let handover = QUIC_HANDOVER.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot, live for the program's run; no other writer while we run.
+    let handover = unsafe { &mut *handover };
     if handover.icmp_error != 0 || handover.key.family != FAMILY {
         return None;
     }
     let vip_id = handover.vip_id;
-    let named = match connection_id_backend(ctx, vip_id, handover.l4.into()) {
+    let cfg = QuicLbConfig::from_word(handover.quic);
+    let named = match connection_id_backend(ctx, vip_id, &cfg, handover.l4.into()) {
         Named::LongHeader => return None,
         Named::Backend(id) => Some(id),
         Named::Nothing => None,
@@ -124,26 +128,26 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     let Some((id, backend)) =
         named.and_then(|id| BACKENDS.get(id).filter(|b| b.state == BACKEND_ACTIVE && b.vip_id == vip_id).map(|b| (id, b)))
     else {
-        count(QuicRouting::Fallback);
+        count(handover, QuicRouting::Fallback);
         return None;
     };
-    count(QuicRouting::ByConnectionId);
+    count(handover, QuicRouting::ByConnectionId);
     // Slot 0 of an array always exists; the check is for the verifier.
     let cfg = CONFIG.get(0)?;
     let now_ns = clock::now_ns(cfg);
     // The family as a constant: the encapsulation's other family folds away.
     let key = FlowKey { family: FAMILY, ..handover.key };
-    let layout = Layout { l2_len: handover.l2_len as usize, l3_len: handover.l3_len as usize, tos: handover.tos, l4: handover.l4 as u16 };
+    let layout = Layout { l2_len: handover.l2_len as usize, l3_len: handover.l3_len as usize, tos: handover.tos, l4: handover.l4 };
     let choice = Choice { id, backend: *backend, hash: flow_hash(&key, cfg.table_seed) };
     let (action, reason) = path::forward::<{ stage::ALL }>(ctx, &key, &layout, &choice, None, cfg, now_ns);
     let backend = path::is_sent(reason).then_some(id);
     Some(Verdict { action, reason, vip: Some(vip_id), backend, bytes: packet::len(ctx) as u32, new_flow: false, second_chance: false })
 }
 
+/// Counts a short header in this CPU's hand-over, which the packet's path has in its cache.
 #[inline(always)]
-fn count(what: QuicRouting) {
-    if let Some(n) = QUIC_ROUTING.get_ptr_mut(what as u32) {
-        // SAFETY: per-CPU slot, no other writer on this CPU while we run.
-        unsafe { *n += 1 };
+fn count(handover: &mut QuicHandover, what: QuicRouting) {
+    if let Some(n) = handover.placed.get_mut(what as usize) {
+        *n += 1;
     }
 }

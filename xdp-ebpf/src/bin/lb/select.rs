@@ -41,6 +41,8 @@ pub struct Vip {
     pub ring: RingRef,
     /// Its second-chance table (size 0: none).
     pub prior: RingRef,
+    /// Its QUIC-LB configuration (`VIP_F_QUIC`), as `QuicLbConfig::to_word`.
+    pub quic: u32,
 }
 
 pub struct Choice {
