@@ -143,11 +143,12 @@ pub struct QuicServerSlot {
     pub _pad: u32,
 }
 
-/// One CPU's value of `spw_quic_hand`: what the balancer hands its QUIC program for a QUIC
-/// VIP's packet (the packet as it parsed it and the VIP's configuration, so the QUIC program
-/// reads only the connection id), and how that CPU's short headers were placed. The counts
-/// live beside the hand-over, which both programs touch anyway: a short header reads and
-/// writes no line of its own for them.
+/// One CPU's slot of `spw_quic_hand` (by CPU id): what the balancer hands its QUIC program
+/// for a QUIC VIP's packet (the packet as it parsed it and the VIP's configuration, so the
+/// QUIC program reads only the connection id), and how that CPU's short headers were placed.
+/// The counts live beside the hand-over, which both programs touch anyway: a short header
+/// reads and writes no line of its own for them. Two cache lines, so that no two CPUs write
+/// one line.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuicHandover {
@@ -166,6 +167,7 @@ pub struct QuicHandover {
     pub _pad: [u8; 7],
     /// Short headers placed, per `QuicRouting`.
     pub placed: [u64; QuicRouting::COUNT as usize],
+    pub _line: [u64; 6],
 }
 
 /// Backend slot states.
@@ -758,7 +760,7 @@ const _: () = assert!(size_of::<HopBackend>() == 12);
 const _: () = assert!(size_of::<HopConfig>() == 68);
 const _: () = assert!(size_of::<QuicServerKey>() == 20);
 const _: () = assert!(size_of::<QuicServerSlot>() == 32);
-const _: () = assert!(size_of::<QuicHandover>() == 80);
+const _: () = assert!(size_of::<QuicHandover>() == 128);
 
 #[cfg(feature = "user")]
 mod pod {

@@ -76,9 +76,9 @@ pub struct BalancerMaps {
     pub quic_program: ProgramArray<MapData>,
     /// QUIC VIPs: (VIP id, server id) -> backend id.
     pub quic_servers: QuicServerIndex,
-    /// The QUIC hand-over, per CPU, where the QUIC programs count how short headers were
-    /// placed (`QuicHandover::placed`).
-    pub quic_handover: PerCpuArray<MapData, QuicHandover>,
+    /// The QUIC hand-over, a slot per CPU, where the QUIC programs count how short headers
+    /// were placed (`QuicHandover::placed`).
+    pub quic_handover: Array<MapData, QuicHandover>,
 }
 
 pub(super) fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
@@ -189,8 +189,8 @@ impl BalancerMaps {
 
     /// How QUIC VIPs' short headers were placed, summed over CPUs.
     pub fn quic_routing(&self) -> Result<Vec<(QuicRouting, u64)>, DataplaneError> {
-        let cpus = named(map_names::QUIC_HANDOVER, self.quic_handover.get(&0, 0))?;
-        Ok(QuicRouting::ALL.iter().map(|&r| (r, cpus.iter().map(|h: &QuicHandover| h.placed[r as usize]).sum())).collect())
+        let cpus: Vec<QuicHandover> = named(map_names::QUIC_HANDOVER, self.quic_handover.iter().collect())?;
+        Ok(QuicRouting::ALL.iter().map(|&r| (r, cpus.iter().map(|h| h.placed[r as usize]).sum())).collect())
     }
 
     /// Makes the redirect map hold exactly `ifindexes`, each redirecting to itself.

@@ -266,6 +266,8 @@ fn load_object(object: &'static [u8], name: &'static str, options: &LoadOptions,
     let object = objects::check(object, name)?;
     let mut loader = EbpfLoader::new();
     let c = options.capacity;
+    // A slot per possible CPU, by CPU id.
+    let cpus = aya::util::nr_cpus().map_err(|(_, source)| DataplaneError::Cpus(source))?.get();
     for (map, entries) in [
         (map_names::VIPS, c.vip_slots()),
         (map_names::VIP_ADDRS, c.vips),
@@ -280,6 +282,7 @@ fn load_object(object: &'static [u8], name: &'static str, options: &LoadOptions,
         (map_names::BUDGET_STATE, c.vips),
         (map_names::RULE_LENS, c.default_limit_slot() + 1),
         (map_names::QUIC_SERVERS, c.quic_server_slots()),
+        (map_names::QUIC_HANDOVER, cpus),
     ] {
         loader.map_max_entries(map, entries);
     }

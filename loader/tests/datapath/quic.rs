@@ -214,6 +214,31 @@ fn a_connection_id_that_names_no_backend_falls_back_to_the_5_tuple_and_is_counte
     });
 }
 
+/// The configuration lives in the VIP's slot: changing it takes effect with the next packet,
+/// ids issued under the old one falling back (counted) and ids under the new one going by id.
+#[test]
+fn a_changed_configuration_takes_effect_at_once() {
+    with_env(|env| {
+        let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend4(n).into()).collect();
+        let v = quic_vip(env, "10.200.1.1:443/udp", &backends);
+        let d = sock("10.200.1.1:443");
+        let changed = QuicConfig { config_id: 2, server_id_len: 3, nonce_len: 5, self_len: true };
+        env.update(|s| s.set_quic(&v, Some(changed)).unwrap());
+        for (i, client) in clients(9).enumerate() {
+            let named = backends[i % 3];
+            let before = routing(env);
+            let new = cid_under(&changed, &server_id_of(named, changed.server_id_len), i as u64);
+            assert_eq!(sent_to(env, client, d, &short_header(&new)), named, "{client}: by an id of the new configuration");
+            assert_eq!(routing(env), [before[0] + 1, before[1]]);
+            let old = cid(&server_id_of(named, CONFIG.server_id_len), i as u64);
+            let other_client = SocketAddr::new(client.ip(), client.port() + 1000);
+            let maglev = env.predicted_backend(&v, &flow_key(other_client, d, PROTO_UDP));
+            assert_eq!(sent_to(env, other_client, d, &short_header(&old)), maglev, "{client}: an old id by the 5-tuple");
+            assert_eq!(routing(env), [before[0] + 1, before[1] + 1]);
+        }
+    });
+}
+
 #[test]
 fn ids_sharing_a_home_slot_are_each_found_and_one_that_misses_falls_back() {
     // Four backends' worth of maps: an index of 8 slots, so of the lab's ten backends two

@@ -17,7 +17,7 @@ use spillway_common::types::{FAMILY_V4, FlowKey};
 use xdp_ebpf::parse::Layout;
 
 use crate::{
-    maps::{QUIC_HANDOVER, QUIC_PROGRAM},
+    maps::{self, QUIC_PROGRAM},
     select::Vip,
 };
 
@@ -34,7 +34,7 @@ const QUIC_V6: u32 = 1;
 #[inline(always)]
 pub fn hand_over<const FAMILY: u8>(ctx: &XdpContext, vip: &Vip, key: &FlowKey, layout: &Layout, icmp_error: bool) {
     let slot = if FAMILY == FAMILY_V4 { QUIC_V4 } else { QUIC_V6 };
-    if let Some(handover) = QUIC_HANDOVER.get_ptr_mut(0) {
+    if let Some(handover) = maps::quic_handover() {
         // SAFETY: this CPU's slot; the program it calls runs next, on this CPU. The slots of
         // the program array hold XDP programs of the balancer's object, or nothing. Field by
         // field: the balancer's frame has no room for a whole `QuicHandover`, and the counts

@@ -12,7 +12,7 @@ use xdp_ebpf::{headers::UDP_LEN, packet, parse::Layout};
 
 use crate::{
     clock,
-    maps::{self, BACKENDS, CONFIG, QUIC_HANDOVER, QUIC_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
+    maps::{self, BACKENDS, CONFIG, QUIC_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
     path::{self, Verdict, stage},
     select::Choice,
 };
@@ -110,7 +110,7 @@ pub fn send<const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
 #[inline(always)]
 fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     // What the balancer parsed: the frame is the one it handed over, unchanged.
-    let handover = QUIC_HANDOVER.get_ptr_mut(0)?;
+    let handover = maps::quic_handover()?;
     // SAFETY: this CPU's slot, live for the program's run; no other writer while we run.
     let handover = unsafe { &mut *handover };
     if handover.icmp_error != 0 || handover.key.family != FAMILY {
