@@ -5,7 +5,10 @@
 //! Fixed-size and branch-free so the verifier sees straight-line code, and identical on the
 //! host so tests and the loader can predict the kernel's choices.
 
-use crate::types::{FAMILY_V4, FlowKey};
+use crate::{
+    quic_lb::words_mask,
+    types::{FAMILY_V4, FlowKey},
+};
 
 const C1: u32 = 0xcc9e_2d51;
 const C2: u32 = 0x1b87_3593;
@@ -48,6 +51,21 @@ pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
             .wrapping_add(term(word(dst[2], dst[3]), WORD_MULS[4]))
             .wrapping_add(term(ports, WORD_MULS[1]))
     };
+    fmix64(sum) as u32
+}
+
+/// Hash of a QUIC connection id of `len` octets, its first 16 loaded as the little-endian
+/// words `low` and `high` (octets past the id, the packet number's, are masked off), keyed
+/// as [`flow_hash`]: the outer header's entropy for a packet sent by its connection id.
+/// Every packet naming one id takes one outer tuple whatever its 5-tuple, so a client whose
+/// address changes stays on the backend's RSS queue (and on one ECMP path to it); ids carry
+/// a random nonce, so connections spread. Two multiplies and the finalizer, like an IPv4
+/// flow hash.
+#[inline(always)]
+pub const fn connection_id_hash(low: u64, high: u64, len: u32, seed: u32) -> u32 {
+    let keyed = (seed as u64).wrapping_mul(SEED_SPREAD);
+    let (low_mask, high_mask) = words_mask(len);
+    let sum = ((low & low_mask) ^ keyed).wrapping_mul(WORD_MULS[0]).wrapping_add(((high & high_mask) ^ keyed).wrapping_mul(WORD_MULS[1]));
     fmix64(sum) as u32
 }
 
@@ -190,6 +208,37 @@ mod tests {
         assert_eq!(gue_source_port(u32::MAX), 65535);
         let ports: std::collections::BTreeSet<u16> = (0..1000u16).map(|p| gue_source_port(flow_hash(&key(p), FLOW_SEED))).collect();
         assert!(ports.len() > 900, "{} distinct ports of 1000 flows", ports.len());
+    }
+
+    #[test]
+    fn a_connection_ids_hash_is_its_octets_and_the_seeds_only() {
+        let (low, high) = (0x8877_6655_4433_2211u64, 0x0000_0000_00cc_bbaau64);
+        let h = connection_id_hash(low, high, 11, FLOW_SEED);
+        // The octets after the id (packet number, payload) change nothing.
+        assert_eq!(connection_id_hash(low, high | 0xffff_ffff_ff00_0000, 11, FLOW_SEED), h);
+        // Each octet of the id does, and so does the seed.
+        for octet in 0..11 {
+            let flip = 1u64 << (8 * (octet % 8));
+            let (l, hi) = if octet < 8 { (low ^ flip, high) } else { (low, high ^ flip) };
+            assert_ne!(connection_id_hash(l, hi, 11, FLOW_SEED), h, "octet {octet}");
+        }
+        assert_ne!(connection_id_hash(low, high, 11, FLOW_SEED ^ 1), h);
+        // Ids longer than 16 octets hash their first 16.
+        assert_ne!(connection_id_hash(low, high, 16, FLOW_SEED), connection_id_hash(low, high ^ 1 << 63, 16, FLOW_SEED));
+    }
+
+    #[test]
+    fn connection_ids_of_one_server_spread_by_their_nonces() {
+        // One server id (octets 1-2), 16,000 random-looking nonces (octets 3-8): 16 buckets.
+        let mut buckets = [0u32; 16];
+        for n in 0..16_000u64 {
+            let nonce = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 16;
+            let low = 0x40 | 0x0a01 << 8 | nonce << 24;
+            buckets[(connection_id_hash(low, nonce >> 40, 9, FLOW_SEED) % 16) as usize] += 1;
+        }
+        for count in buckets {
+            assert!((900..1100).contains(&count), "uneven bucket: {count}");
+        }
     }
 
     #[test]

@@ -267,11 +267,24 @@ pub fn server_id_words(low: u64, high: u64, cfg: &QuicLbConfig) -> Result<[u32; 
     // Octets of the `ServerId` that are its length or its id: 2..=16 (`check` bounds the
     // length by MAX_SERVER_ID_LEN).
     let used = 1 + cfg.server_id_len as u32;
-    let mask = |octets: u32| if octets >= 8 { u64::MAX } else { (1u64 << (8 * octets)) - 1 };
-    let low = (low & !0xff | cfg.server_id_len as u64) & mask(used);
-    let high = high & mask(used.saturating_sub(8));
+    let (low_mask, high_mask) = words_mask(used);
+    let low = (low & !0xff | cfg.server_id_len as u64) & low_mask;
+    let high = high & high_mask;
     let native = |w: u64| u32::from_ne_bytes((w as u32).to_le_bytes());
     Ok([native(low), native(low >> 32), native(high), native(high >> 32)])
+}
+
+/// Masks of the first `octets` octets of the two little-endian words a connection id's
+/// first 16 octets are loaded as (octets past 16 are not in them).
+#[inline(always)]
+pub const fn words_mask(octets: u32) -> (u64, u64) {
+    (octets_mask(octets), octets_mask(octets.saturating_sub(8)))
+}
+
+/// The low `octets` octets of a word (all of it from 8).
+#[inline(always)]
+const fn octets_mask(octets: u32) -> u64 {
+    if octets >= 8 { u64::MAX } else { (1u64 << (8 * octets)) - 1 }
 }
 
 /// What §4.1 asks of a connection id of `len` octets, the first `first`, before its server

@@ -144,15 +144,14 @@ pub struct QuicServerSlot {
 }
 
 /// One CPU's slot of `spw_quic_hand` (by CPU id): what the balancer hands its QUIC program
-/// for a QUIC VIP's packet (the packet as it parsed it and the VIP's configuration, so the
-/// QUIC program reads only the connection id), and how that CPU's short headers were placed.
-/// The counts live beside the hand-over, which both programs touch anyway: a short header
-/// reads and writes no line of its own for them. Two cache lines, so that no two CPUs write
-/// one line.
+/// for a QUIC VIP's packet (where its headers are and the VIP's configuration, so the QUIC
+/// program reads only the connection id; a packet its id does not place goes to the UDP
+/// program, which parses it again), and how that CPU's short headers were placed. The counts
+/// live beside the hand-over, which both programs touch anyway: a short header reads and
+/// writes no line of its own for them. One cache line, so that no two CPUs write one line.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuicHandover {
-    pub key: FlowKey,
     pub vip_id: u32,
     pub l3_len: u32,
     /// The VIP's configuration ([`QuicLbConfig::to_word`]).
@@ -162,12 +161,13 @@ pub struct QuicHandover {
     /// Bytes before the IP header (14, or 18 with a VLAN tag).
     pub l2_len: u8,
     pub tos: u8,
+    pub family: u8,
     /// An ICMP error about a flow of the VIP.
     pub icmp_error: u8,
-    pub _pad: [u8; 7],
+    pub _pad: [u8; 6],
     /// Short headers placed, per `QuicRouting`.
     pub placed: [u64; QuicRouting::COUNT as usize],
-    pub _line: [u64; 6],
+    pub _line: [u64; 3],
 }
 
 /// Backend slot states.
@@ -760,7 +760,7 @@ const _: () = assert!(size_of::<HopBackend>() == 12);
 const _: () = assert!(size_of::<HopConfig>() == 68);
 const _: () = assert!(size_of::<QuicServerKey>() == 20);
 const _: () = assert!(size_of::<QuicServerSlot>() == 32);
-const _: () = assert!(size_of::<QuicHandover>() == 128);
+const _: () = assert!(size_of::<QuicHandover>() == 64);
 
 #[cfg(feature = "user")]
 mod pod {

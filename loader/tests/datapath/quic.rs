@@ -3,10 +3,10 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use spillway::model::{DEFAULT_WEIGHT, QuicConfig, Vip, server_id_of};
+use spillway::model::{DEFAULT_WEIGHT, Encap, QuicConfig, Vip, server_id_of};
 use spillway_common::{
-    hash::quic_server_home,
-    limits::Capacity,
+    hash::{connection_id_hash, gue_source_port, quic_server_home},
+    limits::{Capacity, DEFAULT_GUE_PORT},
     quic_lb::{MAX_CID_LEN, ServerId, encode},
     types::{PROTO_UDP, QuicRouting, Reason},
 };
@@ -211,6 +211,38 @@ fn a_connection_id_that_names_no_backend_falls_back_to_the_5_tuple_and_is_counte
         let before = routing(env);
         assert_eq!(sent_to(env, client, d, &short_header(&id)), maglev);
         assert_eq!(routing(env), [before[0], before[1] + 1]);
+    });
+}
+
+/// A packet sent by its connection id takes its outer header's entropy from the id, not
+/// its 5-tuple: every packet naming one id leaves in the same GUE tunnel (source port, and
+/// so the backend's RSS queue) from whatever client address, byte for byte as computed here;
+/// another id of the same backend, another tunnel.
+#[test]
+fn an_ids_packets_take_one_tunnel_whatever_their_5_tuple() {
+    with_env(|env| {
+        let backend: IpAddr = packet_lab::backend4(101).into();
+        let v = quic_vip(env, "10.200.1.1:443/udp", &[backend]);
+        env.update(|s| s.set_encap(&v, Encap::Gue).unwrap());
+        let d = sock("10.200.1.1:443");
+        let seed = env.balancer.maps.config().unwrap().table_seed;
+        let mut ports = std::collections::BTreeSet::new();
+        for n in 0..16u64 {
+            let id = cid(&server_id_of(backend, CONFIG.server_id_len), n);
+            let mut first16 = [0u8; 16];
+            first16[..id.len()].copy_from_slice(&id);
+            let (low, high) = (u64::from_le_bytes(first16[..8].try_into().unwrap()), u64::from_le_bytes(first16[8..].try_into().unwrap()));
+            let hash = connection_id_hash(low, high, id.len() as u32, seed);
+            ports.insert(gue_source_port(hash));
+            for client in clients(3) {
+                let f = frames::udp(client, d, &short_header(&id));
+                let out = env.expect(&f, XDP_TX, Reason::Tx);
+                let want =
+                    frames::gue_tunnel(packet_lab::LOCAL4.into(), backend, (gue_source_port(hash), DEFAULT_GUE_PORT), hash, &f[14..]);
+                assert_eq!(out.frame[12..], want[12..], "id {n} from {client}");
+            }
+        }
+        assert!(ports.len() >= 12, "16 ids of one backend took only {} tunnels", ports.len());
     });
 }
 

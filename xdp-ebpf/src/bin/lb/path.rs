@@ -137,7 +137,7 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
     };
     cut!(STOP, VIP, &vip);
     if !QUIC && vip.flags & VIP_F_QUIC != 0 {
-        quic::hand_over::<FAMILY>(ctx, &vip, &key, &layout, icmp_error);
+        quic::hand_over::<FAMILY>(ctx, &vip, &layout, icmp_error);
     }
     // The table's buckets and the outer header's entropy hash with this host's secret seed,
     // so nobody outside can aim at buckets; a changed fleet seed moves no entry. Only a
@@ -202,7 +202,7 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
             (Choice { id, backend, hash: flow.hash() }, !icmp_error)
         }
     };
-    let (action, reason) = forward::<STOP>(ctx, &key, &layout, &choice, None, cfg, now_ns);
+    let (action, reason) = forward::<STOP>(ctx, key.family, &layout, &choice, None, cfg, now_ns);
     let backend = is_sent(reason).then_some(choice.id);
     Verdict { action, reason, vip: Some(vip.id), backend, bytes, new_flow, second_chance: false }
 }
@@ -274,12 +274,12 @@ fn indexed_vip(vip: &VipKey, addr_hash: u32) -> Option<Vip> {
     }
 }
 
-/// Encapsulates towards `choice` (with a second candidate's tunnel inside, when `second`)
-/// and sends.
+/// Encapsulates a packet of `family` towards `choice` (with a second candidate's tunnel
+/// inside, when `second`) and sends.
 #[inline(always)]
 pub fn forward<const STOP: u8>(
     ctx: &XdpContext,
-    key: &FlowKey,
+    family: u8,
     layout: &Layout,
     choice: &Choice,
     second: Option<&BackendInfo>,
@@ -288,8 +288,8 @@ pub fn forward<const STOP: u8>(
 ) -> (u32, Reason) {
     let be = &choice.backend;
     let hash = choice.hash;
-    let inner_family = second.map_or(key.family, |s| s.family);
-    if !encap::supported(be.family, inner_family) || !encap::supported(inner_family, key.family) {
+    let inner_family = second.map_or(family, |s| s.family);
+    if !encap::supported(be.family, inner_family) || !encap::supported(inner_family, family) {
         return (XDP_DROP, Reason::DropEncapFailed);
     }
     let Some(eth) = packet::at::<EthHdr>(ctx, 0) else {
@@ -334,7 +334,7 @@ pub fn forward<const STOP: u8>(
             family: s.family,
             src: cfg.outer_source(s.family, hash),
             dst: s.addr,
-            inner_family: key.family,
+            inner_family: family,
             inner_len: layout.l3_len,
             tos: layout.tos,
             flow_hash: hash,

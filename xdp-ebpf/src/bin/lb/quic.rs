@@ -13,7 +13,7 @@
 //! both, and VIPs without QUIC do not pay for it.
 
 use aya_ebpf::programs::XdpContext;
-use spillway_common::types::{FAMILY_V4, FlowKey};
+use spillway_common::types::FAMILY_V4;
 use xdp_ebpf::parse::Layout;
 
 use crate::{
@@ -26,32 +26,19 @@ use crate::{
 const QUIC_V4: u32 = 0;
 const QUIC_V6: u32 = 1;
 
-/// Tail-calls the QUIC program of `FAMILY` with the packet as parsed and `vip`'s
+/// Tail-calls the QUIC program of `FAMILY` with where the packet's headers are and `vip`'s
 /// configuration in this CPU's `QuicHandover`. Returns only if it cannot run (not loaded, or
 /// the bench's stage builds): the packet then goes on as any UDP VIP's. No test here of what
 /// the packet is: a branch before the tail call nearly doubles the balancer's verifier walk
 /// (70k to 125k instructions), the QUIC program tells long headers and ICMP errors apart.
 #[inline(always)]
-pub fn hand_over<const FAMILY: u8>(ctx: &XdpContext, vip: &Vip, key: &FlowKey, layout: &Layout, icmp_error: bool) {
+pub fn hand_over<const FAMILY: u8>(ctx: &XdpContext, vip: &Vip, layout: &Layout, icmp_error: bool) {
     let slot = if FAMILY == FAMILY_V4 { QUIC_V4 } else { QUIC_V6 };
     if let Some(handover) = maps::quic_handover() {
         // SAFETY: this CPU's slot; the program it calls runs next, on this CPU. The slots of
         // the program array hold XDP programs of the balancer's object, or nothing. Field by
-        // field: the balancer's frame has no room for a whole `QuicHandover`, and the counts
-        // are the QUIC program's.
+        // field: the counts are the QUIC program's.
         unsafe {
-            let h = &mut (*handover).key;
-            if FAMILY == FAMILY_V4 {
-                // An IPv4 key's other address words are zero: writing them as constants,
-                // rather than copying them, leaves the verifier fewer stack slots to track
-                // (a whole copy made the balancer's walk 70k -> 122k instructions).
-                h.src = [key.src[0], 0, 0, 0];
-                h.dst = [key.dst[0], 0, 0, 0];
-            } else {
-                h.src = key.src;
-                h.dst = key.dst;
-            }
-            (h.sport, h.dport, h.proto, h.family, h._pad) = (key.sport, key.dport, key.proto, key.family, [0; 2]);
             (*handover).vip_id = vip.id;
             (*handover).l3_len = layout.l3_len as u32;
             (*handover).quic = vip.quic;
@@ -59,6 +46,7 @@ pub fn hand_over<const FAMILY: u8>(ctx: &XdpContext, vip: &Vip, key: &FlowKey, l
             // 14, or 18 with a VLAN tag.
             (*handover).l2_len = layout.l2_len as u8;
             (*handover).tos = layout.tos;
+            (*handover).family = FAMILY;
             (*handover).icmp_error = icmp_error as u8;
             let _ = QUIC_PROGRAM.tail_call(ctx, slot);
         }

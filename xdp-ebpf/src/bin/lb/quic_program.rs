@@ -4,9 +4,9 @@
 use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
 use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
-    hash::{flow_hash, quic_server_home},
+    hash::{connection_id_hash, quic_server_home},
     quic_lb::{MAX_CID_LEN, QuicLbConfig, server_id_words},
-    types::{BACKEND_ACTIVE, FAMILY_V4, FlowKey, QuicHandover, QuicRouting, Reason},
+    types::{BACKEND_ACTIVE, FAMILY_V4, QuicHandover, QuicRouting, Reason},
 };
 use xdp_ebpf::{headers::UDP_LEN, packet, parse::Layout};
 
@@ -30,8 +30,9 @@ const UDP_V6: u32 = 3;
 enum Named {
     /// A long header: placed by Maglev, not counted.
     LongHeader,
-    /// A short header whose connection id names this backend id in the server-id index.
-    Backend(u32),
+    /// A short header whose connection id names backend `id` in the server-id index; the
+    /// id's first 16 octets as loaded (its hash is the outer header's entropy).
+    Backend { id: u32, low: u64, high: u64 },
     /// A short header whose id does not decode or names nothing (or no header at all).
     Nothing,
 }
@@ -70,7 +71,7 @@ fn connection_id_backend(ctx: &XdpContext, vip_id: u32, cfg: &QuicLbConfig, l4: 
     let Ok(words) = server_id_words(low, high, cfg) else {
         return Named::Nothing;
     };
-    indexed_server(vip_id, &words).map_or(Named::Nothing, Named::Backend)
+    indexed_server(vip_id, &words).map_or(Named::Nothing, |id| Named::Backend { id, low, high })
 }
 
 /// The backend id of (`vip_id`, server id `words`) in the server-id index: at most its home
@@ -113,15 +114,15 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     let handover = maps::quic_handover()?;
     // SAFETY: this CPU's slot, live for the program's run; no other writer while we run.
     let handover = unsafe { &mut *handover };
-    if handover.icmp_error != 0 || handover.key.family != FAMILY {
+    if handover.icmp_error != 0 || handover.family != FAMILY {
         return None;
     }
     let vip_id = handover.vip_id;
-    let cfg = QuicLbConfig::from_word(handover.quic);
-    let named = match connection_id_backend(ctx, vip_id, &cfg, handover.l4.into()) {
+    let quic = QuicLbConfig::from_word(handover.quic);
+    let (named, low, high) = match connection_id_backend(ctx, vip_id, &quic, handover.l4.into()) {
         Named::LongHeader => return None,
-        Named::Backend(id) => Some(id),
-        Named::Nothing => None,
+        Named::Backend { id, low, high } => (Some(id), low, high),
+        Named::Nothing => (None, 0, 0),
     };
     // In use by this VIP: the index is written after the ids it names, and an id freed
     // since may serve another VIP now.
@@ -135,11 +136,11 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     // Slot 0 of an array always exists; the check is for the verifier.
     let cfg = CONFIG.get(0)?;
     let now_ns = clock::now_ns(cfg);
-    // The family as a constant: the encapsulation's other family folds away.
-    let key = FlowKey { family: FAMILY, ..handover.key };
     let layout = Layout { l2_len: handover.l2_len as usize, l3_len: handover.l3_len as usize, tos: handover.tos, l4: handover.l4 };
-    let choice = Choice { id, backend: *backend, hash: flow_hash(&key, cfg.table_seed) };
-    let (action, reason) = path::forward::<{ stage::ALL }>(ctx, &key, &layout, &choice, None, cfg, now_ns);
+    let hash = connection_id_hash(low, high, quic.cid_len() as u32, cfg.table_seed);
+    let choice = Choice { id, backend: *backend, hash };
+    // The family as a constant: the encapsulation's other family folds away.
+    let (action, reason) = path::forward::<{ stage::ALL }>(ctx, FAMILY, &layout, &choice, None, cfg, now_ns);
     let backend = path::is_sent(reason).then_some(id);
     Some(Verdict { action, reason, vip: Some(vip_id), backend, bytes: packet::len(ctx) as u32, new_flow: false, second_chance: false })
 }

@@ -48,7 +48,7 @@ pub fn send(ctx: &XdpContext) -> Verdict {
     };
     let now_ns = clock::now_ns(cfg);
     let choice = Choice { id: handover.first, backend: first, hash: handover.flow_hash };
-    let (action, reason) = path::forward::<{ stage::ALL }>(ctx, &key, &layout, &choice, Some(&second), cfg, now_ns);
+    let (action, reason) = path::forward::<{ stage::ALL }>(ctx, key.family, &layout, &choice, Some(&second), cfg, now_ns);
     let sent = path::is_sent(reason);
     Verdict {
         action,
