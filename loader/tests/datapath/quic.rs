@@ -24,6 +24,13 @@ fn quic_vip(env: &mut Env, vip_text: &str, backends: &[IpAddr]) -> Vip {
     v
 }
 
+/// 10.200.1.1:443/udp, QUIC, on the lab's backends 101-103: those, the VIP, its address.
+fn three_backend_vip(env: &mut Env) -> (Vec<IpAddr>, Vip, SocketAddr) {
+    let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend4(n).into()).collect();
+    let v = quic_vip(env, "10.200.1.1:443/udp", &backends);
+    (backends, v, sock("10.200.1.1:443"))
+}
+
 /// A connection id under `CONFIG` naming `server_id`, its nonce and low bits from `seed`.
 fn cid(server_id: &ServerId, seed: u64) -> Vec<u8> {
     cid_under(&CONFIG, server_id, seed)
@@ -87,9 +94,7 @@ fn clients(n: u16) -> impl Iterator<Item = SocketAddr> {
 #[test]
 fn a_short_header_goes_to_the_backend_its_connection_id_names_whatever_its_5_tuple() {
     with_env(|env| {
-        let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend4(n).into()).collect();
-        let v = quic_vip(env, "10.200.1.1:443/udp", &backends);
-        let d = sock("10.200.1.1:443");
+        let (backends, v, d) = three_backend_vip(env);
         let mut moved = 0;
         for (i, client) in clients(60).enumerate() {
             let named = backends[i % 3];
@@ -157,9 +162,7 @@ fn a_server_id_past_the_eighth_octet_is_read_whole() {
 #[test]
 fn a_long_header_is_placed_by_maglev_and_remembered() {
     with_env(|env| {
-        let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend4(n).into()).collect();
-        let v = quic_vip(env, "10.200.1.1:443/udp", &backends);
-        let d = sock("10.200.1.1:443");
+        let (backends, v, d) = three_backend_vip(env);
         let mut named_elsewhere = 0;
         for (i, client) in clients(30).enumerate() {
             // Even a (client-chosen) Initial id that happens to name a backend is not read.
@@ -179,9 +182,7 @@ fn a_long_header_is_placed_by_maglev_and_remembered() {
 #[test]
 fn a_connection_id_that_names_no_backend_falls_back_to_the_5_tuple_and_is_counted() {
     with_env(|env| {
-        let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend4(n).into()).collect();
-        let v = quic_vip(env, "10.200.1.1:443/udp", &backends);
-        let d = sock("10.200.1.1:443");
+        let (backends, v, d) = three_backend_vip(env);
         let nobody = ServerId::new(&[0xee, 0xee]).unwrap();
         let mut other_config = cid(&server_id_of(backends[0], CONFIG.server_id_len), 7);
         other_config[0] = (other_config[0] & 0x1f) | 2 << 5;
@@ -251,9 +252,7 @@ fn an_ids_packets_take_one_tunnel_whatever_their_5_tuple() {
 #[test]
 fn a_changed_configuration_takes_effect_at_once() {
     with_env(|env| {
-        let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend4(n).into()).collect();
-        let v = quic_vip(env, "10.200.1.1:443/udp", &backends);
-        let d = sock("10.200.1.1:443");
+        let (backends, v, d) = three_backend_vip(env);
         let changed = QuicConfig { config_id: 2, server_id_len: 3, nonce_len: 5, self_len: true };
         env.update(|s| s.set_quic(&v, Some(changed)).unwrap());
         for (i, client) in clients(9).enumerate() {
