@@ -102,6 +102,20 @@ pub enum Frames {
     ByConnectionId { frame: Vec<u8>, backend: Ipv4Addr },
 }
 
+impl Frames {
+    /// The frame the first call sends (later ones may differ in their source).
+    pub fn frame(&self) -> &[u8] {
+        match self {
+            Frames::Fixed(frame)
+            | Frames::Established { frame, .. }
+            | Frames::NewFlows(frame)
+            | Frames::NewPorts(frame)
+            | Frames::Spoofed(frame)
+            | Frames::ByConnectionId { frame, .. } => frame,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Case {
     /// Stable: the key in the JSON output.
@@ -479,20 +493,13 @@ impl Lab {
     }
 
     fn first_frame(&mut self, case: &Case) -> Result<Vec<u8>> {
-        Ok(match &case.frames {
-            Frames::Fixed(frame)
-            | Frames::NewFlows(frame)
-            | Frames::NewPorts(frame)
-            | Frames::Spoofed(frame)
-            | Frames::ByConnectionId { frame, .. } => frame.clone(),
-            Frames::Established { syn, frame } => {
-                let mut out = vec![0; syn.len() + HEADROOM_BYTES];
-                let (action, ..) = self.run(Program::Balancer, syn, &mut out)?;
-                ensure!(action == XDP_TX, "the flow's SYN got action {action}");
-                self.pinned_backend(&flow_key(syn)?)?.context("the SYN left no connection-table entry")?;
-                frame.clone()
-            }
-        })
+        if let Frames::Established { syn, .. } = &case.frames {
+            let mut out = vec![0; syn.len() + HEADROOM_BYTES];
+            let (action, ..) = self.run(Program::Balancer, syn, &mut out)?;
+            ensure!(action == XDP_TX, "the flow's SYN got action {action}");
+            self.pinned_backend(&flow_key(syn)?)?.context("the SYN left no connection-table entry")?;
+        }
+        Ok(case.frames.frame().to_vec())
     }
 
     /// Runs a few calls of `slot`'s case one at a time, checking each completely.

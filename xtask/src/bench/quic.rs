@@ -40,7 +40,7 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
     let flows = Flows::new()?;
     Lab::sized(Capacity::DEFAULT, |lab| {
         let cases = cases(lab, &flows)?;
-        let (short, initial) = (frame_len(&cases[3]), frame_len(&cases[4]));
+        let (short, initial) = (cases[3].frames.frame().len(), cases[4].frames.frame().len());
         let medians = lab.measure(&cases, calls, reps)?;
         let ratio = |i: usize| medians[i] / medians[0];
         let mut text = String::new();
@@ -112,13 +112,6 @@ pub fn cases(lab: &mut Lab, flows: &Flows) -> Result<Vec<Case>> {
         Case::forwarded("udp_table_hit", Frames::Established { syn: udp.clone(), frame: udp }, false),
         Case::forwarded("quic_long_header_hit", Frames::Established { syn: long.clone(), frame: long }, false),
     ])
-}
-
-fn frame_len(case: &Case) -> usize {
-    match &case.frames {
-        Frames::ByConnectionId { frame, .. } | Frames::NewFlows(frame) => frame.len(),
-        _ => 0,
-    }
 }
 
 /// [`VIP`] (TCP), [`QUIC_VIP`] and [`UDP_VIP`], each on the lab's backends.
