@@ -7,7 +7,8 @@
 /// 5: `LbConfig` carries the clock's calibration. 6: the flow hash and the VIP index's
 /// hash changed (a table entry or VIP slot placed by 5 would not be found where 6 looks).
 /// 7: a VIP slot carries its QUIC-LB configuration, and the QUIC hand-over its counts.
-pub const PIN_VERSION: u32 = 7;
+/// 8: a server-id slot carries a copy of its backend's entry (a whole cache line).
+pub const PIN_VERSION: u32 = 8;
 
 /// How big the balancer's tables are. Chosen when `lbd` starts (its options); the maps are
 /// created with these sizes, and pinned maps of another shape are refused by name.

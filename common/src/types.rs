@@ -126,21 +126,31 @@ pub struct QuicServerKey {
     pub server_id: crate::quic_lb::ServerId,
 }
 
+/// What a server id names: a backend, and a copy of its entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuicServer {
+    pub backend_id: u32,
+    /// `spw_backends[backend_id]` as the loader last wrote it (a key that is to name another
+    /// backend is removed and inserted again, never rewritten in place).
+    pub backend: BackendInfo,
+}
+
 /// A slot of the server-id index (`spw_quic_sids`), an array placed by the loader like the
 /// VIP index: a key lives within `VIP_PROBES` slots of its home
 /// ([`crate::hash::quic_server_home`]), and the home's `probes` says how far its keys reach,
 /// so a packet's id (any value a sender likes) costs at most that many slot reads. Free
 /// when the server id's length is 0 (a server id has at least one octet): the length is
-/// published last and cleared first.
+/// published last and cleared first. One cache line: with the copy of the backend's entry
+/// in it, a short header reads this line instead of the backend array's.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuicServerSlot {
     pub key: QuicServerKey,
-    /// The backend the server id names.
-    pub backend_id: u32,
     /// Slots from this home that hold keys homed here, at most (0: none).
     pub probes: u32,
-    pub _pad: u32,
+    pub server: QuicServer,
+    pub _pad: [u32; 2],
 }
 
 /// One CPU's slot of `spw_quic_hand` (by CPU id): what the balancer hands its QUIC program
@@ -759,7 +769,7 @@ const _: () = assert!(size_of::<DecapConfig>() == 4);
 const _: () = assert!(size_of::<HopBackend>() == 12);
 const _: () = assert!(size_of::<HopConfig>() == 68);
 const _: () = assert!(size_of::<QuicServerKey>() == 20);
-const _: () = assert!(size_of::<QuicServerSlot>() == 32);
+const _: () = assert!(size_of::<QuicServerSlot>() == 64);
 const _: () = assert!(size_of::<QuicHandover>() == 64);
 
 #[cfg(feature = "user")]
@@ -803,6 +813,7 @@ mod pod {
         HopBackend,
         HopConfig,
         QuicServerKey,
+        QuicServer,
         QuicServerSlot
     );
 }

@@ -40,7 +40,7 @@ use spillway_common::{
     quic_lb::QuicLbConfig,
     types::{
         AddrKey, BACKEND_ACTIVE, BACKEND_F_NEW_FLOWS, BACKEND_FREE, BackendInfo, ENCAP_GUE, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP,
-        PROTO_UDP, QuicServerKey, RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_QUIC,
+        PROTO_UDP, QuicServer, QuicServerKey, RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_QUIC,
         VIP_F_SCOPED_RULES, VipKey, VipMeta,
     },
 };
@@ -107,9 +107,9 @@ pub trait Maps {
     fn remove_rule(&mut self, key: &RuleSlotKey) -> Result<(), DataplaneError>;
     /// Zeroes a rule id's bucket and counters before the id is handed out.
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError>;
-    /// Every (VIP id, server id) -> backend id entry of QUIC VIPs.
-    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>, DataplaneError>;
-    fn set_quic_server(&mut self, key: &QuicServerKey, backend_id: u32) -> Result<(), DataplaneError>;
+    /// Every (VIP id, server id) -> backend entry of QUIC VIPs.
+    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, QuicServer)>, DataplaneError>;
+    fn set_quic_server(&mut self, key: &QuicServerKey, server: &QuicServer) -> Result<(), DataplaneError>;
     fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), DataplaneError>;
 }
 
@@ -195,7 +195,7 @@ pub struct Reconciler {
     /// Table changes closer together than this are one change for second chance.
     settle: Duration,
     /// What the server-id index holds.
-    quic_servers: HashMap<QuicServerKey, u32>,
+    quic_servers: HashMap<QuicServerKey, QuicServer>,
 }
 
 impl Reconciler {
@@ -707,6 +707,7 @@ impl Reconciler {
     }
 
     fn free_backend(&mut self, maps: &mut dyn Maps, id: u32) -> Result<(), ReconcileError> {
+        self.retire_quic_servers(maps, id)?;
         let generation = self.generations[id as usize].wrapping_add(1);
         let info = BackendInfo { state: BACKEND_FREE, generation, ..BackendInfo::default() };
         maps.set_backend(id, &info)?;

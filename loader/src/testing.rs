@@ -12,8 +12,8 @@ use spillway_common::{
     limits::{ANY_VIP, Capacity, MAX_RULES, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, map_names},
     maglev::EMPTY_SLOT,
     types::{
-        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, QuicServerKey, Reason, RingRef,
-        RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BACKEND_ACTIVE, BACKEND_FREE, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, QuicServer, QuicServerKey, Reason,
+        RingRef, RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
 
@@ -78,7 +78,7 @@ pub struct FakeMaps {
     pub rule_writes: usize,
     pub backend_writes: usize,
     /// Server-id entries.
-    pub quic_servers: HashMap<QuicServerKey, u32>,
+    pub quic_servers: HashMap<QuicServerKey, QuicServer>,
 }
 
 impl FakeMaps {
@@ -110,6 +110,12 @@ impl FakeMaps {
                     assert_eq!((b.state, b.vip_id), (BACKEND_ACTIVE, meta.id), "slot names backend {id}");
                 }
             }
+        }
+        // A server-id entry's copy says its backend is active: the entry goes before the
+        // backend does.
+        for (key, server) in &self.quic_servers {
+            let b = self.backends[&server.backend_id];
+            assert_eq!(b.state, BACKEND_ACTIVE, "server id {key:?} names freed backend {}", server.backend_id);
         }
     }
 }
@@ -240,13 +246,15 @@ impl Maps for FakeMaps {
         self.rule_state.remove(&id);
         Ok(())
     }
-    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>, DataplaneError> {
+    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, QuicServer)>, DataplaneError> {
         Ok(self.quic_servers.iter().map(|(k, v)| (*k, *v)).collect())
     }
-    fn set_quic_server(&mut self, key: &QuicServerKey, backend_id: u32) -> Result<(), DataplaneError> {
-        let b = self.backends[&backend_id];
-        assert_eq!((b.state, b.vip_id), (BACKEND_ACTIVE, key.vip_id), "server id entry names backend {backend_id}");
-        self.quic_servers.insert(*key, backend_id);
+    fn set_quic_server(&mut self, key: &QuicServerKey, server: &QuicServer) -> Result<(), DataplaneError> {
+        let id = server.backend_id;
+        let b = self.backends[&id];
+        assert_eq!((b.state, b.vip_id), (BACKEND_ACTIVE, key.vip_id), "server id entry names backend {id}");
+        assert_eq!(server.backend, b, "server id entry's copy of backend {id}");
+        self.quic_servers.insert(*key, *server);
         Ok(())
     }
     fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), DataplaneError> {

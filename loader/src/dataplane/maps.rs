@@ -12,8 +12,8 @@ use aya::{
 use spillway_common::{
     limits::{Capacity, MAX_RULES, RING_SLOTS_PER_WORD, map_names},
     types::{
-        AddrKey, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, QuicHandover, QuicRouting, QuicServerKey, Reason, RingRef,
-        RuleCounters, RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, QuicHandover, QuicRouting, QuicServer, QuicServerKey, Reason,
+        RingRef, RuleCounters, RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
 
@@ -461,12 +461,12 @@ impl crate::reconcile::Maps for BalancerMaps {
         zero_per_cpu(map_names::RULE_COUNTERS, &mut self.rule_counters, id)
     }
 
-    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>, DataplaneError> {
+    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, QuicServer)>, DataplaneError> {
         Ok(self.quic_servers.entries())
     }
 
-    fn set_quic_server(&mut self, key: &QuicServerKey, backend_id: u32) -> Result<(), DataplaneError> {
-        self.quic_servers.set(key, backend_id)
+    fn set_quic_server(&mut self, key: &QuicServerKey, server: &QuicServer) -> Result<(), DataplaneError> {
+        self.quic_servers.set(key, server)
     }
 
     fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), DataplaneError> {

@@ -18,8 +18,8 @@ use spillway_common::{
     hash::{RULE_SEED, addr_hash, flow_buckets, flow_hash, quic_server_home, rule_home, vip_addr_hash, vip_home},
     limits::{ANY_VIP, FLOW_TICK_SHIFT, FLOW_WAYS, MAX_RULE_LENGTHS, RING_SLOTS_PER_WORD, VIP_PROBES, map_names},
     types::{
-        FLOW_CONFIRMED, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowBucket, FlowEntry, FlowKey, PROTO_TCP, PROTO_UDP, QuicServerKey, QuicServerSlot,
-        RingRef, RuleLens, RuleSlot, RuleSlotKey, RuleValue, VipKey, VipMeta, VipSlot,
+        FLOW_CONFIRMED, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowBucket, FlowEntry, FlowKey, PROTO_TCP, PROTO_UDP, QuicServer, QuicServerKey,
+        QuicServerSlot, RingRef, RuleLens, RuleSlot, RuleSlotKey, RuleValue, VipKey, VipMeta, VipSlot,
     },
 };
 
@@ -173,26 +173,38 @@ impl Probed for QuicServerSlot {
 /// The VIP index (`spw_vips`).
 pub type VipIndex = Index<VipSlot>;
 
-/// The QUIC server-id index (`spw_quic_sids`): (VIP id, server id) -> backend id.
+/// The QUIC server-id index (`spw_quic_sids`): (VIP id, server id) -> backend id, and a
+/// copy of that backend's entry.
 pub type QuicServerIndex = Index<QuicServerSlot>;
 
 impl QuicServerIndex {
-    pub fn get(&self, key: &QuicServerKey) -> Option<u32> {
-        self.find(key).map(|i| self.slots.read(i).backend_id)
+    pub fn get(&self, key: &QuicServerKey) -> Option<QuicServer> {
+        self.find(key).map(|i| self.slots.read(i).server)
     }
 
-    pub fn entries(&self) -> Vec<(QuicServerKey, u32)> {
-        self.all().map(|s| (s.key, s.backend_id)).collect()
+    pub fn entries(&self) -> Vec<(QuicServerKey, QuicServer)> {
+        self.all().map(|s| (s.key, s.server)).collect()
     }
 
-    /// Inserts `key`, or changes its backend in place (one 4-byte store).
-    pub fn set(&mut self, key: &QuicServerKey, backend_id: u32) -> Result<(), DataplaneError> {
-        let Some(i) = self.find(key) else {
-            return self.insert(key, QuicServerSlot { key: *key, backend_id, ..QuicServerSlot::default() }).map(drop);
-        };
-        // SAFETY: a slot of the live mapping; the field is aligned.
-        unsafe { AtomicU32::from_ptr(addr_of_mut!((*self.slots.at(i)).backend_id)).store(backend_id, Ordering::Release) };
-        Ok(())
+    /// Inserts `key`, or rewrites the copy of its backend's entry in place, as the backend
+    /// array's own entry is written: each field old or new to a packet, never another
+    /// backend's. A key that is to name another backend is removed and inserted again (its
+    /// packets fall back to the 5-tuple in between), so no packet pairs one backend's id with
+    /// another's fields.
+    pub fn set(&mut self, key: &QuicServerKey, server: &QuicServer) -> Result<(), DataplaneError> {
+        match self.find(key) {
+            Some(i) if self.slots.read(i).server.backend_id == server.backend_id => {
+                // SAFETY: a slot of the live mapping; the field is aligned.
+                unsafe { std::ptr::write_volatile(addr_of_mut!((*self.slots.at(i)).server.backend), server.backend) };
+                Ok(())
+            }
+            found => {
+                if let Some(i) = found {
+                    self.remove_at(i);
+                }
+                self.insert(key, QuicServerSlot { key: *key, server: *server, ..QuicServerSlot::default() }).map(drop)
+            }
+        }
     }
 
     pub fn remove(&mut self, key: &QuicServerKey) {
@@ -476,7 +488,11 @@ fn info(e: &FlowEntry) -> FlowInfo {
 
 #[cfg(test)]
 mod tests {
-    use spillway_common::{limits::Capacity, quic_lb::ServerId, types::FAMILY_V4};
+    use spillway_common::{
+        limits::Capacity,
+        quic_lb::ServerId,
+        types::{BACKEND_ACTIVE, BackendInfo, ENCAP_GUE, FAMILY_V4},
+    };
 
     use super::*;
 
@@ -499,20 +515,36 @@ mod tests {
         (0..u16::MAX).map(|n| key(1, n)).filter(|k| home(k) == at).take(count).collect()
     }
 
+    /// Backend `id` of VIP 1, active, at 10.0.0.`id`.
+    fn server(id: u32) -> QuicServer {
+        let backend = BackendInfo {
+            addr: [u32::from_be_bytes([10, 0, 0, id as u8]), 0, 0, 0],
+            family: FAMILY_V4,
+            state: BACKEND_ACTIVE,
+            vip_id: 1,
+            ..BackendInfo::default()
+        };
+        QuicServer { backend_id: id, backend }
+    }
+
     #[test]
     fn a_server_id_lives_at_its_home_and_is_found_by_vip_and_id() {
         let mut index = index();
         let k = key(1, 0x0a01);
-        index.set(&k, 7).unwrap();
+        index.set(&k, &server(7)).unwrap();
         let slot = index.slots.read(home(&k));
-        assert_eq!((slot.key, slot.backend_id, slot.probes), (k, 7, 1));
-        assert_eq!(index.get(&k), Some(7));
+        assert_eq!((slot.key, slot.server, slot.probes), (k, server(7), 1));
+        assert_eq!(index.get(&k), Some(server(7)));
         // The same id of another VIP, and another id of the VIP, are not there.
         assert_eq!(index.get(&key(2, 0x0a01)), None);
         assert_eq!(index.get(&key(1, 0x0a02)), None);
-        // Set again: changed in place.
-        index.set(&k, 9).unwrap();
-        assert_eq!((index.get(&k), index.entries().len()), (Some(9), 1));
+        // Set again: another backend (removed and inserted again), its entry copied whole.
+        index.set(&k, &server(9)).unwrap();
+        assert_eq!((index.get(&k), index.entries().len()), (Some(server(9)), 1));
+        // The same backend with its entry changed (tunnelled in GUE now): the copy follows.
+        let gue = QuicServer { backend: BackendInfo { encap: ENCAP_GUE, ..server(9).backend }, ..server(9) };
+        index.set(&k, &gue).unwrap();
+        assert_eq!(index.get(&k), Some(gue));
     }
 
     #[test]
@@ -520,21 +552,21 @@ mod tests {
         let mut index = index();
         let keys = homed_at(5, 3);
         for (id, k) in (1..).zip(&keys) {
-            index.set(k, id).unwrap();
+            index.set(k, &server(id)).unwrap();
         }
         assert_eq!(index.slots.read(5).probes, 3);
         for (id, k) in (1..).zip(&keys) {
-            assert_eq!(index.get(k), Some(id));
+            assert_eq!(index.get(k), Some(server(id)));
         }
         assert_eq!((index.slots.read(6).key, index.slots.read(7).key), (keys[1], keys[2]));
         // Removing the farthest shortens the window; the others stay found.
         index.remove(&keys[2]);
         assert_eq!((index.slots.read(5).probes, index.get(&keys[2])), (2, None));
-        assert_eq!((index.get(&keys[0]), index.get(&keys[1])), (Some(1), Some(2)));
+        assert_eq!((index.get(&keys[0]), index.get(&keys[1])), (Some(server(1)), Some(server(2))));
         // A key homed in a slot another home's key took goes on past it.
         let next = homed_at(6, 1)[0];
-        index.set(&next, 4).unwrap();
-        assert_eq!((index.slots.read(6).probes, index.get(&next)), (2, Some(4)));
+        index.set(&next, &server(4)).unwrap();
+        assert_eq!((index.slots.read(6).probes, index.get(&next)), (2, Some(server(4))));
     }
 
     /// Every VIP up to the capacity finds a slot: the bench's 1,000 (whose addresses a VIP
@@ -564,16 +596,16 @@ mod tests {
         let mut index = index();
         let keys = homed_at(60, VIP_PROBES as usize + 1);
         for (id, k) in (1..).zip(&keys[..VIP_PROBES as usize]) {
-            index.set(k, id).unwrap();
+            index.set(k, &server(id)).unwrap();
         }
         // The window wraps around the end of the table.
         assert_eq!(index.slots.read(3).key, keys[VIP_PROBES as usize - 1]);
-        assert!(matches!(index.set(&keys[VIP_PROBES as usize], 99), Err(DataplaneError::IndexFull)));
+        assert!(matches!(index.set(&keys[VIP_PROBES as usize], &server(99)), Err(DataplaneError::IndexFull)));
         assert_eq!(index.get(&keys[VIP_PROBES as usize]), None);
         assert_eq!(index.entries().len(), VIP_PROBES as usize);
         // A freed slot takes it.
         index.remove(&keys[0]);
-        index.set(&keys[VIP_PROBES as usize], 99).unwrap();
-        assert_eq!(index.get(&keys[VIP_PROBES as usize]), Some(99));
+        index.set(&keys[VIP_PROBES as usize], &server(99)).unwrap();
+        assert_eq!(index.get(&keys[VIP_PROBES as usize]), Some(server(99)));
     }
 }

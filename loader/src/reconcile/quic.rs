@@ -1,12 +1,13 @@
-//! QUIC VIPs: one server-id index entry per backend, (VIP id, server id) -> backend id
-//! (each VIP's QUIC-LB configuration is in its VIP slot: `sync_vip_flags`). Written after the
-//! backends they name exist and before the VIP's flag sends its packets to the QUIC program;
-//! entries of VIPs and backends gone are removed (the data path also checks that an entry's
-//! backend serves the VIP, so an entry outliving its backend for a moment misroutes nothing).
+//! QUIC VIPs: one server-id index entry per backend, (VIP id, server id) -> backend id and a
+//! copy of the backend's entry, which is all a short header reads of it (each VIP's QUIC-LB
+//! configuration is in its VIP slot: `sync_vip_flags`). Written after the backends they name
+//! exist and before the VIP's flag sends its packets to the QUIC program; a copy is rewritten
+//! when its backend's entry changes (at the end of the same apply), and a backend's entries go
+//! before its slot is freed (`retire_quic_servers`), so no copy ever names a freed backend.
 
 use std::collections::HashMap;
 
-use spillway_common::types::QuicServerKey;
+use spillway_common::types::{QuicServer, QuicServerKey};
 
 use super::{Maps, ReconcileError, Reconciler};
 use crate::model::{DesiredState, server_ids};
@@ -23,13 +24,26 @@ impl Reconciler {
             }
         }
         for (key, &backend_id) in &servers {
-            if self.quic_servers.get(key) != Some(&backend_id) {
-                maps.set_quic_server(key, backend_id)?;
-                self.quic_servers.insert(*key, backend_id);
+            // The entry as the backend array has it now (its flags or tunnel may have changed).
+            let server = QuicServer { backend_id, backend: maps.backend(backend_id)? };
+            if self.quic_servers.get(key) != Some(&server) {
+                maps.set_quic_server(key, &server)?;
+                self.quic_servers.insert(*key, server);
             }
         }
         let stale: Vec<QuicServerKey> = self.quic_servers.keys().filter(|k| !servers.contains_key(k)).copied().collect();
         for key in stale {
+            maps.remove_quic_server(&key)?;
+            self.quic_servers.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// Removes the server-id entries naming backend `id`, which is about to be freed: their
+    /// copies would still say it is active.
+    pub(super) fn retire_quic_servers(&mut self, maps: &mut dyn Maps, id: u32) -> Result<(), ReconcileError> {
+        let named: Vec<QuicServerKey> = self.quic_servers.iter().filter(|(_, s)| s.backend_id == id).map(|(k, _)| *k).collect();
+        for key in named {
             maps.remove_quic_server(&key)?;
             self.quic_servers.remove(&key);
         }

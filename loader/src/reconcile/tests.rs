@@ -6,7 +6,10 @@ use std::collections::HashMap;
 use spillway_common::limits::MAX_RING_SIZE;
 
 use super::*;
-use crate::{model::DEFAULT_WEIGHT, testing::FakeMaps};
+use crate::{
+    model::{BackendOptions, DEFAULT_WEIGHT, Encap},
+    testing::FakeMaps,
+};
 
 fn vip() -> Vip {
     "10.100.0.1:80/tcp".parse().unwrap()
@@ -642,14 +645,26 @@ fn quic_vips_get_their_config_server_ids_and_flag() {
     assert_ne!(maps.vips[&vip_key(&v)].flags & VIP_F_QUIC, 0);
     let entry = |addr: IpAddr| QuicServerKey { vip_id: id, server_id: server_id_of(addr, 2) };
     assert_eq!(maps.quic_servers.len(), 2);
-    assert_eq!(maps.quic_servers[&entry(a)], r.backend_id(&v, &a).unwrap());
-    assert_eq!(maps.quic_servers[&entry(b)], r.backend_id(&v, &b).unwrap());
+    for addr in [a, b] {
+        let backend_id = r.backend_id(&v, &addr).unwrap();
+        assert_eq!(maps.quic_servers[&entry(addr)], QuicServer { backend_id, backend: maps.backends[&backend_id] });
+    }
     // A restarted lbd adopts it all and writes nothing.
     let mut again = Reconciler::adopt(&maps).unwrap();
     let before = maps.clone();
     again.apply(&mut maps, &s).unwrap();
     assert_eq!((maps.quic_servers == before.quic_servers, maps.vips == before.vips), (true, true));
 
+    // A backend's tunnel changed: its entry's copy follows in the same apply.
+    let options = BackendOptions { encap: Some(Encap::Gue), ..BackendOptions::default() };
+    s.set_backend_options(&v, a, options).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    let a_id = r.backend_id(&v, &a).unwrap();
+    assert_eq!(maps.quic_servers[&entry(a)].backend.encap, ENCAP_GUE);
+    assert_eq!(maps.quic_servers[&entry(a)], QuicServer { backend_id: a_id, backend: maps.backends[&a_id] });
+
+    // Removed: its entry goes before its slot is freed (the fake checks no entry names a
+    // freed backend).
     s.remove_backend(&v, b).unwrap();
     r.apply(&mut maps, &s).unwrap();
     assert_eq!(maps.quic_servers.keys().collect::<Vec<_>>(), [&entry(a)]);

@@ -247,6 +247,28 @@ fn an_ids_packets_take_one_tunnel_whatever_their_5_tuple() {
     });
 }
 
+/// A short header reads its backend's entry from the server id's slot, a copy the loader
+/// keeps: a backend's changed tunnel reaches its short headers with the same apply as its
+/// other packets (IPIP, then GUE), and they still go by id.
+#[test]
+fn a_backends_changed_tunnel_reaches_its_short_headers_at_once() {
+    with_env(|env| {
+        let (backends, v, d) = three_backend_vip(env);
+        let outer_protocol = |frame: &[u8]| frame[14 + 9];
+        for (encap, protocol) in [(Encap::Ipip, 4), (Encap::Gue, PROTO_UDP), (Encap::Ipip, 4)] {
+            env.update(|s| s.set_encap(&v, encap).unwrap());
+            for (n, client) in clients(6).enumerate() {
+                let named = backends[n % 3];
+                let id = cid(&server_id_of(named, CONFIG.server_id_len), n as u64);
+                let before = routing(env);
+                let out = env.expect(&frames::udp(client, d, &short_header(&id)), XDP_TX, Reason::Tx);
+                assert_eq!((outer_destination(&out.frame), outer_protocol(&out.frame)), (named, protocol), "{encap:?}, {client}");
+                assert_eq!(routing(env), [before[0] + 1, before[1]], "{encap:?}, {client}: by its id");
+            }
+        }
+    });
+}
+
 /// The configuration lives in the VIP's slot: changing it takes effect with the next packet,
 /// ids issued under the old one falling back (counted) and ids under the new one going by id.
 #[test]

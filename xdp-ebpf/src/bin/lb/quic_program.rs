@@ -6,13 +6,13 @@ use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{connection_id_hash, quic_server_home},
     quic_lb::{MAX_CID_LEN, QuicLbConfig, server_id_words},
-    types::{BACKEND_ACTIVE, FAMILY_V4, QuicHandover, QuicRouting, Reason},
+    types::{BACKEND_ACTIVE, BackendInfo, FAMILY_V4, QuicHandover, QuicRouting, Reason},
 };
 use xdp_ebpf::{headers::UDP_LEN, packet, parse::Layout};
 
 use crate::{
     clock,
-    maps::{self, BACKENDS, CONFIG, QUIC_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
+    maps::{self, CONFIG, QUIC_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
     path::{self, Verdict, stage},
     select::Choice,
 };
@@ -30,9 +30,10 @@ const UDP_V6: u32 = 3;
 enum Named {
     /// A long header: placed by Maglev, not counted.
     LongHeader,
-    /// A short header whose connection id names backend `id` in the server-id index; the
-    /// id's first 16 octets as loaded (its hash is the outer header's entropy).
-    Backend { id: u32, low: u64, high: u64 },
+    /// A short header whose connection id names backend `id` in the server-id index, whose
+    /// slot holds `backend`, a copy of the backend's entry; the id's first 16 octets as
+    /// loaded (their hash is the outer header's entropy).
+    Backend { id: u32, backend: &'static BackendInfo, low: u64, high: u64 },
     /// A short header whose id does not decode or names nothing (or no header at all).
     Nothing,
 }
@@ -71,15 +72,16 @@ fn connection_id_backend(ctx: &XdpContext, vip_id: u32, cfg: &QuicLbConfig, l4: 
     let Ok(words) = server_id_words(low, high, cfg) else {
         return Named::Nothing;
     };
-    indexed_server(vip_id, &words).map_or(Named::Nothing, |id| Named::Backend { id, low, high })
+    indexed_server(vip_id, &words).map_or(Named::Nothing, |(id, backend)| Named::Backend { id, backend, low, high })
 }
 
-/// The backend id of (`vip_id`, server id `words`) in the server-id index: at most its home
-/// slot's `probes` slots from there, so an id no backend has costs one slot read, or a few.
-/// The loader publishes a slot's server-id length (in its first word) last and clears it
-/// first, and changes a backend id with one 4-byte store.
+/// The backend id of (`vip_id`, server id `words`) in the server-id index and the copy of
+/// its entry the slot holds: at most its home slot's `probes` slots from there, so an id no
+/// backend has costs one slot read, or a few. The loader publishes a slot's server-id length
+/// (in its first word) last and clears it first; a key that is to name another backend is
+/// removed and inserted again.
 #[inline(always)]
-fn indexed_server(vip_id: u32, words: &[u32; 4]) -> Option<u32> {
+fn indexed_server(vip_id: u32, words: &[u32; 4]) -> Option<(u32, &'static BackendInfo)> {
     // SAFETY: a `.rodata` constant the loader patches at load (volatile: not the default).
     let mask = unsafe { read_volatile(&QUIC_SERVER_SLOT_MASK) };
     let home = quic_server_home(vip_id, words, mask);
@@ -90,7 +92,7 @@ fn indexed_server(vip_id: u32, words: &[u32; 4]) -> Option<u32> {
             && read_volatile(addr_of!((*slot).key.vip_id)) == vip_id
             && read_volatile(have) == *words
     })?;
-    Some(unsafe { read_volatile(addr_of!((*slot).backend_id)) })
+    unsafe { Some((read_volatile(addr_of!((*slot).server.backend_id)), &*addr_of!((*slot).server.backend))) }
 }
 
 /// The QUIC program: sends a short-header packet the balancer handed over to the backend
@@ -121,14 +123,12 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     let quic = QuicLbConfig::from_word(handover.quic);
     let (named, low, high) = match connection_id_backend(ctx, vip_id, &quic, handover.l4.into()) {
         Named::LongHeader => return None,
-        Named::Backend { id, low, high } => (Some(id), low, high),
+        Named::Backend { id, backend, low, high } => (Some((id, backend)), low, high),
         Named::Nothing => (None, 0, 0),
     };
-    // In use by this VIP: the index is written after the ids it names, and an id freed
-    // since may serve another VIP now.
-    let Some((id, backend)) =
-        named.and_then(|id| BACKENDS.get(id).filter(|b| b.state == BACKEND_ACTIVE && b.vip_id == vip_id).map(|b| (id, b)))
-    else {
+    // In use by this VIP, as the slot's copy of its entry says (the loader keeps the copy as
+    // the backend array has it, and takes a backend's ids out before freeing it).
+    let Some((id, backend)) = named.filter(|(_, b)| b.state == BACKEND_ACTIVE && b.vip_id == vip_id) else {
         count(handover, QuicRouting::Fallback);
         return None;
     };
