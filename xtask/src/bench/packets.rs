@@ -418,6 +418,34 @@ impl Lab {
         Ok(per_rep.into_iter().map(median).collect())
     }
 
+    /// Runs `count` frames through the balancer, spread over `cpus` (the k-th of them takes
+    /// frames k, k + cpus, ...), each `template` with `write(n, frame)` applied, and checks
+    /// each was sent (XDP_TX). What live traffic on every receive queue does, at the speed
+    /// all cores give: the bench's own thread is pinned to one of them.
+    pub fn send_on_cpus(&self, cpus: &[usize], count: u32, template: &[u8], write: impl Fn(u32, &mut [u8]) + Sync) -> Result<()> {
+        let program = self.program(Program::Balancer)?;
+        let (ingress, step) = (self.ingress, cpus.len() as u32);
+        let write = &write;
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = (0u32..)
+                .zip(cpus)
+                .map(|(k, &cpu)| {
+                    scope.spawn(move || -> Result<()> {
+                        pin_to(cpu)?;
+                        let (mut frame, mut out) = (template.to_vec(), vec![0; template.len() + HEADROOM_BYTES]);
+                        for n in (k..count).step_by(step as usize) {
+                            write(n, &mut frame);
+                            let run = test_run::run_into(program, &frame, ingress, &mut out).context("BPF_PROG_TEST_RUN")?;
+                            ensure!(run.action == XDP_TX, "frame {n} on CPU {cpu}: action {}", run.action);
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            threads.into_iter().try_for_each(|t| t.join().unwrap_or_else(|_| bail!("a sending thread panicked")))
+        })
+    }
+
     /// Runs `case` `calls` times on each of `cpus` at the same time, against the same maps:
     /// one thread pinned to each CPU, all released together. Each CPU has flows of its own
     /// (as a NIC's receive-side scaling gives it): its own established flow, its own new
