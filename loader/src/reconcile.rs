@@ -578,22 +578,31 @@ impl Reconciler {
             .copied()
             .ok_or(ReconcileError::OutOfIds { what: "backend", limit })?;
         maps.reset_backend_stats(id)?;
-        let (words, family) = to_words(addr);
-        let info = BackendInfo {
-            addr: words,
-            family,
-            state: BACKEND_ACTIVE,
-            generation: self.generations[id as usize],
-            vip_id,
-            encap: encap.data_path(),
-            ..BackendInfo::default()
-        };
+        // A free id takes no new flows yet (`sync_entry` sets that) and has no tunnel of its own.
+        let info = BackendInfo { encap: encap.data_path(), ..self.backend_entry(id, addr, vip_id) };
         maps.set_backend(id, &info)?;
         self.free_ids.remove(&id);
         if encap == Encap::Gue {
             self.gue.insert(id);
         }
         Ok(id)
+    }
+
+    /// Active backend `id`'s entry (`addr`, of VIP `vip_id`) as this reconciler writes it:
+    /// its generation, whether it takes new flows, its tunnel. The server-id slots' copies are
+    /// written from it, without reading the backend array back.
+    fn backend_entry(&self, id: u32, addr: IpAddr, vip_id: u32) -> BackendInfo {
+        let (words, family) = to_words(addr);
+        let encap = if self.gue.contains(&id) { Encap::Gue } else { Encap::Ipip };
+        BackendInfo {
+            addr: words,
+            family,
+            state: BACKEND_ACTIVE,
+            flags: if self.takes_new_flows.contains(&id) { BACKEND_F_NEW_FLOWS } else { 0 },
+            encap: encap.data_path(),
+            generation: self.generations[id as usize],
+            vip_id,
+        }
     }
 
     /// Writes every limits slot that differs from what it holds: the default slot, each VIP's

@@ -19,16 +19,16 @@ impl Reconciler {
             let Some(runtime) = self.vips.get(vip).filter(|_| config.quic.is_some()) else { continue };
             for (addr, server_id) in server_ids(config) {
                 if let Some(&backend_id) = runtime.backends.get(&addr) {
-                    servers.insert(QuicServerKey { vip_id: runtime.id, server_id }, backend_id);
+                    // The entry as this apply left it (its flags or tunnel may have changed).
+                    let server = QuicServer { backend_id, backend: self.backend_entry(backend_id, addr, runtime.id) };
+                    servers.insert(QuicServerKey { vip_id: runtime.id, server_id }, server);
                 }
             }
         }
-        for (key, &backend_id) in &servers {
-            // The entry as the backend array has it now (its flags or tunnel may have changed).
-            let server = QuicServer { backend_id, backend: maps.backend(backend_id)? };
-            if self.quic_servers.get(key) != Some(&server) {
-                maps.set_quic_server(key, &server)?;
-                self.quic_servers.insert(*key, server);
+        for (key, server) in &servers {
+            if self.quic_servers.get(key) != Some(server) {
+                maps.set_quic_server(key, server)?;
+                self.quic_servers.insert(*key, *server);
             }
         }
         let stale: Vec<QuicServerKey> = self.quic_servers.keys().filter(|k| !servers.contains_key(k)).copied().collect();
