@@ -825,6 +825,7 @@ mod flows;
 #[cfg(test)]
 mod health_tests;
 mod sample;
+mod status;
 #[cfg(test)]
 mod tests;
 mod views;
