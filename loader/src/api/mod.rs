@@ -415,7 +415,17 @@ pub struct WatcherStatus {
 /// Route announcements of the VIPs (BGP); `off` until this lbd announces any.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AnnouncementsStatus {
+    /// `off` (no BIRD configured), `announcing` (every VIP address with backends is
+    /// announced normally), `degraded` (some are degraded or withdrawn for a fault, or BIRD
+    /// did not take the last change) or `withdrawn` (none is announced).
     pub state: String,
+    /// Why it is not `announcing`: the faults (`program_detached`, `interface_down`,
+    /// `forwarding_disabled`), `BIRD: ...`, `no_backends`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// VIP addresses per announcement state (`announced`, `degraded`, `withdrawn`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub addresses: BTreeMap<String, usize>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

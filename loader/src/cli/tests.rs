@@ -868,7 +868,11 @@ fn status_fits_one_screen() {
             crate::api::MapUsage { name: "spw_rules".into(), max_entries: 1024, used: None, bytes: None },
         ],
         watcher: crate::api::WatcherStatus { state: "not_loaded".into(), mode: None, summary: None, error: Some("no tracefs".into()) },
-        announcements: crate::api::AnnouncementsStatus { state: "off".into() },
+        announcements: crate::api::AnnouncementsStatus {
+            state: "degraded".into(),
+            reason: Some("program_detached".into()),
+            addresses: [("announced".to_owned(), 1), ("degraded".to_owned(), 1)].into(),
+        },
         alerts: vec!["ALERT: something".into()],
     };
     let text = rendered(&["status"], Reply::Status(Box::new(status.clone())));
@@ -882,7 +886,7 @@ health checks on, zone a
 config        /etc/spillway/spillway.toml: refused on SIGHUP; kept the running state
               error: f:1:1: nope
 port watcher  not_loaded: no tracefs
-announcements off
+announcements degraded (program_detached): 1 announced, 1 degraded
 
 MAP          USED      MAX  USE     MEMORY
 spw_vips        2       64   3%    0.0 MiB
@@ -894,7 +898,11 @@ ALERT: something
     );
     assert!(text.lines().count() < 25);
     let json: serde_json::Value = serde_json::from_str(&rendered(&["status", "-o", "json"], Reply::Status(Box::new(status)))).unwrap();
-    assert_eq!((json["watcher"]["state"].as_str(), json["announcements"]["state"].as_str()), (Some("not_loaded"), Some("off")));
+    assert_eq!((json["watcher"]["state"].as_str(), json["announcements"]["state"].as_str()), (Some("not_loaded"), Some("degraded")));
+    assert_eq!(
+        (json["announcements"]["reason"].as_str(), json["announcements"]["addresses"]["degraded"].as_u64()),
+        (Some("program_detached"), Some(1))
+    );
 }
 
 /// The long help of the subcommand at `path` (e.g. `["vips", "list"]`).

@@ -35,7 +35,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             if let Some(error) = &announced.bird_error {
                 alerts.push(format!("ALERT: BIRD: {error}"));
             }
-            for r in announced.routes.iter().filter(|r| r.state != "announced" && r.reason != "no_backends") {
+            for r in announced.routes.iter().filter(|r| r.is_fault()) {
                 let held = if r.held { ", held by the floor" } else { "" };
                 let peers = r.peers.map_or_else(|| "unknown".to_owned(), |n| n.to_string());
                 alerts.push(format!(
