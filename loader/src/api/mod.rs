@@ -402,7 +402,8 @@ pub struct MapUsage {
 pub struct WatcherStatus {
     /// `loaded` or `not_loaded`.
     pub state: String,
-    /// When loaded: its mode (`btf`, `tracepoint`, `sock_diag`) and what it watches.
+    /// When loaded: its mode (`btf`, `tracepoint`, `sock_diag`); summary: how many parts it
+    /// watches and which it does not (`lbctl ports` says how each is watched).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -531,6 +532,9 @@ pub struct PortsView {
     pub error: Option<String>,
     /// Seconds since the report was taken (agents are polled periodically).
     pub age_s: u64,
+    /// Why the report is older than the last poll: the answers since were ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -565,6 +569,10 @@ pub struct BackendEntry {
     /// Port pressure reported by the backend's agent (`none`, `critical`, `exhausted`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pressure: Option<String>,
+    /// Seconds since the backend's agent stopped answering the balancer's polls (absent
+    /// while it answers): its port pressure is unknown, its health unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_unreachable_s: Option<u64>,
     /// Probes in a row the balancer could not make itself (its own ports or sockets short).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unknown_probes: u32,
@@ -596,6 +604,7 @@ impl BackendEntry {
             latency_ms: None,
             probe_path: None,
             pressure: None,
+            agent_unreachable_s: None,
             unknown_probes: 0,
             kept_in: false,
             drain_deadline_in_s: None,
@@ -642,6 +651,11 @@ pub struct Stats {
     /// would have dropped (those packets were let through and counted under `reasons`).
     #[serde(default)]
     pub observed: Vec<ReasonCount>,
+    /// QUIC VIPs' short headers by how they were placed, in `QuicRouting::ALL` order:
+    /// `quic_by_connection_id`, `quic_fallback` (by the 5-tuple: the connection id did not
+    /// name a backend).
+    #[serde(default)]
+    pub quic: Vec<ReasonCount>,
     /// Loud local problems of the balancer, as in `VipList::alerts`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alerts: Vec<String>,

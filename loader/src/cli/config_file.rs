@@ -91,7 +91,7 @@ JSON output (-o json):
    \"config\":{\"file\":\"/etc/spillway/spillway.toml\",\"last\":\"applied on SIGHUP\"},
    \"vips\":2,\"backends\":6,\"rules\":1,
    \"maps\":[{\"name\":\"spw_flows\",\"max_entries\":1048576,\"used\":1200}, ...],
-   \"watcher\":{\"state\":\"loaded\",\"mode\":\"btf\",\"summary\":\"mode btf; watching ...\"},
+   \"watcher\":{\"state\":\"loaded\",\"mode\":\"btf\",\"summary\":\"mode btf, 6 of 6 parts watched\"},
    \"announcements\":{\"state\":\"announcing\",\"addresses\":{\"announced\":2}},
    \"alerts\":[]}
   attachment is attached, took_over (a running link's program was replaced) or

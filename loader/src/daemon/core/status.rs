@@ -47,7 +47,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             .collect();
         let info = &self.info;
         let watcher = match &info.watcher {
-            Ok(w) => WatcherStatus { state: "loaded".to_owned(), mode: Some(w.mode.to_string()), summary: Some(w.summary()), error: None },
+            Ok(w) => WatcherStatus { state: "loaded".to_owned(), mode: Some(w.mode.to_string()), summary: Some(w.brief()), error: None },
             Err(e) => WatcherStatus { state: "not_loaded".to_owned(), mode: None, summary: None, error: Some(e.clone()) },
         };
         Ok(Status {
