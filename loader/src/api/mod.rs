@@ -421,7 +421,7 @@ pub struct AnnouncementsStatus {
     /// did not take the last change) or `withdrawn` (none is announced).
     pub state: String,
     /// Why it is not `announcing`: the faults (`program_detached`, `interface_down`,
-    /// `forwarding_disabled`), `BIRD: ...`, `no_backends`.
+    /// `forwarding_disabled`), `BIRD: ...` (its error, or `not answering`), `no_backends`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// VIP addresses per announcement state (`announced`, `degraded`, `withdrawn`).

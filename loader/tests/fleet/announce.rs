@@ -28,6 +28,17 @@ fn both_balancers_announce_and_carry_new_flows() {
         assert_eq!((json["state"].as_str(), json["addresses"]["announced"].as_u64()), (Some("announcing"), Some(1)), "{json}");
         assert_eq!(line, "announcing: 1 announced");
     }
+    // lb1's BIRD stops: its route reaches no router, and status says why.
+    let lb1 = fleet.balancer(1);
+    lb1.stop_bird(Signal::SIGTERM).unwrap();
+    fleet
+        .wait_for(Duration::from_secs(5), "lb1's status says BIRD is not answering", || {
+            Ok(support::status_announcements(lb1).0["reason"].as_str().is_some_and(|r| r.starts_with("BIRD: ")))
+        })
+        .unwrap();
+    let (json, line) = support::status_announcements(lb1);
+    assert_eq!(json["state"].as_str(), Some("degraded"), "{json}");
+    assert!(line.starts_with("degraded (BIRD: "), "{line}");
 }
 
 /// The routes of the VIP the router's BIRD has from `name` (its BGP session to it), with

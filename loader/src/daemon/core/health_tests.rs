@@ -273,6 +273,11 @@ fn status_lists_every_alert_and_an_ignored_report_says_why_the_kept_one_is_stale
     assert!(f.status_alerts().contains(&crate::daemon::pressure::LB_PORTS_CRITICAL_ALERT.to_owned()));
     f.core.record_local_ports(Ok(report(0.1, 0)));
     assert!(!f.status_alerts().contains(&crate::daemon::pressure::LB_PORTS_CRITICAL_ALERT.to_owned()));
+    // New flows that found the connection table full: an ALERT for a while after the log.
+    assert!(!f.status_alerts().contains(&super::flows::TABLE_FULL_ALERT.to_owned()));
+    f.core.maps.unremembered_flows = 3;
+    f.core.watch_flow_table();
+    assert!(f.status_alerts().contains(&super::flows::TABLE_FULL_ALERT.to_owned()));
 }
 
 #[test]

@@ -85,7 +85,13 @@ fn announcements_status(announcements: Option<&Announcements>) -> AnnouncementsS
     }
     // Sorted and deduplicated: one reason per fault however many addresses it hits.
     let mut faults: BTreeSet<String> = routes.iter().filter(|r| r.is_fault()).map(|r| r.reason.clone()).collect();
-    faults.extend(announcements.bird_error.as_ref().map(|e| format!("BIRD: {e}")));
+    match &announcements.bird_error {
+        Some(error) => faults.insert(format!("BIRD: {error}")),
+        // Peers are unknown only when this balancer's BIRD did not answer: its routes then
+        // reach no router, whatever the last configuration it took said.
+        None if routes.iter().any(|r| r.peers.is_none()) => faults.insert("BIRD: not answering".to_owned()),
+        None => false,
+    };
     let announced = routes.iter().any(|r| r.state != "withdrawn");
     let state = match (faults.is_empty(), announced) {
         (true, true) => "announcing",
@@ -174,5 +180,7 @@ mod tests {
             expected("withdrawn", Some("no_backends"), &[("withdrawn", 1)])
         );
         assert_eq!(summary(Vec::new(), None), expected("withdrawn", Some("no VIPs"), &[]));
+        let unknown_peers = AnnouncementView { peers: None, ..serving() };
+        assert_eq!(summary(vec![unknown_peers], None), expected("degraded", Some("BIRD: not answering"), &[("announced", 1)]));
     }
 }
