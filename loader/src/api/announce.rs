@@ -25,6 +25,13 @@ pub struct AnnouncementView {
     pub held: bool,
 }
 
+impl AnnouncementView {
+    /// Not announced normally for a fault (having no backends is no fault: nothing to carry).
+    pub fn is_fault(&self) -> bool {
+        self.state != "announced" && self.reason != "no_backends"
+    }
+}
+
 /// Every announcement, and how BIRD took the last change.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Announcements {

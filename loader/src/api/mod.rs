@@ -406,7 +406,8 @@ pub struct MapUsage {
 pub struct WatcherStatus {
     /// `loaded` or `not_loaded`.
     pub state: String,
-    /// When loaded: its mode (`btf`, `tracepoint`, `sock_diag`) and what it watches.
+    /// When loaded: its mode (`btf`, `tracepoint`, `sock_diag`); summary: how many parts it
+    /// watches and which it does not (`lbctl ports` says how each is watched).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -419,7 +420,17 @@ pub struct WatcherStatus {
 /// Route announcements of the VIPs (BGP); `off` until this lbd announces any.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AnnouncementsStatus {
+    /// `off` (no BIRD configured), `announcing` (every VIP address with backends is
+    /// announced normally), `degraded` (some are degraded or withdrawn for a fault, or BIRD
+    /// did not take the last change) or `withdrawn` (none is announced).
     pub state: String,
+    /// Why it is not `announcing`: the faults (`program_detached`, `interface_down`,
+    /// `forwarding_disabled`), `BIRD: ...` (its error, or `not answering`), `no_backends`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// VIP addresses per announcement state (`announced`, `degraded`, `withdrawn`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub addresses: BTreeMap<String, usize>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -525,6 +536,9 @@ pub struct PortsView {
     pub error: Option<String>,
     /// Seconds since the report was taken (agents are polled periodically).
     pub age_s: u64,
+    /// Why the report is older than the last poll: the answers since were ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -559,6 +573,10 @@ pub struct BackendEntry {
     /// Port pressure reported by the backend's agent (`none`, `critical`, `exhausted`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pressure: Option<String>,
+    /// Seconds since the backend's agent stopped answering the balancer's polls (absent
+    /// while it answers): its port pressure is unknown, its health unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_unreachable_s: Option<u64>,
     /// Probes in a row the balancer could not make itself (its own ports or sockets short).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unknown_probes: u32,
@@ -590,6 +608,7 @@ impl BackendEntry {
             latency_ms: None,
             probe_path: None,
             pressure: None,
+            agent_unreachable_s: None,
             unknown_probes: 0,
             kept_in: false,
             drain_deadline_in_s: None,
@@ -636,6 +655,11 @@ pub struct Stats {
     /// would have dropped (those packets were let through and counted under `reasons`).
     #[serde(default)]
     pub observed: Vec<ReasonCount>,
+    /// QUIC VIPs' short headers by how they were placed, in `QuicRouting::ALL` order:
+    /// `quic_by_connection_id`, `quic_fallback` (by the 5-tuple: the connection id did not
+    /// name a backend).
+    #[serde(default)]
+    pub quic: Vec<ReasonCount>,
     /// Loud local problems of the balancer, as in `VipList::alerts`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alerts: Vec<String>,

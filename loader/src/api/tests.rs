@@ -111,13 +111,15 @@ fn responses_have_stable_names() {
                 }],
                 reasons: vec![ReasonCount { reason: "tx".into(), packets: 2 }],
                 observed: vec![ReasonCount { reason: "would_drop_vip_budget".into(), packets: 1 }],
+                quic: vec![ReasonCount { reason: "quic_fallback".into(), packets: 3 }],
                 alerts: vec![],
             })),
             json!({"ok": {"type": "stats",
                           "vips": [{"vip": "10.0.0.1:80/tcp", "packets": 2, "bytes": 200,
                                     "backends": [{"address": "10.0.1.1", "packets": 2, "bytes": 200}]}],
                           "reasons": [{"reason": "tx", "packets": 2}],
-                          "observed": [{"reason": "would_drop_vip_budget", "packets": 1}]}}),
+                          "observed": [{"reason": "would_drop_vip_budget", "packets": 1}],
+                          "quic": [{"reason": "quic_fallback", "packets": 3}]}}),
         ),
         (
             Response::Error(ApiError { kind: ErrorKind::Invalid, message: "unknown VIP 10.0.0.1:80/tcp".into() }),
@@ -305,6 +307,6 @@ fn limit_and_rule_replies_have_stable_names() {
     let old = json!({"type": "stats", "vips": [], "reasons": []});
     assert_eq!(
         serde_json::from_value::<Reply>(old).unwrap(),
-        Reply::Stats(Stats { vips: vec![], reasons: vec![], observed: vec![], alerts: vec![] })
+        Reply::Stats(Stats { vips: vec![], reasons: vec![], observed: vec![], quic: vec![], alerts: vec![] })
     );
 }

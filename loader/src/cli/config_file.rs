@@ -11,10 +11,10 @@ use clap::Args;
 
 use super::{
     CliError,
-    table::{Align, Table},
+    table::{Align, Table, printable},
 };
 use crate::{
-    api::{Applied, Started, Status},
+    api::{AnnouncementsStatus, Applied, Started, Status},
     config::{self, MAX_CONFIG_BYTES},
 };
 
@@ -95,13 +95,20 @@ JSON output (-o json):
    \"config\":{\"file\":\"/etc/spillway/spillway.toml\",\"last\":\"applied on SIGHUP\"},
    \"vips\":2,\"backends\":6,\"rules\":1,
    \"maps\":[{\"name\":\"spw_flows\",\"max_entries\":1048576,\"used\":1200}, ...],
-   \"watcher\":{\"state\":\"loaded\",\"mode\":\"btf\",\"summary\":\"mode btf; watching ...\"},
-   \"announcements\":{\"state\":\"off\"},\"alerts\":[]}
+   \"watcher\":{\"state\":\"loaded\",\"mode\":\"btf\",\"summary\":\"mode btf, 6 of 6 parts watched\"},
+   \"announcements\":{\"state\":\"announcing\",\"addresses\":{\"announced\":2}},
+   \"alerts\":[]}
   attachment is attached, took_over (a running link's program was replaced) or
   reattached. config is absent without --config; its error says why it was last
   refused. used is absent for maps of counters (the connection table's count is at
   most 15 s old); bytes is the kernel's memory accounting of the map. watcher.state
-  is loaded (with its mode: btf, tracepoint or sock_diag) or not_loaded (with error).";
+  is loaded (with its mode: btf, tracepoint or sock_diag) or not_loaded (with error).
+  announcements.state is off (no BIRD configured), announcing (every VIP address
+  with backends announced normally), degraded (some degraded or withdrawn for a
+  fault, or BIRD did not take the last change) or withdrawn (none announced); reason
+  says why (program_detached, interface_down, forwarding_disabled, BIRD: ...,
+  no_backends); addresses counts VIP addresses per state (lbctl vips list has each).
+  alerts lists every ALERT of lbd (also shown by vips list, backends list, stats).";
 
 #[derive(Debug, Args)]
 pub struct FileArg {
@@ -207,6 +214,19 @@ pub fn applied_text(applied: &Applied) -> String {
 pub(super) const MAP_COLUMNS: &[(&str, Align)] =
     &[("MAP", Align::Left), ("USED", Align::Right), ("MAX", Align::Right), ("USE", Align::Right), ("MEMORY", Align::Right)];
 
+/// `degraded (program_detached): 1 announced, 1 degraded`.
+fn announcements_text(a: &AnnouncementsStatus) -> String {
+    let mut text = a.state.clone();
+    if let Some(reason) = &a.reason {
+        text.push_str(&format!(" ({})", printable(reason)));
+    }
+    if !a.addresses.is_empty() {
+        let counts: Vec<String> = a.addresses.iter().map(|(state, n)| format!("{n} {state}")).collect();
+        text.push_str(&format!(": {}", counts.join(", ")));
+    }
+    text
+}
+
 pub fn status_text(status: &Status) -> String {
     let uptime = {
         let s = status.uptime_s;
@@ -237,7 +257,7 @@ pub fn status_text(status: &Status) -> String {
         (None, None) => w.state.clone(),
     };
     line("port watcher", watcher);
-    line("announcements", status.announcements.state.clone());
+    line("announcements", announcements_text(&status.announcements));
     let mut maps = Table::new(MAP_COLUMNS);
     for m in &status.maps {
         let share = m.used.filter(|_| m.max_entries > 0).map(|u| format!("{:.0}%", u as f64 * 100.0 / f64::from(m.max_entries)));

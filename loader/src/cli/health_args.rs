@@ -56,8 +56,10 @@ Examples:
 Ephemeral-port use per destination (local address, remote address and port,
 protocol) against the host's ip_local_port_range, connect() failures for want
 of a port by process, and processes leaving sockets in CLOSE_WAIT (leak
-suspects). Agents are polled every 2 s; age_s says how old the report is. Exit
-status 1 when there is no report for the host (the reason is printed).
+suspects). Agents are polled every 2 s; age_s says how old the report is; stale
+says why a backend's report is older than the last poll (its answers since were
+ignored, e.g. for a report key mismatch). Exit status 1 when there is no report
+for the host (the reason is printed).
 
 Destinations (first table):
   PROTO      tcp or udp

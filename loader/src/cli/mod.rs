@@ -160,7 +160,9 @@ Columns:
   PORTS       port pressure its agent reports: none, critical (ports nearly
               used up: weight reduced) or exhausted (connects failing for want
               of a port: no new flows, within the ejection cap); - without a
-              report
+              report; agent unreachable when its agent stopped answering the
+              polls (pressure unknown, health unchanged; an ALERT if it
+              answered this lbd before)
   FOR_S       seconds in its health state
   SERVER_ID   QUIC VIPs only: the server id its connection ids carry (hex)
   REASON      why it is in that state: added, consecutive_failures,
@@ -216,15 +218,20 @@ Tables and columns:
                                  counted under one
   OBSERVED, PACKETS              what observe-mode limits and rules would have
                                  dropped (forwarded, counted in REASON too)
+  QUIC, PACKETS                  QUIC VIPs' short headers: quic_by_connection_id
+                                 (to the backend their connection id names) or
+                                 quic_fallback (the id named none: by 5-tuple)
 
 JSON output (-o json):
   {\"vips\":[{\"vip\":\"10.0.0.1:80/tcp\",\"packets\":10,\"bytes\":1500,
              \"backends\":[{\"address\":\"10.0.1.1\",\"packets\":10,\"bytes\":1500}]}],
-   \"reasons\":[{\"reason\":\"tx\",\"packets\":10}, ...]}
+   \"reasons\":[{\"reason\":\"tx\",\"packets\":10}, ...], \"observed\":[...],
+   \"quic\":[{\"reason\":\"quic_fallback\",\"packets\":4}, ...]}
   reasons lists every verdict of the balancer, each packet counted under one.
   observed counts what limits and rules in observe mode would have dropped
   (would_drop_source_limit, would_drop_rule_block, would_drop_rule_limit,
-  would_drop_vip_budget); those packets went through and are counted in reasons.";
+  would_drop_vip_budget); those packets went through and are counted in reasons.
+  quic counts QUIC short headers as the QUIC table does.";
 
 const RATELIMIT_HELP: &str = "\
 Examples:

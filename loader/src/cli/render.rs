@@ -179,6 +179,9 @@ pub(super) const STATS_REASON_COLUMNS: &[(&str, Align)] = &[("REASON", Align::Le
 /// `lbctl stats`: what observe mode would drop.
 pub(super) const STATS_OBSERVED_COLUMNS: &[(&str, Align)] = &[("OBSERVED", Align::Left), ("PACKETS", Align::Right)];
 
+/// `lbctl stats`: how QUIC short headers were placed.
+pub(super) const STATS_QUIC_COLUMNS: &[(&str, Align)] = &[("QUIC", Align::Left), ("PACKETS", Align::Right)];
+
 /// `lbctl ratelimit list`.
 pub(super) const RATE_LIMIT_COLUMNS: &[(&str, Align)] =
     &[("SCOPE", Align::Left), ("PER_SOURCE", Align::Left), ("SOURCE_PREFIX", Align::Left), ("BUDGET", Align::Left)];
@@ -214,8 +217,12 @@ fn stats_tables(stats: &Stats) -> String {
     for o in &stats.observed {
         observed.row(vec![o.reason.clone(), o.packets.to_string()]);
     }
+    let mut quic = Table::new(STATS_QUIC_COLUMNS);
+    for q in &stats.quic {
+        quic.row(vec![q.reason.clone(), q.packets.to_string()]);
+    }
     let alerts: String = stats.alerts.iter().map(|a| format!("{a}\n")).collect();
-    alerts + &[vips.render(), backends.render(), reasons.render(), observed.render()].join("\n")
+    alerts + &[vips.render(), backends.render(), reasons.render(), observed.render(), quic.render()].join("\n")
 }
 
 /// `100/s burst 200`, then ` observe` and ` (default)` when they apply.

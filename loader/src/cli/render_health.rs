@@ -2,7 +2,7 @@
 
 use super::table::{Align, Table, printable};
 use crate::{
-    api::{BackendList, PortsView, VipHealthView, VipList, announce::AnnouncementView},
+    api::{BackendEntry, BackendList, PortsView, VipHealthView, VipList, announce::AnnouncementView},
     ports::PortsReport,
 };
 
@@ -174,7 +174,7 @@ pub fn backends_table(list: &BackendList) -> String {
             b.options.zone.clone().unwrap_or_else(dash),
             b.encap.to_string(),
             b.latency_ms.map_or_else(dash, latency),
-            b.pressure.clone().unwrap_or_else(dash),
+            ports_cell(b),
             b.state_for_s.map_or_else(dash, |s| s.to_string()),
         ];
         if quic {
@@ -186,10 +186,22 @@ pub fn backends_table(list: &BackendList) -> String {
     with_alerts(&list.alerts, t.render())
 }
 
+/// The agent's port pressure, or that the agent does not answer (its pressure is then
+/// unknown, whatever was last reported).
+fn ports_cell(b: &BackendEntry) -> String {
+    match b.agent_unreachable_s {
+        Some(_) => "agent unreachable".to_owned(),
+        None => b.pressure.clone().unwrap_or_else(dash),
+    }
+}
+
 pub fn ports_tables(view: &PortsView) -> String {
     let mut out = format!("host {} (report {} s old)\n", printable(&view.host), view.age_s);
     if let Some(error) = &view.error {
         out.push_str(&format!("no report: {}\n", printable(error)));
+    }
+    if let Some(stale) = &view.stale {
+        out.push_str(&format!("stale: {}\n", printable(stale)));
     }
     if let Some(report) = &view.report {
         out.push_str(&report_tables(report));

@@ -162,6 +162,10 @@ fn sample_stats() -> Stats {
         }],
         reasons: vec![ReasonCount { reason: "tx".into(), packets: 12 }, ReasonCount { reason: "pass_not_vip".into(), packets: 3 }],
         observed: vec![ReasonCount { reason: "would_drop_source_limit".into(), packets: 4 }],
+        quic: vec![
+            ReasonCount { reason: "quic_by_connection_id".into(), packets: 20 },
+            ReasonCount { reason: "quic_fallback".into(), packets: 2 },
+        ],
         alerts: vec![],
     }
 }
@@ -221,8 +225,21 @@ fn tables() {
         "VIP              PACKETS  BYTES\n10.0.0.1:80/tcp       12   3400\n\n\
          VIP              BACKEND   PACKETS  BYTES\n10.0.0.1:80/tcp  10.0.1.1       12   3400\n\n\
          REASON        PACKETS\ntx                 12\npass_not_vip        3\n\n\
-         OBSERVED                 PACKETS\nwould_drop_source_limit        4\n"
+         OBSERVED                 PACKETS\nwould_drop_source_limit        4\n\n\
+         QUIC                   PACKETS\nquic_by_connection_id       20\nquic_fallback                2\n"
     );
+    // An agent that stopped answering is in the PORTS column, whatever it reported last.
+    let unreachable = BackendList {
+        vip: vip("10.0.0.1:80/tcp"),
+        backends: vec![BackendEntry {
+            pressure: Some("none".to_owned()),
+            agent_unreachable_s: Some(6),
+            ..BackendEntry::configured(ip("10.0.1.1"), 100)
+        }],
+        alerts: vec![],
+    };
+    let out = rendered(&["backends", "list", "--vip", "10.0.0.1:80/tcp"], Reply::Backends(unreachable));
+    assert!(out.lines().nth(1).is_some_and(|row| row.contains("  agent unreachable  ")), "{out}");
 }
 
 #[test]
@@ -236,6 +253,7 @@ fn json_output_has_the_documented_fields() {
                       "backends": [{"address": "10.0.1.1", "packets": 12, "bytes": 3400}]}],
             "reasons": [{"reason": "tx", "packets": 12}, {"reason": "pass_not_vip", "packets": 3}],
             "observed": [{"reason": "would_drop_source_limit", "packets": 4}],
+            "quic": [{"reason": "quic_by_connection_id", "packets": 20}, {"reason": "quic_fallback", "packets": 2}],
         })
     );
     let list = BackendList { vip: vip("10.0.0.1:80/tcp"), backends: vec![BackendEntry::configured(ip("10.0.1.1"), 0)], alerts: vec![] };
@@ -718,8 +736,8 @@ fn ports_show_destinations_failures_and_leak_suspects() {
             refused: vec![],
         }),
     };
-    let view = crate::api::PortsView { host: "10.0.1.1".into(), report: Some(report), error: None, age_s: 1 };
-    let out = rendered(&["ports", "--host", "10.0.1.1"], Reply::Ports(Box::new(view)));
+    let view = crate::api::PortsView { host: "10.0.1.1".into(), report: Some(report), error: None, age_s: 1, stale: None };
+    let out = rendered(&["ports", "--host", "10.0.1.1"], Reply::Ports(Box::new(view.clone())));
     let watcher = "watcher mode tracepoint; watching with: tcp ports (tracepoint/sock/inet_sock_set_state); \
                    not watched: bind/udp connect failures (no syscall tracepoints)\n";
     assert!(out.starts_with(&format!("host 10.0.1.1 (report 1 s old)\n{watcher}level critical\n")), "{out}");
@@ -728,7 +746,16 @@ fn ports_show_destinations_failures_and_leak_suspects() {
     }
     // Process names come from the host's processes: none reaches the terminal as a control.
     assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
-    let hostile = crate::api::PortsView { host: "10.0.1.2".into(), report: None, error: Some("bad\x1b[2Jreply".into()), age_s: 0 };
+    // A report kept while later answers are ignored says why it is old.
+    let stale =
+        crate::api::PortsView { age_s: 42, stale: Some("last good report 42 s ago; since then: answers ignored, x".into()), ..view };
+    let out = rendered(&["ports", "--host", "10.0.1.1"], Reply::Ports(Box::new(stale)));
+    assert!(
+        out.starts_with("host 10.0.1.1 (report 42 s old)\nstale: last good report 42 s ago; since then: answers ignored, x\n"),
+        "{out}"
+    );
+    let hostile =
+        crate::api::PortsView { host: "10.0.1.2".into(), report: None, error: Some("bad\x1b[2Jreply".into()), age_s: 0, stale: None };
     let out = rendered(&["ports", "--host", "10.0.1.2"], Reply::Ports(Box::new(hostile.clone())));
     assert!(out.contains("no report: bad\\x1b[2Jreply"), "{out}");
     // No report is no success: scripts see it in the exit status.
@@ -880,7 +907,11 @@ fn status_fits_one_screen() {
             crate::api::MapUsage { name: "spw_rules".into(), max_entries: 1024, used: None, bytes: None },
         ],
         watcher: crate::api::WatcherStatus { state: "not_loaded".into(), mode: None, summary: None, error: Some("no tracefs".into()) },
-        announcements: crate::api::AnnouncementsStatus { state: "off".into() },
+        announcements: crate::api::AnnouncementsStatus {
+            state: "degraded".into(),
+            reason: Some("program_detached".into()),
+            addresses: [("announced".to_owned(), 1), ("degraded".to_owned(), 1)].into(),
+        },
         alerts: vec!["ALERT: something".into()],
     };
     let text = rendered(&["status"], Reply::Status(Box::new(status.clone())));
@@ -894,7 +925,7 @@ health checks on, zone a
 config        /etc/spillway/spillway.toml: refused on SIGHUP; kept the running state
               error: f:1:1: nope
 port watcher  not_loaded: no tracefs
-announcements off
+announcements degraded (program_detached): 1 announced, 1 degraded
 
 MAP          USED      MAX  USE     MEMORY
 spw_vips        2       64   3%    0.0 MiB
@@ -906,7 +937,11 @@ ALERT: something
     );
     assert!(text.lines().count() < 25);
     let json: serde_json::Value = serde_json::from_str(&rendered(&["status", "-o", "json"], Reply::Status(Box::new(status)))).unwrap();
-    assert_eq!((json["watcher"]["state"].as_str(), json["announcements"]["state"].as_str()), (Some("not_loaded"), Some("off")));
+    assert_eq!((json["watcher"]["state"].as_str(), json["announcements"]["state"].as_str()), (Some("not_loaded"), Some("degraded")));
+    assert_eq!(
+        (json["announcements"]["reason"].as_str(), json["announcements"]["addresses"]["degraded"].as_u64()),
+        (Some("program_detached"), Some(1))
+    );
 }
 
 /// The long help of the subcommand at `path` (e.g. `["vips", "list"]`).
@@ -928,7 +963,7 @@ fn every_table_column_and_state_is_named_in_its_commands_help() {
         (&["vips", "list"], &[VIPS_COLUMNS]),
         (&["backends", "list"], &[BACKENDS_COLUMNS]),
         (&["ports"], &[DESTINATION_COLUMNS, FAILURE_COLUMNS, LEAK_COLUMNS]),
-        (&["stats"], &[STATS_VIP_COLUMNS, STATS_BACKEND_COLUMNS, STATS_REASON_COLUMNS, STATS_OBSERVED_COLUMNS]),
+        (&["stats"], &[STATS_VIP_COLUMNS, STATS_BACKEND_COLUMNS, STATS_REASON_COLUMNS, STATS_OBSERVED_COLUMNS, STATS_QUIC_COLUMNS]),
         (&["ratelimit", "list"], &[RATE_LIMIT_COLUMNS]),
         (&["rules", "list"], &[RULE_COLUMNS]),
         (&["top-sources"], &[TOP_SOURCE_COLUMNS]),

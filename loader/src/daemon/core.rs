@@ -469,9 +469,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// Records an agent's report, and the pressure it means for the backend.
     pub fn record_agent_ports(&mut self, backend: IpAddr, poll: AgentPoll) -> Result<(), CoreError> {
         self.telemetry.agent_polled(poll.outcome());
-        let report = match poll {
-            AgentPoll::Report(report) => Ok(*report),
-            AgentPoll::Failed(error) => Err(error),
+        let stopped_since = self.ports.stopped_agent(backend).map(|u| u.since);
+        let pressure = match poll {
+            AgentPoll::Report(report) => Some(self.ports.record_agent(backend, Ok(*report))),
+            AgentPoll::Failed(error) => Some(self.ports.record_agent(backend, Err(error))),
             // Whoever answered may be anyone: the backend's pressure stays as it was.
             AgentPoll::Unauthenticated(why) => {
                 if self.ports.record_rejected(backend, why.clone()) {
@@ -483,11 +484,30 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                         message = "ALERT: a port report that is not the agent's was ignored"
                     );
                 }
-                return Ok(());
+                None
             }
         };
-        let pressure = self.ports.record_agent(backend, report);
-        self.set_pressure(backend, pressure)
+        self.log_stopped_agent(backend, stopped_since);
+        match pressure {
+            Some(pressure) => self.set_pressure(backend, pressure),
+            None => Ok(()),
+        }
+    }
+
+    /// Logs once when `backend`'s agent, which answered before, stops answering, and once
+    /// when it answers again (`stopped_since`: it was stopped before this poll, since then).
+    fn log_stopped_agent(&self, backend: IpAddr, stopped_since: Option<Instant>) {
+        match (stopped_since, self.ports.stopped_agent(backend)) {
+            (None, Some(now)) => event!(
+                warn,
+                "agent_unreachable",
+                backend = backend,
+                error = now.error,
+                message = "ALERT: a backend's agent stopped answering: its port pressure is unknown; its health is unchanged"
+            ),
+            (Some(since), None) => event!(info, "agent_unreachable_cleared", backend = backend, after_s = since.elapsed().as_secs()),
+            _ => {}
+        }
     }
 
     fn ports(&self, host: Option<IpAddr>) -> PortsView {
@@ -835,6 +855,7 @@ mod flows;
 #[cfg(test)]
 mod health_tests;
 mod sample;
+mod status;
 #[cfg(test)]
 mod tests;
 mod views;

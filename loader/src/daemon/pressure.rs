@@ -36,6 +36,8 @@ pub const POLL: Duration = Duration::from_secs(2);
 const AGENT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Agents polled at once.
 const MAX_POLLS_IN_FLIGHT: usize = 16;
+/// Logged (and repeated) while the balancer's own ports are critical, an alert meanwhile.
+pub const LB_PORTS_CRITICAL_ALERT: &str = "ALERT: this balancer's own ephemeral ports are at the critical threshold (see lbctl ports)";
 /// How often a lasting alert about the balancer's own ports is logged again.
 const ALERT_REPEAT: Duration = Duration::from_secs(60);
 
@@ -76,6 +78,28 @@ struct Entry {
     report: Result<PortsReport, String>,
 }
 
+/// Failed polls in a row after which an agent counts as unreachable: one poll lost to a
+/// busy host is no outage.
+pub const UNREACHABLE_AFTER_POLLS: u32 = 2;
+
+/// An agent whose polls fail.
+#[derive(Clone, Debug)]
+pub struct Unreachable {
+    /// When its first failed poll in a row began.
+    pub since: Instant,
+    pub failed_polls: u32,
+    /// Its last poll's error.
+    pub error: String,
+    /// It answered this `lbd` before: it stopped, rather than never ran.
+    pub answered_before: bool,
+}
+
+impl Unreachable {
+    pub fn counts(&self) -> bool {
+        self.failed_polls >= UNREACHABLE_AFTER_POLLS
+    }
+}
+
 /// The latest report of every host.
 #[derive(Default)]
 pub struct PortsBook {
@@ -83,11 +107,18 @@ pub struct PortsBook {
     agents: BTreeMap<IpAddr, Entry>,
     /// Why each agent's last unauthenticated answer was ignored, until an authentic one.
     rejected: BTreeMap<IpAddr, String>,
+    /// Agents whose last polls failed, until one answers.
+    unreachable: BTreeMap<IpAddr, Unreachable>,
 }
 
 impl PortsBook {
     pub fn record_local(&mut self, report: Result<PortsReport, String>) {
         self.local = Some(Entry { at: Instant::now(), report });
+    }
+
+    /// The balancer's own ports are at the critical threshold.
+    pub fn local_critical(&self) -> bool {
+        self.local.as_ref().is_some_and(|e| e.report.as_ref().is_ok_and(|r| r.level() == Level::Critical))
     }
 
     /// Keeps `report` and returns the backend's pressure. An agent that cannot be reached
@@ -97,9 +128,21 @@ impl PortsBook {
         let pressure = match &report {
             Ok(r) => {
                 self.rejected.remove(&backend);
+                self.unreachable.remove(&backend);
                 classify(previous, r)
             }
-            Err(_) => Pressure::None,
+            Err(error) => {
+                let answered_before = previous.is_some();
+                let failing = self.unreachable.entry(backend).or_insert_with(|| Unreachable {
+                    since: Instant::now(),
+                    failed_polls: 0,
+                    error: String::new(),
+                    answered_before,
+                });
+                failing.failed_polls += 1;
+                failing.error.clone_from(error);
+                Pressure::None
+            }
         };
         self.agents.insert(backend, Entry { at: Instant::now(), report });
         pressure
@@ -108,6 +151,8 @@ impl PortsBook {
     /// Notes that `backend`'s answer was ignored (`why`); the report kept and the pressure
     /// are unchanged. True when this is news (not the reason already noted).
     pub fn record_rejected(&mut self, backend: IpAddr, why: String) -> bool {
+        // Something answers: the ignored answer's ALERT says more than "unreachable".
+        self.unreachable.remove(&backend);
         self.rejected.insert(backend, why.clone()).as_ref() != Some(&why)
     }
 
@@ -116,10 +161,26 @@ impl PortsBook {
         self.rejected.iter()
     }
 
+    /// `backend`'s agent, when it has failed [`UNREACHABLE_AFTER_POLLS`] polls in a row.
+    pub fn unreachable(&self, backend: IpAddr) -> Option<&Unreachable> {
+        self.unreachable.get(&backend).filter(|u| u.counts())
+    }
+
+    /// `backend`'s agent, when it answered this `lbd` before and has stopped: an ALERT.
+    pub fn stopped_agent(&self, backend: IpAddr) -> Option<&Unreachable> {
+        self.unreachable(backend).filter(|u| u.answered_before)
+    }
+
+    /// Every agent that answered this `lbd` before and has stopped.
+    pub fn stopped_agents(&self) -> impl Iterator<Item = (&IpAddr, &Unreachable)> {
+        self.unreachable.iter().filter(|(_, u)| u.counts() && u.answered_before)
+    }
+
     /// Forgets hosts that are no longer backends.
     pub fn retain(&mut self, backends: &BTreeSet<IpAddr>) {
         self.agents.retain(|addr, _| backends.contains(addr));
         self.rejected.retain(|addr, _| backends.contains(addr));
+        self.unreachable.retain(|addr, _| backends.contains(addr));
     }
 
     pub fn view(&self, host: Option<IpAddr>) -> PortsView {
@@ -136,12 +197,18 @@ impl PortsBook {
                     Some(_) => "not a backend of any VIP, or not polled yet".to_owned(),
                 }),
                 age_s: 0,
+                stale: None,
             },
             Some(Entry { at, report }) => PortsView {
                 host: name,
                 report: report.as_ref().ok().cloned(),
                 error: report.as_ref().err().cloned(),
                 age_s: at.elapsed().as_secs(),
+                // The report kept is the last authentic one; later answers were ignored.
+                stale: host
+                    .and_then(|addr| self.rejected.get(&addr))
+                    .filter(|_| report.is_ok())
+                    .map(|why| format!("last good report {} s ago; since then: answers ignored, {why}", at.elapsed().as_secs())),
             },
         }
     }
@@ -187,11 +254,7 @@ where
         match (critical, lb_critical_logged) {
             (true, Some(at)) if at.elapsed() < ALERT_REPEAT => {}
             (true, _) => {
-                event!(
-                    warn,
-                    "lb_ports_critical",
-                    message = "ALERT: this balancer's own ephemeral ports are at the critical threshold (see lbctl ports)"
-                );
+                event!(warn, "lb_ports_critical", message = LB_PORTS_CRITICAL_ALERT);
                 lb_critical_logged = Some(Instant::now());
             }
             (false, Some(_)) => {

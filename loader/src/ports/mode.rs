@@ -141,6 +141,18 @@ impl WatcherStatus {
         self.watching.iter().any(|p| p.what == what)
     }
 
+    /// `mode btf, 6 of 6 parts watched`, or `… (not: tcp ports, …)`: `lbctl status`'s line
+    /// (the summary, with how each part is watched, is `lbctl ports`').
+    pub fn brief(&self) -> String {
+        let total = self.watching.len() + self.not_watched.len();
+        let mut line = format!("mode {}, {} of {total} parts watched", self.mode, self.watching.len());
+        if !self.not_watched.is_empty() {
+            let missing: Vec<&str> = self.not_watched.iter().map(|p| p.what.as_str()).collect();
+            line.push_str(&format!(" (not: {})", missing.join(", ")));
+        }
+        line
+    }
+
     /// `watching with: …; not watched: …`, the line `lbctl ports` and the log show.
     pub fn summary(&self) -> String {
         let list = |parts: &[Part]| parts.iter().map(|p| format!("{} ({})", p.what, p.how)).collect::<Vec<_>>().join(", ");
@@ -199,6 +211,7 @@ mod tests {
         status.watch(parts::TCP_PORTS, "sock_diag");
         status.skip(parts::CONNECT_FAILURES, "needs BPF");
         assert_eq!(status.summary(), "mode sock_diag; watching with: tcp ports (sock_diag); not watched: tcp connect failures (needs BPF)");
+        assert_eq!(status.brief(), "mode sock_diag, 1 of 2 parts watched (not: tcp connect failures)");
         assert!(status.watches(parts::TCP_PORTS) && !status.watches(parts::CONNECT_FAILURES));
         let json = serde_json::to_value(&status).unwrap();
         assert_eq!(json["mode"], "sock_diag");

@@ -49,6 +49,9 @@ fn a_table_full_of_spoofed_handshakes_sheds_no_connection_and_is_an_alert() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(alert.contains("ALERT") && alert.contains("max_flows=4"), "{alert}");
+    let status = c.lbctl_json(&["status"]).unwrap();
+    let alerts = status["alerts"].as_array().map(|a| a.iter().filter_map(|s| s.as_str()).collect::<Vec<_>>()).unwrap_or_default();
+    assert!(alerts.iter().any(|a| a.starts_with("ALERT: the connection table was full")), "lbctl status has the ALERT: {status}");
     // lbd's default metrics listener.
     let addr: SocketAddr = "127.0.0.1:9476".parse().unwrap();
     let (_, body) = c.topo.lb().in_netns(|| spillway_harness::http_get(addr, "/metrics", Duration::from_secs(2))).unwrap();

@@ -23,7 +23,22 @@ fn both_balancers_announce_and_carry_new_flows() {
         println!("{}: {packets} packets of {}", b.name(), echo_vip());
         assert!(packets > 0, "{} carried no flow", b.name());
         assert_eq!(support::announcement(b), "announced");
+        // Both VIPs share one address: one host route.
+        let (json, line) = support::status_announcements(b);
+        assert_eq!((json["state"].as_str(), json["addresses"]["announced"].as_u64()), (Some("announcing"), Some(1)), "{json}");
+        assert_eq!(line, "announcing: 1 announced");
     }
+    // lb1's BIRD stops: its route reaches no router, and status says why.
+    let lb1 = fleet.balancer(1);
+    lb1.stop_bird(Signal::SIGTERM).unwrap();
+    fleet
+        .wait_for(Duration::from_secs(5), "lb1's status says BIRD is not answering", || {
+            Ok(support::status_announcements(lb1).0["reason"].as_str().is_some_and(|r| r.starts_with("BIRD: ")))
+        })
+        .unwrap();
+    let (json, line) = support::status_announcements(lb1);
+    assert_eq!(json["state"].as_str(), Some("degraded"), "{json}");
+    assert!(line.starts_with("degraded (BIRD: "), "{line}");
 }
 
 /// The routes of the VIP the router's BIRD has from `name` (its BGP session to it), with
@@ -95,6 +110,9 @@ fn withdrawals_follow_the_data_path_never_load_nor_lbd_and_never_pass_the_floor(
     assert!(log.contains("event=withdraw prefix=10.100.0.1/32 reason=program_detached from=degraded peers=1 floor=1"), "{log}");
     assert_eq!(metric(lb1, r#"spillway_announcement_state{prefix="10.100.0.1/32",state="withdrawn"}"#), Some(1.0));
     assert!(lb1.lbctl(&["vips", "list"]).unwrap().starts_with("ALERT: 10.100.0.1/32 is withdrawn (program_detached"));
+    let (json, line) = support::status_announcements(lb1);
+    assert_eq!((json["state"].as_str(), json["reason"].as_str()), (Some("withdrawn"), Some("program_detached")), "{json}");
+    assert_eq!(line, "withdrawn (program_detached): 1 withdrawn");
 
     // lb2 detached too: no other balancer announces normally, so neither leaves: lb2 stays
     // (degraded, held by the floor) and lb1 comes back degraded; the VIP is never unrouted.
@@ -108,6 +126,9 @@ fn withdrawals_follow_the_data_path_never_load_nor_lbd_and_never_pass_the_floor(
     assert_eq!((a["state"].as_str(), a["held"].as_bool(), a["peers"].as_u64()), (Some("degraded"), Some(true), Some(0)), "{a}");
     assert!(lb2.lbd_log().contains("event=withdraw_held prefix=10.100.0.1/32 reason=program_detached peers=0 floor=1"));
     assert_eq!(support::announcement(lb1), "degraded");
+    let (json, line) = support::status_announcements(lb2);
+    assert_eq!((json["state"].as_str(), json["reason"].as_str()), (Some("degraded"), Some("program_detached")), "{json}");
+    assert_eq!(line, "degraded (program_detached): 1 degraded");
     wait_for_next_hops(&fleet, &[lb1, lb2], Duration::from_secs(5));
 
     // Repaired (a restarted lbd attaches again): announced normally, preferred again.

@@ -99,6 +99,14 @@ pub fn announcement(balancer: &Balancer) -> String {
     vip_json(balancer, &echo_vip())["announcement"]["state"].as_str().unwrap_or("none").to_owned()
 }
 
+/// `balancer`'s announcements as `lbctl status` sums them up, and its text line.
+pub fn status_announcements(balancer: &Balancer) -> (Value, String) {
+    let json = balancer.lbctl_json(&["status"]).unwrap()["announcements"].clone();
+    let text = balancer.lbctl(&["status"]).unwrap();
+    let line = text.lines().find_map(|l| l.strip_prefix("announcements")).unwrap_or_else(|| panic!("no announcements line in {text}"));
+    (json, line.trim().to_owned())
+}
+
 /// Packets of `vip` `balancer` has seen (`lbctl stats`).
 pub fn vip_packets(balancer: &Balancer, vip: &str) -> u64 {
     let stats = balancer.lbctl_json(&["stats"]).unwrap();

@@ -32,6 +32,10 @@ use crate::{
 
 const NS_PER_S: u64 = 1_000_000_000;
 
+/// Logged when new flows found the connection table full, and an alert for a minute after.
+pub(super) const TABLE_FULL_ALERT: &str = "ALERT: the connection table was full where new flows hash: they went to their Maglev \
+     backend without an entry (raise --max-flows, or look for a flood: ARCHITECTURE.md, \"What holding entries costs\")";
+
 /// The connection table and the limit state, as the flow answers read them; implemented by
 /// the real maps and, in tests, a fake.
 pub trait FlowTable {
@@ -337,8 +341,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             "flow_table_full",
             unremembered = unremembered - alert.reported,
             max_flows = self.maps.flow_capacity(),
-            message = "ALERT: the connection table was full where new flows hash: they went to their Maglev backend without an entry \
-                       (raise --max-flows, or look for a flood: ARCHITECTURE.md, \"What holding entries costs\")"
+            message = TABLE_FULL_ALERT
         );
         *alert = TableFullAlert { reported: unremembered, at: Some(std::time::Instant::now()) };
     }

@@ -60,6 +60,14 @@ impl Fixture {
         }
     }
 
+    /// The alerts `lbctl status` shows.
+    fn status_alerts(&mut self) -> Vec<String> {
+        match self.ok(Request::Status) {
+            Reply::Status(status) => status.alerts,
+            other => panic!("{other:?}"),
+        }
+    }
+
     fn effective(&mut self) -> BTreeMap<IpAddr, u32> {
         self.backends().into_iter().map(|b| (b.address, b.effective_weight.unwrap())).collect()
     }
@@ -208,6 +216,68 @@ fn port_pressure_from_an_agent_cuts_only_that_backends_weight() {
         f.core.record_agent_ports(ip("10.0.0.2"), AgentPoll::Failed("connection refused".into())).unwrap();
         assert_eq!(weights(&mut f), [100, 100, 100]);
     }
+}
+
+#[test]
+fn a_stopped_agent_is_shown_and_alerted_until_it_answers_and_health_is_untouched() {
+    let mut f = Fixture::new(None);
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.add("10.0.0.1", None, None);
+    f.add("10.0.0.2", None, None);
+    let b2 = ip("10.0.0.2");
+    let failed = || AgentPoll::Failed("connecting to 10.0.0.2:9477: connection refused".into());
+    let stopped = |alerts: &[String]| alerts.iter().any(|a| a.starts_with("ALERT: 10.0.0.2's agent has not answered for"));
+    // Never heard from: shown, no ALERT (it may never have run: lbd --agent-port 0 is how
+    // a fleet without agents says so).
+    f.core.record_agent_ports(b2, failed()).unwrap();
+    f.core.record_agent_ports(b2, failed()).unwrap();
+    assert!(f.backends()[1].agent_unreachable_s.is_some());
+    assert!(!stopped(&f.status_alerts()));
+
+    f.core.record_agent_ports(b2, AgentPoll::Report(Box::new(report(0.1, 0)))).unwrap();
+    assert_eq!(f.backends()[1].agent_unreachable_s, None);
+    let healthy = f.backends();
+    // One lost poll is no outage; two in a row are.
+    f.core.record_agent_ports(b2, failed()).unwrap();
+    assert!(f.backends()[1].agent_unreachable_s.is_none() && !stopped(&f.status_alerts()));
+    f.core.record_agent_ports(b2, failed()).unwrap();
+    let alerts = f.status_alerts();
+    assert!(stopped(&alerts) && alerts.iter().any(|a| a.contains("connection refused")), "{alerts:?}");
+    assert!(stopped(&f.backend_alerts()));
+    let now = f.backends();
+    assert!(now[1].agent_unreachable_s.is_some() && now[0].agent_unreachable_s.is_none());
+    for (before, after) in healthy.iter().zip(&now) {
+        assert_eq!((&before.health, before.effective_weight), (&after.health, after.effective_weight), "health unchanged");
+    }
+    f.core.record_agent_ports(b2, AgentPoll::Report(Box::new(report(0.1, 0)))).unwrap();
+    assert!(!stopped(&f.status_alerts()) && f.backends()[1].agent_unreachable_s.is_none());
+}
+
+#[test]
+fn status_lists_every_alert_and_an_ignored_report_says_why_the_kept_one_is_stale() {
+    let mut f = Fixture::new(None);
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.add("10.0.0.1", None, None);
+    let b1 = ip("10.0.0.1");
+    f.core.record_agent_ports(b1, AgentPoll::Report(Box::new(report(0.1, 0)))).unwrap();
+    let Reply::Ports(view) = f.ok(Request::Ports { host: Some(b1) }) else { panic!("not a ports view") };
+    assert_eq!(view.stale, None);
+    f.core.record_agent_ports(b1, AgentPoll::Unauthenticated("its signature does not hold".into())).unwrap();
+    let alerts = f.status_alerts();
+    assert!(alerts.iter().any(|a| a.starts_with("ALERT: the port report from 10.0.0.1's agent was ignored")), "{alerts:?}");
+    let Reply::Ports(view) = f.ok(Request::Ports { host: Some(b1) }) else { panic!("not a ports view") };
+    assert!(view.report.is_some());
+    assert_eq!(view.stale.as_deref(), Some("last good report 0 s ago; since then: answers ignored, its signature does not hold"));
+    // The balancer's own ports at the critical threshold: an ALERT while it lasts.
+    f.core.record_local_ports(Ok(report(0.95, 0)));
+    assert!(f.status_alerts().contains(&crate::daemon::pressure::LB_PORTS_CRITICAL_ALERT.to_owned()));
+    f.core.record_local_ports(Ok(report(0.1, 0)));
+    assert!(!f.status_alerts().contains(&crate::daemon::pressure::LB_PORTS_CRITICAL_ALERT.to_owned()));
+    // New flows that found the connection table full: an ALERT for a while after the log.
+    assert!(!f.status_alerts().contains(&super::flows::TABLE_FULL_ALERT.to_owned()));
+    f.core.maps.unremembered_flows = 3;
+    f.core.watch_flow_table();
+    assert!(f.status_alerts().contains(&super::flows::TABLE_FULL_ALERT.to_owned()));
 }
 
 #[test]

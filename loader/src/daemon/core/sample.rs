@@ -85,13 +85,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             maps,
             daemon: self.telemetry.sample(alert),
             second_chance_packets: self.maps.second_chance_packets().map_err(CoreError::Counters)?,
-            quic: self
-                .maps
-                .quic_routing()
-                .map_err(CoreError::Counters)?
-                .into_iter()
-                .map(|(r, packets)| crate::api::ReasonCount { reason: r.label().to_owned(), packets })
-                .collect(),
+            quic: stats.quic,
             announcements: self.announcements.clone(),
         })
     }

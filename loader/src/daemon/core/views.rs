@@ -13,7 +13,11 @@ use crate::{
         BackendEntry, BackendList, BackendStats, BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, ReasonCount, RuleActionKind,
         RuleEntry, RuleList, ScopeLimits, SourceEntry, Stats, TopSourceList, VipEntry, VipHealthView, VipLimits, VipList, VipStats,
     },
-    daemon::checks::{Checks, LocalCause, probe_path},
+    daemon::{
+        checks::{Checks, LocalCause, probe_path},
+        pressure::LB_PORTS_CRITICAL_ALERT,
+        telemetry::TABLE_FULL_REPEAT,
+    },
     dataplane::DataplaneError,
     health::{BackendHealth, Reason, State},
     model::{Cidr, LimitConfig, ModelError, RuleAction, Vip, server_ids},
@@ -22,6 +26,9 @@ use crate::{
 };
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
+    /// Every ALERT in force, from every source: `status`, `vips list`, `backends list` and
+    /// `stats` all show the same list (the probe-socket and tunnel ones come before the
+    /// per-agent ones, which can last much longer).
     pub(super) fn alerts(&self) -> Vec<String> {
         let mut alerts = Vec::new();
         if let Some(sysctls) = &self.forwarding_off {
@@ -35,7 +42,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             if let Some(error) = &announced.bird_error {
                 alerts.push(format!("ALERT: BIRD: {error}"));
             }
-            for r in announced.routes.iter().filter(|r| r.state != "announced" && r.reason != "no_backends") {
+            for r in announced.routes.iter().filter(|r| r.is_fault()) {
                 let held = if r.held { ", held by the floor" } else { "" };
                 let peers = r.peers.map_or_else(|| "unknown".to_owned(), |n| n.to_string());
                 alerts.push(format!(
@@ -50,21 +57,35 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         alerts.extend(self.ports.rejected().map(|(backend, why)| {
             format!("ALERT: the port report from {backend}'s agent was ignored: {why}; its port pressure is unchanged")
         }));
-        let Some(checks) = self.health.as_ref() else { return alerts };
-        let now_ms = checks.now_ms();
-        alerts.extend(checks.local_alerts().iter().map(|(cause, alert)| {
-            let (probes, for_s) = (alert.unknown_probes, now_ms.saturating_sub(alert.since_ms) / 1000);
-            match cause {
-                LocalCause::Sockets => format!(
-                    "ALERT: this balancer cannot open probe sockets ({probes} probes in {for_s} s): its own ephemeral ports, \
-                     sockets or memory are short; backends keep their states (see lbctl ports)"
-                ),
-                LocalCause::VipPath(why) => format!(
-                    "ALERT: this balancer cannot probe through the tunnel ({probes} probes in {for_s} s): {why}; backends keep \
-                     their states"
-                ),
-            }
+        if let Some(checks) = self.health.as_ref() {
+            let now_ms = checks.now_ms();
+            alerts.extend(checks.local_alerts().iter().map(|(cause, alert)| {
+                let (probes, for_s) = (alert.unknown_probes, now_ms.saturating_sub(alert.since_ms) / 1000);
+                match cause {
+                    LocalCause::Sockets => format!(
+                        "ALERT: this balancer cannot open probe sockets ({probes} probes in {for_s} s): its own ephemeral ports, \
+                         sockets or memory are short; backends keep their states (see lbctl ports)"
+                    ),
+                    LocalCause::VipPath(why) => format!(
+                        "ALERT: this balancer cannot probe through the tunnel ({probes} probes in {for_s} s): {why}; backends keep \
+                         their states"
+                    ),
+                }
+            }));
+        }
+        alerts.extend(self.ports.stopped_agents().map(|(backend, u)| {
+            format!(
+                "ALERT: {backend}'s agent has not answered for {} s ({}): its port pressure is unknown; its health is unchanged",
+                u.since.elapsed().as_secs(),
+                u.error
+            )
         }));
+        if self.ports.local_critical() {
+            alerts.push(LB_PORTS_CRITICAL_ALERT.to_owned());
+        }
+        if self.telemetry.table_full.at.is_some_and(|at| at.elapsed() < TABLE_FULL_REPEAT) {
+            alerts.push(super::flows::TABLE_FULL_ALERT.to_owned());
+        }
         alerts
     }
 
@@ -137,6 +158,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     latency_ms: h.and_then(|h| h.latency_ewma_us).map(|us| us as f64 / 1000.0),
                     probe_path: h.map(|_| probe_path(config, b)),
                     pressure: h.map(|h| h.pressure.as_str().to_owned()),
+                    agent_unreachable_s: self.ports.unreachable(*address).map(|u| u.since.elapsed().as_secs()),
                     unknown_probes: h.map_or(0, |h| h.consecutive_unknown),
                     kept_in: h.is_some_and(|h| h.kept_in),
                     drain_deadline_in_s: b.drain_deadline_unix_ms.map(|d| d.saturating_sub(now_unix_ms).div_ceil(1000)),
@@ -167,7 +189,9 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             self.maps.reasons()?.into_iter().map(|(reason, packets)| ReasonCount { reason: reason.label().to_owned(), packets }).collect();
         let observed =
             self.maps.observed()?.into_iter().map(|(o, packets)| ReasonCount { reason: o.label().to_owned(), packets }).collect();
-        Ok(Stats { vips, reasons, observed, alerts: self.alerts() })
+        let quic =
+            self.maps.quic_routing()?.into_iter().map(|(r, packets)| ReasonCount { reason: r.label().to_owned(), packets }).collect();
+        Ok(Stats { vips, reasons, observed, quic, alerts: self.alerts() })
     }
 
     pub(super) fn rate_limits(&self) -> RateLimitList {
