@@ -38,6 +38,7 @@ mod process;
 pub mod promql;
 mod raw;
 pub mod rps;
+pub mod snippets;
 pub mod soak;
 mod stream;
 mod topology;
