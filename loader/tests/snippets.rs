@@ -61,8 +61,8 @@ fn every_fence_is_marked_and_every_command_parses() {
     let all = snippets();
     assert!(all.iter().any(|s| s.kind == Kind::Shell) && all.iter().any(|s| s.kind == Kind::SpillwayToml), "no snippets found");
     let mut commands = 0;
-    for snippet in all.iter().filter(|s| matches!(s.kind, Kind::Shell | Kind::Transcript)) {
-        if snippet.kind == Kind::Shell {
+    for snippet in all.iter().filter(|s| matches!(s.kind, Kind::Shell | Kind::ShellInNetns | Kind::Transcript)) {
+        if snippet.kind != Kind::Transcript {
             let out = Command::new("bash").arg("-n").arg("-c").arg(&snippet.text).output().unwrap();
             assert!(out.status.success(), "{}: bash -n: {}\n{}", snippet.place, text_of(&out), snippet.text);
         }
@@ -72,6 +72,16 @@ fn every_fence_is_marked_and_every_command_parses() {
         }
     }
     assert!(commands > 30, "only {commands} lbd/lbctl commands found in the shell snippets");
+}
+
+#[test]
+fn network_settings_snippets_run_on_a_balancer_in_a_namespace() {
+    let hosts = SnippetHosts::create().unwrap();
+    let snippets = of_kind(&Kind::ShellInNetns);
+    assert!(!snippets.is_empty(), "no shell-netns snippet found");
+    for snippet in snippets {
+        hosts.run_shell(&snippet.text).unwrap_or_else(|e| panic!("{}: {e:#}\n{}", snippet.place, snippet.text));
+    }
 }
 
 #[test]

@@ -34,6 +34,9 @@ use crate::topology::{TempDir, next_id};
 pub enum Kind {
     /// Shell commands: `bash -n`, and every `lbd` and `lbctl` command parsed by the real CLI.
     Shell,
+    /// Shell commands for a host's network settings (`sysctl -w`, `ip`): checked as
+    /// [`Kind::Shell`], and run in the balancer's namespace of [`SnippetHosts`].
+    ShellInNetns,
     /// A terminal session: its `$ ` lines are commands, parsed like [`Kind::Shell`]'s.
     Transcript,
     /// A `spillway.toml` (or part of one): `lbd check -f` on a host with `eth0`.
@@ -59,6 +62,7 @@ impl Kind {
         let mut words = marker.split_whitespace();
         let kind = match (words.next(), words.next()) {
             (Some("shell"), None) => Kind::Shell,
+            (Some("shell-netns"), None) => Kind::ShellInNetns,
             (Some("transcript"), None) => Kind::Transcript,
             (Some("spillway-toml"), None) => Kind::SpillwayToml,
             (Some("agent-toml"), None) => Kind::AgentToml,
@@ -69,7 +73,7 @@ impl Kind {
             (Some("output"), None) => Kind::Output,
             (Some("rust"), None) => Kind::Rust,
             _ => bail!(
-                "unknown snippet kind {marker:?}: shell, transcript, spillway-toml, agent-toml, bird-balancer, bird-router, \
+                "unknown snippet kind {marker:?}: shell, shell-netns, transcript, spillway-toml, agent-toml, bird-balancer, bird-router, \
                  systemd-drop-in UNIT.service, prometheus, output or rust"
             ),
         };
@@ -253,6 +257,12 @@ impl SnippetHosts {
 
     pub fn balancer(&self) -> &Netns {
         &self.balancer
+    }
+
+    /// Runs `script` with `bash -eu -o pipefail` in the balancer's namespace (its network
+    /// settings are the namespace's own); fails with its output unless it succeeds.
+    pub fn run_shell(&self, script: &str) -> Result<()> {
+        self.balancer.run(&["bash", "-eu", "-o", "pipefail", "-c", script]).map(drop)
     }
 
     /// A directory for the snippets' files; removed on drop.
