@@ -12,7 +12,10 @@ use std::{
 
 use clap::{CommandFactory, Parser};
 use spillway::{cli::Cli, daemon::args::LbdArgs};
-use spillway_harness::snippets::{BALANCER4, BALANCER6, Kind, Snippet, SnippetHosts, extract, invocations};
+use spillway_harness::{
+    TempDir,
+    snippets::{BALANCER4, BALANCER6, Kind, Snippet, SnippetHosts, extract, invocations},
+};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -88,7 +91,7 @@ fn network_settings_snippets_run_on_a_balancer_in_a_namespace() {
 fn prometheus_snippets_pass_promtool() {
     let dir = tempdir("prometheus");
     for (i, snippet) in of_kind(&Kind::Prometheus).iter().enumerate() {
-        let file = dir.0.join(format!("prometheus-{i}.yml"));
+        let file = dir.path().join(format!("prometheus-{i}.yml"));
         fs::write(&file, &snippet.text).unwrap();
         let out = Command::new("promtool").args(["check", "config"]).arg(&file).output().unwrap();
         assert!(out.status.success(), "{}: promtool check config: {}", snippet.place, text_of(&out));
@@ -199,18 +202,19 @@ fn systemd_drop_ins_verify_with_their_units() {
         let bin_dir = Path::new(env!("CARGO_BIN_EXE_lbd")).parent().unwrap().display().to_string();
         let shipped =
             fs::read_to_string(repo().join("deploy/systemd").join(unit)).unwrap_or_else(|e| panic!("{}: {unit}: {e}", snippet.place));
-        let filled = shipped.replace("@BINDIR@", &bin_dir).replace("@SYSCONFDIR@", &dir.0.display().to_string());
-        fs::write(dir.0.join(unit), filled).unwrap();
-        fs::create_dir(dir.0.join(format!("{unit}.d"))).unwrap();
-        fs::write(dir.0.join(format!("{unit}.d/snippet.conf")), &snippet.text).unwrap();
+        let filled = shipped.replace("@BINDIR@", &bin_dir).replace("@SYSCONFDIR@", &dir.path().display().to_string());
+        fs::write(dir.path().join(unit), filled).unwrap();
+        fs::create_dir(dir.path().join(format!("{unit}.d"))).unwrap();
+        fs::write(dir.path().join(format!("{unit}.d/snippet.conf")), &snippet.text).unwrap();
         // The unit's Documentation= pages, where man finds them.
-        let man8 = dir.0.join("man/man8");
+        let man8 = dir.path().join("man/man8");
         fs::create_dir_all(&man8).unwrap();
         for bin in [env!("CARGO_BIN_EXE_lbd"), env!("CARGO_BIN_EXE_lbctl")] {
             let out = Command::new(bin).args(["man", "--dir"]).arg(&man8).output().unwrap();
             assert!(out.status.success(), "{bin} man: {}", text_of(&out));
         }
-        let verify = Command::new("systemd-analyze").arg("verify").arg(dir.0.join(unit)).env("MANPATH", dir.0.join("man")).output();
+        let verify =
+            Command::new("systemd-analyze").arg("verify").arg(dir.path().join(unit)).env("MANPATH", dir.path().join("man")).output();
         let out = verify.unwrap();
         assert!(out.status.success() && text_of(&out).is_empty(), "{}: systemd-analyze verify: {}", snippet.place, text_of(&out));
         // Every lbd variable it sets is one lbd reads.
@@ -221,17 +225,7 @@ fn systemd_drop_ins_verify_with_their_units() {
     }
 }
 
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
+/// A directory of this test's (`spw-<pid>-...`, so a killed run's is swept), removed on drop.
 fn tempdir(label: &str) -> TempDir {
-    let path = std::env::temp_dir().join(format!("spw-{}-snippets-{label}", std::process::id()));
-    let _ = fs::remove_dir_all(&path);
-    fs::create_dir_all(&path).unwrap();
-    TempDir(path)
+    TempDir::create(std::env::temp_dir().join(format!("spw-{}-snippets-{label}", std::process::id()))).unwrap()
 }

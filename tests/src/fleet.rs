@@ -647,7 +647,7 @@ pub fn birdc(socket: &Path, command: &str) -> Result<String> {
 }
 
 /// Debian's bird2 installs it in /usr/sbin; setup (`./x`) installs the package.
-fn bird_binary() -> Result<PathBuf> {
+pub(crate) fn bird_binary() -> Result<PathBuf> {
     ["/usr/sbin/bird", "/usr/bin/bird"]
         .iter()
         .map(PathBuf::from)

@@ -15,7 +15,7 @@
 //! host with `eth0` for `lbd check`, a router and a balancer running BIRD).
 
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 
 use crate::cleanup::sweep_stale;
-use crate::fleet::{birdc, start_bird};
+use crate::fleet::{bird_binary, birdc, start_bird};
 use crate::lbctl::START_TIMEOUT;
 use crate::netns::Netns;
 use crate::process::{Daemon, Registry};
@@ -275,7 +275,7 @@ impl SnippetHosts {
     pub fn bird_parses(&self, name: &str, config: &str) -> Result<()> {
         let file = self.tempdir().join(name);
         std::fs::write(&file, config).with_context(|| format!("writing {}", file.display()))?;
-        let out = Command::new(bird_path()?).arg("-p").arg("-c").arg(&file).output().context("running bird -p")?;
+        let out = Command::new(bird_binary()?).arg("-p").arg("-c").arg(&file).output().context("running bird -p")?;
         let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         ensure!(out.status.success() && said.trim().is_empty(), "bird -p -c {}: {said}", file.display());
         Ok(())
@@ -311,10 +311,6 @@ impl Drop for SnippetHosts {
     fn drop(&mut self) {
         self.registry.stop_all();
     }
-}
-
-fn bird_path() -> Result<PathBuf> {
-    ["/usr/sbin/bird", "/usr/bin/bird"].iter().map(PathBuf::from).find(|p| p.is_file()).context("BIRD 2 is not installed (bird2)")
 }
 
 #[cfg(test)]
