@@ -65,11 +65,8 @@ pub enum CheckError {
 pub fn check(path: &Path) -> Result<Checked, CheckError> {
     let doc = Document::read(path)?;
     let agent_only = doc.is_agent_only();
-    let agent_iface = match doc.agent() {
-        Some(_) => Some(check_agent(path, &doc, agent_only)?),
-        None => None,
-    };
-    let balancer = if agent_only { None } else { Some(check_balancer(path, &doc)?) };
+    let balancer = (!agent_only).then(|| check_balancer(path, &doc)).transpose()?;
+    let agent_iface = doc.agent().map(|_| check_agent(path, &doc, agent_only)).transpose()?;
     Ok(Checked { balancer, agent_iface })
 }
 
