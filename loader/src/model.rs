@@ -345,13 +345,11 @@ impl DesiredState {
         for (vip, config) in &mut self.vips {
             for (addr, backend) in config.backends.iter_mut().filter(|(_, b)| b.weight > 0 && b.started_at_unix_ms.is_none()) {
                 let serving_before = before.vips.get(vip).and_then(|c| c.backends.get(addr)).filter(|b| b.weight > 0);
-                match serving_before {
-                    Some(old) => backend.started_at_unix_ms = old.started_at_unix_ms,
-                    None => {
-                        backend.started_at_unix_ms = Some(now_unix_ms);
-                        stamped.push((*vip, *addr, now_unix_ms));
-                    }
-                }
+                // A kept start is reported too: written into the file, it makes the file
+                // whole, so the next balancer given it has nothing to add.
+                let start = serving_before.map_or(Some(now_unix_ms), |old| old.started_at_unix_ms);
+                backend.started_at_unix_ms = start;
+                stamped.extend(start.map(|at| (*vip, *addr, at)));
             }
         }
         stamped
@@ -977,13 +975,13 @@ mod tests {
         before.add_backend(&v, ip("10.0.1.3"), 100).unwrap();
         before.drain_backend(&v, ip("10.0.1.3"), None).unwrap();
         // A file that declares no starts: .1 and .2 keep theirs (none, 5), the undrained .3 and
-        // the new .4 start now.
+        // the new .4 start now. The kept start is reported too, so the file gets it written.
         let mut next = before.clone();
         next.vips.get_mut(&v).unwrap().backends.values_mut().for_each(|b| b.started_at_unix_ms = None);
         next.set_weight(&v, ip("10.0.1.3"), 100).unwrap();
         next.add_backend(&v, ip("10.0.1.4"), 100).unwrap();
         let stamped = next.stamp_starts(&before, 1000);
-        assert_eq!(stamped, [(v, ip("10.0.1.3"), 1000), (v, ip("10.0.1.4"), 1000)]);
+        assert_eq!(stamped, [(v, ip("10.0.1.2"), 5), (v, ip("10.0.1.3"), 1000), (v, ip("10.0.1.4"), 1000)]);
         let starts: Vec<Option<u64>> = next.vips[&v].backends.values().map(|b| b.started_at_unix_ms).collect();
         assert_eq!(starts, [None, Some(5), Some(1000), Some(1000)]);
         // Draining forgets it; a drained backend with one is refused.

@@ -58,18 +58,35 @@ pub trait Store {
     fn save_config_mark(&mut self, mark: &ConfigMark) -> Result<(), StoreError>;
 }
 
-/// The `--config` file and a hash of the desired state it declared when `lbd` last applied
-/// it: at the next start the file is applied again only if what it declares changed, so
-/// `lbctl` edits made since survive restarts, and comments or `[lbd]` edits do not count.
+/// The `--config` file and a hash of the desired state it declared when `lbd` last took it
+/// in (at start, on SIGHUP, or through `lbctl apply -f` of a file declaring the same): at
+/// the next start or SIGHUP the file is applied again only if what it declares changed since,
+/// so `lbctl` edits made meanwhile are kept. Comments, `[lbd]` edits and the `started_at`
+/// lines `lbctl apply` writes into the file do not count as changes.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ConfigMark {
     pub file: PathBuf,
-    /// FNV-1a (64 bits) of the state's JSON: BTreeMaps make that serialization canonical.
+    /// FNV-1a (64 bits) of the state's JSON without backends' starts: BTreeMaps make that
+    /// serialization canonical.
     pub state_fnv1a64: String,
 }
 
 impl ConfigMark {
     pub fn of(file: &Path, state: &DesiredState) -> Self {
+        let mut declared = state.clone();
+        for backend in declared.vips.values_mut().flat_map(|c| c.backends.values_mut()) {
+            backend.started_at_unix_ms = None;
+        }
+        Self::hashed(file, &declared)
+    }
+
+    /// Whether `state`, declared by `file`, is what this mark recorded. Marks written before
+    /// starts were left out hashed the state as declared: those still match an unchanged file.
+    pub fn matches(&self, file: &Path, state: &DesiredState) -> bool {
+        *self == Self::of(file, state) || *self == Self::hashed(file, state)
+    }
+
+    fn hashed(file: &Path, state: &DesiredState) -> Self {
         let json = serde_json::to_vec(state).unwrap_or_default();
         let hash = json.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
         Self { file: file.to_owned(), state_fnv1a64: format!("{hash:016x}") }
@@ -237,6 +254,21 @@ mod tests {
         assert_eq!(store.load_config_mark(), Some(mark));
         fs::write(tmp.path().join(CONFIG_MARK_FILE), "{").unwrap();
         assert_eq!(store.load_config_mark(), None);
+    }
+
+    #[test]
+    fn a_mark_ignores_starts_and_a_mark_from_before_that_still_matches() {
+        let file = Path::new("/etc/spillway/spillway.toml");
+        let mut started = sample();
+        let (vip, backend) = ("10.0.0.1:80/tcp".parse().unwrap(), "10.0.1.1".parse().unwrap());
+        started.vips.get_mut(&vip).unwrap().backends.get_mut(&backend).unwrap().started_at_unix_ms = Some(5);
+        let mark = ConfigMark::of(file, &sample());
+        assert_eq!(ConfigMark::of(file, &started), mark);
+        assert!(mark.matches(file, &started));
+        // Written before starts were left out: the state hashed as declared.
+        let legacy = ConfigMark::hashed(file, &started);
+        assert_ne!(legacy, mark);
+        assert!(legacy.matches(file, &started) && !legacy.matches(file, &DesiredState::default()));
     }
 
     #[test]

@@ -185,7 +185,8 @@ pub enum Request {
     },
     /// Makes the desired state the one a configuration file declares, as one change: all of
     /// it or, on any error, none of it. `dry_run` only checks it and says what would change.
-    /// Removing a VIP that still has backends is refused unless `allow_vip_removal`.
+    /// Removing a VIP that still has backends is refused unless `allow_vip_removal`, and
+    /// removing a backend that still serves (not drained first) unless `allow_backend_removal`.
     Apply {
         /// The file's text (at most `config::MAX_CONFIG_BYTES`).
         config: String,
@@ -195,6 +196,8 @@ pub enum Request {
         dry_run: bool,
         #[serde(default)]
         allow_vip_removal: bool,
+        #[serde(default)]
+        allow_backend_removal: bool,
     },
     /// The running desired state (and `lbd`'s settings) as a configuration file.
     Export,
@@ -331,7 +334,8 @@ pub struct Applied {
     pub started: Vec<Started>,
 }
 
-/// A backend's start (`started_at`) as `lbd` gave it.
+/// The start (`started_at`) of a serving backend the applied file declared none for: given
+/// now, or the one it already had.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Started {
     pub vip: Vip,

@@ -29,15 +29,18 @@ example spillway.toml: deploy/spillway.toml in the source tree, installed in
 <prefix>/share/doc/spillway/, and as /etc/spillway/spillway.toml when there was none).
 It is applied as one change: all of it, or on any error none of it. A bad file is refused
 whole with its line, column and field. Removing a VIP that still has backends is refused
-unless --allow-vip-removal. Settings of [lbd] take effect when lbd starts: those that
-differ from the running ones are reported. lbctl edits made later are kept until the
-file is applied again.
+unless --allow-vip-removal; removing a backend that still serves (not drained first)
+unless --allow-backend-removal. Settings of [lbd] take effect when lbd starts: those that
+differ from the running ones are reported. lbctl edits made later are kept until a file
+is applied again: when lbd's own --config file declares what this file declared, lbd
+takes it as applied, and restarts and reloads keep the edits until that file changes.
 
-A backend that starts serving with the file (new to this lbd, or no longer drained) and
-has no started_at gets one, the time lbd applied it, and lbctl writes it into the file
-(a line after its address; nothing else changes): its slow start runs from that time on
-the wall clock, so every balancer given the file ramps it alike. A backend that serves
-already keeps its start.
+A serving backend without started_at in the file gets one, and lbctl writes it into
+the file (a line after its address; nothing else changes): the time lbd applied it for a
+backend that starts serving with the file (new to this lbd, or no longer drained), the
+start it already had for one that serves already. Its slow start runs from that time on
+the wall clock, so every balancer given the file ramps it alike, and the file, once
+applied, has its starts: it does not change again on the next balancer.
 
 Output: one line per VIP, backend, rule or default limits added (+), removed (-) or
 changed (~). JSON output (-o json):
@@ -47,7 +50,7 @@ changed (~). JSON output (-o json):
    \"notes\":[],\"slots_written\":2017,\"tables_flipped\":1}
   item is default_limits, vip, backend or rule (with \"rule\":\"CIDR[@VIP]\"); a field
   without from (to) was not set before (after). \"started\" (when any) lists the starts
-  given: [{\"vip\":...,\"backend\":...,\"started_at_unix_ms\":N}].";
+  filled in: [{\"vip\":...,\"backend\":...,\"started_at_unix_ms\":N}].";
 
 pub const DIFF_HELP: &str = "\
 Examples:
@@ -56,7 +59,8 @@ Examples:
 
 Checks the file as lbctl apply would and prints what applying it would change; changes
 nothing. A change apply would refuse as it is (removing a VIP that still has backends,
-without --allow-vip-removal) is shown marked (refused: why). Settings of [lbd] that
+without --allow-vip-removal, or a backend that still serves, without
+--allow-backend-removal) is shown marked (refused: why). Settings of [lbd] that
 differ from the running ones are differences too: they take effect at the next start
 of lbd. To check a file without a running lbd: lbd check -f FILE.
 

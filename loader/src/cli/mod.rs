@@ -461,6 +461,10 @@ pub struct ApplyArgs {
     /// report as apply would with it.
     #[arg(long)]
     pub allow_vip_removal: bool,
+    /// Also remove backends that still serve (not drained first: their connections break);
+    /// with diff, report as apply would with it.
+    #[arg(long)]
+    pub allow_backend_removal: bool,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -881,7 +885,13 @@ impl Command {
             },
             Command::Apply(args) | Command::Diff(args) => {
                 let (config, source) = args.file.read()?;
-                Request::Apply { config, source, dry_run: matches!(self, Command::Diff(_)), allow_vip_removal: args.allow_vip_removal }
+                Request::Apply {
+                    config,
+                    source,
+                    dry_run: matches!(self, Command::Diff(_)),
+                    allow_vip_removal: args.allow_vip_removal,
+                    allow_backend_removal: args.allow_backend_removal,
+                }
             }
             Command::Export => Request::Export,
             Command::Status(_) => Request::Status,

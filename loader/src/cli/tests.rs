@@ -744,11 +744,23 @@ fn apply_and_diff_send_the_file_and_status_and_export_ask() {
     let file = path.to_str().unwrap();
     assert_eq!(
         request(&["apply", "-f", file]),
-        Request::Apply { config: "vips = []\n".into(), source: file.into(), dry_run: false, allow_vip_removal: false }
+        Request::Apply {
+            config: "vips = []\n".into(),
+            source: file.into(),
+            dry_run: false,
+            allow_vip_removal: false,
+            allow_backend_removal: false
+        }
     );
     assert_eq!(
         request(&["diff", "--file", file, "--allow-vip-removal", "-o", "json"]),
-        Request::Apply { config: "vips = []\n".into(), source: file.into(), dry_run: true, allow_vip_removal: true }
+        Request::Apply {
+            config: "vips = []\n".into(),
+            source: file.into(),
+            dry_run: true,
+            allow_vip_removal: true,
+            allow_backend_removal: false
+        }
     );
     assert_eq!(request(&["export"]), Request::Export);
     assert_eq!(request(&["status", "-o", "json"]), Request::Status);

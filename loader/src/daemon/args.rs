@@ -36,9 +36,9 @@ Examples:
 
 With --config, the file's [lbd] settings are options too (a command-line option wins),
 and its VIPs, backends, limits and rules are the desired state: on the first start, and
-later whenever what the file declares changed (else the persisted state, lbctl edits
-included, is kept). SIGHUP re-applies the file like lbctl apply. Every field is described
-in the example spillway.toml.
+later, at a start or on SIGHUP, whenever what the file declares changed since lbd last
+took it in (else the persisted state, lbctl edits included, is kept: the newest
+declaration wins). Every field is described in the example spillway.toml.
 
 lbd keeps forwarding after it exits: the XDP link and the maps stay pinned under
 --pin-dir, and the next lbd takes them over without a gap. Control it with lbctl.";
@@ -120,7 +120,7 @@ pub struct DaemonArgs {
     #[arg(long, conflicts_with_all = ["iface", "config"])]
     pub cleanup: bool,
     /// Configuration file: [lbd] settings and the desired state (see the example
-    /// spillway.toml); re-applied on SIGHUP.
+    /// spillway.toml); applied again at a start or on SIGHUP once what it declares changed.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// XDP attach mode (a taken-over link keeps the mode it was created with).

@@ -132,6 +132,11 @@ pub enum CoreError {
          or apply with --allow-vip-removal"
     )]
     VipRemoval { file: String, vips: String },
+    #[error(
+        "{file}: removes backend {backends}, which still serves and whose connections would break; drain it first \
+         (lbctl backends drain, or weight = 0 in the file), or apply with --allow-backend-removal"
+    )]
+    BackendRemoval { file: String, backends: String },
     #[error(transparent)]
     Host(#[from] HostError),
     #[error(
@@ -161,6 +166,7 @@ impl CoreError {
             | Self::BadFlow { .. }
             | Self::Config(_)
             | Self::VipRemoval { .. }
+            | Self::BackendRemoval { .. }
             | Self::Host(_)
             | Self::VipInUse { .. }
             | Self::LastActiveBackend { .. } => ErrorKind::Invalid,
@@ -192,6 +198,8 @@ pub struct Core<M, S> {
     announcements: Option<Announcements>,
     /// See [`Reconciler::set_second_chance_settle`]; kept for rebuilt reconcilers.
     second_chance_settle: Option<std::time::Duration>,
+    /// `None` without `--config`.
+    own_config: Option<apply::OwnConfig>,
 }
 
 /// A change to apply: its operation (the metrics' `op` label) and its log line.
@@ -267,6 +275,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             info: DaemonInfo::default(),
             announcements: None,
             second_chance_settle: None,
+            own_config: None,
         };
         Ok((core, report))
     }
@@ -669,9 +678,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::FlowGet { vip, client, port } => self.flow_get(&vip, client, port).map(Reply::Flow),
             Request::FlowList { vip, backend, limit } => self.flow_list(&vip, backend, limit).map(Reply::Flows),
             Request::FlowPurge { backend } => self.flow_purge(backend).map(Reply::Purged),
-            Request::Apply { config, source, dry_run, allow_vip_removal } => {
+            Request::Apply { config, source, dry_run, allow_vip_removal, allow_backend_removal } => {
                 let doc = Document::parse(&source, config).map_err(CoreError::Config)?;
-                self.apply_file(&doc, ApplyOptions { dry_run, allow_vip_removal, mark_as: None }).map(Reply::Applied)
+                let mark_as = if dry_run { None } else { self.own_config_declaring(&doc) };
+                self.apply_file(&doc, ApplyOptions { dry_run, allow_vip_removal, allow_backend_removal, mark_as }).map(Reply::Applied)
             }
             Request::Export => Ok(Reply::Exported(self.export())),
             Request::Status => self.status().map(|status| Reply::Status(Box::new(status))),

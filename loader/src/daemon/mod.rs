@@ -121,7 +121,8 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     }
     let config_path = args.config.clone();
     let host = host_facts(args, iface)?;
-    let start = plan_start(config, config_path.as_deref(), persisted, store.load_config_mark(), &host)?;
+    let mark = store.load_config_mark();
+    let start = plan_start(config, config_path.as_deref(), persisted, mark.clone(), &host)?;
     let report_key = args.report_key.as_deref().map(crate::ports::auth::ReportKey::load).transpose()?.map(Arc::new);
     if report_key.is_none() && args.agent_port != 0 {
         event!(
@@ -243,6 +244,11 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
         watcher: watch.as_ref().map(|w| w.status().clone()).map_err(Clone::clone),
         host,
     });
+    if let Some(path) = &config_path
+        && start.first.is_none()
+    {
+        core.set_own_config(path.clone(), mark);
+    }
     if let Some((doc, path)) = start.apply.as_ref().zip(config_path.as_deref()) {
         apply_config(&mut core, doc, path, "start");
     } else if let Some(status) = start.status {
@@ -612,18 +618,20 @@ fn plan_start(
             });
         }
     };
-    let now = ConfigMark::of(path, &declared.0);
     Ok(match declared {
         (declared, None) => {
             event!(info, "config_used", source = "file", file = file, reason = "no_persisted_state", vips = declared.vips.len());
-            Start { state: declared, apply: None, first: Some(now), status: status("applied at start (no persisted state)", None) }
+            let first = Some(ConfigMark::of(path, &declared));
+            Start { state: declared, apply: None, first, status: status("applied at start (no persisted state)", None) }
         }
-        (_, Some(state)) if mark.as_ref() == Some(&now) => {
+        (declared, Some(state)) if mark.as_ref().is_some_and(|mark| mark.matches(path, &declared)) => {
             event!(info, "config_used", source = "state", file = file, reason = "file_unchanged", vips = state.vips.len());
-            let last = "kept the persisted state at start (what the file declares is unchanged since lbd applied it)";
+            let last = "kept the persisted state at start (what the file declares is unchanged since lbd took it in)";
             Start { state, apply: None, first: None, status: status(last, None) }
         }
         (_, Some(state)) => {
+            // Not silent: each change the file makes over the persisted state is logged
+            // (`config_change`) and counted in `lbctl status`.
             event!(info, "config_used", source = "file", file = file, reason = "file_changed");
             Start { state, apply: Some(doc), first: None, status: None }
         }
@@ -683,6 +691,13 @@ where
         let reload = move || {
             let mut core = server::lock(&core);
             match Document::read(&path) {
+                // The rule of every path in: the file wins only once it changed; lbctl edits
+                // made since lbd last took it in are newer, and stay.
+                Ok(doc) if core.own_config_unchanged(&doc) => {
+                    event!(info, "config_unchanged", file = path.display(), trigger = "SIGHUP", kept = "running_state");
+                    let last = "unchanged on SIGHUP since lbd took it in; kept the running state (lbctl apply -f applies it anyway)";
+                    core.set_config_status(ConfigStatus { file: path.display().to_string(), last: last.to_owned(), error: None });
+                }
                 Ok(doc) => {
                     apply_config(&mut core, &doc, &path, "SIGHUP");
                 }

@@ -181,6 +181,60 @@ fn lbd_starts_from_the_file_and_lbctl_diffs_applies_and_exports() {
     assert_eq!(connections(&c, tcp_target(false), 20).failures, 0);
 }
 
+/// The rule of which state wins (README, "Which state wins"): an operator's changes made
+/// with lbctl after `lbctl apply -f` of lbd's own file (which also writes starts into the
+/// file) survive SIGTERM and SIGKILL restarts and reloads, until the file changes.
+#[test]
+fn lbctl_changes_survive_restarts_and_reloads_until_the_file_changes() {
+    let file = File::new("config-rule");
+    file.write(&declaring(&[(1, 100), (2, 100)]));
+    let c = start_with(XdpMode::Native, 3, 1, &["--config", file.path()]);
+    let vip = tcp_vip(false);
+    let (b1, b2, b3) = (backend4(1).to_string(), backend4(2).to_string(), backend4(3).to_string());
+    // The operator edits the file and applies it by hand (lbctl writes the new backend's
+    // start into it).
+    file.write(&declaring(&[(1, 100), (2, 200), (3, 100)]));
+    let applied = c.lbctl(&["apply", "-f", file.path()]).unwrap();
+    assert!(applied.contains("wrote started_at of 1 backends"), "{applied}");
+    // Then changes every kind of thing by lbctl: a drain, a weight, the tunnel, a rule, a
+    // removed backend.
+    c.lbctl(&["backends", "drain", "--vip", &vip, &b3]).unwrap();
+    c.lbctl(&["backends", "set-weight", "--vip", &vip, &b2, "150"]).unwrap();
+    c.lbctl(&["vips", "encap", &vip, "gue"]).unwrap();
+    c.lbctl(&["rules", "add", "192.0.2.0/24", "--block"]).unwrap();
+    c.lbctl(&["backends", "remove", "--vip", &vip, &b1]).unwrap();
+    let edited = c.lbctl(&["export"]).unwrap();
+    for part in [
+        format!("address = \"{b3}\"\ndrain = true"),
+        format!("address = \"{b2}\"\nweight = 150"),
+        "encap = \"gue\"".into(),
+        "cidr = \"192.0.2.0/24\"".into(),
+    ] {
+        assert!(edited.contains(&part), "{part:?} missing from the export:\n{edited}");
+    }
+    assert!(!edited.contains(&format!("address = \"{b1}\"")), "{edited}");
+
+    for signal in [Signal::SIGTERM, Signal::SIGKILL] {
+        c.stop_lbd(signal).unwrap();
+        c.start_lbd().unwrap();
+        assert!(c.lbd_log().contains("reason=file_unchanged"), "after {signal}: {}", c.lbd_log());
+        assert_eq!(c.lbctl(&["export"]).unwrap(), edited, "after {signal}, a restart undid lbctl changes");
+    }
+    // A reload of the unchanged file keeps them too, and says so.
+    c.signal_lbd(Signal::SIGHUP).unwrap();
+    wait_until(Duration::from_secs(10), "the reload", || c.lbd_log().contains("event=config_unchanged"));
+    assert_eq!(c.lbctl(&["export"]).unwrap(), edited, "a reload undid lbctl changes");
+    let status = c.lbctl_json(&["status"]).unwrap();
+    assert!(status["config"]["last"].as_str().unwrap_or_default().starts_with("unchanged on SIGHUP"), "{status}");
+
+    // The file changes: it is newer than the lbctl changes, and wins, each change logged.
+    file.write(&declaring(&[(1, 100), (2, 300), (3, 100)]));
+    c.signal_lbd(Signal::SIGHUP).unwrap();
+    wait_until(Duration::from_secs(10), "the reload", || c.lbd_log().contains("trigger=SIGHUP changes="));
+    assert_eq!(backend_weights(&c), [(b1, 100), (b2, 300), (b3, 100)]);
+    assert!(c.lbd_log().contains("event=config_change source="), "{}", c.lbd_log());
+}
+
 /// `lbd check -f FILE` in the balancer's namespace, with no lbd needed: exit status and output.
 fn lbd_check(c: &spillway_harness::cluster::Cluster, file: &File) -> (Option<i32>, String) {
     let out = c.lbd_once(&["check", "-f", file.path()]).unwrap();
@@ -264,7 +318,19 @@ fn sighup_restarts_and_readiness_under_the_unit_s_capabilities() {
     c.stop_lbd(Signal::SIGTERM).unwrap();
     c.start_lbd().unwrap();
     assert!(c.lbd_log().contains("reason=file_unchanged"), "{}", c.lbd_log());
+    // A file that drops a backend still serving (b2) is refused on SIGHUP, as a removed VIP
+    // with backends is: its connections would break.
     file.write(&declaring(&[(1, 100), (3, 300)]));
+    let before = stable_view(&c, &vip);
+    c.signal_lbd(Signal::SIGHUP).unwrap();
+    let refusal = format!("removes backend {b2} of {vip}, which still serves");
+    wait_until(Duration::from_secs(10), "the refusal", || c.lbd_log().contains(&refusal));
+    let status = c.lbctl_json(&["status"]).unwrap();
+    let error = status["config"]["error"].as_str().unwrap_or_default().to_owned();
+    assert!(error.contains(&refusal), "{status}");
+    assert_eq!(stable_view(&c, &vip), before);
+    // Drained first, it goes with the file at the next start.
+    c.lbctl(&["backends", "drain", "--vip", &vip, &b2]).unwrap();
     c.stop_lbd(Signal::SIGTERM).unwrap();
     c.start_lbd().unwrap();
     assert!(c.lbd_log().contains("reason=file_changed") && c.lbd_log().contains("event=config_applied"), "{}", c.lbd_log());

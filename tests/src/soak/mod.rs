@@ -388,13 +388,15 @@ impl<'c> Soak<'c> {
     }
 
     /// `lbctl apply -f` of one file on every balancer in turn: the first writes the starts it
-    /// gave (`started_at`) into the file, so the others ramp those backends alike.
+    /// gave (`started_at`) into the file, so the others ramp those backends alike. The model
+    /// removes backends at once, as `lbctl backends remove` does, so the apply is allowed to
+    /// remove serving ones (`--allow-backend-removal`).
     fn apply_file(&mut self, state: &State) -> Result<()> {
         self.files += 1;
         let path: PathBuf = self.fleet.tempdir().join(format!("soak-{}.toml", self.files));
         std::fs::write(&path, file::render(state, &self.vips, &self.addrs)).with_context(|| format!("writing {}", path.display()))?;
         let path = path.display().to_string();
-        self.fleet.balancers().iter().try_for_each(|b| b.lbctl(&["apply", "-f", &path]).map(drop))
+        self.fleet.balancers().iter().try_for_each(|b| b.lbctl(&["apply", "--allow-backend-removal", "-f", &path]).map(drop))
     }
 
     /// Every balancer shows `state`: the backends of both VIPs, and the rules.

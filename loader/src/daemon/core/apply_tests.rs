@@ -35,7 +35,13 @@ action = \"block\"
 
 impl Fixture {
     fn apply(&mut self, text: &str, dry_run: bool, allow_vip_removal: bool) -> Result<Applied, CoreError> {
-        let request = Request::Apply { config: text.to_owned(), source: "test.toml".to_owned(), dry_run, allow_vip_removal };
+        let request = Request::Apply {
+            config: text.to_owned(),
+            source: "test.toml".to_owned(),
+            dry_run,
+            allow_vip_removal,
+            allow_backend_removal: false,
+        };
         self.core.handle(request).map(|reply| match reply {
             Reply::Applied(applied) => applied,
             other => panic!("{other:?}"),
@@ -100,9 +106,11 @@ fn a_backend_new_here_gets_a_start_that_the_same_file_again_keeps_and_a_given_on
     assert_eq!(applied.started.len(), 3, "every backend is new here: {:?}", applied.started);
     let given = f.core.state().vips[&v].backends[&b1].started_at_unix_ms;
     assert_eq!(given, Some(applied.started[0].started_at_unix_ms));
-    // The same file again (still without starts) restarts nothing.
+    // The same file again (still without starts) restarts nothing, and reports the starts
+    // kept, for lbctl to write into the file: once applied, the file is whole.
     let again = f.apply(FILE, false, false).unwrap();
-    assert_eq!((again.changes.len(), again.started.len()), (0, 0), "{:?}", again.changes);
+    assert_eq!(again.changes.len(), 0, "{:?}", again.changes);
+    assert_eq!(again.started, applied.started);
     // A file with the start another balancer gave: that one.
     let other = FILE.replacen("address = \"10.0.0.1\"", "address = \"10.0.0.1\"\nstarted_at = 2026-11-30T08:00:00Z", 1);
     let applied = f.apply(&other, false, false).unwrap();
@@ -181,7 +189,9 @@ fn removing_a_vip_that_has_backends_is_refused_unless_allowed() {
     );
     assert_eq!(f.core.state(), &before);
     assert!(f.apply(without_udp, true, true).unwrap().changes.iter().all(|c| c.refused.is_none()));
-    // With its backends gone first, the VIP goes without asking.
+    // With its backends drained and gone first, the VIP goes without asking.
+    let drained = FILE.replace("address = \"10.0.0.3\"\n", "address = \"10.0.0.3\"\ndrain = true\n");
+    f.apply(&drained, false, false).unwrap();
     let emptied = FILE.replace(UDP, "[[vips]]\nvip = \"10.100.0.2:53/udp\"\nring_size = 13\n");
     f.apply(&emptied, false, false).unwrap();
     f.apply(without_udp, false, false).unwrap();
@@ -191,6 +201,52 @@ fn removing_a_vip_that_has_backends_is_refused_unless_allowed() {
     let applied = f.apply(without_udp, false, true).unwrap();
     let removed: Vec<String> = applied.changes.iter().map(ToString::to_string).collect();
     assert_eq!(removed, ["- vip 10.100.0.2:53/udp", "- backend 10.0.0.3 in 10.100.0.2:53/udp"]);
+}
+
+#[test]
+fn removing_a_serving_backend_is_refused_unless_drained_first_or_allowed() {
+    let mut f = Fixture::new();
+    f.apply(FILE, false, false).unwrap();
+    const B2: &str = "[[vips.backends]]\naddress = \"10.0.0.2\"\nweight = 50\nzone = \"b\"\n";
+    let without_b2 = FILE.replace(B2, "");
+    let before = f.core.state().clone();
+    let err = f.apply(&without_b2, false, false).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "test.toml: removes backend 10.0.0.2 of 10.100.0.1:80/tcp, which still serves and whose connections would break; \
+         drain it first (lbctl backends drain, or weight = 0 in the file), or apply with --allow-backend-removal"
+    );
+    assert_eq!(err.to_api().kind, ErrorKind::Invalid);
+    assert_eq!(f.core.state(), &before);
+    // A dry run marks it.
+    let lines: Vec<String> = f.apply(&without_b2, true, false).unwrap().changes.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        ["- backend 10.0.0.2 in 10.100.0.1:80/tcp (refused: the backend still serves, its connections would break: drain it \
+          first, or needs --allow-backend-removal)"]
+    );
+    // Drained first (by lbctl), it goes without asking.
+    f.core
+        .handle(Request::DrainBackend {
+            vip: vip("10.100.0.1:80/tcp"),
+            backend: "10.0.0.2".parse().unwrap(),
+            deadline_s: None,
+            force: false,
+        })
+        .unwrap();
+    f.apply(&without_b2, false, false).unwrap();
+    assert_eq!(f.core.state().vips[&vip("10.100.0.1:80/tcp")].backends.len(), 1);
+    // Or at once, when allowed.
+    f.apply(FILE, false, false).unwrap();
+    let request = Request::Apply {
+        config: without_b2,
+        source: "test.toml".to_owned(),
+        dry_run: false,
+        allow_vip_removal: false,
+        allow_backend_removal: true,
+    };
+    f.core.handle(request).unwrap();
+    assert_eq!(f.core.state().vips[&vip("10.100.0.1:80/tcp")].backends.len(), 1);
 }
 
 #[test]
@@ -214,6 +270,31 @@ fn the_config_file_s_mark_is_kept_once_applied() {
     // lbctl apply does not touch it.
     f.apply("vips = []\n", false, true).unwrap();
     assert_eq!(StateFile::open(f.tmp.path()).unwrap().load_config_mark(), mark);
+}
+
+#[test]
+fn lbctl_apply_of_lbd_s_own_file_takes_it_in_and_no_other_file_does() {
+    let mut f = Fixture::new();
+    let own = f.tmp.path().join("spillway.toml");
+    std::fs::write(&own, FILE).unwrap();
+    f.core.set_own_config(own.clone(), None);
+    let dir = f.tmp.path().to_owned();
+    let mark = || StateFile::open(&dir).unwrap().load_config_mark();
+    // Another file (or a dry run of this one): lbd's own file is not taken in.
+    f.apply(&FILE.replace("weight = 50", "weight = 60"), false, false).unwrap();
+    f.apply(FILE, true, false).unwrap();
+    assert_eq!(mark(), None);
+    // The same declarations, from any path (a comment more does not count): taken in, so a
+    // SIGHUP or a restart finds the file unchanged and keeps what lbctl changes after.
+    f.apply(&format!("# edited\n{FILE}"), false, false).unwrap();
+    let declared = Document::parse("own", FILE.to_owned()).unwrap();
+    assert_eq!(mark(), Some(ConfigMark::of(&own, &declared.desired_state().unwrap())));
+    assert!(f.core.own_config_unchanged(&declared));
+    // The starts lbctl then writes into the file do not make it a changed file.
+    let started = FILE.replacen("address = \"10.0.0.1\"", "address = \"10.0.0.1\"\nstarted_at = 2026-11-30T08:00:00Z", 1);
+    assert!(f.core.own_config_unchanged(&Document::parse("own", started).unwrap()));
+    let edited = FILE.replace("weight = 50", "weight = 40");
+    assert!(!f.core.own_config_unchanged(&Document::parse("own", edited).unwrap()));
 }
 
 #[test]

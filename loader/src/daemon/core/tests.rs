@@ -521,7 +521,7 @@ fn what_the_host_cannot_serve_is_refused_and_changes_nothing() {
     // The file gets the same guards, on the field they are about.
     let file = |extra: &str| {
         let text = format!("[[vips]]\nvip = \"10.100.0.1:80/tcp\"\nring_size = 251\n[[vips.backends]]\naddress = \"10.0.0.1\"\n{extra}");
-        Request::Apply { config: text, source: "f.toml".into(), dry_run: false, allow_vip_removal: true }
+        Request::Apply { config: text, source: "f.toml".into(), dry_run: false, allow_vip_removal: true, allow_backend_removal: false }
     };
     let err = f.core.handle(file("[[vips.backends]]\naddress = \"fd00::5\"\n")).unwrap_err().to_string();
     assert!(err.starts_with("f.toml:7:11: vips[0].backends[1].address: backend fd00::5 of VIP"), "{err}");
@@ -533,6 +533,12 @@ fn what_the_host_cannot_serve_is_refused_and_changes_nothing() {
     let Reply::Exported(exported) = f.ok(Request::Export) else { panic!() };
     assert!(exported.config.contains("allow_local_address = true"), "{}", exported.config);
     f.ok(Request::RemoveVip { vip: own, force: false });
-    f.ok(Request::Apply { config: exported.config, source: "export".into(), dry_run: false, allow_vip_removal: false });
+    f.ok(Request::Apply {
+        config: exported.config,
+        source: "export".into(),
+        dry_run: false,
+        allow_vip_removal: false,
+        allow_backend_removal: false,
+    });
     assert!(f.core.state().vips[&own].allow_local_address);
 }
