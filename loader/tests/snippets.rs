@@ -6,12 +6,13 @@
 use std::{
     ffi::OsString,
     fs,
+    net::IpAddr,
     path::{Path, PathBuf},
     process::{Command, Output},
 };
 
 use clap::{CommandFactory, Parser};
-use spillway::{cli::Cli, daemon::args::LbdArgs};
+use spillway::{announce::include, cli::Cli, daemon::args::LbdArgs};
 use spillway_harness::{
     TempDir,
     snippets::{BALANCER4, BALANCER6, Kind, Snippet, SnippetHosts, extract, invocations},
@@ -161,17 +162,19 @@ fn bgp_protocols<'a>(config: &'a str, filter: &[&str]) -> Vec<&'a str> {
 }
 
 #[test]
-fn bird_snippets_parse_and_start_a_session_to_established() {
+fn bird_snippets_parse_and_announce_a_vip_from_balancer_to_router() {
     let hosts = SnippetHosts::create().unwrap();
     let (routers, balancers) = (of_kind(&Kind::BirdRouter), of_kind(&Kind::BirdBalancer));
     assert!(!routers.is_empty() && !balancers.is_empty(), "a router's and a balancer's BIRD snippet");
     for (i, snippet) in routers.iter().chain(&balancers).enumerate() {
         hosts.bird_parses(&format!("parse-{i}.conf"), &snippet.text).unwrap_or_else(|e| panic!("{}: {e:#}", snippet.place));
     }
-    // Started as written, but for lbd's include directory: an empty one of the test's, so
-    // that nothing of this host's is read.
+    // Started as written, but for lbd's include directory: one of the test's, holding what
+    // lbd writes there to announce a VIP of each family.
     let include_dir = hosts.tempdir().join("spillway-bird");
     fs::create_dir(&include_dir).unwrap();
+    let vips: [IpAddr; 2] = ["192.0.2.10".parse().unwrap(), "2001:db8::10".parse().unwrap()];
+    fs::write(include_dir.join("vips.conf"), include::render(&vips.map(|vip| (vip, false)))).unwrap();
     for router in &routers {
         for balancer in &balancers {
             let config = balancer.text.replace("/run/spillway-bird", &include_dir.display().to_string());
@@ -185,6 +188,10 @@ fn bird_snippets_parse_and_start_a_session_to_established() {
             );
             let started = hosts.start_bird_pair(&router.text, &config, (&to_balancer, &uplinks));
             let daemons = started.unwrap_or_else(|e| panic!("{} with {}: {e:#}", router.place, balancer.place));
+            // The announcement reaches the router's kernel, as ECMP would use it.
+            for prefix in ["192.0.2.10/32", "2001:db8::10/128"] {
+                hosts.wait_for_router_route(prefix).unwrap_or_else(|e| panic!("{} with {}: {e:#}", router.place, balancer.place));
+            }
             drop(daemons);
         }
     }

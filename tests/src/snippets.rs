@@ -307,6 +307,25 @@ impl SnippetHosts {
     }
 }
 
+impl SnippetHosts {
+    /// Waits (bounded) until the router's kernel routes `prefix` through the balancer: the
+    /// route it learnt over BGP, installed by its BIRD.
+    pub fn wait_for_router_route(&self, prefix: &str) -> Result<()> {
+        let (family, via) = if prefix.contains(':') { ("-6", BALANCER6.to_string()) } else { ("-4", BALANCER4.to_string()) };
+        let started = Instant::now();
+        loop {
+            let shown = self.router.run(&["ip", family, "route", "show", prefix])?;
+            if shown.split_whitespace().collect::<Vec<_>>().windows(2).any(|w| w == ["via", via.as_str()]) {
+                return Ok(());
+            }
+            if started.elapsed() > START_TIMEOUT {
+                bail!("the router has no route to {prefix} via {via} within {START_TIMEOUT:?}: {shown:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 impl Drop for SnippetHosts {
     fn drop(&mut self) {
         self.registry.stop_all();
