@@ -43,9 +43,11 @@ pub enum Kind {
     SpillwayToml,
     /// An `agent.toml`: `lbd check -f` as well.
     AgentToml,
-    /// A balancer's `bird.conf`: `bird -p`, then started beside the router's.
+    /// A balancer's `bird.conf`: `bird -p`, then started beside the router's, announcing
+    /// what `lbd`'s include holds.
     BirdBalancer,
-    /// A router's `bird.conf`: `bird -p`, then started with a session to the balancer.
+    /// A router's `bird.conf`: `bird -p`, then started with sessions to the balancer until
+    /// they are Established and its kernel routes the balancer's VIPs through it.
     BirdRouter,
     /// A drop-in for the named shipped unit: `systemd-analyze verify` with the unit.
     SystemdDropIn(String),
