@@ -57,11 +57,13 @@ put 0644 "$src/deploy/agent.toml" "$docdir/agent.toml"
 # A drop-in for agents with --all-netns (see spillway-agent.service).
 put 0644 "$src/deploy/systemd/spillway-agent-all-netns.conf" "$docdir/spillway-agent-all-netns.conf"
 # An operator's configuration is never replaced. A new spillway.toml gets a random fleet
-# seed (root's alone: it is a secret) for the operator to copy to every balancer.
+# seed (root's alone: it is a secret) for the operator to copy to every balancer. Both
+# files name their paths (the report key's) where this install keeps the configuration.
 seed=$(printf '0x%08x' "$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')")
+in_sysconfdir="s|/etc/spillway/|$sysconfdir/spillway/|g"
 sed -e "s|^# flow_hash_seed = .*|flow_hash_seed = \"$seed\"   # random, from ./x install: copy it to every balancer, keep it secret|" \
-    "$src/deploy/spillway.toml" > "$tmp/spillway.toml"
-cp "$src/deploy/agent.toml" "$tmp/agent.toml"
+    -e "$in_sysconfdir" "$src/deploy/spillway.toml" > "$tmp/spillway.toml"
+sed -e "$in_sysconfdir" "$src/deploy/agent.toml" > "$tmp/agent.toml"
 for file in spillway.toml agent.toml; do
     if [[ -e $destdir$sysconfdir/spillway/$file ]]; then
         echo "kept $sysconfdir/spillway/$file (the example is in $docdir)"

@@ -87,15 +87,22 @@ fn decap_counts(reasons: &DecapReasons) -> Vec<(&'static str, u64)> {
     DecapReason::ALL.iter().map(|r| (r.label(), reasons.get(&(*r as u32), 0).map_or(0, |per_cpu| per_cpu.iter().sum()))).collect()
 }
 
-/// Runs the decapsulator on `iface` until SIGTERM or SIGINT.
-pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
-    umask(Mode::from_bits_truncate(0o077));
+/// The allow-list a start refuses: none (anyone could tunnel into the host), or more than
+/// the map holds. Also what `lbd check` checks of an `[agent]` table.
+pub fn check_allow_from(args: &AgentArgs) -> Result<(), AgentError> {
     if args.allow_from.is_empty() {
         return Err(AgentError::NoAllowFrom);
     }
     if args.allow_from.len() > MAX_ALLOW_FROM as usize {
         return Err(AgentError::TooManyAllowFrom { given: args.allow_from.len() });
     }
+    Ok(())
+}
+
+/// Runs the decapsulator on `iface` until SIGTERM or SIGINT.
+pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
+    umask(Mode::from_bits_truncate(0o077));
+    check_allow_from(args)?;
     let key = args.report_key.as_deref().map(ReportKey::load).transpose()?.map(Arc::new);
     if key.is_none() && args.ports_listen != Listen::Off {
         event!(warn, "report_key_missing", message = "port reports are not signed: lbd ignores them (--report-key)");

@@ -3,7 +3,8 @@
 //! `systemd-analyze verify` (their man pages found where they were installed) and scored
 //! by `systemd-analyze security` (at most 3.0, the agent's --all-netns drop-in too), the bash
 //! completion a valid script, the man pages rendered by `man`, the example configuration
-//! valid, and an operator's configuration never replaced.
+//! valid and naming the install's configuration directory, and an operator's configuration
+//! never replaced.
 
 use std::{
     fs,
@@ -147,6 +148,12 @@ fn installs_into_a_prefix_and_the_units_verify() {
     let config = Document::read(&p("etc/spillway/spillway.toml")).unwrap();
     config.desired_state().unwrap();
     assert_eq!(config.lbd().unwrap()["iface"].as_str(), Some("eth0"));
+    // The agent's file names the key where this install keeps its configuration.
+    let agent_file = Document::read(&p("etc/spillway/agent.toml")).unwrap();
+    let key = format!("{etc}/spillway/report.key");
+    assert_eq!(agent_file.agent().unwrap()["report_key"].as_str(), Some(key.as_str()));
+    let installed = fs::read_to_string(p("etc/spillway/spillway.toml")).unwrap();
+    assert!(installed.contains(&format!("# report_key = \"{key}\"")) && !installed.contains("\"/etc/spillway/"), "{installed}");
     // A random fleet seed, never the public default, different on every install.
     let seed = |dir: &Path| Document::read(&dir.join("etc/spillway/spillway.toml")).unwrap().lbd().unwrap()["flow_hash_seed"].clone();
     let first = seed(&dir.0);
@@ -172,6 +179,9 @@ fn stages_under_a_destdir_with_the_final_paths() {
     let unit = fs::read_to_string(dir.0.join("usr/local/lib/systemd/system/spillway.service")).unwrap();
     assert!(unit.contains("ExecStart=/usr/local/bin/lbd --config /etc/spillway/spillway.toml"), "{unit}");
     assert!(dir.0.join("usr/local/bin/lbctl").exists() && dir.0.join("etc/spillway/spillway.toml").exists());
+    // A system prefix keeps /etc/spillway, in the files too.
+    let agent = fs::read_to_string(dir.0.join("etc/spillway/agent.toml")).unwrap();
+    assert!(agent.contains("report_key = \"/etc/spillway/report.key\""), "{agent}");
     assert!(dir.0.join("usr/local/share/man/man8/lbctl-status.8").exists());
 }
 

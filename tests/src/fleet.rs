@@ -609,7 +609,7 @@ fn balancer_bird_config(n: usize, include: &Path) -> String {
 
 /// Writes `config` into `dir` and starts BIRD in the foreground in `netns`; returns once
 /// its control socket answers.
-fn start_bird(netns: &Netns, dir: &Path, config: &str) -> Result<Daemon> {
+pub(crate) fn start_bird(netns: &Netns, dir: &Path, config: &str) -> Result<Daemon> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let (conf, socket, pid) = (dir.join("bird.conf"), dir.join("bird.ctl"), dir.join("bird.pid"));
     std::fs::write(&conf, config).with_context(|| format!("writing {}", conf.display()))?;
@@ -647,7 +647,7 @@ pub fn birdc(socket: &Path, command: &str) -> Result<String> {
 }
 
 /// Debian's bird2 installs it in /usr/sbin; setup (`./x`) installs the package.
-fn bird_binary() -> Result<PathBuf> {
+pub(crate) fn bird_binary() -> Result<PathBuf> {
     ["/usr/sbin/bird", "/usr/bin/bird"]
         .iter()
         .map(PathBuf::from)

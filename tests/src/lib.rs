@@ -38,6 +38,7 @@ mod process;
 pub mod promql;
 mod raw;
 pub mod rps;
+pub mod snippets;
 pub mod soak;
 mod stream;
 mod topology;
@@ -63,7 +64,7 @@ pub use nix::sys::signal::Signal;
 pub use process::{Daemon, harness_binary};
 pub use raw::{Capture, send_frames, send_ip_packet};
 pub use stream::{CheckReport, Stream, StreamChecker};
-pub use topology::{Topology, TopologyConfig};
+pub use topology::{TempDir, Topology, TopologyConfig};
 pub use traffic::{Tally, run_connections, tcp_ask, udp_ask};
 
 /// One test per port-watcher mode (btf, tracepoint, sock_diag), each running `$name(mode)`

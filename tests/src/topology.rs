@@ -241,15 +241,15 @@ fn build_bridge(id: &str, registry: &Arc<Registry>) -> Result<Netns> {
 
 /// A directory removed (recursively) on drop.
 #[derive(Debug)]
-pub(crate) struct TempDir(PathBuf);
+pub struct TempDir(PathBuf);
 
 impl TempDir {
-    pub(crate) fn create(path: PathBuf) -> Result<TempDir> {
+    pub fn create(path: PathBuf) -> Result<TempDir> {
         std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(TempDir(path))
     }
 
-    pub(crate) fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         &self.0
     }
 }

@@ -44,7 +44,7 @@ async fn run(Resolved { args, config, settings }: Resolved) -> anyhow::Result<()
         }
         Some(LbdCommand::Check(c)) => {
             let checked = daemon::check::check(&c.file).context("lbd check")?;
-            println!("{}: valid ({} VIPs, {} backends, {} rules)", c.file.display(), checked.vips, checked.backends, checked.rules);
+            println!("{}: valid ({checked})", c.file.display());
             Ok(())
         }
         Some(LbdCommand::Completions(c)) => {

@@ -104,6 +104,7 @@ pub enum FlowsCommand {
     /// Delete a drained or removed backend's connection-table entries.
     #[command(after_help = FLOWS_PURGE_HELP)]
     Purge {
+        /// The backend's address (drained, or no longer a backend).
         #[arg(long, value_name = "IP")]
         backend: IpAddr,
     },

@@ -594,6 +594,7 @@ pub enum RulesCommand {
     /// Remove a rule.
     #[command(after_help = RULES_REMOVE_HELP)]
     Remove {
+        /// The rule's client addresses, as it was added.
         #[arg(value_name = "CIDR")]
         cidr: Cidr,
         /// The VIP the rule is for [default: the rule on every VIP].
@@ -667,6 +668,7 @@ pub enum VipsCommand {
     /// Add a VIP (no backends yet: its packets are dropped until one is added).
     #[command(after_help = VIPS_ADD_HELP)]
     Add {
+        /// The VIP, e.g. 10.0.0.1:80/tcp (port 0: every port).
         #[arg(value_name = "VIP")]
         vip: Vip,
         /// Maglev table size: a prime from 13 to 65537 [default: 65537].
@@ -685,8 +687,10 @@ pub enum VipsCommand {
     /// Change how a VIP's backends are tunnelled to (those without their own --encap).
     #[command(after_help = VIPS_ENCAP_HELP)]
     Encap {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
         #[arg(value_name = "VIP")]
         vip: Vip,
+        /// How its backends are tunnelled to from now on (a backend's --encap overrides it).
         #[arg(value_enum, value_name = "ENCAP")]
         encap: Encap,
     },
@@ -696,6 +700,7 @@ pub enum VipsCommand {
     /// Remove a VIP and all its backends.
     #[command(after_help = VIPS_REMOVE_HELP)]
     Remove {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
         #[arg(value_name = "VIP")]
         vip: Vip,
         /// Also a VIP that still has backends (their connections break).
@@ -705,6 +710,7 @@ pub enum VipsCommand {
     /// Change how a VIP's backends are health-checked.
     #[command(after_help = VIPS_HEALTH_HELP)]
     Health {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
         #[arg(value_name = "VIP")]
         vip: Vip,
         #[command(flatten)]
@@ -736,6 +742,7 @@ pub enum BackendsCommand {
     /// List a VIP's backends.
     #[command(after_help = BACKENDS_LIST_HELP)]
     List {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
         #[arg(long, value_name = "VIP")]
         vip: Vip,
         #[command(flatten)]
@@ -764,6 +771,8 @@ pub enum BackendsCommand {
     SetWeight {
         #[command(flatten)]
         target: Target,
+        /// The new weight: its share of new flows relative to the VIP's other backends,
+        /// 1 to 1000000 (to stop new flows, drain it).
         #[arg(value_name = "N", value_parser = weight())]
         weight: u32,
     },

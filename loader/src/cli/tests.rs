@@ -1029,3 +1029,24 @@ fn every_table_column_and_state_is_named_in_its_commands_help() {
         assert!(rules.contains(word), "rules list --help does not name {word:?}");
     }
 }
+
+#[test]
+fn every_argument_of_every_command_is_described() {
+    // The help and the man pages show an argument without a description as a bare `<N>`.
+    fn undescribed(command: &clap::Command, path: &str, found: &mut Vec<String>) {
+        let path = format!("{path} {}", command.get_name());
+        for arg in command.get_arguments().filter(|a| !matches!(a.get_id().as_str(), "help" | "version")) {
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                found.push(format!("{path}: {}", arg.get_id()));
+            }
+        }
+        for sub in command.get_subcommands().filter(|s| s.get_name() != "help") {
+            undescribed(sub, &path, found);
+        }
+    }
+    let mut command = Cli::command();
+    command.build();
+    let mut found = Vec::new();
+    undescribed(&command, "", &mut found);
+    assert!(found.is_empty(), "arguments without a description: {found:#?}");
+}

@@ -122,6 +122,12 @@ impl Document {
         self.file.agent.as_ref()
     }
 
+    /// Whether the file holds nothing but an `[agent]` table: a backend's file (`lbd agent
+    /// --config`), with no balancer in it to check.
+    pub fn is_agent_only(&self) -> bool {
+        DeTable::parse(&self.text).is_ok_and(|tree| tree.get_ref().keys().all(|key| key.get_ref() == "agent"))
+    }
+
     /// The desired state the file declares, checked by the model.
     pub fn desired_state(&self) -> Result<DesiredState, ConfigError> {
         self.file.desired_state().map_err(|(path, message)| self.refuse(&path, message))

@@ -52,8 +52,11 @@ Checks what a start of lbd --config FILE checks: the syntax and every field name
 [lbd] and [agent] settings, the desired state, and what this host allows (the interface
 exists and forwards, no VIP on an address of the host without allow_local_address, an
 outer source for every backend's family), with every VIP and backend checked as on a
-first start. Touches nothing and needs no running lbd; the systemd unit runs it before
-each start and reload.
+first start. A file with only [agent] (a backend's agent.toml) is checked as lbd agent
+--config starts from it: its settings, iface (on this host) and allow_from; a file with
+both tables is checked as both. The LBD_* variables lbd --help lists win over the file,
+as they do at a start. Touches nothing and needs no running lbd; the systemd unit runs
+it before each start and reload.
 
 Exit status: 0 when the file is valid (it prints what it declares), 1 when it is not
 (the error names the file, line, column and field).";
@@ -130,12 +133,13 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Outer IPv4 source of the encapsulation; with /PREFIX the host bits come from the
-    /// flow hash [default: the interface's first IPv4 address].
-    #[arg(long, value_name = "ADDR[/PREFIX]")]
+    /// flow hash [default: the interface's first IPv4 address]. The environment variable
+    /// (a systemd drop-in's Environment=) wins over the file, as the option does.
+    #[arg(long, value_name = "ADDR[/PREFIX]", env = "LBD_OUTER_SRC")]
     pub outer_src: Option<OuterSrc4>,
     /// Outer IPv6 source; a prefix may leave at most 32 host bits (/96 or longer)
     /// [default: the interface's first global IPv6 address].
-    #[arg(long, value_name = "ADDR[/PREFIX]")]
+    #[arg(long, value_name = "ADDR[/PREFIX]", env = "LBD_OUTER_SRC6")]
     pub outer_src6: Option<OuterSrc6>,
     /// bpffs directory for the pinned maps and links.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
@@ -157,7 +161,7 @@ pub struct DaemonArgs {
     pub health_slow_start_ms: u64,
     /// This balancer's zone: new flows prefer backends of this zone (and those without one)
     /// and spill to others only up to their spare capacity [default: no zones].
-    #[arg(long, value_name = "ZONE", value_parser = parse_zone)]
+    #[arg(long, value_name = "ZONE", value_parser = parse_zone, env = "LBD_ZONE")]
     pub zone: Option<String>,
     /// Root-only file (mode 0600) holding the key the agents sign their port reports with
     /// (`lbd agent --report-key`): a report without a valid signature is ignored with an ALERT.
@@ -248,7 +252,7 @@ fn count(max: u32) -> impl Fn(&str) -> Result<u32, String> + Clone + Send + Sync
 pub struct AnnounceArgs {
     /// BIRD's control socket: announce every VIP address through that BIRD (Debian's
     /// /run/bird/bird.ctl). Without it nothing is announced.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", env = "LBD_BIRD_SOCKET")]
     pub bird_socket: Option<PathBuf>,
     /// The BIRD configuration include lbd writes (bird.conf includes it); its directory is
     /// created (0755) if missing. On a tmpfs, so that after a reboot nothing is announced
@@ -313,7 +317,7 @@ pub fn resolve(argv: Vec<OsString>) -> Result<Resolved, ArgsError> {
         return Ok(Resolved { args, config: None, settings: RunningSettings { effective: command_line.clone(), command_line } });
     };
     let doc = Document::read(&path)?;
-    let from_file = Settings::from_file(&doc, section)?;
+    let from_file = Settings::from_file(&doc, section)?.without_environment(section, environment_has);
     let split = section.argv_prefix().min(argv.len());
     let merged: Vec<OsString> = argv[..split]
         .iter()
@@ -325,6 +329,11 @@ pub fn resolve(argv: Vec<OsString>) -> Result<Resolved, ArgsError> {
     let args = LbdArgs::from_arg_matches(&matches)?;
     let effective = Settings::from_matches(section, &section_matches(&matches));
     Ok(Resolved { args, config: Some(doc), settings: RunningSettings { effective, command_line } })
+}
+
+/// Whether `name` is set in the environment (clap then takes its value, empty or not).
+pub fn environment_has(name: &std::ffi::OsStr) -> bool {
+    std::env::var_os(name).is_some()
 }
 
 fn parse_zone(input: &str) -> Result<String, String> {

@@ -3,18 +3,23 @@
 //! then all together as a start parses them), the desired state, and what this host allows
 //! (the interface exists and forwards, no VIP on the host's own addresses, an outer source
 //! for every backend's family). Every VIP and backend is checked as on a first start.
+//!
+//! A file with nothing but `[agent]` is a backend's (`lbd agent --config`): it is checked as
+//! an agent's start checks it, on this host. A file with both is checked as both, the
+//! agent's interface excepted: that names a backend's NIC, not this host's.
 
-use std::{ffi::OsString, path::Path};
+use std::{ffi::OsString, fmt, path::Path};
 
 use clap::Parser;
 
 use super::{
     DaemonError,
-    args::LbdArgs,
+    args::{LbdArgs, LbdCommand, environment_has},
     core::host_refusal,
     settings::{Section, Settings, clap_message},
 };
 use crate::{
+    agent::{self, AgentError},
     config::{ConfigError, Document},
     forwarding, netif,
 };
@@ -22,40 +27,96 @@ use crate::{
 /// A file that passed: what it declares.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Checked {
+    /// The balancer's part: `None` for an agent's file.
+    pub balancer: Option<Declared>,
+    /// The `[agent]` table's interface, when the file has one.
+    pub agent_iface: Option<String>,
+}
+
+/// What a balancer's file declares.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Declared {
     pub vips: usize,
     pub backends: usize,
     pub rules: usize,
+}
+
+impl fmt::Display for Checked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let balancer = self.balancer.as_ref().map(|d| format!("{} VIPs, {} backends, {} rules", d.vips, d.backends, d.rules));
+        let agent = self.agent_iface.as_ref().map(|iface| format!("lbd agent on {iface}"));
+        let parts: Vec<String> = balancer.into_iter().chain(agent).collect();
+        f.write_str(&parts.join("; "))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("{file}: lbd: {message}")]
-    Settings { file: String, message: String },
+    #[error("{file}: {section}: {message}")]
+    Settings { file: String, section: &'static str, message: String },
     #[error(transparent)]
     Daemon(#[from] DaemonError),
+    #[error("{file}: agent: {error}")]
+    Agent { file: String, error: Box<AgentError> },
 }
 
 pub fn check(path: &Path) -> Result<Checked, CheckError> {
     let doc = Document::read(path)?;
-    let settings = Settings::from_file(&doc, Section::Lbd)?;
-    Settings::from_file(&doc, Section::Agent)?;
-    // As a start parses them: with the others, so conflicts and a missing iface show.
-    let argv: Vec<OsString> = ["lbd".into(), "--config".into(), path.as_os_str().to_owned()]
-        .into_iter()
-        .chain(settings.to_args(Section::Lbd).into_iter().map(OsString::from))
+    let agent_only = doc.is_agent_only();
+    let balancer = (!agent_only).then(|| check_balancer(path, &doc)).transpose()?;
+    let agent_iface = doc.agent().map(|_| check_agent(path, &doc, agent_only)).transpose()?;
+    Ok(Checked { balancer, agent_iface })
+}
+
+/// The file's settings of `section` as a start parses them: after the command words, with
+/// the others, so that conflicts and a missing required option show.
+fn parse_settings(path: &Path, doc: &Document, section: Section) -> Result<LbdArgs, CheckError> {
+    let settings = Settings::from_file(doc, section)?.without_environment(section, environment_has);
+    let command_words: &[&str] = match section {
+        Section::Lbd => &["lbd"],
+        Section::Agent => &["lbd", "agent"],
+    };
+    let argv: Vec<OsString> = command_words
+        .iter()
+        .map(OsString::from)
+        .chain(["--config".into(), path.as_os_str().to_owned()])
+        .chain(settings.to_args(section).into_iter().map(OsString::from))
         .collect();
-    let settings_error = |message: String| CheckError::Settings { file: doc.name().to_owned(), message };
-    let args = LbdArgs::try_parse_from(argv).map_err(|e| settings_error(clap_message(&e)))?.daemon;
+    LbdArgs::try_parse_from(argv).map_err(|e| settings_error(doc, section, clap_message(&e)))
+}
+
+fn settings_error(doc: &Document, section: Section, message: String) -> CheckError {
+    CheckError::Settings { file: doc.name().to_owned(), section: section.name(), message }
+}
+
+fn check_balancer(path: &Path, doc: &Document) -> Result<Declared, CheckError> {
+    let args = parse_settings(path, doc, Section::Lbd)?.daemon;
     let state = doc.desired_state()?;
-    let iface = args.iface.as_deref().ok_or_else(|| settings_error("no iface: set iface in [lbd], as lbd --config needs".to_owned()))?;
+    let no_iface = || settings_error(doc, Section::Lbd, "no iface: set iface in [lbd], as lbd --config needs".to_owned());
+    let iface = args.iface.as_deref().ok_or_else(no_iface)?;
     netif::ifindex(iface).map_err(DaemonError::from)?;
     let off = forwarding::disabled(iface).map_err(DaemonError::from)?;
     if !off.is_empty() && !args.enable_forwarding {
         return Err(DaemonError::ForwardingDisabled { iface: iface.to_owned(), sysctls: forwarding::describe(&off) }.into());
     }
     let host = super::host_facts(&args, iface)?;
-    host.check(&Default::default(), &state).map_err(|e| host_refusal(&doc, e))?;
-    Ok(Checked { vips: state.vips.len(), backends: state.vips.values().map(|v| v.backends.len()).sum(), rules: state.rules.len() })
+    host.check(&Default::default(), &state).map_err(|e| host_refusal(doc, e))?;
+    Ok(Declared { vips: state.vips.len(), backends: state.vips.values().map(|v| v.backends.len()).sum(), rules: state.rules.len() })
+}
+
+/// The `[agent]` table as `lbd agent --config` starts from it; on this host (`on_this_host`)
+/// its interface must exist too. Returns the interface.
+fn check_agent(path: &Path, doc: &Document, on_this_host: bool) -> Result<String, CheckError> {
+    let Some(LbdCommand::Agent(args)) = parse_settings(path, doc, Section::Agent)?.command else {
+        unreachable!("`lbd agent ...` parses as the agent")
+    };
+    let no_iface = || settings_error(doc, Section::Agent, "no iface: set iface in [agent], as lbd agent --config needs".to_owned());
+    let iface = args.iface.clone().ok_or_else(no_iface)?;
+    agent::check_allow_from(&args).map_err(|error| CheckError::Agent { file: doc.name().to_owned(), error: Box::new(error) })?;
+    if on_this_host {
+        netif::ifindex(&iface).map_err(DaemonError::from)?;
+    }
+    Ok(iface)
 }

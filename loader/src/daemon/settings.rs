@@ -119,14 +119,14 @@ impl Settings {
         Ok(settings)
     }
 
-    /// The settings `matches` (the section's) give explicitly: on the command line, or in a
-    /// file that became arguments.
+    /// The settings `matches` (the section's) give explicitly: on the command line, in a
+    /// file that became arguments, or in the option's environment variable.
     pub fn from_matches(section: Section, matches: &ArgMatches) -> Self {
         let command = section.command();
         let explicit = command.get_arguments().filter_map(|arg| {
             let key = key_of(arg)?;
             let id = arg.get_id().as_str();
-            if matches.value_source(id) != Some(ValueSource::CommandLine) {
+            if !matches!(matches.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable)) {
                 return None;
             }
             let values = match arg.get_action() {
@@ -136,6 +136,15 @@ impl Settings {
             Some((key, values))
         });
         Settings(explicit.collect())
+    }
+
+    /// Without the settings whose option's environment variable is set (`is_set` says which):
+    /// those win over a file's, as the command line does, so that one file serves every
+    /// balancer and each host sets its own (`LBD_OUTER_SRC` in a systemd drop-in).
+    pub fn without_environment(mut self, section: Section, is_set: impl Fn(&std::ffi::OsStr) -> bool) -> Self {
+        let command = section.command();
+        self.0.retain(|key, _| !find(&command, key).and_then(Arg::get_env).is_some_and(&is_set));
+        self
     }
 
     pub fn get(&self, key: &str) -> Option<&[String]> {
@@ -283,6 +292,35 @@ mod tests {
         assert!(plain.config.is_none());
         assert_eq!(plain.settings.effective, plain.settings.command_line);
         assert_eq!(plain.settings.effective.get("iface"), Some(&["eth0".to_owned()][..]));
+    }
+
+    #[test]
+    fn the_environment_wins_over_the_file_and_the_command_line_over_both() {
+        // lbd reads the variables from its environment: they are set for a child running this
+        // test alone, so that no other test sees them.
+        const NAME: &str = "daemon::settings::tests::the_environment_wins_over_the_file_and_the_command_line_over_both";
+        if std::env::var_os("SPW_SETTINGS_ENV_CHILD").is_none() {
+            let child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--test-threads", "1"])
+                .env("SPW_SETTINGS_ENV_CHILD", "1")
+                .envs([("LBD_OUTER_SRC", "10.0.0.3"), ("LBD_ZONE", "b")])
+                .output()
+                .unwrap();
+            let out = String::from_utf8_lossy(&child.stdout);
+            assert!(child.status.success() && out.contains("1 passed"), "{out}{}", String::from_utf8_lossy(&child.stderr));
+            return;
+        }
+        let tmp = TempDir::new("settings-env");
+        let path = file(&tmp, "vips = []\n[lbd]\niface = \"eth0\"\nouter_src = \"10.0.0.2\"\nzone = \"a\"\nbird_socket = \"/b.ctl\"\n");
+        let resolved = resolve(argv(&["lbd", "--config", &path])).unwrap();
+        let effective = |key: &str| resolved.settings.effective.get(key).map(<[String]>::to_vec);
+        assert_eq!(effective("outer_src"), Some(vec!["10.0.0.3".to_owned()]), "the variable wins over the file");
+        assert_eq!(effective("zone"), Some(vec!["b".to_owned()]));
+        // A variable not set leaves the file's value.
+        assert_eq!(effective("bird_socket"), Some(vec!["/b.ctl".to_owned()]));
+        assert_eq!(resolved.settings.command_line.get("outer_src"), Some(&["10.0.0.3".to_owned()][..]), "shown as overriding the file");
+        let resolved = resolve(argv(&["lbd", "--config", &path, "--zone", "c"])).unwrap();
+        assert_eq!(resolved.args.daemon.zone.as_deref(), Some("c"), "the command line wins over the variable");
     }
 
     #[test]
