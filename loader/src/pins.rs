@@ -17,6 +17,7 @@ use std::{
     io,
     os::unix::fs::DirBuilderExt,
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
 use aya::programs::{
@@ -270,9 +271,16 @@ pub struct PinLock {
     _flock: Flock<File>,
 }
 
+/// How long a daemon waits for the lock of its pin directory: a process killed with SIGKILL
+/// holds it until the kernel has torn it down, which takes a moment after `kill -9` returns
+/// (a hand restart starts the next one at once). Longer means another daemon really runs.
+pub const LOCK_WAIT: Duration = Duration::from_secs(5);
+/// How often a waiting daemon tries the lock again.
+const LOCK_RETRY: Duration = Duration::from_millis(50);
+
 /// Creates `dir` (0700) on bpffs, checks that it and every directory above it on the same
 /// bpffs are root's alone (see [`refuse_unsafe_dir`]; the mount's own root is the kernel's),
-/// and takes its lock.
+/// and takes its lock, waiting up to [`LOCK_WAIT`] for a previous holder to go.
 pub fn create_and_lock(dir: &Path) -> Result<PinLock, PinError> {
     DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|source| PinError::CreateDir { path: dir.to_owned(), source })?;
     if !is_bpffs(dir) {
@@ -281,7 +289,31 @@ pub fn create_and_lock(dir: &Path) -> Result<PinLock, PinError> {
     for ancestor in dir.ancestors().take_while(|a| a.parent().is_some_and(is_bpffs)) {
         refuse_unsafe_dir(ancestor)?;
     }
-    lock(dir)
+    lock_waiting(dir, LOCK_WAIT)
+}
+
+/// [`lock`], retried for up to `wait` while another process holds it (logged once).
+fn lock_waiting(dir: &Path, wait: Duration) -> Result<PinLock, PinError> {
+    let deadline = Instant::now() + wait;
+    let mut logged = false;
+    loop {
+        match lock(dir) {
+            Err(PinError::Busy { .. }) if Instant::now() < deadline => {
+                if !logged {
+                    crate::event!(
+                        info,
+                        "waiting_for_lock",
+                        path = dir.display(),
+                        wait_s = wait.as_secs_f64(),
+                        message = "another process holds it (an lbd still exiting?)"
+                    );
+                    logged = true;
+                }
+                std::thread::sleep(LOCK_RETRY);
+            }
+            other => return other,
+        }
+    }
 }
 
 fn lock(dir: &Path) -> Result<PinLock, PinError> {
@@ -527,6 +559,30 @@ mod tests {
         assert_eq!(fdinfo_ifindex(text, 42), Some(7));
         assert_eq!(fdinfo_ifindex(text, 43), None);
         assert_eq!(fdinfo_ifindex("pos:\t0\nflags:\t02\n", 42), None);
+    }
+
+    #[test]
+    fn a_lock_released_within_the_wait_is_taken_and_one_held_longer_is_refused() {
+        let dir = temp_dir("lock");
+        let held = lock(dir.path()).unwrap();
+        let release_after = Duration::from_millis(400);
+        let started = Instant::now();
+        let taken = std::thread::scope(|scope| {
+            scope.spawn(move || {
+                std::thread::sleep(release_after);
+                drop(held);
+            });
+            lock_waiting(dir.path(), Duration::from_secs(5))
+        });
+        assert!(taken.is_ok(), "the lock was released after {release_after:?}: {:?}", taken.err());
+        assert!(started.elapsed() >= release_after, "taken only once released");
+
+        // Still held at the end of the wait: the same refusal as before.
+        let _held = taken.unwrap();
+        let started = Instant::now();
+        let err = lock_waiting(dir.path(), Duration::from_millis(300)).err().unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(300), "waited the whole bound");
+        assert!(err.to_string().starts_with("another lbd is using"), "{err}");
     }
 
     #[test]
