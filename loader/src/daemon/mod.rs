@@ -111,6 +111,9 @@ pub enum DaemonError {
 pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, settings: RunningSettings) -> Result<(), DaemonError> {
     // Everything lbd creates (socket, state file, pin directories) is root's alone.
     umask(Mode::from_bits_truncate(0o077));
+    // First, as `lbd check` does: every later step would fail on a missing interface with a
+    // message about something else (its sysctls, its addresses).
+    netif::ifindex(iface)?;
     check_fleet_seed(args)?;
     let mut signals = Signals::install()?;
     // Read the state before touching the dataplane: a bad file must change nothing.
