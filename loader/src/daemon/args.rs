@@ -32,6 +32,7 @@ Examples:
   lbd --iface eth0 --outer-src 10.0.0.0/24 --outer-src6 fd00::/112
   lbd --config /etc/spillway/spillway.toml
   lbd --cleanup                  # detach and remove every pin (stop lbd first)
+  lbd --cleanup --config /etc/spillway/spillway.toml   # its [lbd] pin_dir, bird_socket, ...
   lbd check -f /etc/spillway/spillway.toml    # a file checked as a start would
 
 With --config, the file's [lbd] settings are options too (a command-line option wins),
@@ -114,7 +115,9 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "IF", required_unless_present_any = ["cleanup", "config"])]
     pub iface: Option<String>,
     /// Detach the balancer and the agent and remove everything under --pin-dir, then exit.
-    #[arg(long, conflicts_with_all = ["iface", "config"])]
+    /// With --config, the file's [lbd] table gives --pin-dir, the BIRD paths and the probe
+    /// path's options (the command line still wins); its iface and VIPs are not needed.
+    #[arg(long, conflicts_with = "iface")]
     pub cleanup: bool,
     /// Configuration file: [lbd] settings and the desired state (see the example
     /// spillway.toml); re-applied on SIGHUP.
@@ -313,7 +316,12 @@ pub fn resolve(argv: Vec<OsString>) -> Result<Resolved, ArgsError> {
         return Ok(Resolved { args, config: None, settings: RunningSettings { effective: command_line.clone(), command_line } });
     };
     let doc = Document::read(&path)?;
-    let from_file = Settings::from_file(&doc, section)?;
+    let mut from_file = Settings::from_file(&doc, section)?;
+    if section == Section::Lbd && args.daemon.cleanup {
+        // Cleanup takes where lbd pinned and announced from the file; the interface it ran
+        // on is not needed (and as an option, would conflict with --cleanup).
+        from_file.remove("iface");
+    }
     let split = section.argv_prefix().min(argv.len());
     let merged: Vec<OsString> = argv[..split]
         .iter()
