@@ -4,6 +4,7 @@
 //! <pin-dir>/v<PIN_VERSION>/maps/<map>   the balancer's maps (see dataplane)
 //! <pin-dir>/v<PIN_VERSION>/link         the balancer's XDP link
 //! <pin-dir>/v<PIN_VERSION>/probe_link   the probe path's tc link (see `vip_path`)
+//! <pin-dir>/v<PIN_VERSION>/probe_prog   the probe program, for `lbd` to attach it again
 //! <pin-dir>/agent/link                  the backend agent's XDP link
 //! ```
 //!
@@ -140,6 +141,10 @@ impl PinLayout {
 
     pub fn probe_link(&self) -> PathBuf {
         self.balancer_dir().join("probe_link")
+    }
+
+    pub fn probe_program(&self) -> PathBuf {
+        self.balancer_dir().join("probe_prog")
     }
 
     pub fn agent_dir(&self) -> PathBuf {

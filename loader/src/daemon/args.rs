@@ -519,12 +519,21 @@ mod tests {
 
     #[test]
     fn probe_path_options() {
+        let names = |d: &DaemonArgs| {
+            let n = d.vip_path.names(&d.pin_dir);
+            (n.device, n.table, n.mark)
+        };
         let d = parse(&["--iface", "eth0"]).unwrap().daemon;
-        assert_eq!((d.vip_path.probe_device.as_str(), d.vip_path.probe_table, d.vip_path.probe_mark), ("spw-probe", 5357, 0x53));
+        assert_eq!(names(&d), ("spw-probe".to_owned(), 5357, 0x53), "the default pin directory keeps the historic names");
         let d = parse(&["--iface", "eth0", "--probe-device", "p0", "--probe-table", "100", "--probe-mark", "0x7e"]).unwrap().daemon;
-        assert_eq!((d.vip_path.probe_device.as_str(), d.vip_path.probe_table, d.vip_path.probe_mark), ("p0", 100, 0x7e));
+        assert_eq!(names(&d), ("p0".to_owned(), 100, 0x7e));
+        // Another pin directory: names of its own, and options still win.
+        let d = parse(&["--iface", "eth0", "--pin-dir", "/sys/fs/bpf/other", "--probe-table", "100"]).unwrap().daemon;
+        let (device, table, mark) = names(&d);
+        assert!(device.starts_with("spw-p-") && device != "spw-probe" && mark != 0x53, "{device} {mark:#x}");
+        assert_eq!(table, 100);
         let d = parse(&["--cleanup", "--probe-device", "p0"]).unwrap().daemon;
-        assert_eq!(d.vip_path.probe_device, "p0", "--cleanup removes what lbd made with the same options");
+        assert_eq!(names(&d).0, "p0", "--cleanup removes what lbd made with the same options");
         for (flag, value) in [("--probe-table", "254"), ("--probe-mark", "0"), ("--probe-device", "a/b")] {
             let err = parse(&["--iface", "eth0", flag, value]).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::ValueValidation, "{flag} {value}");

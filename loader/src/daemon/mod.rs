@@ -191,7 +191,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     // Probes through the tunnel need the probe path; without it they count as unknown (and
     // say why, loudly), and forwarding is unaffected.
     let vip_path = (!args.no_health_checks).then(|| {
-        VipPath::install(&mut balancer, &layout, iface, &args.vip_path).map_err(|e| {
+        VipPath::install(&mut balancer, &layout, iface, &args.vip_path.names(&args.pin_dir)).map_err(|e| {
             let message = error_chain(&e);
             event!(error, "probe_path_unavailable", error = message, message = "ALERT: probes through the tunnel count as unknown");
             message
@@ -256,7 +256,9 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let interface_watch = tokio::spawn(interface_watch(core.clone(), iface.to_owned()));
-    let prober = vip_path.map(|path| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed(), Arc::new(path))));
+    let vip_path = vip_path.map(Arc::new);
+    let path_upkeep = vip_path.clone().map(|path| tokio::spawn(probes::path_upkeep(path)));
+    let prober = vip_path.map(|path| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed(), path)));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port, report_key));
     let announcer = announce_config(args).map(|config| {
         let data_path = announce::DataPath { iface: iface.to_owned(), link: link.clone() };
@@ -279,8 +281,8 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     }
     pressure.abort();
     reloader.abort();
-    if let Some(prober) = prober {
-        prober.abort();
+    for task in [prober, path_upkeep].into_iter().flatten() {
+        task.abort();
     }
     // Announcements stay as they are: BIRD keeps them, the next lbd takes them over.
     if let Some(announcer) = announcer {
@@ -411,7 +413,7 @@ fn announce_config(args: &DaemonArgs) -> Option<AnnounceConfig> {
 /// `lbd --cleanup`: withdraws every announcement (with `--bird-socket`), detaches the
 /// balancer and the agent and removes every pin.
 pub fn cleanup(args: &DaemonArgs) -> Result<(), DaemonError> {
-    let (pin_dir, vip_path) = (&args.pin_dir, &args.vip_path);
+    let (pin_dir, probe_names) = (&args.pin_dir, args.vip_path.names(&args.pin_dir));
     if let Some(config) = announce_config(args) {
         let withdrawn = crate::announce::withdraw_all(&config)?;
         event!(warn, "withdraw", prefixes = withdrawn, reason = "cleanup", include = config.include.display());
@@ -420,7 +422,7 @@ pub fn cleanup(args: &DaemonArgs) -> Result<(), DaemonError> {
         event!(info, "detached", link = link.display());
     }
     event!(info, "removed", pin_dir = pin_dir.display());
-    VipPath::remove(vip_path).map_err(|e| DaemonError::VipPath(Box::new(e)))?;
+    VipPath::remove(&probe_names).map_err(|e| DaemonError::VipPath(Box::new(e)))?;
     Ok(())
 }
 
