@@ -451,18 +451,77 @@ pub fn cleanup(layout: &PinLayout) -> Result<Vec<PathBuf>, PinError> {
         .filter(|dir| dir.is_dir())
         .map(|dir| lock(dir))
         .collect::<Result<Vec<_>, _>>()?;
+    let unpinned = unpin_links([layout.balancer_link(), layout.probe_link(), layout.agent_link()])?;
+    fs::remove_dir_all(layout.root()).map_err(|source| PinError::Remove { path: layout.root().to_owned(), source })?;
+    Ok(unpinned)
+}
+
+/// Undoes a first start that failed: detaches the balancer's links and removes its directory
+/// (maps, links, probe program), and the pin directory itself when that leaves it empty. The
+/// caller holds the balancer directory's lock. Returns the links it unpinned.
+pub fn remove_balancer(layout: &PinLayout) -> Result<Vec<PathBuf>, PinError> {
+    let unpinned = unpin_links([layout.balancer_link(), layout.probe_link()])?;
+    let dir = layout.balancer_dir();
+    fs::remove_dir_all(&dir).map_err(|source| PinError::Remove { path: dir, source })?;
+    // Not empty: the agent's pins are there too, and stay.
+    let _ = fs::remove_dir(layout.root());
+    Ok(unpinned)
+}
+
+/// Unpins each link of `paths` that is pinned; the last reference gone, its program detaches.
+fn unpin_links(paths: impl IntoIterator<Item = PathBuf>) -> Result<Vec<PathBuf>, PinError> {
     let mut unpinned = Vec::new();
-    for path in [layout.balancer_link(), layout.probe_link(), layout.agent_link()] {
+    for path in paths {
         if path.symlink_metadata().is_err() {
             continue;
         }
         let link = PinnedLink::from_pin(&path).map_err(|source| PinError::OpenLink { path: path.clone(), source })?;
-        // Dropping the last reference to an unpinned link detaches its program.
         drop(link.unpin().map_err(|source| PinError::Remove { path: path.clone(), source })?);
         unpinned.push(path);
     }
-    fs::remove_dir_all(layout.root()).map_err(|source| PinError::Remove { path: layout.root().to_owned(), source })?;
     Ok(unpinned)
+}
+
+/// What drives `iface`'s XDP hook, for an attach that found it taken: the program's name and
+/// id and, when it is a Spillway balancer's link pinned on this host's bpffs, its pin
+/// directory. `None` when nothing does (the attach failed for another reason).
+pub fn xdp_holder(iface: &str) -> Option<String> {
+    let program_id = crate::rtnl::Rtnl::open().ok()?.link(iface).ok()??.xdp_prog_id?;
+    let name = aya::programs::loaded_programs()
+        .flatten()
+        .find(|p| p.id() == program_id)
+        .and_then(|p| p.name_as_str().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned());
+    let mut holder = format!("program {name} (id {program_id})");
+    if let Some(pin_dir) = balancer_pin_dir_running(program_id) {
+        holder.push_str(&format!(", the balancer of another lbd: --pin-dir {}", pin_dir.display()));
+    }
+    Some(holder)
+}
+
+/// How deep under the bpffs root a balancer's link is looked for (`<root>/a/b/c/vN/link`).
+const HOLDER_SEARCH_DEPTH: usize = 5;
+
+/// The pin directory whose balancer link (`<dir>/v<PIN_VERSION>/link`) runs `program_id`.
+fn balancer_pin_dir_running(program_id: u32) -> Option<PathBuf> {
+    let version_dir = format!("v{PIN_VERSION}");
+    let mut dirs = vec![(PathBuf::from(BPFFS_ROOT), 0)];
+    while let Some((dir, depth)) = dirs.pop() {
+        for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                if depth < HOLDER_SEARCH_DEPTH {
+                    dirs.push((path, depth + 1));
+                }
+            } else if entry.file_name() == "link" && dir.file_name().is_some_and(|n| n == version_dir.as_str()) {
+                let link: Option<FdLink> = PinnedLink::from_pin(&path).ok().map(Into::into);
+                if link.and_then(|l| l.info().ok()).is_some_and(|info| info.program_id() == program_id) {
+                    return dir.parent().map(Path::to_owned);
+                }
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
