@@ -27,7 +27,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Mutex,
-        atomic::{AtomicU32, Ordering},
+        atomic::{AtomicBool, AtomicU32, Ordering},
     },
 };
 
@@ -203,6 +203,8 @@ pub struct VipPath {
     names: ProbeNames,
     /// Changes when a deleted device is created again.
     device_ifindex: AtomicU32,
+    /// The breakage being repaired was logged (once until it is repaired).
+    broken_logged: AtomicBool,
     iface: String,
     iface_ifindex: u32,
     /// The probes' source per family (the interface's first address); `None`: that family
@@ -230,6 +232,7 @@ impl VipPath {
         let path = Self {
             names: names.clone(),
             device_ifindex: AtomicU32::new(0),
+            broken_logged: AtomicBool::new(false),
             iface: iface.to_owned(),
             iface_ifindex,
             source_v4: netif::first_ipv4(&addrs, iface).map(IpAddr::V4),
@@ -284,17 +287,20 @@ impl VipPath {
         if missing.is_empty() {
             return Ok(missing);
         }
-        event!(
-            error,
-            "probe_path_broken",
-            device = names.device,
-            table = names.table,
-            missing = missing.join(","),
-            message = "ALERT: probes through the tunnel count as unknown until lbd restores the probe path"
-        );
+        if !self.broken_logged.swap(true, Ordering::Relaxed) {
+            event!(
+                error,
+                "probe_path_broken",
+                device = names.device,
+                table = names.table,
+                missing = missing.join(","),
+                message = "ALERT: probes through the tunnel count as unknown until lbd restores the probe path"
+            );
+        }
         let path = &self.program_path;
         let mut program = SchedClassifier::from_pin(path).map_err(|source| VipPathError::OpenProgram { path: path.clone(), source })?;
         self.establish(&mut rtnl, &mut program)?;
+        self.broken_logged.store(false, Ordering::Relaxed);
         event!(warn, "probe_path_restored", device = names.device, table = names.table, restored = missing.join(","));
         Ok(missing)
     }
