@@ -286,13 +286,13 @@ fn the_balancers_own_probe_path_trouble_is_unknown_with_an_alert() {
     let (c, vip) = healthy_cluster(2, &[]);
     let lb = c.topo.lb();
 
-    // The probe device replaced by one lbd must not take (a dummy of the same name): the
+    // The probe device replaced by one lbd must not take (a bridge of the same name): the
     // program is detached, lbd cannot restore the path, and probes through the tunnel count
     // as unknown while the direct ones pass. (A running lbd restores a path merely removed:
     // the swap is retried should it restore it in between.)
     let device = probe_device(&c);
-    let swap = format!("ip link del dev {device} && ip link add {device} type dummy");
-    wait_until(Duration::from_secs(5), "the probe device swapped for a dummy", || lb.run(&["sh", "-c", &swap]).is_ok());
+    let swap = format!("ip link del dev {device} && ip link add {device} type bridge");
+    wait_until(Duration::from_secs(5), "the probe device swapped for a bridge", || lb.run(&["sh", "-c", &swap]).is_ok());
     wait_until(Duration::from_secs(6), "the alert", || alerts(&c, &vip).contains("not attached"));
     nobody_blamed(&c, &vip);
     assert!(alerts(&c, &vip).starts_with("ALERT: this balancer cannot probe through the tunnel"), "{}", alerts(&c, &vip));
