@@ -281,18 +281,37 @@ fn probe_device(c: &Cluster) -> String {
     spillway::vip_path::ProbeNames::for_pin_dir(&c.lbd_pin_dir().unwrap()).device
 }
 
+/// Puts a bridge in the probe device's place (a running lbd restores a path merely removed,
+/// but takes no device that is not an ifb; the swap is retried should it restore the device
+/// in between). Returns the device's name.
+fn break_the_probe_path_for_good(c: &Cluster) -> String {
+    let device = probe_device(c);
+    let swap = format!("ip link del dev {device} && ip link add {device} type bridge");
+    wait_until(Duration::from_secs(5), "the probe device swapped for a bridge", || c.topo.lb().run(&["sh", "-c", &swap]).is_ok());
+    device
+}
+
+#[test]
+fn a_probe_that_cannot_take_the_probe_path_is_unknown_not_passed() {
+    let (c, vip) = healthy_cluster(2, &[]);
+    // Another way to the VIP that answers (as a router announcing it would give): straight
+    // to b2, which serves it. Probes that fell back to it would pass for every backend.
+    let b2 = c.topo.backends()[1].ipv4().to_string();
+    c.topo.lb().run(&["ip", "route", "add", &format!("{VIP4}/32"), "via", &b2, "dev", "eth0"]).unwrap();
+    break_the_probe_path_for_good(&c);
+    nobody_blamed(&c, &vip);
+    assert!(alerts(&c, &vip).starts_with("ALERT: this balancer cannot probe through the tunnel"), "{}", alerts(&c, &vip));
+}
+
 #[test]
 fn the_balancers_own_probe_path_trouble_is_unknown_with_an_alert() {
     let (c, vip) = healthy_cluster(2, &[]);
     let lb = c.topo.lb();
 
-    // The probe device replaced by one lbd must not take (a bridge of the same name): the
-    // program is detached, lbd cannot restore the path, and probes through the tunnel count
-    // as unknown while the direct ones pass. (A running lbd restores a path merely removed:
-    // the swap is retried should it restore it in between.)
-    let device = probe_device(&c);
-    let swap = format!("ip link del dev {device} && ip link add {device} type bridge");
-    wait_until(Duration::from_secs(5), "the probe device swapped for a bridge", || lb.run(&["sh", "-c", &swap]).is_ok());
+    // The probe device replaced by one lbd must not take: the program is detached, lbd
+    // cannot restore the path, and probes through the tunnel count as unknown while the
+    // direct ones pass.
+    let device = break_the_probe_path_for_good(&c);
     wait_until(Duration::from_secs(6), "the alert", || alerts(&c, &vip).contains("not attached"));
     nobody_blamed(&c, &vip);
     assert!(alerts(&c, &vip).starts_with("ALERT: this balancer cannot probe through the tunnel"), "{}", alerts(&c, &vip));
