@@ -116,6 +116,7 @@ fn a_second_lbd_on_a_driven_interface_names_the_first_and_leaves_nothing() {
         ])
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("the second lbd said: {stderr}");
     assert!(!out.status.success());
     let first = c.lbd_pin_dir().unwrap();
     assert!(stderr.contains("eth0 is driven by another XDP program") && !stderr.contains("Device or resource busy"), "{stderr}");
