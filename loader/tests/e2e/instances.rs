@@ -44,6 +44,14 @@ fn a_dead_server_goes_down(c: &Cluster, vip: &str) {
     assert_eq!(backend_json(c, vip, &other)["health"], "healthy");
 }
 
+/// What the last `event=probe_path_restored` line restored.
+fn restored(c: &Cluster) -> Vec<String> {
+    let log = c.lbd_log();
+    let line = log.lines().rev().find(|l| l.contains("event=probe_path_restored")).unwrap_or_default();
+    let list = line.split(' ').find_map(|kv| kv.strip_prefix("restored=")).unwrap_or_default();
+    list.split(',').map(str::to_owned).collect()
+}
+
 fn left_in(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.path().display().to_string()).collect()).unwrap_or_default()
 }
@@ -77,6 +85,22 @@ fn a_probe_device_deleted_under_a_running_lbd_is_restored_and_health_stays_true(
     let broken = log.lines().find(|l| l.contains("event=probe_path_broken")).expect("the breakage is logged");
     assert!(broken.contains("ALERT") && broken.contains("device"), "{broken}");
     assert_ne!(ifindex(&c, &device), Some(before), "a new device");
+
+    // The rule and the program's link are restored too, each on its own.
+    let names = ProbeNames::for_pin_dir(&c.lbd_pin_dir().unwrap());
+    let mark = format!("{:#x}/0xff000000", u32::from(names.mark) << 24);
+    let restorations = || c.lbd_log().matches("event=probe_path_restored").count();
+    let before = restorations();
+    c.topo.lb().run(&["ip", "-4", "rule", "del", "fwmark", &mark, "table", &names.table.to_string()]).unwrap();
+    wait_until(Duration::from_secs(5), "the rule restored", || restorations() > before);
+    assert_eq!(restored(&c), ["routing"]);
+    let before = restorations();
+    let link = c.lbd_pin_dir().unwrap().join(format!("v{}", spillway_common::limits::PIN_VERSION)).join("probe_link");
+    std::fs::remove_file(&link).unwrap();
+    wait_until(Duration::from_secs(5), "the program attached again", || restorations() > before);
+    assert_eq!(restored(&c), ["program"]);
+    assert!(link.exists(), "its link pinned again");
+
     // And it works: backends stay healthy, and a dead one goes down.
     wait_until(Duration::from_secs(5), "every backend healthy", || all_healthy(&c, &vip));
     a_dead_server_goes_down(&c, &vip);
