@@ -4,6 +4,7 @@
 //! <pin-dir>/v<PIN_VERSION>/maps/<map>   the balancer's maps (see dataplane)
 //! <pin-dir>/v<PIN_VERSION>/link         the balancer's XDP link
 //! <pin-dir>/v<PIN_VERSION>/probe_link   the probe path's tc link (see `vip_path`)
+//! <pin-dir>/v<PIN_VERSION>/probe_prog   the probe program, for `lbd` to attach it again
 //! <pin-dir>/agent/link                  the backend agent's XDP link
 //! ```
 //!
@@ -17,6 +18,7 @@ use std::{
     io,
     os::unix::fs::DirBuilderExt,
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
 use aya::programs::{
@@ -139,6 +141,10 @@ impl PinLayout {
 
     pub fn probe_link(&self) -> PathBuf {
         self.balancer_dir().join("probe_link")
+    }
+
+    pub fn probe_program(&self) -> PathBuf {
+        self.balancer_dir().join("probe_prog")
     }
 
     pub fn agent_dir(&self) -> PathBuf {
@@ -270,9 +276,16 @@ pub struct PinLock {
     _flock: Flock<File>,
 }
 
+/// How long a daemon waits for the lock of its pin directory: a process killed with SIGKILL
+/// holds it until the kernel has torn it down, which takes a moment after `kill -9` returns
+/// (a hand restart starts the next one at once). Longer means another daemon really runs.
+pub const LOCK_WAIT: Duration = Duration::from_secs(5);
+/// How often a waiting daemon tries the lock again.
+const LOCK_RETRY: Duration = Duration::from_millis(50);
+
 /// Creates `dir` (0700) on bpffs, checks that it and every directory above it on the same
 /// bpffs are root's alone (see [`refuse_unsafe_dir`]; the mount's own root is the kernel's),
-/// and takes its lock.
+/// and takes its lock, waiting up to [`LOCK_WAIT`] for a previous holder to go.
 pub fn create_and_lock(dir: &Path) -> Result<PinLock, PinError> {
     DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|source| PinError::CreateDir { path: dir.to_owned(), source })?;
     if !is_bpffs(dir) {
@@ -281,7 +294,31 @@ pub fn create_and_lock(dir: &Path) -> Result<PinLock, PinError> {
     for ancestor in dir.ancestors().take_while(|a| a.parent().is_some_and(is_bpffs)) {
         refuse_unsafe_dir(ancestor)?;
     }
-    lock(dir)
+    lock_waiting(dir, LOCK_WAIT)
+}
+
+/// [`lock`], retried for up to `wait` while another process holds it (logged once).
+fn lock_waiting(dir: &Path, wait: Duration) -> Result<PinLock, PinError> {
+    let deadline = Instant::now() + wait;
+    let mut logged = false;
+    loop {
+        match lock(dir) {
+            Err(PinError::Busy { .. }) if Instant::now() < deadline => {
+                if !logged {
+                    crate::event!(
+                        info,
+                        "waiting_for_lock",
+                        path = dir.display(),
+                        wait_s = wait.as_secs_f64(),
+                        message = "another process holds it (an lbd still exiting?)"
+                    );
+                    logged = true;
+                }
+                std::thread::sleep(LOCK_RETRY);
+            }
+            other => return other,
+        }
+    }
 }
 
 fn lock(dir: &Path) -> Result<PinLock, PinError> {
@@ -414,18 +451,77 @@ pub fn cleanup(layout: &PinLayout) -> Result<Vec<PathBuf>, PinError> {
         .filter(|dir| dir.is_dir())
         .map(|dir| lock(dir))
         .collect::<Result<Vec<_>, _>>()?;
+    let unpinned = unpin_links([layout.balancer_link(), layout.probe_link(), layout.agent_link()])?;
+    fs::remove_dir_all(layout.root()).map_err(|source| PinError::Remove { path: layout.root().to_owned(), source })?;
+    Ok(unpinned)
+}
+
+/// Undoes a first start that failed: detaches the balancer's links and removes its directory
+/// (maps, links, probe program), and the pin directory itself when that leaves it empty. The
+/// caller holds the balancer directory's lock. Returns the links it unpinned.
+pub fn remove_balancer(layout: &PinLayout) -> Result<Vec<PathBuf>, PinError> {
+    let unpinned = unpin_links([layout.balancer_link(), layout.probe_link()])?;
+    let dir = layout.balancer_dir();
+    fs::remove_dir_all(&dir).map_err(|source| PinError::Remove { path: dir, source })?;
+    // Not empty: the agent's pins are there too, and stay.
+    let _ = fs::remove_dir(layout.root());
+    Ok(unpinned)
+}
+
+/// Unpins each link of `paths` that is pinned; the last reference gone, its program detaches.
+fn unpin_links(paths: impl IntoIterator<Item = PathBuf>) -> Result<Vec<PathBuf>, PinError> {
     let mut unpinned = Vec::new();
-    for path in [layout.balancer_link(), layout.probe_link(), layout.agent_link()] {
+    for path in paths {
         if path.symlink_metadata().is_err() {
             continue;
         }
         let link = PinnedLink::from_pin(&path).map_err(|source| PinError::OpenLink { path: path.clone(), source })?;
-        // Dropping the last reference to an unpinned link detaches its program.
         drop(link.unpin().map_err(|source| PinError::Remove { path: path.clone(), source })?);
         unpinned.push(path);
     }
-    fs::remove_dir_all(layout.root()).map_err(|source| PinError::Remove { path: layout.root().to_owned(), source })?;
     Ok(unpinned)
+}
+
+/// What drives `iface`'s XDP hook, for an attach that found it taken: the program's name and
+/// id and, when it is a Spillway balancer's link pinned on this host's bpffs, its pin
+/// directory. `None` when nothing does (the attach failed for another reason).
+pub fn xdp_holder(iface: &str) -> Option<String> {
+    let program_id = crate::rtnl::Rtnl::open().ok()?.link(iface).ok()??.xdp_prog_id?;
+    let name = aya::programs::loaded_programs()
+        .flatten()
+        .find(|p| p.id() == program_id)
+        .and_then(|p| p.name_as_str().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned());
+    let mut holder = format!("program {name} (id {program_id})");
+    if let Some(pin_dir) = balancer_pin_dir_running(program_id) {
+        holder.push_str(&format!(", the balancer of another lbd: --pin-dir {}", pin_dir.display()));
+    }
+    Some(holder)
+}
+
+/// How deep under the bpffs root a balancer's link is looked for (`<root>/a/b/c/vN/link`).
+const HOLDER_SEARCH_DEPTH: usize = 5;
+
+/// The pin directory whose balancer link (`<dir>/v<PIN_VERSION>/link`) runs `program_id`.
+fn balancer_pin_dir_running(program_id: u32) -> Option<PathBuf> {
+    let version_dir = format!("v{PIN_VERSION}");
+    let mut dirs = vec![(PathBuf::from(BPFFS_ROOT), 0)];
+    while let Some((dir, depth)) = dirs.pop() {
+        for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                if depth < HOLDER_SEARCH_DEPTH {
+                    dirs.push((path, depth + 1));
+                }
+            } else if entry.file_name() == "link" && dir.file_name().is_some_and(|n| n == version_dir.as_str()) {
+                let link: Option<FdLink> = PinnedLink::from_pin(&path).ok().map(Into::into);
+                if link.and_then(|l| l.info().ok()).is_some_and(|info| info.program_id() == program_id) {
+                    return dir.parent().map(Path::to_owned);
+                }
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -527,6 +623,30 @@ mod tests {
         assert_eq!(fdinfo_ifindex(text, 42), Some(7));
         assert_eq!(fdinfo_ifindex(text, 43), None);
         assert_eq!(fdinfo_ifindex("pos:\t0\nflags:\t02\n", 42), None);
+    }
+
+    #[test]
+    fn a_lock_released_within_the_wait_is_taken_and_one_held_longer_is_refused() {
+        let dir = temp_dir("lock");
+        let held = lock(dir.path()).unwrap();
+        let release_after = Duration::from_millis(400);
+        let started = Instant::now();
+        let taken = std::thread::scope(|scope| {
+            scope.spawn(move || {
+                std::thread::sleep(release_after);
+                drop(held);
+            });
+            lock_waiting(dir.path(), Duration::from_secs(5))
+        });
+        assert!(taken.is_ok(), "the lock was released after {release_after:?}: {:?}", taken.err());
+        assert!(started.elapsed() >= release_after, "taken only once released");
+
+        // Still held at the end of the wait: the same refusal as before.
+        let _held = taken.unwrap();
+        let started = Instant::now();
+        let err = lock_waiting(dir.path(), Duration::from_millis(300)).err().unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(300), "waited the whole bound");
+        assert!(err.to_string().starts_with("another lbd is using"), "{err}");
     }
 
     #[test]

@@ -37,6 +37,8 @@ const IFF_UP: u32 = 0x1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_STATS64: u16 = 23;
+const IFLA_XDP: u16 = 43;
+const IFLA_XDP_PROG_ID: u16 = 4;
 /// `struct rtnl_link_stats64`: rx/tx packets, rx/tx bytes, rx/tx errors, rx_dropped, then
 /// tx_dropped.
 const STATS64_TX_DROPPED: usize = 7 * 8;
@@ -127,6 +129,8 @@ pub struct Link {
     /// Frames the device dropped on the way out (`tx_dropped`; on a veth, also frames
     /// XDP_TX or a redirect could not hand to its peer).
     pub tx_dropped: Option<u64>,
+    /// The XDP program driving the device (`None`: none).
+    pub xdp_prog_id: Option<u32>,
 }
 
 /// What a route lookup answered.
@@ -380,7 +384,12 @@ fn parse_link(body: &[u8]) -> Option<Link> {
     let tx_dropped = attrs(body.get(IFINFOMSG_LEN..)?)
         .find(|(kind, _)| *kind == IFLA_STATS64)
         .and_then(|(_, stats)| Some(u64::from_ne_bytes(stats.get(STATS64_TX_DROPPED..STATS64_TX_DROPPED + 8)?.try_into().ok()?)));
-    Some(Link { ifindex, kind, up, tx_dropped })
+    let xdp_prog_id = attrs(body.get(IFINFOMSG_LEN..)?)
+        .find(|(kind, _)| kind & !NLA_F_NESTED == IFLA_XDP)
+        .and_then(|(_, xdp)| attrs(xdp).find(|(kind, _)| *kind == IFLA_XDP_PROG_ID))
+        .and_then(|(_, id)| u32_at(id, 0))
+        .filter(|id| *id != 0);
+    Some(Link { ifindex, kind, up, tx_dropped, xdp_prog_id })
 }
 
 fn parse_route(body: &[u8]) -> Option<Route> {

@@ -26,7 +26,7 @@ use spillway::{
     pins::PinLayout,
     probe::{Hex, ProbeSpec, run},
     reconcile::Reconciler,
-    vip_path::{VipPath, VipPathArgs},
+    vip_path::{ProbeNames, VipPath},
 };
 use spillway_common::{
     addr::to_words,
@@ -130,8 +130,8 @@ async fn probe_everything(pin_dir: &std::path::Path, backend: IpAddr, remote: Se
     state.add_backend(&vip, backend, 100).unwrap();
     let mut reconciler = Reconciler::adopt(&balancer.maps).unwrap();
     reconciler.apply(&mut balancer.maps, &state).unwrap();
-    let args = VipPathArgs { probe_device: "spw-probe".into(), probe_table: 5357, probe_mark: 0x53 };
-    let path = VipPath::install(&mut balancer, &layout, "eth0", &args).unwrap();
+    let names = ProbeNames { device: "spw-probe".into(), table: 5357, mark: 0x53 };
+    let path = VipPath::install(&mut balancer, &layout, "eth0", &names).unwrap();
     let tunnel = Tunnel { path: Arc::new(Ok(path)), slot: reconciler.backend_slot(&vip, &backend).unwrap() };
 
     let local = Servers::start(Ipv4Addr::LOCALHOST.into(), &[Ipv4Addr::LOCALHOST.into()]).await;

@@ -32,6 +32,7 @@ Examples:
   lbd --iface eth0 --outer-src 10.0.0.0/24 --outer-src6 fd00::/112
   lbd --config /etc/spillway/spillway.toml
   lbd --cleanup                  # detach and remove every pin (stop lbd first)
+  lbd --cleanup --config /etc/spillway/spillway.toml   # its [lbd] pin_dir, bird_socket, ...
   lbd check -f /etc/spillway/spillway.toml    # a file checked as a start would
 
 With --config, the file's [lbd] settings are options too (a command-line option wins),
@@ -117,7 +118,9 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "IF", required_unless_present_any = ["cleanup", "config"])]
     pub iface: Option<String>,
     /// Detach the balancer and the agent and remove everything under --pin-dir, then exit.
-    #[arg(long, conflicts_with_all = ["iface", "config"])]
+    /// With --config, the file's [lbd] table gives --pin-dir, the BIRD paths and the probe
+    /// path's options (the command line still wins); its iface and VIPs are not needed.
+    #[arg(long, conflicts_with = "iface")]
     pub cleanup: bool,
     /// Configuration file: [lbd] settings and the desired state (see the example
     /// spillway.toml); applied again at a start or on SIGHUP once what it declares changed.
@@ -317,7 +320,12 @@ pub fn resolve(argv: Vec<OsString>) -> Result<Resolved, ArgsError> {
         return Ok(Resolved { args, config: None, settings: RunningSettings { effective: command_line.clone(), command_line } });
     };
     let doc = Document::read(&path)?;
-    let from_file = Settings::from_file(&doc, section)?.without_environment(section, environment_has);
+    let mut from_file = Settings::from_file(&doc, section)?.without_environment(section, environment_has);
+    if section == Section::Lbd && args.daemon.cleanup {
+        // Cleanup takes where lbd pinned and announced from the file; the interface it ran
+        // on is not needed (and as an option, would conflict with --cleanup).
+        from_file.remove("iface");
+    }
     let split = section.argv_prefix().min(argv.len());
     let merged: Vec<OsString> = argv[..split]
         .iter()
@@ -520,12 +528,21 @@ mod tests {
 
     #[test]
     fn probe_path_options() {
+        let names = |d: &DaemonArgs| {
+            let n = d.vip_path.names(&d.pin_dir);
+            (n.device, n.table, n.mark)
+        };
         let d = parse(&["--iface", "eth0"]).unwrap().daemon;
-        assert_eq!((d.vip_path.probe_device.as_str(), d.vip_path.probe_table, d.vip_path.probe_mark), ("spw-probe", 5357, 0x53));
+        assert_eq!(names(&d), ("spw-probe".to_owned(), 5357, 0x53), "the default pin directory keeps the historic names");
         let d = parse(&["--iface", "eth0", "--probe-device", "p0", "--probe-table", "100", "--probe-mark", "0x7e"]).unwrap().daemon;
-        assert_eq!((d.vip_path.probe_device.as_str(), d.vip_path.probe_table, d.vip_path.probe_mark), ("p0", 100, 0x7e));
+        assert_eq!(names(&d), ("p0".to_owned(), 100, 0x7e));
+        // Another pin directory: names of its own, and options still win.
+        let d = parse(&["--iface", "eth0", "--pin-dir", "/sys/fs/bpf/other", "--probe-table", "100"]).unwrap().daemon;
+        let (device, table, mark) = names(&d);
+        assert!(device.starts_with("spw-p-") && device != "spw-probe" && mark != 0x53, "{device} {mark:#x}");
+        assert_eq!(table, 100);
         let d = parse(&["--cleanup", "--probe-device", "p0"]).unwrap().daemon;
-        assert_eq!(d.vip_path.probe_device, "p0", "--cleanup removes what lbd made with the same options");
+        assert_eq!(names(&d).0, "p0", "--cleanup removes what lbd made with the same options");
         for (flag, value) in [("--probe-table", "254"), ("--probe-mark", "0"), ("--probe-device", "a/b")] {
             let err = parse(&["--iface", "eth0", flag, value]).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::ValueValidation, "{flag} {value}");

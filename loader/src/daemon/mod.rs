@@ -72,6 +72,11 @@ pub enum DaemonError {
     #[error(transparent)]
     Netif(#[from] NetifError),
     #[error(
+        "{iface} is driven by another XDP program: {holder}. Stop it first (another lbd: stop it, or run \
+         `lbd --cleanup --pin-dir` with its directory), or choose another --iface"
+    )]
+    InterfaceTaken { iface: String, holder: String },
+    #[error(
         "the pinned map {name} at {} does not fit this lbd ({property} is {actual}, expected {expected}); \
          stop lbd and run `lbd --cleanup --pin-dir {}` (this drops the connection table)",
         path.display(),
@@ -111,6 +116,9 @@ pub enum DaemonError {
 pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, settings: RunningSettings) -> Result<(), DaemonError> {
     // Everything lbd creates (socket, state file, pin directories) is root's alone.
     umask(Mode::from_bits_truncate(0o077));
+    // First, as `lbd check` does: every later step would fail on a missing interface with a
+    // message about something else (its sysctls, its addresses).
+    netif::ifindex(iface)?;
     check_fleet_seed(args)?;
     let mut signals = Signals::install()?;
     // Read the state before touching the dataplane: a bad file must change nothing.
@@ -135,6 +143,8 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
     let _lock = pins::create_and_lock(&layout.balancer_dir())?;
+    // Declared after the lock, so it runs while the lock is still held.
+    let mut undo = UndoFirstStart::new(&layout, args.vip_path.names(&args.pin_dir));
     let durability = pins::durability(&layout.balancer_dir());
     durability.log_at_start(&layout.balancer_dir(), "forwarding");
     // Bound before the dataplane is touched, so a socket problem changes nothing; clients
@@ -157,7 +167,9 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let mode = args.xdp_mode.label();
     let started = std::time::Instant::now();
     warn_of_veth_tx(iface, args.xdp_mode);
-    let attachment = match pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link)? {
+    let attached =
+        pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link).map_err(|e| explain_attach_error(e, iface))?;
+    let attachment = match attached {
         Attachment::Attached => {
             event!(info, "attached", iface = iface, mode = mode, link = link.display(), program_tag = program_tag);
             "attached"
@@ -189,7 +201,8 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     // Probes through the tunnel need the probe path; without it they count as unknown (and
     // say why, loudly), and forwarding is unaffected.
     let vip_path = (!args.no_health_checks).then(|| {
-        VipPath::install(&mut balancer, &layout, iface, &args.vip_path).map_err(|e| {
+        undo.probe_path_touched = true;
+        VipPath::install(&mut balancer, &layout, iface, &args.vip_path.names(&args.pin_dir)).map_err(|e| {
             let message = error_chain(&e);
             event!(error, "probe_path_unavailable", error = message, message = "ALERT: probes through the tunnel count as unknown");
             message
@@ -259,7 +272,9 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let interface_watch = tokio::spawn(interface_watch(core.clone(), iface.to_owned()));
-    let prober = vip_path.map(|path| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed(), Arc::new(path))));
+    let vip_path = vip_path.map(Arc::new);
+    let path_upkeep = vip_path.clone().map(|path| tokio::spawn(probes::path_upkeep(path)));
+    let prober = vip_path.map(|path| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed(), path)));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port, report_key));
     let announcer = announce_config(args).map(|config| {
         let data_path = announce::DataPath { iface: iface.to_owned(), link: link.clone() };
@@ -267,6 +282,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     });
     let reloader = tokio::spawn(reload_on_hup(core.clone(), config_path, signals.take_hup()));
     // The API is bound, the state restored and the program attached: systemd may go on.
+    undo.disarm();
     event!(info, "ready", api = args.api.display());
     notify::ready(&serving(&server::lock(&core)));
     server::serve(listener, core.clone(), answered, async {
@@ -282,8 +298,8 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     }
     pressure.abort();
     reloader.abort();
-    if let Some(prober) = prober {
-        prober.abort();
+    for task in [prober, path_upkeep].into_iter().flatten() {
+        task.abort();
     }
     // Announcements stay as they are: BIRD keeps them, the next lbd takes them over.
     if let Some(announcer) = announcer {
@@ -414,7 +430,7 @@ fn announce_config(args: &DaemonArgs) -> Option<AnnounceConfig> {
 /// `lbd --cleanup`: withdraws every announcement (with `--bird-socket`), detaches the
 /// balancer and the agent and removes every pin.
 pub fn cleanup(args: &DaemonArgs) -> Result<(), DaemonError> {
-    let (pin_dir, vip_path) = (&args.pin_dir, &args.vip_path);
+    let (pin_dir, probe_names) = (&args.pin_dir, args.vip_path.names(&args.pin_dir));
     if let Some(config) = announce_config(args) {
         let withdrawn = crate::announce::withdraw_all(&config)?;
         event!(warn, "withdraw", prefixes = withdrawn, reason = "cleanup", include = config.include.display());
@@ -423,7 +439,7 @@ pub fn cleanup(args: &DaemonArgs) -> Result<(), DaemonError> {
         event!(info, "detached", link = link.display());
     }
     event!(info, "removed", pin_dir = pin_dir.display());
-    VipPath::remove(vip_path).map_err(|e| DaemonError::VipPath(Box::new(e)))?;
+    VipPath::remove(&probe_names).map_err(|e| DaemonError::VipPath(Box::new(e)))?;
     Ok(())
 }
 
@@ -487,6 +503,58 @@ fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
         gue_port: args.gue_port.to_be(),
         ..LbConfig::default()
     })
+}
+
+/// An attach refused because another XDP program drives the interface says which one (and
+/// which `lbd`, when it is one), not the kernel's bare EBUSY.
+fn explain_attach_error(error: PinError, iface: &str) -> DaemonError {
+    if let PinError::Attach { .. } = &error
+        && let Some(holder) = pins::xdp_holder(iface)
+    {
+        return DaemonError::InterfaceTaken { iface: iface.to_owned(), holder };
+    }
+    error.into()
+}
+
+/// Removes what a first start (no maps pinned before it) created when it fails before it
+/// is ready: pins, maps and the probe path. A restart's failure leaves the pins alone: they
+/// are the running balancer's, and keep forwarding.
+struct UndoFirstStart {
+    layout: PinLayout,
+    probe_names: crate::vip_path::ProbeNames,
+    armed: bool,
+    /// Set once the probe path's setup began (the device may exist from then on).
+    probe_path_touched: bool,
+}
+
+impl UndoFirstStart {
+    fn new(layout: &PinLayout, probe_names: crate::vip_path::ProbeNames) -> Self {
+        Self { layout: layout.clone(), probe_names, armed: !layout.balancer_maps().exists(), probe_path_touched: false }
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for UndoFirstStart {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let pin_dir = self.layout.root().display();
+        match pins::remove_balancer(&self.layout) {
+            Ok(links) => {
+                event!(info, "start_undone", pin_dir = pin_dir, links_detached = links.len(), message = "removed what this start pinned")
+            }
+            Err(e) => event!(error, "start_undo_failed", pin_dir = pin_dir, error = error_chain(&e)),
+        }
+        if self.probe_path_touched
+            && let Err(e) = VipPath::remove(&self.probe_names)
+        {
+            event!(error, "start_undo_failed", device = self.probe_names.device, error = error_chain(&e));
+        }
+    }
 }
 
 /// Names the map and its pin path when a pinned map has another shape than this build's.

@@ -122,20 +122,67 @@ pub async fn probe_through_tunnel(
         return (ProbeOutcome::Unknown, Some(LocalCause::VipPath(why)));
     }
     let mark = path.mark(backend_id, generation);
+    // Without the probe path, a marked socket takes whatever route is left (the main
+    // table, back into the balancer to any backend), and its answer says nothing about this
+    // backend: the path must be whole before the probe and still after it.
+    let unknown = |why| (ProbeOutcome::Unknown, Some(LocalCause::VipPath(why)));
+    if let Some(why) = path_check(&vip_path, move |path| path.broken_for(vip.ip())).await {
+        return unknown(why);
+    }
     let (tunnel, direct) = tokio::join!(probe::run(spec, vip, Some(mark), timeout), probe::run(spec, direct, None, timeout));
     let diagnosis = probe::diagnose(tunnel, &direct);
     if !matches!(diagnosis, ProbeOutcome::VipPathFailed { .. }) {
-        return (diagnosis, None);
+        return match path_check(&vip_path, move |path| path.broken_for(vip.ip())).await {
+            Some(why) => unknown(why),
+            None => (diagnosis, None),
+        };
     }
     // Only the tunnel failed: rule out this balancer before blaming the backend.
-    let check = tokio::task::spawn_blocking(move || match vip_path.as_ref() {
-        Ok(path) => path.local_problem(vip.ip(), mark, backend_id),
+    match path_check(&vip_path, move |path| path.local_problem(vip.ip(), backend_id)).await {
+        None => (diagnosis, None),
+        Some(why) => unknown(why),
+    }
+}
+
+/// Runs `check` of the probe path off the async workers (it asks the kernel).
+async fn path_check(vip_path: &Arc<ProbePathState>, check: impl FnOnce(&VipPath) -> Option<String> + Send + 'static) -> Option<String> {
+    let vip_path = vip_path.clone();
+    let checked = tokio::task::spawn_blocking(move || match vip_path.as_ref() {
+        Ok(path) => check(path),
         Err(why) => Some(why.clone()),
     });
-    match check.await {
-        Ok(None) => (diagnosis, None),
-        Ok(Some(why)) => (ProbeOutcome::Unknown, Some(LocalCause::VipPath(why))),
-        Err(e) => (ProbeOutcome::Unknown, Some(LocalCause::VipPath(format!("checking the probe path: {e}")))),
+    checked.await.unwrap_or_else(|e| Some(format!("checking the probe path: {e}")))
+}
+
+/// How often a running `lbd` checks its probe path (and restores what is gone of it).
+pub const PATH_UPKEEP: Duration = Duration::from_secs(1);
+
+/// Checks the probe path every [`PATH_UPKEEP`] and restores what another process (an
+/// operator's `ip link del`, a cleanup) removed; until then, probes through it are unknown.
+pub async fn path_upkeep(vip_path: Arc<ProbePathState>) {
+    let mut tick = tokio::time::interval(PATH_UPKEEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A failure that lasts is logged when it starts or changes, not every second.
+    let mut last_failure = None;
+    loop {
+        tick.tick().await;
+        let path = vip_path.clone();
+        let repaired = tokio::task::spawn_blocking(move || path.as_ref().as_ref().ok().map(VipPath::repair)).await;
+        let failure = match repaired {
+            Ok(None) => return,
+            Ok(Some(Ok(_))) => None,
+            Ok(Some(Err(e))) => Some(error_chain(&e)),
+            Err(e) => Some(e.to_string()),
+        };
+        if failure.is_some() && failure != last_failure {
+            event!(
+                error,
+                "probe_path_restore_failed",
+                error = failure.as_deref().unwrap_or_default(),
+                message = "ALERT: probes through the tunnel count as unknown"
+            );
+        }
+        last_failure = failure;
     }
 }
 

@@ -151,6 +151,10 @@ impl Settings {
         self.0.get(key).map(Vec::as_slice)
     }
 
+    pub fn remove(&mut self, key: &str) {
+        self.0.remove(key);
+    }
+
     /// As command-line arguments.
     pub fn to_args(&self, section: Section) -> Vec<String> {
         let command = section.command();
@@ -321,6 +325,26 @@ mod tests {
         assert_eq!(resolved.settings.command_line.get("outer_src"), Some(&["10.0.0.3".to_owned()][..]), "shown as overriding the file");
         let resolved = resolve(argv(&["lbd", "--config", &path, "--zone", "c"])).unwrap();
         assert_eq!(resolved.args.daemon.zone.as_deref(), Some("c"), "the command line wins over the variable");
+    }
+
+    #[test]
+    fn cleanup_takes_its_paths_from_the_file_and_the_command_line_wins() {
+        let tmp = TempDir::new("settings-cleanup");
+        let path = file(
+            &tmp,
+            "vips = []\n[lbd]\niface = \"eth9\"\npin_dir = \"/sys/fs/bpf/file\"\nbird_socket = \"/run/b.ctl\"\n\
+             bird_include = \"/run/inc.conf\"\nprobe_device = \"probe9\"\n",
+        );
+        let d = resolve(argv(&["lbd", "--cleanup", "--config", &path])).unwrap().args.daemon;
+        assert!(d.cleanup);
+        assert_eq!(d.pin_dir, std::path::PathBuf::from("/sys/fs/bpf/file"));
+        assert_eq!(d.announce.bird_socket.as_deref(), Some(std::path::Path::new("/run/b.ctl")));
+        assert_eq!(d.announce.bird_include, std::path::PathBuf::from("/run/inc.conf"));
+        assert_eq!(d.vip_path.probe_device.as_deref(), Some("probe9"));
+        let d = resolve(argv(&["lbd", "--cleanup", "--config", &path, "--pin-dir", "/sys/fs/bpf/cli"])).unwrap().args.daemon;
+        assert_eq!(d.pin_dir, std::path::PathBuf::from("/sys/fs/bpf/cli"), "the command line wins");
+        // An interface on the command line still makes no sense with --cleanup.
+        assert!(resolve(argv(&["lbd", "--cleanup", "--config", &path, "--iface", "eth0"])).is_err());
     }
 
     #[test]

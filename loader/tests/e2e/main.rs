@@ -12,6 +12,7 @@ mod health_state;
 mod hitless_restart;
 mod hostile;
 mod input;
+mod instances;
 mod membership;
 mod observability;
 mod overload;

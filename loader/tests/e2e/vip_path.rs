@@ -276,21 +276,52 @@ fn probe_link(c: &Cluster) -> std::path::PathBuf {
     c.lbd_pin_dir().unwrap().join(format!("v{}", spillway_common::limits::PIN_VERSION)).join("probe_link")
 }
 
+/// The probe device's name: derived from the cluster's pin directory.
+fn probe_device(c: &Cluster) -> String {
+    spillway::vip_path::ProbeNames::for_pin_dir(&c.lbd_pin_dir().unwrap()).device
+}
+
+/// Puts a bridge in the probe device's place (a running lbd restores a path merely removed,
+/// but takes no device that is not an ifb; the swap is retried should it restore the device
+/// in between). Returns the device's name.
+fn break_the_probe_path_for_good(c: &Cluster) -> String {
+    let device = probe_device(c);
+    let swap = format!("ip link del dev {device} && ip link add {device} type bridge");
+    wait_until(Duration::from_secs(5), "the probe device swapped for a bridge", || c.topo.lb().run(&["sh", "-c", &swap]).is_ok());
+    device
+}
+
+#[test]
+fn a_probe_that_cannot_take_the_probe_path_is_unknown_not_passed() {
+    let (c, vip) = healthy_cluster(2, &[]);
+    // Another way to the VIP that answers (as a router announcing it would give): straight
+    // to b2, which serves it. Probes that fell back to it would pass for every backend.
+    let b2 = c.topo.backends()[1].ipv4().to_string();
+    c.topo.lb().run(&["ip", "route", "add", &format!("{VIP4}/32"), "via", &b2, "dev", "eth0"]).unwrap();
+    break_the_probe_path_for_good(&c);
+    nobody_blamed(&c, &vip);
+    assert!(alerts(&c, &vip).starts_with("ALERT: this balancer cannot probe through the tunnel"), "{}", alerts(&c, &vip));
+}
+
 #[test]
 fn the_balancers_own_probe_path_trouble_is_unknown_with_an_alert() {
     let (c, vip) = healthy_cluster(2, &[]);
+    let lb = c.topo.lb();
 
-    // The probe program detached (its pinned link removed): probes through the tunnel go
-    // nowhere, while the direct ones pass.
-    std::fs::remove_file(probe_link(&c)).unwrap();
+    // The probe device replaced by one lbd must not take: the program is detached, lbd
+    // cannot restore the path, and probes through the tunnel count as unknown while the
+    // direct ones pass.
+    let device = break_the_probe_path_for_good(&c);
     wait_until(Duration::from_secs(6), "the alert", || alerts(&c, &vip).contains("not attached"));
     nobody_blamed(&c, &vip);
     assert!(alerts(&c, &vip).starts_with("ALERT: this balancer cannot probe through the tunnel"), "{}", alerts(&c, &vip));
     assert!(c.lbctl(&["vips", "list"]).unwrap().starts_with("ALERT"));
     assert!(c.lbd_log().contains("event=lb_probe_alert cause=vip_path"), "logged");
+    assert!(c.lbd_log().contains("event=probe_path_restore_failed"), "logged");
 
     // A restarted lbd attaches it again.
     c.stop_lbd(Signal::SIGTERM).unwrap();
+    lb.run(&["ip", "link", "del", "dev", &device]).unwrap();
     c.start_lbd().unwrap();
     assert!(c.lbd_log().contains("event=probe_path_attached"), "{}", c.lbd_log());
     wait_until(Duration::from_secs(6), "probes through the tunnel pass again", || {
@@ -300,7 +331,6 @@ fn the_balancers_own_probe_path_trouble_is_unknown_with_an_alert() {
 
     // Strict reverse-path filtering: the balancer has no route to the VIP, so it drops the
     // backends' replies (source: the VIP) itself.
-    let lb = c.topo.lb();
     for key in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.eth0.rp_filter"] {
         lb.sysctl(key, "1").unwrap();
     }
@@ -336,14 +366,15 @@ fn a_probe_device_that_is_not_lbds_is_refused_and_left_alone() {
 fn a_restarted_lbd_takes_the_probe_path_over_and_cleanup_removes_it() {
     let (c, vip) = healthy_cluster(2, &[]);
     let lb = c.topo.lb();
-    let programs =
-        || lb.in_netns(|| aya::programs::SchedClassifier::query_tcx(c"spw-probe", aya::programs::TcAttachType::Egress)).unwrap().1;
+    let names = spillway::vip_path::ProbeNames::for_pin_dir(&c.lbd_pin_dir().unwrap());
+    let device = std::ffi::CString::new(names.device.clone()).unwrap();
+    let programs = || lb.in_netns(|| aya::programs::SchedClassifier::query_tcx(&device, aya::programs::TcAttachType::Egress)).unwrap().1;
     assert_eq!(programs().len(), 1);
     let before = programs()[0].id();
 
     c.stop_lbd(Signal::SIGKILL).unwrap();
     c.start_lbd().unwrap();
-    assert!(c.lbd_log().contains(&format!("event=probe_path_took_over device=spw-probe link={}", probe_link(&c).display())));
+    assert!(c.lbd_log().contains(&format!("event=probe_path_took_over device={} link={}", names.device, probe_link(&c).display())));
     let after = programs();
     assert_eq!(after.len(), 1, "the program is replaced in its link, not added");
     assert_ne!(after[0].id(), before, "the new lbd's program runs");
@@ -356,10 +387,12 @@ fn a_restarted_lbd_takes_the_probe_path_over_and_cleanup_removes_it() {
     let pin_dir = c.lbd_pin_dir().unwrap();
     let out = c.lbd_once(&["--cleanup", "--pin-dir", pin_dir.to_str().unwrap()]).unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(lb.run(&["ip", "link", "show", "spw-probe"]).is_err(), "the probe device is gone");
+    assert!(lb.run(&["ip", "link", "show", &names.device]).is_err(), "the probe device is gone");
+    // As `ip rule` prints it (%#x).
+    let mark = format!("fwmark {:#x}/", u32::from(names.mark) << 24);
     for family in ["-4", "-6"] {
         let rules = lb.run(&["ip", family, "rule", "show"]).unwrap();
-        assert!(!rules.contains("0x53000000"), "{family} rules left: {rules}");
+        assert!(!rules.contains(&mark), "{family} rules left: {rules}");
     }
-    assert!(lb.run(&["ip", "route", "show", "table", "5357"]).map_or(true, |r| r.trim().is_empty()));
+    assert!(lb.run(&["ip", "route", "show", "table", &names.table.to_string()]).map_or(true, |r| r.trim().is_empty()));
 }
