@@ -1,7 +1,8 @@
-//! Developer tasks: `cargo xtask <test|bench|demo|soak>`. Run them through `./x`, which first
+//! Developer tasks: `cargo xtask <test|bench|demo|soak|architecture>`. Run them through `./x`, which first
 //! installs what building needs (toolchains, LLVM, bpf-linker): cargo cannot build this
 //! crate before that.
 
+mod architecture;
 mod bench;
 mod bins;
 mod demo;
@@ -30,6 +31,9 @@ enum Task {
     /// The seeded chaos soak of a fleet (needs root and BIRD 2): backends changed and
     /// flapped, lbd, BIRD and balancers killed, under traffic, with invariants checked.
     Soak(soak::SoakArgs),
+    /// The walls: crates depend only on lower floors, and no module circle inside a crate
+    /// beyond the known ones (a list that only shrinks).
+    Architecture(architecture::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +42,6 @@ fn main() -> anyhow::Result<()> {
         Task::Test => test::run(),
         Task::Bench(args) => bench::run(&args),
         Task::Soak(args) => soak::run(&args),
+        Task::Architecture(args) => architecture::run(&args),
     }
 }

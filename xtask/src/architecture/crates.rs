@@ -1,0 +1,119 @@
+//! Crate floors: each workspace crate sits on a floor and may depend only on crates on lower
+//! floors, so the crate graph is the wall between layers.
+//!
+//! The table is a `const` here rather than a TOML file at the root: it is read only by this
+//! check, lives beside the code that enforces it, and a typo is a compile error or a failed
+//! test instead of a parse error at run time. `cargo xtask architecture` prints it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, ensure};
+
+/// Floors from the bottom up: (what the floor is for, its crates). A new crate must be placed.
+pub const FLOORS: &[(&str, &[&str])] = &[
+    ("shared wire and map types", &["spillway-common"]),
+    ("the data path and its protocols", &["xdp-ebpf", "spillway-quic-lb"]),
+    ("the control plane, lbd and lbctl", &["spillway-loader"]),
+    ("the test harness", &["spillway-harness"]),
+    ("developer tasks", &["xtask"]),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DepKind {
+    Normal,
+    Build,
+    /// Dev-dependencies build only tests and may reach any floor: a crate's tests sit above the
+    /// crate (as `#[cfg(test)]` modules may reach anywhere below them), and cargo allows such a
+    /// test-only cycle (`spillway-loader`'s tests use `spillway-harness`). They are printed, not
+    /// checked.
+    Dev,
+}
+
+#[derive(Debug)]
+pub struct Crate {
+    pub name: String,
+    /// Root files of the targets whose module trees are checked: libraries and binaries.
+    /// Integration tests, examples, benches and build scripts are test or build code.
+    pub roots: Vec<PathBuf>,
+    /// Dependencies on other workspace crates.
+    pub deps: BTreeSet<(String, DepKind)>,
+}
+
+/// The workspace's crates from `cargo metadata` (no dependency resolution, so no network).
+pub fn workspace(root: &Path) -> Result<Vec<Crate>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root)
+        .output()
+        .context("running cargo metadata")?;
+    ensure!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let packages = meta["packages"].as_array().context("no packages")?;
+    let names: BTreeSet<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
+    let mut crates = Vec::new();
+    for p in packages {
+        let kinds_wanted = ["lib", "bin", "proc-macro"];
+        let roots = p["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["kind"].as_array().into_iter().flatten().any(|k| kinds_wanted.contains(&k.as_str().unwrap_or(""))))
+            .filter_map(|t| t["src_path"].as_str().map(PathBuf::from))
+            .collect();
+        let deps = p["dependencies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|d| d["name"].as_str().is_some_and(|n| names.contains(n)) && d["path"].is_string())
+            .map(|d| {
+                let kind = match d["kind"].as_str() {
+                    Some("dev") => DepKind::Dev,
+                    Some("build") => DepKind::Build,
+                    _ => DepKind::Normal,
+                };
+                (d["name"].as_str().unwrap_or_default().to_string(), kind)
+            })
+            .collect();
+        crates.push(Crate { name: p["name"].as_str().unwrap_or_default().to_string(), roots, deps });
+    }
+    crates.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(crates)
+}
+
+/// Every breach of the floors: an unplaced crate, a crate placed twice or not in the workspace,
+/// and a normal or build dependency on the same or a higher floor.
+pub fn check_floors(floors: &[(&str, &[&str])], crates: &[Crate]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut floor_of = BTreeMap::new();
+    for (i, (_, names)) in floors.iter().enumerate() {
+        for name in *names {
+            if floor_of.insert(*name, i).is_some() {
+                problems.push(format!("crate {name} is placed on two floors"));
+            }
+        }
+    }
+    let present: BTreeSet<&str> = crates.iter().map(|c| c.name.as_str()).collect();
+    for name in floor_of.keys().filter(|n| !present.contains(*n)) {
+        problems.push(format!("crate {name} is on a floor but not in the workspace"));
+    }
+    for c in crates {
+        let Some(&floor) = floor_of.get(c.name.as_str()) else {
+            problems.push(format!("crate {} is on no floor: place it in architecture::crates::FLOORS", c.name));
+            continue;
+        };
+        for (dep, kind) in c.deps.iter().filter(|(_, k)| *k != DepKind::Dev) {
+            match floor_of.get(dep.as_str()) {
+                Some(&f) if f < floor => {}
+                Some(&f) => problems.push(format!(
+                    "crate {} (floor {floor}) depends ({kind:?}) on {dep} (floor {f}): only lower floors are allowed",
+                    c.name
+                )),
+                None => {} // reported as unplaced on its own
+            }
+        }
+    }
+    problems
+}

@@ -1,0 +1,150 @@
+//! Small synthetic trees written to a temporary folder, then the real workspace (the ratchet).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use super::crates::{Crate, DepKind, check_floors};
+use super::{KNOWN_CIRCLES, check, crate_circles, file_graph, ratchet, workspace_root};
+
+/// Writes `files` (path, text) under a fresh folder named after the test; returns the folder.
+fn tree(test: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("xtask-architecture-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for (path, text) in files {
+        let path = dir.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    dir
+}
+
+fn circles(dir: &Path) -> Vec<Vec<String>> {
+    let found = crate_circles("t", &[dir.join("lib.rs")], dir).unwrap();
+    found.into_iter().map(|c| c.files).collect()
+}
+
+fn edge_names(dir: &Path, from: &str, to: &str) -> Option<BTreeSet<String>> {
+    file_graph(&[dir.join("lib.rs")], dir).unwrap().get(&(PathBuf::from(from), PathBuf::from(to))).cloned()
+}
+
+#[test]
+fn sibling_circle_is_found_with_its_names() {
+    let dir = tree(
+        "sibling",
+        &[
+            ("lib.rs", "mod a; mod b;"),
+            ("a.rs", "use crate::{b::{B, helper}, a::A as Same}; pub struct A;"),
+            ("b.rs", "pub struct B; pub fn helper() -> crate::a::A { crate::a::A }"),
+        ],
+    );
+    assert_eq!(circles(&dir), vec![vec!["a.rs".to_string(), "b.rs".to_string()]]);
+    let c = &crate_circles("t", &[dir.join("lib.rs")], &dir).unwrap()[0];
+    assert_eq!(c.edges[0], ("a.rs".into(), "b.rs".into(), vec!["B".into(), "helper".into()]));
+    assert_eq!(c.edges[1], ("b.rs".into(), "a.rs".into(), vec!["A".into()]));
+}
+
+#[test]
+fn a_face_re_exporting_its_child_is_not_a_circle() {
+    let dir = tree(
+        "face",
+        &[
+            ("lib.rs", "pub mod health;"),
+            ("health/mod.rs", "mod tracker; pub use tracker::Tracker; pub struct Outcome; fn f(_: tracker::Tracker) {}"),
+            ("health/tracker.rs", "use super::Outcome; pub struct Tracker(Outcome);"),
+        ],
+    );
+    assert!(circles(&dir).is_empty());
+    // The child's edge up to its parent stays; the parent's edges down are its face.
+    assert!(edge_names(&dir, "health/tracker.rs", "health/mod.rs").is_some());
+    assert!(edge_names(&dir, "health/mod.rs", "health/tracker.rs").is_none());
+}
+
+#[test]
+fn a_re_export_is_followed_to_the_defining_file() {
+    let dir = tree(
+        "reexport",
+        &[
+            ("lib.rs", "mod health; mod model;"),
+            ("health.rs", "mod config; pub use self::config::HealthConfig;"),
+            ("health/config.rs", "pub struct HealthConfig;"),
+            ("model/mod.rs", "mod backend;"),
+            ("model/backend.rs", "use crate::health; pub struct Backend(health::HealthConfig);"),
+        ],
+    );
+    assert_eq!(edge_names(&dir, "model/backend.rs", "health/config.rs"), Some(BTreeSet::from(["HealthConfig".to_string()])));
+    assert!(edge_names(&dir, "model/backend.rs", "health.rs").is_none());
+}
+
+#[test]
+fn super_is_resolved() {
+    let dir = tree(
+        "super",
+        &[
+            ("lib.rs", "mod net;"),
+            ("net/mod.rs", "mod tcp; mod udp;"),
+            ("net/tcp.rs", "use super::udp::Port; pub struct Tcp(Port);"),
+            ("net/udp.rs", "pub struct Port; fn f(_: super::tcp::Tcp) {}"),
+        ],
+    );
+    assert_eq!(circles(&dir), vec![vec!["net/tcp.rs".to_string(), "net/udp.rs".to_string()]]);
+}
+
+#[test]
+fn cfg_test_code_is_left_out() {
+    // `testing.rs` does not exist: a cfg(test) module's file is never read.
+    let dir = tree(
+        "cfgtest",
+        &[
+            ("lib.rs", "mod a; mod b; #[cfg(test)] mod testing;"),
+            ("a.rs", "use crate::b::B; pub struct A(B);"),
+            (
+                "b.rs",
+                "pub struct B; #[cfg(test)] use crate::a::A; #[cfg(all(test, unix))] fn t() -> crate::a::A { todo!() }
+                 #[cfg(test)] mod tests { use crate::a::A; fn t(_: A) {} }",
+            ),
+        ],
+    );
+    assert!(circles(&dir).is_empty());
+}
+
+fn krate(name: &str, deps: &[(&str, DepKind)]) -> Crate {
+    Crate { name: name.into(), roots: vec![], deps: deps.iter().map(|(d, k)| (d.to_string(), *k)).collect() }
+}
+
+#[test]
+fn an_upward_dependency_is_refused() {
+    let floors: &[(&str, &[&str])] = &[("low", &["low"]), ("high", &["high", "peer"])];
+    let ok = [krate("low", &[("high", DepKind::Dev)]), krate("high", &[("low", DepKind::Normal)]), krate("peer", &[])];
+    assert_eq!(check_floors(floors, &ok), Vec::<String>::new());
+    let up = [krate("low", &[("high", DepKind::Build)]), krate("high", &[]), krate("peer", &[])];
+    assert_eq!(check_floors(floors, &up).len(), 1, "{:?}", check_floors(floors, &up));
+    let same_floor = [krate("low", &[]), krate("high", &[("peer", DepKind::Normal)]), krate("peer", &[])];
+    assert_eq!(check_floors(floors, &same_floor).len(), 1);
+}
+
+#[test]
+fn an_unplaced_crate_is_refused() {
+    let floors: &[(&str, &[&str])] = &[("low", &["low"])];
+    let problems = check_floors(floors, &[krate("low", &[]), krate("new", &[("low", DepKind::Normal)])]);
+    assert_eq!(problems.len(), 1);
+    assert!(problems[0].contains("new is on no floor"), "{problems:?}");
+}
+
+#[test]
+fn the_ratchet_refuses_new_circles_and_gone_ones() {
+    let dir = tree(
+        "ratchet",
+        &[("lib.rs", "mod a; mod b;"), ("a.rs", "use crate::b::B; pub struct A;"), ("b.rs", "use crate::a::A; pub struct B;")],
+    );
+    let found = crate_circles("t", &[dir.join("lib.rs")], &dir).unwrap();
+    assert!(ratchet(&found, &[&["a.rs", "b.rs"]]).is_empty());
+    assert_eq!(ratchet(&found, &[]).len(), 1, "a circle not in the list");
+    assert_eq!(ratchet(&found, &[&["a.rs", "b.rs"], &["c.rs", "d.rs"]]).len(), 1, "a listed circle that is gone");
+}
+
+/// The check on the real workspace: floors hold, and the circles are exactly `KNOWN_CIRCLES`.
+#[test]
+fn the_workspace_keeps_its_walls() {
+    let findings = check(&workspace_root(), KNOWN_CIRCLES).unwrap();
+    assert!(findings.problems.is_empty(), "run `cargo xtask architecture`:\n{}", findings.problems.join("\n"));
+}
