@@ -13,6 +13,7 @@
 //! lookups.
 
 use std::os::fd::AsFd;
+use std::time::Duration;
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
@@ -21,14 +22,23 @@ use aya::{
 };
 
 use super::cgroup;
+use super::error::PortsError;
 use super::iter::MapIterator;
 use super::maps::{CloseWaitRecord, CloseWaitValue, FailKey, PortCounts, PortKey, STAT_NAMES, STAT_UDP_KEY_TABLE_FULL};
 use super::mode::{Mode, WatcherStatus, parts};
 use super::tracefs;
-use super::watcher::{PortsError, ProgramStats};
 use crate::dataplane::without_signals;
 use crate::errors::error_chain;
 use crate::objects;
+
+/// How often one program ran and for how long in total, since it was loaded (counted
+/// only while BPF statistics are enabled: `kernel.bpf_stats_enabled` or BPF_ENABLE_STATS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgramStats {
+    pub name: &'static str,
+    pub runs: u64,
+    pub run_time: Duration,
+}
 
 const MAP_PORTS: &str = "sw_ports";
 const MAP_FAILURES: &str = "sw_failures";

@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use super::PortsError;
 use super::maps::{CloseWaitRecord, IPPROTO_TCP, IPPROTO_UDP, PortKey};
 use super::range::NetnsResolver;
+use super::snapshot::Counts;
 use super::sockdiag::{DiagSocket, Proto, dump_netns, state};
-use super::watcher::Counts;
 
 /// The namespaces a snapshot reads, each with a file to join it by.
 pub(super) type Namespaces = Vec<(u32, PathBuf)>;

@@ -26,16 +26,20 @@ mod bpf;
 mod cgroup;
 mod diag;
 pub mod endpoint;
+mod error;
 mod iter;
 mod leaks;
 mod maps;
 mod mode;
 mod range;
 mod report;
+mod snapshot;
 mod sockdiag;
 mod tracefs;
 mod watcher;
 
+pub use bpf::ProgramStats;
+pub use error::PortsError;
 pub use leaks::{Holder, LeakSuspect, leak_suspects, socket_owners};
 pub use maps::{
     CALL_BIND, CALL_CONNECT, CloseWaitRecord, FailKey, PortCounts, PortKey, STAT_NAMES, TIMEWAIT_LEN_SECS, TW_BUCKETS, monotonic_secs,
@@ -43,4 +47,5 @@ pub use maps::{
 pub use mode::{Mode, Part, Refusal, WatcherMode, WatcherStatus, parts};
 pub use range::{NetnsPorts, NetnsResolver, netns_inode, parse_port_list, read_netns_ports};
 pub use report::{DestinationUsage, Dropped, Level, PortsReport, ProcessFailures, Thresholds, build_report};
-pub use watcher::{Counts, PortsError, ProgramStats, Scope, Snapshot, SockWatch, WatchOptions};
+pub use snapshot::{Counts, Snapshot};
+pub use watcher::{Scope, SockWatch, WatchOptions};

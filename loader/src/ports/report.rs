@@ -10,7 +10,7 @@ use super::leaks::{Holder, LeakSuspect, leak_suspects};
 use super::maps::{IPPROTO_UDP, PortKey};
 use super::mode::WatcherStatus;
 use super::range::NetnsPorts;
-use super::watcher::{Counts, Snapshot};
+use super::snapshot::{Counts, Snapshot};
 
 /// Utilisation levels, as fractions of the usable ephemeral ports, and the CLOSE_WAIT age
 /// that makes a socket a leak suspect.

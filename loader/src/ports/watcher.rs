@@ -5,115 +5,21 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use aya::maps::MapError;
-use aya::programs::ProgramError;
-
-use super::bpf::BpfWatch;
+use super::bpf::{BpfWatch, ProgramStats};
 use super::diag::{self, Namespaces};
+use super::error::PortsError;
 use super::leaks::socket_owners;
-use super::maps::{CloseWaitRecord, FailKey, PortCounts, PortKey, STAT_NAMES, monotonic_secs};
+use super::maps::monotonic_secs;
 use super::mode::{Mode, Refusal, WatcherMode, WatcherStatus, parts};
 use super::range::{NetnsResolver, all_netns, netns_inode};
 use super::report::{PortsReport, Thresholds, build_report};
+use super::snapshot::Snapshot;
 use crate::errors::error_chain;
 
 /// How long a namespace's port range is trusted before it is read again: an operator who
 /// shrinks or widens `ip_local_port_range` sees the new utilisation within this (a read is
 /// a short thread joining the namespace and two small files, ~0.1 ms each).
 const PORT_RANGES_TTL: Duration = Duration::from_secs(5);
-/// The kernel's internal "not supported" (include/linux/errno.h), which bpf(2) can return.
-const ENOTSUPP: i32 = 524;
-
-#[derive(Debug, thiserror::Error)]
-pub enum PortsError {
-    #[error("eBPF object spillway-sockwatch was not built (AYA_BUILD_SKIP was set, or clang was missing); rebuild with clang")]
-    ObjectNotBuilt,
-    #[error("reading the kernel's BTF (/sys/kernel/btf/vmlinux; needs CONFIG_DEBUG_INFO_BTF)")]
-    Btf(#[source] aya::BtfError),
-    #[error("loading eBPF object spillway-sockwatch")]
-    Load(#[source] Box<aya::EbpfError>),
-    #[error("program {program} missing from spillway-sockwatch")]
-    MissingProgram { program: &'static str },
-    #[error("map {map} missing from spillway-sockwatch")]
-    MissingMap { map: &'static str },
-    #[error("hook {hook} (program {program})")]
-    Hook {
-        hook: String,
-        program: &'static str,
-        #[source]
-        source: ProgramError,
-    },
-    #[error("tracefs (classic tracepoints need it)")]
-    Tracefs(#[source] std::io::Error),
-    #[error("reading the run statistics of program {program}")]
-    Stats {
-        program: &'static str,
-        #[source]
-        source: ProgramError,
-    },
-    #[error("opening the cgroup2 root {path} (the UDP hooks attach there)")]
-    Cgroup {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("linking iterator {program} to map {map}")]
-    IterLink {
-        program: &'static str,
-        map: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("running iterator {program}")]
-    IterRun {
-        program: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("map {name}")]
-    Map {
-        name: &'static str,
-        #[source]
-        source: MapError,
-    },
-    #[error("reading map {name} in batches")]
-    MapRead {
-        name: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("network namespace {path}")]
-    Netns {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("sock_diag in network namespace {netns}")]
-    SockDiag {
-        netns: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-impl PortsError {
-    /// Whether the kernel refused the hook itself (EPERM, EOPNOTSUPP/ENOTSUPP or ENOSYS from
-    /// loading or attaching it, as lockdown, a hardened kernel or a missing feature does)
-    /// rather than something of ours failing (a verifier rejection is EACCES/EINVAL).
-    pub fn is_kernel_refusal(&self) -> bool {
-        let mut source: Option<&dyn std::error::Error> = Some(self);
-        while let Some(error) = source {
-            if let Some(io) = error.downcast_ref::<std::io::Error>()
-                && matches!(io.raw_os_error(), Some(libc::EPERM | libc::EOPNOTSUPP | libc::ENOSYS | ENOTSUPP))
-            {
-                return true;
-            }
-            source = error.source();
-        }
-        false
-    }
-}
-
 /// Which network namespaces a watcher reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Scope {
@@ -129,81 +35,6 @@ pub enum Scope {
 pub struct WatchOptions {
     pub mode: WatcherMode,
     pub scope: Scope,
-}
-
-/// One destination's counts when a snapshot was taken.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counts {
-    /// TCP sockets holding a port for this destination (SYN_SENT until CLOSE; negative
-    /// only if an open was missed).
-    pub active: i64,
-    /// TIME_WAIT sockets holding a port (BPF modes: created in the last 60 s, an upper
-    /// bound; sock_diag: exact).
-    pub time_wait: u64,
-    /// Cumulative since load, BPF modes only ([`parts::OPENS`]): TIME_WAIT entries,
-    /// active opens.
-    pub time_wait_total: u64,
-    pub opened: u64,
-    /// Cumulative calls that failed for want of a port (BPF modes).
-    pub failures: u64,
-}
-
-impl PortCounts {
-    /// The counts at monotonic second `now`.
-    pub fn at(&self, now: u32) -> Counts {
-        Counts {
-            active: self.active,
-            time_wait: self.time_wait_at(now),
-            time_wait_total: self.time_wait_total,
-            opened: self.opened,
-            failures: self.failures,
-        }
-    }
-}
-
-/// One read of what the watcher sees, in its scope.
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    /// Per destination key: TCP counts (UDP keys carry only failures).
-    pub destinations: Vec<(PortKey, Counts)>,
-    /// Per destination key, the UDP sockets holding an ephemeral port.
-    pub udp: Vec<(PortKey, u64)>,
-    /// Per (destination, process), calls failed for lack of a port.
-    pub failures: Vec<(FailKey, u64)>,
-    /// Every socket in CLOSE_WAIT (BPF modes: created since the watcher loaded).
-    pub close_wait: Vec<CloseWaitRecord>,
-    /// See [`STAT_NAMES`] (BPF modes).
-    pub stats: [u64; STAT_NAMES.len()],
-    /// Monotonic seconds when the snapshot was taken.
-    pub now: u32,
-}
-
-impl Snapshot {
-    /// The counts of destination `key` (all zero if not seen).
-    pub fn counts(&self, key: &PortKey) -> Counts {
-        self.destinations.iter().find(|(k, _)| k == key).map(|(_, c)| *c).unwrap_or_default()
-    }
-
-    /// The UDP sockets holding an ephemeral port towards `key`.
-    pub fn udp_count(&self, key: &PortKey) -> u64 {
-        self.udp.iter().find(|(k, _)| k == key).map_or(0, |(_, n)| *n)
-    }
-
-    fn retain_netns(&mut self, netns: u32) {
-        self.destinations.retain(|(k, _)| k.netns == netns);
-        self.udp.retain(|(k, _)| k.netns == netns);
-        self.failures.retain(|(f, _)| f.key.netns == netns);
-        self.close_wait.retain(|r| r.key.netns == netns);
-    }
-}
-
-/// How often one program ran and for how long in total, since it was loaded (counted
-/// only while BPF statistics are enabled: `kernel.bpf_stats_enabled` or BPF_ENABLE_STATS).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProgramStats {
-    pub name: &'static str,
-    pub runs: u64,
-    pub run_time: Duration,
 }
 
 /// The namespace a watcher of [`Scope::Own`] reports, held open so any thread can join it
