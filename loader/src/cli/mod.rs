@@ -121,9 +121,10 @@ Examples:
   lbctl vips remove 10.0.0.1:80/tcp
   lbctl vips remove 10.0.0.1:80/tcp --force           # with its backends
 
-A VIP that still has backends is refused (naming how many backends and
-connections would break), as lbctl apply refuses it without --allow-vip-removal:
-drain and remove the backends first, or give --force.";
+A VIP that still has backends is refused (naming how many backends and live
+connections would break: its connection-table entries used within the idle
+timeout), as lbctl apply refuses it without --allow-vip-removal: drain and
+remove the backends first, or give --force.";
 
 const BACKENDS_HELP: &str = "\
 Examples:

@@ -99,7 +99,10 @@ fn operator_guards_refuse_what_would_break() {
     // Removing a VIP with backends, as apply refuses it: how many backends and connections.
     let flows = connections(&c, tcp_target(false), 10);
     assert_eq!(flows.failures, 0);
-    refused(&["vips", "remove", &vip], &[&format!("VIP {vip} has 2 backends and "), " connections in the connection table", "--force"]);
+    refused(
+        &["vips", "remove", &vip],
+        &[&format!("VIP {vip} has 2 backends and "), " live connections (connection-table entries used in the last ", "--force"],
+    );
 
     // Forced, the last backend drains and the VIP goes.
     let forced = c.lbctl(&["backends", "drain", "--vip", &vip, &b2, "--force"]).unwrap();

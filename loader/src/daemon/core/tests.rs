@@ -48,7 +48,7 @@ impl Fixture {
         fs::read(self.tmp.path().join(crate::store::STATE_FILE)).ok()
     }
 
-    fn with_two_backends() -> Self {
+    pub(super) fn with_two_backends() -> Self {
         let mut f = Self::new();
         f.ok(Request::AddVip { vip: vip(), ring_size: Some(251), force: false, quic: None, encap: Encap::Ipip });
         f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.1"), weight: None, options: Default::default() });
@@ -104,8 +104,8 @@ fn mutations_apply_persist_and_list() {
     let err = f.core.handle(Request::RemoveVip { vip: vip(), force: false }).unwrap_err().to_string();
     assert_eq!(
         err,
-        "VIP 10.100.0.1:80/tcp has 1 backends and 0 connections in the connection table, which would break; drain and \
-         remove its backends first, or remove it with --force"
+        "VIP 10.100.0.1:80/tcp has 1 backends and 0 live connections (connection-table entries used in the last 900 s, \
+         the idle timeout), which would break; drain and remove its backends first, or remove it with --force"
     );
     assert_eq!(f.backends().len(), 1);
     f.ok(Request::RemoveVip { vip: vip(), force: true });
