@@ -723,6 +723,9 @@ pub struct RuleEntry {
     /// New flows the rule matched, and those it dropped (cumulative since it was added).
     pub hits: u64,
     pub dropped: u64,
+    /// Those it would have dropped while in observe mode (apart: they were let through).
+    #[serde(default)]
+    pub would_drop: u64,
 }
 
 /// `"*"` for no VIP (every VIP).

@@ -106,6 +106,9 @@ pub struct RuleSample {
     pub observe: bool,
     pub hits: u64,
     pub dropped: u64,
+    /// Would-drops while in observe mode (not in `dropped`).
+    #[serde(default)]
+    pub would_drop: u64,
 }
 
 /// The connection table's size, and its entries when last counted: a count walks the whole

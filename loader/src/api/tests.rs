@@ -269,6 +269,7 @@ fn limit_and_rule_replies_have_stable_names() {
                         observe: true,
                         hits: 3,
                         dropped: 0,
+                        would_drop: 3,
                     },
                     RuleEntry {
                         cidr: "10.1.0.0/16".parse().unwrap(),
@@ -278,13 +279,15 @@ fn limit_and_rule_replies_have_stable_names() {
                         observe: false,
                         hits: 9,
                         dropped: 2,
+                        would_drop: 0,
                     },
                 ],
             }),
             json!({"type": "rules", "rules": [
-                {"cidr": "10.0.0.0/8", "vip": "*", "action": "block", "rate": null, "observe": true, "hits": 3, "dropped": 0},
+                {"cidr": "10.0.0.0/8", "vip": "*", "action": "block", "rate": null, "observe": true, "hits": 3, "dropped": 0,
+                 "would_drop": 3},
                 {"cidr": "10.1.0.0/16", "vip": "10.0.0.1:80/tcp", "action": "limit", "rate": {"per_s": 7, "burst": 7},
-                 "observe": false, "hits": 9, "dropped": 2},
+                 "observe": false, "hits": 9, "dropped": 2, "would_drop": 0},
             ]}),
         ),
         (

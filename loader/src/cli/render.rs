@@ -192,6 +192,7 @@ pub(super) const RULE_COLUMNS: &[(&str, Align)] = &[
     ("OBSERVE", Align::Left),
     ("HITS", Align::Right),
     ("DROPPED", Align::Right),
+    ("WOULD-DROP", Align::Right),
 ];
 
 /// `lbctl top-sources`.
@@ -259,8 +260,9 @@ fn rules_table(list: &RuleList) -> String {
             r.rate.map_or("-".to_owned(), |rate| rate.to_string()),
             if r.observe { "yes" } else { "no" }.to_owned(),
             r.hits.to_string(),
-            // An observed rule dropped nothing: its count is what it would have dropped.
-            if r.observe { format!("{} (would)", r.dropped) } else { r.dropped.to_string() },
+            // Apart: a rule observed, then enforced, dropped only what it dropped since.
+            r.dropped.to_string(),
+            r.would_drop.to_string(),
         ]);
     }
     t.render()

@@ -326,14 +326,15 @@ fn rules_are_listed_with_their_counters() {
     });
     let scoped = RuleMatch { cidr: "10.20.0.0/16".parse().unwrap(), vip: Some(vip()) };
     let id = f.core.reconciler.rule_id(&scoped).unwrap();
-    f.core.maps.rule_state.insert(id, RuleState { bucket: Bucket { tat_ns: 1 }, hits: 40, dropped: 3 });
+    f.core.maps.rule_state.insert(id, RuleState { bucket: Bucket { tat_ns: 1 }, hits: 40, dropped: 3, would_drop: 5 });
     let Reply::Rules(list) = f.ok(Request::ListRules) else { panic!() };
-    let rows: Vec<_> = list.rules.iter().map(|r| (r.cidr.to_string(), r.vip, r.action, r.rate, r.observe, r.hits, r.dropped)).collect();
+    let rows: Vec<_> =
+        list.rules.iter().map(|r| (r.cidr.to_string(), r.vip, r.action, r.rate, r.observe, r.hits, r.dropped, r.would_drop)).collect();
     assert_eq!(
         rows,
         [
-            ("10.20.0.0/16".to_owned(), Some(vip()), RuleActionKind::Limit, Some(RateSpec { per_s: 500, burst: 1000 }), true, 40, 3),
-            ("192.0.2.0/24".to_owned(), None, RuleActionKind::Block, None, false, 0, 0),
+            ("10.20.0.0/16".to_owned(), Some(vip()), RuleActionKind::Limit, Some(RateSpec { per_s: 500, burst: 1000 }), true, 40, 3, 5),
+            ("192.0.2.0/24".to_owned(), None, RuleActionKind::Block, None, false, 0, 0, 0),
         ]
     );
     f.ok(Request::RemoveRule { cidr: "10.20.0.0/16".parse().unwrap(), vip: Some(vip()) });

@@ -201,6 +201,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 observe: config.observe,
                 hits: counters.hits,
                 dropped: counters.dropped,
+                would_drop: counters.would_drop,
             });
         }
         Ok(RuleList { rules })
