@@ -761,6 +761,10 @@ pub struct SourceEntry {
     /// quiet source's entry goes, and its counters with it).
     pub admitted: u64,
     pub dropped: u64,
+    /// The counts are estimates from a 1-in-16 sample (each sampled flow counts 16): the VIP
+    /// has no per-source limit, or a rule matches (part of) the prefix. Exact otherwise.
+    #[serde(default)]
+    pub estimated: bool,
 }
 
 #[cfg(test)]

@@ -294,10 +294,10 @@ fn limit_and_rule_replies_have_stable_names() {
             Reply::TopSources(TopSourceList {
                 vip: vip(),
                 tracked: 2,
-                sources: vec![SourceEntry { prefix: "198.51.100.0/24".parse().unwrap(), admitted: 4, dropped: 9 }],
+                sources: vec![SourceEntry { prefix: "198.51.100.0/24".parse().unwrap(), admitted: 4, dropped: 9, estimated: false }],
             }),
             json!({"type": "top_sources", "vip": "10.0.0.1:80/tcp", "tracked": 2,
-                   "sources": [{"prefix": "198.51.100.0/24", "admitted": 4, "dropped": 9}]}),
+                   "sources": [{"prefix": "198.51.100.0/24", "admitted": 4, "dropped": 9, "estimated": false}]}),
         ),
     ];
     for (reply, wire) in cases {

@@ -353,21 +353,24 @@ Counters are cumulative since the source's entry appeared. The table holds the
 most recently active sources (LRU): a source that went quiet can lose its entry
 and start again from zero.
 
-DROPPED is exact: every refused new flow of the source, whatever refused it (a
-rule, the per-source limit, the VIP budget), so a rule-limited class's drops
-show by source. ADMITTED is exact while the VIP has a per-source limit (enforced
-or observed); without one, a random 1 in 16 of its admitted new flows is
-recorded, counting 16: an estimate (a multiple of 16), and a source that opened
-N new flows is missing only if none of the N was sampled (15/16 to the N: 4%
-for 50 flows, 0.0002% for 200). Counts from before a limit was set or removed
-stay mixed.
+Counts are exact while the VIP has a per-source limit (enforced or observed),
+for sources no rule matches. Otherwise (no per-source limit, or a rule matches
+the prefix: a rule-limited class) a random 1 in 16 of the new flows is
+recorded, counting 16, admitted or dropped (whatever dropped it: the rule, the
+VIP budget): the counts are estimates (multiples of 16), marked ~, and a source
+that opened N new flows is missing only if none of the N was sampled (15/16 to
+the N: 4% for 50 flows, 0.0002% for 200). lbctl rules list has a rule's exact
+drops. Counts from before a limit was set or removed stay mixed.
 
-Columns: PREFIX (the source prefix), ADMITTED and DROPPED (its new flows).
+Columns: PREFIX (the source prefix), ADMITTED and DROPPED (its new flows; ~: an
+estimate).
 
 JSON output (-o json):
   {\"vip\":\"10.0.0.1:80/tcp\",\"tracked\":812,
-   \"sources\":[{\"prefix\":\"198.51.100.0/24\",\"admitted\":1500,\"dropped\":9000}]}
-  tracked counts the VIP's entries in the source table before --limit.";
+   \"sources\":[{\"prefix\":\"198.51.100.0/24\",\"admitted\":1500,\"dropped\":9000,
+                \"estimated\":false}]}
+  tracked counts the VIP's entries in the source table before --limit;
+  estimated says the counts come from the 1-in-16 sample.";
 
 #[derive(Debug, Parser)]
 #[command(name = "lbctl", version, about = "Control Spillway's load balancer (lbd)", after_help = LBCTL_HELP)]

@@ -271,7 +271,9 @@ fn rules_table(list: &RuleList) -> String {
 fn top_sources_table(list: &TopSourceList) -> String {
     let mut t = Table::new(TOP_SOURCE_COLUMNS);
     for s in &list.sources {
-        t.row(vec![s.prefix.to_string(), s.admitted.to_string(), s.dropped.to_string()]);
+        // `~`: an estimate from a 1-in-16 sample.
+        let count = |n: u64| if s.estimated { format!("~{n}") } else { n.to_string() };
+        t.row(vec![s.prefix.to_string(), count(s.admitted), count(s.dropped)]);
     }
     t.render()
 }

@@ -461,8 +461,8 @@ fn sample_top() -> TopSourceList {
         vip: vip("10.0.0.1:80/tcp"),
         tracked: 812,
         sources: vec![
-            SourceEntry { prefix: "198.51.100.0/24".parse().unwrap(), admitted: 1500, dropped: 9000 },
-            SourceEntry { prefix: "2001:db8::/64".parse().unwrap(), admitted: 3, dropped: 0 },
+            SourceEntry { prefix: "198.51.100.0/24".parse().unwrap(), admitted: 1500, dropped: 9000, estimated: false },
+            SourceEntry { prefix: "2001:db8::/64".parse().unwrap(), admitted: 32, dropped: 0, estimated: true },
         ],
     }
 }
@@ -484,7 +484,7 @@ fn limit_and_rule_tables() {
     );
     assert_eq!(
         rendered(&["top-sources", "--vip", "10.0.0.1:80/tcp"], Reply::TopSources(sample_top())),
-        "PREFIX           ADMITTED  DROPPED\n198.51.100.0/24      1500     9000\n2001:db8::/64           3        0\n"
+        "PREFIX           ADMITTED  DROPPED\n198.51.100.0/24      1500     9000\n2001:db8::/64         ~32       ~0\n"
     );
 }
 
@@ -503,8 +503,8 @@ fn limit_and_rule_json_has_the_documented_fields() {
     assert_eq!(
         json(&["top-sources", "--vip", "10.0.0.1:80/tcp", "-o", "json"], Reply::TopSources(sample_top())),
         serde_json::json!({"vip": "10.0.0.1:80/tcp", "tracked": 812, "sources": [
-            {"prefix": "198.51.100.0/24", "admitted": 1500, "dropped": 9000},
-            {"prefix": "2001:db8::/64", "admitted": 3, "dropped": 0},
+            {"prefix": "198.51.100.0/24", "admitted": 1500, "dropped": 9000, "estimated": false},
+            {"prefix": "2001:db8::/64", "admitted": 32, "dropped": 0, "estimated": true},
         ]})
     );
     let limits = json(&["ratelimit", "list", "-o", "json"], Reply::RateLimits(sample_limits()));

@@ -454,6 +454,22 @@ fn top_sources_sort_by_dropped_then_admitted_with_the_configured_prefix() {
     assert_eq!(rows, [("10.0.3.0/24".to_owned(), 7, 9), ("10.0.2.0/24".to_owned(), 1, 9), ("2001:db8:1::/48".to_owned(), 100, 2)]);
     let Reply::TopSources(all) = f.ok(Request::TopSources { vip: vip(), limit: None }) else { panic!() };
     assert_eq!(all.sources.len(), 4);
+
+    // Under the per-source limit the counts are exact, but for the sources a rule matches
+    // (the data path samples those): one inside 10.0.2.0/24, one on 10.0.3.0/24 and one
+    // holding no source.
+    let estimated = |f: &mut Fixture| {
+        let Reply::TopSources(top) = f.ok(Request::TopSources { vip: vip(), limit: None }) else { panic!() };
+        top.sources.iter().filter(|s| s.estimated).map(|s| s.prefix.to_string()).collect::<Vec<_>>()
+    };
+    assert!(estimated(&mut f).is_empty());
+    f.ok(set_rule("10.0.2.128/25", Some(vip()), RuleActionKind::Block, None));
+    f.ok(set_rule("10.0.3.0/24", None, RuleActionKind::Exempt, None));
+    f.ok(set_rule("10.0.8.0/24", None, RuleActionKind::Block, None));
+    assert_eq!(estimated(&mut f), ["10.0.3.0/24", "10.0.2.0/24"]);
+    // Without a per-source limit every count is a sample's.
+    f.ok(Request::ClearRateLimit { scope: Scope::Vip(vip()), part: LimitPart::All });
+    assert_eq!(estimated(&mut f).len(), 4);
 }
 
 #[test]

@@ -5,15 +5,16 @@
 //! is full or not; only blocks drop them.
 //!
 //! The source table also feeds `lbctl top-sources`. A flow needs a source bucket only when
-//! its VIP has a per-source limit and no rule matched it; other admitted new flows only
-//! touch the table at random, one in `SOURCE_SAMPLE_UNLIMITED`, adding that many to the
-//! counters (the LRU lookup and insert were a third of a new flow's cost): their admitted
-//! counts are unbiased estimates, and a source that opened N flows is in the table unless
-//! none of its N was sampled ((15/16)^N). A refused flow is always counted, one for one,
-//! whatever refused it (a rule, the per-source limit, the budget): a source's drops are
-//! exact, and add up to what the rules and limits dropped. Rules are looked up only at the
-//! prefix lengths in use (a VIP flag says whether it has rules of its own), and a rule's
-//! counters are per CPU: real drops and observe mode's would-drops apart.
+//! its VIP has a per-source limit and no rule matched it; other new flows only touch the
+//! table at random, one in `SOURCE_SAMPLE_UNLIMITED`, adding that many to the counters
+//! (admitted or dropped, whatever dropped it: a rule, the budget), and adding the source if
+//! the table does not hold it: their top-sources counts are unbiased estimates, and a
+//! source that opened N new flows is missing only if none of them was sampled ((15/16)^N).
+//! The LRU lookup and insert were a third of a new flow's cost; counting every refused flow
+//! instead of a sample would add them to the refusals, which must stay cheap under a flood.
+//! Rules are looked up only at the prefix lengths in use (a VIP flag says whether it has
+//! rules of its own), and a rule's counters are per CPU: real drops and observe mode's
+//! would-drops apart.
 //!
 //! Buckets use GCRA: the state is the theoretical arrival time (TAT) of the next flow. A flow
 //! is admitted when `TAT + T - now <= burst * T`, which then advances TAT by `T = 1 s / rate`.
@@ -62,7 +63,9 @@ pub fn admit(key: &FlowKey, vip: &Vip, now: u64, new_flow: bool) -> Result<(), R
     // feeds `top-sources`: a random sample updates the table, each counting for the flows it
     // stands for.
     let per_source = limits.filter(|l| rule.is_none() && l.per_source.per_s != 0);
-    // What an admitted flow counts for in its source's entry (0: not counted).
+    // What this flow counts for in its source's entry (0: not counted). A sample always
+    // records its source: adding a new one on only 1 in 16 samples (1 in 256 flows) left
+    // half the sources of 200 flows out of top-sources.
     let weight = if per_source.is_some() {
         1
     } else if unsafe { bpf_get_prandom_u32() } & (SOURCE_SAMPLE_UNLIMITED - 1) == 0 {
@@ -70,23 +73,13 @@ pub fn admit(key: &FlowKey, vip: &Vip, now: u64, new_flow: bool) -> Result<(), R
     } else {
         0
     };
-    // Looked up before the limits when they need it or the flow is sampled, so that fewer
-    // values live across them.
+    // Looked up before the limits, so that fewer values live across them.
     let source = if weight != 0 { source_state(key, vip.id, limits) } else { None };
     let verdict = decide(vip.id, limits, rule, per_source.and(source), now);
-    // SAFETY (both): live map values; shared by CPUs, hence atomic adds.
-    match verdict {
-        Ok(()) => {
-            if let Some(source) = source {
-                add(unsafe { &mut (*source).admitted }, weight);
-            }
-        }
-        // Every drop, sampled or not: a rule-limited class's drops show by source.
-        Err(_) => {
-            if let Some(source) = source.or_else(|| source_state(key, vip.id, limits)) {
-                add(unsafe { &mut (*source).dropped }, 1);
-            }
-        }
+    if let Some(source) = source {
+        // SAFETY: a live map value; shared by CPUs, hence atomic adds.
+        let counter = unsafe { if verdict.is_ok() { &mut (*source).admitted } else { &mut (*source).dropped } };
+        add(counter, weight);
     }
     verdict
 }
