@@ -129,11 +129,11 @@ pub const RULE_SLOTS: u32 = INDEX_SLOTS_PER_KEY * MAX_RULES;
 const _: () = assert!(RULE_SLOTS.is_power_of_two());
 /// Sources tracked for per-source limits and `lbctl top-sources` (LRU: the quietest go).
 pub const SOURCE_TABLE_ENTRIES: u32 = 1 << 16;
-/// For a VIP without a per-source limit (enforced or observed), only one admitted new flow
-/// in this many (chosen at random) updates the source table, adding this many to its
-/// counters: the table then only feeds `lbctl top-sources`, whose admitted counts become
-/// estimates, and most new flows skip the LRU lookup and insert. (Refused flows are always
-/// counted.) A power of two.
+/// For a VIP without a per-source limit (enforced or observed), and for flows a rule
+/// matches, only one new flow in this many (chosen at random) updates the source table,
+/// adding its source if new and this many to its counters: the table then only feeds
+/// `lbctl top-sources`, whose counts become estimates, and most new flows skip the LRU
+/// lookup and insert. A power of two.
 pub const SOURCE_SAMPLE_UNLIMITED: u32 = 16;
 const _: () = assert!(SOURCE_SAMPLE_UNLIMITED.is_power_of_two());
 /// `RuleSlotKey::scope` of a rule that applies to every VIP.
