@@ -129,15 +129,13 @@ pub const RULE_SLOTS: u32 = INDEX_SLOTS_PER_KEY * MAX_RULES;
 const _: () = assert!(RULE_SLOTS.is_power_of_two());
 /// Sources tracked for per-source limits and `lbctl top-sources` (LRU: the quietest go).
 pub const SOURCE_TABLE_ENTRIES: u32 = 1 << 16;
-/// For a VIP without a per-source limit (enforced or observed), only one new flow in this
-/// many (chosen at random) updates the source table, adding this many to its counters: the
-/// table then only feeds `lbctl top-sources`, whose counts become estimates, and most new
-/// flows skip the LRU lookup and insert. A power of two.
+/// For a VIP without a per-source limit (enforced or observed), and for flows a rule
+/// matches, only one new flow in this many (chosen at random) updates the source table,
+/// adding its source if new and this many to its counters: the table then only feeds
+/// `lbctl top-sources`, whose counts become estimates, and most new flows skip the LRU
+/// lookup and insert. A power of two.
 pub const SOURCE_SAMPLE_UNLIMITED: u32 = 16;
-/// Of those samples, only one in this many adds a source the table does not hold yet (the
-/// insert is the costly part), counting for as many. A power of two.
-pub const SOURCE_SAMPLE_NEW: u32 = 16;
-const _: () = assert!(SOURCE_SAMPLE_UNLIMITED.is_power_of_two() && SOURCE_SAMPLE_NEW.is_power_of_two());
+const _: () = assert!(SOURCE_SAMPLE_UNLIMITED.is_power_of_two());
 /// `RuleSlotKey::scope` of a rule that applies to every VIP.
 pub const ANY_VIP: u32 = u32::MAX;
 /// Default source prefixes that share one per-source bucket.
@@ -197,6 +195,8 @@ pub mod map_names {
     pub const RULES: &str = "spw_rules";
     pub const RULE_BUCKETS: &str = "spw_rule_bucket";
     pub const RULE_COUNTERS: &str = "spw_rule_ctrs";
+    /// Per rule id, per CPU: observe mode's would-drops (`spw_rule_ctrs` counts real drops).
+    pub const RULE_WOULD_DROP: &str = "spw_rule_would";
     pub const RULE_LENS: &str = "spw_rule_lens";
     pub const OBSERVED: &str = "spw_observed";
     pub const LOCAL_ADDRS: &str = "spw_local_addrs";

@@ -423,7 +423,7 @@ impl RuleLens {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RuleCounters {
     pub hits: u64,
-    /// What the rule dropped or, in observe mode, would have dropped.
+    /// What the rule dropped (enforced); observe mode's would-drops are in `spw_rule_would`.
     pub dropped: u64,
 }
 
@@ -433,6 +433,8 @@ pub struct RuleState {
     pub bucket: Bucket,
     pub hits: u64,
     pub dropped: u64,
+    /// What it would have dropped while in observe mode.
+    pub would_drop: u64,
 }
 
 /// Static next hop: set when the operator pins the egress instead of using the FIB.

@@ -721,6 +721,12 @@ impl Cidr {
         }
     }
 
+    /// Whether the two prefixes share an address (one holds the other).
+    pub fn overlaps(&self, other: &Cidr) -> bool {
+        let len = self.prefix_len.min(other.prefix_len);
+        self.addr.is_ipv4() == other.addr.is_ipv4() && Self::mask(self.addr, len) == Self::mask(other.addr, len)
+    }
+
     /// A checked prefix (length in range, no host bits).
     pub fn new(addr: IpAddr, prefix_len: u8) -> Result<Self, ModelError> {
         let cidr = Self { addr, prefix_len };

@@ -519,7 +519,7 @@ fn rate_limits_and_rules_round_trip_refuse_bad_input_and_survive_a_restart() {
     assert_eq!(
         rules["rules"][0],
         serde_json::json!({"cidr": "10.20.0.0/16", "vip": V4, "action": "limit", "rate": {"per_s": 500, "burst": 500},
-                           "observe": true, "hits": 0, "dropped": 0})
+                           "observe": true, "hits": 0, "dropped": 0, "would_drop": 0})
     );
     let rows: Vec<_> = rules["rules"].as_array().unwrap().iter().map(rule_row).collect();
     assert_eq!(
@@ -572,8 +572,16 @@ fn rate_limits_and_rules_round_trip_refuse_bad_input_and_survive_a_restart() {
     let mut per_cpu = vec![RuleCounters::default(); aya::util::nr_cpus().unwrap().get() as usize];
     per_cpu[0] = RuleCounters { hits: 7, dropped: 3 };
     counters.set(0, PerCpuValues::try_from(per_cpu).unwrap(), 0).unwrap();
-    let counted = |env: &Env| rule_row(&env.json(&["rules", "list"])["rules"][1]);
-    assert_eq!(counted(&env), ("192.0.2.0/24".into(), "*".into(), "block".into(), 7, 3));
+    // Its would-drops (observe mode's) live in a map of their own, pinned too.
+    let mut would: PerCpuArray<_, u64> = PerCpuArray::try_from(pinned_map(&env, map_names::RULE_WOULD_DROP)).unwrap();
+    let mut per_cpu = vec![0u64; aya::util::nr_cpus().unwrap().get() as usize];
+    per_cpu[0] = 4;
+    would.set(0, PerCpuValues::try_from(per_cpu).unwrap(), 0).unwrap();
+    let counted = |env: &Env| {
+        let rule = &env.json(&["rules", "list"])["rules"][1];
+        (rule_row(rule), rule["would_drop"].as_u64().unwrap())
+    };
+    assert_eq!(counted(&env), (("192.0.2.0/24".into(), "*".into(), "block".into(), 7, 3), 4));
     let before = env.limits_snapshot();
     assert!(env.stop("TERM").success());
     let log = fs::read_to_string(env.start_lbd()).unwrap();
@@ -585,7 +593,7 @@ fn rate_limits_and_rules_round_trip_refuse_bad_input_and_survive_a_restart() {
 
     // Changing a rule keeps its counters; removing a VIP removes its rules and limits.
     env.ok(&["rules", "add", "192.0.2.0/24", "--limit", "5"]);
-    assert_eq!(counted(&env), ("192.0.2.0/24".into(), "*".into(), "limit".into(), 7, 3));
+    assert_eq!(counted(&env), (("192.0.2.0/24".into(), "*".into(), "limit".into(), 7, 3), 4));
     env.ok(&["vips", "remove", V6]);
     let rows: Vec<_> = env.json(&["rules", "list"])["rules"].as_array().unwrap().iter().map(rule_row).collect();
     assert_eq!(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["10.20.0.0/16", "192.0.2.0/24"]);

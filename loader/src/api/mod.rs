@@ -751,6 +751,9 @@ pub struct RuleEntry {
     /// New flows the rule matched, and those it dropped (cumulative since it was added).
     pub hits: u64,
     pub dropped: u64,
+    /// Those it would have dropped while in observe mode (apart: they were let through).
+    #[serde(default)]
+    pub would_drop: u64,
 }
 
 /// `"*"` for no VIP (every VIP).
@@ -786,6 +789,10 @@ pub struct SourceEntry {
     /// quiet source's entry goes, and its counters with it).
     pub admitted: u64,
     pub dropped: u64,
+    /// The counts are estimates from a 1-in-16 sample (each sampled flow counts 16): the VIP
+    /// has no per-source limit, or a rule matches (part of) the prefix. Exact otherwise.
+    #[serde(default)]
+    pub estimated: bool,
 }
 
 #[cfg(test)]

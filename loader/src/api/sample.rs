@@ -54,7 +54,8 @@ pub struct VipSample {
     pub bytes: u64,
     /// Connection-table entries created (new flows admitted and placed on a backend).
     pub new_flows: u64,
-    /// The VIP's entries in the connection table at the last count (see `flow_table`).
+    /// The VIP's entries in force in the connection table (live connections: of a backend
+    /// still in place, not idle past the timeout) at the last count (see `flow_table`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flow_entries: Option<u64>,
     /// Absent when the VIP is not health-checked.
@@ -106,6 +107,9 @@ pub struct RuleSample {
     pub observe: bool,
     pub hits: u64,
     pub dropped: u64,
+    /// Would-drops while in observe mode (not in `dropped`).
+    #[serde(default)]
+    pub would_drop: u64,
 }
 
 /// The connection table's size, and its entries when last counted: a count walks the whole

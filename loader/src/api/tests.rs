@@ -271,6 +271,7 @@ fn limit_and_rule_replies_have_stable_names() {
                         observe: true,
                         hits: 3,
                         dropped: 0,
+                        would_drop: 3,
                     },
                     RuleEntry {
                         cidr: "10.1.0.0/16".parse().unwrap(),
@@ -280,23 +281,25 @@ fn limit_and_rule_replies_have_stable_names() {
                         observe: false,
                         hits: 9,
                         dropped: 2,
+                        would_drop: 0,
                     },
                 ],
             }),
             json!({"type": "rules", "rules": [
-                {"cidr": "10.0.0.0/8", "vip": "*", "action": "block", "rate": null, "observe": true, "hits": 3, "dropped": 0},
+                {"cidr": "10.0.0.0/8", "vip": "*", "action": "block", "rate": null, "observe": true, "hits": 3, "dropped": 0,
+                 "would_drop": 3},
                 {"cidr": "10.1.0.0/16", "vip": "10.0.0.1:80/tcp", "action": "limit", "rate": {"per_s": 7, "burst": 7},
-                 "observe": false, "hits": 9, "dropped": 2},
+                 "observe": false, "hits": 9, "dropped": 2, "would_drop": 0},
             ]}),
         ),
         (
             Reply::TopSources(TopSourceList {
                 vip: vip(),
                 tracked: 2,
-                sources: vec![SourceEntry { prefix: "198.51.100.0/24".parse().unwrap(), admitted: 4, dropped: 9 }],
+                sources: vec![SourceEntry { prefix: "198.51.100.0/24".parse().unwrap(), admitted: 4, dropped: 9, estimated: false }],
             }),
             json!({"type": "top_sources", "vip": "10.0.0.1:80/tcp", "tracked": 2,
-                   "sources": [{"prefix": "198.51.100.0/24", "admitted": 4, "dropped": 9}]}),
+                   "sources": [{"prefix": "198.51.100.0/24", "admitted": 4, "dropped": 9, "estimated": false}]}),
         ),
     ];
     for (reply, wire) in cases {

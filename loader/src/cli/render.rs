@@ -195,6 +195,7 @@ pub(super) const RULE_COLUMNS: &[(&str, Align)] = &[
     ("OBSERVE", Align::Left),
     ("HITS", Align::Right),
     ("DROPPED", Align::Right),
+    ("WOULD-DROP", Align::Right),
 ];
 
 /// `lbctl top-sources`.
@@ -266,8 +267,9 @@ fn rules_table(list: &RuleList) -> String {
             r.rate.map_or("-".to_owned(), |rate| rate.to_string()),
             if r.observe { "yes" } else { "no" }.to_owned(),
             r.hits.to_string(),
-            // An observed rule dropped nothing: its count is what it would have dropped.
-            if r.observe { format!("{} (would)", r.dropped) } else { r.dropped.to_string() },
+            // Apart: a rule observed, then enforced, dropped only what it dropped since.
+            r.dropped.to_string(),
+            r.would_drop.to_string(),
         ]);
     }
     t.render()
@@ -276,7 +278,9 @@ fn rules_table(list: &RuleList) -> String {
 fn top_sources_table(list: &TopSourceList) -> String {
     let mut t = Table::new(TOP_SOURCE_COLUMNS);
     for s in &list.sources {
-        t.row(vec![s.prefix.to_string(), s.admitted.to_string(), s.dropped.to_string()]);
+        // `~`: an estimate from a 1-in-16 sample.
+        let count = |n: u64| if s.estimated { format!("~{n}") } else { n.to_string() };
+        t.row(vec![s.prefix.to_string(), count(s.admitted), count(s.dropped)]);
     }
     t.render()
 }

@@ -457,7 +457,8 @@ fn sample_rules() -> RuleList {
                 rate: Some(RateSpec::new(500, None)),
                 observe: true,
                 hits: 1200,
-                dropped: 35,
+                dropped: 2,
+                would_drop: 33,
             },
             RuleEntry {
                 cidr: "192.0.2.0/24".parse().unwrap(),
@@ -467,6 +468,7 @@ fn sample_rules() -> RuleList {
                 observe: false,
                 hits: 7,
                 dropped: 7,
+                would_drop: 0,
             },
         ],
     }
@@ -477,8 +479,8 @@ fn sample_top() -> TopSourceList {
         vip: vip("10.0.0.1:80/tcp"),
         tracked: 812,
         sources: vec![
-            SourceEntry { prefix: "198.51.100.0/24".parse().unwrap(), admitted: 1500, dropped: 9000 },
-            SourceEntry { prefix: "2001:db8::/64".parse().unwrap(), admitted: 3, dropped: 0 },
+            SourceEntry { prefix: "198.51.100.0/24".parse().unwrap(), admitted: 1500, dropped: 9000, estimated: false },
+            SourceEntry { prefix: "2001:db8::/64".parse().unwrap(), admitted: 32, dropped: 0, estimated: true },
         ],
     }
 }
@@ -494,13 +496,13 @@ fn limit_and_rule_tables() {
     );
     assert_eq!(
         rendered(&["rules", "list"], Reply::Rules(sample_rules())),
-        "CIDR          VIP              ACTION  RATE             OBSERVE  HITS     DROPPED\n\
-         10.20.0.0/16  10.0.0.1:80/tcp  limit   500/s burst 500  yes      1200  35 (would)\n\
-         192.0.2.0/24  *                block   -                no          7           7\n"
+        "CIDR          VIP              ACTION  RATE             OBSERVE  HITS  DROPPED  WOULD-DROP\n\
+         10.20.0.0/16  10.0.0.1:80/tcp  limit   500/s burst 500  yes      1200        2          33\n\
+         192.0.2.0/24  *                block   -                no          7        7           0\n"
     );
     assert_eq!(
         rendered(&["top-sources", "--vip", "10.0.0.1:80/tcp"], Reply::TopSources(sample_top())),
-        "PREFIX           ADMITTED  DROPPED\n198.51.100.0/24      1500     9000\n2001:db8::/64           3        0\n"
+        "PREFIX           ADMITTED  DROPPED\n198.51.100.0/24      1500     9000\n2001:db8::/64         ~32       ~0\n"
     );
 }
 
@@ -511,15 +513,16 @@ fn limit_and_rule_json_has_the_documented_fields() {
         json(&["rules", "list", "-o", "json"], Reply::Rules(sample_rules())),
         serde_json::json!({"rules": [
             {"cidr": "10.20.0.0/16", "vip": "10.0.0.1:80/tcp", "action": "limit", "rate": {"per_s": 500, "burst": 500},
-             "observe": true, "hits": 1200, "dropped": 35},
-            {"cidr": "192.0.2.0/24", "vip": "*", "action": "block", "rate": null, "observe": false, "hits": 7, "dropped": 7},
+             "observe": true, "hits": 1200, "dropped": 2, "would_drop": 33},
+            {"cidr": "192.0.2.0/24", "vip": "*", "action": "block", "rate": null, "observe": false, "hits": 7, "dropped": 7,
+             "would_drop": 0},
         ]})
     );
     assert_eq!(
         json(&["top-sources", "--vip", "10.0.0.1:80/tcp", "-o", "json"], Reply::TopSources(sample_top())),
         serde_json::json!({"vip": "10.0.0.1:80/tcp", "tracked": 812, "sources": [
-            {"prefix": "198.51.100.0/24", "admitted": 1500, "dropped": 9000},
-            {"prefix": "2001:db8::/64", "admitted": 3, "dropped": 0},
+            {"prefix": "198.51.100.0/24", "admitted": 1500, "dropped": 9000, "estimated": false},
+            {"prefix": "2001:db8::/64", "admitted": 32, "dropped": 0, "estimated": true},
         ]})
     );
     let limits = json(&["ratelimit", "list", "-o", "json"], Reply::RateLimits(sample_limits()));

@@ -12,7 +12,7 @@ use super::{
     table::{Align, Table},
 };
 use crate::api::{
-    Reply, Request,
+    BackendState, Reply, Request,
     client::{self},
     sample::Sample,
 };
@@ -30,15 +30,16 @@ globally). Rates are counter deltas between two samples, --interval apart.
 
 Columns, per VIP: VIP, PACKETS/S, NEW FLOWS/S, DROPPED/S, PANIC (PANIC or -);
 per backend: BACKEND, SHARE (of the VIP's new flows), NEW FLOWS/S, PACKETS/S,
-HEALTH (as in backends list), WEIGHT (the operator's) and EFFECTIVE (the one in
-use).
+STATE (active, or draining: existing flows only), HEALTH (as in backends list),
+WEIGHT (the operator's, as in backends list: a drain sets it to 0, and
+backends set-weight gives it back) and EFFECTIVE (the one in use).
 
 JSON output (-o json), one object per sample:
   {\"interval_s\":1.0,
    \"vips\":[{\"vip\":\"10.0.0.1:80/tcp\",\"packets_per_s\":2000.0,\"new_flows_per_s\":200.0,
              \"dropped_per_s\":0.0,\"panic\":false,
              \"backends\":[{\"address\":\"10.0.1.1\",\"new_flows_per_s\":100.0,\"share\":0.5,
-                           \"packets_per_s\":1000.0,\"health\":\"healthy\",
+                           \"packets_per_s\":1000.0,\"state\":\"active\",\"health\":\"healthy\",
                            \"weight\":100,\"effective_weight\":100}]}],
    \"drops_per_s\":[{\"reason\":\"drop_no_backend\",\"per_s\":0.0}, ...]}";
 
@@ -90,6 +91,8 @@ pub struct BackendRates {
     /// Its share of the VIP's new flows in the interval (0 when there were none).
     pub share: f64,
     pub packets_per_s: f64,
+    /// Draining (the operator's weight is 0) or active, as `backends list` says.
+    pub state: BackendState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<String>,
     pub weight: u32,
@@ -124,6 +127,7 @@ pub fn rates(before: &Sample, after: &Sample) -> TopView {
                         new_flows_per_s: flows,
                         share: if new_flows > 0.0 { flows / new_flows } else { 0.0 },
                         packets_per_s: rate(b.packets, old.map(|o| o.packets)),
+                        state: BackendState::of_weight(b.weight),
                         health: b.health.clone(),
                         weight: b.weight,
                         effective_weight: b.effective_weight,
@@ -168,6 +172,7 @@ pub(super) const TOP_BACKEND_COLUMNS: &[(&str, Align)] = &[
     ("SHARE", Align::Right),
     ("NEW FLOWS/S", Align::Right),
     ("PACKETS/S", Align::Right),
+    ("STATE", Align::Left),
     ("HEALTH", Align::Left),
     ("WEIGHT", Align::Right),
     ("EFFECTIVE", Align::Right),
@@ -190,6 +195,7 @@ pub fn render(view: &TopView) -> String {
                 format!("{:.1}%", b.share * 100.0),
                 rate(b.new_flows_per_s),
                 rate(b.packets_per_s),
+                b.state.label().to_owned(),
                 b.health.clone().unwrap_or_else(|| "-".to_owned()),
                 b.weight.to_string(),
                 b.effective_weight.to_string(),
@@ -395,6 +401,13 @@ mod tests {
         assert_eq!(view.drops_per_s, [ReasonRate { reason: "drop_vip_budget".into(), per_s: 20.0 }]);
         let text = render(&view);
         assert!(text.contains("33.3%") && text.contains("66.7%") && text.contains("drop_vip_budget 20.0"), "{text}");
+        // A drained backend: its operator's weight is 0, and its state says why.
+        let mut drained = sample(3_000, [200, 500], 45);
+        drained.vips[0].backends[1].weight = 0;
+        let view = rates(&sample(1_000, [100, 300], 5), &drained);
+        assert_eq!((view.vips[0].backends[0].state, view.vips[0].backends[1].state), (BackendState::Active, BackendState::Draining));
+        let row = render(&view).lines().find(|l| l.contains("10.0.1.2")).unwrap().to_owned();
+        assert!(row.contains(" draining  healthy ") && row.ends_with("  0        100"), "{row}");
         // A counter that restarted (a reused id) does not go negative.
         let back = rates(&sample(3_000, [200, 500], 45), &sample(4_000, [10, 500], 45));
         assert_eq!(back.vips[0].backends[0].new_flows_per_s, 0.0);

@@ -140,10 +140,10 @@ pub enum CoreError {
     #[error(transparent)]
     Host(#[from] HostError),
     #[error(
-        "VIP {vip} has {backends} backends and {connections} connections in the connection table, which would break; \
-         drain and remove its backends first, or remove it with --force"
+        "VIP {vip} has {backends} backends and {connections} live connections (connection-table entries used in the last \
+         {idle_timeout_s} s, the idle timeout), which would break; drain and remove its backends first, or remove it with --force"
     )]
-    VipInUse { vip: Vip, backends: usize, connections: u64 },
+    VipInUse { vip: Vip, backends: usize, connections: u64, idle_timeout_s: u32 },
     #[error(
         "backend {backend} is the last active backend of VIP {vip}: drained, there is nowhere else for new flows, \
          and new connections to the VIP fail (drop_no_backend); add or undrain another backend first, or drain \
@@ -589,7 +589,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::RemoveVip { vip, force } => {
                 let backends = self.state.vip(&vip)?.backends.len();
                 if backends > 0 && !force {
-                    return Err(CoreError::VipInUse { vip, backends, connections: self.vip_connections(&vip)? });
+                    let (connections, idle_timeout_s) = self.vip_connections(&vip)?;
+                    return Err(CoreError::VipInUse { vip, backends, connections, idle_timeout_s });
                 }
                 self.mutate(change("remove_vip").field("vip", &vip).field("force", &force), |s| s.remove_vip(&vip).map(drop))
             }

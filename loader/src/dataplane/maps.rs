@@ -59,6 +59,8 @@ pub struct BalancerMaps {
     /// Kernel-owned: per rule id, the class's bucket, and its counters per CPU.
     pub rule_buckets: Array<MapData, Bucket>,
     pub rule_counters: PerCpuArray<MapData, RuleCounters>,
+    /// Kernel-owned: per rule id, what it would have dropped in observe mode, per CPU.
+    pub rule_would_drop: PerCpuArray<MapData, u64>,
     /// What limits in observe mode would have dropped, per `Observed`.
     pub observed: PerCpuArray<MapData, u64>,
     /// Packets sent with a second candidate (`second_chance.rs`).
@@ -131,6 +133,7 @@ impl BalancerMaps {
             },
             rule_buckets: take(ebpf, map_names::RULE_BUCKETS)?,
             rule_counters: take(ebpf, map_names::RULE_COUNTERS)?,
+            rule_would_drop: take(ebpf, map_names::RULE_WOULD_DROP)?,
             observed: take(ebpf, map_names::OBSERVED)?,
             second_chance: take(ebpf, map_names::SECOND_CHANCE)?,
             flows_unremembered: take(ebpf, map_names::FLOWS_UNREMEMBERED)?,
@@ -327,7 +330,8 @@ impl BalancerMaps {
         let per_cpu = named(map_names::RULE_COUNTERS, self.rule_counters.get(&id, 0))?;
         let hits = per_cpu.iter().map(|c| c.hits).sum();
         let dropped = per_cpu.iter().map(|c| c.dropped).sum();
-        Ok(RuleState { bucket, hits, dropped })
+        let would_drop = named(map_names::RULE_WOULD_DROP, self.rule_would_drop.get(&id, 0))?.iter().sum();
+        Ok(RuleState { bucket, hits, dropped, would_drop })
     }
 
     /// The per-source entries of VIP `vip_id` (a walk of the whole LRU table; entries the
@@ -458,7 +462,8 @@ impl crate::reconcile::Maps for BalancerMaps {
 
     fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
         named(map_names::RULE_BUCKETS, self.rule_buckets.set(id, &Bucket::default(), 0))?;
-        zero_per_cpu(map_names::RULE_COUNTERS, &mut self.rule_counters, id)
+        zero_per_cpu(map_names::RULE_COUNTERS, &mut self.rule_counters, id)?;
+        zero_per_cpu(map_names::RULE_WOULD_DROP, &mut self.rule_would_drop, id)
     }
 
     fn quic_servers(&self) -> Result<Vec<(QuicServerKey, QuicServer)>, DataplaneError> {

@@ -127,7 +127,7 @@ const QUIC_PROGRAMS: [&str; 4] =
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 29] = [
+const PINNED_MAPS: [&str; 30] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -145,6 +145,7 @@ const PINNED_MAPS: [&str; 29] = [
     map_names::RULES,
     map_names::RULE_BUCKETS,
     map_names::RULE_COUNTERS,
+    map_names::RULE_WOULD_DROP,
     map_names::RULE_LENS,
     map_names::OBSERVED,
     map_names::SECOND_CHANCE,

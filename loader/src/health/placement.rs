@@ -34,7 +34,8 @@ pub struct Candidate<'a> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Placement {
     pub weights: BTreeMap<IpAddr, u32>,
-    /// New flows per second the VIP admits; `None` when some backend declares no capacity.
+    /// New flows per second the VIP admits; `None` when some backend declares no capacity,
+    /// or none serves.
     pub budget_per_s: Option<u32>,
     /// Flows per second sent to other zones (0 when no zone is short or none has spare).
     pub spill_per_s: u32,
@@ -46,7 +47,9 @@ pub fn place(local_zone: Option<&str>, candidates: &[Candidate<'_>], spare_fract
     let active: Vec<&Candidate<'_>> = candidates.iter().filter(|c| c.configured_weight > 0).collect();
     let is_local = |c: &Candidate<'_>| local_zone.is_none() || c.zone.is_none_or(|z| Some(z) == local_zone);
     let mut weights: BTreeMap<IpAddr, u32> = candidates.iter().map(|c| (c.backend, c.weight)).collect();
-    let declared = active.iter().all(|c| c.capacity_per_s.is_some());
+    // A VIP without a serving backend declares no capacity: no budget (an empty `all` would
+    // say it declared 0, which the budget turns into 1 new flow a second).
+    let declared = !active.is_empty() && active.iter().all(|c| c.capacity_per_s.is_some());
     let (local, remote): (Vec<&Candidate<'_>>, Vec<&Candidate<'_>>) = active.iter().partition(|c| is_local(c));
 
     if !declared {
@@ -192,5 +195,13 @@ mod tests {
         c[1].configured_weight = 0;
         let p = place(Some("a"), &c, 0.5);
         assert_eq!((weights(&p), p.budget_per_s), (vec![100, 0, 0], Some(100)));
+    }
+
+    #[test]
+    fn a_vip_without_serving_backends_has_no_budget() {
+        assert_eq!(place(None, &[], 0.2).budget_per_s, None);
+        let mut c = candidates(&[("", 0, Some(100))]);
+        c[0].configured_weight = 0;
+        assert_eq!(place(None, &c, 0.2).budget_per_s, None, "only a draining backend");
     }
 }

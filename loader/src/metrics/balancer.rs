@@ -179,9 +179,13 @@ fn rules(f: &mut Families, s: &Sample) {
     for r in &s.rules {
         hits.counter(labels(r), r.hits);
     }
-    let mut drops = f.counter("rule_drops", "New flows an operator rule dropped (with observe=\"true\": would have dropped).", None);
+    let mut drops = f.counter("rule_drops", "New flows an operator rule dropped (enforced).", None);
     for r in &s.rules {
         drops.counter(labels(r), r.dropped);
+    }
+    let mut would = f.counter("rule_observed_drops", "New flows an operator rule would have dropped while in observe mode.", None);
+    for r in &s.rules {
+        would.counter(labels(r), r.would_drop);
     }
 }
 

@@ -56,8 +56,9 @@ fn sample() -> Sample {
             vip: None,
             action: RuleActionKind::Block,
             observe: false,
-            hits: 3,
+            hits: 5,
             dropped: 3,
+            would_drop: 2,
         }],
         flow_table: FlowTableSample { capacity: 1 << 20, entries: Some(2), counted_s_ago: Some(1), unremembered: 9 },
         maps: vec![MapMemory { map: "spw_flows".into(), bytes: 123_456 }],
@@ -150,6 +151,7 @@ fn balancer_families_follow_the_conventions() {
     assert_eq!(value(&text, r#"spillway_packets_total{reason="tx_packet_too_big",action="tx"}"#), 2.0);
     assert_eq!(value(&text, r#"spillway_observed_would_drop_total{reason="drop_vip_budget"}"#), 6.0);
     assert_eq!(value(&text, r#"spillway_rule_drops_total{cidr="192.0.2.0/24",vip="*",action="block",observe="false"}"#), 3.0);
+    assert_eq!(value(&text, r#"spillway_rule_observed_drops_total{cidr="192.0.2.0/24",vip="*",action="block",observe="false"}"#), 2.0);
     assert_eq!(value(&text, "spillway_flow_table_entries"), 2.0);
     assert_eq!(value(&text, r#"spillway_map_memory_bytes{map="spw_flows"}"#), 123_456.0);
     assert_eq!(value(&text, r#"spillway_reconcile_operations_total{op="add_vip",outcome="ok"}"#), 1.0);

@@ -327,7 +327,7 @@ fn rules_get_stable_lowest_free_ids_and_exact_trie_entries() {
     let ids: Vec<u32> = s.rules.keys().map(|m| r.rule_id(m).unwrap()).collect();
     assert_eq!(ids, [0, 1, 2]);
     let blocked = r.rule_id(&rule("10.1.0.0/16")).unwrap();
-    maps.rule_state.insert(blocked, RuleState { bucket: Bucket::default(), hits: 10, dropped: 10 });
+    maps.rule_state.insert(blocked, RuleState { bucket: Bucket::default(), hits: 10, dropped: 10, would_drop: 0 });
     // Changing a rule's action keeps its id and its counters.
     s.set_rule(rule("10.1.0.0/16"), limit(3)).unwrap();
     let report = r.apply(&mut maps, &s).unwrap();

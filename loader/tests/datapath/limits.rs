@@ -2,7 +2,7 @@
 //! observe mode. Established flows are never shed.
 
 use spillway::model::{Cidr, LimitConfig, RateSpec, RuleAction, RuleConfig, RuleMatch};
-use spillway_common::types::{Observed, PROTO_TCP, Reason, SourceKey};
+use spillway_common::types::{Observed, PROTO_TCP, Reason, SourceKey, SourceState};
 use spillway_harness::{frames, packet_lab};
 
 use crate::support::*;
@@ -118,6 +118,70 @@ fn a_rule_limit_is_one_bucket_for_the_whole_class() {
         assert_eq!(total, 4);
         let reasons = env.reasons();
         assert_eq!(reasons[Reason::DropRuleLimit as usize], 16);
+    });
+}
+
+/// The source table's entry of `src` on the test VIP (what `top-sources` lists), if any.
+fn source_entry(env: &Env, src: &str) -> Option<SourceState> {
+    let id = env.reconciler.vip_id(&vip(&format!("{VIP}/tcp"))).unwrap();
+    let prefix = flow_key(sock(&format!("{src}:1")), sock(VIP), PROTO_TCP).src;
+    env.balancer.maps.sources.get(&SourceKey { vip_id: id, family: 4, _pad: [0; 3], prefix }, 0).ok()
+}
+
+/// Regression (day two): `top-sources` never listed a source that had opened ~200 flows,
+/// though the README says a 1-in-16 sample: a sample of a source the table did not hold
+/// added it only one time in 16 more (1 in 256 per flow). Each of 20 sources opens 200 new
+/// flows: all 20 are listed unless one had none of its 200 sampled ((15/16)^200 each; with
+/// 1 in 256, all 20 would show with odds (1 - (255/256)^200)^20, about 1 in 200 000).
+#[test]
+fn every_source_that_opened_200_flows_is_in_the_source_table() {
+    with_vip(|env| {
+        let sources: Vec<String> = (1..=20).map(|i| format!("192.168.30.{i}")).collect();
+        for src in &sources {
+            assert_eq!(admitted(env, src, 200, 1000), 200, "no limit: every flow admitted");
+        }
+        let counts: Vec<(&String, Option<u64>)> = sources.iter().map(|s| (s, source_entry(env, s).map(|e| e.admitted))).collect();
+        assert!(counts.iter().all(|(_, c)| c.is_some()), "sources missing from top-sources: {counts:?}");
+        // Unbiased: 16 per sampled flow, 4000 flows in all (standard deviation ~245).
+        let total: u64 = counts.iter().map(|(_, c)| c.unwrap()).sum();
+        assert!((2800..=5200).contains(&total), "estimated {total} admitted of 4000");
+    });
+}
+
+/// Regression (day two): a rule-limited class showed `DROPPED 0` in `top-sources` while
+/// the rule dropped 47 (its sources were sampled into the table one flow in 256), and
+/// `rules list` added observe mode's would-drops to real drops. Every source of the class
+/// shows its (sampled) drops, and a rule counts what it dropped and would have dropped apart.
+#[test]
+fn a_rule_limited_class_shows_its_drops_by_source_and_would_drops_apart() {
+    with_vip(|env| {
+        let class = |observe| RuleConfig { action: RuleAction::Limit(RateSpec { per_s: 1, burst: 3 }), observe };
+        env.update(|s| s.set_rule(rule("172.16.0.0/12", None), class(false)).unwrap());
+        let sources: Vec<String> = (1..=20).map(|i| format!("172.16.{i}.1")).collect();
+        let let_through: usize = sources.iter().map(|s| admitted(env, s, 200, 1000)).sum();
+        let dropped = env.reasons()[Reason::DropRuleLimit as usize];
+        assert_eq!(let_through as u64 + dropped, 4000);
+        assert!(dropped >= 3990, "1/s burst 3: {dropped} dropped");
+        // Each source's ~200 drops: sampled 1 in 16, counting 16 (standard deviation ~245
+        // over the 20); a source is missing with odds (15/16)^200.
+        let by_source: Vec<(&String, Option<u64>)> = sources.iter().map(|s| (s, source_entry(env, s).map(|e| e.dropped))).collect();
+        assert!(by_source.iter().all(|(_, d)| d.is_some_and(|d| d > 0)), "class sources without drops in top-sources: {by_source:?}");
+        let total: u64 = by_source.iter().map(|(_, d)| d.unwrap()).sum();
+        assert!(total.abs_diff(dropped) <= 1200, "top-sources: {total} dropped, the rule {dropped}");
+        let rule_id = env.reconciler.rule_id(&rule("172.16.0.0/12", None)).unwrap();
+        let state = env.balancer.maps.rule_state(rule_id).unwrap();
+        assert_eq!((state.hits, state.dropped, state.would_drop), (4000, dropped, 0));
+
+        // Observed now: the class's bucket is still spent, so its flows would be dropped;
+        // they pass, and the rule's real drops stay where they were.
+        env.update(|s| s.set_rule(rule("172.16.0.0/12", None), class(true)).unwrap());
+        assert_eq!(admitted(env, "172.16.6.1", 20, 5000), 20);
+        let observed = env.balancer.maps.observed().unwrap();
+        let would = observed.iter().find(|(o, _)| *o == Observed::RuleLimit).unwrap().1;
+        assert!(would >= 18, "{would} would-drops of 20");
+        let state = env.balancer.maps.rule_state(rule_id).unwrap();
+        assert_eq!((state.hits, state.dropped, state.would_drop), (4020, dropped, would));
+        assert_eq!(env.reasons()[Reason::DropRuleLimit as usize], dropped);
     });
 }
 

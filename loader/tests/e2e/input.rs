@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use spillway_harness::cluster::XdpMode;
+use spillway_harness::cluster::{Cluster, XdpMode};
 
 use crate::in_both_modes;
 use crate::support::*;
@@ -51,6 +51,29 @@ fn bad_input_changes_nothing(mode: XdpMode) {
 }
 in_both_modes!(bad_input_changes_nothing);
 
+/// Regression (day two): the `vips remove` guard counted the table entries of connections
+/// long closed ("1017 connections would break"). It counts live ones: entries used within
+/// the idle timeout (2 s here), and says so.
+#[test]
+fn vips_remove_counts_only_live_connections() {
+    let c = start_with(XdpMode::Native, 1, 1, &["--tcp-idle-timeout-s", "2", "--no-health-checks"]);
+    let vip = tcp_vip(false);
+    vip_with_all_backends(&c, &vip, false);
+    let tally = connections(&c, tcp_target(false), 20);
+    assert_eq!(tally.failures, 0, "{:?}", tally.errors);
+    let live = |c: &Cluster| {
+        let out = c.lbctl_output(&["vips", "remove", &vip]).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let (_, rest) = stderr.split_once("1 backends and ").unwrap_or_else(|| panic!("{stderr}"));
+        assert!(rest.contains(" live connections (connection-table entries used in the last 2 s, the idle timeout)"), "{stderr}");
+        rest.split(' ').next().unwrap().parse::<u64>().unwrap()
+    };
+    assert_eq!(live(&c), 20, "the connections just closed are within the idle timeout");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(live(&c), 0, "closed 4 s ago, past the 2 s idle timeout");
+}
+
 /// The guards against an operator's slip, with the real lbd and lbctl: each refusal says
 /// what would break and how to force it, and changes nothing; forced, it goes through.
 #[test]
@@ -85,6 +108,13 @@ fn operator_guards_refuse_what_would_break() {
     let _ = std::fs::remove_file(&file);
     c.lbctl(&["vips", "add", "10.0.0.2:8080/tcp", "--force"]).unwrap();
     assert!(c.lbctl(&["export"]).unwrap().contains("vip = \"10.0.0.2:8080/tcp\"\nring_size = 65537\nallow_local_address = true\n"));
+    // A checked VIP without backends has no budget (it showed BUDGET/S 1, none being set).
+    let vips = c.lbctl_json(&["vips", "list"]).unwrap();
+    let empty = vips["vips"].as_array().unwrap().iter().find(|v| v["vip"] == "10.0.0.2:8080/tcp").unwrap();
+    assert!(empty.get("effective_budget").is_none_or(|b| b.is_null()), "{empty}");
+    let table = c.lbctl(&["vips", "list"]).unwrap();
+    let row = table.lines().find(|l| l.starts_with("10.0.0.2:8080/tcp")).unwrap();
+    assert!(!row.contains(" 1 "), "BUDGET/S of a VIP without backends: {table}");
     c.lbctl(&["vips", "remove", "10.0.0.2:8080/tcp"]).unwrap();
 
     // Draining the last active backend: there is nowhere else for new flows.
@@ -99,7 +129,10 @@ fn operator_guards_refuse_what_would_break() {
     // Removing a VIP with backends, as apply refuses it: how many backends and connections.
     let flows = connections(&c, tcp_target(false), 10);
     assert_eq!(flows.failures, 0);
-    refused(&["vips", "remove", &vip], &[&format!("VIP {vip} has 2 backends and "), " connections in the connection table", "--force"]);
+    refused(
+        &["vips", "remove", &vip],
+        &[&format!("VIP {vip} has 2 backends and "), " live connections (connection-table entries used in the last ", "--force"],
+    );
 
     // Forced, the last backend drains and the VIP goes.
     let forced = c.lbctl(&["backends", "drain", "--vip", &vip, &b2, "--force"]).unwrap();

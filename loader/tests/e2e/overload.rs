@@ -134,3 +134,47 @@ fn observe_mode_drops_nothing_and_counts_the_excess() {
     let expected = report.attempts as f64 - (LIMIT as f64 * seconds + BURST as f64 + 1.0);
     assert!((would - expected).abs() <= expected * 0.1, "would-drop {would}, expected about {expected:.0}; {report:?}");
 }
+
+/// Regression (day two): a rule-limited class showed `DROPPED 0` in `top-sources` while the
+/// rule had dropped 47, and `rules list` added what the rule would have dropped in observe
+/// mode to what it dropped (`DROPPED 23` against `drop_rule_limit 2`). The class is observed,
+/// then enforced: the rule's drops and would-drops are apart and match `lbctl stats`, and
+/// the flooder's source shows its drops (a 1-in-16 sample's estimate, marked so).
+#[test]
+fn a_rule_limited_class_shows_its_drops_by_source_and_would_drops_apart() {
+    let c = cluster();
+    let vip = tcp_vip(false);
+    let flooder = flooder_ip(&c);
+    let cidr = format!("{flooder}/32");
+    let rule = |observe: bool| {
+        let mut args = vec!["rules", "add", &cidr, "--vip", &vip, "--limit", "20", "--burst", "5"];
+        if observe {
+            args.push("--observe");
+        }
+        c.lbctl(&args).unwrap();
+    };
+    rule(true);
+    let (observed, ()) = flooding(&c, 200, Duration::from_secs(2), || ());
+    assert_eq!((observed.timed_out, observed.refused), (0, 0), "observe mode dropped: {observed:?}");
+    rule(false);
+    let (enforced, ()) = flooding(&c, 200, Duration::from_secs(2), || ());
+    assert!(enforced.timed_out > 0, "nothing was dropped: {enforced:?}");
+    // Refused SYNs are retried until the flood's connect timeout: let the last ones land.
+    std::thread::sleep(Duration::from_secs(1));
+    let (dropped, would) = (reason_count(&c, "drop_rule_limit"), reason_count(&c, "would_drop_rule_limit"));
+    assert!(would > 0, "observe mode counted nothing");
+    let rules = c.lbctl_json(&["rules", "list"]).unwrap();
+    let row = &rules["rules"][0];
+    assert_eq!((row["dropped"].as_u64(), row["would_drop"].as_u64()), (Some(dropped), Some(would)), "{rules}");
+    let table = c.lbctl(&["rules", "list"]).unwrap();
+    assert!(table.lines().next().unwrap().ends_with("HITS  DROPPED  WOULD-DROP"), "{table}");
+    assert!(table.lines().nth(1).unwrap().ends_with(&format!("{dropped}  {would:>10}")), "{table}");
+    let top = c.lbctl_json(&["top-sources", "--vip", &vip]).unwrap();
+    let first = &top["sources"][0];
+    assert_eq!((first["prefix"].as_str(), first["estimated"].as_bool()), (Some(&*cidr), Some(true)), "{top}");
+    // ~700 drops sampled 1 in 16 (standard deviation ~100).
+    let estimate = first["dropped"].as_u64().unwrap();
+    assert!(estimate.is_multiple_of(16) && estimate.abs_diff(dropped) <= dropped / 2, "top-sources {estimate}, the rule {dropped}: {top}");
+    let table = c.lbctl(&["top-sources", "--vip", &vip]).unwrap();
+    assert!(table.contains(&format!("~{estimate}")), "{table}");
+}

@@ -96,18 +96,45 @@ fn client_of(key: &FlowKey) -> Option<SocketAddr> {
     Some(SocketAddr::new(from_words(key.src, key.family)?, u16::from_be(key.sport)))
 }
 
-/// Backend slots read once per walk (a table holds far more entries than backends).
+/// The idle timeout of the entry's protocol, in seconds (`select::expired`).
+fn idle_timeout_s(proto: u8, config: &LbConfig) -> u32 {
+    if proto == PROTO_TCP { config.tcp_idle_timeout_s } else { config.udp_idle_timeout_s }
+}
+
+/// Whether an entry of protocol `proto` is idle past its timeout at `now`: the data path
+/// no longer follows it (`select::expired`), so it stands for no live connection.
+fn expired(proto: u8, flow: &FlowInfo, config: &LbConfig, now: u64) -> bool {
+    flow.idle_ns(now) > u64::from(idle_timeout_s(proto, config)) * NS_PER_S
+}
+
+/// Backend slots read once per walk (a table holds far more entries than backends), and
+/// the timeouts and clock the walk judges idleness by.
 struct Backends<'a, M> {
     maps: &'a M,
     seen: HashMap<u32, Option<BackendInfo>>,
+    config: LbConfig,
+    now: u64,
 }
 
-impl<M: Maps> Backends<'_, M> {
+impl<'a, M: Maps + Counters> Backends<'a, M> {
+    fn new(maps: &'a M) -> Result<Self, DataplaneError> {
+        Ok(Self { maps, seen: HashMap::new(), config: maps.lb_config()?, now: clock::coarse_now_ns() })
+    }
+
     /// The active backend that `flow` still names (same id and generation), if any.
     fn live(&mut self, flow: &FlowInfo) -> Option<BackendInfo> {
         let maps = self.maps;
         let info = *self.seen.entry(flow.backend_id).or_insert_with(|| maps.backend(flow.backend_id).ok());
         info.filter(|b| b.state == BACKEND_ACTIVE && b.generation as u16 == flow.generation)
+    }
+
+    /// [`Self::live`] for an entry the data path still follows: not idle past its timeout.
+    /// What a live connection is, for every count and listing.
+    fn in_force(&mut self, key: &FlowKey, flow: &FlowInfo) -> Option<BackendInfo> {
+        if expired(key.proto, flow, &self.config, self.now) {
+            return None;
+        }
+        self.live(flow)
     }
 }
 
@@ -160,17 +187,17 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// What the data path makes of an existing entry (`select::established`).
     fn entry_state(&self, key: &FlowKey, flow: &FlowInfo, config: &LbConfig, now: u64) -> FlowEntryState {
         let info = self.maps.backend(flow.backend_id).ok().filter(|b| b.state == BACKEND_ACTIVE);
-        let idle_ns = flow.idle_ns(now);
-        let timeout_s = if key.proto == PROTO_TCP { config.tcp_idle_timeout_s } else { config.udp_idle_timeout_s };
         let stale = match info {
             None => Some("its backend was removed".to_owned()),
             Some(b) if b.generation as u16 != flow.generation => Some("its backend was removed (the id now holds another)".to_owned()),
-            Some(_) if idle_ns > u64::from(timeout_s) * NS_PER_S => Some(format!("idle past the {timeout_s} s timeout")),
+            Some(_) if expired(key.proto, flow, config, now) => {
+                Some(format!("idle past the {} s timeout", idle_timeout_s(key.proto, config)))
+            }
             Some(_) => None,
         };
         FlowEntryState {
             backend: info.filter(|b| b.generation as u16 == flow.generation).and_then(|b| from_words(b.addr, b.family)),
-            idle_ms: idle_ns / 1_000_000,
+            idle_ms: flow.idle_ns(now) / 1_000_000,
             in_force: stale.is_none(),
             stale,
         }
@@ -253,14 +280,14 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             .filter(|a| backend.is_none_or(|b| b == **a))
             .filter_map(|a| Some((self.reconciler.backend_id(vip, a)?, *a)))
             .collect();
-        let mut backends = Backends { maps: &self.maps, seen: HashMap::new() };
+        let mut backends = Backends::new(&self.maps).map_err(CoreError::Counters)?;
         let (mut entries, mut truncated) = (Vec::new(), false);
-        let now = clock::coarse_now_ns();
+        let now = backends.now;
         let scanned = self
             .maps
             .scan_flows(&mut |key, flow| {
                 let Some(address) = wanted.get(&flow.backend_id) else { return ControlFlow::Continue(()) };
-                if backends.live(flow).is_none() {
+                if backends.in_force(key, flow).is_none() {
                     return ControlFlow::Continue(());
                 }
                 if entries.len() == limit {
@@ -294,7 +321,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let ids: HashSet<u32> = serving.iter().filter_map(|(vip, _)| self.reconciler.backend_id(vip, &backend)).collect();
         let removed_backend = serving.is_empty();
         let mut doomed = Vec::new();
-        let mut backends = Backends { maps: &self.maps, seen: HashMap::new() };
+        let mut backends = Backends::new(&self.maps).map_err(CoreError::Counters)?;
         let scanned = self
             .maps
             .scan_flows(&mut |key, flow| {
@@ -313,18 +340,21 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         Ok(PurgeReport { backend, removed, scanned })
     }
 
-    /// The connection table's entries in force for `vip` now: what removing it would break.
-    pub(super) fn vip_connections(&self, vip: &Vip) -> Result<u64, CoreError> {
-        let Some(id) = self.reconciler.vip_id(vip) else { return Ok(0) };
-        let mut backends = Backends { maps: &self.maps, seen: HashMap::new() };
+    /// The live connections of `vip` now (its connection-table entries in force: of a
+    /// backend still in place, not idle past the protocol's timeout): what removing it would
+    /// break. With that timeout in seconds, to say what was counted.
+    pub(super) fn vip_connections(&self, vip: &Vip) -> Result<(u64, u32), CoreError> {
+        let mut backends = Backends::new(&self.maps).map_err(CoreError::Counters)?;
+        let timeout_s = idle_timeout_s(vip.proto.number(), &backends.config);
+        let Some(id) = self.reconciler.vip_id(vip) else { return Ok((0, timeout_s)) };
         let mut count = 0;
         self.maps
-            .scan_flows(&mut |_, flow| {
-                count += u64::from(backends.live(flow).is_some_and(|b| b.vip_id == id));
+            .scan_flows(&mut |key, flow| {
+                count += u64::from(backends.in_force(key, flow).is_some_and(|b| b.vip_id == id));
                 ControlFlow::Continue(())
             })
             .map_err(CoreError::Counters)?;
-        Ok(count)
+        Ok((count, timeout_s))
     }
 
     /// Logs an ALERT when new flows found the table full since the last one (at most one a
@@ -352,10 +382,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         if !self.telemetry.flow_count.due() {
             return Ok(());
         }
-        let mut backends = Backends { maps: &self.maps, seen: HashMap::new() };
+        let mut backends = Backends::new(&self.maps)?;
         let mut per_vip_id: HashMap<u32, u64> = HashMap::new();
-        let entries = self.maps.scan_flows(&mut |_, flow| {
-            if let Some(b) = backends.live(flow) {
+        let entries = self.maps.scan_flows(&mut |key, flow| {
+            if let Some(b) = backends.in_force(key, flow) {
                 *per_vip_id.entry(b.vip_id).or_default() += 1;
             }
             ControlFlow::Continue(())
@@ -367,7 +397,31 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
 
 #[cfg(test)]
 mod tests {
+    use spillway_common::{limits::FLOW_TICK_SHIFT, types::FLOW_CONFIRMED};
+
     use super::*;
+    use crate::{
+        api::Request,
+        daemon::core::tests::{Fixture, ip, vip},
+    };
+
+    #[test]
+    fn only_entries_in_force_count_as_live_connections() {
+        let mut f = Fixture::with_two_backends();
+        let id = f.core.reconciler.backend_id(&vip(), &ip("10.0.0.1")).unwrap();
+        let generation = f.core.maps.backend(id).unwrap().generation as u16;
+        let tick = |ns: u64| (ns >> FLOW_TICK_SHIFT) as u32 & !FLOW_CONFIRMED;
+        let now = clock::coarse_now_ns();
+        // The fake's TCP idle timeout is 900 s: one entry used now, one closed 901 s ago.
+        for (port, touched_tick) in [(40000, tick(now)), (40001, tick(now.wrapping_sub(901 * NS_PER_S)))] {
+            let key = flow_key(SocketAddr::new(ip("198.51.100.7"), port), &vip(), 80);
+            f.core.maps.flows.insert(key, FlowInfo { backend_id: id, generation, confirmed: true, touched_tick });
+        }
+        let err = f.core.handle(Request::RemoveVip { vip: vip(), force: false }).unwrap_err().to_string();
+        assert!(err.contains("has 2 backends and 1 live connections (connection-table entries used in the last 900 s"), "{err}");
+        let listed: Vec<u16> = f.core.flow_list(&vip(), None, None).unwrap().entries.iter().map(|e| e.client.port()).collect();
+        assert_eq!(listed, [40000], "flows list shows only what the data path follows");
+    }
 
     #[test]
     fn gcra_check_matches_the_data_path_rule() {

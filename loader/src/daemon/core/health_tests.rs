@@ -110,6 +110,16 @@ fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
     assert_eq!(entry.health.unwrap().spill_per_s, 60);
 }
 
+/// Regression: a checked VIP without backends showed `BUDGET/S 1` though no budget was set
+/// (no backend read as a declared capacity of 0, and a budget of 0 is raised to 1).
+#[test]
+fn a_vip_without_backends_has_no_budget() {
+    let mut f = Fixture::new(None);
+    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    assert_eq!(f.vip_entry().effective_budget, None);
+    assert_eq!(f.core.sample().unwrap().vips[0].budget, None);
+}
+
 #[test]
 fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
     let mut f = Fixture::new(None);

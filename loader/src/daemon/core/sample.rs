@@ -63,7 +63,15 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             .map_err(CoreError::Counters)?
             .rules
             .into_iter()
-            .map(|r| RuleSample { cidr: r.cidr, vip: r.vip, action: r.action, observe: r.observe, hits: r.hits, dropped: r.dropped })
+            .map(|r| RuleSample {
+                cidr: r.cidr,
+                vip: r.vip,
+                action: r.action,
+                observe: r.observe,
+                hits: r.hits,
+                dropped: r.dropped,
+                would_drop: r.would_drop,
+            })
             .collect();
         let flow_table = FlowTableSample {
             capacity: self.maps.flow_capacity(),

@@ -48,7 +48,7 @@ impl Fixture {
         fs::read(self.tmp.path().join(crate::store::STATE_FILE)).ok()
     }
 
-    fn with_two_backends() -> Self {
+    pub(super) fn with_two_backends() -> Self {
         let mut f = Self::new();
         f.ok(Request::AddVip { vip: vip(), ring_size: Some(251), force: false, quic: None, encap: Encap::Ipip });
         f.ok(Request::AddBackend { vip: vip(), backend: ip("10.0.0.1"), weight: None, options: Default::default() });
@@ -104,8 +104,8 @@ fn mutations_apply_persist_and_list() {
     let err = f.core.handle(Request::RemoveVip { vip: vip(), force: false }).unwrap_err().to_string();
     assert_eq!(
         err,
-        "VIP 10.100.0.1:80/tcp has 1 backends and 0 connections in the connection table, which would break; drain and \
-         remove its backends first, or remove it with --force"
+        "VIP 10.100.0.1:80/tcp has 1 backends and 0 live connections (connection-table entries used in the last 900 s, \
+         the idle timeout), which would break; drain and remove its backends first, or remove it with --force"
     );
     assert_eq!(f.backends().len(), 1);
     f.ok(Request::RemoveVip { vip: vip(), force: true });
@@ -326,14 +326,15 @@ fn rules_are_listed_with_their_counters() {
     });
     let scoped = RuleMatch { cidr: "10.20.0.0/16".parse().unwrap(), vip: Some(vip()) };
     let id = f.core.reconciler.rule_id(&scoped).unwrap();
-    f.core.maps.rule_state.insert(id, RuleState { bucket: Bucket { tat_ns: 1 }, hits: 40, dropped: 3 });
+    f.core.maps.rule_state.insert(id, RuleState { bucket: Bucket { tat_ns: 1 }, hits: 40, dropped: 3, would_drop: 5 });
     let Reply::Rules(list) = f.ok(Request::ListRules) else { panic!() };
-    let rows: Vec<_> = list.rules.iter().map(|r| (r.cidr.to_string(), r.vip, r.action, r.rate, r.observe, r.hits, r.dropped)).collect();
+    let rows: Vec<_> =
+        list.rules.iter().map(|r| (r.cidr.to_string(), r.vip, r.action, r.rate, r.observe, r.hits, r.dropped, r.would_drop)).collect();
     assert_eq!(
         rows,
         [
-            ("10.20.0.0/16".to_owned(), Some(vip()), RuleActionKind::Limit, Some(RateSpec { per_s: 500, burst: 1000 }), true, 40, 3),
-            ("192.0.2.0/24".to_owned(), None, RuleActionKind::Block, None, false, 0, 0),
+            ("10.20.0.0/16".to_owned(), Some(vip()), RuleActionKind::Limit, Some(RateSpec { per_s: 500, burst: 1000 }), true, 40, 3, 5),
+            ("192.0.2.0/24".to_owned(), None, RuleActionKind::Block, None, false, 0, 0, 0),
         ]
     );
     f.ok(Request::RemoveRule { cidr: "10.20.0.0/16".parse().unwrap(), vip: Some(vip()) });
@@ -453,6 +454,22 @@ fn top_sources_sort_by_dropped_then_admitted_with_the_configured_prefix() {
     assert_eq!(rows, [("10.0.3.0/24".to_owned(), 7, 9), ("10.0.2.0/24".to_owned(), 1, 9), ("2001:db8:1::/48".to_owned(), 100, 2)]);
     let Reply::TopSources(all) = f.ok(Request::TopSources { vip: vip(), limit: None }) else { panic!() };
     assert_eq!(all.sources.len(), 4);
+
+    // Under the per-source limit the counts are exact, but for the sources a rule matches
+    // (the data path samples those): one inside 10.0.2.0/24, one on 10.0.3.0/24 and one
+    // holding no source.
+    let estimated = |f: &mut Fixture| {
+        let Reply::TopSources(top) = f.ok(Request::TopSources { vip: vip(), limit: None }) else { panic!() };
+        top.sources.iter().filter(|s| s.estimated).map(|s| s.prefix.to_string()).collect::<Vec<_>>()
+    };
+    assert!(estimated(&mut f).is_empty());
+    f.ok(set_rule("10.0.2.128/25", Some(vip()), RuleActionKind::Block, None));
+    f.ok(set_rule("10.0.3.0/24", None, RuleActionKind::Exempt, None));
+    f.ok(set_rule("10.0.8.0/24", None, RuleActionKind::Block, None));
+    assert_eq!(estimated(&mut f), ["10.0.3.0/24", "10.0.2.0/24"]);
+    // Without a per-source limit every count is a sample's.
+    f.ok(Request::ClearRateLimit { scope: Scope::Vip(vip()), part: LimitPart::All });
+    assert_eq!(estimated(&mut f).len(), 4);
 }
 
 #[test]

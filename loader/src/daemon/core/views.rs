@@ -225,6 +225,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 observe: config.observe,
                 hits: counters.hits,
                 dropped: counters.dropped,
+                would_drop: counters.would_drop,
             });
         }
         Ok(RuleList { rules })
@@ -239,6 +240,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             return Ok(TopSourceList { vip: *vip, tracked: 0, sources: Vec::new() });
         };
         let limits = self.state.effective_limits(vip).unwrap_or_default();
+        // The data path counts a source exactly only when it charges the source's bucket:
+        // under a per-source limit, for flows no rule matched. Others are sampled.
+        let rules: Vec<Cidr> = self.state.rules.keys().filter(|r| r.vip.is_none_or(|v| v == *vip)).map(|r| r.cidr).collect();
+        let estimated = |prefix: &Cidr| limits.per_source.is_none() || rules.iter().any(|r| r.overlaps(prefix));
         let mut entries = self.maps.sources(id).map_err(CoreError::Counters)?;
         let tracked = entries.len();
         entries.sort_by_key(|(key, state)| (Reverse(state.dropped), Reverse(state.admitted), key.family, key.prefix));
@@ -248,7 +253,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 let addr = from_words(key.prefix, key.family)?;
                 let len = if key.family == FAMILY_V4 { limits.source_prefix_v4 } else { limits.source_prefix_v6 };
                 let prefix = Cidr { addr: Cidr::mask(addr, len), prefix_len: len };
-                Some(SourceEntry { prefix, admitted: state.admitted, dropped: state.dropped })
+                Some(SourceEntry { prefix, admitted: state.admitted, dropped: state.dropped, estimated: estimated(&prefix) })
             })
             .take(limit.map_or(usize::MAX, |l| l as usize))
             .collect();

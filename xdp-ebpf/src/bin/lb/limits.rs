@@ -6,12 +6,15 @@
 //!
 //! The source table also feeds `lbctl top-sources`. A flow needs a source bucket only when
 //! its VIP has a per-source limit and no rule matched it; other new flows only touch the
-//! table at random, one in `SOURCE_SAMPLE_UNLIMITED`, adding that many to the counters, and
-//! a sample of a source not in the table yet adds it only one time in `SOURCE_SAMPLE_NEW`,
-//! counting for as many (the LRU lookup, and above all the insert, were a third of a new
-//! flow's cost): their top-sources counts are unbiased estimates. Rules are looked up only
-//! at the prefix lengths in use (a VIP flag says whether it has rules of its own), and a
-//! rule's counters are per CPU.
+//! table at random, one in `SOURCE_SAMPLE_UNLIMITED`, adding that many to the counters
+//! (admitted or dropped, whatever dropped it: a rule, the budget), and adding the source if
+//! the table does not hold it: their top-sources counts are unbiased estimates, and a
+//! source that opened N new flows is missing only if none of them was sampled ((15/16)^N).
+//! The LRU lookup and insert were a third of a new flow's cost; counting every refused flow
+//! instead of a sample would add them to the refusals, which must stay cheap under a flood.
+//! Rules are looked up only at the prefix lengths in use (a VIP flag says whether it has
+//! rules of its own), and a rule's counters are per CPU: real drops and observe mode's
+//! would-drops apart.
 //!
 //! Buckets use GCRA: the state is the theoretical arrival time (TAT) of the next flow. A flow
 //! is admitted when `TAT + T - now <= burst * T`, which then advances TAT by `T = 1 s / rate`.
@@ -29,8 +32,7 @@ use aya_ebpf::helpers::bpf_get_prandom_u32;
 use spillway_common::{
     hash::{RULE_SEED, addr_hash, rule_home},
     limits::{
-        ANY_VIP, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6, MAX_RULE_LENGTHS, RULE_SLOTS, SOURCE_SAMPLE_NEW,
-        SOURCE_SAMPLE_UNLIMITED, VIP_PROBES,
+        ANY_VIP, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6, MAX_RULE_LENGTHS, RULE_SLOTS, SOURCE_SAMPLE_UNLIMITED, VIP_PROBES,
     },
     prefix::masked,
     types::{
@@ -40,7 +42,7 @@ use spillway_common::{
 };
 use xdp_ebpf::atomic::add_u64;
 
-use crate::maps::{BUDGET, LIMITS, OBSERVED, RULE_BUCKETS, RULE_COUNTERS, RULE_LENS, RULES, SOURCES, default_limit_slot};
+use crate::maps::{BUDGET, LIMITS, OBSERVED, RULE_BUCKETS, RULE_COUNTERS, RULE_LENS, RULE_WOULD_DROP, RULES, SOURCES, default_limit_slot};
 use crate::select::Vip;
 
 /// Decides whether a packet without a table entry to `vip` may pass; `Err` carries the drop
@@ -61,28 +63,23 @@ pub fn admit(key: &FlowKey, vip: &Vip, now: u64, new_flow: bool) -> Result<(), R
     // feeds `top-sources`: a random sample updates the table, each counting for the flows it
     // stands for.
     let per_source = limits.filter(|l| rule.is_none() && l.per_source.per_s != 0);
-    // (weight of a known source, weight of a source not in the table yet; 0: not counted).
-    let (weight, new_weight) = if per_source.is_some() {
-        (1, 1)
+    // What this flow counts for in its source's entry (0: not counted). A sample always
+    // records its source: adding a new one on only 1 in 16 samples (1 in 256 flows) left
+    // half the sources of 200 flows out of top-sources.
+    let weight = if per_source.is_some() {
+        1
+    } else if unsafe { bpf_get_prandom_u32() } & (SOURCE_SAMPLE_UNLIMITED - 1) == 0 {
+        SOURCE_SAMPLE_UNLIMITED as u64
     } else {
-        let r = unsafe { bpf_get_prandom_u32() };
-        if r & (SOURCE_SAMPLE_UNLIMITED - 1) != 0 {
-            (0, 0)
-        } else if (r / SOURCE_SAMPLE_UNLIMITED) & (SOURCE_SAMPLE_NEW - 1) == 0 {
-            (SOURCE_SAMPLE_UNLIMITED as u64, (SOURCE_SAMPLE_UNLIMITED * SOURCE_SAMPLE_NEW) as u64)
-        } else {
-            (SOURCE_SAMPLE_UNLIMITED as u64, 0)
-        }
+        0
     };
-    // The source's entry and what this flow counts for in it, decided before the limits so
-    // that fewer values live across them.
-    let source = if weight != 0 { source_state(key, vip.id, limits, new_weight != 0) } else { None };
-    let source = source.map(|(s, created)| (s, if created { new_weight } else { weight }));
-    let verdict = decide(vip.id, limits, rule, per_source.and(source.map(|(s, _)| s)), now);
-    if let Some((source, count)) = source {
+    // Looked up before the limits, so that fewer values live across them.
+    let source = if weight != 0 { source_state(key, vip.id, limits) } else { None };
+    let verdict = decide(vip.id, limits, rule, per_source.and(source), now);
+    if let Some(source) = source {
         // SAFETY: a live map value; shared by CPUs, hence atomic adds.
         let counter = unsafe { if verdict.is_ok() { &mut (*source).admitted } else { &mut (*source).dropped } };
-        add(counter, count);
+        add(counter, weight);
     }
     verdict
 }
@@ -133,9 +130,15 @@ fn apply_rule(rule: &RuleValue, now: u64) -> Result<(), Reason> {
     let Some((observed, reason)) = over else {
         return Ok(());
     };
-    // `dropped` counts what the rule dropped or, in observe mode, would have dropped.
-    counters.dropped += 1;
-    enforce(rule.flags & LIMIT_F_OBSERVE_SOURCE != 0, observed, reason)
+    let observe = rule.flags & LIMIT_F_OBSERVE_SOURCE != 0;
+    // Real drops and would-drops apart: a rule that was observed, then enforced, shows both.
+    if !observe {
+        counters.dropped += 1;
+    } else if let Some(would) = RULE_WOULD_DROP.get_ptr_mut(rule.id) {
+        // SAFETY: a per-CPU slot, as above.
+        unsafe { *would += 1 };
+    }
+    enforce(observe, observed, reason)
 }
 
 /// Counts the drop as observed and lets the flow through, or returns the drop.
@@ -161,9 +164,9 @@ fn effective_limits(vip_id: u32) -> Option<&'static Limits> {
     LIMITS.get(default_limit_slot()).filter(|l| l.configured != 0)
 }
 
-/// The source prefix's entry, and whether this flow created it (only if `create`).
+/// The source prefix's entry, created if the table has none.
 #[inline(always)]
-fn source_state(key: &FlowKey, vip_id: u32, limits: Option<&Limits>, create: bool) -> Option<(*mut SourceState, bool)> {
+fn source_state(key: &FlowKey, vip_id: u32, limits: Option<&Limits>) -> Option<*mut SourceState> {
     let prefix_len = match (key.family, limits) {
         (FAMILY_V4, Some(l)) => l.source_prefix_v4,
         (FAMILY_V4, None) => DEFAULT_SOURCE_PREFIX_V4,
@@ -172,14 +175,11 @@ fn source_state(key: &FlowKey, vip_id: u32, limits: Option<&Limits>, create: boo
     };
     let skey = SourceKey { vip_id, family: key.family, _pad: [0; 3], prefix: masked(&key.src, prefix_len) };
     if let Some(state) = SOURCES.get_ptr_mut(&skey) {
-        return Some((state, false));
-    }
-    if !create {
-        return None;
+        return Some(state);
     }
     // BPF_NOEXIST: of two CPUs creating the entry at once, the second keeps the first's.
     let _ = SOURCES.insert(&skey, &SourceState::default(), 1);
-    SOURCES.get_ptr_mut(&skey).map(|s| (s, true))
+    SOURCES.get_ptr_mut(&skey)
 }
 
 /// The most specific of the rules scoped to this VIP and the global ones (at equal length

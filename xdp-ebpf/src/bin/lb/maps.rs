@@ -132,6 +132,11 @@ pub static RULE_BUCKETS: Array<Bucket> = Array::with_max_entries(MAX_RULES, 0);
 #[map(name = "spw_rule_ctrs")]
 pub static RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entries(MAX_RULES, 0);
 
+/// Per rule id: what the rule would have dropped in observe mode, per CPU (a map of its own:
+/// `RuleCounters` is pinned, and its shape stays).
+#[map(name = "spw_rule_would")]
+pub static RULE_WOULD_DROP: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_RULES, 0);
+
 /// What limits in observe mode would have dropped.
 #[map(name = "spw_observed")]
 pub static OBSERVED: PerCpuArray<u64> = PerCpuArray::with_max_entries(Observed::COUNT, 0);
