@@ -340,14 +340,3 @@ fn field_of(error: &ModelError) -> &'static str {
         | E::BadHealth { .. } => "",
     }
 }
-
-/// The built-in health policy as a VIP's flattened fields (`health.policy.fall` → 2): what
-/// an export and an added VIP's diff leave out.
-pub fn default_policy_fields() -> std::collections::BTreeMap<String, serde_json::Value> {
-    let health = FileHealth { probe: ProbeSpec::default(), probe_path: ProbePath::Tunnel, policy: Some(HealthConfig::default()) };
-    super::diff::flatten(&health)
-        .into_iter()
-        .filter(|(field, _)| field.starts_with("policy."))
-        .map(|(field, value)| (format!("health.{field}"), value))
-        .collect()
-}
