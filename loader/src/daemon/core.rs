@@ -32,7 +32,7 @@ use crate::{
     },
     ports::PortsReport,
     probe::{ProbePath, ProbeSpec},
-    reconcile::{ApplyReport, Maps, ReconcileError, Reconciler},
+    reconcile::{ApplyReport, Maps, MapsError, ReconcileError, Reconciler},
     store::{Store, StoreError},
 };
 
@@ -115,6 +115,9 @@ pub enum CoreError {
     Persist(#[source] StoreError),
     #[error("reading counters")]
     Counters(#[source] DataplaneError),
+    /// A read through the reconciler's `Maps` trait, reported like `Counters`.
+    #[error("reading counters")]
+    ReadMaps(#[source] MapsError),
     #[error("health checks")]
     Health(#[source] HealthError),
     #[error("drain deadline: {seconds} s is out of range (1..{MAX_DRAIN_DEADLINE_S})")]
@@ -170,7 +173,7 @@ impl CoreError {
             | Self::Host(_)
             | Self::VipInUse { .. }
             | Self::LastActiveBackend { .. } => ErrorKind::Invalid,
-            Self::Apply(_) | Self::Persist(_) | Self::Counters(_) | Self::Health(_) => ErrorKind::Internal,
+            Self::Apply(_) | Self::Persist(_) | Self::Counters(_) | Self::ReadMaps(_) | Self::Health(_) => ErrorKind::Internal,
         };
         ApiError { kind, message: error_chain(self) }
     }
