@@ -11,11 +11,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::file::{ConfigFile, FileBackend, FileHealth, FileRule, FileVip};
-use crate::{
-    health::HealthConfig,
-    model::{DesiredState, Vip},
-    probe::{ProbePath, ProbeSpec},
-};
+use crate::model::{DesiredState, HealthConfig, ProbePath, ProbeSpec, Vip};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Change {

@@ -10,13 +10,9 @@ use spillway_common::limits::DEFAULT_RING_SIZE;
 use toml::value::Datetime;
 
 use super::{datetime, locate::FieldPath};
-use crate::{
-    health::HealthConfig,
-    model::{
-        Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, Encap, LimitConfig, ModelError, QuicConfig, RuleActionKind,
-        RuleConfig, RuleMatch, Vip, VipConfig, VipHealth, check_serving_weight,
-    },
-    probe::{ProbePath, ProbeSpec},
+use crate::model::{
+    Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, Encap, HealthConfig, LimitConfig, ModelError, ProbePath, ProbeSpec,
+    QuicConfig, RuleActionKind, RuleConfig, RuleMatch, Vip, VipConfig, VipHealth, check_serving_weight,
 };
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -27,11 +27,10 @@ use crate::{
     health::{HealthError, Pressure},
     logging::Line,
     model::{
-        Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth, check_serving_weight,
-        host::HostError,
+        Backend, DEFAULT_WEIGHT, DesiredState, ModelError, ProbePath, ProbeSpec, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth,
+        check_serving_weight, host::HostError,
     },
     ports::PortsReport,
-    probe::{ProbePath, ProbeSpec},
     reconcile::{ApplyReport, Maps, MapsError, ReconcileError, Reconciler},
     store::{Store, StoreError},
 };

@@ -10,9 +10,9 @@ use super::{
 use crate::{
     api::{BackendEntry, VipEntry},
     daemon::{checks::SnapshotEntry, pressure::AgentPoll},
-    health::{HealthConfig, ProbeOutcome, Restored},
-    model::BackendOptions,
+    health::Restored,
     model::Encap,
+    model::{BackendOptions, HealthConfig, ProbeOutcome},
     ports::{DestinationUsage, Dropped, Level, Thresholds},
     store::StateFile,
     testing::{FakeMaps, TempDir},
@@ -214,7 +214,7 @@ fn port_pressure_from_an_agent_cuts_only_that_backends_weight() {
 fn probes_go_through_the_tunnel_unless_the_vip_or_the_backend_says_direct() {
     use crate::{
         daemon::checks::{LocalCause, ProbeRoute},
-        probe::ProbePath,
+        model::ProbePath,
     };
     let mut f = Fixture::new(None);
     f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
