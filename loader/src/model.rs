@@ -1,5 +1,6 @@
 //! The desired state an operator declares: VIPs, their backends and weights, new-flow limits
-//! and operator rules. This is what `lbd` persists and what the reconciler turns into map
+//! and operator rules, and each VIP's health checks (the policy, `health.rs`; what a probe
+//! is and what one found out, `probe.rs`). This is what `lbd` persists and what the reconciler turns into map
 //! updates.
 
 use std::{
@@ -20,10 +21,14 @@ use spillway_common::{
 };
 
 mod backend;
+mod health;
 pub mod host;
+mod probe;
 mod quic;
 
 pub use backend::{Backend, BackendOptions, Encap, MAX_ZONE_LEN, VipHealth, check_zone};
+pub use health::{HealthConfig, HealthConfigError, MAX_DURATION_MS, MAX_JITTER, MAX_RISE_FALL};
+pub use probe::{Hex, MAX_PAYLOAD, NotHex, ProbeOutcome, ProbePath, ProbeSpec, ProbeSpecError};
 pub use quic::{DEFAULT_NONCE_LEN, DEFAULT_SERVER_ID_LEN, QuicConfig, server_id_of, server_ids};
 
 /// Weight a backend gets when none is given.
@@ -1061,7 +1066,7 @@ mod tests {
 
     #[test]
     fn probe_paths_are_kept_per_vip_and_backend_and_left_out_when_default() {
-        use crate::probe::ProbePath;
+        use super::ProbePath;
         let mut state = DesiredState::default();
         let v = vip("10.0.0.1:80/tcp");
         state.add_vip(v, 13).unwrap();

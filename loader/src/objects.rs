@@ -14,11 +14,3 @@ pub static HOP: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillw
 pub static BALANCER_STAGES: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-lb-stages"));
 /// The socket/port watcher (`sockwatch-ebpf/`, C with CO-RE; see `crate::ports`).
 pub static SOCKWATCH: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-sockwatch"));
-
-/// Fails with a clear message when the build skipped the eBPF objects (`AYA_BUILD_SKIP`).
-pub fn check(object: &'static [u8], name: &'static str) -> Result<&'static [u8], crate::dataplane::DataplaneError> {
-    if object.is_empty() {
-        return Err(crate::dataplane::DataplaneError::ObjectNotBuilt { name });
-    }
-    Ok(object)
-}

@@ -46,15 +46,12 @@ use spillway_common::{
 };
 
 use self::pool::RingPool;
-use crate::{
-    dataplane::DataplaneError,
-    model::{Cidr, DesiredState, Encap, LimitConfig, Proto, RuleAction, RuleConfig, RuleMatch, Vip, VipConfig},
-};
+use crate::model::{Cidr, DesiredState, Encap, LimitConfig, Proto, RuleAction, RuleConfig, RuleMatch, Vip, VipConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     #[error(transparent)]
-    Dataplane(#[from] DataplaneError),
+    Maps(#[from] MapsError),
     #[error("building the Maglev table of VIP {vip}")]
     Maglev {
         vip: Vip,
@@ -72,45 +69,57 @@ pub enum ReconcileError {
     Inconsistent { what: String },
 }
 
+/// A failed [`Maps`] operation: the implementation's own error (which map, and why), shown
+/// as is. The reconciler only passes it on.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct MapsError(Box<dyn std::error::Error + Send + Sync>);
+
+impl MapsError {
+    pub fn new(source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Box::new(source))
+    }
+}
+
 /// The map operations the reconciler needs; implemented by the real maps and, in tests,
 /// by an in-memory model.
 pub trait Maps {
     /// The sizes the maps were created with.
     fn capacity(&self) -> Capacity;
-    fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, DataplaneError>;
+    fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, MapsError>;
     /// Inserts the VIP, or updates it in place: its flags, then its standby table, then (in
     /// one store) its active table.
-    fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError>;
-    fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError>;
-    fn vip_addrs(&self) -> Result<Vec<AddrKey>, DataplaneError>;
-    fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError>;
-    fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError>;
+    fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), MapsError>;
+    fn remove_vip(&mut self, key: &VipKey) -> Result<(), MapsError>;
+    fn vip_addrs(&self) -> Result<Vec<AddrKey>, MapsError>;
+    fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), MapsError>;
+    fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), MapsError>;
     /// Writes `(slot, backend id)` pairs into `table`.
-    fn write_slots(&mut self, table: RingRef, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError>;
-    fn read_ring(&self, table: RingRef) -> Result<Vec<u32>, DataplaneError>;
-    fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError>;
-    fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError>;
+    fn write_slots(&mut self, table: RingRef, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, MapsError>;
+    fn read_ring(&self, table: RingRef) -> Result<Vec<u32>, MapsError>;
+    fn backend(&self, id: u32) -> Result<BackendInfo, MapsError>;
+    fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), MapsError>;
     /// The VIP address pre-filter's words (`VIP_FILTER_WORDS` of them).
-    fn vip_filter(&self) -> Result<Vec<u64>, DataplaneError>;
-    fn set_vip_filter_word(&mut self, index: u32, word: u64) -> Result<(), DataplaneError>;
+    fn vip_filter(&self) -> Result<Vec<u64>, MapsError>;
+    fn set_vip_filter_word(&mut self, index: u32, word: u64) -> Result<(), MapsError>;
     /// Zeroes the state of a VIP id about to be handed out, so it starts from nothing: its
     /// counters, its new-flow budget's bucket and the per-source entries of that id.
-    fn reset_vip_stats(&mut self, id: u32) -> Result<(), DataplaneError>;
-    fn reset_backend_stats(&mut self, id: u32) -> Result<(), DataplaneError>;
+    fn reset_vip_stats(&mut self, id: u32) -> Result<(), MapsError>;
+    fn reset_backend_stats(&mut self, id: u32) -> Result<(), MapsError>;
     /// Every slot of the limits array (`Capacity::default_limit_slot() + 1` of them).
-    fn limits(&self) -> Result<Vec<Limits>, DataplaneError>;
-    fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), DataplaneError>;
+    fn limits(&self) -> Result<Vec<Limits>, MapsError>;
+    fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), MapsError>;
     /// Every rule in the rule index.
-    fn rules(&self) -> Result<Vec<(RuleSlotKey, RuleValue)>, DataplaneError>;
+    fn rules(&self) -> Result<Vec<(RuleSlotKey, RuleValue)>, MapsError>;
     /// Inserts or replaces one rule (a replaced value is never seen half-written).
-    fn set_rule(&mut self, key: &RuleSlotKey, value: &RuleValue) -> Result<(), DataplaneError>;
-    fn remove_rule(&mut self, key: &RuleSlotKey) -> Result<(), DataplaneError>;
+    fn set_rule(&mut self, key: &RuleSlotKey, value: &RuleValue) -> Result<(), MapsError>;
+    fn remove_rule(&mut self, key: &RuleSlotKey) -> Result<(), MapsError>;
     /// Zeroes a rule id's bucket and counters before the id is handed out.
-    fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError>;
+    fn reset_rule_state(&mut self, id: u32) -> Result<(), MapsError>;
     /// Every (VIP id, server id) -> backend entry of QUIC VIPs.
-    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, QuicServer)>, DataplaneError>;
-    fn set_quic_server(&mut self, key: &QuicServerKey, server: &QuicServer) -> Result<(), DataplaneError>;
-    fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), DataplaneError>;
+    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, QuicServer)>, MapsError>;
+    fn set_quic_server(&mut self, key: &QuicServerKey, server: &QuicServer) -> Result<(), MapsError>;
+    fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), MapsError>;
 }
 
 /// What one `apply` did.
@@ -729,7 +738,7 @@ impl Reconciler {
 }
 
 /// Makes the VIP address map hold exactly the desired VIPs' addresses.
-fn sync_vip_addrs(maps: &mut dyn Maps, have: &mut HashSet<AddrKey>, desired: &DesiredState) -> Result<(), DataplaneError> {
+fn sync_vip_addrs(maps: &mut dyn Maps, have: &mut HashSet<AddrKey>, desired: &DesiredState) -> Result<(), MapsError> {
     let want: HashSet<AddrKey> =
         desired.vips.keys().map(|v| to_words(v.addr)).map(|(addr, family)| AddrKey { addr, family, _pad: [0; 3] }).collect();
     for key in have.difference(&want) {
@@ -745,7 +754,7 @@ fn sync_vip_addrs(maps: &mut dyn Maps, have: &mut HashSet<AddrKey>, desired: &De
 /// Sets exactly the pre-filter bits of the desired VIP addresses, writing changed words only.
 /// Bits are set before the VIP entries that need them exist (apply runs this last, but a
 /// new VIP's packets pass as non-VIP until then, which is what an absent VIP does anyway).
-fn sync_vip_filter(maps: &mut dyn Maps, have: &mut [u64], desired: &DesiredState) -> Result<(), DataplaneError> {
+fn sync_vip_filter(maps: &mut dyn Maps, have: &mut [u64], desired: &DesiredState) -> Result<(), MapsError> {
     let mut want = vec![0u64; VIP_FILTER_WORDS as usize];
     for vip in desired.vips.keys() {
         let (word, bit) = vip_filter_slot(vip_addr_hash(&to_words(vip.addr).0));

@@ -20,7 +20,7 @@ use spillway_common::{
 use crate::{
     daemon::core::{Counters, FlowTable},
     dataplane::{DataplaneError, FlowInfo, MapOccupancy},
-    reconcile::Maps,
+    reconcile::{Maps, MapsError},
 };
 
 pub struct TempDir(PathBuf);
@@ -137,35 +137,35 @@ impl Maps for FakeMaps {
     fn capacity(&self) -> Capacity {
         self.capacity
     }
-    fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, DataplaneError> {
+    fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, MapsError> {
         Ok(self.vips.iter().map(|(k, v)| (*k, *v)).collect())
     }
-    fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
+    fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), MapsError> {
         self.vips.insert(*key, *meta);
         self.assert_consistent();
         Ok(())
     }
-    fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
+    fn remove_vip(&mut self, key: &VipKey) -> Result<(), MapsError> {
         if let Some(meta) = self.vips.remove(key) {
             let scoped = self.rules.keys().any(|k| k.scope == meta.id);
             assert!(!scoped, "VIP id {} removed while rules are scoped to it", meta.id);
         }
         Ok(())
     }
-    fn vip_addrs(&self) -> Result<Vec<AddrKey>, DataplaneError> {
+    fn vip_addrs(&self) -> Result<Vec<AddrKey>, MapsError> {
         Ok(self.addrs.clone())
     }
-    fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError> {
+    fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), MapsError> {
         self.addrs.push(*key);
         Ok(())
     }
-    fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError> {
+    fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), MapsError> {
         self.addrs.retain(|k| k != key);
         Ok(())
     }
-    fn write_slots(&mut self, table: RingRef, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
+    fn write_slots(&mut self, table: RingRef, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, MapsError> {
         if std::mem::take(&mut self.fail_next_write) {
-            return Err(DataplaneError::MissingMap { name: "injected failure" });
+            return Err(DataplaneError::MissingMap { name: "injected failure" }.into());
         }
         // Writing a table packets read would expose a half-written table.
         let overlaps = |a: RingRef| a.base < table.base + RingRef::words(table.size) && table.base < a.base + RingRef::words(a.size);
@@ -180,14 +180,14 @@ impl Maps for FakeMaps {
         self.slot_writes += n;
         Ok(n)
     }
-    fn read_ring(&self, table: RingRef) -> Result<Vec<u32>, DataplaneError> {
+    fn read_ring(&self, table: RingRef) -> Result<Vec<u32>, MapsError> {
         let base = 4 * u64::from(table.base);
         Ok((0..u64::from(table.size)).map(|s| self.rings.get(&(base + s)).copied().unwrap_or(0)).collect())
     }
-    fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError> {
+    fn backend(&self, id: u32) -> Result<BackendInfo, MapsError> {
         Ok(self.backends.get(&id).copied().unwrap_or_default())
     }
-    fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {
+    fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), MapsError> {
         self.backends.insert(id, *info);
         self.backend_writes += 1;
         if info.state == BACKEND_FREE {
@@ -195,61 +195,61 @@ impl Maps for FakeMaps {
         }
         Ok(())
     }
-    fn vip_filter(&self) -> Result<Vec<u64>, DataplaneError> {
+    fn vip_filter(&self) -> Result<Vec<u64>, MapsError> {
         let mut words = self.filter.clone();
         words.resize(VIP_FILTER_WORDS as usize, 0);
         Ok(words)
     }
-    fn set_vip_filter_word(&mut self, index: u32, word: u64) -> Result<(), DataplaneError> {
+    fn set_vip_filter_word(&mut self, index: u32, word: u64) -> Result<(), MapsError> {
         self.filter.resize(VIP_FILTER_WORDS as usize, 0);
         self.filter[index as usize] = word;
         Ok(())
     }
-    fn reset_vip_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
+    fn reset_vip_stats(&mut self, id: u32) -> Result<(), MapsError> {
         self.vip_traffic.remove(&id);
         self.budget.remove(&id);
         self.sources.retain(|k, _| k.vip_id != id);
         Ok(())
     }
-    fn reset_backend_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
+    fn reset_backend_stats(&mut self, id: u32) -> Result<(), MapsError> {
         self.backend_traffic.remove(&id);
         Ok(())
     }
-    fn limits(&self) -> Result<Vec<Limits>, DataplaneError> {
+    fn limits(&self) -> Result<Vec<Limits>, MapsError> {
         Ok((0..=self.capacity.default_limit_slot()).map(|slot| self.limits.get(&slot).copied().unwrap_or_default()).collect())
     }
-    fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), DataplaneError> {
+    fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), MapsError> {
         assert!(slot <= self.capacity.default_limit_slot(), "limits slot {slot} out of range");
         self.limits.insert(slot, *limits);
         self.limit_writes += 1;
         Ok(())
     }
-    fn rules(&self) -> Result<Vec<(RuleSlotKey, RuleValue)>, DataplaneError> {
+    fn rules(&self) -> Result<Vec<(RuleSlotKey, RuleValue)>, MapsError> {
         Ok(self.rules.iter().map(|(key, value)| (*key, *value)).collect())
     }
-    fn set_rule(&mut self, key: &RuleSlotKey, value: &RuleValue) -> Result<(), DataplaneError> {
+    fn set_rule(&mut self, key: &RuleSlotKey, value: &RuleValue) -> Result<(), MapsError> {
         if std::mem::take(&mut self.fail_next_rule) {
-            return Err(DataplaneError::MissingMap { name: "injected rule failure" });
+            return Err(DataplaneError::MissingMap { name: "injected rule failure" }.into());
         }
         self.rules.insert(*key, *value);
         self.rule_writes += 1;
         self.assert_rules_consistent();
         Ok(())
     }
-    fn remove_rule(&mut self, key: &RuleSlotKey) -> Result<(), DataplaneError> {
+    fn remove_rule(&mut self, key: &RuleSlotKey) -> Result<(), MapsError> {
         self.rules.remove(key);
         self.rule_writes += 1;
         Ok(())
     }
-    fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
+    fn reset_rule_state(&mut self, id: u32) -> Result<(), MapsError> {
         assert!(!self.rules.values().any(|v| v.id == id), "zeroed the counters of live rule id {id}");
         self.rule_state.remove(&id);
         Ok(())
     }
-    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, QuicServer)>, DataplaneError> {
+    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, QuicServer)>, MapsError> {
         Ok(self.quic_servers.iter().map(|(k, v)| (*k, *v)).collect())
     }
-    fn set_quic_server(&mut self, key: &QuicServerKey, server: &QuicServer) -> Result<(), DataplaneError> {
+    fn set_quic_server(&mut self, key: &QuicServerKey, server: &QuicServer) -> Result<(), MapsError> {
         let id = server.backend_id;
         let b = self.backends[&id];
         assert_eq!((b.state, b.vip_id), (BACKEND_ACTIVE, key.vip_id), "server id entry names backend {id}");
@@ -257,7 +257,7 @@ impl Maps for FakeMaps {
         self.quic_servers.insert(*key, *server);
         Ok(())
     }
-    fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), DataplaneError> {
+    fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), MapsError> {
         self.quic_servers.remove(key);
         Ok(())
     }

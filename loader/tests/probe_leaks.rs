@@ -21,10 +21,9 @@ use rustls::{
 use spillway::{
     daemon::probes::{ProbePathState, probe_through_tunnel},
     dataplane::{Balancer, LoadOptions},
-    health::ProbeOutcome,
-    model::{DesiredState, Vip},
+    model::{DesiredState, Hex, ProbeOutcome, ProbeSpec, Vip},
     pins::PinLayout,
-    probe::{Hex, ProbeSpec, run},
+    probe::run,
     reconcile::Reconciler,
     vip_path::{ProbeNames, VipPath},
 };

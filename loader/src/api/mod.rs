@@ -24,9 +24,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub use crate::model::RuleActionKind;
 use crate::{
     config::Change,
-    model::{BackendOptions, Cidr, Encap, ModelError, QuicConfig, RateSpec, Vip},
+    model::{BackendOptions, Cidr, Encap, ModelError, ProbePath, ProbeSpec, QuicConfig, RateSpec, Vip},
     ports::PortsReport,
-    probe::{ProbePath, ProbeSpec},
 };
 
 /// Where `lbd` listens and `lbctl` connects unless told otherwise.
@@ -101,7 +100,7 @@ pub enum Request {
         force: bool,
     },
     /// Changes a VIP's health checks: the probe, its path, and policy fields by name (see
-    /// `health::HealthConfig`), over the VIP's current settings (or `lbd`'s defaults).
+    /// `model::HealthConfig`), over the VIP's current settings (or `lbd`'s defaults).
     /// `reset` first drops the VIP's own settings.
     SetHealth {
         vip: Vip,
@@ -512,7 +511,7 @@ pub struct VipHealthView {
     pub ejected_weight: u64,
     /// New flows per second sent to other zones than the balancer's.
     pub spill_per_s: u32,
-    pub policy: crate::health::HealthConfig,
+    pub policy: crate::model::HealthConfig,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

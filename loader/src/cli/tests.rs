@@ -583,7 +583,7 @@ fn health_zone_and_ports_commands_send_their_requests() {
     let options = crate::model::BackendOptions { probe_target: Some("10.0.1.1:8080".parse().unwrap()), ..Default::default() };
     assert_eq!(r, Request::SetBackendOptions { vip: v, backend: ip("10.0.1.1"), options });
     let r = request(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--probe-path", "direct"]);
-    let options = crate::model::BackendOptions { probe_path: Some(crate::probe::ProbePath::Direct), ..Default::default() };
+    let options = crate::model::BackendOptions { probe_path: Some(crate::model::ProbePath::Direct), ..Default::default() };
     assert_eq!(r, Request::SetBackendOptions { vip: v, backend: ip("10.0.1.1"), options });
     let r = request(&["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--encap", "gue"]);
     let options = crate::model::BackendOptions { encap: Some(Encap::Gue), ..Default::default() };
@@ -596,7 +596,7 @@ fn health_zone_and_ports_commands_send_their_requests() {
     else {
         panic!("not a health request")
     };
-    assert_eq!(probe_path, Some(crate::probe::ProbePath::Tunnel));
+    assert_eq!(probe_path, Some(crate::model::ProbePath::Tunnel));
     assert_eq!(
         request(&["backends", "drain", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--deadline", "15m"]),
         Request::DrainBackend { vip: v, backend: ip("10.0.1.1"), deadline_s: Some(900), force: false }
@@ -616,7 +616,7 @@ fn health_zone_and_ports_commands_send_their_requests() {
     ]) else {
         panic!("not a SetHealth");
     };
-    assert_eq!(probe, Some(crate::probe::ProbeSpec::Http { path: "/healthz".into(), expect_status: 200, host: None, tls: false }));
+    assert_eq!(probe, Some(crate::model::ProbeSpec::Http { path: "/healthz".into(), expect_status: 200, host: None, tls: false }));
     assert_eq!(policy, [("fail_closed".to_owned(), serde_json::json!(true)), ("fall".to_owned(), serde_json::json!(3))].into());
     assert!(!reset);
     assert_eq!(request(&["ports"]), Request::Ports { host: None });
@@ -652,8 +652,8 @@ fn health_panic_budget_and_alerts_are_shown() {
             encap: Encap::Ipip,
             backends: 3,
             health: Some(crate::api::VipHealthView {
-                probe: crate::probe::ProbeSpec::default(),
-                probe_path: crate::probe::ProbePath::Tunnel,
+                probe: crate::model::ProbeSpec::default(),
+                probe_path: crate::model::ProbePath::Tunnel,
                 vip_path_failed: 2,
                 panic: true,
                 panics_entered: 1,
@@ -663,7 +663,7 @@ fn health_panic_budget_and_alerts_are_shown() {
                 total_weight: 300,
                 ejected_weight: 0,
                 spill_per_s: 0,
-                policy: crate::health::HealthConfig::default(),
+                policy: crate::model::HealthConfig::default(),
             }),
             effective_budget: Some(crate::model::RateSpec::new(200, Some(20))),
             announcement: Some(crate::api::announce::AnnouncementView {

@@ -10,8 +10,8 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::file::{ConfigFile, FileBackend, FileRule, FileVip, default_policy_fields};
-use crate::model::{DesiredState, Vip};
+use super::file::{ConfigFile, FileBackend, FileHealth, FileRule, FileVip};
+use crate::model::{DesiredState, HealthConfig, ProbePath, ProbeSpec, Vip};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Change {
@@ -147,8 +147,19 @@ fn compare<T: Serialize>(changes: &mut Vec<Change>, template: Change, old: Optio
     changes.push(change);
 }
 
+/// The built-in health policy as a VIP's flattened fields (`health.policy.fall` → 2): what
+/// an added VIP's diff leaves out, like an export does.
+fn default_policy_fields() -> BTreeMap<String, serde_json::Value> {
+    let health = FileHealth { probe: ProbeSpec::default(), probe_path: ProbePath::Tunnel, policy: Some(HealthConfig::default()) };
+    flatten(&health)
+        .into_iter()
+        .filter(|(field, _)| field.starts_with("policy."))
+        .map(|(field, value)| (format!("health.{field}"), value))
+        .collect()
+}
+
 /// The item's fields as dotted paths (`health.policy.fall`) to JSON values.
-pub(super) fn flatten<T: Serialize>(item: &T) -> BTreeMap<String, serde_json::Value> {
+fn flatten<T: Serialize>(item: &T) -> BTreeMap<String, serde_json::Value> {
     fn walk(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, serde_json::Value>) {
         match value {
             toml::Value::Table(table) => {

@@ -10,13 +10,9 @@ use spillway_common::limits::DEFAULT_RING_SIZE;
 use toml::value::Datetime;
 
 use super::{datetime, locate::FieldPath};
-use crate::{
-    health::HealthConfig,
-    model::{
-        Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, Encap, LimitConfig, ModelError, QuicConfig, RuleActionKind,
-        RuleConfig, RuleMatch, Vip, VipConfig, VipHealth, check_serving_weight,
-    },
-    probe::{ProbePath, ProbeSpec},
+use crate::model::{
+    Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, Encap, HealthConfig, LimitConfig, ModelError, ProbePath, ProbeSpec,
+    QuicConfig, RuleActionKind, RuleConfig, RuleMatch, Vip, VipConfig, VipHealth, check_serving_weight,
 };
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -339,15 +335,4 @@ fn field_of(error: &ModelError) -> &'static str {
         | E::BadRuleMatch { .. }
         | E::BadHealth { .. } => "",
     }
-}
-
-/// The built-in health policy as a VIP's flattened fields (`health.policy.fall` → 2): what
-/// an export and an added VIP's diff leave out.
-pub fn default_policy_fields() -> std::collections::BTreeMap<String, serde_json::Value> {
-    let health = FileHealth { probe: ProbeSpec::default(), probe_path: ProbePath::Tunnel, policy: Some(HealthConfig::default()) };
-    super::diff::flatten(&health)
-        .into_iter()
-        .filter(|(field, _)| field.starts_with("policy."))
-        .map(|(field, value)| (format!("health.{field}"), value))
-        .collect()
 }

@@ -16,9 +16,9 @@ use super::{
 use crate::{
     api::DEFAULT_SOCKET,
     config::{ConfigError, Document},
-    health::HealthConfig,
     logging::LogFormat,
     metrics::MetricsListen,
+    model::HealthConfig,
     pins::DEFAULT_PIN_DIR,
     ports::WatcherMode,
     vip_path::VipPathArgs,

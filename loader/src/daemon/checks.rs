@@ -13,9 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     event,
-    health::{Candidate, HealthConfig, HealthError, HealthTracker, Placement, Pressure, ProbeKey, ProbeOutcome, Restored, place},
-    model::{Backend, DesiredState, LimitConfig, Proto, RateSpec, Vip, VipConfig},
-    probe::{ProbePath, ProbeSpec},
+    health::{Candidate, HealthError, HealthTracker, Placement, Pressure, ProbeKey, Restored, place},
+    model::{Backend, DesiredState, HealthConfig, LimitConfig, ProbeOutcome, ProbePath, ProbeSpec, Proto, RateSpec, Vip, VipConfig},
 };
 
 /// One backend of one VIP to probe, with the VIP's settings.

@@ -27,12 +27,11 @@ use crate::{
     health::{HealthError, Pressure},
     logging::Line,
     model::{
-        Backend, DEFAULT_WEIGHT, DesiredState, ModelError, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth, check_serving_weight,
-        host::HostError,
+        Backend, DEFAULT_WEIGHT, DesiredState, ModelError, ProbePath, ProbeSpec, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth,
+        check_serving_weight, host::HostError,
     },
     ports::PortsReport,
-    probe::{ProbePath, ProbeSpec},
-    reconcile::{ApplyReport, Maps, ReconcileError, Reconciler},
+    reconcile::{ApplyReport, Maps, MapsError, ReconcileError, Reconciler},
     store::{Store, StoreError},
 };
 
@@ -115,6 +114,9 @@ pub enum CoreError {
     Persist(#[source] StoreError),
     #[error("reading counters")]
     Counters(#[source] DataplaneError),
+    /// A read through the reconciler's `Maps` trait, reported like `Counters`.
+    #[error("reading counters")]
+    ReadMaps(#[source] MapsError),
     #[error("health checks")]
     Health(#[source] HealthError),
     #[error("drain deadline: {seconds} s is out of range (1..{MAX_DRAIN_DEADLINE_S})")]
@@ -170,7 +172,7 @@ impl CoreError {
             | Self::Host(_)
             | Self::VipInUse { .. }
             | Self::LastActiveBackend { .. } => ErrorKind::Invalid,
-            Self::Apply(_) | Self::Persist(_) | Self::Counters(_) | Self::Health(_) => ErrorKind::Internal,
+            Self::Apply(_) | Self::Persist(_) | Self::Counters(_) | Self::ReadMaps(_) | Self::Health(_) => ErrorKind::Internal,
         };
         ApiError { kind, message: error_chain(self) }
     }

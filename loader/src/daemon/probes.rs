@@ -23,8 +23,9 @@ use super::{
 };
 use crate::{
     event,
-    health::{ProbeKey, ProbeOutcome, next_probe_at},
-    probe::{self, ProbeSpec},
+    health::{ProbeKey, next_probe_at},
+    model::{ProbeOutcome, ProbeSpec},
+    probe,
     reconcile::Maps,
     store::Store,
     vip_path::VipPath,

@@ -9,7 +9,7 @@ use std::{
 
 use crate::{
     api::sample::{BuildInfo, DaemonSample, HistogramSample, OutcomeCount, ReconcileCount},
-    health::ProbeOutcome,
+    model::ProbeOutcome,
 };
 
 /// How often the connection table is counted at most: a count walks every entry (2^20 when

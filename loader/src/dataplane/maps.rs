@@ -23,6 +23,7 @@ use super::{
     mmap::Mapped,
     tables::{FlowInfo, FlowTable, Index, QuicServerIndex, RingPool, RuleIndex, VipIndex},
 };
+use crate::reconcile::{Maps, MapsError};
 
 /// A map's capacity and, when counted, its entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -362,61 +363,61 @@ fn sum_traffic(name: &'static str, map: &PerCpuArray<MapData, Traffic>, id: u32)
     }))
 }
 
-impl crate::reconcile::Maps for BalancerMaps {
+impl Maps for BalancerMaps {
     fn capacity(&self) -> Capacity {
         self.capacity
     }
 
-    fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, DataplaneError> {
+    fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>, MapsError> {
         Ok(self.vips.vips())
     }
 
-    fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
-        self.vips.set(key, meta)
+    fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), MapsError> {
+        self.vips.set(key, meta).map_err(MapsError::from)
     }
 
-    fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
+    fn remove_vip(&mut self, key: &VipKey) -> Result<(), MapsError> {
         self.vips.remove(key);
         Ok(())
     }
 
-    fn vip_addrs(&self) -> Result<Vec<AddrKey>, DataplaneError> {
-        self.vip_addrs.keys().map(|r| named(map_names::VIP_ADDRS, r)).collect()
+    fn vip_addrs(&self) -> Result<Vec<AddrKey>, MapsError> {
+        self.vip_addrs.keys().map(|r| named(map_names::VIP_ADDRS, r)).collect::<Result<_, DataplaneError>>().map_err(MapsError::from)
     }
 
-    fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError> {
-        named(map_names::VIP_ADDRS, self.vip_addrs.insert(key, &1, 0))
+    fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), MapsError> {
+        named(map_names::VIP_ADDRS, self.vip_addrs.insert(key, &1, 0)).map_err(MapsError::from)
     }
 
-    fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError> {
-        named(map_names::VIP_ADDRS, self.vip_addrs.remove(key))
+    fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), MapsError> {
+        named(map_names::VIP_ADDRS, self.vip_addrs.remove(key)).map_err(MapsError::from)
     }
 
-    fn write_slots(&mut self, table: RingRef, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, DataplaneError> {
+    fn write_slots(&mut self, table: RingRef, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, MapsError> {
         Ok(self.rings.write(table, slots))
     }
 
-    fn read_ring(&self, table: RingRef) -> Result<Vec<u32>, DataplaneError> {
+    fn read_ring(&self, table: RingRef) -> Result<Vec<u32>, MapsError> {
         Ok(self.rings.read(table))
     }
 
-    fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError> {
-        BalancerMaps::backend(self, id)
+    fn backend(&self, id: u32) -> Result<BackendInfo, MapsError> {
+        BalancerMaps::backend(self, id).map_err(MapsError::from)
     }
 
-    fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {
-        BalancerMaps::set_backend(self, id, info)
+    fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), MapsError> {
+        BalancerMaps::set_backend(self, id, info).map_err(MapsError::from)
     }
 
-    fn vip_filter(&self) -> Result<Vec<u64>, DataplaneError> {
-        self.vip_filter.iter().map(|r| named(map_names::VIP_FILTER, r)).collect()
+    fn vip_filter(&self) -> Result<Vec<u64>, MapsError> {
+        self.vip_filter.iter().map(|r| named(map_names::VIP_FILTER, r)).collect::<Result<_, DataplaneError>>().map_err(MapsError::from)
     }
 
-    fn set_vip_filter_word(&mut self, index: u32, word: u64) -> Result<(), DataplaneError> {
-        named(map_names::VIP_FILTER, self.vip_filter.set(index, &word, 0))
+    fn set_vip_filter_word(&mut self, index: u32, word: u64) -> Result<(), MapsError> {
+        named(map_names::VIP_FILTER, self.vip_filter.set(index, &word, 0)).map_err(MapsError::from)
     }
 
-    fn reset_vip_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
+    fn reset_vip_stats(&mut self, id: u32) -> Result<(), MapsError> {
         zero_per_cpu(map_names::VIP_STATS, &mut self.vip_stats, id)?;
         named(map_names::BUDGET_STATE, self.budget.set(id, &Bucket::default(), 0))?;
         // The previous owner's sources would show up in top-sources and keep its buckets.
@@ -430,51 +431,54 @@ impl crate::reconcile::Maps for BalancerMaps {
         for key in stale {
             match self.sources.remove(&key) {
                 Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(source) => return Err(DataplaneError::Map { name: map_names::SOURCES, source }),
+                Err(source) => return Err(DataplaneError::Map { name: map_names::SOURCES, source }.into()),
             }
         }
         Ok(())
     }
 
-    fn reset_backend_stats(&mut self, id: u32) -> Result<(), DataplaneError> {
-        zero_per_cpu(map_names::BACKEND_STATS, &mut self.backend_stats, id)
+    fn reset_backend_stats(&mut self, id: u32) -> Result<(), MapsError> {
+        zero_per_cpu(map_names::BACKEND_STATS, &mut self.backend_stats, id).map_err(MapsError::from)
     }
 
-    fn limits(&self) -> Result<Vec<Limits>, DataplaneError> {
-        (0..=self.capacity.default_limit_slot()).map(|slot| named(map_names::LIMITS, self.limits.get(&slot, 0))).collect()
+    fn limits(&self) -> Result<Vec<Limits>, MapsError> {
+        (0..=self.capacity.default_limit_slot())
+            .map(|slot| named(map_names::LIMITS, self.limits.get(&slot, 0)))
+            .collect::<Result<_, DataplaneError>>()
+            .map_err(MapsError::from)
     }
 
-    fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), DataplaneError> {
-        named(map_names::LIMITS, self.limits.set(slot, limits, 0))
+    fn set_limits(&mut self, slot: u32, limits: &Limits) -> Result<(), MapsError> {
+        named(map_names::LIMITS, self.limits.set(slot, limits, 0)).map_err(MapsError::from)
     }
 
-    fn rules(&self) -> Result<Vec<(RuleSlotKey, RuleValue)>, DataplaneError> {
+    fn rules(&self) -> Result<Vec<(RuleSlotKey, RuleValue)>, MapsError> {
         Ok(self.rules.rules())
     }
 
-    fn set_rule(&mut self, key: &RuleSlotKey, value: &RuleValue) -> Result<(), DataplaneError> {
-        self.rules.set(key, value)
+    fn set_rule(&mut self, key: &RuleSlotKey, value: &RuleValue) -> Result<(), MapsError> {
+        self.rules.set(key, value).map_err(MapsError::from)
     }
 
-    fn remove_rule(&mut self, key: &RuleSlotKey) -> Result<(), DataplaneError> {
-        self.rules.remove(key)
+    fn remove_rule(&mut self, key: &RuleSlotKey) -> Result<(), MapsError> {
+        self.rules.remove(key).map_err(MapsError::from)
     }
 
-    fn reset_rule_state(&mut self, id: u32) -> Result<(), DataplaneError> {
+    fn reset_rule_state(&mut self, id: u32) -> Result<(), MapsError> {
         named(map_names::RULE_BUCKETS, self.rule_buckets.set(id, &Bucket::default(), 0))?;
         zero_per_cpu(map_names::RULE_COUNTERS, &mut self.rule_counters, id)?;
-        zero_per_cpu(map_names::RULE_WOULD_DROP, &mut self.rule_would_drop, id)
+        Ok(zero_per_cpu(map_names::RULE_WOULD_DROP, &mut self.rule_would_drop, id)?)
     }
 
-    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, QuicServer)>, DataplaneError> {
+    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, QuicServer)>, MapsError> {
         Ok(self.quic_servers.entries())
     }
 
-    fn set_quic_server(&mut self, key: &QuicServerKey, server: &QuicServer) -> Result<(), DataplaneError> {
-        self.quic_servers.set(key, server)
+    fn set_quic_server(&mut self, key: &QuicServerKey, server: &QuicServer) -> Result<(), MapsError> {
+        self.quic_servers.set(key, server).map_err(MapsError::from)
     }
 
-    fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), DataplaneError> {
+    fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), MapsError> {
         self.quic_servers.remove(key);
         Ok(())
     }

@@ -22,7 +22,7 @@ pub use probe::ProbeMaps;
 use spillway_common::limits::{Capacity, map_names, program_names};
 pub use tables::{FlowInfo, FlowSummary, FlowTable, RingPool, RuleIndex, VipIndex};
 
-use crate::objects;
+use crate::{objects, reconcile::MapsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
@@ -88,6 +88,21 @@ pub enum DataplaneError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Fails with a clear message when the build skipped the eBPF objects (`AYA_BUILD_SKIP`).
+fn check_built(object: &'static [u8], name: &'static str) -> Result<&'static [u8], DataplaneError> {
+    if object.is_empty() {
+        return Err(DataplaneError::ObjectNotBuilt { name });
+    }
+    Ok(object)
+}
+
+/// A failed map operation, as the reconciler's `Maps` trait returns it: shown as is.
+impl From<DataplaneError> for MapsError {
+    fn from(error: DataplaneError) -> Self {
+        MapsError::new(error)
+    }
 }
 
 /// Where the maps live (in memory only, for tests and benchmarks, or pinned for reuse) and
@@ -264,7 +279,7 @@ fn load_balancer_object(object: &'static [u8], name: &'static str, options: &Loa
 
 /// Loads `object` with the pinned maps of `options`, but those named in `own`.
 fn load_object(object: &'static [u8], name: &'static str, options: &LoadOptions, own: &[&str]) -> Result<Ebpf, DataplaneError> {
-    let object = objects::check(object, name)?;
+    let object = check_built(object, name)?;
     let mut loader = EbpfLoader::new();
     let c = options.capacity;
     // A slot per possible CPU, by CPU id.
@@ -380,7 +395,7 @@ pub fn load_sized(
     program: &'static str,
     sizes: &[(&'static str, u32)],
 ) -> Result<Ebpf, DataplaneError> {
-    let object = objects::check(object, object_name)?;
+    let object = check_built(object, object_name)?;
     let mut loader = EbpfLoader::new();
     for &(map, entries) in sizes {
         loader.map_max_entries(map, entries);

@@ -5,27 +5,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{HealthConfig, permille};
-
-/// What one probe found out.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ProbeOutcome {
-    /// The backend answered correctly in `latency_us` (microseconds: a probe on a LAN takes
-    /// a fraction of a millisecond).
-    Success { latency_us: u64 },
-    /// The backend answered wrongly or refused (`reason` is for the logs).
-    Failure { reason: String },
-    /// No answer within `timeout_ms`.
-    Timeout,
-    /// The probe through the tunnel to the VIP failed (`tunnel` says how: `timeout`,
-    /// `refused`, ...) while a direct probe of the backend's own address passed: the host is
-    /// up but does not serve the VIP (VIP missing from its `lo`, decapsulation detached,
-    /// its `rp_filter`, a service listening on its own address only).
-    VipPathFailed { tunnel: String },
-    /// The LB itself could not probe (no ephemeral port, no memory, no route of its own):
-    /// says nothing about the backend, so it never changes the backend's state or streaks.
-    Unknown,
-}
+use super::fraction::permille;
+use crate::model::{HealthConfig, ProbeOutcome};
 
 /// A backend's state as reported (and logged).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

@@ -86,10 +86,12 @@
 //!
 //! # Defaults
 //!
-//! See [`HealthConfig`]: every field says why its default is what it is. In short: probe
-//! every 1 s with a 1 s timeout, `fall` 2 / `rise` 2 (a dead backend is out within ~3 s,
-//! [`HealthConfig::detection_ms`]), 10% jitter, eject at most half the weight, panic below half
-//! healthy, 30 s slow start, hold-downs from 5 s doubling to 5 min.
+//! See [`HealthConfig`](crate::model::HealthConfig) (the declared policy, part of the model):
+//! every field says why its default is what it is. In short: probe every 1 s with a 1 s
+//! timeout, `fall` 2 / `rise` 2 (a dead backend is out within ~3 s,
+//! [`HealthConfig::detection_ms`](crate::model::HealthConfig::detection_ms)), 10% jitter,
+//! eject at most half the weight, panic below half healthy, 30 s slow start, hold-downs from
+//! 5 s doubling to 5 min.
 //!
 //! # Scheduling (`schedule.rs`)
 //!
@@ -97,7 +99,7 @@
 //! both from a seeded hash: probes are spread, never synchronised, and reproducible.
 
 mod backend;
-mod config;
+mod fraction;
 mod placement;
 mod schedule;
 mod tracker;
@@ -107,8 +109,7 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
-pub use backend::{Pressure, ProbeOutcome, Reason, Restored, SLOW_START_STEPS, State, ramp_elapsed_ms, slow_start_weight};
-pub use config::{HealthConfig, HealthConfigError, MAX_DURATION_MS, MAX_JITTER, MAX_RISE_FALL};
+pub use backend::{Pressure, Reason, Restored, SLOW_START_STEPS, State, ramp_elapsed_ms, slow_start_weight};
 pub use placement::{Candidate, Placement, place};
 pub use schedule::{ProbeKey, next_probe_at};
 pub use tracker::{BackendHealth, HealthError, HealthEvent, HealthTracker, MAX_QUEUED_EVENTS, StateChange, VipHealth};

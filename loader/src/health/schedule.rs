@@ -4,8 +4,7 @@
 
 use std::net::IpAddr;
 
-use super::config::HealthConfig;
-use crate::model::{Proto, Vip};
+use crate::model::{HealthConfig, Proto, Vip};
 
 /// What a probe schedule is keyed by: the VIP (its port may be the probe's) and the backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -7,7 +7,7 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use super::{schedule::mix, *};
-use crate::model::Vip;
+use crate::model::{HealthConfig, ProbeOutcome, Vip};
 
 struct Rng(u64);
 

@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use super::*;
-use crate::model::{Vip, VipConfig};
+use crate::model::{HealthConfig, MAX_DURATION_MS, ProbeOutcome, Vip, VipConfig};
 
 fn vip() -> Vip {
     "10.100.0.1:80/tcp".parse().unwrap()

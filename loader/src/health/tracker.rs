@@ -8,10 +8,10 @@ use std::{
 };
 
 use super::{
-    backend::{Backend, Drain, Health, Pressure, ProbeOutcome, Reason, Restored, State},
-    config::{HealthConfig, HealthConfigError, permille, share},
+    backend::{Backend, Drain, Health, Pressure, Reason, Restored, State},
+    fraction::{permille, share},
 };
-use crate::model::{Vip, VipConfig};
+use crate::model::{HealthConfig, HealthConfigError, ProbeOutcome, Vip, VipConfig};
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum HealthError {

@@ -6,11 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use spillway_common::types::{ENCAP_GUE, ENCAP_IPIP};
 
-use super::{MAX_RATE_PER_S, ModelError};
-use crate::{
-    health::HealthConfig,
-    probe::{ProbePath, ProbeSpec},
-};
+use super::{HealthConfig, MAX_RATE_PER_S, ModelError, ProbePath, ProbeSpec};
 
 /// Longest zone label.
 pub const MAX_ZONE_LEN: usize = 32;

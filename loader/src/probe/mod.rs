@@ -4,14 +4,17 @@
 //! TIME_WAIT), UDP sockets have no TIME_WAIT, and every socket is dropped when the probe ends.
 //! The number in flight is bounded by the caller (`daemon::probes`).
 //!
-//! A probe through the tunnel ([`ProbePath::Tunnel`]) is addressed to the VIP and carries a
-//! socket mark that routes it into the probe path (`crate::vip_path`); it runs together
-//! with a direct probe of the backend's own address, and [`diagnose`] tells from the pair
-//! whether the backend is down or only its VIP path is broken.
+//! What a probe is ([`ProbeSpec`]) and what it found out ([`ProbeOutcome`]) are declared in
+//! the model; this module performs probes.
+//!
+//! A probe through the tunnel ([`ProbePath::Tunnel`](crate::model::ProbePath::Tunnel)) is
+//! addressed to the VIP and carries a socket mark that routes it into the probe path
+//! (`crate::vip_path`); it runs together with a direct probe of the backend's own address,
+//! and [`diagnose`] tells from the pair whether the backend is down or only its VIP path is
+//! broken.
 
 mod classify;
 mod http;
-mod spec;
 mod tcp;
 mod tls;
 mod udp;
@@ -22,9 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use spec::{Hex, MAX_PAYLOAD, NotHex, ProbePath, ProbeSpec, ProbeSpecError};
-
-use crate::health::ProbeOutcome;
+use crate::model::{ProbeOutcome, ProbeSpec};
 
 /// One probe of `target` from sockets marked `mark` (if any), all of it within `timeout`;
 /// `Success` carries the time from the start to the backend's answer. `spec` is taken as

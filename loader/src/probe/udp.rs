@@ -9,7 +9,8 @@ use std::{
 use nix::sys::socket::{setsockopt, sockopt};
 use tokio::net::UdpSocket;
 
-use super::{Answered, Fail, MAX_PAYLOAD, refuse_self_connection};
+use super::{Answered, Fail, refuse_self_connection};
+use crate::model::MAX_PAYLOAD;
 
 /// Sends `payload` from a connected socket on an ephemeral port (so only `target` can answer,
 /// and an ICMP port unreachable comes back as ECONNREFUSED) and passes on the first reply that

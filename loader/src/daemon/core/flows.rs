@@ -158,7 +158,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let config = self.maps.lb_config().map_err(CoreError::Counters)?;
         let hash = flow_hash(&key, config.flow_seed);
         let id = self.reconciler.vip_id(vip).ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
-        let meta = self.maps.vips().map_err(CoreError::Counters)?.into_iter().map(|(_, m)| m).find(|m| m.id == id);
+        let meta = self.maps.vips().map_err(CoreError::ReadMaps)?.into_iter().map(|(_, m)| m).find(|m| m.id == id);
         let meta = meta.ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
         let slot = hash % meta.active.size.max(1);
         let owner = self.maps.maglev_choice(meta.active, hash).map_err(CoreError::Counters)?;
@@ -206,7 +206,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// The limits' verdict on a new flow (`limits::decide`, read-only): the operator rule,
     /// else the per-source bucket, then the VIP budget. An observed refusal lets the flow on.
     fn admission(&self, key: &FlowKey, vip_id: u32, now: u64) -> Result<Admission, CoreError> {
-        let limits = self.maps.limits().map_err(CoreError::Counters)?;
+        let limits = self.maps.limits().map_err(CoreError::ReadMaps)?;
         let configured = |slot: u32| limits.get(slot as usize).filter(|l| l.configured != 0).copied();
         let limits: Option<Limits> = configured(vip_id).or_else(|| configured(self.maps.capacity().default_limit_slot()));
         let flags = limits.map_or(0, |l| l.flags);
@@ -258,7 +258,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// The rule the data path applies (`limits::matching_rule`): the longest matching prefix
     /// of the rules scoped to the VIP and the global ones, the VIP's own at equal length.
     fn matching_rule(&self, key: &FlowKey, vip_id: u32) -> Result<Option<RuleValue>, CoreError> {
-        let rules = self.maps.rules().map_err(CoreError::Counters)?;
+        let rules = self.maps.rules().map_err(CoreError::ReadMaps)?;
         let matching = rules.into_iter().filter(|(k, _)| {
             (k.scope == vip_id || k.scope == ANY_VIP) && k.family == key.family && k.addr == masked(&key.src, k.prefix_len)
         });

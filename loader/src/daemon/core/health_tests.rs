@@ -10,9 +10,9 @@ use super::{
 use crate::{
     api::{BackendEntry, VipEntry},
     daemon::{checks::SnapshotEntry, pressure::AgentPoll},
-    health::{HealthConfig, ProbeOutcome, Restored},
-    model::BackendOptions,
+    health::Restored,
     model::Encap,
+    model::{BackendOptions, HealthConfig, ProbeOutcome},
     ports::{DestinationUsage, Dropped, Level, Thresholds},
     store::StateFile,
     testing::{FakeMaps, TempDir},
@@ -294,7 +294,7 @@ fn status_lists_every_alert_and_an_ignored_report_says_why_the_kept_one_is_stale
 fn probes_go_through_the_tunnel_unless_the_vip_or_the_backend_says_direct() {
     use crate::{
         daemon::checks::{LocalCause, ProbeRoute},
-        probe::ProbePath,
+        model::ProbePath,
     };
     let mut f = Fixture::new(None);
     f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });

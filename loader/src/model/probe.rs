@@ -1,6 +1,7 @@
 //! What a backend is probed with: persisted in `lbd`'s state and sent over its API as small,
 //! self-describing JSON, e.g. `{"kind":"tcp"}`, `{"kind":"http","path":"/healthz"}` or
-//! `{"kind":"udp","payload":"0a0b","expect":"0c"}`.
+//! `{"kind":"udp","payload":"0a0b","expect":"0c"}`; and what one probe found out
+//! ([`ProbeOutcome`]), which the probes produce and the health policy consumes.
 
 use std::{fmt, str::FromStr};
 
@@ -234,6 +235,26 @@ impl<'de> Deserialize<'de> for Hex {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         String::deserialize(deserializer)?.parse().map_err(serde::de::Error::custom)
     }
+}
+
+/// What one probe found out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// The backend answered correctly in `latency_us` (microseconds: a probe on a LAN takes
+    /// a fraction of a millisecond).
+    Success { latency_us: u64 },
+    /// The backend answered wrongly or refused (`reason` is for the logs).
+    Failure { reason: String },
+    /// No answer within `timeout_ms`.
+    Timeout,
+    /// The probe through the tunnel to the VIP failed (`tunnel` says how: `timeout`,
+    /// `refused`, ...) while a direct probe of the backend's own address passed: the host is
+    /// up but does not serve the VIP (VIP missing from its `lo`, decapsulation detached,
+    /// its `rp_filter`, a service listening on its own address only).
+    VipPathFailed { tunnel: String },
+    /// The LB itself could not probe (no ephemeral port, no memory, no route of its own):
+    /// says nothing about the backend, so it never changes the backend's state or streaks.
+    Unknown,
 }
 
 #[cfg(test)]
