@@ -27,6 +27,7 @@ pub mod rtnl;
 pub mod store;
 pub mod tx_drops;
 pub mod vip_path;
+pub mod wall_clock;
 
 #[cfg(test)]
 mod testing;

@@ -6,14 +6,15 @@
 use std::{
     fs::{self, DirBuilder, File, OpenOptions},
     io::{self, Write},
+    net::IpAddr,
     os::unix::fs::{DirBuilderExt, OpenOptionsExt},
     path::{Path, PathBuf},
 };
 
 use crate::{
-    daemon::checks::HealthSnapshot,
     event,
-    model::{DesiredState, ModelError},
+    health::Restored,
+    model::{DesiredState, ModelError, Vip},
 };
 
 pub const STATE_FILE: &str = "state.json";
@@ -91,6 +92,19 @@ impl ConfigMark {
         let hash = json.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
         Self { file: file.to_owned(), state_fnv1a64: format!("{hash:016x}") }
     }
+}
+
+/// Health as persisted across restarts (`health.json` next to the state file).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HealthSnapshot {
+    pub backends: Vec<SnapshotEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SnapshotEntry {
+    pub vip: Vip,
+    pub backend: IpAddr,
+    pub state: Restored,
 }
 
 pub struct StateFile {

@@ -10,7 +10,8 @@ use spillway::{
     agent,
     daemon::{
         self,
-        args::{ArgsError, LbdArgs, LbdCommand, Resolved},
+        args::{LbdArgs, LbdCommand},
+        resolve::{ArgsError, Resolved},
     },
     docs,
 };
@@ -18,7 +19,7 @@ use spillway::{
 #[tokio::main]
 async fn main() -> ExitCode {
     // Before logging starts: the file may set the log format. Its refusals go to stderr.
-    let resolved = match daemon::args::resolve(std::env::args_os().collect()) {
+    let resolved = match daemon::resolve::resolve(std::env::args_os().collect()) {
         Ok(resolved) => resolved,
         Err(ArgsError::Clap(e)) => e.exit(),
         Err(e) => {

@@ -1,26 +1,17 @@
 //! `lbd`'s command line.
 
-use std::{ffi::OsString, path::PathBuf};
+use std::path::PathBuf;
 
 use aya::programs::XdpMode;
-use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use spillway_common::limits::{
     Capacity, DEFAULT_GUE_PORT, DEFAULT_LOCAL_ADDRS, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S,
     MAX_LOCAL_ADDRS, SECOND_CHANCE_SETTLE_MS,
 };
 
-use super::{
-    outer_src::{OuterSrc4, OuterSrc6},
-    settings::{RunningSettings, Section, Settings},
-};
+use super::outer_src::{OuterSrc4, OuterSrc6};
 use crate::{
-    api::DEFAULT_SOCKET,
-    config::{ConfigError, Document},
-    logging::LogFormat,
-    metrics::MetricsListen,
-    model::HealthConfig,
-    pins::DEFAULT_PIN_DIR,
-    ports::WatcherMode,
+    api::DEFAULT_SOCKET, logging::LogFormat, metrics::MetricsListen, model::HealthConfig, pins::DEFAULT_PIN_DIR, ports::WatcherMode,
     vip_path::VipPathArgs,
 };
 
@@ -285,63 +276,6 @@ fn parse_seed(input: &str) -> Result<u32, String> {
         None => input.parse(),
     };
     parsed.map_err(|_| format!("expected a 32-bit number, decimal or 0x hex, not {input:?}"))
-}
-
-/// What `lbd` runs with: its arguments with those of the `--config` file's section.
-#[derive(Debug)]
-pub struct Resolved {
-    pub args: LbdArgs,
-    pub config: Option<Document>,
-    pub settings: RunningSettings,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ArgsError {
-    /// Also `--help` and `--version`: `exit()` prints them.
-    #[error(transparent)]
-    Clap(#[from] clap::Error),
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-}
-
-/// Parses `argv`; with `--config`, reads the file and parses again with its section's
-/// settings placed before the command line's own arguments (so those win).
-pub fn resolve(argv: Vec<OsString>) -> Result<Resolved, ArgsError> {
-    let matches = LbdArgs::command().try_get_matches_from(&argv)?;
-    let args = LbdArgs::from_arg_matches(&matches)?;
-    let (section, config) = match &args.command {
-        None => (Section::Lbd, args.daemon.config.clone()),
-        Some(LbdCommand::Agent(agent)) => (Section::Agent, agent.config.clone()),
-        Some(_) => return Ok(Resolved { args, config: None, settings: RunningSettings::default() }),
-    };
-    let section_matches = |m: &ArgMatches| m.subcommand_matches("agent").unwrap_or(m).clone();
-    let command_line = Settings::from_matches(section, &section_matches(&matches));
-    let Some(path) = config else {
-        return Ok(Resolved { args, config: None, settings: RunningSettings { effective: command_line.clone(), command_line } });
-    };
-    let doc = Document::read(&path)?;
-    let mut from_file = Settings::from_file(&doc, section)?.without_environment(section, environment_has);
-    if section == Section::Lbd && args.daemon.cleanup {
-        // Cleanup takes where lbd pinned and announced from the file; the interface it ran
-        // on is not needed (and as an option, would conflict with --cleanup).
-        from_file.remove("iface");
-    }
-    let split = section.argv_prefix().min(argv.len());
-    let merged: Vec<OsString> = argv[..split]
-        .iter()
-        .cloned()
-        .chain(from_file.to_args(section).into_iter().map(OsString::from))
-        .chain(argv[split..].iter().cloned())
-        .collect();
-    let matches = LbdArgs::command().try_get_matches_from(merged)?;
-    let args = LbdArgs::from_arg_matches(&matches)?;
-    let effective = Settings::from_matches(section, &section_matches(&matches));
-    Ok(Resolved { args, config: Some(doc), settings: RunningSettings { effective, command_line } })
-}
-
-/// Whether `name` is set in the environment (clap then takes its value, empty or not).
-pub fn environment_has(name: &std::ffi::OsStr) -> bool {
-    std::env::var_os(name).is_some()
 }
 
 fn parse_zone(input: &str) -> Result<String, String> {

@@ -14,8 +14,9 @@ use clap::Parser;
 
 use super::{
     DaemonError,
-    args::{LbdArgs, LbdCommand, environment_has},
+    args::{LbdArgs, LbdCommand},
     core::host_refusal,
+    resolve::environment_has,
     settings::{Section, Settings, clap_message},
 };
 use crate::{

@@ -9,12 +9,11 @@ use std::{
     time::Instant,
 };
 
-use serde::{Deserialize, Serialize};
-
 use crate::{
     event,
-    health::{Candidate, HealthError, HealthTracker, Placement, Pressure, ProbeKey, Restored, place},
+    health::{Candidate, HealthError, HealthTracker, Placement, Pressure, ProbeKey, place},
     model::{Backend, DesiredState, HealthConfig, LimitConfig, ProbeOutcome, ProbePath, ProbeSpec, Proto, RateSpec, Vip, VipConfig},
+    store::{HealthSnapshot, SnapshotEntry},
 };
 
 /// One backend of one VIP to probe, with the VIP's settings.
@@ -82,19 +81,6 @@ pub struct ChecksConfig {
     pub local_zone: Option<String>,
 }
 
-/// Health as persisted across restarts (`health.json` next to the state file).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct HealthSnapshot {
-    pub backends: Vec<SnapshotEntry>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SnapshotEntry {
-    pub vip: Vip,
-    pub backend: IpAddr,
-    pub state: Restored,
-}
-
 /// The balancer could not probe, for one [`LocalCause`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalAlert {
@@ -147,7 +133,7 @@ impl Checks {
             pressure: BTreeMap::new(),
             local_alerts: BTreeMap::new(),
             epoch: Instant::now(),
-            epoch_unix_ms: super::core::unix_ms(),
+            epoch_unix_ms: crate::wall_clock::unix_ms(),
             programmed: state.clone(),
             last_programmed_ms: None,
             snapshot_due: false,

@@ -15,8 +15,8 @@ use spillway_common::{
 
 pub use self::flows::FlowTable;
 use super::{
-    checks::{Checks, ChecksConfig, HealthSnapshot},
-    pressure::{AgentPoll, PortsBook},
+    checks::{Checks, ChecksConfig},
+    ports_book::{AgentPoll, PortsBook},
     telemetry::Telemetry,
 };
 use crate::{
@@ -32,7 +32,8 @@ use crate::{
     },
     ports::PortsReport,
     reconcile::{ApplyReport, Maps, MapsError, ReconcileError, Reconciler},
-    store::{Store, StoreError},
+    store::{HealthSnapshot, Store, StoreError},
+    wall_clock::unix_ms,
 };
 
 /// The counters `lbctl stats`, `rules list`, `top-sources`, `top` and the metrics report,
@@ -347,7 +348,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         wanted
     }
 
-    /// Records port pressure reported by a backend's agent (see `pressure::classify`).
+    /// Records port pressure reported by a backend's agent (see `ports_book::classify`).
     pub fn set_pressure(&mut self, backend: IpAddr, pressure: Pressure) -> Result<(), CoreError> {
         let Some(checks) = &mut self.health else { return Ok(()) };
         let now_ms = checks.now_ms();
@@ -844,11 +845,6 @@ fn backend_options(mut change: Change, options: &crate::model::BackendOptions) -
         change = change.field("encap", &encap);
     }
     change
-}
-
-/// Wall-clock milliseconds since the Unix epoch (drain deadlines outlive the process).
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 mod apply;

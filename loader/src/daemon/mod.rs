@@ -10,8 +10,10 @@ pub mod core;
 pub mod metrics;
 pub mod notify;
 pub mod outer_src;
+pub mod ports_book;
 pub mod pressure;
 pub mod probes;
+pub mod resolve;
 pub mod server;
 pub mod settings;
 pub mod telemetry;
@@ -33,7 +35,7 @@ use tokio::{
 use self::{
     args::DaemonArgs,
     checks::ChecksConfig,
-    core::{ApplyOptions, Core, CoreError, Counters, DaemonInfo, error_chain, unix_ms},
+    core::{ApplyOptions, Core, CoreError, Counters, DaemonInfo, error_chain},
     outer_src::{OuterSrc4, OuterSrc6},
     server::{ServerError, SharedCore},
     settings::RunningSettings,
@@ -592,7 +594,7 @@ where
         let round = move || {
             let backends = {
                 let mut core = server::lock(&core);
-                if let Err(e) = core.expire_drains(unix_ms()) {
+                if let Err(e) = core.expire_drains(crate::wall_clock::unix_ms()) {
                     event!(warn, "drain_deadline_failed", error = error_chain(&e));
                 }
                 core.backend_addrs()

@@ -225,7 +225,7 @@ mod tests {
     use std::{ffi::OsString, fs};
 
     use super::*;
-    use crate::{daemon::args::resolve, testing::TempDir};
+    use crate::{daemon::resolve::resolve, testing::TempDir};
 
     const EXAMPLE: &str = include_str!("../../../deploy/spillway.toml");
 
@@ -393,6 +393,6 @@ mod tests {
         let path = file(&tmp, "vips = []\n");
         let resolved = resolve(argv(&["lbd", "--config", &path])).unwrap();
         assert_eq!(resolved.args.daemon.iface, None);
-        assert!(matches!(resolve(argv(&["lbd", "--config", "/nonexistent.toml"])), Err(crate::daemon::args::ArgsError::Config(_))));
+        assert!(matches!(resolve(argv(&["lbd", "--config", "/nonexistent.toml"])), Err(crate::daemon::resolve::ArgsError::Config(_))));
     }
 }

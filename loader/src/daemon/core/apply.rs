@@ -3,7 +3,8 @@
 
 use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Instant};
 
-use super::{Core, CoreError, Counters, unix_ms};
+use super::{Core, CoreError, Counters};
+use crate::wall_clock::unix_ms;
 use crate::{
     api::{Applied, ConfigStatus, Exported, Reply, Started},
     config::{self, Change, ChangeKind, ConfigError, Document, Item},

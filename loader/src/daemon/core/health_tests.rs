@@ -9,11 +9,12 @@ use super::{
 };
 use crate::{
     api::{BackendEntry, VipEntry},
-    daemon::{checks::SnapshotEntry, pressure::AgentPoll},
+    daemon::ports_book::AgentPoll,
     health::Restored,
     model::Encap,
     model::{BackendOptions, HealthConfig, ProbeOutcome},
     ports::{DestinationUsage, Dropped, Level, Thresholds},
+    store::SnapshotEntry,
     store::StateFile,
     testing::{FakeMaps, TempDir},
 };
@@ -280,9 +281,9 @@ fn status_lists_every_alert_and_an_ignored_report_says_why_the_kept_one_is_stale
     assert_eq!(view.stale.as_deref(), Some("last good report 0 s ago; since then: answers ignored, its signature does not hold"));
     // The balancer's own ports at the critical threshold: an ALERT while it lasts.
     f.core.record_local_ports(Ok(report(0.95, 0)));
-    assert!(f.status_alerts().contains(&crate::daemon::pressure::LB_PORTS_CRITICAL_ALERT.to_owned()));
+    assert!(f.status_alerts().contains(&crate::daemon::ports_book::LB_PORTS_CRITICAL_ALERT.to_owned()));
     f.core.record_local_ports(Ok(report(0.1, 0)));
-    assert!(!f.status_alerts().contains(&crate::daemon::pressure::LB_PORTS_CRITICAL_ALERT.to_owned()));
+    assert!(!f.status_alerts().contains(&crate::daemon::ports_book::LB_PORTS_CRITICAL_ALERT.to_owned()));
     // New flows that found the connection table full: an ALERT for a while after the log.
     assert!(!f.status_alerts().contains(&super::flows::TABLE_FULL_ALERT.to_owned()));
     f.core.maps.unremembered_flows = 3;

@@ -7,7 +7,8 @@ use spillway_common::{
     types::{FAMILY_V4, RuleState, Traffic},
 };
 
-use super::{Core, CoreError, Counters, unix_ms};
+use super::{Core, CoreError, Counters};
+use crate::wall_clock::unix_ms;
 use crate::{
     api::{
         BackendEntry, BackendList, BackendStats, BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, ReasonCount, RuleActionKind,
@@ -15,7 +16,7 @@ use crate::{
     },
     daemon::{
         checks::{Checks, LocalCause, probe_path},
-        pressure::LB_PORTS_CRITICAL_ALERT,
+        ports_book::LB_PORTS_CRITICAL_ALERT,
         telemetry::TABLE_FULL_REPEAT,
     },
     dataplane::DataplaneError,
