@@ -31,8 +31,8 @@ enum Task {
     /// The seeded chaos soak of a fleet (needs root and BIRD 2): backends changed and
     /// flapped, lbd, BIRD and balancers killed, under traffic, with invariants checked.
     Soak(soak::SoakArgs),
-    /// The walls: crates depend only on lower floors, and no module circle inside a crate
-    /// beyond the known ones (a list that only shrinks).
+    /// The walls: crates depend only on lower floors, and no circle inside a crate, between
+    /// files or between top-level modules, beyond the known ones (lists that only shrink).
     Architecture(architecture::Args),
 }
 

@@ -1,6 +1,7 @@
 //! From a module tree to a file graph: every path a module names is resolved to the file that
 //! defines what it names, following `use` and `pub use` re-exports; then the circles are the
-//! strongly connected components of more than one file.
+//! strongly connected components of more than one file. The same files, each mapped to its
+//! crate's top-level module, give the module graph and its circles.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -121,22 +122,47 @@ impl Tree {
 /// (from file, to file) -> the names that tie them.
 pub type Edges = BTreeMap<(PathBuf, PathBuf), BTreeSet<String>>;
 
-/// The strongly connected components of more than one file, each sorted, in sorted order
-/// (Tarjan's algorithm; a crate has a few hundred files at most, so recursion is fine).
-pub fn circles(edges: &Edges) -> Vec<Vec<PathBuf>> {
-    let mut next: BTreeMap<&PathBuf, Vec<&PathBuf>> = BTreeMap::new();
+/// The node a crate root's own file stands for in the module graph. `crate` is a keyword, so
+/// no module can be named so.
+pub const ROOT_NODE: &str = "crate";
+
+impl Tree {
+    /// Each file's top-level module: the child of the crate root that holds it (a file and
+    /// everything below it is one node). The root file maps to `ROOT_NODE`, and so do inline
+    /// `mod x { }` blocks in it: they count as the file they sit in, as in the file pass.
+    pub fn top_level(&self) -> BTreeMap<PathBuf, String> {
+        let mut top = BTreeMap::new();
+        for (f, &m) in self.file_module.iter().enumerate() {
+            let mut node = m;
+            while let Some(p) = self.modules[node].parent
+                && self.modules[p].parent.is_some()
+            {
+                node = p;
+            }
+            let name = if self.modules[node].parent.is_none() { ROOT_NODE.to_string() } else { self.modules[node].name.clone() };
+            top.insert(self.files[f].clone(), name);
+        }
+        top
+    }
+}
+
+/// The strongly connected components of more than one node (files, or top-level modules), each
+/// sorted, in sorted order (Tarjan's algorithm; a crate has a few hundred files at most, so
+/// recursion is fine).
+pub fn circles<N: Ord + Clone, V>(edges: &BTreeMap<(N, N), V>) -> Vec<Vec<N>> {
+    let mut next: BTreeMap<&N, Vec<&N>> = BTreeMap::new();
     for (from, to) in edges.keys() {
         next.entry(from).or_default().push(to);
         next.entry(to).or_default();
     }
-    struct State<'a> {
-        next: BTreeMap<&'a PathBuf, Vec<&'a PathBuf>>,
-        index: BTreeMap<&'a PathBuf, (usize, usize)>,
-        stack: Vec<&'a PathBuf>,
-        on_stack: BTreeSet<&'a PathBuf>,
-        found: Vec<Vec<PathBuf>>,
+    struct State<'a, N> {
+        next: BTreeMap<&'a N, Vec<&'a N>>,
+        index: BTreeMap<&'a N, (usize, usize)>,
+        stack: Vec<&'a N>,
+        on_stack: BTreeSet<&'a N>,
+        found: Vec<Vec<N>>,
     }
-    fn connect<'a>(s: &mut State<'a>, v: &'a PathBuf) {
+    fn connect<'a, N: Ord + Clone>(s: &mut State<'a, N>, v: &'a N) {
         let i = s.index.len();
         s.index.insert(v, (i, i));
         s.stack.push(v);
@@ -166,7 +192,7 @@ pub fn circles(edges: &Edges) -> Vec<Vec<PathBuf>> {
             }
         }
     }
-    let nodes: Vec<&PathBuf> = next.keys().copied().collect();
+    let nodes: Vec<&N> = next.keys().copied().collect();
     let mut s = State { next, index: BTreeMap::new(), stack: Vec::new(), on_stack: BTreeSet::new(), found: Vec::new() };
     for v in nodes {
         if !s.index.contains_key(v) {

@@ -2,8 +2,19 @@
 //! depend only downward (`crates.rs`); inside a crate, the file-level import graph has no
 //! circle (`imports.rs` reads it, `graph.rs` resolves it and finds the circles).
 //!
-//! Circles that exist today are listed in `KNOWN_CIRCLES`, a ratchet: the check fails on a circle
-//! not in the list and on a listed circle that is gone, so the list only shrinks.
+//! A second pass looks at each crate target's top-level modules (the children of its root file:
+//! `config`, `dataplane`, `health`, ...; a file and everything below it is one node), with an
+//! edge A -> B when a file in A names a file in B. The file pass leaves out a file's edges into
+//! its own descendants (its face), so a circle that closes through a face, such as `reconcile.rs`
+//! -> `dataplane/mod.rs` -> `dataplane/maps.rs` -> `reconcile.rs`, is seen only here. These are
+//! the circles that would become circles between crates if the crate were split along its
+//! top-level modules. The root file is the node `crate` (`graph::ROOT_NODE`), not a module:
+//! names defined in it are edges into `crate`; its own edges go to its descendants, so they are
+//! its face and `crate` never sits in a circle.
+//!
+//! Circles that exist today are listed in `KNOWN_CIRCLES` (files) and `KNOWN_MODULE_CIRCLES`
+//! (top-level modules), a ratchet: the check fails on a circle not in the lists and on a listed
+//! circle that is gone, so the lists only shrink.
 
 mod crates;
 mod graph;
@@ -11,12 +22,13 @@ mod imports;
 #[cfg(test)]
 mod tests;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 
 use crates::{Crate, DepKind, FLOORS};
-use graph::Edges;
+use graph::{Edges, ROOT_NODE};
 use imports::Tree;
 
 /// Today's circles (files relative to the workspace root). Remove an entry when its
@@ -24,6 +36,18 @@ use imports::Tree;
 pub const KNOWN_CIRCLES: &[&[&str]] = &[
     &["xdp-ebpf/src/bin/lb/maps.rs", "xdp-ebpf/src/bin/lb/ptb.rs", "xdp-ebpf/src/bin/lb/second_chance.rs", "xdp-ebpf/src/bin/lb/select.rs"],
     &["xdp-ebpf/src/bin/lb/path.rs", "xdp-ebpf/src/bin/lb/stats.rs"],
+];
+
+/// Today's module-level circles: (a crate target's root file, relative to the workspace root;
+/// the top-level modules of one circle, in any order). Same rules as `KNOWN_CIRCLES`.
+pub const KNOWN_MODULE_CIRCLES: &[(&str, &[&str])] = &[
+    ("loader/src/lib.rs", &["agent", "daemon", "store"]),
+    ("loader/src/lib.rs", &["dataplane", "objects", "reconcile"]),
+    ("loader/src/lib.rs", &["health", "model", "probe"]),
+    ("xdp-ebpf/src/bin/lb/main.rs", &["maps", "ptb", "second_chance", "select"]),
+    ("xdp-ebpf/src/bin/lb/main.rs", &["path", "stats"]),
+    ("xdp-ebpf/src/bin/lb_stages.rs", &["maps", "ptb", "second_chance", "select"]),
+    ("xdp-ebpf/src/bin/lb_stages.rs", &["path", "stats"]),
 ];
 
 #[derive(clap::Args)]
@@ -42,23 +66,56 @@ pub struct Circle {
     pub edges: Vec<(String, String, Vec<String>)>,
 }
 
-/// The file graph of the given target roots, paths made relative to `base`.
-pub fn file_graph(roots: &[PathBuf], base: &Path) -> Result<Edges> {
-    let mut edges = Edges::new();
+/// A circle between top-level modules of one crate target.
+#[derive(Debug)]
+pub struct ModuleCircle {
+    pub krate: String,
+    /// The target's root file, relative to the workspace root.
+    pub root: String,
+    /// Sorted top-level module names.
+    pub modules: Vec<String>,
+    /// (from, to, names) for the file edges between different modules of the circle.
+    pub edges: Vec<(String, String, Vec<String>)>,
+}
+
+/// One target's file graph, and each of its files' top-level module.
+pub struct TargetGraph {
+    pub root: PathBuf,
+    pub top: BTreeMap<PathBuf, String>,
+    pub edges: Edges,
+}
+
+/// The graphs of the given target roots, paths made relative to `base`.
+pub fn target_graphs(roots: &[PathBuf], base: &Path) -> Result<Vec<TargetGraph>> {
+    let rel = |p: &Path| p.strip_prefix(base).unwrap_or(p).to_path_buf();
+    let mut graphs = Vec::new();
     for root in roots {
-        for ((from, to), names) in Tree::load(root)?.edges() {
-            let rel = |p: &Path| p.strip_prefix(base).unwrap_or(p).to_path_buf();
-            edges.entry((rel(&from), rel(&to))).or_default().extend(names);
+        let tree = Tree::load(root)?;
+        let edges = tree.edges().into_iter().map(|((from, to), names)| ((rel(&from), rel(&to)), names)).collect();
+        let top = tree.top_level().into_iter().map(|(f, m)| (rel(&f), m)).collect();
+        graphs.push(TargetGraph { root: rel(root), top, edges });
+    }
+    Ok(graphs)
+}
+
+/// The targets' file graphs as one (a file two targets share via `#[path]` is one node).
+fn merged(graphs: &[TargetGraph]) -> Edges {
+    let mut edges = Edges::new();
+    for g in graphs {
+        for (key, names) in &g.edges {
+            edges.entry(key.clone()).or_default().extend(names.iter().cloned());
         }
     }
-    Ok(edges)
+    edges
+}
+
+fn show(p: &Path) -> String {
+    p.display().to_string()
 }
 
 /// The circles of one crate's file graph, with the edges that make them.
-pub fn crate_circles(krate: &str, roots: &[PathBuf], base: &Path) -> Result<Vec<Circle>> {
-    let edges = file_graph(roots, base)?;
-    let show = |p: &PathBuf| p.display().to_string();
-    Ok(graph::circles(&edges)
+fn file_circles(krate: &str, edges: &Edges) -> Vec<Circle> {
+    graph::circles(edges)
         .into_iter()
         .map(|files| {
             let inside = edges
@@ -66,14 +123,53 @@ pub fn crate_circles(krate: &str, roots: &[PathBuf], base: &Path) -> Result<Vec<
                 .filter(|((f, t), _)| files.contains(f) && files.contains(t))
                 .map(|((f, t), names)| (show(f), show(t), names.iter().cloned().collect()))
                 .collect();
-            Circle { krate: krate.to_string(), files: files.iter().map(show).collect(), edges: inside }
+            Circle { krate: krate.to_string(), files: files.iter().map(|f| show(f)).collect(), edges: inside }
         })
-        .collect())
+        .collect()
+}
+
+/// The module graph of one target: (from module, to module) -> the file edges that make it.
+/// Edges inside one top-level module are left out: they are the file pass's business.
+pub fn module_graph(g: &TargetGraph) -> BTreeMap<(String, String), Vec<(PathBuf, PathBuf)>> {
+    let mut modules: BTreeMap<(String, String), Vec<(PathBuf, PathBuf)>> = BTreeMap::new();
+    for (from, to) in g.edges.keys() {
+        let (Some(a), Some(b)) = (g.top.get(from), g.top.get(to)) else { continue };
+        if a != b {
+            modules.entry((a.clone(), b.clone())).or_default().push((from.clone(), to.clone()));
+        }
+    }
+    modules
+}
+
+/// The circles between the top-level modules of one target. Each target is its own crate for
+/// rustc, so targets are not merged here (a file two targets share via `#[path]` can make the
+/// same circle in both).
+fn target_module_circles(krate: &str, g: &TargetGraph) -> Vec<ModuleCircle> {
+    let modules = module_graph(g);
+    graph::circles(&modules)
+        .into_iter()
+        .map(|circle| {
+            let edges = modules
+                .iter()
+                .filter(|((a, b), _)| circle.contains(a) && circle.contains(b))
+                .flat_map(|(_, files)| files)
+                .map(|(f, t)| (show(f), show(t), g.edges[&(f.clone(), t.clone())].iter().cloned().collect()))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            ModuleCircle { krate: krate.to_string(), root: show(&g.root), modules: circle, edges }
+        })
+        .collect()
 }
 
 /// Does a `KNOWN_CIRCLES` entry name exactly this circle's files (in any order)?
 fn is(known: &[&str], c: &Circle) -> bool {
     known.len() == c.files.len() && known.iter().all(|f| c.files.iter().any(|g| g == f))
+}
+
+/// Does a `KNOWN_MODULE_CIRCLES` entry name exactly this circle (its target, its modules in any order)?
+fn is_module((root, modules): &(&str, &[&str]), c: &ModuleCircle) -> bool {
+    *root == c.root && modules.len() == c.modules.len() && modules.iter().all(|m| c.modules.iter().any(|n| n == m))
 }
 
 /// The ratchet: circles not in `known`, and entries of `known` that no longer exist.
@@ -88,22 +184,45 @@ pub fn ratchet(circles: &[Circle], known: &[&[&str]]) -> Vec<String> {
     problems
 }
 
+/// The same ratchet for module circles.
+pub fn module_ratchet(circles: &[ModuleCircle], known: &[(&str, &[&str])]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for c in circles.iter().filter(|c| !known.iter().any(|k| is_module(k, c))) {
+        problems.push(format!("new module circle in {} ({}): {}", c.krate, c.root, c.modules.join(", ")));
+    }
+    for (root, modules) in known.iter().filter(|k| !circles.iter().any(|c| is_module(k, c))) {
+        problems.push(format!("known module circle is gone (remove it from KNOWN_MODULE_CIRCLES): {root}: {}", modules.join(", ")));
+    }
+    problems
+}
+
 pub struct Findings {
     pub crates: Vec<Crate>,
     pub circles: Vec<Circle>,
+    pub module_circles: Vec<ModuleCircle>,
     /// Floor breaches and ratchet failures; empty when the check passes.
     pub problems: Vec<String>,
 }
 
-pub fn check(root: &Path, known: &[&[&str]]) -> Result<Findings> {
+pub fn check(root: &Path, known: &[&[&str]], known_modules: &[(&str, &[&str])]) -> Result<Findings> {
     let crates = crates::workspace(root)?;
     let mut problems = crates::check_floors(FLOORS, &crates);
     let mut circles = Vec::new();
+    let mut module_circles = Vec::new();
     for c in &crates {
-        circles.extend(crate_circles(&c.name, &c.roots, root)?);
+        let graphs = target_graphs(&c.roots, root)?;
+        circles.extend(file_circles(&c.name, &merged(&graphs)));
+        module_circles.extend(graphs.iter().flat_map(|g| target_module_circles(&c.name, g)));
     }
     problems.extend(ratchet(&circles, known));
-    Ok(Findings { crates, circles, problems })
+    problems.extend(module_ratchet(&module_circles, known_modules));
+    Ok(Findings { crates, circles, module_circles, problems })
+}
+
+fn print_edges(edges: &[(String, String, Vec<String>)]) {
+    for (from, to, names) in edges {
+        println!("      {from} -> {to}: {}", names.join(", "));
+    }
 }
 
 pub fn workspace_root() -> PathBuf {
@@ -111,7 +230,7 @@ pub fn workspace_root() -> PathBuf {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let f = check(&workspace_root(), KNOWN_CIRCLES)?;
+    let f = check(&workspace_root(), KNOWN_CIRCLES, KNOWN_MODULE_CIRCLES)?;
     println!("Floors (a crate depends only on lower floors; dev-dependencies are not checked):");
     for (i, (what, names)) in FLOORS.iter().enumerate().rev() {
         println!("  {i} {what}");
@@ -126,17 +245,25 @@ pub fn run(args: &Args) -> Result<()> {
             println!("      {name} -> {}", if deps.is_empty() { "-".to_string() } else { deps.join(", ") });
         }
     }
-    println!("\nModule circles ({}):", f.circles.len());
+    println!("\nFile circles ({}):", f.circles.len());
     for c in &f.circles {
         let known = KNOWN_CIRCLES.iter().any(|k| is(k, c));
         println!("  {}{}: {}", c.krate, if known { " (known)" } else { "" }, c.files.join(", "));
-        for (from, to, names) in &c.edges {
-            println!("      {from} -> {to}: {}", names.join(", "));
-        }
+        print_edges(&c.edges);
+    }
+    println!(
+        "\nModule circles ({}) (a target's top-level modules, each with all files below it; `{ROOT_NODE}` is the root file):",
+        f.module_circles.len()
+    );
+    for c in &f.module_circles {
+        let known = KNOWN_MODULE_CIRCLES.iter().any(|k| is_module(k, c));
+        println!("  {} {}{}: {}", c.krate, c.root, if known { " (known)" } else { "" }, c.modules.join(", "));
+        print_edges(&c.edges);
     }
     let mut problems = f.problems;
     if args.strict {
         problems.extend(f.circles.iter().map(|c| format!("circle in {}: {}", c.krate, c.files.join(", "))));
+        problems.extend(f.module_circles.iter().map(|c| format!("module circle in {} ({}): {}", c.krate, c.root, c.modules.join(", "))));
         problems.dedup();
     }
     if problems.is_empty() {
