@@ -22,12 +22,17 @@ use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::{
     addr::{from_words, to_words},
-    limits::{MAX_ALLOW_FROM, map_names, program_names},
+    limits::{map_names, program_names},
     types::{ALLOW_KEY_FAMILY_BITS, AddrKey, AllowKey, DecapConfig, DecapReason},
 };
 
 use crate::{
-    daemon::{DaemonError, Signals, args::AgentArgs, core::error_chain, notify},
+    daemon::{
+        DaemonError, Signals,
+        args::{AgentArgs, AllowFromError},
+        core::error_chain,
+        notify,
+    },
     dataplane::{self, DataplaneError},
     event, metrics,
     model::Cidr,
@@ -54,13 +59,8 @@ pub enum AgentError {
     Netif(#[from] NetifError),
     #[error(transparent)]
     Daemon(#[from] DaemonError),
-    #[error(
-        "refusing to start without --allow-from (allow_from in [agent]): name the balancers' outer sources, e.g. --allow-from \
-         10.0.0.2/32, or anyone who reaches this host could tunnel packets into it"
-    )]
-    NoAllowFrom,
-    #[error("--allow-from names {given} prefixes; at most {MAX_ALLOW_FROM}")]
-    TooManyAllowFrom { given: usize },
+    #[error(transparent)]
+    AllowFrom(#[from] AllowFromError),
     #[error(transparent)]
     ReportKey(#[from] KeyError),
     #[error("binding {option} {addr} (is another process on the port?)")]
@@ -87,22 +87,10 @@ fn decap_counts(reasons: &DecapReasons) -> Vec<(&'static str, u64)> {
     DecapReason::ALL.iter().map(|r| (r.label(), reasons.get(&(*r as u32), 0).map_or(0, |per_cpu| per_cpu.iter().sum()))).collect()
 }
 
-/// The allow-list a start refuses: none (anyone could tunnel into the host), or more than
-/// the map holds. Also what `lbd check` checks of an `[agent]` table.
-pub fn check_allow_from(args: &AgentArgs) -> Result<(), AgentError> {
-    if args.allow_from.is_empty() {
-        return Err(AgentError::NoAllowFrom);
-    }
-    if args.allow_from.len() > MAX_ALLOW_FROM as usize {
-        return Err(AgentError::TooManyAllowFrom { given: args.allow_from.len() });
-    }
-    Ok(())
-}
-
 /// Runs the decapsulator on `iface` until SIGTERM or SIGINT.
 pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     umask(Mode::from_bits_truncate(0o077));
-    check_allow_from(args)?;
+    args.check_allow_from()?;
     let key = args.report_key.as_deref().map(ReportKey::load).transpose()?.map(Arc::new);
     if key.is_none() && args.ports_listen != Listen::Off {
         event!(warn, "report_key_missing", message = "port reports are not signed: lbd ignores them (--report-key)");

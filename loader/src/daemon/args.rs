@@ -6,7 +6,7 @@ use aya::programs::XdpMode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use spillway_common::limits::{
     Capacity, DEFAULT_GUE_PORT, DEFAULT_LOCAL_ADDRS, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S,
-    MAX_LOCAL_ADDRS, SECOND_CHANCE_SETTLE_MS,
+    MAX_ALLOW_FROM, MAX_LOCAL_ADDRS, SECOND_CHANCE_SETTLE_MS,
 };
 
 use super::outer_src::{OuterSrc4, OuterSrc6};
@@ -282,6 +282,18 @@ fn parse_zone(input: &str) -> Result<String, String> {
     crate::model::check_zone(input).map(|()| input.to_owned()).map_err(|e| e.to_string())
 }
 
+/// An agent's allow-list a start refuses.
+#[derive(Debug, thiserror::Error)]
+pub enum AllowFromError {
+    #[error(
+        "refusing to start without --allow-from (allow_from in [agent]): name the balancers' outer sources, e.g. --allow-from \
+         10.0.0.2/32, or anyone who reaches this host could tunnel packets into it"
+    )]
+    Missing,
+    #[error("--allow-from names {given} prefixes; at most {MAX_ALLOW_FROM}")]
+    TooMany { given: usize },
+}
+
 #[derive(Debug, Args)]
 pub struct AgentArgs {
     /// Interface the tunnel packets arrive on.
@@ -337,6 +349,20 @@ pub struct AgentArgs {
     /// only from --allow-from, as IPIP is; UDP to this port from anyone else is dropped.
     #[arg(long, value_name = "PORT", default_value_t = DEFAULT_GUE_PORT)]
     pub gue_port: u16,
+}
+
+impl AgentArgs {
+    /// The allow-list a start refuses: none (anyone could tunnel into the host), or more
+    /// than the map holds. Also what `lbd check` checks of an `[agent]` table.
+    pub fn check_allow_from(&self) -> Result<(), AllowFromError> {
+        if self.allow_from.is_empty() {
+            return Err(AllowFromError::Missing);
+        }
+        if self.allow_from.len() > MAX_ALLOW_FROM as usize {
+            return Err(AllowFromError::TooMany { given: self.allow_from.len() });
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

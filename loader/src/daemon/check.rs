@@ -14,13 +14,12 @@ use clap::Parser;
 
 use super::{
     DaemonError,
-    args::{LbdArgs, LbdCommand},
+    args::{AllowFromError, LbdArgs, LbdCommand},
     core::host_refusal,
     resolve::environment_has,
     settings::{Section, Settings, clap_message},
 };
 use crate::{
-    agent::{self, AgentError},
     config::{ConfigError, Document},
     forwarding, netif,
 };
@@ -60,7 +59,7 @@ pub enum CheckError {
     #[error(transparent)]
     Daemon(#[from] DaemonError),
     #[error("{file}: agent: {error}")]
-    Agent { file: String, error: Box<AgentError> },
+    Agent { file: String, error: AllowFromError },
 }
 
 pub fn check(path: &Path) -> Result<Checked, CheckError> {
@@ -115,7 +114,7 @@ fn check_agent(path: &Path, doc: &Document, on_this_host: bool) -> Result<String
     };
     let no_iface = || settings_error(doc, Section::Agent, "no iface: set iface in [agent], as lbd agent --config needs".to_owned());
     let iface = args.iface.clone().ok_or_else(no_iface)?;
-    agent::check_allow_from(&args).map_err(|error| CheckError::Agent { file: doc.name().to_owned(), error: Box::new(error) })?;
+    args.check_allow_from().map_err(|error| CheckError::Agent { file: doc.name().to_owned(), error })?;
     if on_this_host {
         netif::ifindex(&iface).map_err(DaemonError::from)?;
     }

@@ -27,6 +27,8 @@ mod second_chance;
 mod select;
 #[path = "lb/stats.rs"]
 mod stats;
+#[path = "lb/verdict.rs"]
+mod verdict;
 
 use aya_ebpf::{macros::xdp, programs::XdpContext};
 use path::{balance, stage};

@@ -12,9 +12,8 @@
 //! names defined in it are edges into `crate`; its own edges go to its descendants, so they are
 //! its face and `crate` never sits in a circle.
 //!
-//! Circles that exist today are listed in `KNOWN_CIRCLES` (files) and `KNOWN_MODULE_CIRCLES`
-//! (top-level modules), a ratchet: the check fails on a circle not in the lists and on a listed
-//! circle that is gone, so the lists only shrink.
+//! Every circle, of files or of top-level modules, is a violation: a circle is broken by moving
+//! a type to where it belongs, never listed as an exception.
 
 mod crates;
 mod graph;
@@ -30,32 +29,6 @@ use anyhow::{Result, bail};
 use crates::{Crate, DepKind, FLOORS};
 use graph::{Edges, ROOT_NODE};
 use imports::Tree;
-
-/// Today's circles (files relative to the workspace root). Remove an entry when its
-/// circle is broken; the check fails until you do. Never add one.
-pub const KNOWN_CIRCLES: &[&[&str]] = &[
-    &["xdp-ebpf/src/bin/lb/maps.rs", "xdp-ebpf/src/bin/lb/ptb.rs", "xdp-ebpf/src/bin/lb/second_chance.rs", "xdp-ebpf/src/bin/lb/select.rs"],
-    &["xdp-ebpf/src/bin/lb/path.rs", "xdp-ebpf/src/bin/lb/stats.rs"],
-];
-
-/// Today's module-level circles: (a crate target's root file, relative to the workspace root;
-/// the top-level modules of one circle, in any order). Same rules as `KNOWN_CIRCLES`.
-pub const KNOWN_MODULE_CIRCLES: &[(&str, &[&str])] = &[
-    ("loader/src/lib.rs", &["agent", "daemon", "store"]),
-    ("loader/src/lib.rs", &["dataplane", "objects", "reconcile"]),
-    ("loader/src/lib.rs", &["health", "model", "probe"]),
-    ("xdp-ebpf/src/bin/lb/main.rs", &["maps", "ptb", "second_chance", "select"]),
-    ("xdp-ebpf/src/bin/lb/main.rs", &["path", "stats"]),
-    ("xdp-ebpf/src/bin/lb_stages.rs", &["maps", "ptb", "second_chance", "select"]),
-    ("xdp-ebpf/src/bin/lb_stages.rs", &["path", "stats"]),
-];
-
-#[derive(clap::Args)]
-pub struct Args {
-    /// Count the known circles as violations too (what the check becomes once the list is empty).
-    #[arg(long)]
-    strict: bool,
-}
 
 #[derive(Debug)]
 pub struct Circle {
@@ -162,49 +135,22 @@ fn target_module_circles(krate: &str, g: &TargetGraph) -> Vec<ModuleCircle> {
         .collect()
 }
 
-/// Does a `KNOWN_CIRCLES` entry name exactly this circle's files (in any order)?
-fn is(known: &[&str], c: &Circle) -> bool {
-    known.len() == c.files.len() && known.iter().all(|f| c.files.iter().any(|g| g == f))
-}
-
-/// Does a `KNOWN_MODULE_CIRCLES` entry name exactly this circle (its target, its modules in any order)?
-fn is_module((root, modules): &(&str, &[&str]), c: &ModuleCircle) -> bool {
-    *root == c.root && modules.len() == c.modules.len() && modules.iter().all(|m| c.modules.iter().any(|n| n == m))
-}
-
-/// The ratchet: circles not in `known`, and entries of `known` that no longer exist.
-pub fn ratchet(circles: &[Circle], known: &[&[&str]]) -> Vec<String> {
-    let mut problems = Vec::new();
-    for c in circles.iter().filter(|c| !known.iter().any(|k| is(k, c))) {
-        problems.push(format!("new circle in {}: {}", c.krate, c.files.join(", ")));
-    }
-    for k in known.iter().filter(|k| !circles.iter().any(|c| is(k, c))) {
-        problems.push(format!("known circle is gone (remove it from KNOWN_CIRCLES): {}", k.join(", ")));
-    }
-    problems
-}
-
-/// The same ratchet for module circles.
-pub fn module_ratchet(circles: &[ModuleCircle], known: &[(&str, &[&str])]) -> Vec<String> {
-    let mut problems = Vec::new();
-    for c in circles.iter().filter(|c| !known.iter().any(|k| is_module(k, c))) {
-        problems.push(format!("new module circle in {} ({}): {}", c.krate, c.root, c.modules.join(", ")));
-    }
-    for (root, modules) in known.iter().filter(|k| !circles.iter().any(|c| is_module(k, c))) {
-        problems.push(format!("known module circle is gone (remove it from KNOWN_MODULE_CIRCLES): {root}: {}", modules.join(", ")));
-    }
-    problems
+/// Each circle as a violation.
+pub fn circle_problems(circles: &[Circle], module_circles: &[ModuleCircle]) -> Vec<String> {
+    let files = circles.iter().map(|c| format!("circle in {}: {}", c.krate, c.files.join(", ")));
+    let modules = module_circles.iter().map(|c| format!("module circle in {} ({}): {}", c.krate, c.root, c.modules.join(", ")));
+    files.chain(modules).collect()
 }
 
 pub struct Findings {
     pub crates: Vec<Crate>,
     pub circles: Vec<Circle>,
     pub module_circles: Vec<ModuleCircle>,
-    /// Floor breaches and ratchet failures; empty when the check passes.
+    /// Floor breaches and circles; empty when the check passes.
     pub problems: Vec<String>,
 }
 
-pub fn check(root: &Path, known: &[&[&str]], known_modules: &[(&str, &[&str])]) -> Result<Findings> {
+pub fn check(root: &Path) -> Result<Findings> {
     let crates = crates::workspace(root)?;
     let mut problems = crates::check_floors(FLOORS, &crates);
     let mut circles = Vec::new();
@@ -214,8 +160,7 @@ pub fn check(root: &Path, known: &[&[&str]], known_modules: &[(&str, &[&str])]) 
         circles.extend(file_circles(&c.name, &merged(&graphs)));
         module_circles.extend(graphs.iter().flat_map(|g| target_module_circles(&c.name, g)));
     }
-    problems.extend(ratchet(&circles, known));
-    problems.extend(module_ratchet(&module_circles, known_modules));
+    problems.extend(circle_problems(&circles, &module_circles));
     Ok(Findings { crates, circles, module_circles, problems })
 }
 
@@ -229,8 +174,8 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask sits in the workspace").to_path_buf()
 }
 
-pub fn run(args: &Args) -> Result<()> {
-    let f = check(&workspace_root(), KNOWN_CIRCLES, KNOWN_MODULE_CIRCLES)?;
+pub fn run() -> Result<()> {
+    let f = check(&workspace_root())?;
     println!("Floors (a crate depends only on lower floors; dev-dependencies are not checked):");
     for (i, (what, names)) in FLOORS.iter().enumerate().rev() {
         println!("  {i} {what}");
@@ -247,8 +192,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     println!("\nFile circles ({}):", f.circles.len());
     for c in &f.circles {
-        let known = KNOWN_CIRCLES.iter().any(|k| is(k, c));
-        println!("  {}{}: {}", c.krate, if known { " (known)" } else { "" }, c.files.join(", "));
+        println!("  {}: {}", c.krate, c.files.join(", "));
         print_edges(&c.edges);
     }
     println!(
@@ -256,16 +200,10 @@ pub fn run(args: &Args) -> Result<()> {
         f.module_circles.len()
     );
     for c in &f.module_circles {
-        let known = KNOWN_MODULE_CIRCLES.iter().any(|k| is_module(k, c));
-        println!("  {} {}{}: {}", c.krate, c.root, if known { " (known)" } else { "" }, c.modules.join(", "));
+        println!("  {} {}: {}", c.krate, c.root, c.modules.join(", "));
         print_edges(&c.edges);
     }
-    let mut problems = f.problems;
-    if args.strict {
-        problems.extend(f.circles.iter().map(|c| format!("circle in {}: {}", c.krate, c.files.join(", "))));
-        problems.extend(f.module_circles.iter().map(|c| format!("module circle in {} ({}): {}", c.krate, c.root, c.modules.join(", "))));
-        problems.dedup();
-    }
+    let problems = f.problems;
     if problems.is_empty() {
         println!("\nNo violation.");
         return Ok(());

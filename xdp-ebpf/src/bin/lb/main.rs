@@ -22,6 +22,7 @@ mod second_chance;
 mod second_chance_program;
 mod select;
 mod stats;
+mod verdict;
 
 use aya_ebpf::{bindings::xdp_action::XDP_PASS, helpers::bpf_jiffies64, macros::xdp, programs::XdpContext};
 use spillway_common::types::{FAMILY_V4, FAMILY_V6};

@@ -20,8 +20,6 @@ use spillway_common::{
     },
 };
 
-use crate::{ptb, second_chance::Handover};
-
 const DEFAULT: Capacity = Capacity::DEFAULT;
 
 /// Sizes the loader sets at load time (`.rodata`, so the verifier sees constants).
@@ -160,7 +158,7 @@ pub static SECOND_CHANCE_PROGRAM: ProgramArray = ProgramArray::with_max_entries(
 
 /// What the balancer hands its second-chance program (per CPU: a tail call stays on it).
 #[map(name = "spw_second_hand")]
-pub static SECOND_CHANCE_HANDOVER: PerCpuArray<Handover> = PerCpuArray::with_max_entries(1, 0);
+pub static SECOND_CHANCE_HANDOVER: PerCpuArray<SecondChanceHandover> = PerCpuArray::with_max_entries(1, 0);
 
 /// Slots 0, 1: the QUIC programs for IPv4 and IPv6 frames (`spillway_lb_quic`, `_v6`),
 /// which the balancer tail-calls for a QUIC VIP's packets; 2, 3: the UDP programs
@@ -200,7 +198,7 @@ pub static PTB_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// What the balancer hands its "packet too big" program (per CPU: a tail call stays on it).
 #[map(name = "spw_ptb_hand")]
-pub static PTB_HANDOVER: PerCpuArray<ptb::Handover> = PerCpuArray::with_max_entries(1, 0);
+pub static PTB_HANDOVER: PerCpuArray<PtbHandover> = PerCpuArray::with_max_entries(1, 0);
 
 /// Each source's bucket of answers (shared by all CPUs); the LRU forgets the quietest.
 #[map(name = "spw_ptb_src")]
@@ -259,4 +257,25 @@ pub fn probe<S: Probed>(index: &Array<S>, home: u32, mask: u32, holds: impl Fn(*
         }
     }
     None
+}
+
+/// The balancer's hand-over to the second-chance program.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SecondChanceHandover {
+    pub vip_id: u32,
+    /// Backend ids: the flow's now, and before the VIP's last change.
+    pub first: u32,
+    pub second: u32,
+    /// The flow hash the outer headers take their entropy from.
+    pub flow_hash: u32,
+}
+
+/// The balancer's hand-over to the "packet too big" program.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PtbHandover {
+    pub vip_id: u32,
+    /// The MTU to advise: the egress MTU less the encapsulation's overhead.
+    pub mtu: u32,
 }

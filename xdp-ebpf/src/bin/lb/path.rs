@@ -23,12 +23,11 @@ use xdp_ebpf::{
 
 use crate::{
     clock, family, limits,
-    maps::{self, CONFIG, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
-    nexthop, ptb, quic,
-    second_chance::{self, Handover},
-    select,
+    maps::{self, CONFIG, SecondChanceHandover, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
+    nexthop, ptb, quic, second_chance, select,
     select::{Choice, Flow, Remembered, Vip},
     stats,
+    verdict::Verdict,
 };
 
 /// The stages of the path, in order. The balancer runs them all; the bench-only object
@@ -74,27 +73,6 @@ impl Cut for Verdict {
 
 impl Cut for (u32, Reason) {
     const CUT: Self = (XDP_TX, Reason::Tx);
-}
-
-/// How a frame ended, and what its counters are.
-pub struct Verdict {
-    pub action: u32,
-    pub reason: Reason,
-    /// The VIP it was for and the backend it was sent to (their traffic counters).
-    pub vip: Option<u32>,
-    pub backend: Option<u32>,
-    pub bytes: u32,
-    /// A new flow was placed on a backend (counted as a new flow of both).
-    pub new_flow: bool,
-    /// Sent with a second candidate (`second_chance.rs`).
-    pub second_chance: bool,
-}
-
-impl Verdict {
-    #[inline(always)]
-    pub fn ended(action: u32, reason: Reason) -> Verdict {
-        Verdict { action, reason, vip: None, backend: None, bytes: 0, new_flow: false, second_chance: false }
-    }
 }
 
 /// The path for frames of `FAMILY` (`FAMILY_V4`: IPv6 frames are handed to their own
@@ -178,7 +156,7 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
                 && !icmp_error
                 && let Some((first, second)) = second_chance::candidates(&vip, hash)
             {
-                second_chance::hand_over(ctx, Handover { vip_id: vip.id, first, second, flow_hash: flow.hash() });
+                second_chance::hand_over(ctx, SecondChanceHandover { vip_id: vip.id, first, second, flow_hash: flow.hash() });
             }
             let Some(mut id) = select::maglev_slot(vip.ring, hash) else {
                 return refused(Reason::DropNoBackend);

@@ -18,16 +18,7 @@
 use aya_ebpf::{bindings::xdp_action::XDP_DROP, programs::XdpContext};
 use spillway_common::types::Reason;
 
-use crate::maps::{PTB_HANDOVER, PTB_PROGRAM};
-
-/// The balancer's hand-over to the "packet too big" program.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Handover {
-    pub vip_id: u32,
-    /// The MTU to advise: the egress MTU less the encapsulation's overhead.
-    pub mtu: u32,
-}
+use crate::maps::{PTB_HANDOVER, PTB_PROGRAM, PtbHandover};
 
 /// Tail-calls the "packet too big" program for the packet that is `overhead` bytes short of
 /// fitting an egress MTU of `egress_mtu`. Returns (drop, as before it existed) only if it
@@ -37,7 +28,7 @@ pub fn hand_over(ctx: &XdpContext, vip_id: u32, egress_mtu: u32, overhead: usize
     if let Some(slot) = PTB_HANDOVER.get_ptr_mut(0) {
         // SAFETY: this CPU's slot; the program it calls runs next, on this CPU.
         unsafe {
-            *slot = Handover { vip_id, mtu: egress_mtu.saturating_sub(overhead as u32) };
+            *slot = PtbHandover { vip_id, mtu: egress_mtu.saturating_sub(overhead as u32) };
             let _ = PTB_PROGRAM.tail_call(ctx, 0);
         }
     }

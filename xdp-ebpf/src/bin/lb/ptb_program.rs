@@ -20,7 +20,7 @@ use crate::{
     clock,
     limits::gcra_admit,
     maps::{CONFIG, PTB_GLOBAL, PTB_HANDOVER, PTB_SOURCES},
-    path::Verdict,
+    verdict::Verdict,
 };
 
 const PER_SOURCE: Rate = Rate::new(PTB_SOURCE_PER_S, PTB_SOURCE_BURST);

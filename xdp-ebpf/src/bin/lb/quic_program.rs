@@ -13,8 +13,9 @@ use xdp_ebpf::{headers::UDP_LEN, packet, parse::Layout};
 use crate::{
     clock,
     maps::{self, CONFIG, QUIC_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
-    path::{self, Verdict, stage},
+    path::{self, stage},
     select::Choice,
+    verdict::Verdict,
 };
 
 /// The header form bit of a QUIC packet's first byte: set for long headers (RFC 9000 §17).

@@ -14,21 +14,9 @@ use aya_ebpf::programs::XdpContext;
 use spillway_common::types::RingRef;
 
 use crate::{
-    maps::{SECOND_CHANCE_HANDOVER, SECOND_CHANCE_PROGRAM},
+    maps::{SECOND_CHANCE_HANDOVER, SECOND_CHANCE_PROGRAM, SecondChanceHandover},
     select::{self, Vip},
 };
-
-/// The balancer's hand-over to the second-chance program.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Handover {
-    pub vip_id: u32,
-    /// Backend ids: the flow's now, and before the VIP's last change.
-    pub first: u32,
-    pub second: u32,
-    /// The flow hash the outer headers take their entropy from.
-    pub flow_hash: u32,
-}
 
 /// The flow's backend id now and before the VIP's last change, when they differ and both
 /// are in use (the second by this VIP: an id freed since may have gone to another).
@@ -61,7 +49,7 @@ fn candidate_ids(ring: u64, prior: u64, vip_id: u32, hash: u32) -> u64 {
 /// Tail-calls the second-chance program with `handover`. Returns only if it cannot run (not
 /// loaded yet): the packet then goes on as a new flow, as it would without second chance.
 #[inline(always)]
-pub fn hand_over(ctx: &XdpContext, handover: Handover) {
+pub fn hand_over(ctx: &XdpContext, handover: SecondChanceHandover) {
     if let Some(slot) = SECOND_CHANCE_HANDOVER.get_ptr_mut(0) {
         // SAFETY: this CPU's slot; the program it calls runs next, on this CPU.
         unsafe {

@@ -16,8 +16,9 @@ use xdp_ebpf::{
 use crate::{
     clock,
     maps::{CONFIG, SECOND_CHANCE_HANDOVER},
-    path::{self, Verdict, stage},
+    path::{self, stage},
     select::{self, Choice},
+    verdict::Verdict,
 };
 
 /// Re-parses the packet (the balancer has) and sends it with both candidates.

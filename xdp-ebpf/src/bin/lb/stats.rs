@@ -4,7 +4,7 @@ use spillway_common::types::Traffic;
 
 use crate::{
     maps::{BACKEND_STATS, FLOWS_UNREMEMBERED, REASONS, SECOND_CHANCE, VIP_STATS},
-    path::Verdict,
+    verdict::Verdict,
 };
 
 /// Counts a frame under its reason, its VIP's and backend's traffic, and whether it went
