@@ -194,6 +194,8 @@ pub struct Core<M, S> {
     forwarding_off: Option<String>,
     /// The alert about frames dropped on the way out of the interface, while it lasts.
     tx_drops: Option<String>,
+    /// The alert while the probe path is not there (not installed, or not restored).
+    probe_path: Option<String>,
     /// `lbd`'s own counters (metrics, `lbctl top`).
     telemetry: Telemetry,
     info: DaemonInfo,
@@ -274,6 +276,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             ports: PortsBook::default(),
             forwarding_off: None,
             tx_drops: None,
+            probe_path: None,
             telemetry,
             info: DaemonInfo::default(),
             announcements: None,
@@ -303,6 +306,11 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// Records whether the balancer's interface forwards: `off` names the forwarding
     /// sysctls at 0 (`None`: all on). Logged when it changes; shown as an alert meanwhile.
     /// The TX-drop alert in force (`None`: no drops lately); logged when it starts and ends.
+    /// The probe path's alert in force (`None`: the path is whole); its task logs it.
+    pub fn set_probe_path_alert(&mut self, alert: Option<String>) {
+        self.probe_path = alert;
+    }
+
     pub fn set_tx_drops(&mut self, alert: Option<String>) {
         if alert.is_some() != self.tx_drops.is_some() {
             match &alert {

@@ -274,7 +274,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let interface_watch = tokio::spawn(interface_watch(core.clone(), iface.to_owned()));
     let vip_path = vip_path.map(Arc::new);
-    let path_upkeep = vip_path.clone().map(|path| tokio::spawn(probes::path_upkeep(path)));
+    let path_upkeep = vip_path.clone().map(|path| tokio::spawn(probes::path_upkeep(core.clone(), path)));
     let prober = vip_path.map(|path| tokio::spawn(probes::health_task(core.clone(), probes::schedule_seed(), path)));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port, report_key));
     let announcer = announce_config(args).map(|config| {

@@ -160,7 +160,18 @@ pub const PATH_UPKEEP: Duration = Duration::from_secs(1);
 
 /// Checks the probe path every [`PATH_UPKEEP`] and restores what another process (an
 /// operator's `ip link del`, a cleanup) removed; until then, probes through it are unknown.
-pub async fn path_upkeep(vip_path: Arc<ProbePathState>) {
+/// A path that is not there (not installed at start, or not restored) is an ALERT in the
+/// core's alerts (`lbctl status`) for as long as it lasts.
+pub async fn path_upkeep<M, S>(core: SharedCore<M, S>, vip_path: Arc<ProbePathState>)
+where
+    M: Maps + Counters + Send + 'static,
+    S: Store + Send + 'static,
+{
+    let alert = |why: &str| format!("ALERT: no probe path ({why}): probes through the tunnel count as unknown");
+    if let Err(why) = vip_path.as_ref() {
+        server::lock(&core).set_probe_path_alert(Some(alert(why)));
+        return;
+    }
     let mut tick = tokio::time::interval(PATH_UPKEEP);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // A failure that lasts is logged when it starts or changes, not every second.
@@ -175,6 +186,7 @@ pub async fn path_upkeep(vip_path: Arc<ProbePathState>) {
             Ok(Some(Err(e))) => Some(error_chain(&e)),
             Err(e) => Some(e.to_string()),
         };
+        server::lock(&core).set_probe_path_alert(failure.as_deref().map(alert));
         if failure.is_some() && failure != last_failure {
             event!(
                 error,

@@ -318,6 +318,10 @@ fn the_balancers_own_probe_path_trouble_is_unknown_with_an_alert() {
     assert!(c.lbctl(&["vips", "list"]).unwrap().starts_with("ALERT"));
     assert!(c.lbd_log().contains("event=lb_probe_alert cause=vip_path"), "logged");
     assert!(c.lbd_log().contains("event=probe_path_restore_failed"), "logged");
+    // Every ALERT is in status: the path that cannot be restored, as long as it lasts.
+    let status = c.lbctl_json(&["status"]).unwrap();
+    let listed = status["alerts"].as_array().unwrap().iter().filter_map(|a| a.as_str()).any(|a| a.starts_with("ALERT: no probe path ("));
+    assert!(listed, "{status}");
 
     // A restarted lbd attaches it again.
     c.stop_lbd(Signal::SIGTERM).unwrap();
@@ -328,6 +332,8 @@ fn the_balancers_own_probe_path_trouble_is_unknown_with_an_alert() {
         let list = c.lbctl_json(&["backends", "list", "--vip", &vip]).unwrap();
         list["backends"].as_array().unwrap().iter().all(|b| b["unknown_probes"].is_null()) && alerts(&c, &vip).is_empty()
     });
+    let status = c.lbctl_json(&["status"]).unwrap();
+    assert!(status["alerts"].as_array().is_none_or(Vec::is_empty), "the probe path's ALERT ends with the path whole: {status}");
 
     // Strict reverse-path filtering: the balancer has no route to the VIP, so it drops the
     // backends' replies (source: the VIP) itself.

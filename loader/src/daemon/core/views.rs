@@ -87,6 +87,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         if self.telemetry.table_full.at.is_some_and(|at| at.elapsed() < TABLE_FULL_REPEAT) {
             alerts.push(super::flows::TABLE_FULL_ALERT.to_owned());
         }
+        alerts.extend(self.probe_path.clone());
         alerts
     }
 
