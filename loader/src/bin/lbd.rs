@@ -44,7 +44,7 @@ async fn run(Resolved { args, config, settings }: Resolved) -> anyhow::Result<()
             agent::run(&agent, &iface).await.context("lbd agent")
         }
         Some(LbdCommand::Check(c)) => {
-            let checked = daemon::check::check(&c.file).context("lbd check")?;
+            let checked = daemon::file_check::check(&c.file).context("lbd check")?;
             println!("{}: valid ({checked})", c.file.display());
             Ok(())
         }

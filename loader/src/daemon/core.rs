@@ -15,7 +15,7 @@ use spillway_common::{
 
 pub use self::flows::FlowTable;
 use super::{
-    checks::{Checks, ChecksConfig},
+    health_checks::{Checks, ChecksConfig},
     ports_book::{AgentPoll, PortsBook},
     telemetry::Telemetry,
 };
@@ -230,7 +230,7 @@ fn or_dash<T: ToString>(value: Option<T>) -> String {
 }
 
 pub use self::apply::{ApplyOptions, DaemonInfo, host_refusal};
-pub use super::checks::{ProbeResult, ProbeTarget};
+pub use super::health_checks::{ProbeResult, ProbeTarget};
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// Adopts what the maps hold and makes them carry `state` (which was loaded from `store`).

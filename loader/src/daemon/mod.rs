@@ -4,9 +4,9 @@
 
 pub mod announce;
 pub mod args;
-pub mod check;
-pub mod checks;
 pub mod core;
+pub mod file_check;
+pub mod health_checks;
 pub mod metrics;
 pub mod notify;
 pub mod outer_src;
@@ -34,8 +34,8 @@ use tokio::{
 
 use self::{
     args::DaemonArgs,
-    checks::ChecksConfig,
     core::{ApplyOptions, Core, CoreError, Counters, DaemonInfo, error_chain},
+    health_checks::ChecksConfig,
     outer_src::{OuterSrc4, OuterSrc6},
     server::{ServerError, SharedCore},
     settings::RunningSettings,

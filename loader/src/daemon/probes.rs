@@ -17,8 +17,8 @@ use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 use tokio::{sync::Semaphore, task::JoinSet};
 
 use super::{
-    checks::{LocalCause, ProbeRoute},
     core::{Counters, ProbeResult, ProbeTarget, error_chain},
+    health_checks::{LocalCause, ProbeRoute},
     server::{self, SharedCore},
 };
 use crate::{

@@ -294,7 +294,7 @@ fn status_lists_every_alert_and_an_ignored_report_says_why_the_kept_one_is_stale
 #[test]
 fn probes_go_through_the_tunnel_unless_the_vip_or_the_backend_says_direct() {
     use crate::{
-        daemon::checks::{LocalCause, ProbeRoute},
+        daemon::health_checks::{LocalCause, ProbeRoute},
         model::ProbePath,
     };
     let mut f = Fixture::new(None);

@@ -4,7 +4,7 @@
 use super::{Core, CoreError, Counters};
 use crate::{
     api::sample::{BackendSample, FlowTableSample, MapMemory, RuleSample, Sample, VipHealthSample, VipSample},
-    daemon::checks::Checks,
+    daemon::health_checks::Checks,
     reconcile::Maps,
     store::Store,
 };

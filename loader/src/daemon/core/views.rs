@@ -15,7 +15,7 @@ use crate::{
         RuleEntry, RuleList, ScopeLimits, SourceEntry, Stats, TopSourceList, VipEntry, VipHealthView, VipLimits, VipList, VipStats,
     },
     daemon::{
-        checks::{Checks, LocalCause, probe_path},
+        health_checks::{Checks, LocalCause, probe_path},
         ports_book::LB_PORTS_CRITICAL_ALERT,
         telemetry::TABLE_FULL_REPEAT,
     },
