@@ -37,6 +37,7 @@ pub mod packet_lab;
 mod process;
 pub mod promql;
 mod raw;
+pub mod rng;
 pub mod rps;
 pub mod snippets;
 pub mod soak;
