@@ -1,11 +1,9 @@
-//! Test helpers shared by unit tests: a self-removing temp directory and an in-memory model
+//! Test helpers shared by unit tests: the harness's self-removing temp directory and an in-memory model
 //! of the balancer's maps (a minimal copy of the reconciler tests' one, plus counters).
 
 use std::{
     collections::{BTreeSet, HashMap},
     ops::ControlFlow,
-    path::{Path, PathBuf},
-    sync::atomic::{AtomicUsize, Ordering},
 };
 
 use spillway_common::{
@@ -17,34 +15,13 @@ use spillway_common::{
     },
 };
 
+pub use spillway_harness::tempdir::TempDir;
+
 use crate::{
     daemon::core::{Counters, FlowTable},
     dataplane::{DataplaneError, FlowInfo, MapOccupancy},
     reconcile::{Maps, MapsError},
 };
-
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(label: &str) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("spw-unit-{}-{n}-{label}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FakeMaps {

@@ -42,6 +42,7 @@ pub mod rps;
 pub mod snippets;
 pub mod soak;
 mod stream;
+pub mod tempdir;
 mod topology;
 mod traffic;
 pub mod unit;
@@ -65,7 +66,8 @@ pub use nix::sys::signal::Signal;
 pub use process::{Daemon, harness_binary};
 pub use raw::{Capture, send_frames, send_ip_packet};
 pub use stream::{CheckReport, Stream, StreamChecker};
-pub use topology::{TempDir, Topology, TopologyConfig};
+pub use tempdir::TempDir;
+pub use topology::{Topology, TopologyConfig};
 pub use traffic::{Tally, run_connections, tcp_ask, udp_ask};
 
 /// One test per port-watcher mode (btf, tracepoint, sock_diag), each running `$name(mode)`
