@@ -42,6 +42,7 @@ pub mod rps;
 pub mod snippets;
 pub mod soak;
 mod stream;
+pub mod support;
 pub mod tempdir;
 mod topology;
 mod traffic;
