@@ -1,8 +1,10 @@
-//! Test helpers shared by unit tests: the harness's self-removing temp directory and an in-memory model
-//! of the balancer's maps (a minimal copy of the reconciler tests' one, plus counters).
+//! Test helpers shared by unit tests: the harness's self-removing temp directory, the
+//! address helpers, and an in-memory model of the balancer's maps (a minimal copy of the
+//! reconciler tests' one, plus counters).
 
 use std::{
     collections::{BTreeSet, HashMap},
+    net::IpAddr,
     ops::ControlFlow,
 };
 
@@ -20,8 +22,27 @@ pub use spillway_harness::tempdir::TempDir;
 use crate::{
     daemon::core::{Counters, FlowTable},
     dataplane::{DataplaneError, FlowInfo, MapOccupancy},
+    model::Vip,
     reconcile::{Maps, MapsError},
 };
+
+/// The VIP most unit tests serve.
+pub const VIP: &str = "10.100.0.1:80/tcp";
+
+/// A VIP from its text (`10.100.0.1:80/tcp`); panics if it does not parse.
+pub fn vip(s: &str) -> Vip {
+    s.parse().unwrap()
+}
+
+/// An address from its text; panics if it does not parse.
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Backend `n`: 10.0.0.`n`.
+pub fn be(n: u8) -> IpAddr {
+    IpAddr::from([10, 0, 0, n])
+}
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FakeMaps {
