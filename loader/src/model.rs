@@ -970,15 +970,11 @@ fn check_backend_address(vip: &Vip, backend: IpAddr) -> Result<(), ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vip(s: &str) -> Vip {
-        s.parse().unwrap()
-    }
+    use crate::testing::{ip, vip};
 
     #[test]
     fn a_backend_that_starts_serving_gets_a_start_and_one_that_serves_keeps_its_own() {
         let v = vip("10.0.0.1:80/tcp");
-        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
         let mut before = DesiredState::default();
         before.add_vip(v, 13).unwrap();
         before.add_backend(&v, ip("10.0.1.1"), 100).unwrap(); // from before the field: no start

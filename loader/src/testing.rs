@@ -1,11 +1,11 @@
-//! Test helpers shared by unit tests: a self-removing temp directory and an in-memory model
-//! of the balancer's maps (a minimal copy of the reconciler tests' one, plus counters).
+//! Test helpers shared by unit tests: the harness's self-removing temp directory, the
+//! address helpers, and an in-memory model of the balancer's maps (a minimal copy of the
+//! reconciler tests' one, plus counters).
 
 use std::{
     collections::{BTreeSet, HashMap},
+    net::IpAddr,
     ops::ControlFlow,
-    path::{Path, PathBuf},
-    sync::atomic::{AtomicUsize, Ordering},
 };
 
 use spillway_common::{
@@ -17,33 +17,31 @@ use spillway_common::{
     },
 };
 
+pub use spillway_harness::tempdir::TempDir;
+
 use crate::{
     daemon::core::{Counters, FlowTable},
     dataplane::{DataplaneError, FlowInfo, MapOccupancy},
+    model::Vip,
     reconcile::{Maps, MapsError},
 };
 
-pub struct TempDir(PathBuf);
+/// The VIP most unit tests serve.
+pub const VIP: &str = "10.100.0.1:80/tcp";
 
-impl TempDir {
-    pub fn new(label: &str) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("spw-unit-{}-{n}-{label}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
+/// A VIP from its text (`10.100.0.1:80/tcp`); panics if it does not parse.
+pub fn vip(s: &str) -> Vip {
+    s.parse().unwrap()
 }
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// An address from its text; panics if it does not parse.
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Backend `n`: 10.0.0.`n`.
+pub fn be(n: u8) -> IpAddr {
+    IpAddr::from([10, 0, 0, n])
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -5,8 +5,8 @@
 use std::{
     fs,
     os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Output, Stdio},
+    path::PathBuf,
+    process::{Command, ExitStatus, Output},
     thread,
     time::{Duration, Instant},
 };
@@ -20,18 +20,14 @@ use spillway_common::{
     limits::{PIN_VERSION, map_names},
     types::{Observed, Reason, RuleCounters, RuleSlot},
 };
+use spillway_harness::{Daemon, Lbctl, START_TIMEOUT, Sandbox, Signal};
 
 const LBD: &str = env!("CARGO_BIN_EXE_lbd");
 const LBCTL: &str = env!("CARGO_BIN_EXE_lbctl");
-const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a signalled daemon may take to exit.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 const V4: &str = "10.100.0.1:80/tcp";
 const V6: &str = "[fd00:100::1]:0/udp";
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    out
-}
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -42,75 +38,70 @@ fn stderr(out: &Output) -> String {
 }
 
 /// One test's namespace (with veth0 10.99.0.1/24 <-> veth1), pin directory and temp
-/// directory, and the daemon running in it; all removed on drop, panics included.
+/// directory (the harness's [`Sandbox`]), and the daemon running in it; all removed on
+/// drop, panics included.
 struct Env {
-    name: String,
+    sandbox: Sandbox,
     pin_dir: PathBuf,
-    tmp: PathBuf,
-    daemon: Option<Child>,
-    starts: usize,
+    ctl: Lbctl,
+    daemon: Option<Daemon>,
 }
 
 impl Env {
     fn new(tag: &str) -> Self {
-        let name = format!("spw-api-{}-{tag}", std::process::id());
-        let env =
-            Env { pin_dir: Path::new("/sys/fs/bpf").join(&name), tmp: std::env::temp_dir().join(&name), name, daemon: None, starts: 0 };
-        run(Command::new("ip").args(["netns", "add", &env.name]));
+        let sandbox = Sandbox::build(&format!("api-{tag}")).expect("building the namespace");
+        let pin_dir = std::path::Path::new("/sys/fs/bpf").join(sandbox.netns().name());
+        let ctl = Lbctl::new(LBCTL, sandbox.dir().join("api.sock"));
+        let env = Env { sandbox, pin_dir, ctl, daemon: None };
         for args in [
-            &["link", "add", "veth0", "type", "veth", "peer", "name", "veth1"][..],
-            &["addr", "add", "10.99.0.1/24", "dev", "veth0"],
-            &["link", "set", "veth0", "up"],
-            &["link", "set", "veth1", "up"],
-            &["link", "set", "lo", "up"],
+            &["ip", "link", "add", "veth0", "type", "veth", "peer", "name", "veth1"][..],
+            &["ip", "addr", "add", "10.99.0.1/24", "dev", "veth0"],
+            &["ip", "link", "set", "veth0", "up"],
+            &["ip", "link", "set", "veth1", "up"],
+            &["ip", "link", "set", "lo", "up"],
         ] {
-            run(Command::new("ip").arg("-n").arg(&env.name).args(args));
+            env.ip(args);
         }
         env.set_forwarding("1");
-        fs::create_dir_all(&env.tmp).unwrap();
         // World-traversable, so the unprivileged lbctl below meets the socket's own mode.
-        fs::set_permissions(&env.tmp, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(env.sandbox.dir(), fs::Permissions::from_mode(0o755)).unwrap();
         env
     }
 
+    /// Runs `args` (program first) in the namespace; panics on a failure.
+    fn ip(&self, args: &[&str]) -> String {
+        self.sandbox.netns().run(args).unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
     fn socket(&self) -> PathBuf {
-        self.tmp.join("api.sock")
+        self.sandbox.dir().join("api.sock")
     }
 
     /// Sets veth0's forwarding sysctls (both families), which lbd requires.
     fn set_forwarding(&self, value: &str) {
         for family in ["ipv4", "ipv6"] {
-            run(self.in_netns("sysctl").args(["-qw", &format!("net.{family}.conf.veth0.forwarding={value}")]));
+            self.sandbox.netns().sysctl(&format!("net.{family}.conf.veth0.forwarding"), value).unwrap_or_else(|e| panic!("{e:#}"));
         }
     }
 
     fn forwarding(&self, family: &str) -> String {
-        stdout(&run(self.in_netns("sysctl").args(["-n", &format!("net.{family}.conf.veth0.forwarding")]))).trim().to_owned()
+        self.ip(&["sysctl", "-n", &format!("net.{family}.conf.veth0.forwarding")]).trim().to_owned()
     }
 
     fn state_file(&self) -> PathBuf {
-        self.tmp.join("state/state.json")
+        self.sandbox.dir().join("state/state.json")
     }
 
     fn link_pin(&self) -> PathBuf {
         self.pin_dir.join(format!("v{PIN_VERSION}/link"))
     }
 
-    fn in_netns(&self, program: &str) -> Command {
-        // Not `ip netns exec`: it remounts /sys and would hide /sys/fs/bpf.
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{}", self.name)).arg("--").arg(program);
-        cmd
-    }
-
     /// Spawns `lbd args...` in the namespace, logging to a new file; returns the log path.
     fn spawn(&mut self, args: &[&str]) -> PathBuf {
         assert!(self.daemon.is_none(), "a daemon is already running");
-        self.starts += 1;
-        let log = self.tmp.join(format!("daemon-{}.log", self.starts));
-        let file = fs::File::create(&log).unwrap();
-        let child = self.in_netns(LBD).args(args).stdout(Stdio::null()).stderr(file).spawn().unwrap();
-        self.daemon = Some(child);
+        let daemon = self.sandbox.netns().spawn(&[&[LBD][..], args].concat()).unwrap_or_else(|e| panic!("{e:#}"));
+        let log = daemon.log_path().to_owned();
+        self.daemon = Some(daemon);
         log
     }
 
@@ -122,7 +113,7 @@ impl Env {
         // veth0 has no IPv6 address: the IPv6 backends need an outer source of their family.
         let mut args: Vec<String> =
             ["--iface", "veth0", "--xdp-mode", "generic", "--no-health-checks", "--outer-src6", "fd00:99::1"].map(String::from).into();
-        args.extend(["--api".into(), path(self.socket()), "--state-dir".into(), path(self.tmp.join("state"))]);
+        args.extend(["--api".into(), path(self.socket()), "--state-dir".into(), path(self.sandbox.dir().join("state"))]);
         args.extend(["--pin-dir".into(), path(self.pin_dir.clone())]);
         args
     }
@@ -131,14 +122,15 @@ impl Env {
     fn start_lbd(&mut self) -> PathBuf {
         let args = self.lbd_args();
         let log = self.spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        self.wait_until(&log, |env| env.lbctl(&["vips", "list"]).status.success());
+        let daemon = self.daemon.as_ref().unwrap();
+        self.ctl.wait_for_lbd(&|| daemon.is_running(), &|| daemon.log()).unwrap_or_else(|e| panic!("{e:#}"));
         log
     }
 
-    fn wait_until(&mut self, log: &Path, ready: impl Fn(&Env) -> bool) {
+    fn wait_until(&mut self, log: &std::path::Path, ready: impl Fn(&Env) -> bool) {
         let started = Instant::now();
         while !ready(self) {
-            if let Some(status) = self.daemon.as_mut().and_then(|c| c.try_wait().unwrap()) {
+            if let Some(status) = self.daemon.as_ref().and_then(|d| d.wait_with_timeout(Duration::ZERO).unwrap()) {
                 panic!("daemon exited ({status}) while starting:\n{}", fs::read_to_string(log).unwrap_or_default());
             }
             assert!(started.elapsed() < START_TIMEOUT, "daemon not ready:\n{}", fs::read_to_string(log).unwrap_or_default());
@@ -146,15 +138,20 @@ impl Env {
         }
     }
 
+    /// Waits for the daemon to exit by itself.
+    fn exited(&mut self) -> ExitStatus {
+        let daemon = self.daemon.take().expect("no daemon running");
+        daemon.wait_with_timeout(EXIT_TIMEOUT).unwrap().unwrap_or_else(|| panic!("daemon still running:\n{}", daemon.log()))
+    }
+
     /// Sends `signal` to the daemon and waits for it to exit.
-    fn stop(&mut self, signal: &str) -> ExitStatus {
-        let mut child = self.daemon.take().expect("no daemon running");
-        run(Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()));
-        child.wait().unwrap()
+    fn stop(&mut self, signal: Signal) -> ExitStatus {
+        self.daemon.as_ref().expect("no daemon running").signal(signal).unwrap();
+        self.exited()
     }
 
     fn lbctl(&self, args: &[&str]) -> Output {
-        Command::new(LBCTL).args(args).env("SPILLWAY_API", self.socket()).output().unwrap()
+        self.ctl.output(args).unwrap()
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -196,8 +193,7 @@ impl Env {
     }
 
     fn xdp_on(&self, iface: &str) -> bool {
-        let out = run(Command::new("ip").args(["-n", &self.name, "link", "show", iface]));
-        stdout(&out).contains("xdp")
+        self.ip(&["ip", "link", "show", iface]).contains("xdp")
     }
 
     fn cleanup_pins(&self) -> Output {
@@ -207,16 +203,16 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        if let Some(mut child) = self.daemon.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        // The daemon first (the sandbox stops what is left of it and removes the namespace
+        // and directory after this), then what it pinned.
+        if let Some(daemon) = self.daemon.take() {
+            let _ = daemon.signal(Signal::SIGKILL);
+            let _ = daemon.wait_with_timeout(EXIT_TIMEOUT);
         }
         if self.pin_dir.exists() {
             let _ = self.cleanup_pins();
             let _ = fs::remove_dir_all(&self.pin_dir);
         }
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
-        let _ = fs::remove_dir_all(&self.tmp);
     }
 }
 
@@ -329,7 +325,7 @@ fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
     // Killed: forwarding state stays pinned and attached while nothing runs.
     let before = env.snapshot();
     let (link_id, prog_id) = env.pinned_link();
-    env.stop("KILL");
+    env.stop(Signal::SIGKILL);
     assert_eq!(env.pinned_link(), (link_id, prog_id), "the link changed while lbd was down");
     assert!(env.xdp_on("veth0"), "the program was detached when lbd died");
     let down = env.refused(&["vips", "list"]);
@@ -347,13 +343,13 @@ fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
 
     // Its first neighbour upkeep round made the kernel resolve the (silent) backend.
     let started = Instant::now();
-    while stdout(&run(Command::new("ip").args(["-n", &env.name, "neigh", "show", "10.99.0.3"]))).trim().is_empty() {
+    while env.ip(&["ip", "neigh", "show", "10.99.0.3"]).trim().is_empty() {
         assert!(started.elapsed() < START_TIMEOUT, "no neighbour entry for backend 10.99.0.3");
         thread::sleep(Duration::from_millis(50));
     }
 
     // Stopped cleanly: the socket goes, forwarding stays.
-    assert!(env.stop("TERM").success());
+    assert!(env.stop(Signal::SIGTERM).success());
     assert!(!env.socket().exists());
     assert_eq!(env.pinned_link().0, link_id);
     assert!(env.xdp_on("veth0"));
@@ -374,13 +370,13 @@ fn agent_pins_its_link_and_takes_it_over() {
     let log = env.spawn(&args);
     env.wait_until(&log, |env| fs::read_to_string(&log).is_ok_and(|l| l.contains("ready")) && env.xdp_on("veth1"));
     assert!(fs::read_to_string(&log).unwrap().contains("event=local_addr_added addr=10.99.0.1"));
-    assert!(env.stop("TERM").success());
+    assert!(env.stop(Signal::SIGTERM).success());
     assert!(link.exists() && env.xdp_on("veth1"), "the agent detached on exit");
 
     let log = env.spawn(&args);
     env.wait_until(&log, |_| fs::read_to_string(&log).is_ok_and(|l| l.contains("ready")));
     assert!(fs::read_to_string(&log).unwrap().contains("event=agent_took_over "));
-    env.stop("KILL");
+    env.stop(Signal::SIGKILL);
     assert!(env.xdp_on("veth1"));
 
     assert!(env.cleanup_pins().status.success());
@@ -394,7 +390,7 @@ fn corrupt_state_file_is_refused_and_nothing_is_attached() {
     fs::write(env.state_file(), "{\"vips\": {").unwrap();
     let args = env.lbd_args();
     let log = env.spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let status = env.daemon.take().unwrap().wait().unwrap();
+    let status = env.exited();
     assert!(!status.success());
     let log = fs::read_to_string(log).unwrap();
     assert!(log.contains(&format!("state file {} is corrupt", env.state_file().display())), "{log}");
@@ -408,7 +404,7 @@ fn an_interface_that_does_not_forward_is_refused_unless_lbd_may_enable_it() {
     env.set_forwarding("0");
     let args = env.lbd_args();
     let log = env.spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let status = env.daemon.take().unwrap().wait().unwrap();
+    let status = env.exited();
     assert!(!status.success());
     let log = fs::read_to_string(log).unwrap();
     for needle in ["net.ipv4.conf.veth0.forwarding = 0", "net.ipv6.conf.veth0.forwarding = 0", "--enable-forwarding"] {
@@ -583,11 +579,11 @@ fn rate_limits_and_rules_round_trip_refuse_bad_input_and_survive_a_restart() {
     };
     assert_eq!(counted(&env), (("192.0.2.0/24".into(), "*".into(), "block".into(), 7, 3), 4));
     let before = env.limits_snapshot();
-    assert!(env.stop("TERM").success());
+    assert!(env.stop(Signal::SIGTERM).success());
     let log = fs::read_to_string(env.start_lbd()).unwrap();
     assert!(log.contains("slots_written=0 tables_flipped=0 limits_written=0 rules_written=0"), "{log}");
     assert_eq!(env.limits_snapshot(), before);
-    env.stop("KILL");
+    env.stop(Signal::SIGKILL);
     env.start_lbd();
     assert_eq!(env.limits_snapshot(), before);
 

@@ -35,7 +35,8 @@ use crate::host::{CLIENT_MTU, Host, HostSpec, Role, TUNNEL_MTU, wire_iface};
 use crate::lbctl::{Lbctl, START_TIMEOUT, STOP_TIMEOUT};
 use crate::netns::Netns;
 use crate::process::{Daemon, Registry};
-use crate::topology::{TempDir, next_id};
+use crate::tempdir::TempDir;
+use crate::topology::next_id;
 use crate::{bpffs, capacity, echo, ping};
 
 /// The router's and the balancers' AS numbers (the balancers share one, as fleets do).

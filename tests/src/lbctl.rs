@@ -7,29 +7,35 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 
 /// How long `lbd` may take to come up (load, attach, restore), and to exit after a signal.
-pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(20);
-pub(crate) const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub(crate) struct Lbctl {
+/// The `lbctl` binary aimed at one `lbd`'s API socket.
+pub struct Lbctl {
     pub(crate) bin: PathBuf,
     pub(crate) api: PathBuf,
 }
 
 impl Lbctl {
+    /// `bin` against the API socket `api`.
+    pub fn new(bin: impl Into<PathBuf>, api: impl Into<PathBuf>) -> Lbctl {
+        Lbctl { bin: bin.into(), api: api.into() }
+    }
+
     /// Runs `lbctl` with `args`.
-    pub(crate) fn output(&self, args: &[&str]) -> Result<Output> {
+    pub fn output(&self, args: &[&str]) -> Result<Output> {
         Command::new(&self.bin).arg("--api").arg(&self.api).args(args).output().with_context(|| format!("running lbctl {}", args.join(" ")))
     }
 
     /// Runs `lbctl` and returns its stdout; fails with its stderr on a non-zero exit.
-    pub(crate) fn run(&self, args: &[&str]) -> Result<String> {
+    pub fn run(&self, args: &[&str]) -> Result<String> {
         let out = self.output(args)?;
         ensure!(out.status.success(), "lbctl {} failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr));
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Runs `lbctl ... -o json` and parses the output.
-    pub(crate) fn json(&self, args: &[&str]) -> Result<serde_json::Value> {
+    pub fn json(&self, args: &[&str]) -> Result<serde_json::Value> {
         let mut full = args.to_vec();
         full.extend(["-o", "json"]);
         let out = self.run(&full)?;
@@ -38,7 +44,7 @@ impl Lbctl {
 
     /// Waits until the `lbd` just spawned answers on the API; fails with its log (`log`)
     /// when it exits first (`running`) or takes longer than [`START_TIMEOUT`].
-    pub(crate) fn wait_for_lbd(&self, running: &dyn Fn() -> bool, log: &dyn Fn() -> String) -> Result<()> {
+    pub fn wait_for_lbd(&self, running: &dyn Fn() -> bool, log: &dyn Fn() -> String) -> Result<()> {
         let started = Instant::now();
         loop {
             if !running() {

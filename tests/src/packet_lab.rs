@@ -17,7 +17,8 @@ use anyhow::{Context, Result};
 use crate::bpffs::{self, BPFFS_ROOT};
 use crate::netns::Netns;
 use crate::process::Registry;
-use crate::topology::{TempDir, next_id};
+use crate::tempdir::TempDir;
+use crate::topology::next_id;
 
 /// The interface test frames arrive on.
 pub const INGRESS: &str = "in0";

@@ -27,7 +27,8 @@ use crate::fleet::{bird_binary, birdc, start_bird};
 use crate::lbctl::START_TIMEOUT;
 use crate::netns::Netns;
 use crate::process::{Daemon, Registry};
-use crate::topology::{TempDir, next_id};
+use crate::tempdir::TempDir;
+use crate::topology::next_id;
 
 /// What a snippet is, and so how it is checked.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,6 +17,7 @@ use crate::host::{Host, HostSpec, Role};
 use crate::icmp::ping;
 use crate::netns::Netns;
 use crate::process::{Daemon, Registry};
+use crate::tempdir::TempDir;
 
 /// Distinguishes topologies built by one process (tests run in parallel).
 static NEXT_TOPOLOGY: AtomicU32 = AtomicU32::new(1);
@@ -237,27 +238,4 @@ fn build_bridge(id: &str, registry: &Arc<Registry>) -> Result<Netns> {
         }
     }
     Ok(bridge)
-}
-
-/// A directory removed (recursively) on drop.
-#[derive(Debug)]
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn create(path: PathBuf) -> Result<TempDir> {
-        std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
-        Ok(TempDir(path))
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if let Err(err) = std::fs::remove_dir_all(&self.0) {
-            eprintln!("spillway-harness: cannot remove {}: {err}", self.0.display());
-        }
-    }
 }

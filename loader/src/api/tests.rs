@@ -3,48 +3,46 @@
 use serde_json::json;
 
 use super::*;
-use crate::model::Cidr;
+use crate::{
+    model::Cidr,
+    testing::{ip, vip},
+};
 
-fn vip() -> Vip {
-    "10.0.0.1:80/tcp".parse().unwrap()
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
+/// The VIP of these tests.
+const VIP: &str = "10.0.0.1:80/tcp";
 
 #[test]
 fn requests_have_stable_names() {
     let cases = [
         (Request::ListVips, json!({"op": "list_vips"})),
         (
-            Request::AddVip { vip: vip(), ring_size: None, force: false, quic: None, encap: Encap::Ipip },
+            Request::AddVip { vip: vip(VIP), ring_size: None, force: false, quic: None, encap: Encap::Ipip },
             json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp"}),
         ),
         (
-            Request::AddVip { vip: vip(), ring_size: Some(251), force: false, quic: None, encap: Encap::Ipip },
+            Request::AddVip { vip: vip(VIP), ring_size: Some(251), force: false, quic: None, encap: Encap::Ipip },
             json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp", "ring_size": 251}),
         ),
-        (Request::RemoveVip { vip: vip(), force: false }, json!({"op": "remove_vip", "vip": "10.0.0.1:80/tcp"})),
-        (Request::ListBackends { vip: vip() }, json!({"op": "list_backends", "vip": "10.0.0.1:80/tcp"})),
+        (Request::RemoveVip { vip: vip(VIP), force: false }, json!({"op": "remove_vip", "vip": "10.0.0.1:80/tcp"})),
+        (Request::ListBackends { vip: vip(VIP) }, json!({"op": "list_backends", "vip": "10.0.0.1:80/tcp"})),
         (
-            Request::AddBackend { vip: vip(), backend: ip("fd00::1"), weight: Some(5), options: Default::default() },
+            Request::AddBackend { vip: vip(VIP), backend: ip("fd00::1"), weight: Some(5), options: Default::default() },
             json!({"op": "add_backend", "vip": "10.0.0.1:80/tcp", "backend": "fd00::1", "weight": 5}),
         ),
         (
-            Request::AddBackend { vip: vip(), backend: ip("10.0.1.1"), weight: None, options: Default::default() },
+            Request::AddBackend { vip: vip(VIP), backend: ip("10.0.1.1"), weight: None, options: Default::default() },
             json!({"op": "add_backend", "vip": "10.0.0.1:80/tcp", "backend": "10.0.1.1"}),
         ),
         (
-            Request::RemoveBackend { vip: vip(), backend: ip("10.0.1.1") },
+            Request::RemoveBackend { vip: vip(VIP), backend: ip("10.0.1.1") },
             json!({"op": "remove_backend", "vip": "10.0.0.1:80/tcp", "backend": "10.0.1.1"}),
         ),
         (
-            Request::DrainBackend { vip: vip(), backend: ip("10.0.1.1"), deadline_s: None, force: false },
+            Request::DrainBackend { vip: vip(VIP), backend: ip("10.0.1.1"), deadline_s: None, force: false },
             json!({"op": "drain_backend", "vip": "10.0.0.1:80/tcp", "backend": "10.0.1.1"}),
         ),
         (
-            Request::SetWeight { vip: vip(), backend: ip("10.0.1.1"), weight: 3 },
+            Request::SetWeight { vip: vip(VIP), backend: ip("10.0.1.1"), weight: 3 },
             json!({"op": "set_weight", "vip": "10.0.0.1:80/tcp", "backend": "10.0.1.1", "weight": 3}),
         ),
         (Request::Stats, json!({"op": "stats"})),
@@ -79,7 +77,7 @@ fn responses_have_stable_names() {
         (
             Response::Ok(Reply::Vips(VipList {
                 vips: vec![VipEntry {
-                    vip: vip(),
+                    vip: vip(VIP),
                     ring_size: 13,
                     encap: Encap::Ipip,
                     backends: 1,
@@ -94,7 +92,7 @@ fn responses_have_stable_names() {
         ),
         (
             Response::Ok(Reply::Backends(BackendList {
-                vip: vip(),
+                vip: vip(VIP),
                 backends: vec![BackendEntry::configured(ip("10.0.1.1"), 0)],
                 alerts: vec![],
             })),
@@ -104,7 +102,7 @@ fn responses_have_stable_names() {
         (
             Response::Ok(Reply::Stats(Stats {
                 vips: vec![VipStats {
-                    vip: vip(),
+                    vip: vip(VIP),
                     packets: 2,
                     bytes: 200,
                     backends: vec![BackendStats { address: ip("10.0.1.1"), packets: 2, bytes: 200 }],
@@ -157,7 +155,7 @@ fn limit_and_rule_requests_have_stable_names() {
         ),
         (
             Request::SetRateLimit {
-                scope: Scope::Vip(vip()),
+                scope: Scope::Vip(vip(VIP)),
                 per_s: 5,
                 burst: Some(50),
                 source_prefix_v4: Some(24),
@@ -168,7 +166,7 @@ fn limit_and_rule_requests_have_stable_names() {
                    "source_prefix_v4": 24, "source_prefix_v6": 48, "observe": true}),
         ),
         (
-            Request::SetBudget { scope: Scope::Vip(vip()), per_s: 20000, burst: Some(1), observe: true },
+            Request::SetBudget { scope: Scope::Vip(vip(VIP)), per_s: 20000, burst: Some(1), observe: true },
             json!({"op": "set_budget", "scope": "10.0.0.1:80/tcp", "per_s": 20000, "burst": 1, "observe": true}),
         ),
         (
@@ -176,7 +174,7 @@ fn limit_and_rule_requests_have_stable_names() {
             json!({"op": "clear_rate_limit", "scope": "default", "part": "per_source"}),
         ),
         (
-            Request::ClearRateLimit { scope: Scope::Vip(vip()), part: LimitPart::All },
+            Request::ClearRateLimit { scope: Scope::Vip(vip(VIP)), part: LimitPart::All },
             json!({"op": "clear_rate_limit", "scope": "10.0.0.1:80/tcp", "part": "all"}),
         ),
         (Request::ListRateLimits, json!({"op": "list_rate_limits"})),
@@ -194,7 +192,7 @@ fn limit_and_rule_requests_have_stable_names() {
         (
             Request::SetRule {
                 cidr: cidr("2001:db8::/32"),
-                vip: Some(vip()),
+                vip: Some(vip(VIP)),
                 action: RuleActionKind::Limit,
                 per_s: Some(10),
                 burst: Some(20),
@@ -203,11 +201,11 @@ fn limit_and_rule_requests_have_stable_names() {
             json!({"op": "set_rule", "cidr": "2001:db8::/32", "vip": "10.0.0.1:80/tcp", "action": "limit", "per_s": 10, "burst": 20, "observe": true}),
         ),
         (
-            Request::RemoveRule { cidr: cidr("10.0.0.0/8"), vip: Some(vip()) },
+            Request::RemoveRule { cidr: cidr("10.0.0.0/8"), vip: Some(vip(VIP)) },
             json!({"op": "remove_rule", "cidr": "10.0.0.0/8", "vip": "10.0.0.1:80/tcp"}),
         ),
         (Request::ListRules, json!({"op": "list_rules"})),
-        (Request::TopSources { vip: vip(), limit: Some(5) }, json!({"op": "top_sources", "vip": "10.0.0.1:80/tcp", "limit": 5})),
+        (Request::TopSources { vip: vip(VIP), limit: Some(5) }, json!({"op": "top_sources", "vip": "10.0.0.1:80/tcp", "limit": 5})),
     ];
     for (request, wire) in cases {
         assert_eq!(serde_json::to_value(&request).unwrap(), wire, "{request:?}");
@@ -244,7 +242,7 @@ fn limit_and_rule_replies_have_stable_names() {
             Reply::RateLimits(RateLimitList {
                 default: ScopeLimits { per_source: Some(per_source.clone()), vip_budget: None },
                 vips: vec![VipLimits {
-                    vip: vip(),
+                    vip: vip(VIP),
                     effective: ScopeLimits {
                         per_source: Some(per_source),
                         vip_budget: Some(BudgetLimit { rate: rate(5, 5), observe: true, from: LimitOrigin::Vip }),
@@ -275,7 +273,7 @@ fn limit_and_rule_replies_have_stable_names() {
                     },
                     RuleEntry {
                         cidr: "10.1.0.0/16".parse().unwrap(),
-                        vip: Some(vip()),
+                        vip: Some(vip(VIP)),
                         action: RuleActionKind::Limit,
                         rate: Some(rate(7, 7)),
                         observe: false,
@@ -294,7 +292,7 @@ fn limit_and_rule_replies_have_stable_names() {
         ),
         (
             Reply::TopSources(TopSourceList {
-                vip: vip(),
+                vip: vip(VIP),
                 tracked: 2,
                 sources: vec![SourceEntry { prefix: "198.51.100.0/24".parse().unwrap(), admitted: 4, dropped: 9, estimated: false }],
             }),

@@ -3,7 +3,10 @@
 use clap::{CommandFactory, error::ErrorKind};
 
 use super::*;
-use crate::api::{BackendEntry, BackendList, BackendStats, ReasonCount, Reply, Stats, VipEntry, VipList, VipStats};
+use crate::{
+    api::{BackendEntry, BackendList, BackendStats, ReasonCount, Reply, Stats, VipEntry, VipList, VipStats},
+    testing::{ip, vip},
+};
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
     Cli::try_parse_from(std::iter::once("lbctl").chain(args.iter().copied()))
@@ -16,14 +19,6 @@ fn request(args: &[&str]) -> Request {
         .request()
         .unwrap_or_else(|e| panic!("{args:?}: {e}"))
         .expect("a request")
-}
-
-fn vip(s: &str) -> Vip {
-    s.parse().unwrap()
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
 }
 
 #[test]

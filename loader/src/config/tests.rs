@@ -2,18 +2,14 @@ use std::fs;
 
 use super::*;
 use crate::{
-    model::{RateSpec, Vip},
-    testing::TempDir,
+    model::RateSpec,
+    testing::{TempDir, vip},
 };
 
 const EXAMPLE: &str = include_str!("../../../deploy/spillway.toml");
 
 fn parse(text: &str) -> Result<DesiredState, ConfigError> {
     Document::parse("test.toml", text.to_owned())?.desired_state()
-}
-
-fn vip(s: &str) -> Vip {
-    s.parse().unwrap()
 }
 
 /// Three VIPs, the last with `backend` (a `[[vips.backends]]` body) as its first backend.

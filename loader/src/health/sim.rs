@@ -6,23 +6,10 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use super::{schedule::mix, *};
+use spillway_harness::rng::Rng;
+
+use super::*;
 use crate::model::{HealthConfig, ProbeOutcome, Vip};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(1);
-        mix(self.0)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Condition {
@@ -58,9 +45,9 @@ fn condition(rng: &mut Rng) -> Condition {
 
 fn outcome(c: Condition, cycle: u64, rng: &mut Rng) -> ProbeOutcome {
     let up = ProbeOutcome::Success { latency_us: (1 + rng.below(5)) * 1000 };
-    let down = if rng.chance(500) {
+    let down = if rng.chance_per_mille(500) {
         ProbeOutcome::Timeout
-    } else if rng.chance(500) {
+    } else if rng.chance_per_mille(500) {
         ProbeOutcome::VipPathFailed { tunnel: "timeout".to_owned() }
     } else {
         ProbeOutcome::Failure { reason: "refused".to_owned() }
@@ -100,10 +87,10 @@ struct Sim {
 impl Sim {
     fn new(seed: u64, config: HealthConfig) -> Self {
         let vip: Vip = "10.100.0.1:80/tcp".parse().unwrap();
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let tracker = HealthTracker::new(vip, config.clone()).unwrap();
         let mut sim = Sim {
-            rng: Rng(0),
+            rng: Rng::new(0),
             config,
             tracker,
             backends: BTreeMap::new(),
@@ -134,23 +121,23 @@ impl Sim {
     fn perturb(&mut self) {
         let rng = &mut self.rng;
         let addrs: Vec<IpAddr> = self.backends.keys().copied().collect();
-        if rng.chance(20) {
+        if rng.chance_per_mille(20) {
             // Mass failure: most backends die at once.
             for a in &addrs {
-                if rng.chance(800) {
+                if rng.chance_per_mille(800) {
                     self.backends.get_mut(a).unwrap().1 = Condition::Dead;
                 }
             }
-        } else if rng.chance(20) {
+        } else if rng.chance_per_mille(20) {
             // Mass recovery.
             for a in &addrs {
                 self.backends.get_mut(a).unwrap().1 = Condition::Up;
             }
-        } else if rng.chance(100) && !addrs.is_empty() {
+        } else if rng.chance_per_mille(100) && !addrs.is_empty() {
             let a = addrs[rng.below(addrs.len() as u64) as usize];
             self.backends.get_mut(&a).unwrap().1 = condition(rng);
         }
-        if rng.chance(5) && !addrs.is_empty() {
+        if rng.chance_per_mille(5) && !addrs.is_empty() {
             // Drain or undrain.
             let a = addrs[rng.below(addrs.len() as u64) as usize];
             let entry = self.backends.get_mut(&a).unwrap();
@@ -162,8 +149,8 @@ impl Sim {
                 self.sync();
             }
         }
-        if self.rng.chance(5) && self.backends.len() < 16 {
-            let mut rng = Rng(self.rng.next());
+        if self.rng.chance_per_mille(5) && self.backends.len() < 16 {
+            let mut rng = Rng::new(self.rng.next_u64());
             self.add(&mut rng);
             self.sync();
         }

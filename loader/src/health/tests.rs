@@ -4,15 +4,10 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use super::*;
-use crate::model::{HealthConfig, MAX_DURATION_MS, ProbeOutcome, Vip, VipConfig};
-
-fn vip() -> Vip {
-    "10.100.0.1:80/tcp".parse().unwrap()
-}
-
-fn be(n: u8) -> IpAddr {
-    IpAddr::from([10, 0, 0, n])
-}
+use crate::{
+    model::{HealthConfig, MAX_DURATION_MS, ProbeOutcome, VipConfig},
+    testing::{VIP, be, vip},
+};
 
 const OK: ProbeOutcome = ProbeOutcome::Success { latency_us: 2000 };
 const TIMEOUT: ProbeOutcome = ProbeOutcome::Timeout;
@@ -28,7 +23,7 @@ fn vip_path_failed() -> ProbeOutcome {
 
 /// A tracker with `n` backends of weight 100 that have finished slow start and passed probes.
 fn settled(n: u8, config: HealthConfig) -> (HealthTracker, u64) {
-    let mut t = HealthTracker::new(vip(), config).unwrap();
+    let mut t = HealthTracker::new(vip(VIP), config).unwrap();
     t.sync((1..=n).map(|i| (be(i), 100)), 0);
     let mut now = 0;
     while now <= t.config().slow_start_ms {
@@ -370,11 +365,11 @@ fn panic_and_cap_are_loud() {
 
 #[test]
 fn new_backends_slow_start_and_unknown_backends_are_refused() {
-    let mut t = HealthTracker::new(vip(), HealthConfig::default()).unwrap();
+    let mut t = HealthTracker::new(vip(VIP), HealthConfig::default()).unwrap();
     t.sync([(be(1), 100), (be(2), 0)], 0);
     assert_eq!(t.effective_weights(0), weights(&[(1, 10), (2, 0)]));
     assert_eq!(t.effective_weights(15_000), weights(&[(1, 55), (2, 0)]));
-    assert_eq!(t.observe(be(9), &OK, 0), Err(HealthError::UnknownBackend { vip: vip(), backend: be(9) }));
+    assert_eq!(t.observe(be(9), &OK, 0), Err(HealthError::UnknownBackend { vip: vip(VIP), backend: be(9) }));
 }
 
 #[test]
@@ -394,7 +389,7 @@ fn config_is_bounded() {
         (HealthConfig { slow_start_ms: MAX_DURATION_MS + 1, ..d() }, "slow_start_ms: 3600001 ms"),
     ];
     for (config, message) in cases {
-        let err = HealthTracker::new(vip(), config).err().expect("accepted");
+        let err = HealthTracker::new(vip(VIP), config).err().expect("accepted");
         assert!(err.to_string().contains(message), "{err} lacks {message:?}");
     }
     // Omitted fields take their defaults; unknown ones are refused.
@@ -406,7 +401,7 @@ fn config_is_bounded() {
 #[test]
 fn probes_are_spread_jittered_and_reproducible() {
     let config = HealthConfig::default();
-    let key = |n: u8| ProbeKey { vip: vip(), backend: be(n) };
+    let key = |n: u8| ProbeKey { vip: vip(VIP), backend: be(n) };
     // Gaps stay within interval × (1 ± jitter), always strictly forward.
     for n in 1..=20 {
         let mut at = 0;
@@ -462,7 +457,7 @@ fn restored_backends_keep_their_state_across_a_restart() {
 
     // The health clock is wall-clock time: the next `lbd` starts 5 s later on the same axis.
     now += 5_000;
-    let mut after = HealthTracker::new(vip(), config.clone()).unwrap();
+    let mut after = HealthTracker::new(vip(VIP), config.clone()).unwrap();
     after.sync([(be(1), 100), (be(2), 100), (be(3), 100), (be(4), 100)], now);
     for (backend, restored) in snapshot {
         after.restore(backend, restored, now);
@@ -474,7 +469,7 @@ fn restored_backends_keep_their_state_across_a_restart() {
     assert_eq!(after.effective_weights(now)[&be(2)], 0, "a failed backend gets no traffic back before its probes pass");
 
     // An older lbd's file says only how far in the ramp was.
-    let mut legacy = HealthTracker::new(vip(), config).unwrap();
+    let mut legacy = HealthTracker::new(vip(VIP), config).unwrap();
     legacy.sync([(be(4), 100)], now);
     legacy.restore(be(4), Restored::SlowStart { elapsed_ms: 15_000, from_unix_ms: None }, now);
     assert_eq!(legacy.backends(now)[0].state, State::SlowStart);
@@ -508,7 +503,7 @@ fn the_ramp_moves_on_wall_clock_steps_from_the_first_step_at_or_after_its_start(
 /// Weights of `be(4)` (declared start `start`) at each second of `range` on a tracker that
 /// got it at `joined` (a balancer that started, or restarted, then).
 fn ramp_seen(start: u64, joined: u64, range: std::ops::Range<u64>) -> Vec<u32> {
-    let mut t = HealthTracker::new(vip(), HealthConfig::default()).unwrap();
+    let mut t = HealthTracker::new(vip(VIP), HealthConfig::default()).unwrap();
     let config = VipConfig {
         backends: [(be(4), crate::model::Backend { weight: 100, started_at_unix_ms: Some(start), ..Default::default() })].into(),
         ..VipConfig::default()

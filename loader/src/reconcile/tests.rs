@@ -8,25 +8,21 @@ use spillway_common::limits::MAX_RING_SIZE;
 use super::*;
 use crate::{
     model::{BackendOptions, DEFAULT_WEIGHT, Encap},
-    testing::FakeMaps,
+    testing::{FakeMaps, VIP, vip},
 };
-
-fn vip() -> Vip {
-    "10.100.0.1:80/tcp".parse().unwrap()
-}
 
 fn state(backends: &[(&str, u32)]) -> DesiredState {
     let mut s = DesiredState::default();
-    s.add_vip(vip(), 4099).unwrap();
+    s.add_vip(vip(VIP), 4099).unwrap();
     for (addr, weight) in backends {
-        s.add_backend(&vip(), addr.parse().unwrap(), *weight).unwrap();
+        s.add_backend(&vip(VIP), addr.parse().unwrap(), *weight).unwrap();
     }
     s
 }
 
 fn owners(maps: &FakeMaps) -> HashMap<u32, usize> {
     let mut c = HashMap::new();
-    for id in maps.active_table(&vip_key(&vip())) {
+    for id in maps.active_table(&vip_key(&vip(VIP))) {
         *c.entry(id).or_default() += 1;
     }
     c
@@ -58,12 +54,12 @@ fn changes_write_only_slots_that_differ_from_the_inactive_table() {
     let b = ["10.0.0.101", "10.0.0.102", "10.0.0.103", "10.0.0.104", "10.0.0.105"];
     let set = |n: usize| state(&b[..n].iter().map(|a| (*a, 100)).collect::<Vec<_>>());
     r.apply(&mut maps, &set(3)).unwrap(); // half 0: the 3-backend table
-    let three = maps.active_table(&vip_key(&vip()));
+    let three = maps.active_table(&vip_key(&vip(VIP)));
     // The other half is unknown until the first flip, so this change writes it fully.
     assert_eq!(r.apply(&mut maps, &set(4)).unwrap().slots_written, 4099);
     // From now on only slots that differ from the inactive half's contents are written.
     let report = r.apply(&mut maps, &set(5)).unwrap();
-    let five = maps.active_table(&vip_key(&vip()));
+    let five = maps.active_table(&vip_key(&vip(VIP)));
     let differing = three.iter().zip(&five).filter(|(a, b)| a != b).count();
     assert_eq!(report, ApplyReport { slots_written: differing, tables_flipped: 1, ..Default::default() });
     assert!(differing < 4099 / 2, "{differing} slots changed for two added backends");
@@ -76,9 +72,9 @@ fn draining_backend_keeps_its_id_but_owns_no_slots() {
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100)])).unwrap();
-    let id = r.backend_id(&vip(), &"10.0.0.102".parse().unwrap()).unwrap();
+    let id = r.backend_id(&vip(VIP), &"10.0.0.102".parse().unwrap()).unwrap();
     r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 0)])).unwrap();
-    assert_eq!(r.backend_id(&vip(), &"10.0.0.102".parse().unwrap()), Some(id));
+    assert_eq!(r.backend_id(&vip(VIP), &"10.0.0.102".parse().unwrap()), Some(id));
     assert_eq!(maps.backends[&id].state, BACKEND_ACTIVE);
     assert!(!owners(&maps).contains_key(&id));
 }
@@ -88,14 +84,14 @@ fn removed_backend_is_freed_with_a_new_generation() {
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100)])).unwrap();
-    let id = r.backend_id(&vip(), &"10.0.0.102".parse().unwrap()).unwrap();
+    let id = r.backend_id(&vip(VIP), &"10.0.0.102".parse().unwrap()).unwrap();
     let generation = maps.backends[&id].generation;
     r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
     assert_eq!(maps.backends[&id].state, BACKEND_FREE);
     assert_eq!(maps.backends[&id].generation, generation + 1);
     // Re-adding reuses the id with the bumped generation: old flows re-hash.
     r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.103", 100)])).unwrap();
-    let reused = r.backend_id(&vip(), &"10.0.0.103".parse().unwrap()).unwrap();
+    let reused = r.backend_id(&vip(VIP), &"10.0.0.103".parse().unwrap()).unwrap();
     assert_eq!(reused, id);
     assert_eq!(maps.backends[&id].generation, generation + 1);
 }
@@ -129,13 +125,13 @@ fn each_backend_entry_carries_its_encap_and_a_restart_rewrites_none() {
     use spillway_common::types::{ENCAP_GUE, ENCAP_IPIP};
     let mut maps = FakeMaps::default();
     let mut s = state(&[("10.0.0.101", 100), ("10.0.0.102", 100)]);
-    s.set_encap(&vip(), Encap::Gue).unwrap();
+    s.set_encap(&vip(VIP), Encap::Gue).unwrap();
     let ipip = BackendOptions { encap: Some(Encap::Ipip), ..BackendOptions::default() };
-    s.set_backend_options(&vip(), "10.0.0.102".parse().unwrap(), ipip).unwrap();
+    s.set_backend_options(&vip(VIP), "10.0.0.102".parse().unwrap(), ipip).unwrap();
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.apply(&mut maps, &s).unwrap();
     let encap_of =
-        |maps: &FakeMaps, r: &Reconciler, addr: &str| maps.backends[&r.backend_id(&vip(), &addr.parse().unwrap()).unwrap()].encap;
+        |maps: &FakeMaps, r: &Reconciler, addr: &str| maps.backends[&r.backend_id(&vip(VIP), &addr.parse().unwrap()).unwrap()].encap;
     assert_eq!((encap_of(&maps, &r, "10.0.0.101"), encap_of(&maps, &r, "10.0.0.102")), (ENCAP_GUE, ENCAP_IPIP));
     // A restarted lbd adopts the entries as they are: nothing to write.
     let writes = maps.backend_writes;
@@ -143,10 +139,11 @@ fn each_backend_entry_carries_its_encap_and_a_restart_rewrites_none() {
     assert_eq!(restarted.apply(&mut maps, &s).unwrap(), ApplyReport::default());
     assert_eq!(maps.backend_writes, writes, "a restart rewrote backend entries");
     // The VIP's change reaches the backend that takes the VIP's, not the one with its own.
-    s.set_encap(&vip(), Encap::Ipip).unwrap();
+    s.set_encap(&vip(VIP), Encap::Ipip).unwrap();
     restarted.apply(&mut maps, &s).unwrap();
     assert_eq!(encap_of(&maps, &restarted, "10.0.0.101"), ENCAP_IPIP);
-    s.set_backend_options(&vip(), "10.0.0.102".parse().unwrap(), BackendOptions { encap: Some(Encap::Gue), ..Default::default() }).unwrap();
+    s.set_backend_options(&vip(VIP), "10.0.0.102".parse().unwrap(), BackendOptions { encap: Some(Encap::Gue), ..Default::default() })
+        .unwrap();
     restarted.apply(&mut maps, &s).unwrap();
     assert_eq!(encap_of(&maps, &restarted, "10.0.0.102"), ENCAP_GUE);
 }
@@ -157,10 +154,10 @@ fn ring_size_change_flips_to_a_full_table_of_the_new_size() {
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
     let mut bigger = state(&[("10.0.0.101", 100)]);
-    bigger.vips.get_mut(&vip()).unwrap().ring_size = MAX_RING_SIZE;
+    bigger.vips.get_mut(&vip(VIP)).unwrap().ring_size = MAX_RING_SIZE;
     let report = r.apply(&mut maps, &bigger).unwrap();
     assert_eq!(report.slots_written, MAX_RING_SIZE as usize);
-    assert_eq!(maps.vips[&vip_key(&vip())].active.size, MAX_RING_SIZE);
+    assert_eq!(maps.vips[&vip_key(&vip(VIP))].active.size, MAX_RING_SIZE);
 }
 
 #[test]
@@ -177,7 +174,7 @@ fn vip_filter_holds_exactly_the_vip_addresses() {
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
-    let (word, bit) = spillway_common::hash::vip_filter_slot(spillway_common::hash::vip_addr_hash(&to_words(vip().addr).0));
+    let (word, bit) = spillway_common::hash::vip_filter_slot(spillway_common::hash::vip_addr_hash(&to_words(vip(VIP).addr).0));
     assert_eq!(maps.filter.iter().map(|w| w.count_ones()).sum::<u32>(), 1);
     assert_eq!(maps.filter[word as usize], bit);
     r.apply(&mut maps, &DesiredState::default()).unwrap();
@@ -189,13 +186,13 @@ fn reused_ids_start_with_zeroed_counters() {
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
-    let be = r.backend_id(&vip(), &"10.0.0.101".parse().unwrap()).unwrap();
+    let be = r.backend_id(&vip(VIP), &"10.0.0.101".parse().unwrap()).unwrap();
     let old = spillway_common::types::Traffic { packets: 5, bytes: 500, new_flows: 2 };
     maps.vip_traffic.insert(0, old);
     maps.backend_traffic.insert(be, old);
     r.apply(&mut maps, &DesiredState::default()).unwrap();
     r.apply(&mut maps, &state(&[("10.0.0.102", 100)])).unwrap();
-    assert_eq!(r.backend_id(&vip(), &"10.0.0.102".parse().unwrap()), Some(be));
+    assert_eq!(r.backend_id(&vip(VIP), &"10.0.0.102".parse().unwrap()), Some(be));
     assert!(maps.vip_traffic.is_empty() && maps.backend_traffic.is_empty());
 }
 
@@ -209,7 +206,7 @@ use spillway_common::{
 use crate::model::RateSpec;
 
 fn vip2() -> Vip {
-    "10.100.0.2:80/tcp".parse().unwrap()
+    vip("10.100.0.2:80/tcp")
 }
 
 fn rule(s: &str) -> RuleMatch {
@@ -247,13 +244,13 @@ fn limits_slots_hold_each_vips_effective_limits_and_the_default() {
     let mut r = Reconciler::adopt(&maps).unwrap();
     let mut s = two_vips();
     s.set_per_source(None, RateSpec::new(100, Some(200)), Some(24), None, true).unwrap();
-    s.set_budget(Some(&vip()), RateSpec::new(5000, None), false).unwrap();
+    s.set_budget(Some(&vip(VIP)), RateSpec::new(5000, None), false).unwrap();
     let report = r.apply(&mut maps, &s).unwrap();
     assert_eq!(report.limits_written, 2, "the default slot and the one VIP with its own limits");
-    let (a, b) = (r.vip_id(&vip()).unwrap(), r.vip_id(&vip2()).unwrap());
+    let (a, b) = (r.vip_id(&vip(VIP)).unwrap(), r.vip_id(&vip2()).unwrap());
     assert_eq!(slot(&maps, Capacity::DEFAULT.default_limit_slot()), s.default_limits.unwrap().to_limits());
     // VIP a: its own budget, and the default per-source limit (which it does not override).
-    let want = s.effective_limits(&vip()).unwrap().to_limits();
+    let want = s.effective_limits(&vip(VIP)).unwrap().to_limits();
     assert_eq!(slot(&maps, a), want);
     assert_eq!((want.per_source.per_s, want.vip_budget.per_s, want.source_prefix_v4, want.configured), (100, 5000, 24, 1));
     // VIP b has none of its own: unconfigured, so the data path reads the default slot.
@@ -267,7 +264,7 @@ fn limits_slots_hold_each_vips_effective_limits_and_the_default() {
     assert_eq!(maps.limit_writes, writes + 2);
     assert_eq!(slot(&maps, a).per_source.per_s, 50);
     // Clearing a VIP's own limits unconfigures its slot.
-    s.clear_limits(Some(&vip())).unwrap();
+    s.clear_limits(Some(&vip(VIP))).unwrap();
     r.apply(&mut maps, &s).unwrap();
     assert_eq!(slot(&maps, a), Limits::default());
     s.clear_limits(None).unwrap();
@@ -280,9 +277,9 @@ fn a_removed_vip_leaves_nothing_for_the_next_owner_of_its_id() {
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();
     let mut s = state(&[("10.0.0.101", 100)]);
-    s.set_per_source(Some(&vip()), RateSpec::new(10, None), None, None, false).unwrap();
+    s.set_per_source(Some(&vip(VIP)), RateSpec::new(10, None), None, None, false).unwrap();
     r.apply(&mut maps, &s).unwrap();
-    let id = r.vip_id(&vip()).unwrap();
+    let id = r.vip_id(&vip(VIP)).unwrap();
     // What the data path left behind for this VIP.
     maps.budget.insert(id, Bucket { tat_ns: 99 });
     let source = SourceKey { vip_id: id, family: 4, _pad: [0; 3], prefix: [7, 0, 0, 0] };
@@ -313,7 +310,7 @@ fn rules_get_stable_lowest_free_ids_and_exact_trie_entries() {
     assert_eq!(maps.rules.len(), 3);
 
     let (key, value) = entry(&maps, &r, &rule("192.0.2.0/24@10.100.0.1:80/tcp"));
-    let vip_id = r.vip_id(&vip()).unwrap();
+    let vip_id = r.vip_id(&vip(VIP)).unwrap();
     assert_eq!((key.scope, key.family, key.prefix_len), (vip_id, FAMILY_V4, 24));
     assert_eq!(key.addr[0].to_ne_bytes(), [192, 0, 2, 0]);
     assert!(key.addr[1..].iter().all(|&w| w == 0) && key._pad == [0; 2]);
@@ -355,9 +352,9 @@ fn a_vips_rules_go_before_the_vip_and_never_reach_its_ids_next_owner() {
     s.set_rule(rule("10.0.0.0/8@10.100.0.1:80/tcp"), block()).unwrap();
     s.set_rule(rule("10.0.0.0/8"), block()).unwrap();
     r.apply(&mut maps, &s).unwrap();
-    let id = r.vip_id(&vip()).unwrap();
+    let id = r.vip_id(&vip(VIP)).unwrap();
     // FakeMaps asserts that no rule is scoped to a VIP id while it is removed.
-    s.remove_vip(&vip()).unwrap();
+    s.remove_vip(&vip(VIP)).unwrap();
     r.apply(&mut maps, &s).unwrap();
     assert_eq!(maps.rules.len(), 1);
     assert!(maps.rules.keys().all(|k| k.scope == ANY_VIP));
@@ -448,10 +445,10 @@ fn a_vip_is_flagged_while_rules_are_scoped_to_it() {
     let flagged = |maps: &FakeMaps, v: &Vip| maps.vips[&vip_key(v)].flags & VIP_F_SCOPED_RULES != 0;
     s.set_rule(rule("192.168.0.0/16"), block()).unwrap();
     r.apply(&mut maps, &s).unwrap();
-    assert!(!flagged(&maps, &vip()) && !flagged(&maps, &vip2()), "a global rule flags no VIP");
+    assert!(!flagged(&maps, &vip(VIP)) && !flagged(&maps, &vip2()), "a global rule flags no VIP");
     s.set_rule(rule("10.9.0.0/16@10.100.0.2:80/tcp"), block()).unwrap();
     r.apply(&mut maps, &s).unwrap();
-    assert!(!flagged(&maps, &vip()) && flagged(&maps, &vip2()));
+    assert!(!flagged(&maps, &vip(VIP)) && flagged(&maps, &vip2()));
     s.remove_rule(&rule("10.9.0.0/16@10.100.0.2:80/tcp")).unwrap();
     r.apply(&mut maps, &s).unwrap();
     assert!(!flagged(&maps, &vip2()));
@@ -476,7 +473,7 @@ fn a_change_whose_table_write_failed_is_written_when_applied_again() {
 
 /// The address table, read from the maps as the data path does: slot → id → address.
 fn table_in_maps(maps: &FakeMaps) -> Vec<Option<IpAddr>> {
-    maps.active_table(&vip_key(&vip()))
+    maps.active_table(&vip_key(&vip(VIP)))
         .into_iter()
         .map(|id| maps.backend(id).ok().filter(|b| b.state == BACKEND_ACTIVE).and_then(|b| from_words(b.addr, b.family)))
         .collect()
@@ -498,27 +495,27 @@ fn the_same_state_gives_the_same_table_whatever_the_history() {
     let mut grown = state(&[("10.0.0.250", 100)]);
     r2.apply(&mut second, &grown).unwrap();
     for addr in addrs.iter().rev() {
-        grown.add_backend(&vip(), addr.parse().unwrap(), 100).unwrap();
+        grown.add_backend(&vip(VIP), addr.parse().unwrap(), 100).unwrap();
         r2.apply(&mut second, &grown).unwrap();
     }
-    grown.remove_backend(&vip(), "10.0.0.250".parse().unwrap()).unwrap();
+    grown.remove_backend(&vip(VIP), "10.0.0.250".parse().unwrap()).unwrap();
     r2.apply(&mut second, &grown).unwrap();
     assert_eq!(grown, want);
-    let id = |r: &Reconciler| r.backend_id(&vip(), &"10.0.0.101".parse().unwrap());
+    let id = |r: &Reconciler| r.backend_id(&vip(VIP), &"10.0.0.101".parse().unwrap());
     assert_ne!(id(&r1), id(&r2), "the ids must differ for this test to mean anything");
 
     assert_eq!(table_in_maps(&first), table_in_maps(&second));
-    assert_eq!(r1.active_table(&vip()), Some(table_in_maps(&first)));
-    assert_eq!(r2.active_table(&vip()), Some(table_in_maps(&second)));
+    assert_eq!(r1.active_table(&vip(VIP)), Some(table_in_maps(&first)));
+    assert_eq!(r2.active_table(&vip(VIP)), Some(table_in_maps(&second)));
     // A restarted daemon adopts the same table and digest.
     let adopted = Reconciler::adopt(&second).unwrap();
-    assert_eq!(adopted.active_table(&vip()), r1.active_table(&vip()));
+    assert_eq!(adopted.active_table(&vip(VIP)), r1.active_table(&vip(VIP)));
 
-    let digest = |r: &Reconciler, seed| table_digest(seed, &r.active_table(&vip()).unwrap());
+    let digest = |r: &Reconciler, seed| table_digest(seed, &r.active_table(&vip(VIP)).unwrap());
     assert_eq!(digest(&r1, 7), digest(&r2, 7));
     assert_ne!(digest(&r1, 7), digest(&r1, 8), "the seed is part of the digest");
     let mut heavier = want.clone();
-    heavier.set_weight(&vip(), "10.0.0.101".parse().unwrap(), 200).unwrap();
+    heavier.set_weight(&vip(VIP), "10.0.0.101".parse().unwrap(), 200).unwrap();
     r2.apply(&mut second, &heavier).unwrap();
     assert_ne!(digest(&r1, 7), digest(&r2, 7), "another weight is another table");
 }
@@ -527,20 +524,20 @@ fn the_same_state_gives_the_same_table_whatever_the_history() {
 fn a_change_keeps_the_table_before_it_as_the_second_chance_table() {
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();
-    let key = vip_key(&vip());
+    let key = vip_key(&vip(VIP));
     let three = state(&[("10.0.0.101", 100), ("10.0.0.102", 100), ("10.0.0.103", 100)]);
     r.apply(&mut maps, &three).unwrap();
     assert!(maps.prior_table(&key).is_empty(), "a new VIP had no table before");
 
     // A change right after another is part of it: the VIP was just created.
     let mut four = three.clone();
-    four.add_backend(&vip(), "10.0.0.104".parse().unwrap(), 100).unwrap();
+    four.add_backend(&vip(VIP), "10.0.0.104".parse().unwrap(), 100).unwrap();
     let mut heavier = three.clone();
-    heavier.set_weight(&vip(), "10.0.0.101".parse().unwrap(), 200).unwrap();
+    heavier.set_weight(&vip(VIP), "10.0.0.101".parse().unwrap(), 200).unwrap();
     r.apply(&mut maps, &heavier).unwrap();
     assert!(maps.prior_table(&key).is_empty());
     let before = maps.active_table(&key);
-    four.set_weight(&vip(), "10.0.0.101".parse().unwrap(), 200).unwrap();
+    four.set_weight(&vip(VIP), "10.0.0.101".parse().unwrap(), 200).unwrap();
     r.set_second_chance_settle(Duration::ZERO);
     let report = r.apply(&mut maps, &four).unwrap();
     assert_eq!(maps.prior_table(&key), before);
@@ -552,7 +549,7 @@ fn a_change_keeps_the_table_before_it_as_the_second_chance_table() {
     // A ramp of the same change (within the settle time) keeps it.
     r.set_second_chance_settle(Duration::from_secs(3600));
     let mut ramped = four.clone();
-    ramped.set_weight(&vip(), "10.0.0.104".parse().unwrap(), 50).unwrap();
+    ramped.set_weight(&vip(VIP), "10.0.0.104".parse().unwrap(), 50).unwrap();
     r.apply(&mut maps, &ramped).unwrap();
     assert_eq!(maps.prior_table(&key), before);
 
@@ -579,7 +576,7 @@ fn a_pool_without_room_for_a_third_table_reports_the_vip_without_second_chance()
     let mut maps = FakeMaps { capacity, ..FakeMaps::default() };
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.set_second_chance_settle(Duration::ZERO);
-    let key = vip_key(&vip());
+    let key = vip_key(&vip(VIP));
     r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
     let report = r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100)])).unwrap();
     assert_eq!((report.tables_flipped, report.second_chance_lacking), (1, 1));
@@ -591,7 +588,7 @@ fn a_removed_vip_gives_its_tables_back_and_leaves_no_second_chance_table_to_its_
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.set_second_chance_settle(Duration::ZERO);
-    let key = vip_key(&vip());
+    let key = vip_key(&vip(VIP));
     let empty_pool = r.ring_pool();
     r.apply(&mut maps, &state(&[("10.0.0.101", 100)])).unwrap();
     r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100)])).unwrap();
@@ -615,13 +612,13 @@ fn an_id_the_second_chance_table_names_is_not_reused_by_its_vip() {
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();
     r.set_second_chance_settle(Duration::ZERO);
-    let key = vip_key(&vip());
+    let key = vip_key(&vip(VIP));
     r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100), ("10.0.0.103", 100)])).unwrap();
-    let gone = r.backend_id(&vip(), &"10.0.0.103".parse().unwrap()).unwrap();
+    let gone = r.backend_id(&vip(VIP), &"10.0.0.103".parse().unwrap()).unwrap();
     r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100)])).unwrap();
     assert!(maps.prior_table(&key).contains(&gone), "the second-chance table names the removed backend");
     r.apply(&mut maps, &state(&[("10.0.0.101", 100), ("10.0.0.102", 100), ("10.0.0.104", 100)])).unwrap();
-    let new = r.backend_id(&vip(), &"10.0.0.104".parse().unwrap()).unwrap();
+    let new = r.backend_id(&vip(VIP), &"10.0.0.104".parse().unwrap()).unwrap();
     assert_ne!(new, gone, "the new backend took an id the second-chance table still names");
 }
 

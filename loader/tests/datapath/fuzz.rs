@@ -2,7 +2,7 @@
 //! one reason.
 
 use spillway_common::types::Reason;
-use spillway_harness::{frames, packet_lab};
+use spillway_harness::{frames, packet_lab, rng::Rng};
 
 use crate::support::*;
 
@@ -36,21 +36,21 @@ fn seeds() -> Vec<Vec<u8>> {
 fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
     match rng.below(4) {
         // At least an Ethernet header's worth: the kernel hands XDP nothing shorter.
-        0 => (0..frames::ETH_LEN + rng.below(128)).map(|_| rng.next() as u8).collect(),
+        0 => (0..frames::ETH_LEN + rng.index(128)).map(|_| rng.next_u64() as u8).collect(),
         _ => {
-            let mut f = seeds[rng.below(seeds.len())].clone();
+            let mut f = seeds[rng.index(seeds.len())].clone();
             for _ in 0..1 + rng.below(4) {
                 if f.is_empty() {
                     break;
                 }
-                let i = rng.below(f.len());
+                let i = rng.index(f.len());
                 // Bias mutations towards the headers, where the parser branches.
                 let i = if rng.below(2) == 0 { i.min(60) } else { i };
-                f[i] = rng.next() as u8;
+                f[i] = rng.next_u64() as u8;
             }
             match rng.below(4) {
-                0 => f.truncate(frames::ETH_LEN + rng.below(f.len().saturating_sub(frames::ETH_LEN) + 1)),
-                1 => f.extend((0..rng.below(64)).map(|_| rng.next() as u8)),
+                0 => f.truncate(frames::ETH_LEN + rng.index(f.len().saturating_sub(frames::ETH_LEN) + 1)),
+                1 => f.extend((0..rng.index(64)).map(|_| rng.next_u64() as u8)),
                 _ => {}
             }
             f

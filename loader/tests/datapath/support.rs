@@ -191,26 +191,6 @@ pub fn expect_encap(out: &[u8], input: &[u8], l2_len: usize, backend: IpAddr, ds
     frames::check_encap(out, input, l2_len, backend, dst_mac).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// A small deterministic PRNG (xorshift64*), so failures reproduce from the seed.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed | 1)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// 10.200.1.1:80/tcp on backends 101-103, then 104 added with second chance on at once: the
 /// flows Maglev moved to 104 have the old backend as a second candidate.
 pub fn vip_gaining_a_fourth_backend(env: &mut Env) -> Vip {

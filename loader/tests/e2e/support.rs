@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use spillway_harness::cluster::{Binaries, Cluster, ClusterConfig, TCP_PORT, UDP_PORT, XdpMode};
+pub use spillway_harness::support::{reason_count, vip_json};
 use spillway_harness::{Host, Tally, TopologyConfig, VIP4, VIP6, run_connections};
 
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -77,17 +78,6 @@ pub fn assert_shares(tally: &Tally, expected: &BTreeMap<&str, f64>, total: usize
     assert!(unexpected.is_empty() || expected.values().all(|s| *s > 0.0), "unexpected backends {unexpected:?}");
 }
 
-/// A verdict counter of `lbctl stats` (a reason, or an observed would-drop).
-pub fn reason_count(c: &Cluster, label: &str) -> u64 {
-    let stats = c.lbctl_json(&["stats"]).unwrap();
-    let find = |list: &Value, key: &str| {
-        list.as_array().and_then(|l| l.iter().find(|r| r[key] == label)).and_then(|r| r["packets"].as_u64().or(r["count"].as_u64()))
-    };
-    find(&stats["reasons"], "reason")
-        .or_else(|| find(&stats["observed"], "reason"))
-        .unwrap_or_else(|| panic!("no counter {label} in {stats}"))
-}
-
 /// Polls `check` every 100 ms until it holds; panics with `what` after `timeout`.
 pub fn wait_until(timeout: Duration, what: &str, mut check: impl FnMut() -> bool) {
     let started = std::time::Instant::now();
@@ -101,12 +91,6 @@ pub fn wait_until(timeout: Duration, what: &str, mut check: impl FnMut() -> bool
 pub fn backend_json(c: &Cluster, vip: &str, addr: &str) -> serde_json::Value {
     let list = c.lbctl_json(&["backends", "list", "--vip", vip]).unwrap();
     list["backends"].as_array().unwrap().iter().find(|b| b["address"] == addr).cloned().unwrap_or_else(|| panic!("{addr} not in {list}"))
-}
-
-/// The VIP as `lbctl vips list -o json` shows it.
-pub fn vip_json(c: &Cluster, vip: &str) -> serde_json::Value {
-    let list = c.lbctl_json(&["vips", "list"]).unwrap();
-    list["vips"].as_array().unwrap().iter().find(|v| v["vip"] == vip).cloned().unwrap_or_else(|| panic!("{vip} not in {list}"))
 }
 
 /// `lbctl vips list` and `backends list` without what changes by itself from one moment to

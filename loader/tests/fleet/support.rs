@@ -9,6 +9,7 @@ use serde_json::Value;
 use spillway::announce::bird::{Bird, RouteInfo};
 use spillway_harness::cluster::{Binaries, TCP_PORT, XdpMode};
 use spillway_harness::fleet::{Balancer, Fleet, FleetConfig, HTTP_PORT};
+pub use spillway_harness::support::{reason_count, vip_json};
 use spillway_harness::{Host, VIP4};
 
 /// How often `lbd` decides its announcements (`daemon::announce::INTERVAL`).
@@ -88,12 +89,6 @@ pub fn router_paths(fleet: &Fleet) -> Vec<RouteInfo> {
     Bird::connect(&fleet.router_bird_socket()).and_then(|mut b| b.routes("master4", IpAddr::V4(VIP4))).unwrap_or_default()
 }
 
-/// The VIP as `balancer`'s `lbctl vips list -o json` shows it.
-pub fn vip_json(balancer: &Balancer, vip: &str) -> Value {
-    let list = balancer.lbctl_json(&["vips", "list"]).unwrap();
-    list["vips"].as_array().unwrap().iter().find(|v| v["vip"] == vip).cloned().unwrap_or_else(|| panic!("{vip} not in {list}"))
-}
-
 /// The announcement state of the VIP's address on `balancer` (`announced`, ...).
 pub fn announcement(balancer: &Balancer) -> String {
     vip_json(balancer, &echo_vip())["announcement"]["state"].as_str().unwrap_or("none").to_owned()
@@ -111,12 +106,6 @@ pub fn status_announcements(balancer: &Balancer) -> (Value, String) {
 pub fn vip_packets(balancer: &Balancer, vip: &str) -> u64 {
     let stats = balancer.lbctl_json(&["stats"]).unwrap();
     stats["vips"].as_array().unwrap().iter().find(|v| v["vip"] == vip).and_then(|v| v["packets"].as_u64()).unwrap_or(0)
-}
-
-/// A verdict counter of `balancer`'s `lbctl stats`.
-pub fn reason_count(balancer: &Balancer, reason: &str) -> u64 {
-    let stats = balancer.lbctl_json(&["stats"]).unwrap();
-    stats["reasons"].as_array().unwrap().iter().find(|r| r["reason"] == reason).and_then(|r| r["packets"].as_u64()).unwrap_or(0)
 }
 
 /// `count` new connections to the echo VIP from each client, one after the other; the

@@ -17,7 +17,6 @@
 //!   baseline measured before the first step; its memory is reported.
 
 mod file;
-pub mod rng;
 pub mod schedule;
 mod streams;
 

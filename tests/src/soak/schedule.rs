@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use super::rng::Rng;
+use crate::rng::Rng;
 
 /// Weights an operator sets.
 const WEIGHTS: [u32; 4] = [50, 100, 150, 200];

@@ -7,8 +7,8 @@ use super::{tests::Fixture, *};
 use crate::{
     api::{Applied, Exported, Status},
     config::ChangeKind,
-    model::Vip,
     store::{ConfigMark, StateFile},
+    testing::vip,
 };
 
 const FILE: &str = "\
@@ -54,10 +54,6 @@ impl Fixture {
             other => panic!("{other:?}"),
         }
     }
-}
-
-fn vip(s: &str) -> Vip {
-    s.parse().unwrap()
 }
 
 #[test]

@@ -402,24 +402,25 @@ mod tests {
     use super::*;
     use crate::{
         api::Request,
-        daemon::core::tests::{Fixture, ip, vip},
+        daemon::core::tests::Fixture,
+        testing::{VIP, ip, vip},
     };
 
     #[test]
     fn only_entries_in_force_count_as_live_connections() {
         let mut f = Fixture::with_two_backends();
-        let id = f.core.reconciler.backend_id(&vip(), &ip("10.0.0.1")).unwrap();
+        let id = f.core.reconciler.backend_id(&vip(VIP), &ip("10.0.0.1")).unwrap();
         let generation = f.core.maps.backend(id).unwrap().generation as u16;
         let tick = |ns: u64| (ns >> FLOW_TICK_SHIFT) as u32 & !FLOW_CONFIRMED;
         let now = clock::coarse_now_ns();
         // The fake's TCP idle timeout is 900 s: one entry used now, one closed 901 s ago.
         for (port, touched_tick) in [(40000, tick(now)), (40001, tick(now.wrapping_sub(901 * NS_PER_S)))] {
-            let key = flow_key(SocketAddr::new(ip("198.51.100.7"), port), &vip(), 80);
+            let key = flow_key(SocketAddr::new(ip("198.51.100.7"), port), &vip(VIP), 80);
             f.core.maps.flows.insert(key, FlowInfo { backend_id: id, generation, confirmed: true, touched_tick });
         }
-        let err = f.core.handle(Request::RemoveVip { vip: vip(), force: false }).unwrap_err().to_string();
+        let err = f.core.handle(Request::RemoveVip { vip: vip(VIP), force: false }).unwrap_err().to_string();
         assert!(err.contains("has 2 backends and 1 live connections (connection-table entries used in the last 900 s"), "{err}");
-        let listed: Vec<u16> = f.core.flow_list(&vip(), None, None).unwrap().entries.iter().map(|e| e.client.port()).collect();
+        let listed: Vec<u16> = f.core.flow_list(&vip(VIP), None, None).unwrap().entries.iter().map(|e| e.client.port()).collect();
         assert_eq!(listed, [40000], "flows list shows only what the data path follows");
     }
 

@@ -3,10 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{
-    tests::{ip, vip},
-    *,
-};
+use super::*;
 use crate::{
     api::{BackendEntry, VipEntry},
     daemon::ports_book::AgentPoll,
@@ -17,6 +14,7 @@ use crate::{
     store::SnapshotEntry,
     store::StateFile,
     testing::{FakeMaps, TempDir},
+    testing::{VIP, ip, vip},
 };
 
 struct Fixture {
@@ -43,11 +41,11 @@ impl Fixture {
 
     fn add(&mut self, backend: &str, zone: Option<&str>, capacity: Option<u32>) {
         let options = BackendOptions { zone: zone.map(str::to_owned), capacity_per_s: capacity, ..BackendOptions::default() };
-        self.ok(Request::AddBackend { vip: vip(), backend: ip(backend), weight: None, options });
+        self.ok(Request::AddBackend { vip: vip(VIP), backend: ip(backend), weight: None, options });
     }
 
     fn backends(&mut self) -> Vec<BackendEntry> {
-        match self.ok(Request::ListBackends { vip: vip() }) {
+        match self.ok(Request::ListBackends { vip: vip(VIP) }) {
             Reply::Backends(list) => list.backends,
             other => panic!("{other:?}"),
         }
@@ -55,7 +53,7 @@ impl Fixture {
 
     /// The alerts `lbctl backends list` shows.
     fn backend_alerts(&mut self) -> Vec<String> {
-        match self.ok(Request::ListBackends { vip: vip() }) {
+        match self.ok(Request::ListBackends { vip: vip(VIP) }) {
             Reply::Backends(list) => list.alerts,
             other => panic!("{other:?}"),
         }
@@ -82,7 +80,9 @@ impl Fixture {
 }
 
 fn serving(backends: &[&str]) -> HealthSnapshot {
-    HealthSnapshot { backends: backends.iter().map(|b| SnapshotEntry { vip: vip(), backend: ip(b), state: Restored::Serving }).collect() }
+    HealthSnapshot {
+        backends: backends.iter().map(|b| SnapshotEntry { vip: vip(VIP), backend: ip(b), state: Restored::Serving }).collect(),
+    }
 }
 
 fn weights(f: &mut Fixture) -> Vec<u32> {
@@ -92,7 +92,7 @@ fn weights(f: &mut Fixture) -> Vec<u32> {
 #[test]
 fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
     let mut f = Fixture::new(Some("a"));
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
     f.add("10.0.0.1", Some("a"), Some(300));
     f.add("10.0.0.2", Some("b"), Some(300));
     let mut f = Fixture::restart(f.tmp, Some("a"), serving(&["10.0.0.1", "10.0.0.2"]));
@@ -101,7 +101,7 @@ fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
 
     // Zone a's only backend fails (half the weight: within the ejection cap, no panic).
     let failed = ProbeOutcome::Failure { reason: "refused".into() };
-    let key = crate::health::ProbeKey { vip: vip(), backend: ip("10.0.0.1") };
+    let key = crate::health::ProbeKey { vip: vip(VIP), backend: ip("10.0.0.1") };
     let results =
         vec![ProbeResult { key, outcome: failed.clone(), local_cause: None }, ProbeResult { key, outcome: failed, local_cause: None }];
     f.core.health_round(results).unwrap();
@@ -116,7 +116,7 @@ fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
 #[test]
 fn a_vip_without_backends_has_no_budget() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
     assert_eq!(f.vip_entry().effective_budget, None);
     assert_eq!(f.core.sample().unwrap().vips[0].budget, None);
 }
@@ -124,9 +124,9 @@ fn a_vip_without_backends_has_no_budget() {
 #[test]
 fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
     let set = |policy: &[(&str, serde_json::Value)]| Request::SetHealth {
-        vip: vip(),
+        vip: vip(VIP),
         probe: None,
         probe_path: None,
         policy: policy.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
@@ -135,25 +135,26 @@ fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
     f.ok(set(&[("fall", 3.into())]));
     f.ok(set(&[("fail_closed", true.into())]));
     let saved = StateFile::open(f.tmp.path()).unwrap().load().unwrap().unwrap();
-    let policy = &saved.vips[&vip()].health.as_ref().unwrap().policy;
+    let policy = &saved.vips[&vip(VIP)].health.as_ref().unwrap().policy;
     assert_eq!((policy.fall, policy.fail_closed, policy.rise), (3, true, 2));
     assert_eq!(f.vip_entry().health.unwrap().policy.fall, 3);
     for (bad, needle) in [(set(&[("fal", 3.into())]), "fal"), (set(&[("panic_threshold", 2.0.into())]), "panic_threshold")] {
         let err = f.core.handle(bad).unwrap_err().to_api().message;
         assert!(err.contains(needle), "{err}");
     }
-    f.ok(Request::SetHealth { vip: vip(), probe: None, probe_path: None, policy: BTreeMap::new(), reset: true });
+    f.ok(Request::SetHealth { vip: vip(VIP), probe: None, probe_path: None, policy: BTreeMap::new(), reset: true });
     assert_eq!(f.vip_entry().health.unwrap().policy, HealthConfig::default());
 }
 
 #[test]
 fn a_drain_deadline_survives_a_restart_and_removes_the_backend() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
     f.add("10.0.0.1", None, None);
     f.add("10.0.0.2", None, None);
-    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.2"), deadline_s: Some(60), force: false });
-    let err = f.core.handle(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.1"), deadline_s: Some(0), force: false }).unwrap_err();
+    f.ok(Request::DrainBackend { vip: vip(VIP), backend: ip("10.0.0.2"), deadline_s: Some(60), force: false });
+    let err =
+        f.core.handle(Request::DrainBackend { vip: vip(VIP), backend: ip("10.0.0.1"), deadline_s: Some(0), force: false }).unwrap_err();
     assert!(err.to_api().message.contains("drain deadline"), "{err}");
     assert_eq!(f.core.expire_drains(unix_ms()).unwrap(), 0);
     let in_s = f.backends()[1].drain_deadline_in_s.unwrap();
@@ -164,8 +165,8 @@ fn a_drain_deadline_survives_a_restart_and_removes_the_backend() {
     assert_eq!(f.backends().len(), 1);
     // Undraining clears a deadline.
     f.add("10.0.0.3", None, None);
-    f.ok(Request::DrainBackend { vip: vip(), backend: ip("10.0.0.3"), deadline_s: Some(5), force: false });
-    f.ok(Request::SetWeight { vip: vip(), backend: ip("10.0.0.3"), weight: 100 });
+    f.ok(Request::DrainBackend { vip: vip(VIP), backend: ip("10.0.0.3"), deadline_s: Some(5), force: false });
+    f.ok(Request::SetWeight { vip: vip(VIP), backend: ip("10.0.0.3"), weight: 100 });
     assert_eq!(f.core.expire_drains(unix_ms() + 10_000).unwrap(), 0);
 }
 
@@ -202,7 +203,7 @@ fn port_pressure_from_an_agent_cuts_only_that_backends_weight() {
     let tmp = TempDir::new("core-pressure");
     {
         let mut f = Fixture::restart(tmp, None, HealthSnapshot::default());
-        f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+        f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
         for b in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
             f.add(b, None, None);
         }
@@ -232,7 +233,7 @@ fn port_pressure_from_an_agent_cuts_only_that_backends_weight() {
 #[test]
 fn a_stopped_agent_is_shown_and_alerted_until_it_answers_and_health_is_untouched() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
     f.add("10.0.0.1", None, None);
     f.add("10.0.0.2", None, None);
     let b2 = ip("10.0.0.2");
@@ -267,7 +268,7 @@ fn a_stopped_agent_is_shown_and_alerted_until_it_answers_and_health_is_untouched
 #[test]
 fn status_lists_every_alert_and_an_ignored_report_says_why_the_kept_one_is_stale() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
     f.add("10.0.0.1", None, None);
     let b1 = ip("10.0.0.1");
     f.core.record_agent_ports(b1, AgentPoll::Report(Box::new(report(0.1, 0)))).unwrap();
@@ -298,12 +299,12 @@ fn probes_go_through_the_tunnel_unless_the_vip_or_the_backend_says_direct() {
         model::ProbePath,
     };
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
     f.add("10.0.0.1", None, None);
     f.add("10.0.0.2", None, None);
     let target = Some("10.0.0.3:8080".parse().unwrap());
     f.ok(Request::AddBackend {
-        vip: vip(),
+        vip: vip(VIP),
         backend: ip("10.0.0.3"),
         weight: None,
         options: BackendOptions { probe_target: target, ..Default::default() },
@@ -313,30 +314,30 @@ fn probes_go_through_the_tunnel_unless_the_vip_or_the_backend_says_direct() {
         targets.into_iter().map(|t| (t.key.backend, t.route)).collect()
     };
     let tunnel = |f: &Fixture, backend: &str, port: u16, direct: &str| {
-        let (backend_id, generation) = f.core.reconciler.backend_slot(&vip(), &ip(backend)).unwrap();
-        ProbeRoute::Tunnel { vip: std::net::SocketAddr::new(vip().addr, port), backend_id, generation, direct: direct.parse().unwrap() }
+        let (backend_id, generation) = f.core.reconciler.backend_slot(&vip(VIP), &ip(backend)).unwrap();
+        ProbeRoute::Tunnel { vip: std::net::SocketAddr::new(vip(VIP).addr, port), backend_id, generation, direct: direct.parse().unwrap() }
     };
     let by_default = routes(&mut f);
     assert_eq!(by_default[&ip("10.0.0.1")], tunnel(&f, "10.0.0.1", 80, "10.0.0.1:80"));
     // A probe target's port is the VIP's probe port too; its address is the direct probe's.
     assert_eq!(by_default[&ip("10.0.0.3")], tunnel(&f, "10.0.0.3", 8080, "10.0.0.3:8080"));
 
-    let set_path = |path| Request::SetHealth { vip: vip(), probe: None, probe_path: Some(path), policy: BTreeMap::new(), reset: false };
+    let set_path = |path| Request::SetHealth { vip: vip(VIP), probe: None, probe_path: Some(path), policy: BTreeMap::new(), reset: false };
     f.ok(set_path(ProbePath::Direct));
     let options = BackendOptions { probe_path: Some(ProbePath::Tunnel), ..Default::default() };
-    f.ok(Request::SetBackendOptions { vip: vip(), backend: ip("10.0.0.2"), options });
+    f.ok(Request::SetBackendOptions { vip: vip(VIP), backend: ip("10.0.0.2"), options });
     let chosen = routes(&mut f);
     assert_eq!(chosen[&ip("10.0.0.1")], ProbeRoute::Direct("10.0.0.1:80".parse().unwrap()));
     assert_eq!(chosen[&ip("10.0.0.2")], tunnel(&f, "10.0.0.2", 80, "10.0.0.2:80"));
     let paths: Vec<Option<ProbePath>> = f.backends().iter().map(|b| b.probe_path).collect();
     assert_eq!(paths, [Some(ProbePath::Direct), Some(ProbePath::Tunnel), Some(ProbePath::Direct)]);
     let saved = StateFile::open(f.tmp.path()).unwrap().load().unwrap().unwrap();
-    assert_eq!(saved.vips[&vip()].health.as_ref().unwrap().probe_path, ProbePath::Direct, "persisted");
+    assert_eq!(saved.vips[&vip(VIP)].health.as_ref().unwrap().probe_path, ProbePath::Direct, "persisted");
     assert_eq!(f.vip_entry().health.unwrap().probe_path, ProbePath::Direct);
 
     // A broken VIP path fails the backend and is counted for its VIP; the balancer's own
     // trouble changes nothing and raises an alert naming it.
-    let key = |b: &str| crate::health::ProbeKey { vip: vip(), backend: ip(b) };
+    let key = |b: &str| crate::health::ProbeKey { vip: vip(VIP), backend: ip(b) };
     let broken = ProbeOutcome::VipPathFailed { tunnel: "timeout".into() };
     let result = |b: &str, outcome: &ProbeOutcome, local_cause: Option<LocalCause>| ProbeResult {
         key: key(b),

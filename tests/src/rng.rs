@@ -1,5 +1,6 @@
-//! A small seeded PRNG (SplitMix64): the same seed gives the same schedule on every
-//! machine and build, which a replay needs; no statistical quality is asked of it.
+//! The one small seeded PRNG of the tests (SplitMix64): the same seed gives the same
+//! sequence on every machine and build, so a soak schedule, a health simulation or a fuzz
+//! run replays from its seed; no statistical quality is asked of it.
 
 #[derive(Clone, Debug)]
 pub struct Rng(u64);
@@ -30,6 +31,16 @@ impl Rng {
     /// True `percent` times in a hundred.
     pub fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
+    }
+
+    /// True `per_mille` times in a thousand.
+    pub fn chance_per_mille(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+
+    /// Uniform in `0..len` (`len` > 0): an index into a slice of `len` items.
+    pub fn index(&mut self, len: usize) -> usize {
+        self.below(len as u64) as usize
     }
 
     /// One of `items` (not empty).
