@@ -293,7 +293,7 @@ fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
     env.ok(&["backends", "remove", "--vip", V4, "10.99.0.2"]);
     // A VIP that still has a backend goes only with --force, and the refusal says so.
     let err = env.refused(&["vips", "remove", V6]);
-    assert!(err.contains("has 1 backends and 0 connections") && err.contains("--force"), "{err}");
+    assert!(err.contains("has 1 backends and 0 live connections") && err.contains("--force"), "{err}");
     env.ok(&["vips", "remove", V6, "--force"]);
     assert_eq!(backends_of(&env.json(&["backends", "list", "--vip", V4])), [b("10.99.0.3", 0, "draining")]);
     assert_eq!(env.json(&["vips", "list"])["vips"].as_array().unwrap().len(), 1);
