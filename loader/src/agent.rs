@@ -35,7 +35,6 @@ use crate::{
     },
     dataplane::{self, DataplaneError},
     event, metrics,
-    model::Cidr,
     netif::{self, NetifError},
     objects,
     pins::{self, Attachment, PinError, PinLayout},
@@ -45,6 +44,7 @@ use crate::{
         endpoint::{self, Access, Limits, Listen},
     },
 };
+use spillway_model::Cidr;
 
 /// How often the host's addresses are re-read.
 const REFRESH: Duration = Duration::from_secs(5);

@@ -15,7 +15,6 @@ pub mod health;
 pub mod logging;
 pub mod map_batch;
 pub mod metrics;
-pub mod model;
 pub mod neighbours;
 pub mod netif;
 pub mod objects;

@@ -46,7 +46,7 @@ use spillway_common::{
 };
 
 use self::pool::RingPool;
-use crate::model::{Cidr, DesiredState, Encap, LimitConfig, Proto, RuleAction, RuleConfig, RuleMatch, Vip, VipConfig};
+use spillway_model::{Cidr, DesiredState, Encap, LimitConfig, Proto, RuleAction, RuleConfig, RuleMatch, Vip, VipConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {

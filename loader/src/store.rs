@@ -11,11 +11,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::{
-    event,
-    health::Restored,
-    model::{DesiredState, ModelError, Vip},
-};
+use crate::{event, health::Restored};
+use spillway_model::{DesiredState, ModelError, Vip};
 
 pub const STATE_FILE: &str = "state.json";
 /// Backend health as the last `lbd` left it: a cache that spares serving backends a new slow

@@ -4,7 +4,6 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    net::IpAddr,
     ops::ControlFlow,
 };
 
@@ -18,31 +17,13 @@ use spillway_common::{
 };
 
 pub use spillway_harness::tempdir::TempDir;
+pub use spillway_model::testing::{VIP, be, ip, vip};
 
 use crate::{
     daemon::core::{Counters, FlowTable},
     dataplane::{DataplaneError, FlowInfo, MapOccupancy},
-    model::Vip,
     reconcile::{Maps, MapsError},
 };
-
-/// The VIP most unit tests serve.
-pub const VIP: &str = "10.100.0.1:80/tcp";
-
-/// A VIP from its text (`10.100.0.1:80/tcp`); panics if it does not parse.
-pub fn vip(s: &str) -> Vip {
-    s.parse().unwrap()
-}
-
-/// An address from its text; panics if it does not parse.
-pub fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
-
-/// Backend `n`: 10.0.0.`n`.
-pub fn be(n: u8) -> IpAddr {
-    IpAddr::from([10, 0, 0, n])
-}
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FakeMaps {

@@ -21,7 +21,6 @@ use rustls::{
 use spillway::{
     daemon::probes::{ProbePathState, probe_through_tunnel},
     dataplane::{Balancer, LoadOptions},
-    model::{DesiredState, Hex, ProbeOutcome, ProbeSpec, Vip},
     pins::PinLayout,
     probe::run,
     reconcile::Reconciler,
@@ -33,6 +32,7 @@ use spillway_common::{
     types::LbConfig,
 };
 use spillway_harness::{LB4, LB6, Topology, TopologyConfig, VIP4};
+use spillway_model::{DesiredState, Hex, ProbeOutcome, ProbeSpec, Vip};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::{TcpListener, UdpSocket},

@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::Vip;
+use spillway_model::Vip;
 
 /// Largest `limit` of a `flow_list` (and its default): one answer stays a few MiB.
 pub const MAX_FLOW_LIST: u32 = 10_000;

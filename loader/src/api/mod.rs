@@ -21,12 +21,9 @@ use std::{
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-pub use crate::model::RuleActionKind;
-use crate::{
-    config::Change,
-    model::{BackendOptions, Cidr, Encap, ModelError, ProbePath, ProbeSpec, QuicConfig, RateSpec, Vip},
-    ports::PortsReport,
-};
+use crate::{config::Change, ports::PortsReport};
+pub use spillway_model::RuleActionKind;
+use spillway_model::{BackendOptions, Cidr, Encap, ModelError, ProbePath, ProbeSpec, QuicConfig, RateSpec, Vip};
 
 /// Where `lbd` listens and `lbctl` connects unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/spillway/api.sock";
@@ -511,7 +508,7 @@ pub struct VipHealthView {
     pub ejected_weight: u64,
     /// New flows per second sent to other zones than the balancer's.
     pub spill_per_s: u32,
-    pub policy: crate::model::HealthConfig,
+    pub policy: spillway_model::HealthConfig,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

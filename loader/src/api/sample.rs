@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::{ReasonCount, RuleActionKind, any_vip};
-use crate::model::{Cidr, RateSpec, Vip};
+use spillway_model::{Cidr, RateSpec, Vip};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sample {

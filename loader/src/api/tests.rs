@@ -3,10 +3,8 @@
 use serde_json::json;
 
 use super::*;
-use crate::{
-    model::Cidr,
-    testing::{ip, vip},
-};
+use crate::testing::{ip, vip};
+use spillway_model::Cidr;
 
 /// The VIP of these tests.
 const VIP: &str = "10.0.0.1:80/tcp";
@@ -234,7 +232,7 @@ fn limit_and_rule_requests_have_stable_names() {
 
 #[test]
 fn limit_and_rule_replies_have_stable_names() {
-    let rate = |per_s, burst| crate::model::RateSpec { per_s, burst };
+    let rate = |per_s, burst| spillway_model::RateSpec { per_s, burst };
     let per_source =
         PerSourceLimit { rate: rate(100, 200), source_prefix_v4: 24, source_prefix_v6: 64, observe: false, from: LimitOrigin::Default };
     let cases = [

@@ -9,10 +9,8 @@ use super::{
     OutputArgs,
     table::{Align, Table},
 };
-use crate::{
-    api::flows::{DEFAULT_FLOW_LIST, FlowAnswer, FlowList, MAX_FLOW_LIST, PurgeReport},
-    model::Vip,
-};
+use crate::api::flows::{DEFAULT_FLOW_LIST, FlowAnswer, FlowList, MAX_FLOW_LIST, PurgeReport};
+use spillway_model::Vip;
 
 pub const FLOWS_HELP: &str = "\
 Examples:

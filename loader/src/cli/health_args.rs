@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, net::SocketAddr};
 use clap::Args;
 
 use super::CliError;
-use crate::model::{BackendOptions, Encap, MAX_RATE_PER_S, ProbePath, ProbeSpec};
+use spillway_model::{BackendOptions, Encap, MAX_RATE_PER_S, ProbePath, ProbeSpec};
 
 pub const BACKENDS_OPTIONS_HELP: &str = "\
 Examples:

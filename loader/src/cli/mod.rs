@@ -24,8 +24,8 @@ use crate::{
         client::{self, ClientError},
     },
     docs::{self, CompletionsArgs, ManArgs},
-    model::{Cidr, DEFAULT_NONCE_LEN, DEFAULT_SERVER_ID_LEN, DEFAULT_WEIGHT, Encap, MAX_RATE_PER_S, QuicConfig, Vip},
 };
+use spillway_model::{Cidr, DEFAULT_NONCE_LEN, DEFAULT_SERVER_ID_LEN, DEFAULT_WEIGHT, Encap, MAX_RATE_PER_S, QuicConfig, Vip};
 
 const LBCTL_HELP: &str = "\
 Examples:

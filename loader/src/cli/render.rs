@@ -11,10 +11,8 @@ use super::{
     render_health,
     table::{Align, Table},
 };
-use crate::{
-    api::{BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, Reply, RuleList, Stats, TopSourceList},
-    model::{RateSpec, Vip},
-};
+use crate::api::{BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, Reply, RuleList, Stats, TopSourceList};
+use spillway_model::{RateSpec, Vip};
 
 pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<Outcome, CliError> {
     let mut outcome = Outcome::Done;

@@ -44,7 +44,7 @@ fn commands_map_to_requests() {
                 vip: vip("10.0.0.3:443/udp"),
                 ring_size: None,
                 force: false,
-                quic: Some(crate::model::QuicConfig { nonce_len: 8, self_len: true, ..Default::default() }),
+                quic: Some(spillway_model::QuicConfig { nonce_len: 8, self_len: true, ..Default::default() }),
                 encap: Encap::Ipip,
             },
         ),
@@ -277,7 +277,7 @@ use crate::api::{
     BudgetLimit, LimitOrigin, LimitPart, PerSourceLimit, RateLimitList, RuleActionKind, RuleEntry, RuleList, Scope, ScopeLimits,
     SourceEntry, TopSourceList, VipLimits,
 };
-use crate::model::RateSpec;
+use spillway_model::RateSpec;
 
 #[test]
 fn limit_and_rule_commands_map_to_requests() {
@@ -572,16 +572,16 @@ fn health_zone_and_ports_commands_send_their_requests() {
     let v = vip("10.0.0.1:80/tcp");
     let r = request(&["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--zone", "b", "--capacity", "500", "--spare", "50"]);
     let options =
-        crate::model::BackendOptions { zone: Some("b".into()), capacity_per_s: Some(500), spare_per_s: Some(50), ..Default::default() };
+        spillway_model::BackendOptions { zone: Some("b".into()), capacity_per_s: Some(500), spare_per_s: Some(50), ..Default::default() };
     assert_eq!(r, Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: options.clone() });
     let r = request(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--probe-target", "10.0.1.1:8080"]);
-    let options = crate::model::BackendOptions { probe_target: Some("10.0.1.1:8080".parse().unwrap()), ..Default::default() };
+    let options = spillway_model::BackendOptions { probe_target: Some("10.0.1.1:8080".parse().unwrap()), ..Default::default() };
     assert_eq!(r, Request::SetBackendOptions { vip: v, backend: ip("10.0.1.1"), options });
     let r = request(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--probe-path", "direct"]);
-    let options = crate::model::BackendOptions { probe_path: Some(crate::model::ProbePath::Direct), ..Default::default() };
+    let options = spillway_model::BackendOptions { probe_path: Some(spillway_model::ProbePath::Direct), ..Default::default() };
     assert_eq!(r, Request::SetBackendOptions { vip: v, backend: ip("10.0.1.1"), options });
     let r = request(&["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--encap", "gue"]);
-    let options = crate::model::BackendOptions { encap: Some(Encap::Gue), ..Default::default() };
+    let options = spillway_model::BackendOptions { encap: Some(Encap::Gue), ..Default::default() };
     assert_eq!(r, Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: options.clone() });
     let r = request(&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--encap", "gue"]);
     assert_eq!(r, Request::SetBackendOptions { vip: v, backend: ip("10.0.1.1"), options });
@@ -591,7 +591,7 @@ fn health_zone_and_ports_commands_send_their_requests() {
     else {
         panic!("not a health request")
     };
-    assert_eq!(probe_path, Some(crate::model::ProbePath::Tunnel));
+    assert_eq!(probe_path, Some(spillway_model::ProbePath::Tunnel));
     assert_eq!(
         request(&["backends", "drain", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--deadline", "15m"]),
         Request::DrainBackend { vip: v, backend: ip("10.0.1.1"), deadline_s: Some(900), force: false }
@@ -611,7 +611,7 @@ fn health_zone_and_ports_commands_send_their_requests() {
     ]) else {
         panic!("not a SetHealth");
     };
-    assert_eq!(probe, Some(crate::model::ProbeSpec::Http { path: "/healthz".into(), expect_status: 200, host: None, tls: false }));
+    assert_eq!(probe, Some(spillway_model::ProbeSpec::Http { path: "/healthz".into(), expect_status: 200, host: None, tls: false }));
     assert_eq!(policy, [("fail_closed".to_owned(), serde_json::json!(true)), ("fall".to_owned(), serde_json::json!(3))].into());
     assert!(!reset);
     assert_eq!(request(&["ports"]), Request::Ports { host: None });
@@ -647,8 +647,8 @@ fn health_panic_budget_and_alerts_are_shown() {
             encap: Encap::Ipip,
             backends: 3,
             health: Some(crate::api::VipHealthView {
-                probe: crate::model::ProbeSpec::default(),
-                probe_path: crate::model::ProbePath::Tunnel,
+                probe: spillway_model::ProbeSpec::default(),
+                probe_path: spillway_model::ProbePath::Tunnel,
                 vip_path_failed: 2,
                 panic: true,
                 panics_entered: 1,
@@ -658,9 +658,9 @@ fn health_panic_budget_and_alerts_are_shown() {
                 total_weight: 300,
                 ejected_weight: 0,
                 spill_per_s: 0,
-                policy: crate::model::HealthConfig::default(),
+                policy: spillway_model::HealthConfig::default(),
             }),
-            effective_budget: Some(crate::model::RateSpec::new(200, Some(20))),
+            effective_budget: Some(spillway_model::RateSpec::new(200, Some(20))),
             announcement: Some(crate::api::announce::AnnouncementView {
                 address: ip("10.0.0.1"),
                 state: "degraded".into(),
@@ -828,7 +828,7 @@ fn apply_writes_the_starts_lbd_gave_into_the_file_and_diff_does_not() {
 
 #[test]
 fn apply_and_diff_print_one_line_per_change() {
-    let old = crate::model::DesiredState::default();
+    let old = spillway_model::DesiredState::default();
     let new = crate::config::Document::parse("f", "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 13\n".into())
         .unwrap()
         .desired_state()

@@ -11,9 +11,9 @@ use spillway_common::limits::{
 
 use super::outer_src::{OuterSrc4, OuterSrc6};
 use crate::{
-    api::DEFAULT_SOCKET, logging::LogFormat, metrics::MetricsListen, model::HealthConfig, pins::DEFAULT_PIN_DIR, ports::WatcherMode,
-    vip_path::VipPathArgs,
+    api::DEFAULT_SOCKET, logging::LogFormat, metrics::MetricsListen, pins::DEFAULT_PIN_DIR, ports::WatcherMode, vip_path::VipPathArgs,
 };
+use spillway_model::HealthConfig;
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/spillway";
 
@@ -279,7 +279,7 @@ fn parse_seed(input: &str) -> Result<u32, String> {
 }
 
 fn parse_zone(input: &str) -> Result<String, String> {
-    crate::model::check_zone(input).map(|()| input.to_owned()).map_err(|e| e.to_string())
+    spillway_model::check_zone(input).map(|()| input.to_owned()).map_err(|e| e.to_string())
 }
 
 /// An agent's allow-list a start refuses.
@@ -335,7 +335,7 @@ pub struct AgentArgs {
     /// other source are dropped (drop_not_allowed), and so is second chance's sending on.
     /// Required: without it anyone who can reach the host could tunnel packets into it.
     #[arg(long = "allow-from", value_name = "CIDR", required_unless_present = "config")]
-    pub allow_from: Vec<crate::model::Cidr>,
+    pub allow_from: Vec<spillway_model::Cidr>,
     /// Root-only file (mode 0600) holding the key that signs this host's port reports for
     /// `lbd` (the same file as `lbd --report-key`); without it `lbd` ignores the reports.
     #[arg(long, value_name = "FILE")]

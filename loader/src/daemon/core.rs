@@ -26,14 +26,14 @@ use crate::{
     event,
     health::{HealthError, Pressure},
     logging::Line,
-    model::{
-        Backend, DEFAULT_WEIGHT, DesiredState, ModelError, ProbePath, ProbeSpec, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth,
-        check_serving_weight, host::HostError,
-    },
     ports::PortsReport,
     reconcile::{ApplyReport, Maps, MapsError, ReconcileError, Reconciler},
     store::{HealthSnapshot, Store, StoreError},
     wall_clock::unix_ms,
+};
+use spillway_model::{
+    Backend, DEFAULT_WEIGHT, DesiredState, ModelError, ProbePath, ProbeSpec, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth,
+    check_serving_weight, host::HostError,
 };
 
 /// The counters `lbctl stats`, `rules list`, `top-sources`, `top` and the metrics report,
@@ -833,7 +833,7 @@ fn changed_weights(old: &DesiredState, new: &DesiredState) -> String {
 }
 
 /// The options given, as log fields (those set only).
-fn backend_options(mut change: Change, options: &crate::model::BackendOptions) -> Change {
+fn backend_options(mut change: Change, options: &spillway_model::BackendOptions) -> Change {
     if let Some(zone) = &options.zone {
         change = change.field("zone", zone);
     }

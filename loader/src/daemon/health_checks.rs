@@ -12,8 +12,10 @@ use std::{
 use crate::{
     event,
     health::{Candidate, HealthError, HealthTracker, Placement, Pressure, ProbeKey, place},
-    model::{Backend, DesiredState, HealthConfig, LimitConfig, ProbeOutcome, ProbePath, ProbeSpec, Proto, RateSpec, Vip, VipConfig},
     store::{HealthSnapshot, SnapshotEntry},
+};
+use spillway_model::{
+    Backend, DesiredState, HealthConfig, LimitConfig, ProbeOutcome, ProbePath, ProbeSpec, Proto, RateSpec, Vip, VipConfig,
 };
 
 /// One backend of one VIP to probe, with the VIP's settings.

@@ -48,7 +48,6 @@ use crate::{
     dataplane::{Balancer, DataplaneError, LoadOptions},
     event,
     forwarding::{self, ForwardingError},
-    model::{DesiredState, HealthConfig, host::Host},
     neighbours,
     netif::{self, NetifError},
     pins::{self, Attachment, PinError, PinLayout},
@@ -57,6 +56,7 @@ use crate::{
     store::{ConfigMark, StateFile, Store, StoreError},
     vip_path::{VipPath, VipPathError},
 };
+use spillway_model::{DesiredState, HealthConfig, host::Host};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {

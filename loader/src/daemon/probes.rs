@@ -24,12 +24,12 @@ use super::{
 use crate::{
     event,
     health::{ProbeKey, next_probe_at},
-    model::{ProbeOutcome, ProbeSpec},
     probe,
     reconcile::Maps,
     store::Store,
     vip_path::VipPath,
 };
+use spillway_model::{ProbeOutcome, ProbeSpec};
 
 /// The probe path as `lbd` set it up, or why it could not.
 pub type ProbePathState = Result<VipPath, String>;

@@ -193,11 +193,11 @@ mod tests {
     use super::*;
     use crate::{
         api::{Reply, VipList, client},
-        model::DesiredState,
-        model::Encap,
         store::StateFile,
         testing::{FakeMaps, TempDir},
     };
+    use spillway_model::DesiredState;
+    use spillway_model::Encap;
 
     async fn start(tmp: &TempDir) -> (PathBuf, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
         let socket = tmp.path().join("run/api.sock");

@@ -7,10 +7,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
-    api::sample::{BuildInfo, DaemonSample, HistogramSample, OutcomeCount, ReconcileCount},
-    model::ProbeOutcome,
-};
+use crate::api::sample::{BuildInfo, DaemonSample, HistogramSample, OutcomeCount, ReconcileCount};
+use spillway_model::ProbeOutcome;
 
 /// How often the connection table is counted at most: a count walks every entry (2^20 when
 /// full, a fraction of a second of a CPU), so scrapes every second reuse it.

@@ -6,7 +6,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::fraction::permille;
-use crate::model::{HealthConfig, ProbeOutcome};
+use spillway_model::{HealthConfig, ProbeOutcome};
 
 /// A backend's state as reported (and logged).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

@@ -86,10 +86,10 @@
 //!
 //! # Defaults
 //!
-//! See [`HealthConfig`](crate::model::HealthConfig) (the declared policy, part of the model):
+//! See [`HealthConfig`](spillway_model::HealthConfig) (the declared policy, part of the model):
 //! every field says why its default is what it is. In short: probe every 1 s with a 1 s
 //! timeout, `fall` 2 / `rise` 2 (a dead backend is out within ~3 s,
-//! [`HealthConfig::detection_ms`](crate::model::HealthConfig::detection_ms)), 10% jitter,
+//! [`HealthConfig::detection_ms`](spillway_model::HealthConfig::detection_ms)), 10% jitter,
 //! eject at most half the weight, panic below half healthy, 30 s slow start, hold-downs from
 //! 5 s doubling to 5 min.
 //!

@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use crate::model::{HealthConfig, Proto, Vip};
+use spillway_model::{HealthConfig, Proto, Vip};
 
 /// What a probe schedule is keyed by: the VIP (its port may be the probe's) and the backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

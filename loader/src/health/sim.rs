@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 use spillway_harness::rng::Rng;
 
 use super::*;
-use crate::model::{HealthConfig, ProbeOutcome, Vip};
+use spillway_model::{HealthConfig, ProbeOutcome, Vip};
 
 #[derive(Clone, Copy, Debug)]
 enum Condition {

@@ -4,10 +4,8 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use super::*;
-use crate::{
-    model::{HealthConfig, MAX_DURATION_MS, ProbeOutcome, VipConfig},
-    testing::{VIP, be, vip},
-};
+use crate::testing::{VIP, be, vip};
+use spillway_model::{HealthConfig, MAX_DURATION_MS, ProbeOutcome, VipConfig};
 
 const OK: ProbeOutcome = ProbeOutcome::Success { latency_us: 2000 };
 const TIMEOUT: ProbeOutcome = ProbeOutcome::Timeout;
@@ -505,7 +503,7 @@ fn the_ramp_moves_on_wall_clock_steps_from_the_first_step_at_or_after_its_start(
 fn ramp_seen(start: u64, joined: u64, range: std::ops::Range<u64>) -> Vec<u32> {
     let mut t = HealthTracker::new(vip(VIP), HealthConfig::default()).unwrap();
     let config = VipConfig {
-        backends: [(be(4), crate::model::Backend { weight: 100, started_at_unix_ms: Some(start), ..Default::default() })].into(),
+        backends: [(be(4), spillway_model::Backend { weight: 100, started_at_unix_ms: Some(start), ..Default::default() })].into(),
         ..VipConfig::default()
     };
     t.sync_config(&config, joined);
@@ -536,7 +534,7 @@ fn a_declared_start_gives_every_balancer_the_same_ramp_whenever_it_joined() {
 fn a_changed_declared_start_moves_the_ramp_and_an_undrain_ramps_from_its_new_start() {
     let (mut t, now) = settled(2, HealthConfig::default());
     let now = now + 100_000;
-    let backend = |weight, start| crate::model::Backend { weight, started_at_unix_ms: start, ..Default::default() };
+    let backend = |weight, start| spillway_model::Backend { weight, started_at_unix_ms: start, ..Default::default() };
     let with = |b1| VipConfig { backends: [(be(1), b1), (be(2), backend(100, None))].into(), ..VipConfig::default() };
     // A file brings the start another balancer gave, 6 s ago: the ramp is that balancer's.
     t.sync_config(&with(backend(100, Some(now - 6_000))), now);

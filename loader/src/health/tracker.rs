@@ -11,7 +11,7 @@ use super::{
     backend::{Backend, Drain, Health, Pressure, Reason, Restored, State},
     fraction::{permille, share},
 };
-use crate::model::{HealthConfig, HealthConfigError, ProbeOutcome, Vip, VipConfig};
+use spillway_model::{HealthConfig, HealthConfigError, ProbeOutcome, Vip, VipConfig};
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum HealthError {

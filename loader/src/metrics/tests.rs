@@ -10,9 +10,9 @@ use crate::{
             Sample, VipHealthSample, VipSample,
         },
     },
-    model::RateSpec,
     ports::{DestinationUsage, Dropped, Level, Mode, PortsReport, Thresholds, WatcherStatus},
 };
+use spillway_model::RateSpec;
 
 fn backend(addr: &str, health: Option<&str>) -> BackendSample {
     BackendSample {

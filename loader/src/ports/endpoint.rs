@@ -30,7 +30,7 @@ use super::{
     PortsReport,
     auth::{self, NONCE_HEADER, ReportKey, SIGNATURE_HEADER},
 };
-use crate::model::Cidr;
+use spillway_model::Cidr;
 
 /// The endpoint's path.
 pub const PATH: &str = "/ports";

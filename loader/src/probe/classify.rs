@@ -2,7 +2,7 @@
 
 use std::io;
 
-use crate::model::ProbeOutcome;
+use spillway_model::ProbeOutcome;
 
 /// The balancer's own trouble (no port, no buffers, no descriptors, no memory, a socket option
 /// or its own firewall refused) is `Unknown`: it says nothing about the backend. Anything else

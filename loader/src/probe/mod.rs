@@ -7,7 +7,7 @@
 //! What a probe is ([`ProbeSpec`]) and what it found out ([`ProbeOutcome`]) are declared in
 //! the model; this module performs probes.
 //!
-//! A probe through the tunnel ([`ProbePath::Tunnel`](crate::model::ProbePath::Tunnel)) is
+//! A probe through the tunnel ([`ProbePath::Tunnel`](spillway_model::ProbePath::Tunnel)) is
 //! addressed to the VIP and carries a socket mark that routes it into the probe path
 //! (`crate::vip_path`); it runs together with a direct probe of the backend's own address,
 //! and [`diagnose`] tells from the pair whether the backend is down or only its VIP path is
@@ -25,7 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::model::{ProbeOutcome, ProbeSpec};
+use spillway_model::{ProbeOutcome, ProbeSpec};
 
 /// One probe of `target` from sockets marked `mark` (if any), all of it within `timeout`;
 /// `Success` carries the time from the start to the backend's answer. `spec` is taken as

@@ -15,7 +15,7 @@ use tokio::{
 use tokio_rustls::TlsAcceptor;
 
 use super::*;
-use crate::model::Hex;
+use spillway_model::Hex;
 
 const TIMEOUT: Duration = Duration::from_millis(300);
 /// How late a timed-out probe may return.

@@ -10,7 +10,7 @@ use nix::sys::socket::{setsockopt, sockopt};
 use tokio::net::UdpSocket;
 
 use super::{Answered, Fail, refuse_self_connection};
-use crate::model::MAX_PAYLOAD;
+use spillway_model::MAX_PAYLOAD;
 
 /// Sends `payload` from a connected socket on an ephemeral port (so only `target` can answer,
 /// and an ICMP port unreachable comes back as ECONNREFUSED) and passes on the first reply that

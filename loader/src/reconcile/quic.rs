@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use spillway_common::types::{QuicServer, QuicServerKey};
 
 use super::{Maps, ReconcileError, Reconciler};
-use crate::model::{DesiredState, server_ids};
+use spillway_model::{DesiredState, server_ids};
 
 impl Reconciler {
     pub(super) fn sync_quic_servers(&mut self, maps: &mut dyn Maps, desired: &DesiredState) -> Result<(), ReconcileError> {

@@ -6,10 +6,8 @@ use std::collections::HashMap;
 use spillway_common::limits::MAX_RING_SIZE;
 
 use super::*;
-use crate::{
-    model::{BackendOptions, DEFAULT_WEIGHT, Encap},
-    testing::{FakeMaps, VIP, vip},
-};
+use crate::testing::{FakeMaps, VIP, vip};
+use spillway_model::{BackendOptions, DEFAULT_WEIGHT, Encap};
 
 fn state(backends: &[(&str, u32)]) -> DesiredState {
     let mut s = DesiredState::default();
@@ -121,8 +119,8 @@ fn adopting_existing_maps_writes_nothing_for_the_same_state() {
 
 #[test]
 fn each_backend_entry_carries_its_encap_and_a_restart_rewrites_none() {
-    use crate::model::{BackendOptions, Encap};
     use spillway_common::types::{ENCAP_GUE, ENCAP_IPIP};
+    use spillway_model::{BackendOptions, Encap};
     let mut maps = FakeMaps::default();
     let mut s = state(&[("10.0.0.101", 100), ("10.0.0.102", 100)]);
     s.set_encap(&vip(VIP), Encap::Gue).unwrap();
@@ -203,7 +201,7 @@ use spillway_common::{
     types::{Bucket, FAMILY_V4, FAMILY_V6, RuleSlotKey, RuleState, SourceKey, SourceState},
 };
 
-use crate::model::RateSpec;
+use spillway_model::RateSpec;
 
 fn vip2() -> Vip {
     vip("10.100.0.2:80/tcp")
@@ -626,7 +624,7 @@ fn an_id_the_second_chance_table_names_is_not_reused_by_its_vip() {
 /// last octets of its address), the flag; all of it gone with the backend or the QUIC.
 #[test]
 fn quic_vips_get_their_config_server_ids_and_flag() {
-    use crate::model::{QuicConfig, server_id_of};
+    use spillway_model::{QuicConfig, server_id_of};
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::adopt(&maps).unwrap();
     let v: Vip = "10.100.0.2:443/udp".parse().unwrap();
@@ -679,12 +677,12 @@ fn quic_backends_whose_addresses_end_alike_are_refused() {
     s.add_vip(v, 4099).unwrap();
     s.add_backend(&v, "10.0.0.101".parse().unwrap(), 100).unwrap();
     s.add_backend(&v, "10.0.1.101".parse().unwrap(), 100).unwrap();
-    let one_octet = crate::model::QuicConfig { server_id_len: 1, ..Default::default() };
+    let one_octet = spillway_model::QuicConfig { server_id_len: 1, ..Default::default() };
     let err = s.set_quic(&v, Some(one_octet)).unwrap_err();
     assert!(err.to_string().contains("would both have QUIC server id 65"), "{err}");
     assert_eq!(s.vips[&v].quic, None);
-    s.set_quic(&v, Some(crate::model::QuicConfig::default())).unwrap();
+    s.set_quic(&v, Some(spillway_model::QuicConfig::default())).unwrap();
     let err = s.add_backend(&v, "10.1.0.101".parse().unwrap(), 100).unwrap_err();
-    assert!(matches!(err, crate::model::ModelError::QuicServerIdTaken { .. }), "{err}");
+    assert!(matches!(err, spillway_model::ModelError::QuicServerIdTaken { .. }), "{err}");
     assert_eq!(s.vips[&v].backends.len(), 2);
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
-use spillway::model::Vip;
+use spillway_model::Vip;
 
 use spillway_common::types::{PROTO_TCP, Reason};
 use spillway_harness::{frames, packet_lab};

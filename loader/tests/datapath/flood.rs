@@ -122,8 +122,8 @@ fn an_unconfirmed_entry_gives_way_to_a_new_flow() {
 /// handshake holds its way only while its sender keeps sending on it.
 #[test]
 fn spoofed_handshakes_hold_entries_only_while_they_keep_sending() {
-    use spillway::model::{LimitConfig, RateSpec};
     use spillway_common::limits::{FLOW_HOLD_TICKS, FLOW_TICK_SHIFT, FLOW_TOUCH_TICKS};
+    use spillway_model::{LimitConfig, RateSpec};
     let tiny = Capacity { flows: 2, ..CAPACITY };
     with_env_sized(tiny, |env| {
         let v = vip(&format!("{VIP}/tcp"));

@@ -5,16 +5,14 @@
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 
-use spillway::{
-    model::{BackendOptions, Encap},
-    reconcile::vip_key,
-};
+use spillway::reconcile::vip_key;
 use spillway_common::{
     hash::{FLOW_SEED, flow_hash, gue_source_port},
     limits::DEFAULT_GUE_PORT,
     types::{DecapReason, FlowKey, PROTO_TCP, Reason},
 };
 use spillway_harness::{frames, packet_lab};
+use spillway_model::{BackendOptions, Encap};
 
 use crate::{
     decap::{backend_host, run_decap},
@@ -42,7 +40,7 @@ fn expected_gue(env: &Env, key: &FlowKey, backend: IpAddr, input: &[u8]) -> Vec<
 }
 
 /// Adds `v` with `backends`, the VIP's encap `gue`.
-fn add_gue_vip(env: &mut Env, v: spillway::model::Vip, backends: &[IpAddr]) {
+fn add_gue_vip(env: &mut Env, v: spillway_model::Vip, backends: &[IpAddr]) {
     env.update(|s| {
         s.add_vip(v, 4099).unwrap();
         s.set_encap(&v, Encap::Gue).unwrap();
@@ -114,7 +112,7 @@ fn a_backends_encap_overrides_its_vips_and_changes_take_effect() {
         env.update(|s| {
             s.add_vip(v, 4099).unwrap();
             s.set_encap(&v, Encap::Gue).unwrap();
-            s.add_backend_with(&v, b, spillway::model::Backend { weight: 100, options: ipip, ..Default::default() }).unwrap();
+            s.add_backend_with(&v, b, spillway_model::Backend { weight: 100, options: ipip, ..Default::default() }).unwrap();
         });
         let (c, d) = (sock("192.168.10.20:40000"), sock("10.200.1.1:80"));
         let key = flow_key(c, d, PROTO_TCP);

@@ -1,9 +1,9 @@
 //! New-flow limits: bucket arithmetic, source prefixes, rule precedence, the VIP budget and
 //! observe mode. Established flows are never shed.
 
-use spillway::model::{Cidr, LimitConfig, RateSpec, RuleAction, RuleConfig, RuleMatch};
 use spillway_common::types::{Observed, PROTO_TCP, Reason, SourceKey, SourceState};
 use spillway_harness::{frames, packet_lab};
+use spillway_model::{Cidr, LimitConfig, RateSpec, RuleAction, RuleConfig, RuleMatch};
 
 use crate::support::*;
 

@@ -61,7 +61,7 @@ fn a_probe_to_a_gue_backend_leaves_in_gue_as_the_data_path_sends_it() {
         ];
         for (v, backend, udp) in cases {
             env.add_vip(vip(v), &[backend]);
-            env.update(|s| s.set_encap(&vip(v), spillway::model::Encap::Gue).unwrap());
+            env.update(|s| s.set_encap(&vip(v), spillway_model::Encap::Gue).unwrap());
             let frame = probe_frame(v, udp);
             let data_path = env.expect(&frame, XDP_TX, Reason::Tx).frame;
             let probe = expect_probe(env, &maps, &frame, mark(env, v, backend), TC_ACT_REDIRECT, ProbeReason::Redirect);

@@ -3,7 +3,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use spillway::model::{DEFAULT_WEIGHT, Encap, QuicConfig, Vip, server_id_of};
 use spillway_common::{
     hash::{connection_id_hash, gue_source_port, quic_server_home},
     limits::{Capacity, DEFAULT_GUE_PORT},
@@ -11,6 +10,7 @@ use spillway_common::{
     types::{PROTO_UDP, QuicRouting, Reason},
 };
 use spillway_harness::{frames, packet_lab};
+use spillway_model::{DEFAULT_WEIGHT, Encap, QuicConfig, Vip, server_id_of};
 
 use crate::support::*;
 

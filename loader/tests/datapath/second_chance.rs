@@ -17,7 +17,7 @@ use spillway_harness::{frames, packet_lab};
 use crate::support::*;
 
 /// The backend the VIP's second-chance table gives `key` (`None`: there is none).
-fn prior_backend(env: &Env, v: &spillway::model::Vip, key: &spillway_common::types::FlowKey) -> Option<IpAddr> {
+fn prior_backend(env: &Env, v: &spillway_model::Vip, key: &spillway_common::types::FlowKey) -> Option<IpAddr> {
     let prior = env.balancer.maps.vips.get(&vip_key(v)).unwrap().prior;
     env.balancer.maps.rings.choice(prior, flow_hash(key, FLOW_SEED)).map(|id| env.backend_addr(id))
 }

@@ -9,7 +9,6 @@ use spillway::{
         Balancer, LoadOptions, load_simple,
         test_run::{self, RunOutcome},
     },
-    model::{DesiredState, Vip},
     objects,
     reconcile::{Reconciler, vip_key},
 };
@@ -23,6 +22,7 @@ use spillway_harness::{
     frames,
     packet_lab::{self, PacketLab},
 };
+use spillway_model::{DesiredState, Vip};
 
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;

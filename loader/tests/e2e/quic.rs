@@ -12,7 +12,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use spillway::model::DEFAULT_WEIGHT;
 use spillway_common::{
     addr::to_words,
     maglev::{self, MaglevBackend},
@@ -20,6 +19,7 @@ use spillway_common::{
 use spillway_harness::cluster::{Cluster, XdpMode};
 use spillway_harness::promql;
 use spillway_harness::{Daemon, Host, Signal, VIP4, VIP6, client4, client6, harness_binary, http_get};
+use spillway_model::DEFAULT_WEIGHT;
 
 use crate::in_both_modes;
 use crate::support::*;

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, ensure};
 /// Floors from the bottom up: (what the floor is for, its crates). A new crate must be placed.
 pub const FLOORS: &[(&str, &[&str])] = &[
     ("shared wire and map types", &["spillway-common"]),
-    ("the data path and its protocols", &["xdp-ebpf", "spillway-quic-lb"]),
+    ("the data path and its protocols; the declared state", &["xdp-ebpf", "spillway-quic-lb", "spillway-model"]),
     ("the control plane, lbd and lbctl", &["spillway-loader"]),
     ("the test harness", &["spillway-harness"]),
     ("developer tasks", &["xtask"]),

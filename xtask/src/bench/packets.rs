@@ -20,7 +20,6 @@ use spillway::{
         self, Balancer, LoadOptions,
         test_run::{self, HEADROOM_BYTES},
     },
-    model::{DEFAULT_WEIGHT, DesiredState, Encap, LimitConfig, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip},
     objects,
     reconcile::{Reconciler, vip_key},
 };
@@ -36,6 +35,7 @@ use spillway_harness::{
     frames::{self, ETH_LEN},
     packet_lab::{self, PacketLab},
 };
+use spillway_model::{DEFAULT_WEIGHT, DesiredState, Encap, LimitConfig, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip};
 
 use super::median;
 

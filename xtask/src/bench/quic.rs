@@ -11,12 +11,12 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
 use anyhow::{Context, Result, ensure};
-use spillway::model::{DEFAULT_WEIGHT, DesiredState, QuicConfig, Vip, server_id_of};
 use spillway_common::{
     limits::{Capacity, DEFAULT_RING_SIZE},
     quic_lb::{MAX_CID_LEN, encode},
 };
 use spillway_harness::{frames, packet_lab};
+use spillway_model::{DEFAULT_WEIGHT, DesiredState, QuicConfig, Vip, server_id_of};
 
 use super::{
     Section,

@@ -9,9 +9,9 @@ use std::ops::ControlFlow;
 use std::time::Instant;
 
 use anyhow::{Result, ensure};
-use spillway::model::{DEFAULT_WEIGHT, DesiredState, Vip};
 use spillway_common::limits::Capacity;
 use spillway_harness::{frames, packet_lab};
+use spillway_model::{DEFAULT_WEIGHT, DesiredState, Vip};
 
 use super::{
     Section,

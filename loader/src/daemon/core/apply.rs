@@ -10,12 +10,12 @@ use crate::{
     config::{self, Change, ChangeKind, ConfigError, Document, Item},
     daemon::settings::{RunningSettings, Section, Settings},
     event,
-    model::{
-        DesiredState, Vip,
-        host::{Host, HostError},
-    },
     reconcile::Maps,
     store::{ConfigMark, Store},
+};
+use spillway_model::{
+    DesiredState, Vip,
+    host::{Host, HostError},
 };
 
 /// How this `lbd` runs, for `status` and `export`; set once it is attached.

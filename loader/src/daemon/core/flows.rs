@@ -25,10 +25,10 @@ use crate::{
     api::flows::{Admission, DEFAULT_FLOW_LIST, FlowAnswer, FlowEntry, FlowEntryState, FlowList, MAX_FLOW_LIST, PurgeReport},
     daemon::telemetry::{FlowCount, TABLE_FULL_REPEAT, TableFullAlert},
     dataplane::{BalancerMaps, DataplaneError, FlowInfo, clock},
-    model::{Proto, Vip},
     reconcile::Maps,
     store::Store,
 };
+use spillway_model::{Proto, Vip};
 
 const NS_PER_S: u64 = 1_000_000_000;
 

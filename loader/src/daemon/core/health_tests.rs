@@ -8,14 +8,14 @@ use crate::{
     api::{BackendEntry, VipEntry},
     daemon::ports_book::AgentPoll,
     health::Restored,
-    model::Encap,
-    model::{BackendOptions, HealthConfig, ProbeOutcome},
     ports::{DestinationUsage, Dropped, Level, Thresholds},
     store::SnapshotEntry,
     store::StateFile,
     testing::{FakeMaps, TempDir},
     testing::{VIP, ip, vip},
 };
+use spillway_model::Encap;
+use spillway_model::{BackendOptions, HealthConfig, ProbeOutcome};
 
 struct Fixture {
     core: Core<FakeMaps, StateFile>,
@@ -294,10 +294,8 @@ fn status_lists_every_alert_and_an_ignored_report_says_why_the_kept_one_is_stale
 
 #[test]
 fn probes_go_through_the_tunnel_unless_the_vip_or_the_backend_says_direct() {
-    use crate::{
-        daemon::health_checks::{LocalCause, ProbeRoute},
-        model::ProbePath,
-    };
+    use crate::daemon::health_checks::{LocalCause, ProbeRoute};
+    use spillway_model::ProbePath;
     let mut f = Fixture::new(None);
     f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
     f.add("10.0.0.1", None, None);

@@ -7,12 +7,12 @@ use spillway_common::{limits::MAX_BACKENDS_PER_VIP, maglev::MAX_WEIGHT, types::R
 use super::*;
 use crate::{
     api::{BackendState, VipEntry, VipList},
-    model::Encap,
-    model::{Vip, host::Host},
     reconcile::table_digest,
     store::StateFile,
     testing::{FakeMaps, TempDir, VIP, ip, vip},
 };
+use spillway_model::Encap;
+use spillway_model::{Vip, host::Host};
 
 /// A core on fake maps with a real state file (also for `apply_tests`).
 pub(super) struct Fixture {
@@ -252,10 +252,8 @@ use spillway_common::{
     types::{Bucket, RuleState, SourceKey, SourceState},
 };
 
-use crate::{
-    api::{LimitOrigin, LimitPart, RuleActionKind, Scope},
-    model::{RateSpec, RuleMatch},
-};
+use crate::api::{LimitOrigin, LimitPart, RuleActionKind, Scope};
+use spillway_model::{RateSpec, RuleMatch};
 
 fn set_rate(scope: Scope, per_s: u32) -> Request {
     Request::SetRateLimit { scope, per_s, burst: None, source_prefix_v4: None, source_prefix_v6: None, observe: false }

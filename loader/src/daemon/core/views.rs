@@ -21,10 +21,10 @@ use crate::{
     },
     dataplane::DataplaneError,
     health::{BackendHealth, Reason, State},
-    model::{Cidr, LimitConfig, ModelError, RuleAction, Vip, server_ids},
     reconcile::{Maps, table_digest},
     store::Store,
 };
+use spillway_model::{Cidr, LimitConfig, ModelError, RuleAction, Vip, server_ids};
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// Every ALERT in force, from every source: `status`, `vips list`, `backends list` and

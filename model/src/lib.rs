@@ -25,6 +25,8 @@ mod health;
 pub mod host;
 mod probe;
 mod quic;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use backend::{Backend, BackendOptions, Encap, MAX_ZONE_LEN, VipHealth, check_zone};
 pub use health::{HealthConfig, HealthConfigError, MAX_DURATION_MS, MAX_JITTER, MAX_RISE_FALL};
