@@ -5,7 +5,6 @@ pub mod agent;
 pub mod announce;
 pub mod api;
 pub mod cli;
-pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod docs;

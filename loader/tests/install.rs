@@ -13,7 +13,7 @@ use std::{
     process::{Command, Output},
 };
 
-use spillway::config::Document;
+use spillway_model::config::Document;
 
 struct Dir(PathBuf);
 

@@ -21,6 +21,7 @@ use spillway_common::{
 };
 
 mod backend;
+pub mod config;
 mod health;
 pub mod host;
 mod probe;

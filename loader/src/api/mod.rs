@@ -21,8 +21,9 @@ use std::{
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::{config::Change, ports::PortsReport};
+use crate::ports::PortsReport;
 pub use spillway_model::RuleActionKind;
+use spillway_model::config::Change;
 use spillway_model::{BackendOptions, Cidr, Encap, ModelError, ProbePath, ProbeSpec, QuicConfig, RateSpec, Vip};
 
 /// Where `lbd` listens and `lbctl` connects unless told otherwise.
@@ -30,7 +31,7 @@ pub const DEFAULT_SOCKET: &str = "/run/spillway/api.sock";
 
 /// Largest request line the server reads; anything longer is refused. Room for the largest
 /// configuration file, every byte of it escaped.
-pub const MAX_REQUEST_BYTES: usize = 2 * crate::config::MAX_CONFIG_BYTES + 64 * 1024;
+pub const MAX_REQUEST_BYTES: usize = 2 * spillway_model::config::MAX_CONFIG_BYTES + 64 * 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]

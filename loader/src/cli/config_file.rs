@@ -13,10 +13,8 @@ use super::{
     CliError,
     table::{Align, Table, printable},
 };
-use crate::{
-    api::{AnnouncementsStatus, Applied, Started, Status},
-    config::{self, MAX_CONFIG_BYTES},
-};
+use crate::api::{AnnouncementsStatus, Applied, Started, Status};
+use spillway_model::config::{self, MAX_CONFIG_BYTES};
 
 pub const APPLY_HELP: &str = "\
 Examples:

@@ -794,7 +794,7 @@ fn apply_and_diff_send_the_file_and_status_and_export_ask() {
     let missing = tmp.path().join("missing.toml");
     let err = parse(&["apply", "-f", missing.to_str().unwrap()]).unwrap().command.request().unwrap_err().to_string();
     assert!(err.starts_with(&format!("{}: reading it:", missing.display())), "{err}");
-    std::fs::write(&path, vec![b'#'; crate::config::MAX_CONFIG_BYTES + 1]).unwrap();
+    std::fs::write(&path, vec![b'#'; spillway_model::config::MAX_CONFIG_BYTES + 1]).unwrap();
     let err = parse(&["apply", "-f", file]).unwrap().command.request().unwrap_err().to_string();
     assert_eq!(err, format!("{file}: larger than the 4 MiB a configuration may be"));
 }
@@ -829,11 +829,11 @@ fn apply_writes_the_starts_lbd_gave_into_the_file_and_diff_does_not() {
 #[test]
 fn apply_and_diff_print_one_line_per_change() {
     let old = spillway_model::DesiredState::default();
-    let new = crate::config::Document::parse("f", "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 13\n".into())
+    let new = spillway_model::config::Document::parse("f", "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nring_size = 13\n".into())
         .unwrap()
         .desired_state()
         .unwrap();
-    let changes = crate::config::diff(&old, &new);
+    let changes = spillway_model::config::diff(&old, &new);
     let applied = crate::api::Applied {
         applied: true,
         changes: changes.clone(),
@@ -860,7 +860,7 @@ fn apply_and_diff_print_one_line_per_change() {
         "~ lbd.zone: ...\nno changes to the desired state; 1 settings of [lbd] differ: they take effect at the next start of lbd\n"
     );
     // A change apply would refuse: the whole diff, that one marked, and its own exit status.
-    let mut removal = crate::config::diff(&new, &old);
+    let mut removal = spillway_model::config::diff(&new, &old);
     removal[0].refused = Some("needs --allow-vip-removal".into());
     let refused = crate::api::Applied { changes: removal, notes: vec![], ..dry.clone() };
     assert_eq!(render::reply(&cli.command, Reply::Applied(refused.clone()), &mut Vec::new()).unwrap(), Outcome::Refused);

@@ -21,7 +21,6 @@ use super::{
 };
 use crate::{
     api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, announce::Announcements, sample::BuildInfo},
-    config::{ConfigError, Document},
     dataplane::{BalancerMaps, DataplaneError, MapOccupancy},
     event,
     health::{HealthError, Pressure},
@@ -31,6 +30,7 @@ use crate::{
     store::{HealthSnapshot, Store, StoreError},
     wall_clock::unix_ms,
 };
+use spillway_model::config::{ConfigError, Document};
 use spillway_model::{
     Backend, DEFAULT_WEIGHT, DesiredState, ModelError, ProbePath, ProbeSpec, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth,
     check_serving_weight, host::HostError,

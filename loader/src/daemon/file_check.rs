@@ -19,10 +19,8 @@ use super::{
     resolve::environment_has,
     settings::{Section, Settings, clap_message},
 };
-use crate::{
-    config::{ConfigError, Document},
-    forwarding, netif,
-};
+use crate::{forwarding, netif};
+use spillway_model::config::{ConfigError, Document};
 
 /// A file that passed: what it declares.
 #[derive(Debug, PartialEq, Eq)]

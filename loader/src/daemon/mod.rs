@@ -44,7 +44,6 @@ use crate::{
     announce::{AnnounceConfig, AnnounceError},
     api::ConfigStatus,
     api::sample::BuildInfo,
-    config::{ConfigError, Document},
     dataplane::{Balancer, DataplaneError, LoadOptions},
     event,
     forwarding::{self, ForwardingError},
@@ -56,6 +55,7 @@ use crate::{
     store::{ConfigMark, StateFile, Store, StoreError},
     vip_path::{VipPath, VipPathError},
 };
+use spillway_model::config::{ConfigError, Document};
 use spillway_model::{DesiredState, HealthConfig, host::Host};
 
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,7 @@ use super::{
     args::{LbdArgs, LbdCommand},
     settings::{RunningSettings, Section, Settings},
 };
-use crate::config::{ConfigError, Document};
+use spillway_model::config::{ConfigError, Document};
 
 /// What `lbd` runs with: its arguments with those of the `--config` file's section.
 #[derive(Debug)]

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, parser::ValueSource};
 
 use super::args::LbdArgs;
-use crate::config::{ConfigError, Document, FieldPath};
+use spillway_model::config::{ConfigError, Document, FieldPath};
 
 /// Options that say what to do, not how to run: never settings.
 const NOT_SETTINGS: [&str; 4] = ["help", "version", "config", "cleanup"];

@@ -7,12 +7,12 @@ use super::{Core, CoreError, Counters};
 use crate::wall_clock::unix_ms;
 use crate::{
     api::{Applied, ConfigStatus, Exported, Reply, Started},
-    config::{self, Change, ChangeKind, ConfigError, Document, Item},
     daemon::settings::{RunningSettings, Section, Settings},
     event,
     reconcile::Maps,
     store::{ConfigMark, Store},
 };
+use spillway_model::config::{self, Change, ChangeKind, ConfigError, Document, Item};
 use spillway_model::{
     DesiredState, Vip,
     host::{Host, HostError},

@@ -6,10 +6,10 @@ use std::path::Path;
 use super::{tests::Fixture, *};
 use crate::{
     api::{Applied, Exported, Status},
-    config::ChangeKind,
     store::{ConfigMark, StateFile},
     testing::vip,
 };
+use spillway_model::config::ChangeKind;
 
 const FILE: &str = "\
 [[vips]]

@@ -11,7 +11,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::file::{ConfigFile, FileBackend, FileHealth, FileRule, FileVip};
-use spillway_model::{DesiredState, HealthConfig, ProbePath, ProbeSpec, Vip};
+use crate::{DesiredState, HealthConfig, ProbePath, ProbeSpec, Vip};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Change {

@@ -20,7 +20,7 @@ pub use locate::FieldPath;
 use toml::de::DeTable;
 
 use self::file::ConfigFile;
-use spillway_model::{DesiredState, Vip};
+use crate::{DesiredState, Vip};
 
 /// Largest file accepted (a thousand VIPs of ten backends each, commented, take ~1 MiB).
 pub const MAX_CONFIG_BYTES: usize = 4 << 20;

@@ -1,8 +1,10 @@
 use std::fs;
 
 use super::*;
-use crate::testing::{TempDir, vip};
-use spillway_model::RateSpec;
+use spillway_harness::tempdir::TempDir;
+
+use crate::RateSpec;
+use crate::testing::vip;
 
 const EXAMPLE: &str = include_str!("../../../deploy/spillway.toml");
 
@@ -31,8 +33,8 @@ fn the_example_declares_what_it_says() {
     assert_eq!(state.rules.len(), 2);
     assert_eq!(state.vips[&vip("192.0.2.20:53/udp")].backends.values().next().unwrap().weight, 100);
     let quic = &state.vips[&vip("192.0.2.30:443/udp")];
-    assert_eq!(quic.quic, Some(spillway_model::QuicConfig::default()));
-    assert_eq!(spillway_model::server_ids(quic).values().map(ToString::to_string).collect::<Vec<_>>(), ["031f"]);
+    assert_eq!(quic.quic, Some(crate::QuicConfig::default()));
+    assert_eq!(crate::server_ids(quic).values().map(ToString::to_string).collect::<Vec<_>>(), ["031f"]);
     let doc = Document::parse("example", EXAMPLE.to_owned()).unwrap();
     assert_eq!(doc.lbd().unwrap()["iface"].as_str(), Some("eth0"));
     assert_eq!(doc.agent().unwrap()["iface"].as_str(), Some("eth0"));
@@ -45,9 +47,9 @@ fn encap_is_read_per_vip_and_backend_and_exported() {
                 [[vips.backends]]\naddress = \"10.0.1.3\"\nencap = \"gue\"\n";
     let state = parse(text).unwrap();
     let (web, other) = (&state.vips[&vip("10.0.0.1:80/tcp")], &state.vips[&vip("10.0.0.2:80/tcp")]);
-    use spillway_model::Encap::{Gue, Ipip};
+    use crate::Encap::{Gue, Ipip};
     assert_eq!((web.encap, other.encap), (Gue, Ipip), "a VIP without encap is ipip");
-    let of = |config: &spillway_model::VipConfig, b: &str| config.encap_of(&config.backends[&b.parse().unwrap()]);
+    let of = |config: &crate::VipConfig, b: &str| config.encap_of(&config.backends[&b.parse().unwrap()]);
     assert_eq!([of(web, "10.0.1.1"), of(web, "10.0.1.2"), of(other, "10.0.1.3")], [Gue, Ipip, Gue]);
     let exported = export(&state, None);
     assert_eq!(parse(&exported).unwrap(), state, "{exported}");
@@ -64,7 +66,7 @@ fn the_example_uses_every_field() {
     policy.fall = 9; // exported only when it differs from the default
     web.health.as_mut().unwrap().policy = policy;
     web.allow_local_address = true;
-    web.encap = spillway_model::Encap::Gue;
+    web.encap = crate::Encap::Gue;
     full.vips.get_mut(&vip("192.0.2.30:443/udp")).unwrap().quic.as_mut().unwrap().self_len = true;
     let exported = export(&full, None);
     let file: toml::Table = toml::from_str(&exported).unwrap();

@@ -10,7 +10,7 @@ use spillway_common::limits::DEFAULT_RING_SIZE;
 use toml::value::Datetime;
 
 use super::{datetime, locate::FieldPath};
-use spillway_model::{
+use crate::{
     Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, Encap, HealthConfig, LimitConfig, ModelError, ProbePath, ProbeSpec,
     QuicConfig, RuleActionKind, RuleConfig, RuleMatch, Vip, VipConfig, VipHealth, check_serving_weight,
 };
