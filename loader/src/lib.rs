@@ -10,7 +10,6 @@ pub mod dataplane;
 pub mod docs;
 pub mod errors;
 pub mod forwarding;
-pub mod health;
 pub mod logging;
 pub mod map_batch;
 pub mod metrics;

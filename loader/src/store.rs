@@ -11,8 +11,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::{event, health::Restored};
+use crate::event;
 use spillway_model::{DesiredState, ModelError, Vip};
+use spillway_policy::health::Restored;
 
 pub const STATE_FILE: &str = "state.json";
 /// Backend health as the last `lbd` left it: a cache that spares serving backends a new slow

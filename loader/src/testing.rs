@@ -17,7 +17,7 @@ use spillway_common::{
 };
 
 pub use spillway_harness::tempdir::TempDir;
-pub use spillway_model::testing::{VIP, be, ip, vip};
+pub use spillway_model::testing::{VIP, ip, vip};
 
 use crate::{
     daemon::core::{Counters, FlowTable},

@@ -13,7 +13,6 @@
 
 pub mod bird;
 pub mod include;
-pub mod policy;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -21,17 +20,16 @@ use std::{
     path::PathBuf,
 };
 
-pub use self::policy::{Fault, Policy, State};
 use self::{
     bird::{Bird, BirdError},
     include::{GRACEFUL_SHUTDOWN, IncludeError, PROTOCOL4, PROTOCOL6, TABLE4, TABLE6},
-    policy::Change,
 };
 use crate::{
     api::announce::{AnnouncementChanges, AnnouncementView, Announcements},
     errors::error_chain,
     event,
 };
+use spillway_policy::announce::{Change, Fault, Policy, State};
 
 /// Where BIRD is and how the fleet decides withdrawals.
 #[derive(Clone, Debug)]

@@ -954,7 +954,9 @@ fn long_help(path: &[&str]) -> String {
 #[test]
 fn every_table_column_and_state_is_named_in_its_commands_help() {
     use super::{config_file::MAP_COLUMNS, flows::FLOW_COLUMNS, render::*, render_health::*, top::*};
-    use crate::{announce::policy, api::BackendState, health as backend, ports::Level};
+    use spillway_policy::{announce as policy, health as backend};
+
+    use crate::{api::BackendState, ports::Level};
 
     type Columns = &'static [(&'static str, table::Align)];
     let tables: &[(&[&str], &[Columns])] = &[

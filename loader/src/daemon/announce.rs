@@ -7,12 +7,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use spillway_policy::announce::Fault;
+
 use super::{
     core::{Counters, error_chain},
     server::{self, SharedCore},
 };
 use crate::{
-    announce::{AnnounceConfig, Announcer, Fault},
+    announce::{AnnounceConfig, Announcer},
     event, forwarding, netif, pins,
     reconcile::Maps,
     store::Store,

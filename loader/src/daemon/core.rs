@@ -23,7 +23,6 @@ use crate::{
     api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, announce::Announcements, sample::BuildInfo},
     dataplane::{BalancerMaps, DataplaneError, MapOccupancy},
     event,
-    health::{HealthError, Pressure},
     logging::Line,
     ports::PortsReport,
     reconcile::{ApplyReport, Maps, MapsError, ReconcileError, Reconciler},
@@ -35,6 +34,7 @@ use spillway_model::{
     Backend, DEFAULT_WEIGHT, DesiredState, ModelError, ProbePath, ProbeSpec, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth,
     check_serving_weight, host::HostError,
 };
+use spillway_policy::health::{HealthError, Pressure};
 
 /// The counters `lbctl stats`, `rules list`, `top-sources`, `top` and the metrics report,
 /// and (`FlowTable`) the connection table; implemented by the real maps and, in tests, a

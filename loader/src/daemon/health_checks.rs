@@ -11,12 +11,12 @@ use std::{
 
 use crate::{
     event,
-    health::{Candidate, HealthError, HealthTracker, Placement, Pressure, ProbeKey, place},
     store::{HealthSnapshot, SnapshotEntry},
 };
 use spillway_model::{
     Backend, DesiredState, HealthConfig, LimitConfig, ProbeOutcome, ProbePath, ProbeSpec, Proto, RateSpec, Vip, VipConfig,
 };
+use spillway_policy::health::{Candidate, HealthError, HealthTracker, Placement, Pressure, ProbeKey, place};
 
 /// One backend of one VIP to probe, with the VIP's settings.
 #[derive(Clone, Debug)]
@@ -356,7 +356,7 @@ impl Checks {
     fn log_events(&mut self) {
         for tracker in self.trackers.values_mut() {
             for event in tracker.take_events() {
-                if matches!(event, crate::health::HealthEvent::Backend(_)) {
+                if matches!(event, spillway_policy::health::HealthEvent::Backend(_)) {
                     self.snapshot_due = true;
                 }
                 log::info!("{event}");

@@ -10,9 +10,9 @@ use std::{
 
 use crate::{
     api::PortsView,
-    health::Pressure,
     ports::{Level, PortsReport},
 };
+use spillway_policy::health::Pressure;
 
 /// Logged (and repeated) while the balancer's own ports are critical, an alert meanwhile.
 pub const LB_PORTS_CRITICAL_ALERT: &str = "ALERT: this balancer's own ephemeral ports are at the critical threshold (see lbctl ports)";

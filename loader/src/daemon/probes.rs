@@ -21,15 +21,9 @@ use super::{
     health_checks::{LocalCause, ProbeRoute},
     server::{self, SharedCore},
 };
-use crate::{
-    event,
-    health::{ProbeKey, next_probe_at},
-    probe,
-    reconcile::Maps,
-    store::Store,
-    vip_path::VipPath,
-};
+use crate::{event, probe, reconcile::Maps, store::Store, vip_path::VipPath};
 use spillway_model::{ProbeOutcome, ProbeSpec};
+use spillway_policy::health::{ProbeKey, next_probe_at};
 
 /// The probe path as `lbd` set it up, or why it could not.
 pub type ProbePathState = Result<VipPath, String>;

@@ -3,16 +3,17 @@
 use prometheus_client::registry::Unit;
 
 use super::family::{Families, Labels};
+use spillway_policy::announce::State as AnnounceState;
+
 use crate::{
-    announce::State as AnnounceState,
     api::{
         ReasonCount,
         announce::Announcements,
         sample::{HistogramSample, Sample},
     },
-    health::{Pressure, State as BackendState},
     ports::PortsReport,
 };
+use spillway_policy::health::{Pressure, State as BackendState};
 
 /// OpenMetrics text of `sample`, with the balancer host's own port figures (its watcher's
 /// report, or why there is none; the same families as an agent's, see [`super::ports`]).

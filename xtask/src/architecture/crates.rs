@@ -15,6 +15,7 @@ use anyhow::{Context, Result, ensure};
 pub const FLOORS: &[(&str, &[&str])] = &[
     ("shared wire and map types", &["spillway-common"]),
     ("the data path and its protocols; the declared state", &["xdp-ebpf", "spillway-quic-lb", "spillway-model"]),
+    ("pure policy: health, placement, announcements", &["spillway-policy"]),
     ("the control plane, lbd and lbctl", &["spillway-loader"]),
     ("the test harness", &["spillway-harness"]),
     ("developer tasks", &["xtask"]),

@@ -7,7 +7,6 @@ use super::*;
 use crate::{
     api::{BackendEntry, VipEntry},
     daemon::ports_book::AgentPoll,
-    health::Restored,
     ports::{DestinationUsage, Dropped, Level, Thresholds},
     store::SnapshotEntry,
     store::StateFile,
@@ -16,6 +15,7 @@ use crate::{
 };
 use spillway_model::Encap;
 use spillway_model::{BackendOptions, HealthConfig, ProbeOutcome};
+use spillway_policy::health::Restored;
 
 struct Fixture {
     core: Core<FakeMaps, StateFile>,
@@ -101,7 +101,7 @@ fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
 
     // Zone a's only backend fails (half the weight: within the ejection cap, no panic).
     let failed = ProbeOutcome::Failure { reason: "refused".into() };
-    let key = crate::health::ProbeKey { vip: vip(VIP), backend: ip("10.0.0.1") };
+    let key = spillway_policy::health::ProbeKey { vip: vip(VIP), backend: ip("10.0.0.1") };
     let results =
         vec![ProbeResult { key, outcome: failed.clone(), local_cause: None }, ProbeResult { key, outcome: failed, local_cause: None }];
     f.core.health_round(results).unwrap();
@@ -335,7 +335,7 @@ fn probes_go_through_the_tunnel_unless_the_vip_or_the_backend_says_direct() {
 
     // A broken VIP path fails the backend and is counted for its VIP; the balancer's own
     // trouble changes nothing and raises an alert naming it.
-    let key = |b: &str| crate::health::ProbeKey { vip: vip(VIP), backend: ip(b) };
+    let key = |b: &str| spillway_policy::health::ProbeKey { vip: vip(VIP), backend: ip(b) };
     let broken = ProbeOutcome::VipPathFailed { tunnel: "timeout".into() };
     let result = |b: &str, outcome: &ProbeOutcome, local_cause: Option<LocalCause>| ProbeResult {
         key: key(b),

@@ -20,11 +20,11 @@ use crate::{
         telemetry::TABLE_FULL_REPEAT,
     },
     dataplane::DataplaneError,
-    health::{BackendHealth, Reason, State},
     reconcile::{Maps, table_digest},
     store::Store,
 };
 use spillway_model::{Cidr, LimitConfig, ModelError, RuleAction, Vip, server_ids};
+use spillway_policy::health::{BackendHealth, Reason, State};
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// Every ALERT in force, from every source: `status`, `vips list`, `backends list` and

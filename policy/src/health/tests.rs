@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use super::*;
-use crate::testing::{VIP, be, vip};
+use spillway_model::testing::{VIP, be, vip};
 use spillway_model::{HealthConfig, MAX_DURATION_MS, ProbeOutcome, VipConfig};
 
 const OK: ProbeOutcome = ProbeOutcome::Success { latency_us: 2000 };

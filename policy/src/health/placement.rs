@@ -111,7 +111,7 @@ fn to_weight(value: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::be;
+    use spillway_model::testing::be;
 
     /// `(zone, weight the health plan gave, capacity)`; configured weight 100 each.
     fn candidates(spec: &[(&'static str, u32, Option<u32>)]) -> Vec<Candidate<'static>> {
