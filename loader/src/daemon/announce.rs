@@ -69,7 +69,9 @@ where
     let mut announcer = match Announcer::start(config, now_ms()) {
         Ok(announcer) => announcer,
         Err(e) => {
-            event!(error, "announcer_not_started", error = error_chain(&e), effect = "nothing is announced or withdrawn");
+            let why = error_chain(&e);
+            event!(error, "announcer_not_started", error = why, effect = "nothing is announced or withdrawn");
+            server::lock(&core).set_announcer_down(format!("it did not start: {why}"));
             return;
         }
     };
@@ -77,19 +79,20 @@ where
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let (core, data_path) = (core.clone(), data_path.clone());
+        let (round_core, data_path) = (core.clone(), data_path.clone());
         // BIRD and the sysctls are blocking I/O; the announcer travels with the round.
         let round = tokio::task::spawn_blocking(move || {
             let (v4, v6) = data_path.faults();
-            let wanted = server::lock(&core).announce_wanted();
+            let wanted = server::lock(&round_core).announce_wanted();
             let view = announcer.step(&wanted, &|addr| if addr.is_ipv4() { v4 } else { v6 }, now_ms());
-            server::lock(&core).set_announcements(view);
+            server::lock(&round_core).set_announcements(view);
             announcer
         });
         match round.await {
             Ok(back) => announcer = back,
             Err(e) => {
                 event!(error, "announcer_failed", error = e, effect = "nothing is announced or withdrawn until lbd restarts");
+                server::lock(&core).set_announcer_down(format!("it failed: {e}"));
                 return;
             }
         }

@@ -201,6 +201,8 @@ pub struct Core<M, S> {
     info: DaemonInfo,
     /// What is announced through BIRD (`None`: `lbd` does not announce).
     announcements: Option<Announcements>,
+    /// Why the announcer stopped (did not start, or failed), when BIRD is configured.
+    announcer_down: Option<String>,
     /// See [`Reconciler::set_second_chance_settle`]; kept for rebuilt reconcilers.
     second_chance_settle: Option<std::time::Duration>,
     /// `None` without `--config`.
@@ -280,6 +282,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             telemetry,
             info: DaemonInfo::default(),
             announcements: None,
+            announcer_down: None,
             second_chance_settle: None,
             own_config: None,
         };
@@ -344,6 +347,13 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// Records what the announcer did this round (`lbctl vips list`, metrics).
     pub fn set_announcements(&mut self, announcements: Announcements) {
         self.announcements = Some(announcements);
+    }
+
+    /// The announcer stopped (`why`): nothing is announced or withdrawn any more, which
+    /// `status` and its alerts say until `lbd` restarts.
+    pub fn set_announcer_down(&mut self, why: String) {
+        self.announcements = None;
+        self.announcer_down = Some(why);
     }
 
     /// Every VIP address, with whether some VIP on it has a backend (draining ones count:

@@ -66,17 +66,18 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             rules: state.rules.len(),
             maps,
             watcher,
-            announcements: announcements_status(self.announcements.as_ref()),
+            announcements: announcements_status(self.announcements.as_ref(), self.announcer_down.as_deref()),
             alerts: self.alerts(),
         })
     }
 }
 
 /// The announcer's last round summed up: `announcements` is `None` when `lbd` does not
-/// announce (no BIRD configured, or the announcer could not start).
-fn announcements_status(announcements: Option<&Announcements>) -> AnnouncementsStatus {
+/// announce: no BIRD configured, or the announcer stopped (`down` says why).
+fn announcements_status(announcements: Option<&Announcements>, down: Option<&str>) -> AnnouncementsStatus {
     let Some(announcements) = announcements else {
-        return AnnouncementsStatus { state: "off".to_owned(), reason: Some("no BIRD configured".to_owned()), addresses: BTreeMap::new() };
+        let reason = down.map_or_else(|| "no BIRD configured".to_owned(), |why| format!("the announcer stopped: {why}"));
+        return AnnouncementsStatus { state: "off".to_owned(), reason: Some(reason), addresses: BTreeMap::new() };
     };
     let routes = &announcements.routes;
     let mut addresses = BTreeMap::new();
@@ -127,7 +128,7 @@ mod tests {
     type Summary = (String, Option<String>, Vec<(String, usize)>);
 
     fn summary(routes: Vec<AnnouncementView>, bird_error: Option<&str>) -> Summary {
-        let a = announcements_status(Some(&Announcements { routes, bird_error: bird_error.map(str::to_owned), changes: Vec::new() }));
+        let a = announcements_status(Some(&Announcements { routes, bird_error: bird_error.map(str::to_owned), changes: Vec::new() }), None);
         (a.state, a.reason, a.addresses.into_iter().collect())
     }
 
@@ -145,6 +146,12 @@ mod tests {
         fixture.core.set_announcements(announcing);
         let Reply::Status(status) = fixture.core.handle(Request::Status).unwrap() else { panic!("not a status") };
         assert_eq!((status.announcements.state.as_str(), status.announcements.reason), ("announcing", None));
+        // An announcer that stopped is not "no BIRD configured": it says why, as an ALERT too.
+        fixture.core.set_announcer_down("reading the include: permission denied".to_owned());
+        let Reply::Status(status) = fixture.core.handle(Request::Status).unwrap() else { panic!("not a status") };
+        assert_eq!(status.announcements.state, "off");
+        assert_eq!(status.announcements.reason.as_deref(), Some("the announcer stopped: reading the include: permission denied"));
+        assert!(status.alerts.iter().any(|a| a.starts_with("ALERT: lbd announces and withdraws nothing")), "{:?}", status.alerts);
     }
 
     #[test]

@@ -39,6 +39,9 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             ));
         }
         alerts.extend(self.tx_drops.clone());
+        if let Some(why) = &self.announcer_down {
+            alerts.push(format!("ALERT: lbd announces and withdraws nothing ({why}); BIRD keeps announcing what it had; restart lbd"));
+        }
         if let Some(announced) = &self.announcements {
             if let Some(error) = &announced.bird_error {
                 alerts.push(format!("ALERT: BIRD: {error}"));
