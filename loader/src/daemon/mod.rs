@@ -143,9 +143,10 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     check_forwarding(iface, args.enable_forwarding)?;
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
+    let probe_names = args.vip_path.names(&args.pin_dir);
     let _lock = pins::create_and_lock(&layout.balancer_dir())?;
     // Declared after the lock, so it runs while the lock is still held.
-    let mut undo = UndoFirstStart::new(&layout, args.vip_path.names(&args.pin_dir));
+    let mut undo = UndoFirstStart::new(&layout, probe_names.clone());
     let durability = pins::durability(&layout.balancer_dir());
     durability.log_at_start(&layout.balancer_dir(), "forwarding");
     // Bound before the dataplane is touched, so a socket problem changes nothing; clients
@@ -203,7 +204,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     // say why, loudly), and forwarding is unaffected.
     let vip_path = (!args.no_health_checks).then(|| {
         undo.probe_path_touched = true;
-        VipPath::install(&mut balancer, &layout, iface, &args.vip_path.names(&args.pin_dir)).map_err(|e| {
+        VipPath::install(&mut balancer, &layout, iface, &probe_names).map_err(|e| {
             let message = error_chain(&e);
             event!(error, "probe_path_unavailable", error = message, message = "ALERT: probes through the tunnel count as unknown");
             message

@@ -144,16 +144,6 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let refused_vips = !cut.is_empty() && !options.allow_vip_removal;
         let refused_backends = !serving_cut.is_empty() && !options.allow_backend_removal;
         let mut changes = config::diff(&self.state, &next);
-        if !options.dry_run {
-            if refused_vips {
-                let vips: Vec<String> = cut.iter().map(|(vip, n)| format!("{vip} ({n} backends)")).collect();
-                return Err(CoreError::VipRemoval { file: doc.name().to_owned(), vips: vips.join(", ") });
-            }
-            if refused_backends {
-                let backends: Vec<String> = serving_cut.iter().map(|(vip, backend)| format!("{backend} of {vip}")).collect();
-                return Err(CoreError::BackendRemoval { file: doc.name().to_owned(), backends: backends.join(", ") });
-            }
-        }
         if options.dry_run {
             if refused_vips {
                 mark_refused_removals(&mut changes, &cut);
@@ -162,6 +152,14 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 mark_refused_backend_removals(&mut changes, &serving_cut);
             }
             return Ok(Applied { applied: false, changes, notes, slots_written: 0, tables_flipped: 0, started });
+        }
+        if refused_vips {
+            let vips: Vec<String> = cut.iter().map(|(vip, n)| format!("{vip} ({n} backends)")).collect();
+            return Err(CoreError::VipRemoval { file: doc.name().to_owned(), vips: vips.join(", ") });
+        }
+        if refused_backends {
+            let backends: Vec<String> = serving_cut.iter().map(|(vip, backend)| format!("{backend} of {vip}")).collect();
+            return Err(CoreError::BackendRemoval { file: doc.name().to_owned(), backends: backends.join(", ") });
         }
         for change in &changes {
             event!(info, "config_change", source = doc.name(), change = change);
