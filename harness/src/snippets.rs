@@ -120,7 +120,7 @@ pub fn extract(name: &str, markdown: &str) -> Result<Vec<Snippet>> {
         let Some(marker) = marker else {
             bail!(
                 "{place}: a fenced block without a marker: put `<!-- snippet: KIND -->` on the line before it, naming how a test \
-                 checks it (see tests/src/snippets.rs)"
+                 checks it (see harness/src/snippets.rs)"
             )
         };
         let kind = Kind::parse(marker.trim()).with_context(|| place.clone())?;
