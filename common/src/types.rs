@@ -264,6 +264,37 @@ impl FlowEntry {
     }
 }
 
+/// A connection-table entry, read back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowInfo {
+    pub backend_id: u32,
+    /// Low 16 bits of the backend's generation when the flow was placed.
+    pub generation: u16,
+    /// A packet after the first one was seen (inserts never evict it).
+    pub confirmed: bool,
+    /// `FLOW_TICK_SHIFT` ticks of the last refresh (31 bits).
+    pub touched_tick: u32,
+}
+
+impl FlowInfo {
+    /// What `entry` says about its flow.
+    pub fn of(entry: &FlowEntry) -> FlowInfo {
+        FlowInfo {
+            backend_id: entry.backend_id as u32,
+            generation: entry.generation,
+            confirmed: entry.touched & FLOW_CONFIRMED != 0,
+            touched_tick: entry.touched & !FLOW_CONFIRMED,
+        }
+    }
+
+    /// How long the flow has been idle at `now_ns` (the data path's clock), to
+    /// the tick and as the data path counts it.
+    pub fn idle_ns(&self, now_ns: u64) -> u64 {
+        let now = (now_ns >> crate::limits::FLOW_TICK_SHIFT) as u32 & !FLOW_CONFIRMED;
+        u64::from(now.wrapping_sub(self.touched_tick) & !FLOW_CONFIRMED) << crate::limits::FLOW_TICK_SHIFT
+    }
+}
+
 /// A bucket of the connection table: two cache lines.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -11,6 +11,7 @@
 //! listeners are bound before anything is attached, and failing to bind one is fatal: a
 //! user who took the port first would otherwise be the one `lbd` hears.
 
+use spillway_logging::error_chain;
 use std::{
     collections::BTreeSet,
     net::{IpAddr, SocketAddr},
@@ -30,20 +31,20 @@ use crate::{
     daemon::{
         DaemonError, Signals,
         args::{AgentArgs, AllowFromError},
-        core::error_chain,
         notify,
     },
-    dataplane::{self, DataplaneError},
-    event, metrics,
-    netif::{self, NetifError},
-    objects,
-    pins::{self, Attachment, PinError, PinLayout},
+    metrics,
     ports::{
         PortsReport, Scope, SockWatch, Thresholds, WatchOptions,
         auth::{KeyError, ReportKey},
         endpoint::{self, Access, Limits, Listen},
     },
 };
+use spillway_dataplane::netif::{self, NetifError};
+use spillway_dataplane::objects;
+use spillway_dataplane::pins::{self, Attachment, PinError, PinLayout};
+use spillway_dataplane::{self as dataplane, DataplaneError};
+use spillway_logging::event;
 use spillway_model::Cidr;
 
 /// How often the host's addresses are re-read.

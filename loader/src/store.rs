@@ -11,7 +11,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::event;
+use spillway_logging::event;
 use spillway_model::{DesiredState, ModelError, Vip};
 use spillway_policy::health::Restored;
 

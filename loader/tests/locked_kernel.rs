@@ -10,10 +10,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn, connect, socket};
-use spillway::errors::error_chain;
 use spillway::ports::{Mode, Scope, SockWatch, WatchOptions, WatcherMode, netns_inode, parts};
 use spillway_harness::locked_kernel::refuse_tracing_programs;
 use spillway_harness::{Host, Topology, TopologyConfig};
+use spillway_logging::error_chain;
 
 /// Set when this binary runs as the locked-down process of
 /// [`the_watcher_falls_back_to_tracepoints_and_says_why`].

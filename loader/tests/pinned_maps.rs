@@ -4,11 +4,9 @@
 use std::path::PathBuf;
 
 use aya::EbpfLoader;
-use spillway::{
-    dataplane::{Balancer, LoadOptions},
-    objects,
-};
 use spillway_common::limits::{Capacity, map_names};
+use spillway_dataplane::objects;
+use spillway_dataplane::{Balancer, LoadOptions};
 
 /// A bpffs directory removed on drop, also when the test fails.
 struct PinDir(PathBuf);
@@ -21,7 +19,7 @@ impl Drop for PinDir {
 
 fn pin_dir(label: &str) -> PinDir {
     let dir = PathBuf::from(format!("/sys/fs/bpf/spw-{}-pins-{label}", std::process::id()));
-    if !spillway::dataplane::is_bpffs(&PathBuf::from("/sys/fs/bpf")) {
+    if !spillway_dataplane::is_bpffs(&PathBuf::from("/sys/fs/bpf")) {
         std::process::Command::new("mount").args(["-t", "bpf", "-o", "mode=0700", "bpf", "/sys/fs/bpf"]).status().unwrap();
     }
     std::fs::create_dir_all(&dir).unwrap();

@@ -126,10 +126,10 @@ fn load(mode: Mode) -> Option<SockWatch> {
             Some(watch)
         }
         Err(e) if e.is_kernel_refusal() => {
-            eprintln!("watcher mode {mode} is refused by this kernel, not tested here: {}", spillway::errors::error_chain(&e));
+            eprintln!("watcher mode {mode} is refused by this kernel, not tested here: {}", spillway_logging::error_chain(&e));
             None
         }
-        Err(e) => panic!("loading the watcher in mode {mode}: {}", spillway::errors::error_chain(&e)),
+        Err(e) => panic!("loading the watcher in mode {mode}: {}", spillway_logging::error_chain(&e)),
     }
 }
 

@@ -20,19 +20,19 @@ use rustls::{
 };
 use spillway::{
     daemon::probes::{ProbePathState, probe_through_tunnel},
-    dataplane::{Balancer, LoadOptions},
-    pins::PinLayout,
     probe::run,
-    reconcile::Reconciler,
-    vip_path::{ProbeNames, VipPath},
 };
 use spillway_common::{
     addr::to_words,
     limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
     types::LbConfig,
 };
+use spillway_dataplane::pins::PinLayout;
+use spillway_dataplane::vip_path::{ProbeNames, VipPath};
+use spillway_dataplane::{Balancer, LoadOptions};
 use spillway_harness::{LB4, LB6, Topology, TopologyConfig, VIP4};
 use spillway_model::{DesiredState, Hex, ProbeOutcome, ProbeSpec, Vip};
+use spillway_reconcile::Reconciler;
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::{TcpListener, UdpSocket},

@@ -2,7 +2,7 @@
 //! that multiplies the verifier's walk fails here, long before the kernel's 1M limit refuses
 //! the program at load. Needs root.
 
-use spillway::dataplane::verifier::{BUDGETS, verified_insns};
+use spillway_dataplane::verifier::{BUDGETS, verified_insns};
 
 #[test]
 fn every_program_stays_within_its_verifier_budget() {

@@ -24,11 +24,9 @@ use self::{
     bird::{Bird, BirdError},
     include::{GRACEFUL_SHUTDOWN, IncludeError, PROTOCOL4, PROTOCOL6, TABLE4, TABLE6},
 };
-use crate::{
-    api::announce::{AnnouncementChanges, AnnouncementView, Announcements},
-    errors::error_chain,
-    event,
-};
+use crate::api::announce::{AnnouncementChanges, AnnouncementView, Announcements};
+use spillway_logging::error_chain;
+use spillway_logging::event;
 use spillway_policy::announce::{Change, Fault, Policy, State};
 
 /// Where BIRD is and how the fleet decides withdrawals.
@@ -219,7 +217,7 @@ fn peers(bird: &mut Bird, prefix: IpAddr, local: &BTreeSet<IpAddr>) -> Result<u3
 }
 
 fn local_addresses() -> BTreeSet<IpAddr> {
-    crate::netif::addresses().map(|all| all.into_iter().map(|(_, a)| a).collect()).unwrap_or_default()
+    spillway_dataplane::netif::addresses().map(|all| all.into_iter().map(|(_, a)| a).collect()).unwrap_or_default()
 }
 
 /// `10.0.0.1/32`, `fd00::1/128`.

@@ -27,7 +27,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    spillway::logging::init(resolved.args.log_format);
+    spillway_logging::init(resolved.args.log_format);
     match run(resolved).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -2,6 +2,7 @@
 //! link still drives the interface, the interface is up, it forwards each family), the VIP
 //! addresses from the core, one [`Announcer`] round, and its outcome back to the core.
 
+use spillway_logging::error_chain;
 use std::{
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -10,15 +11,18 @@ use std::{
 use spillway_policy::announce::Fault;
 
 use super::{
-    core::{Counters, error_chain},
+    core::Counters,
     server::{self, SharedCore},
 };
 use crate::{
     announce::{AnnounceConfig, Announcer},
-    event, forwarding, netif, pins,
-    reconcile::Maps,
     store::Store,
 };
+use spillway_dataplane::forwarding;
+use spillway_dataplane::netif;
+use spillway_dataplane::pins;
+use spillway_logging::event;
+use spillway_reconcile::Maps;
 
 /// How often the data path is checked and BIRD asked: a dead data path is degraded within
 /// this, and other balancers' changes are seen within this.

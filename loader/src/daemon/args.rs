@@ -10,9 +10,10 @@ use spillway_common::limits::{
 };
 
 use super::outer_src::{OuterSrc4, OuterSrc6};
-use crate::{
-    api::DEFAULT_SOCKET, logging::LogFormat, metrics::MetricsListen, pins::DEFAULT_PIN_DIR, ports::WatcherMode, vip_path::VipPathArgs,
-};
+use crate::{api::DEFAULT_SOCKET, metrics::MetricsListen, ports::WatcherMode};
+use spillway_dataplane::pins::DEFAULT_PIN_DIR;
+use spillway_dataplane::vip_path::VipPathArgs;
+use spillway_logging::LogFormat;
 use spillway_model::HealthConfig;
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/spillway";

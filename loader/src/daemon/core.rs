@@ -21,20 +21,19 @@ use super::{
 };
 use crate::{
     api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, announce::Announcements, sample::BuildInfo},
-    dataplane::{BalancerMaps, DataplaneError, MapOccupancy},
-    event,
-    logging::Line,
     ports::PortsReport,
-    reconcile::{ApplyReport, Maps, MapsError, ReconcileError, Reconciler},
     store::{HealthSnapshot, Store, StoreError},
     wall_clock::unix_ms,
 };
+use spillway_dataplane::{BalancerMaps, DataplaneError, MapOccupancy};
+use spillway_logging::{Line, error_chain, event};
 use spillway_model::config::{ConfigError, Document};
 use spillway_model::{
     Backend, DEFAULT_WEIGHT, DesiredState, ModelError, ProbePath, ProbeSpec, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth,
     check_serving_weight, host::HostError,
 };
 use spillway_policy::health::{HealthError, Pressure};
+use spillway_reconcile::{ApplyReport, Maps, MapsError, ReconcileError, Reconciler};
 
 /// The counters `lbctl stats`, `rules list`, `top-sources`, `top` and the metrics report,
 /// and (`FlowTable`) the connection table; implemented by the real maps and, in tests, a
@@ -178,7 +177,6 @@ impl CoreError {
         ApiError { kind, message: error_chain(self) }
     }
 }
-pub use crate::errors::error_chain;
 
 pub struct Core<M, S> {
     state: DesiredState,
@@ -317,8 +315,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     pub fn set_tx_drops(&mut self, alert: Option<String>) {
         if alert.is_some() != self.tx_drops.is_some() {
             match &alert {
-                Some(alert) => crate::event!(error, "tx_drops", message = alert),
-                None => crate::event!(info, "tx_drops_ended"),
+                Some(alert) => spillway_logging::event!(error, "tx_drops", message = alert),
+                None => spillway_logging::event!(info, "tx_drops_ended"),
             }
         }
         self.tx_drops = alert;
@@ -330,9 +328,14 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         }
         match &off {
             Some(sysctls) => {
-                crate::event!(warn, "forwarding_disabled", sysctls = sysctls, effect = "VIP packets are dropped (drop_forwarding_disabled)")
+                spillway_logging::event!(
+                    warn,
+                    "forwarding_disabled",
+                    sysctls = sysctls,
+                    effect = "VIP packets are dropped (drop_forwarding_disabled)"
+                )
             }
-            None => crate::event!(info, "forwarding_restored"),
+            None => spillway_logging::event!(info, "forwarding_restored"),
         }
         self.forwarding_off = off;
     }

@@ -19,7 +19,8 @@ use super::{
     resolve::environment_has,
     settings::{Section, Settings, clap_message},
 };
-use crate::{forwarding, netif};
+use spillway_dataplane::forwarding;
+use spillway_dataplane::netif;
 use spillway_model::config::{ConfigError, Document};
 
 /// A file that passed: what it declares.

@@ -9,10 +9,8 @@ use std::{
     time::Instant,
 };
 
-use crate::{
-    event,
-    store::{HealthSnapshot, SnapshotEntry},
-};
+use crate::store::{HealthSnapshot, SnapshotEntry};
+use spillway_logging::event;
 use spillway_model::{
     Backend, DesiredState, HealthConfig, LimitConfig, ProbeOutcome, ProbePath, ProbeSpec, Proto, RateSpec, Vip, VipConfig,
 };

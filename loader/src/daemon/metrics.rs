@@ -3,15 +3,16 @@
 //! at most (the listener caches the text), on a blocking thread.
 
 use super::{
-    core::{Counters, error_chain},
+    core::Counters,
     server::{self, SharedCore},
 };
 use crate::{
-    event,
     metrics::{self, Limits, MetricsListen, Serving},
-    reconcile::Maps,
     store::Store,
 };
+use spillway_logging::error_chain;
+use spillway_logging::event;
+use spillway_reconcile::Maps;
 
 /// Serves the metrics on `listen`; a port that cannot be bound is logged and skipped
 /// (forwarding does not depend on it).

@@ -18,6 +18,7 @@ pub mod server;
 pub mod settings;
 pub mod telemetry;
 
+use spillway_logging::error_chain;
 use std::{
     io,
     path::{Path, PathBuf},
@@ -34,7 +35,7 @@ use tokio::{
 
 use self::{
     args::DaemonArgs,
-    core::{ApplyOptions, Core, CoreError, Counters, DaemonInfo, error_chain},
+    core::{ApplyOptions, Core, CoreError, Counters, DaemonInfo},
     health_checks::ChecksConfig,
     outer_src::{OuterSrc4, OuterSrc6},
     server::{ServerError, SharedCore},
@@ -44,19 +45,19 @@ use crate::{
     announce::{AnnounceConfig, AnnounceError},
     api::ConfigStatus,
     api::sample::BuildInfo,
-    dataplane::{Balancer, DataplaneError, LoadOptions},
-    event,
-    forwarding::{self, ForwardingError},
-    neighbours,
-    netif::{self, NetifError},
-    pins::{self, Attachment, PinError, PinLayout},
     ports::{Scope, SockWatch, WatchOptions},
-    reconcile::Maps,
     store::{ConfigMark, StateFile, Store, StoreError},
-    vip_path::{VipPath, VipPathError},
 };
+use spillway_dataplane::forwarding::{self, ForwardingError};
+use spillway_dataplane::neighbours;
+use spillway_dataplane::netif::{self, NetifError};
+use spillway_dataplane::pins::{self, Attachment, PinError, PinLayout};
+use spillway_dataplane::vip_path::{VipPath, VipPathError};
+use spillway_dataplane::{Balancer, DataplaneError, LoadOptions};
+use spillway_logging::event;
 use spillway_model::config::{ConfigError, Document};
 use spillway_model::{DesiredState, HealthConfig, host::Host};
+use spillway_reconcile::Maps;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -159,7 +160,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let mut balancer = Balancer::load(&LoadOptions { map_pin_dir: Some(layout.balancer_maps()), capacity: args.capacity() })
         .map_err(|e| explain_load_error(e, &layout))?;
     // The second-chance program's rare events (`dataplane::logs`) become log lines.
-    let ebpf_logs = crate::dataplane::logs::forward(balancer.ebpf_mut())
+    let ebpf_logs = spillway_dataplane::logs::forward(balancer.ebpf_mut())
         .inspect_err(|e| event!(warn, "ebpf_logs_unavailable", error = error_chain(e)))
         .ok();
     // Attach before writing anything: if this fails (wrong interface, another program on
@@ -314,7 +315,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
 }
 
 /// One line per map with the memory the kernel charges for it, and the total.
-fn log_memory(maps: &crate::dataplane::BalancerMaps) {
+fn log_memory(maps: &spillway_dataplane::BalancerMaps) {
     let c = maps.capacity();
     for m in maps.memory() {
         if m.name == spillway_common::limits::map_names::FLOWS {
@@ -356,7 +357,7 @@ fn check_forwarding(iface: &str, enable: bool) -> Result<(), DaemonError> {
 /// Native XDP on a veth sends nothing unless the peer runs an XDP program, which this side
 /// cannot see: said at start (the TX-drop alert says it again if frames are lost).
 fn warn_of_veth_tx(iface: &str, mode: args::XdpModeArg) {
-    let kind = crate::rtnl::Rtnl::open().and_then(|mut r| r.link(iface)).ok().flatten().and_then(|l| l.kind);
+    let kind = spillway_dataplane::rtnl::Rtnl::open().and_then(|mut r| r.link(iface)).ok().flatten().and_then(|l| l.kind);
     if mode == args::XdpModeArg::Native && kind.as_deref() == Some("veth") {
         event!(warn, "xdp_tx_on_veth", iface = iface, message = crate::tx_drops::advice(Some("veth")));
     }
@@ -386,7 +387,7 @@ where
             }
         };
         let name = iface.clone();
-        let link = tokio::task::spawn_blocking(move || crate::rtnl::Rtnl::open().and_then(|mut r| r.link(&name))).await;
+        let link = tokio::task::spawn_blocking(move || spillway_dataplane::rtnl::Rtnl::open().and_then(|mut r| r.link(&name))).await;
         let tx_alert = match link {
             Ok(Ok(Some(link))) => link
                 .tx_dropped
@@ -523,14 +524,14 @@ fn explain_attach_error(error: PinError, iface: &str) -> DaemonError {
 /// are the running balancer's, and keep forwarding.
 struct UndoFirstStart {
     layout: PinLayout,
-    probe_names: crate::vip_path::ProbeNames,
+    probe_names: spillway_dataplane::vip_path::ProbeNames,
     armed: bool,
     /// Set once the probe path's setup began (the device may exist from then on).
     probe_path_touched: bool,
 }
 
 impl UndoFirstStart {
-    fn new(layout: &PinLayout, probe_names: crate::vip_path::ProbeNames) -> Self {
+    fn new(layout: &PinLayout, probe_names: spillway_dataplane::vip_path::ProbeNames) -> Self {
         Self { layout: layout.clone(), probe_names, armed: !layout.balancer_maps().exists(), probe_path_touched: false }
     }
 

@@ -8,7 +8,7 @@ use std::{
     os::{linux::net::SocketAddrExt, unix::net::UnixDatagram},
 };
 
-use crate::event;
+use spillway_logging::event;
 
 /// Sends `message` (newline-separated `KEY=VALUE` assignments) to systemd.
 pub fn notify(message: &str) {

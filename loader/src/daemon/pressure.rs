@@ -4,6 +4,7 @@
 //! only when its signature proves it the agent's (`ports::auth`); one that does not is
 //! ignored, kept as an ALERT until the agent's next authentic report.
 
+use spillway_logging::error_chain;
 use std::{
     net::{IpAddr, SocketAddr},
     sync::Arc,
@@ -13,20 +14,20 @@ use std::{
 use tokio::{sync::Semaphore, task::JoinSet};
 
 use super::{
-    core::{Counters, error_chain},
+    core::Counters,
     ports_book::{AgentPoll, LB_PORTS_CRITICAL_ALERT},
     server::{self, SharedCore},
 };
 use crate::{
-    event,
     ports::{
         Level, SockWatch, Thresholds,
         auth::ReportKey,
         endpoint::{self, Signed},
     },
-    reconcile::Maps,
     store::Store,
 };
+use spillway_logging::event;
+use spillway_reconcile::Maps;
 
 /// How often the balancer's watcher is read and the agents are polled.
 pub const POLL: Duration = Duration::from_secs(2);

@@ -12,18 +12,22 @@
 //! takes the core's lock only inside `spawn_blocking`, like neighbour upkeep, and never while
 //! a probe is in flight.
 
+use spillway_logging::error_chain;
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::{sync::Semaphore, task::JoinSet};
 
 use super::{
-    core::{Counters, ProbeResult, ProbeTarget, error_chain},
+    core::{Counters, ProbeResult, ProbeTarget},
     health_checks::{LocalCause, ProbeRoute},
     server::{self, SharedCore},
 };
-use crate::{event, probe, reconcile::Maps, store::Store, vip_path::VipPath};
+use crate::{probe, store::Store};
+use spillway_dataplane::vip_path::VipPath;
+use spillway_logging::event;
 use spillway_model::{ProbeOutcome, ProbeSpec};
 use spillway_policy::health::{ProbeKey, next_probe_at};
+use spillway_reconcile::Maps;
 
 /// The probe path as `lbd` set it up, or why it could not.
 pub type ProbePathState = Result<VipPath, String>;

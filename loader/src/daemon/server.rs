@@ -21,10 +21,10 @@ use tokio::{
 use super::core::{Core, Counters};
 use crate::{
     api::{ApiError, ErrorKind, MAX_REQUEST_BYTES, Request, Response},
-    event,
-    reconcile::Maps,
     store::Store,
 };
+use spillway_logging::event;
+use spillway_reconcile::Maps;
 
 /// A client gets this long to send its request.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);

@@ -27,9 +27,9 @@ use super::iter::MapIterator;
 use super::maps::{CloseWaitRecord, CloseWaitValue, FailKey, PortCounts, PortKey, STAT_NAMES, STAT_UDP_KEY_TABLE_FULL};
 use super::mode::{Mode, WatcherStatus, parts};
 use super::tracefs;
-use crate::dataplane::without_signals;
-use crate::errors::error_chain;
-use crate::objects;
+use spillway_dataplane::objects;
+use spillway_dataplane::without_signals;
+use spillway_logging::error_chain;
 
 /// How often one program ran and for how long in total, since it was loaded (counted
 /// only while BPF statistics are enabled: `kernel.bpf_stats_enabled` or BPF_ENABLE_STATS).
@@ -215,7 +215,7 @@ impl BpfWatch {
     /// Every entry of hash map `name`, in batches.
     fn lookup_all<K: aya::Pod, V: aya::Pod>(&self, name: &'static str) -> Result<Vec<(K, V)>, PortsError> {
         let data = map_data(self.map(name)?, name)?;
-        crate::map_batch::lookup_all(data).map_err(|source| PortsError::MapRead { name, source })
+        spillway_dataplane::map_batch::lookup_all(data).map_err(|source| PortsError::MapRead { name, source })
     }
 
     fn map(&self, name: &'static str) -> Result<&Map, PortsError> {

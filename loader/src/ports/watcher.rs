@@ -14,7 +14,7 @@ use super::mode::{Mode, Refusal, WatcherMode, WatcherStatus, parts};
 use super::range::{NetnsResolver, all_netns, netns_inode};
 use super::report::{PortsReport, Thresholds, build_report};
 use super::snapshot::Snapshot;
-use crate::errors::error_chain;
+use spillway_logging::error_chain;
 
 /// How long a namespace's port range is trusted before it is read again: an operator who
 /// shrinks or widens `ip_local_port_range` sees the new utilisation within this (a read is
@@ -94,9 +94,9 @@ impl SockWatch {
                 Ok(bpf) => {
                     status.refused = refused;
                     for refusal in &status.refused {
-                        crate::event!(warn, "sockwatch_mode_refused", mode = refusal.mode, reason = refusal.reason);
+                        spillway_logging::event!(warn, "sockwatch_mode_refused", mode = refusal.mode, reason = refusal.reason);
                     }
-                    crate::event!(info, "sockwatch_mode", mode = mode, coverage = status.summary());
+                    spillway_logging::event!(info, "sockwatch_mode", mode = mode, coverage = status.summary());
                     let mut resolver = NetnsResolver::new();
                     if let Some(own) = &own {
                         resolver.know(own.inode, own.path.clone());

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use spillway::dataplane::clock::coarse_now_ns;
 use spillway_common::types::{PROTO_TCP, Reason};
+use spillway_dataplane::clock::coarse_now_ns;
 use spillway_harness::{frames, packet_lab};
 
 use crate::support::*;

@@ -2,8 +2,8 @@
 //! from anyone else to it are dropped, everything else passes.
 
 use aya::maps::PerCpuArray;
-use spillway::dataplane::test_run;
 use spillway_common::{limits::map_names, types::DecapReason};
+use spillway_dataplane::test_run;
 use spillway_harness::frames;
 
 use crate::support::*;

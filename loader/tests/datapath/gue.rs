@@ -5,7 +5,6 @@
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 
-use spillway::reconcile::vip_key;
 use spillway_common::{
     hash::{FLOW_SEED, flow_hash, gue_source_port},
     limits::DEFAULT_GUE_PORT,
@@ -13,6 +12,7 @@ use spillway_common::{
 };
 use spillway_harness::{frames, packet_lab};
 use spillway_model::{BackendOptions, Encap};
+use spillway_reconcile::vip_key;
 
 use crate::{
     decap::{backend_host, run_decap},

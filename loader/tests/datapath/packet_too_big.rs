@@ -61,7 +61,7 @@ fn a_second_chance_packet_is_advised_room_for_both_tunnels() {
         let d = sock("10.200.1.1:80");
         let client = |port: u16| sock(&format!("192.168.10.20:{port}"));
         let key = |port| flow_key(client(port), d, PROTO_TCP);
-        let prior = env.balancer.maps.vips.get(&spillway::reconcile::vip_key(&v)).unwrap().prior;
+        let prior = env.balancer.maps.vips.get(&spillway_reconcile::vip_key(&v)).unwrap().prior;
         let moved = (40000..41000)
             .find(|&p| {
                 let before =

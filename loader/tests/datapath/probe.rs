@@ -4,11 +4,11 @@
 
 use std::net::IpAddr;
 
-use spillway::dataplane::{ProbeMaps, test_run};
 use spillway_common::{
     limits::DEFAULT_GUE_PORT,
     types::{CFG_F_STATIC_NEXTHOP, ProbeConfig, ProbeReason, Reason, probe_mark},
 };
+use spillway_dataplane::{ProbeMaps, test_run};
 use spillway_harness::{frames, packet_lab};
 
 use crate::support::*;

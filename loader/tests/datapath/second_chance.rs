@@ -6,13 +6,14 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use aya::maps::PerCpuArray;
-use spillway::{dataplane::test_run, reconcile::vip_key};
 use spillway_common::{
     hash::{FLOW_SEED, flow_hash},
     limits::map_names,
     types::{DecapReason, PROTO_TCP, PROTO_UDP, Reason},
 };
+use spillway_dataplane::test_run;
 use spillway_harness::{frames, packet_lab};
+use spillway_reconcile::vip_key;
 
 use crate::support::*;
 
@@ -278,7 +279,7 @@ fn a_candidate_gone_before_the_second_chance_program_runs_is_dropped_and_logged(
         assert_eq!(env.reasons()[Reason::DropNoBackend as usize], before[Reason::DropNoBackend as usize] + 1);
 
         let captured = Captured::default();
-        let mut reader = spillway::dataplane::logs::reader(env.balancer.ebpf_mut(), captured.clone()).unwrap();
+        let mut reader = spillway_dataplane::logs::reader(env.balancer.ebpf_mut(), captured.clone()).unwrap();
         reader.flush();
         let records = captured.0.lock().unwrap().clone();
         assert_eq!(
@@ -286,7 +287,7 @@ fn a_candidate_gone_before_the_second_chance_program_runs_is_dropped_and_logged(
             [(log::Level::Warn, "event=second_chance_candidate_gone vip_id=0 first_backend_id=0 second_backend_id=0".to_owned())]
         );
         // One line of lbd's own format.
-        let pairs = spillway::logging::parse(&records[0].1).unwrap();
+        let pairs = spillway_logging::parse(&records[0].1).unwrap();
         assert_eq!(pairs[0], ("event".to_owned(), "second_chance_candidate_gone".to_owned()));
     });
 }

@@ -4,25 +4,23 @@
 use std::net::{IpAddr, SocketAddr};
 
 use aya::{Ebpf, programs::XdpMode};
-use spillway::{
-    dataplane::{
-        Balancer, LoadOptions, load_simple,
-        test_run::{self, RunOutcome},
-    },
-    objects,
-    reconcile::{Reconciler, vip_key},
-};
 use spillway_common::{
     addr::{from_words, to_words},
     hash::{FLOW_SEED, flow_hash},
     limits::{Capacity, DEFAULT_GUE_PORT, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
     types::{FlowKey, LbConfig, Reason, VipMeta},
 };
+use spillway_dataplane::objects;
+use spillway_dataplane::{
+    Balancer, LoadOptions, load_simple,
+    test_run::{self, RunOutcome},
+};
 use spillway_harness::{
     frames,
     packet_lab::{self, PacketLab},
 };
 use spillway_model::{DesiredState, Vip};
+use spillway_reconcile::{Reconciler, vip_key};
 
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
@@ -73,7 +71,7 @@ fn with_env_options<T: Send>(lab: &PacketLab, options: LoadOptions, body: impl F
     let ingress_mac = lab.mac(packet_lab::INGRESS).unwrap();
     lab.in_lab(move || {
         let mut decap = load_simple(objects::DECAP, "spillway-decap", "spillway_decap").unwrap();
-        let program = spillway::dataplane::xdp(&mut decap, "spillway_decap").unwrap();
+        let program = spillway_dataplane::xdp(&mut decap, "spillway_decap").unwrap();
         program.attach(ingress, XdpMode::Driver).unwrap();
         program.attach(egress, XdpMode::Driver).unwrap();
 

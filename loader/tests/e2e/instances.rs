@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use spillway::vip_path::ProbeNames;
+use spillway_dataplane::vip_path::ProbeNames;
 use spillway_harness::cluster::{Cluster, XdpMode};
 
 use crate::support::*;

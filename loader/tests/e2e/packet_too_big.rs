@@ -68,7 +68,7 @@ fn route_mtu(client: &Host, target: SocketAddr) -> Option<u32> {
 /// Empties the balancer's slot for the "packet too big" program: oversize packets are then
 /// dropped and counted, as before it existed.
 fn stop_answering(c: &Cluster) {
-    let pin = spillway::pins::PinLayout::new(&c.lbd_pin_dir().unwrap()).balancer_maps().join(map_names::PTB_PROGRAM);
+    let pin = spillway_dataplane::pins::PinLayout::new(&c.lbd_pin_dir().unwrap()).balancer_maps().join(map_names::PTB_PROGRAM);
     let map = Map::ProgramArray(MapData::from_pin(&pin).unwrap());
     let mut programs: ProgramArray<MapData> = map.try_into().unwrap();
     programs.clear_index(&0).unwrap();

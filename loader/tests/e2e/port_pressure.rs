@@ -50,10 +50,10 @@ fn kernel_allows(mode: Mode) -> bool {
     match SockWatch::load(WatchOptions { mode: mode.into(), scope: Scope::Own }) {
         Ok(_) => true,
         Err(e) if e.is_kernel_refusal() => {
-            eprintln!("watcher mode {mode} is refused by this kernel, not tested here: {}", spillway::errors::error_chain(&e));
+            eprintln!("watcher mode {mode} is refused by this kernel, not tested here: {}", spillway_logging::error_chain(&e));
             false
         }
-        Err(e) => panic!("loading the watcher in mode {mode}: {}", spillway::errors::error_chain(&e)),
+        Err(e) => panic!("loading the watcher in mode {mode}: {}", spillway_logging::error_chain(&e)),
     }
 }
 

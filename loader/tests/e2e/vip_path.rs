@@ -278,7 +278,7 @@ fn probe_link(c: &Cluster) -> std::path::PathBuf {
 
 /// The probe device's name: derived from the cluster's pin directory.
 fn probe_device(c: &Cluster) -> String {
-    spillway::vip_path::ProbeNames::for_pin_dir(&c.lbd_pin_dir().unwrap()).device
+    spillway_dataplane::vip_path::ProbeNames::for_pin_dir(&c.lbd_pin_dir().unwrap()).device
 }
 
 /// Puts a bridge in the probe device's place (a running lbd restores a path merely removed,
@@ -372,7 +372,7 @@ fn a_probe_device_that_is_not_lbds_is_refused_and_left_alone() {
 fn a_restarted_lbd_takes_the_probe_path_over_and_cleanup_removes_it() {
     let (c, vip) = healthy_cluster(2, &[]);
     let lb = c.topo.lb();
-    let names = spillway::vip_path::ProbeNames::for_pin_dir(&c.lbd_pin_dir().unwrap());
+    let names = spillway_dataplane::vip_path::ProbeNames::for_pin_dir(&c.lbd_pin_dir().unwrap());
     let device = std::ffi::CString::new(names.device.clone()).unwrap();
     let programs = || lb.in_netns(|| aya::programs::SchedClassifier::query_tcx(&device, aya::programs::TcAttachType::Egress)).unwrap().1;
     assert_eq!(programs().len(), 1);

@@ -5,7 +5,6 @@
 use std::net::IpAddr;
 
 use aya::maps::{Array, Map, MapData};
-use spillway::reconcile::table_digest;
 use spillway_common::{
     addr::from_words,
     limits::{RING_SLOTS_PER_WORD, map_names},
@@ -13,6 +12,7 @@ use spillway_common::{
 };
 use spillway_harness::Signal;
 use spillway_harness::fleet::Balancer;
+use spillway_reconcile::table_digest;
 
 use crate::support::{self, echo_vip, http_vip, vip_json};
 

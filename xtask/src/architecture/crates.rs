@@ -14,8 +14,12 @@ use anyhow::{Context, Result, ensure};
 /// Floors from the bottom up: (what the floor is for, its crates). A new crate must be placed.
 pub const FLOORS: &[(&str, &[&str])] = &[
     ("shared wire and map types", &["spillway-common"]),
-    ("the data path and its protocols; the declared state", &["xdp-ebpf", "spillway-quic-lb", "spillway-model"]),
-    ("pure policy: health, placement, announcements", &["spillway-policy"]),
+    (
+        "the data path and its protocols; the declared state; log lines",
+        &["xdp-ebpf", "spillway-quic-lb", "spillway-model", "spillway-logging"],
+    ),
+    ("pure decisions: health and announce policy; the reconciler", &["spillway-policy", "spillway-reconcile"]),
+    ("the kernel side: objects, maps, pins, links and routes", &["spillway-dataplane"]),
     ("the control plane, lbd and lbctl", &["spillway-loader"]),
     ("the test harness", &["spillway-harness"]),
     ("developer tasks", &["xtask"]),

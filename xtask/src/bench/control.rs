@@ -8,16 +8,18 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use spillway::{dataplane::PinnedView, pins::PinLayout, reconcile::vip_key};
 use spillway_common::{
     limits::DEFAULT_RING_SIZE,
     maglev::{self, MaglevBackend},
     types::RingRef,
 };
+use spillway_dataplane::PinnedView;
+use spillway_dataplane::pins::PinLayout;
 use spillway_harness::{
     TopologyConfig, VIP4,
     cluster::{Cluster, ClusterConfig, TCP_PORT, XdpMode},
 };
+use spillway_reconcile::vip_key;
 
 use super::{Section, median};
 

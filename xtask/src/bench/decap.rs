@@ -10,15 +10,13 @@ use aya::{
     maps::{Array, HashMap, LpmTrie},
     programs::{Xdp, XdpMode},
 };
-use spillway::{
-    dataplane::{self, test_run},
-    objects,
-};
 use spillway_common::{
     addr::to_words,
     limits::{DEFAULT_GUE_PORT, MAX_ALLOW_FROM, map_names, program_names},
     types::{AddrKey, DecapConfig},
 };
+use spillway_dataplane::objects;
+use spillway_dataplane::{self as dataplane, test_run};
 use spillway_harness::{frames, packet_lab::PacketLab};
 
 use super::{

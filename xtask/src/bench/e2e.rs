@@ -26,11 +26,12 @@ use aya::{
     maps::Array,
     programs::{Xdp, XdpMode},
 };
-use spillway::{dataplane, objects};
 use spillway_common::{
     limits::{map_names, program_names},
     types::{HOP_BACKENDS, HopBackend, HopConfig},
 };
+use spillway_dataplane as dataplane;
+use spillway_dataplane::objects;
 use spillway_harness::{
     Host, LB4, TopologyConfig, VIP4,
     cluster::{self, Binaries, Cluster, ClusterConfig},

@@ -15,14 +15,6 @@ use nix::{
     sched::{CpuSet, sched_getaffinity, sched_setaffinity},
     unistd::Pid,
 };
-use spillway::{
-    dataplane::{
-        self, Balancer, LoadOptions,
-        test_run::{self, HEADROOM_BYTES},
-    },
-    objects,
-    reconcile::{Reconciler, vip_key},
-};
 use spillway_common::{
     addr::{from_words, to_words},
     hash::{FLOW_SEED, flow_hash, gue_source_port, hop_index},
@@ -31,11 +23,17 @@ use spillway_common::{
     },
     types::{Bucket, FAMILY_V4, FlowKey, HOP_BACKENDS, HopBackend, HopConfig, LbConfig, Reason},
 };
+use spillway_dataplane::objects;
+use spillway_dataplane::{
+    self as dataplane, Balancer, LoadOptions,
+    test_run::{self, HEADROOM_BYTES},
+};
 use spillway_harness::{
     frames::{self, ETH_LEN},
     packet_lab::{self, PacketLab},
 };
 use spillway_model::{DEFAULT_WEIGHT, DesiredState, Encap, LimitConfig, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip};
+use spillway_reconcile::{Reconciler, vip_key};
 
 use super::median;
 

@@ -60,7 +60,7 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
 
         let started = Instant::now();
         let mut syn = frames::tcp(client, vip(0), true, &[]);
-        let mut out = vec![0; syn.len() + spillway::dataplane::test_run::HEADROOM_BYTES];
+        let mut out = vec![0; syn.len() + spillway_dataplane::test_run::HEADROOM_BYTES];
         for n in 0..FLOWS {
             let (src, dst) = filler(n);
             write_source(&mut syn, src);

@@ -9,10 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
-use spillway::{
-    errors::error_chain,
-    ports::{Mode, PortKey, ProgramStats, Scope, SockWatch, WatchOptions, netns_inode},
-};
+use spillway::ports::{Mode, PortKey, ProgramStats, Scope, SockWatch, WatchOptions, netns_inode};
+use spillway_logging::error_chain;
 
 use super::{Section, median};
 

@@ -44,7 +44,7 @@ pub fn part(calls: usize, reps: usize) -> Result<Section> {
         let capacity = lab.balancer.maps.capacity();
         let entries = lab.balancer.maps.flows.buckets() as u64 * u64::from(FLOW_WAYS);
         let filled = (f64::from(capacity.flows) * FILL) as u32;
-        let mut out = vec![0; flows.syn.len() + spillway::dataplane::test_run::HEADROOM_BYTES];
+        let mut out = vec![0; flows.syn.len() + spillway_dataplane::test_run::HEADROOM_BYTES];
         let (mut syn, mut ack) = (flows.syn.clone(), flows.ack.clone());
         for n in 0..filled {
             write_source(&mut syn, filler(n));

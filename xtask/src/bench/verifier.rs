@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
-use spillway::dataplane::verifier::{BALANCER_GOAL, BUDGETS, verified_insns};
 use spillway_common::limits::program_names;
+use spillway_dataplane::verifier::{BALANCER_GOAL, BUDGETS, verified_insns};
 
 use super::Section;
 

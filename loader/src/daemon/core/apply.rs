@@ -8,15 +8,15 @@ use crate::wall_clock::unix_ms;
 use crate::{
     api::{Applied, ConfigStatus, Exported, Reply, Started},
     daemon::settings::{RunningSettings, Section, Settings},
-    event,
-    reconcile::Maps,
     store::{ConfigMark, Store},
 };
+use spillway_logging::event;
 use spillway_model::config::{self, Change, ChangeKind, ConfigError, Document, Item};
 use spillway_model::{
     DesiredState, Vip,
     host::{Host, HostError},
 };
+use spillway_reconcile::Maps;
 
 /// How this `lbd` runs, for `status` and `export`; set once it is attached.
 #[derive(Debug)]
@@ -176,7 +176,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             // The state is applied and saved; without the mark the next start applies the
             // file again, which changes nothing it did not declare.
             if let Err(e) = self.store.save_config_mark(&mark) {
-                event!(warn, "config_mark_not_saved", file = crate::store::CONFIG_MARK_FILE, error = super::error_chain(&e));
+                event!(warn, "config_mark_not_saved", file = crate::store::CONFIG_MARK_FILE, error = spillway_logging::error_chain(&e));
             }
             if let Some(own) = self.own_config.as_mut().filter(|own| own.path == mark.file) {
                 own.taken_in = Some(mark);

@@ -15,8 +15,8 @@ use spillway_common::{
     limits::ANY_VIP,
     prefix::masked,
     types::{
-        BACKEND_ACTIVE, BackendInfo, Bucket, FAMILY_V4, FlowKey, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, LbConfig, Limits,
-        PROTO_TCP, RULE_BLOCK, RULE_LIMIT, Rate, Reason, RingRef, RuleValue, SourceKey, SourceState,
+        BACKEND_ACTIVE, BackendInfo, Bucket, FAMILY_V4, FlowInfo, FlowKey, LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, LbConfig,
+        Limits, PROTO_TCP, RULE_BLOCK, RULE_LIMIT, Rate, Reason, RingRef, RuleValue, SourceKey, SourceState,
     },
 };
 
@@ -24,11 +24,11 @@ use super::{Core, CoreError, Counters};
 use crate::{
     api::flows::{Admission, DEFAULT_FLOW_LIST, FlowAnswer, FlowEntry, FlowEntryState, FlowList, MAX_FLOW_LIST, PurgeReport},
     daemon::telemetry::{FlowCount, TABLE_FULL_REPEAT, TableFullAlert},
-    dataplane::{BalancerMaps, DataplaneError, FlowInfo, clock},
-    reconcile::Maps,
     store::Store,
 };
+use spillway_dataplane::{BalancerMaps, DataplaneError, clock};
 use spillway_model::{Proto, Vip};
+use spillway_reconcile::Maps;
 
 const NS_PER_S: u64 = 1_000_000_000;
 
@@ -336,7 +336,14 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         for key in &doomed {
             removed += u64::from(self.maps.remove_flow(key).map_err(CoreError::Counters)?);
         }
-        crate::event!(info, "flows_purged", backend = backend, removed = removed, scanned = scanned, removed_backend = removed_backend);
+        spillway_logging::event!(
+            info,
+            "flows_purged",
+            backend = backend,
+            removed = removed,
+            scanned = scanned,
+            removed_backend = removed_backend
+        );
         Ok(PurgeReport { backend, removed, scanned })
     }
 
@@ -366,7 +373,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         if unremembered <= alert.reported || alert.at.is_some_and(|at| at.elapsed() < TABLE_FULL_REPEAT) {
             return;
         }
-        crate::event!(
+        spillway_logging::event!(
             error,
             "flow_table_full",
             unremembered = unremembered - alert.reported,

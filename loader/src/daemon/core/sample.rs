@@ -5,9 +5,9 @@ use super::{Core, CoreError, Counters};
 use crate::{
     api::sample::{BackendSample, FlowTableSample, MapMemory, RuleSample, Sample, VipHealthSample, VipSample},
     daemon::health_checks::Checks,
-    reconcile::Maps,
     store::Store,
 };
+use spillway_reconcile::Maps;
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// Reads the counters now; the connection table is counted again only when its last

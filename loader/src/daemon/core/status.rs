@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{Core, CoreError, Counters};
 use crate::{
     api::{AnnouncementsStatus, MapUsage, Status, WatcherStatus, announce::Announcements},
-    reconcile::Maps,
     store::Store,
 };
+use spillway_reconcile::Maps;
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
     pub(super) fn status(&mut self) -> Result<Status, CoreError> {

@@ -7,12 +7,12 @@ use spillway_common::{limits::MAX_BACKENDS_PER_VIP, maglev::MAX_WEIGHT, types::R
 use super::*;
 use crate::{
     api::{BackendState, VipEntry, VipList},
-    reconcile::table_digest,
     store::StateFile,
     testing::{FakeMaps, TempDir, VIP, ip, vip},
 };
 use spillway_model::Encap;
 use spillway_model::{Vip, host::Host};
+use spillway_reconcile::table_digest;
 
 /// A core on fake maps with a real state file (also for `apply_tests`).
 pub(super) struct Fixture {

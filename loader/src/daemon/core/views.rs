@@ -19,12 +19,12 @@ use crate::{
         ports_book::LB_PORTS_CRITICAL_ALERT,
         telemetry::TABLE_FULL_REPEAT,
     },
-    dataplane::DataplaneError,
-    reconcile::{Maps, table_digest},
     store::Store,
 };
+use spillway_dataplane::DataplaneError;
 use spillway_model::{Cidr, LimitConfig, ModelError, RuleAction, Vip, server_ids};
 use spillway_policy::health::{BackendHealth, Reason, State};
+use spillway_reconcile::{Maps, table_digest};
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// Every ALERT in force, from every source: `status`, `vips list`, `backends list` and

@@ -1,4 +1,4 @@
-//! Error formatting shared by the daemon, the agent and the watcher.
+//! Errors as one log value.
 
 /// `error: cause: cause`, so a single line names the root problem.
 pub fn error_chain(error: &dyn std::error::Error) -> String {

@@ -24,6 +24,8 @@
 
 mod pool;
 mod quic;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},

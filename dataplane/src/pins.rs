@@ -34,7 +34,8 @@ use nix::{
 };
 use spillway_common::limits::PIN_VERSION;
 
-use crate::{dataplane::is_bpffs, netif};
+use crate::is_bpffs;
+use crate::netif;
 
 pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/spillway";
@@ -227,7 +228,7 @@ impl Durability {
     pub fn log_at_start(&self, dir: &Path, what: &str) {
         match self {
             Durability::Durable => {}
-            Durability::Private => crate::event!(
+            Durability::Private => spillway_logging::event!(
                 warn,
                 "pins_not_durable",
                 pin_dir = dir.display(),
@@ -239,7 +240,7 @@ impl Durability {
                 )
             ),
             Durability::Unknown(why) => {
-                crate::event!(warn, "pins_durability_unknown", pin_dir = dir.display(), reason = why)
+                spillway_logging::event!(warn, "pins_durability_unknown", pin_dir = dir.display(), reason = why)
             }
         }
     }
@@ -305,7 +306,7 @@ fn lock_waiting(dir: &Path, wait: Duration) -> Result<PinLock, PinError> {
         match lock(dir) {
             Err(PinError::Busy { .. }) if Instant::now() < deadline => {
                 if !logged {
-                    crate::event!(
+                    spillway_logging::event!(
                         info,
                         "waiting_for_lock",
                         path = dir.display(),
@@ -530,8 +531,8 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     /// A fresh directory, mode 0700, removed at the end.
-    fn temp_dir(label: &str) -> crate::testing::TempDir {
-        let dir = crate::testing::TempDir::new(label);
+    fn temp_dir(label: &str) -> spillway_harness::tempdir::TempDir {
+        let dir = spillway_harness::tempdir::TempDir::new(label);
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
         dir
     }
@@ -651,7 +652,7 @@ mod tests {
 
     #[test]
     fn pin_dir_off_bpffs_is_refused() {
-        let tmp = crate::testing::TempDir::new("pins");
+        let tmp = spillway_harness::tempdir::TempDir::new("pins");
         let err = create_and_lock(&tmp.path().join("pins")).err().unwrap();
         assert!(matches!(err, PinError::NotBpffs { .. }), "{err:?}");
     }

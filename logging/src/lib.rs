@@ -10,6 +10,9 @@ use std::{borrow::Cow, fmt, io::Write};
 
 use clap::ValueEnum;
 
+mod error_chain;
+pub use error_chain::error_chain;
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     /// `key=value` pairs (logfmt).
@@ -24,7 +27,7 @@ pub enum LogFormat {
 #[macro_export]
 macro_rules! event {
     ($level:ident, $name:expr $(, $key:ident = $value:expr)* $(,)?) => {
-        ::log::$level!("{}", $crate::logging::Line::new($name)$(.field(stringify!($key), &$value))*)
+        ::log::$level!("{}", $crate::Line::new($name)$(.field(stringify!($key), &$value))*)
     };
 }
 

@@ -1,14 +1,25 @@
-//! The balancer's kernel side: loading the object, pinning and reusing its maps, and typed
-//! access to every map. Only this module (and `agent`'s decap loader) talk to the kernel.
+//! The balancer's kernel side: loading the objects, pinning and reusing their maps, typed
+//! access to every map, and the host's network state the data path depends on (links and
+//! routes over rtnetlink, interfaces, neighbours, forwarding sysctls, the VIP path that
+//! health probes take). It implements the reconciler's `Maps`. With the port watcher
+//! (`spillway-ports`) it is the only crate that makes BPF calls.
 
 pub mod clock;
+pub mod forwarding;
 pub mod logs;
+pub mod map_batch;
 mod maps;
 mod mmap;
-mod probe;
+pub mod neighbours;
+pub mod netif;
+pub mod objects;
+pub mod pins;
+mod probe_encap;
+pub mod rtnl;
 mod tables;
 pub mod test_run;
 pub mod verifier;
+pub mod vip_path;
 
 use std::path::{Path, PathBuf};
 
@@ -18,11 +29,11 @@ use aya::{
 };
 use maps::named;
 pub use maps::{BalancerMaps, MapOccupancy, vip_of};
-pub use probe::ProbeMaps;
+pub use probe_encap::ProbeMaps;
 use spillway_common::limits::{Capacity, map_names, program_names};
-pub use tables::{FlowInfo, FlowSummary, FlowTable, RingPool, RuleIndex, VipIndex};
+pub use tables::{FlowSummary, FlowTable, RingPool, RuleIndex, VipIndex};
 
-use crate::{objects, reconcile::MapsError};
+use spillway_reconcile::MapsError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use spillway_common::limits::MAX_RING_SIZE;
 
 use super::*;
-use crate::testing::{FakeMaps, VIP, vip};
+use crate::testing::FakeMaps;
+use spillway_model::testing::{VIP, vip};
 use spillway_model::{BackendOptions, DEFAULT_WEIGHT, Encap};
 
 fn state(backends: &[(&str, u32)]) -> DesiredState {

@@ -6,7 +6,7 @@
 //! Backends behind a gateway never have an entry of their own and are nudged every round:
 //! one tiny datagram per backend and round, bounded by the backend limit.
 
-use crate::event;
+use spillway_logging::event;
 use std::{
     collections::{BTreeSet, HashSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket},

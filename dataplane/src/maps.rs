@@ -12,8 +12,8 @@ use aya::{
 use spillway_common::{
     limits::{Capacity, MAX_RULES, RING_SLOTS_PER_WORD, map_names},
     types::{
-        AddrKey, BackendInfo, Bucket, FlowKey, LbConfig, Limits, Observed, QuicHandover, QuicRouting, QuicServer, QuicServerKey, Reason,
-        RingRef, RuleCounters, RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BackendInfo, Bucket, FlowInfo, FlowKey, LbConfig, Limits, Observed, QuicHandover, QuicRouting, QuicServer, QuicServerKey,
+        Reason, RingRef, RuleCounters, RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
 
@@ -21,9 +21,9 @@ use super::{
     DataplaneError, MapMemory,
     clock::Calibration,
     mmap::Mapped,
-    tables::{FlowInfo, FlowTable, Index, QuicServerIndex, RingPool, RuleIndex, VipIndex},
+    tables::{FlowTable, Index, QuicServerIndex, RingPool, RuleIndex, VipIndex},
 };
-use crate::reconcile::{Maps, MapsError};
+use spillway_reconcile::{Maps, MapsError};
 
 /// A map's capacity and, when counted, its entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

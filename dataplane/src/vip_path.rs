@@ -35,13 +35,13 @@ use aya::programs::{ProgramError, SchedClassifier};
 use clap::Args;
 use spillway_common::types::{PROBE_MARK_TAG_MASK, PROBE_MARK_TAG_SHIFT, ProbeConfig, ProbeReason, probe_mark};
 
+use crate::{Balancer, DataplaneError, ProbeMaps};
 use crate::{
-    dataplane::{Balancer, DataplaneError, ProbeMaps},
-    event,
     netif::{self, NetifError},
     pins::{self, Attachment, DEFAULT_PIN_DIR, PinError, PinLayout},
     rtnl::{Family, Link, Lookup, MarkRule, RTN_LOCAL, Rtnl, RtnlError},
 };
+use spillway_logging::event;
 
 /// Priority of the mark rules: ahead of the main table and of the usual policy rules (a
 /// VRF's is 1000); they match nothing but probe marks.

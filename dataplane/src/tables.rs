@@ -16,9 +16,9 @@ use aya::maps::{Array, MapData};
 use spillway_common::{
     addr::from_words,
     hash::{RULE_SEED, addr_hash, flow_buckets, flow_hash, quic_server_home, rule_home, vip_addr_hash, vip_home},
-    limits::{ANY_VIP, FLOW_TICK_SHIFT, FLOW_WAYS, MAX_RULE_LENGTHS, RING_SLOTS_PER_WORD, VIP_PROBES, map_names},
+    limits::{ANY_VIP, FLOW_WAYS, MAX_RULE_LENGTHS, RING_SLOTS_PER_WORD, VIP_PROBES, map_names},
     types::{
-        FLOW_CONFIRMED, FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowBucket, FlowEntry, FlowKey, PROTO_TCP, PROTO_UDP, QuicServer, QuicServerKey,
+        FLOW_TAG_LIVE, FLOW_TAG_UDP, FlowBucket, FlowEntry, FlowInfo, FlowKey, PROTO_TCP, PROTO_UDP, QuicServer, QuicServerKey,
         QuicServerSlot, RingRef, RuleLens, RuleSlot, RuleSlotKey, RuleValue, VipKey, VipMeta, VipSlot,
     },
 };
@@ -359,27 +359,6 @@ impl RingPool {
     }
 }
 
-/// A connection-table entry, read back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FlowInfo {
-    pub backend_id: u32,
-    /// Low 16 bits of the backend's generation when the flow was placed.
-    pub generation: u16,
-    /// A packet after the first one was seen (inserts never evict it).
-    pub confirmed: bool,
-    /// `FLOW_TICK_SHIFT` ticks of the last refresh (31 bits).
-    pub touched_tick: u32,
-}
-
-impl FlowInfo {
-    /// How long the flow has been idle at `now_ns` (the data path's clock, `dataplane::clock`), to
-    /// the tick and as the data path counts it.
-    pub fn idle_ns(&self, now_ns: u64) -> u64 {
-        let now = (now_ns >> FLOW_TICK_SHIFT) as u32 & !FLOW_CONFIRMED;
-        u64::from(now.wrapping_sub(self.touched_tick) & !FLOW_CONFIRMED) << FLOW_TICK_SHIFT
-    }
-}
-
 /// The connection table (`spw_flows`).
 pub struct FlowTable {
     pub(super) buckets: Mapped<FlowBucket>,
@@ -401,7 +380,7 @@ impl FlowTable {
                 // SAFETY: an entry of the live mapping, read as the data path reads it.
                 let e = unsafe { std::ptr::read_volatile(entry) };
                 if e.tag == tag && e.src == key.src && unsafe { std::ptr::read_volatile(addr_of!((*entry).tag)) } == tag {
-                    return Some((entry, tag, info(&e)));
+                    return Some((entry, tag, FlowInfo::of(&e)));
                 }
             }
         }
@@ -440,7 +419,7 @@ impl FlowTable {
                         dport: (e.tag >> 16) as u16,
                         vip_id: ((e.tag >> 32) & 0xffff) as u32,
                         udp: e.tag & FLOW_TAG_UDP != 0,
-                        info: info(&e),
+                        info: FlowInfo::of(&e),
                     };
                     if visit(flow).is_break() {
                         return visited;
@@ -474,15 +453,6 @@ impl FlowSummary {
     /// The client's address and port.
     pub fn client(&self, vip: &VipKey) -> Option<SocketAddr> {
         Some(SocketAddr::new(from_words(self.src, vip.family)?, u16::from_be(self.sport)))
-    }
-}
-
-fn info(e: &FlowEntry) -> FlowInfo {
-    FlowInfo {
-        backend_id: e.backend_id as u32,
-        generation: e.generation,
-        confirmed: e.touched & FLOW_CONFIRMED != 0,
-        touched_tick: e.touched & !FLOW_CONFIRMED,
     }
 }
 
