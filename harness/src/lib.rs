@@ -75,12 +75,12 @@ pub use topology::{Topology, TopologyConfig};
 pub use traffic::{Tally, run_connections, tcp_ask, udp_ask};
 
 /// One test per port-watcher mode (btf, tracepoint, sock_diag), each running `$name(mode)`
-/// with the loader's `spillway::ports::Mode` (resolved where the macro is used).
+/// with `spillway_model::ports_report::Mode` (resolved where the macro is used).
 #[macro_export]
 macro_rules! in_every_watcher_mode {
     ($name:ident) => {
         mod $name {
-            use spillway::ports::Mode;
+            use spillway_model::ports_report::Mode;
 
             #[test]
             fn btf() {

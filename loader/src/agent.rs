@@ -34,11 +34,6 @@ use crate::{
         notify,
     },
     metrics,
-    ports::{
-        PortsReport, Scope, SockWatch, Thresholds, WatchOptions,
-        auth::{KeyError, ReportKey},
-        endpoint::{self, Access, Limits, Listen},
-    },
 };
 use spillway_dataplane::netif::{self, NetifError};
 use spillway_dataplane::objects;
@@ -46,6 +41,12 @@ use spillway_dataplane::pins::{self, Attachment, PinError, PinLayout};
 use spillway_dataplane::{self as dataplane, DataplaneError};
 use spillway_logging::event;
 use spillway_model::Cidr;
+use spillway_model::ports_report::{PortsReport, Thresholds};
+use spillway_ports::{
+    Scope, SockWatch, WatchOptions,
+    auth::{KeyError, ReportKey},
+    endpoint::{self, Access, Limits, Listen},
+};
 
 /// How often the host's addresses are re-read.
 const REFRESH: Duration = Duration::from_secs(5);

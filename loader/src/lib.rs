@@ -3,13 +3,10 @@
 
 pub mod agent;
 pub mod announce;
-pub mod api;
 pub mod cli;
 pub mod daemon;
 pub mod docs;
 pub mod metrics;
-pub mod ports;
-pub mod probe;
 pub mod store;
 pub mod tx_drops;
 pub mod wall_clock;

@@ -103,12 +103,12 @@ fn the_ports_endpoint_answers_only_the_balancers_and_a_taken_port_is_fatal() {
     });
     assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
     // The balancer gets the report, signed for its poll.
-    let key = spillway::ports::auth::ReportKey::load(&key).unwrap();
+    let key = spillway_ports::auth::ReportKey::load(&key).unwrap();
     let fetched = lb.in_netns(|| {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(spillway::ports::endpoint::fetch_report(endpoint, Duration::from_secs(5), Some(&key)))
+        runtime.block_on(spillway_ports::endpoint::fetch_report(endpoint, Duration::from_secs(5), Some(&key)))
     });
-    assert_eq!(fetched.unwrap().1, spillway::ports::endpoint::Signed::Verified);
+    assert_eq!(fetched.unwrap().1, spillway_ports::endpoint::Signed::Verified);
     // The refusal is counted in the agent's metrics.
     let metrics = backend.in_netns(|| {
         use std::io::{Read, Write};

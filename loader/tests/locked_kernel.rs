@@ -10,10 +10,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn, connect, socket};
-use spillway::ports::{Mode, Scope, SockWatch, WatchOptions, WatcherMode, netns_inode, parts};
 use spillway_harness::locked_kernel::refuse_tracing_programs;
 use spillway_harness::{Host, Topology, TopologyConfig};
 use spillway_logging::error_chain;
+use spillway_model::ports_report::{Mode, parts};
+use spillway_ports::{Scope, SockWatch, WatchOptions, WatcherMode, netns_inode};
 
 /// Set when this binary runs as the locked-down process of
 /// [`the_watcher_falls_back_to_tracepoints_and_says_why`].
@@ -105,7 +106,7 @@ fn the_agent_on_such_a_kernel_serves_tracepoint_reports() {
     let report = backend
         .in_netns(|| {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            runtime.block_on(spillway::ports::endpoint::fetch_report(endpoint, Duration::from_secs(5), None)).map(|(report, _)| report)
+            runtime.block_on(spillway_ports::endpoint::fetch_report(endpoint, Duration::from_secs(5), None)).map(|(report, _)| report)
         })
         .expect("the agent's report");
     drop(held);

@@ -23,14 +23,13 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, SockaddrIn, bind, connect, sendto, socket};
-use spillway::ports::{
-    Counts, Level, Mode, PortKey, PortsReport, STAT_NAMES, Scope, SockWatch, Thresholds, WatchOptions, WatcherMode, netns_inode, parts,
-};
 use spillway_harness::cluster::{XdpMode, agent_command};
 use spillway_harness::connects::{outcomes, start_connect};
 use spillway_harness::frames::tcp_reset_packet;
 use spillway_harness::unit;
 use spillway_harness::{Capture, Daemon, Host, Topology, TopologyConfig, send_ip_packet};
+use spillway_model::ports_report::{Level, Mode, PortsReport, Thresholds, parts};
+use spillway_ports::{Counts, PortKey, STAT_NAMES, Scope, SockWatch, WatchOptions, WatcherMode, netns_inode};
 
 const PORT: u16 = 9300;
 const LBD: &str = env!("CARGO_BIN_EXE_lbd");
@@ -397,7 +396,7 @@ fn ten_thousand_cycles_return_to_baseline(mode: Mode) {
     }
     // TIME_WAIT lasts TCP_TIMEWAIT_LEN (60 s): afterwards the kernel and the watcher both
     // show none.
-    let expiry = Duration::from_secs(u64::from(spillway::ports::TIMEWAIT_LEN_SECS) + 2);
+    let expiry = Duration::from_secs(u64::from(spillway_ports::TIMEWAIT_LEN_SECS) + 2);
     thread::sleep(expiry.saturating_sub(last_close.elapsed()));
     let expired =
         eventually(Duration::from_secs(3), || counts(&mut watch, &key).1 == 0 && ss_count(client, dst.ip(), PORT, "time-wait") == 0);
@@ -777,7 +776,7 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     let fetch = |host: &spillway_harness::Host, at: SocketAddr| {
         host.in_netns(|| {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            runtime.block_on(spillway::ports::endpoint::fetch_report(at, Duration::from_secs(5), None)).map(|(report, _)| report)
+            runtime.block_on(spillway_ports::endpoint::fetch_report(at, Duration::from_secs(5), None)).map(|(report, _)| report)
         })
     };
     let report = fetch(backend, endpoint).expect("the agent's report");
@@ -792,7 +791,7 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     drop((ours, theirs));
 
     let (netns, client_netns) = (netns_inode(backend.netns().path()).unwrap(), netns_inode(client.netns().path()).unwrap());
-    let udp = |report: &spillway::ports::PortsReport, netns: u32, to: IpAddr| {
+    let udp = |report: &spillway_model::ports_report::PortsReport, netns: u32, to: IpAddr| {
         report.destinations.iter().find(|d| d.netns == netns && d.protocol == "udp" && d.remote == to).map(|d| d.in_use)
     };
     assert_eq!(udp(&report, netns, client.ipv4().into()), Some(SOCKETS as u64), "{report:#?}");
@@ -815,7 +814,8 @@ fn the_agent_works_with_only_what_its_unit_grants(mode: Mode) {
     // The agents load the watcher themselves; this says whether the kernel allows the mode,
     // and what it watches for full root.
     let Some(watch) = load(mode) else { return };
-    let unwatched = |status: &spillway::ports::WatcherStatus| status.not_watched.iter().map(|p| p.what.clone()).collect::<Vec<_>>();
+    let unwatched =
+        |status: &spillway_model::ports_report::WatcherStatus| status.not_watched.iter().map(|p| p.what.clone()).collect::<Vec<_>>();
     let as_root = unwatched(watch.status());
     drop(watch);
     let topology = Topology::build(TopologyConfig { backends: 1, clients: 1 }).expect("topology");
@@ -867,7 +867,7 @@ fn the_agent_works_with_only_what_its_unit_grants(mode: Mode) {
     let fetch = |host: &Host| {
         host.in_netns(|| {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            runtime.block_on(spillway::ports::endpoint::fetch_report(endpoint, Duration::from_secs(5), None)).map(|(report, _)| report)
+            runtime.block_on(spillway_ports::endpoint::fetch_report(endpoint, Duration::from_secs(5), None)).map(|(report, _)| report)
         })
     };
     let netns = netns_inode(backend.netns().path()).unwrap();

@@ -18,10 +18,7 @@ use rustls::{
     crypto::ring,
     pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer},
 };
-use spillway::{
-    daemon::probes::{ProbePathState, probe_through_tunnel},
-    probe::run,
-};
+use spillway::daemon::probes::{ProbePathState, probe_through_tunnel};
 use spillway_common::{
     addr::to_words,
     limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
@@ -32,6 +29,7 @@ use spillway_dataplane::vip_path::{ProbeNames, VipPath};
 use spillway_dataplane::{Balancer, LoadOptions};
 use spillway_harness::{LB4, LB6, Topology, TopologyConfig, VIP4};
 use spillway_model::{DesiredState, Hex, ProbeOutcome, ProbeSpec, Vip};
+use spillway_probe::run;
 use spillway_reconcile::Reconciler;
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},

@@ -24,6 +24,7 @@ mod backend;
 pub mod config;
 mod health;
 pub mod host;
+pub mod ports_report;
 mod probe;
 mod quic;
 #[cfg(any(test, feature = "testing"))]

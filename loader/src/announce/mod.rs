@@ -24,7 +24,7 @@ use self::{
     bird::{Bird, BirdError},
     include::{GRACEFUL_SHUTDOWN, IncludeError, PROTOCOL4, PROTOCOL6, TABLE4, TABLE6},
 };
-use crate::api::announce::{AnnouncementChanges, AnnouncementView, Announcements};
+use spillway_api::announce::{AnnouncementChanges, AnnouncementView, Announcements};
 use spillway_logging::error_chain;
 use spillway_logging::event;
 use spillway_policy::announce::{Change, Fault, Policy, State};

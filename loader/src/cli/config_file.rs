@@ -13,7 +13,7 @@ use super::{
     CliError,
     table::{Align, Table, printable},
 };
-use crate::api::{AnnouncementsStatus, Applied, Started, Status};
+use spillway_api::{AnnouncementsStatus, Applied, Started, Status};
 use spillway_model::config::{self, MAX_CONFIG_BYTES};
 
 pub const APPLY_HELP: &str = "\

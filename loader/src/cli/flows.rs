@@ -9,7 +9,7 @@ use super::{
     OutputArgs,
     table::{Align, Table},
 };
-use crate::api::flows::{DEFAULT_FLOW_LIST, FlowAnswer, FlowList, MAX_FLOW_LIST, PurgeReport};
+use spillway_api::flows::{DEFAULT_FLOW_LIST, FlowAnswer, FlowList, MAX_FLOW_LIST, PurgeReport};
 use spillway_model::Vip;
 
 pub const FLOWS_HELP: &str = "\

@@ -18,12 +18,10 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use config_file::{APPLY_HELP, DIFF_HELP, EXPORT_HELP, FileArg, STATUS_HELP};
 use spillway_common::maglev::MAX_WEIGHT;
 
-use crate::{
-    api::{
-        DEFAULT_SOCKET, LimitPart, Request, RuleActionKind, Scope,
-        client::{self, ClientError},
-    },
-    docs::{self, CompletionsArgs, ManArgs},
+use crate::docs::{self, CompletionsArgs, ManArgs};
+use spillway_api::{
+    DEFAULT_SOCKET, LimitPart, Request, RuleActionKind, Scope,
+    client::{self, ClientError},
 };
 use spillway_model::{Cidr, DEFAULT_NONCE_LEN, DEFAULT_SERVER_ID_LEN, DEFAULT_WEIGHT, Encap, MAX_RATE_PER_S, QuicConfig, Vip};
 

@@ -11,7 +11,7 @@ use super::{
     render_health,
     table::{Align, Table},
 };
-use crate::api::{BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, Reply, RuleList, Stats, TopSourceList};
+use spillway_api::{BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, Reply, RuleList, Stats, TopSourceList};
 use spillway_model::{RateSpec, Vip};
 
 pub fn reply(command: &Command, reply: Reply, out: &mut dyn Write) -> Result<Outcome, CliError> {

@@ -1,10 +1,8 @@
 //! Tables for VIPs and backends with their health, and for port pressure.
 
 use super::table::{Align, Table, printable};
-use crate::{
-    api::{BackendEntry, BackendList, PortsView, VipHealthView, VipList, announce::AnnouncementView},
-    ports::PortsReport,
-};
+use spillway_api::{BackendEntry, BackendList, PortsView, VipHealthView, VipList, announce::AnnouncementView};
+use spillway_model::ports_report::PortsReport;
 
 /// `lbctl vips list`.
 pub(super) const VIPS_COLUMNS: &[(&str, Align)] = &[

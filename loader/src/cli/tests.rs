@@ -3,10 +3,8 @@
 use clap::{CommandFactory, error::ErrorKind};
 
 use super::*;
-use crate::{
-    api::{BackendEntry, BackendList, BackendStats, ReasonCount, Reply, Stats, VipEntry, VipList, VipStats},
-    testing::{ip, vip},
-};
+use crate::testing::{ip, vip};
+use spillway_api::{BackendEntry, BackendList, BackendStats, ReasonCount, Reply, Stats, VipEntry, VipList, VipStats};
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
     Cli::try_parse_from(std::iter::once("lbctl").chain(args.iter().copied()))
@@ -273,7 +271,7 @@ fn changes_print_a_confirmation_and_odd_replies_are_errors() {
 
 // --- ratelimit, rules, top-sources ---
 
-use crate::api::{
+use spillway_api::{
     BudgetLimit, LimitOrigin, LimitPart, PerSourceLimit, RateLimitList, RuleActionKind, RuleEntry, RuleList, Scope, ScopeLimits,
     SourceEntry, TopSourceList, VipLimits,
 };
@@ -646,7 +644,7 @@ fn health_panic_budget_and_alerts_are_shown() {
             ring_size: 13,
             encap: Encap::Ipip,
             backends: 3,
-            health: Some(crate::api::VipHealthView {
+            health: Some(spillway_api::VipHealthView {
                 probe: spillway_model::ProbeSpec::default(),
                 probe_path: spillway_model::ProbePath::Tunnel,
                 vip_path_failed: 2,
@@ -661,7 +659,7 @@ fn health_panic_budget_and_alerts_are_shown() {
                 policy: spillway_model::HealthConfig::default(),
             }),
             effective_budget: Some(spillway_model::RateSpec::new(200, Some(20))),
-            announcement: Some(crate::api::announce::AnnouncementView {
+            announcement: Some(spillway_api::announce::AnnouncementView {
                 address: ip("10.0.0.1"),
                 state: "degraded".into(),
                 reason: "program_detached".into(),
@@ -683,7 +681,7 @@ fn health_panic_budget_and_alerts_are_shown() {
 
 #[test]
 fn ports_show_destinations_failures_and_leak_suspects() {
-    use crate::ports::{
+    use spillway_model::ports_report::{
         DestinationUsage, Dropped, LeakSuspect, Level, Mode, Part, PortsReport, ProcessFailures, Thresholds, WatcherStatus,
     };
     let report = PortsReport {
@@ -734,7 +732,7 @@ fn ports_show_destinations_failures_and_leak_suspects() {
             refused: vec![],
         }),
     };
-    let view = crate::api::PortsView { host: "10.0.1.1".into(), report: Some(report), error: None, age_s: 1, stale: None };
+    let view = spillway_api::PortsView { host: "10.0.1.1".into(), report: Some(report), error: None, age_s: 1, stale: None };
     let out = rendered(&["ports", "--host", "10.0.1.1"], Reply::Ports(Box::new(view.clone())));
     let watcher = "watcher mode tracepoint; watching with: tcp ports (tracepoint/sock/inet_sock_set_state); \
                    not watched: bind/udp connect failures (no syscall tracepoints)\n";
@@ -746,14 +744,14 @@ fn ports_show_destinations_failures_and_leak_suspects() {
     assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
     // A report kept while later answers are ignored says why it is old.
     let stale =
-        crate::api::PortsView { age_s: 42, stale: Some("last good report 42 s ago; since then: answers ignored, x".into()), ..view };
+        spillway_api::PortsView { age_s: 42, stale: Some("last good report 42 s ago; since then: answers ignored, x".into()), ..view };
     let out = rendered(&["ports", "--host", "10.0.1.1"], Reply::Ports(Box::new(stale)));
     assert!(
         out.starts_with("host 10.0.1.1 (report 42 s old)\nstale: last good report 42 s ago; since then: answers ignored, x\n"),
         "{out}"
     );
     let hostile =
-        crate::api::PortsView { host: "10.0.1.2".into(), report: None, error: Some("bad\x1b[2Jreply".into()), age_s: 0, stale: None };
+        spillway_api::PortsView { host: "10.0.1.2".into(), report: None, error: Some("bad\x1b[2Jreply".into()), age_s: 0, stale: None };
     let out = rendered(&["ports", "--host", "10.0.1.2"], Reply::Ports(Box::new(hostile.clone())));
     assert!(out.contains("no report: bad\\x1b[2Jreply"), "{out}");
     // No report is no success: scripts see it in the exit status.
@@ -806,8 +804,9 @@ fn apply_writes_the_starts_lbd_gave_into_the_file_and_diff_does_not() {
     let text = "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\n[[vips.backends]]\naddress = \"10.0.1.1\"\n";
     std::fs::write(&path, text).unwrap();
     let file = path.to_str().unwrap();
-    let started = vec![crate::api::Started { vip: vip("10.0.0.1:80/tcp"), backend: ip("10.0.1.1"), started_at_unix_ms: 1_796_025_600_000 }];
-    let applied = crate::api::Applied {
+    let started =
+        vec![spillway_api::Started { vip: vip("10.0.0.1:80/tcp"), backend: ip("10.0.1.1"), started_at_unix_ms: 1_796_025_600_000 }];
+    let applied = spillway_api::Applied {
         applied: true,
         changes: vec![],
         notes: vec![],
@@ -815,7 +814,7 @@ fn apply_writes_the_starts_lbd_gave_into_the_file_and_diff_does_not() {
         tables_flipped: 0,
         started: started.clone(),
     };
-    let dry = crate::api::Applied { applied: false, ..applied.clone() };
+    let dry = spillway_api::Applied { applied: false, ..applied.clone() };
     rendered(&["diff", "-f", file], Reply::Applied(dry));
     assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "a dry run writes nothing");
     let out = rendered(&["apply", "-f", file], Reply::Applied(applied.clone()));
@@ -834,7 +833,7 @@ fn apply_and_diff_print_one_line_per_change() {
         .desired_state()
         .unwrap();
     let changes = spillway_model::config::diff(&old, &new);
-    let applied = crate::api::Applied {
+    let applied = spillway_api::Applied {
         applied: true,
         changes: changes.clone(),
         notes: vec!["lbd.zone: ...".into()],
@@ -847,13 +846,13 @@ fn apply_and_diff_print_one_line_per_change() {
         "+ vip 10.0.0.1:80/tcp: ring_size=13, vip=\"10.0.0.1:80/tcp\"\n~ lbd.zone: ...\napplied 1 changes \
          (slots_written=13 tables_flipped=1); 1 settings of [lbd] differ: they take effect at the next start of lbd\n"
     );
-    let dry = crate::api::Applied { applied: false, ..applied.clone() };
+    let dry = spillway_api::Applied { applied: false, ..applied.clone() };
     let cli = parse(&["diff", "-f", "x"]).unwrap();
     let mut out = Vec::new();
     assert_eq!(render::reply(&cli.command, Reply::Applied(dry.clone()), &mut out).unwrap(), Outcome::Differs);
     assert!(String::from_utf8(out).unwrap().contains("\n1 changes would be applied (nothing was changed); 1 settings of [lbd] differ"));
     // Settings that differ are differences, not "no changes".
-    let settings = crate::api::Applied { changes: vec![], ..dry.clone() };
+    let settings = spillway_api::Applied { changes: vec![], ..dry.clone() };
     assert_eq!(render::reply(&cli.command, Reply::Applied(settings.clone()), &mut Vec::new()).unwrap(), Outcome::Differs);
     assert_eq!(
         rendered(&["diff", "-f", "x"], Reply::Applied(settings)),
@@ -862,26 +861,26 @@ fn apply_and_diff_print_one_line_per_change() {
     // A change apply would refuse: the whole diff, that one marked, and its own exit status.
     let mut removal = spillway_model::config::diff(&new, &old);
     removal[0].refused = Some("needs --allow-vip-removal".into());
-    let refused = crate::api::Applied { changes: removal, notes: vec![], ..dry.clone() };
+    let refused = spillway_api::Applied { changes: removal, notes: vec![], ..dry.clone() };
     assert_eq!(render::reply(&cli.command, Reply::Applied(refused.clone()), &mut Vec::new()).unwrap(), Outcome::Refused);
     assert_eq!(
         rendered(&["diff", "-f", "x"], Reply::Applied(refused)),
         "- vip 10.0.0.1:80/tcp (refused: needs --allow-vip-removal)\n\
          1 changes, 1 of which apply would refuse (marked refused; nothing was changed)\n"
     );
-    let none = crate::api::Applied { changes: vec![], notes: vec![], ..dry };
+    let none = spillway_api::Applied { changes: vec![], notes: vec![], ..dry };
     assert_eq!(render::reply(&cli.command, Reply::Applied(none.clone()), &mut Vec::new()).unwrap(), Outcome::Done);
     assert_eq!(rendered(&["diff", "-f", "x"], Reply::Applied(none)), "no changes\n");
     let json: serde_json::Value = serde_json::from_str(&rendered(&["apply", "-f", "x", "-o", "json"], Reply::Applied(applied))).unwrap();
     assert_eq!(json["changes"][0]["item"], "vip");
     assert_eq!(json["changes"][0]["change"], "added");
-    let exported = crate::api::Exported { config: "vips = []\n".into() };
+    let exported = spillway_api::Exported { config: "vips = []\n".into() };
     assert_eq!(rendered(&["export"], Reply::Exported(exported)), "vips = []\n");
 }
 
 #[test]
 fn status_fits_one_screen() {
-    let status = crate::api::Status {
+    let status = spillway_api::Status {
         version: "0.1.0".into(),
         uptime_s: 3725,
         iface: "eth0".into(),
@@ -891,7 +890,7 @@ fn status_fits_one_screen() {
         state_dir: "/var/lib/spillway".into(),
         health_checks: true,
         zone: Some("a".into()),
-        config: Some(crate::api::ConfigStatus {
+        config: Some(spillway_api::ConfigStatus {
             file: "/etc/spillway/spillway.toml".into(),
             last: "refused on SIGHUP; kept the running state".into(),
             error: Some("f:1:1: nope".into()),
@@ -900,12 +899,12 @@ fn status_fits_one_screen() {
         backends: 5,
         rules: 1,
         maps: vec![
-            crate::api::MapUsage { name: "spw_vips".into(), max_entries: 64, used: Some(2), bytes: Some(8192) },
-            crate::api::MapUsage { name: "spw_flows".into(), max_entries: 1_048_576, used: Some(524_288), bytes: Some(125_829_120) },
-            crate::api::MapUsage { name: "spw_rules".into(), max_entries: 1024, used: None, bytes: None },
+            spillway_api::MapUsage { name: "spw_vips".into(), max_entries: 64, used: Some(2), bytes: Some(8192) },
+            spillway_api::MapUsage { name: "spw_flows".into(), max_entries: 1_048_576, used: Some(524_288), bytes: Some(125_829_120) },
+            spillway_api::MapUsage { name: "spw_rules".into(), max_entries: 1024, used: None, bytes: None },
         ],
-        watcher: crate::api::WatcherStatus { state: "not_loaded".into(), mode: None, summary: None, error: Some("no tracefs".into()) },
-        announcements: crate::api::AnnouncementsStatus {
+        watcher: spillway_api::WatcherStatus { state: "not_loaded".into(), mode: None, summary: None, error: Some("no tracefs".into()) },
+        announcements: spillway_api::AnnouncementsStatus {
             state: "degraded".into(),
             reason: Some("program_detached".into()),
             addresses: [("announced".to_owned(), 1), ("degraded".to_owned(), 1)].into(),
@@ -956,7 +955,8 @@ fn every_table_column_and_state_is_named_in_its_commands_help() {
     use super::{config_file::MAP_COLUMNS, flows::FLOW_COLUMNS, render::*, render_health::*, top::*};
     use spillway_policy::{announce as policy, health as backend};
 
-    use crate::{api::BackendState, ports::Level};
+    use spillway_api::BackendState;
+    use spillway_model::ports_report::Level;
 
     type Columns = &'static [(&'static str, table::Align)];
     let tables: &[(&[&str], &[Columns])] = &[

@@ -11,7 +11,7 @@ use super::{
     CliError, Format,
     table::{Align, Table},
 };
-use crate::api::{
+use spillway_api::{
     BackendState, Reply, Request,
     client::{self},
     sample::Sample,
@@ -345,7 +345,7 @@ mod tests {
         assert!(wants_quit(b"q") && wants_quit(b"xQ"));
         assert!(!wants_quit(b"") && !wants_quit(b" \n"));
     }
-    use crate::api::{
+    use spillway_api::{
         ReasonCount,
         sample::{BackendSample, BuildInfo, DaemonSample, FlowTableSample, VipSample},
     };

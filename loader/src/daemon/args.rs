@@ -10,11 +10,13 @@ use spillway_common::limits::{
 };
 
 use super::outer_src::{OuterSrc4, OuterSrc6};
-use crate::{api::DEFAULT_SOCKET, metrics::MetricsListen, ports::WatcherMode};
+use crate::metrics::MetricsListen;
+use spillway_api::DEFAULT_SOCKET;
 use spillway_dataplane::pins::DEFAULT_PIN_DIR;
 use spillway_dataplane::vip_path::VipPathArgs;
 use spillway_logging::LogFormat;
 use spillway_model::HealthConfig;
+use spillway_ports::WatcherMode;
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/spillway";
 
@@ -163,7 +165,7 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "FILE")]
     pub report_key: Option<PathBuf>,
     /// Port of the backends' `lbd agent` endpoint, polled for port pressure (0: do not poll).
-    #[arg(long, value_name = "PORT", default_value_t = crate::ports::endpoint::DEFAULT_PORT)]
+    #[arg(long, value_name = "PORT", default_value_t = spillway_ports::endpoint::DEFAULT_PORT)]
     pub agent_port: u16,
     /// Set the interface's forwarding sysctls (net.ipv4.conf.<IF>.forwarding and its IPv6
     /// twin) to 1 if they are 0, instead of refusing to start: the kernel's route lookup
@@ -312,10 +314,10 @@ pub struct AgentArgs {
     /// Where to serve this host's port pressure (GET /ports, JSON over HTTP/1.0), or `off`.
     /// Read-only: nothing sent to it changes anything; connections, request size and time,
     /// and report builds (one per second) are bounded.
-    #[arg(long, value_name = "ADDR:PORT|off", default_value = crate::ports::endpoint::DEFAULT_LISTEN)]
-    pub ports_listen: crate::ports::endpoint::Listen,
+    #[arg(long, value_name = "ADDR:PORT|off", default_value = spillway_ports::endpoint::DEFAULT_LISTEN)]
+    pub ports_listen: spillway_ports::endpoint::Listen,
     /// Seconds a socket may sit in CLOSE_WAIT before its process is named a leak suspect.
-    #[arg(long, value_name = "S", default_value_t = crate::ports::Thresholds::default().close_wait_secs,
+    #[arg(long, value_name = "S", default_value_t = spillway_model::ports_report::Thresholds::default().close_wait_secs,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub leak_after_s: u64,
     /// Report every network namespace of the host, not only the agent's: for hosts whose

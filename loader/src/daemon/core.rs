@@ -20,14 +20,14 @@ use super::{
     telemetry::Telemetry,
 };
 use crate::{
-    api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, announce::Announcements, sample::BuildInfo},
-    ports::PortsReport,
     store::{HealthSnapshot, Store, StoreError},
     wall_clock::unix_ms,
 };
+use spillway_api::{ApiError, ErrorKind, LimitPart, PortsView, Reply, Request, announce::Announcements, sample::BuildInfo};
 use spillway_dataplane::{BalancerMaps, DataplaneError, MapOccupancy};
 use spillway_logging::{Line, error_chain, event};
 use spillway_model::config::{ConfigError, Document};
+use spillway_model::ports_report::PortsReport;
 use spillway_model::{
     Backend, DEFAULT_WEIGHT, DesiredState, ModelError, ProbePath, ProbeSpec, RateSpec, RuleConfig, RuleMatch, Vip, VipHealth,
     check_serving_weight, host::HostError,

@@ -43,11 +43,10 @@ use self::{
 };
 use crate::{
     announce::{AnnounceConfig, AnnounceError},
-    api::ConfigStatus,
-    api::sample::BuildInfo,
-    ports::{Scope, SockWatch, WatchOptions},
     store::{ConfigMark, StateFile, Store, StoreError},
 };
+use spillway_api::ConfigStatus;
+use spillway_api::sample::BuildInfo;
 use spillway_dataplane::forwarding::{self, ForwardingError};
 use spillway_dataplane::neighbours;
 use spillway_dataplane::netif::{self, NetifError};
@@ -57,6 +56,7 @@ use spillway_dataplane::{Balancer, DataplaneError, LoadOptions};
 use spillway_logging::event;
 use spillway_model::config::{ConfigError, Document};
 use spillway_model::{DesiredState, HealthConfig, host::Host};
+use spillway_ports::{Scope, SockWatch, WatchOptions};
 use spillway_reconcile::Maps;
 
 #[derive(Debug, thiserror::Error)]
@@ -110,7 +110,7 @@ pub enum DaemonError {
     #[error("applying the configuration file at start")]
     ApplyConfig(#[source] CoreError),
     #[error(transparent)]
-    ReportKey(#[from] crate::ports::auth::KeyError),
+    ReportKey(#[from] spillway_ports::auth::KeyError),
 }
 
 /// Runs the balancer on `iface` until SIGTERM or SIGINT; with `config` (the `--config`
@@ -133,7 +133,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let host = host_facts(args, iface)?;
     let mark = store.load_config_mark();
     let start = plan_start(config, config_path.as_deref(), persisted, mark.clone(), &host)?;
-    let report_key = args.report_key.as_deref().map(crate::ports::auth::ReportKey::load).transpose()?.map(Arc::new);
+    let report_key = args.report_key.as_deref().map(spillway_ports::auth::ReportKey::load).transpose()?.map(Arc::new);
     if report_key.is_none() && args.agent_port != 0 {
         event!(
             warn,

@@ -8,10 +8,8 @@ use std::{
     time::Instant,
 };
 
-use crate::{
-    api::PortsView,
-    ports::{Level, PortsReport},
-};
+use spillway_api::PortsView;
+use spillway_model::ports_report::{Level, PortsReport};
 use spillway_policy::health::Pressure;
 
 /// Logged (and repeated) while the balancer's own ports are critical, an alert meanwhile.

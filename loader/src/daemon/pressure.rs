@@ -18,15 +18,14 @@ use super::{
     ports_book::{AgentPoll, LB_PORTS_CRITICAL_ALERT},
     server::{self, SharedCore},
 };
-use crate::{
-    ports::{
-        Level, SockWatch, Thresholds,
-        auth::ReportKey,
-        endpoint::{self, Signed},
-    },
-    store::Store,
-};
+use crate::store::Store;
 use spillway_logging::event;
+use spillway_model::ports_report::{Level, Thresholds};
+use spillway_ports::{
+    SockWatch,
+    auth::ReportKey,
+    endpoint::{self, Signed},
+};
 use spillway_reconcile::Maps;
 
 /// How often the balancer's watcher is read and the agents are polled.

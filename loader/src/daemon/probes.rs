@@ -22,11 +22,12 @@ use super::{
     health_checks::{LocalCause, ProbeRoute},
     server::{self, SharedCore},
 };
-use crate::{probe, store::Store};
+use crate::store::Store;
 use spillway_dataplane::vip_path::VipPath;
 use spillway_logging::event;
 use spillway_model::{ProbeOutcome, ProbeSpec};
 use spillway_policy::health::{ProbeKey, next_probe_at};
+use spillway_probe as probe;
 use spillway_reconcile::Maps;
 
 /// The probe path as `lbd` set it up, or why it could not.

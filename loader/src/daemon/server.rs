@@ -19,10 +19,8 @@ use tokio::{
 };
 
 use super::core::{Core, Counters};
-use crate::{
-    api::{ApiError, ErrorKind, MAX_REQUEST_BYTES, Request, Response},
-    store::Store,
-};
+use crate::store::Store;
+use spillway_api::{ApiError, ErrorKind, MAX_REQUEST_BYTES, Request, Response};
 use spillway_logging::event;
 use spillway_reconcile::Maps;
 
@@ -192,10 +190,10 @@ mod tests {
 
     use super::*;
     use crate::{
-        api::{Reply, VipList, client},
         store::StateFile,
         testing::{FakeMaps, TempDir},
     };
+    use spillway_api::{Reply, VipList, client};
     use spillway_model::DesiredState;
     use spillway_model::Encap;
 

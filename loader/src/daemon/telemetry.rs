@@ -1,13 +1,13 @@
 //! `lbd`'s own counters, for the metrics and `lbctl top`: changes applied to the maps and how
 //! long they took, probe outcomes, agent polls, and the last count of the connection table.
-//! Kept by the core as it works; read into a [`crate::api::sample::Sample`].
+//! Kept by the core as it works; read into a [`spillway_api::sample::Sample`].
 
 use std::{
     collections::{BTreeMap, HashMap},
     time::{Duration, Instant},
 };
 
-use crate::api::sample::{BuildInfo, DaemonSample, HistogramSample, OutcomeCount, ReconcileCount};
+use spillway_api::sample::{BuildInfo, DaemonSample, HistogramSample, OutcomeCount, ReconcileCount};
 use spillway_model::ProbeOutcome;
 
 /// How often the connection table is counted at most: a count walks every entry (2^20 when

@@ -5,14 +5,12 @@ use prometheus_client::registry::Unit;
 use super::family::{Families, Labels};
 use spillway_policy::announce::State as AnnounceState;
 
-use crate::{
-    api::{
-        ReasonCount,
-        announce::Announcements,
-        sample::{HistogramSample, Sample},
-    },
-    ports::PortsReport,
+use spillway_api::{
+    ReasonCount,
+    announce::Announcements,
+    sample::{HistogramSample, Sample},
 };
+use spillway_model::ports_report::PortsReport;
 use spillway_policy::health::{Pressure, State as BackendState};
 
 /// OpenMetrics text of `sample`, with the balancer host's own port figures (its watcher's
@@ -40,7 +38,7 @@ fn backend_labels(vip: &impl ToString, backend: &impl ToString) -> Labels {
 }
 
 fn traffic(f: &mut Families, s: &Sample) {
-    let each_vip = |f: &mut Families, name, help, unit, value: fn(&crate::api::sample::VipSample) -> u64| {
+    let each_vip = |f: &mut Families, name, help, unit, value: fn(&spillway_api::sample::VipSample) -> u64| {
         let mut family = f.counter(name, help, unit);
         for v in &s.vips {
             family.counter(vip_label(&v.vip), value(v));
@@ -49,7 +47,7 @@ fn traffic(f: &mut Families, s: &Sample) {
     each_vip(f, "vip_packets", "Packets of the VIP's flows, dropped ones included.", None, |v| v.packets);
     each_vip(f, "vip", "Bytes of the VIP's flows (frames as received), dropped ones included.", Some(Unit::Bytes), |v| v.bytes);
     each_vip(f, "vip_new_flows", "New flows admitted and placed on a backend (connection-table entries created).", None, |v| v.new_flows);
-    let each_backend = |f: &mut Families, name, help, unit, value: fn(&crate::api::sample::BackendSample) -> u64| {
+    let each_backend = |f: &mut Families, name, help, unit, value: fn(&spillway_api::sample::BackendSample) -> u64| {
         let mut family = f.counter(name, help, unit);
         for v in &s.vips {
             for b in &v.backends {
@@ -168,7 +166,7 @@ fn verdicts(f: &mut Families, s: &Sample) {
 }
 
 fn rules(f: &mut Families, s: &Sample) {
-    let labels = |r: &crate::api::sample::RuleSample| {
+    let labels = |r: &spillway_api::sample::RuleSample| {
         vec![
             ("cidr", r.cidr.to_string()),
             ("vip", r.vip.map_or_else(|| "*".to_owned(), |v| v.to_string())),

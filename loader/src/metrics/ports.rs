@@ -2,7 +2,7 @@
 //! its own listener, and by `lbd` for the balancer host. Only public report fields are read.
 
 use super::family::{Families, Labels};
-use crate::ports::{DestinationUsage, Level, PortsReport};
+use spillway_model::ports_report::{DestinationUsage, Level, PortsReport};
 
 /// Destinations with a series of their own: the worst ones (the report lists the worst
 /// first). The rest only count towards the per-protocol sums, so a host talking to

@@ -1,18 +1,16 @@
 use std::net::IpAddr;
 
 use super::*;
-use crate::{
-    api::announce::{AnnouncementChanges, AnnouncementView, Announcements},
-    api::{
-        ReasonCount, RuleActionKind,
-        sample::{
-            BackendSample, BuildInfo, DaemonSample, FlowTableSample, HistogramSample, MapMemory, OutcomeCount, ReconcileCount, RuleSample,
-            Sample, VipHealthSample, VipSample,
-        },
+use spillway_api::announce::{AnnouncementChanges, AnnouncementView, Announcements};
+use spillway_api::{
+    ReasonCount, RuleActionKind,
+    sample::{
+        BackendSample, BuildInfo, DaemonSample, FlowTableSample, HistogramSample, MapMemory, OutcomeCount, ReconcileCount, RuleSample,
+        Sample, VipHealthSample, VipSample,
     },
-    ports::{DestinationUsage, Dropped, Level, Mode, PortsReport, Thresholds, WatcherStatus},
 };
 use spillway_model::RateSpec;
+use spillway_model::ports_report::{DestinationUsage, Dropped, Level, Mode, PortsReport, Thresholds, WatcherStatus};
 
 fn backend(addr: &str, health: Option<&str>) -> BackendSample {
     BackendSample {

@@ -6,8 +6,8 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, TcpListener};
 use std::time::Duration;
 
-use spillway::ports::{DestinationUsage, Dropped, Level, PortsReport, Thresholds};
 use spillway_harness::cluster::XdpMode;
+use spillway_model::ports_report::{DestinationUsage, Dropped, Level, PortsReport, Thresholds};
 
 use crate::support::*;
 

@@ -6,10 +6,11 @@
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use spillway::ports::{Mode, Scope, SockWatch, WatchOptions};
 use spillway_harness::Host;
 use spillway_harness::cluster::{Cluster, TCP_PORT, XdpMode};
 use spillway_harness::connects::call_dead_dependency;
+use spillway_model::ports_report::Mode;
+use spillway_ports::{Scope, SockWatch, WatchOptions};
 
 use crate::support::*;
 

@@ -20,6 +20,8 @@ pub const FLOORS: &[(&str, &[&str])] = &[
     ),
     ("pure decisions: health and announce policy; the reconciler", &["spillway-policy", "spillway-reconcile"]),
     ("the kernel side: objects, maps, pins, links and routes", &["spillway-dataplane"]),
+    ("the host's other watchers and senders: the port watcher, health probes", &["spillway-ports", "spillway-probe"]),
+    ("the control API: wire types and client", &["spillway-api"]),
     ("the control plane, lbd and lbctl", &["spillway-loader"]),
     ("the test harness", &["spillway-harness"]),
     ("developer tasks", &["xtask"]),

@@ -9,8 +9,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
-use spillway::ports::{Mode, PortKey, ProgramStats, Scope, SockWatch, WatchOptions, netns_inode};
 use spillway_logging::error_chain;
+use spillway_model::ports_report::Mode;
+use spillway_ports::{PortKey, ProgramStats, Scope, SockWatch, WatchOptions, netns_inode};
 
 use super::{Section, median};
 

@@ -6,10 +6,10 @@ use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Instant};
 use super::{Core, CoreError, Counters};
 use crate::wall_clock::unix_ms;
 use crate::{
-    api::{Applied, ConfigStatus, Exported, Reply, Started},
     daemon::settings::{RunningSettings, Section, Settings},
     store::{ConfigMark, Store},
 };
+use spillway_api::{Applied, ConfigStatus, Exported, Reply, Started};
 use spillway_logging::event;
 use spillway_model::config::{self, Change, ChangeKind, ConfigError, Document, Item};
 use spillway_model::{
@@ -33,7 +33,7 @@ pub struct DaemonInfo {
     /// The `--config` file's fate; `None` without one.
     pub config: Option<ConfigStatus>,
     /// The balancer's own port watcher, or why it is not loaded.
-    pub watcher: Result<crate::ports::WatcherStatus, String>,
+    pub watcher: Result<spillway_model::ports_report::WatcherStatus, String>,
     /// What the host allows a change to add (`Host::check`).
     pub host: Host,
 }

@@ -5,10 +5,10 @@ use std::path::Path;
 
 use super::{tests::Fixture, *};
 use crate::{
-    api::{Applied, Exported, Status},
     store::{ConfigMark, StateFile},
     testing::vip,
 };
+use spillway_api::{Applied, Exported, Status};
 use spillway_model::config::ChangeKind;
 
 const FILE: &str = "\

@@ -22,10 +22,10 @@ use spillway_common::{
 
 use super::{Core, CoreError, Counters};
 use crate::{
-    api::flows::{Admission, DEFAULT_FLOW_LIST, FlowAnswer, FlowEntry, FlowEntryState, FlowList, MAX_FLOW_LIST, PurgeReport},
     daemon::telemetry::{FlowCount, TABLE_FULL_REPEAT, TableFullAlert},
     store::Store,
 };
+use spillway_api::flows::{Admission, DEFAULT_FLOW_LIST, FlowAnswer, FlowEntry, FlowEntryState, FlowList, MAX_FLOW_LIST, PurgeReport};
 use spillway_dataplane::{BalancerMaps, DataplaneError, clock};
 use spillway_model::{Proto, Vip};
 use spillway_reconcile::Maps;
@@ -408,10 +408,10 @@ mod tests {
 
     use super::*;
     use crate::{
-        api::Request,
         daemon::core::tests::Fixture,
         testing::{VIP, ip, vip},
     };
+    use spillway_api::Request;
 
     #[test]
     fn only_entries_in_force_count_as_live_connections() {

@@ -5,15 +5,15 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::{
-    api::{BackendEntry, VipEntry},
     daemon::ports_book::AgentPoll,
-    ports::{DestinationUsage, Dropped, Level, Thresholds},
     store::SnapshotEntry,
     store::StateFile,
     testing::{FakeMaps, TempDir},
     testing::{VIP, ip, vip},
 };
+use spillway_api::{BackendEntry, VipEntry};
 use spillway_model::Encap;
+use spillway_model::ports_report::{DestinationUsage, Dropped, Level, Thresholds};
 use spillway_model::{BackendOptions, HealthConfig, ProbeOutcome};
 use spillway_policy::health::Restored;
 

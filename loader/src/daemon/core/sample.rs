@@ -2,11 +2,8 @@
 //! metrics endpoint show.
 
 use super::{Core, CoreError, Counters};
-use crate::{
-    api::sample::{BackendSample, FlowTableSample, MapMemory, RuleSample, Sample, VipHealthSample, VipSample},
-    daemon::health_checks::Checks,
-    store::Store,
-};
+use crate::{daemon::health_checks::Checks, store::Store};
+use spillway_api::sample::{BackendSample, FlowTableSample, MapMemory, RuleSample, Sample, VipHealthSample, VipSample};
 use spillway_reconcile::Maps;
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
@@ -99,7 +96,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     }
 
     /// `backends list` of every VIP, in the state's order.
-    fn backends_of_every_vip(&self) -> Result<Vec<Vec<crate::api::BackendEntry>>, CoreError> {
+    fn backends_of_every_vip(&self) -> Result<Vec<Vec<spillway_api::BackendEntry>>, CoreError> {
         self.state.vips.keys().map(|vip| Ok(self.backends(vip)?.backends)).collect()
     }
 }

@@ -3,10 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Core, CoreError, Counters};
-use crate::{
-    api::{AnnouncementsStatus, MapUsage, Status, WatcherStatus, announce::Announcements},
-    store::Store,
-};
+use crate::store::Store;
+use spillway_api::{AnnouncementsStatus, MapUsage, Status, WatcherStatus, announce::Announcements};
 use spillway_reconcile::Maps;
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
@@ -111,7 +109,7 @@ fn announcements_status(announcements: Option<&Announcements>, down: Option<&str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{Reply, Request, announce::AnnouncementView};
+    use spillway_api::{Reply, Request, announce::AnnouncementView};
 
     fn route(address: &str, state: &str, reason: &str) -> AnnouncementView {
         AnnouncementView {

@@ -6,10 +6,10 @@ use spillway_common::{limits::MAX_BACKENDS_PER_VIP, maglev::MAX_WEIGHT, types::R
 
 use super::*;
 use crate::{
-    api::{BackendState, VipEntry, VipList},
     store::StateFile,
     testing::{FakeMaps, TempDir, VIP, ip, vip},
 };
+use spillway_api::{BackendState, VipEntry, VipList};
 use spillway_model::Encap;
 use spillway_model::{Vip, host::Host};
 use spillway_reconcile::table_digest;
@@ -252,7 +252,7 @@ use spillway_common::{
     types::{Bucket, RuleState, SourceKey, SourceState},
 };
 
-use crate::api::{LimitOrigin, LimitPart, RuleActionKind, Scope};
+use spillway_api::{LimitOrigin, LimitPart, RuleActionKind, Scope};
 use spillway_model::{RateSpec, RuleMatch};
 
 fn set_rate(scope: Scope, per_s: u32) -> Request {

@@ -10,16 +10,16 @@ use spillway_common::{
 use super::{Core, CoreError, Counters};
 use crate::wall_clock::unix_ms;
 use crate::{
-    api::{
-        BackendEntry, BackendList, BackendStats, BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, ReasonCount, RuleActionKind,
-        RuleEntry, RuleList, ScopeLimits, SourceEntry, Stats, TopSourceList, VipEntry, VipHealthView, VipLimits, VipList, VipStats,
-    },
     daemon::{
         health_checks::{Checks, LocalCause, probe_path},
         ports_book::LB_PORTS_CRITICAL_ALERT,
         telemetry::TABLE_FULL_REPEAT,
     },
     store::Store,
+};
+use spillway_api::{
+    BackendEntry, BackendList, BackendStats, BudgetLimit, LimitOrigin, PerSourceLimit, RateLimitList, ReasonCount, RuleActionKind,
+    RuleEntry, RuleList, ScopeLimits, SourceEntry, Stats, TopSourceList, VipEntry, VipHealthView, VipLimits, VipList, VipStats,
 };
 use spillway_dataplane::DataplaneError;
 use spillway_model::{Cidr, LimitConfig, ModelError, RuleAction, Vip, server_ids};

@@ -124,7 +124,7 @@ pub(super) fn probe() -> Result<(), PortsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ports::maps::AF_INET;
+    use crate::maps::AF_INET;
 
     #[test]
     fn a_namespace_gone_since_it_was_listed_has_no_sockets() {

@@ -21,9 +21,9 @@ use std::{
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::ports::PortsReport;
 pub use spillway_model::RuleActionKind;
 use spillway_model::config::Change;
+use spillway_model::ports_report::PortsReport;
 use spillway_model::{BackendOptions, Cidr, Encap, ModelError, ProbePath, ProbeSpec, QuicConfig, RateSpec, Vip};
 
 /// Where `lbd` listens and `lbctl` connects unless told otherwise.

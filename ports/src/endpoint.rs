@@ -26,11 +26,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use super::{
-    PortsReport,
-    auth::{self, NONCE_HEADER, ReportKey, SIGNATURE_HEADER},
-};
+use super::auth::{self, NONCE_HEADER, ReportKey, SIGNATURE_HEADER};
 use spillway_model::Cidr;
+use spillway_model::ports_report::PortsReport;
 
 /// The endpoint's path.
 pub const PATH: &str = "/ports";
@@ -428,7 +426,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::ports::{Dropped, Thresholds};
+    use spillway_model::ports_report::{Dropped, Thresholds};
 
     const TIMEOUT: Duration = Duration::from_secs(2);
 

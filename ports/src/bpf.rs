@@ -25,11 +25,11 @@ use super::cgroup;
 use super::error::PortsError;
 use super::iter::MapIterator;
 use super::maps::{CloseWaitRecord, CloseWaitValue, FailKey, PortCounts, PortKey, STAT_NAMES, STAT_UDP_KEY_TABLE_FULL};
-use super::mode::{Mode, WatcherStatus, parts};
 use super::tracefs;
 use spillway_dataplane::objects;
 use spillway_dataplane::without_signals;
 use spillway_logging::error_chain;
+use spillway_model::ports_report::{Mode, WatcherStatus, parts};
 
 /// How often one program ran and for how long in total, since it was loaded (counted
 /// only while BPF statistics are enabled: `kernel.bpf_stats_enabled` or BPF_ENABLE_STATS).

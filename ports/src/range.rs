@@ -8,68 +8,19 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use spillway_model::ports_report::NetnsPorts;
 
 use super::PortsError;
 
 const RANGE_FILE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
 const RESERVED_FILE: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
 
-/// The ports `connect()` may pick from in one namespace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NetnsPorts {
-    pub low: u16,
-    pub high: u16,
-    /// Reserved ports inside `low..=high`.
-    pub reserved: u32,
-}
-
-impl NetnsPorts {
-    /// Ports connect() can use: the range minus the reserved ones.
-    pub fn usable(&self) -> u32 {
-        (u32::from(self.high) + 1).saturating_sub(u32::from(self.low)).saturating_sub(self.reserved)
-    }
-
-    /// Parses the two sysctl files' contents.
-    pub fn parse(range: &str, reserved: &str) -> Option<NetnsPorts> {
-        let mut fields = range.split_whitespace().map(str::parse::<u16>);
-        let (low, high) = (fields.next()?.ok()?, fields.next()?.ok()?);
-        if low > high {
-            return None;
-        }
-        let reserved = parse_port_list(reserved)?
-            .into_iter()
-            .map(|(a, b)| {
-                let (a, b) = (a.max(low), b.min(high));
-                if a > b { 0 } else { u32::from(b) - u32::from(a) + 1 }
-            })
-            .sum();
-        Some(NetnsPorts { low, high, reserved })
-    }
-
-    /// Reads the calling thread's namespace's range.
-    pub fn read_current() -> std::io::Result<NetnsPorts> {
-        let range = std::fs::read_to_string(RANGE_FILE)?;
-        // Absent on kernels without it: nothing reserved.
-        let reserved = std::fs::read_to_string(RESERVED_FILE).unwrap_or_default();
-        NetnsPorts::parse(&range, &reserved).ok_or_else(|| std::io::Error::other(format!("unparsable {RANGE_FILE}: {range:?}")))
-    }
-}
-
-/// Parses a port list like `ip_local_reserved_ports`: `"1000,2000-2005"` (empty: none).
-/// Overlapping entries are not merged.
-pub fn parse_port_list(list: &str) -> Option<Vec<(u16, u16)>> {
-    list.trim()
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|item| {
-            let item = item.trim();
-            match item.split_once('-') {
-                Some((a, b)) => Some((a.trim().parse().ok()?, b.trim().parse().ok()?)),
-                None => item.parse().ok().map(|p| (p, p)),
-            }
-        })
-        .collect()
+/// Reads the calling thread's namespace's port range.
+pub fn read_current() -> std::io::Result<NetnsPorts> {
+    let range = std::fs::read_to_string(RANGE_FILE)?;
+    // Absent on kernels without it: nothing reserved.
+    let reserved = std::fs::read_to_string(RESERVED_FILE).unwrap_or_default();
+    NetnsPorts::parse(&range, &reserved).ok_or_else(|| std::io::Error::other(format!("unparsable {RANGE_FILE}: {range:?}")))
 }
 
 /// Inode of a network namespace file (`/run/netns/x`, `/proc/<pid>/ns/net`), the number
@@ -82,7 +33,7 @@ pub fn netns_inode(path: &Path) -> std::io::Result<u32> {
 /// Reads the ranges of the namespace at `path` (see [`in_netns`]).
 pub fn read_netns_ports(path: &Path) -> Result<NetnsPorts, PortsError> {
     let file = File::open(path).map_err(|source| PortsError::Netns { path: path.to_owned(), source })?;
-    in_netns(&file, NetnsPorts::read_current).and_then(|read| read).map_err(|source| PortsError::Netns { path: path.to_owned(), source })
+    in_netns(&file, read_current).and_then(|read| read).map_err(|source| PortsError::Netns { path: path.to_owned(), source })
 }
 
 /// Runs `f` in the network namespace `file` names: on this thread when it is already there,
@@ -185,23 +136,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_range_and_counts_reserved_inside_it() {
-        let ports = NetnsPorts::parse("32768\t60999\n", "100,32768-32777,60999,61000-62000\n").unwrap();
-        assert_eq!((ports.low, ports.high), (32768, 60999));
-        assert_eq!(ports.reserved, 11);
-        assert_eq!(ports.usable(), 28232 - 11);
-        assert_eq!(NetnsPorts::parse("40000 40099", "").unwrap().usable(), 100);
-        assert!(NetnsPorts::parse("5 4", "").is_none());
-        assert!(NetnsPorts::parse("40000 40099", "x").is_none());
-        assert_eq!(parse_port_list(" \n"), Some(vec![]));
-    }
-
-    #[test]
     fn reads_own_namespace() {
         let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap();
         let mut resolver = NetnsResolver::new();
         let ports = resolver.ports(own).expect("own namespace found");
-        assert_eq!(ports, NetnsPorts::read_current().unwrap());
+        assert_eq!(ports, read_current().unwrap());
         assert!(ports.usable() > 0);
     }
 }

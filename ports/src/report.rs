@@ -1,166 +1,14 @@
-//! Turns the sockwatch counts into a per-destination utilisation report. Field names are a
-//! public interface (JSON): add, never rename.
+//! Turns the sockwatch counts into a per-destination utilisation report
+//! (`spillway_model::ports_report::PortsReport`).
 
 use std::collections::{HashMap, HashSet};
-use std::net::IpAddr;
 
-use serde::{Deserialize, Serialize};
+use spillway_model::ports_report::{DestinationUsage, Dropped, Level, PortsReport, ProcessFailures, Thresholds};
 
-use super::leaks::{Holder, LeakSuspect, leak_suspects};
+use super::leaks::{Holder, leak_suspects};
 use super::maps::{IPPROTO_UDP, PortKey};
-use super::mode::WatcherStatus;
-use super::range::NetnsPorts;
 use super::snapshot::{Counts, Snapshot};
-
-/// Utilisation levels, as fractions of the usable ephemeral ports, and the CLOSE_WAIT age
-/// that makes a socket a leak suspect.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Thresholds {
-    pub warn: f64,
-    pub critical: f64,
-    /// Seconds in CLOSE_WAIT after which a socket is a leak suspect.
-    #[serde(default = "default_close_wait_secs")]
-    pub close_wait_secs: u64,
-}
-
-const DEFAULT_CLOSE_WAIT_SECS: u64 = 30;
-
-fn default_close_wait_secs() -> u64 {
-    DEFAULT_CLOSE_WAIT_SECS
-}
-
-impl Default for Thresholds {
-    fn default() -> Self {
-        Thresholds { warn: 0.70, critical: 0.90, close_wait_secs: DEFAULT_CLOSE_WAIT_SECS }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    /// The namespace's port range is unknown (namespace gone or unreadable).
-    Unknown,
-    Ok,
-    Warn,
-    Critical,
-}
-
-/// Ports held towards one destination from one namespace and local address.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct DestinationUsage {
-    pub netns: u32,
-    /// `tcp` or `udp`.
-    pub protocol: String,
-    pub local: IpAddr,
-    /// For an unconnected UDP socket, the unspecified address and port 0.
-    pub remote: IpAddr,
-    pub remote_port: u16,
-    /// TCP: sockets from SYN_SENT until CLOSE (ESTABLISHED, FIN_WAIT*, CLOSE_WAIT, ...).
-    /// UDP: sockets holding a port bind() did not name (autobound, or bound to port 0).
-    pub active: u64,
-    /// TIME_WAIT sockets created in the last 60 s (an upper bound: early reuse is unseen).
-    pub time_wait: u64,
-    /// `active + time_wait`: local ports this destination holds.
-    pub in_use: u64,
-    /// Cumulative calls that failed for want of a port since the watcher was loaded: TCP
-    /// `connect()` (EADDRNOTAVAIL), `bind()` to port 0 (EADDRINUSE; local is the address
-    /// asked for, remote unspecified), UDP `connect()` autobind
-    /// (EAGAIN; local unspecified). `failures` per process tells the calls apart.
-    pub failures: u64,
-    /// Cumulative active opens since the watcher was loaded (TCP).
-    pub opened: u64,
-    /// `ip_local_port_range` of the namespace, if known.
-    pub port_range: Option<NetnsPorts>,
-    /// Range size minus reserved ports.
-    pub usable_ports: Option<u32>,
-    /// TCP: `in_use / usable_ports` (connect() may reuse a port towards another
-    /// destination). UDP: all of the namespace's UDP sockets on ephemeral ports over
-    /// `usable_ports`, since a UDP port is taken for every destination (autobind picks it
-    /// before connect() sets any address).
-    pub utilisation: Option<f64>,
-    pub level: Level,
-}
-
-/// A process whose calls failed for want of a port (one row per destination, call and
-/// errno; see [`DestinationUsage::failures`] for the addresses).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ProcessFailures {
-    pub netns: u32,
-    pub local: IpAddr,
-    pub remote: IpAddr,
-    pub remote_port: u16,
-    pub pid: u32,
-    pub comm: String,
-    pub cgroup_id: u64,
-    pub failures: u64,
-    /// `tcp` or `udp` (reports from before bind/UDP failures were counted: `tcp`).
-    #[serde(default = "default_protocol")]
-    pub protocol: String,
-    /// `connect` or `bind`.
-    #[serde(default = "default_call")]
-    pub call: String,
-    /// What the call returned: `EADDRNOTAVAIL` (TCP connect), `EADDRINUSE` (bind to port 0),
-    /// `EAGAIN` (UDP autobind).
-    #[serde(default = "default_errno")]
-    pub errno: String,
-}
-
-fn default_protocol() -> String {
-    "tcp".into()
-}
-
-fn default_call() -> String {
-    "connect".into()
-}
-
-fn default_errno() -> String {
-    "EADDRNOTAVAIL".into()
-}
-
-/// Events the kernel side dropped because a map was full (non-zero: counts may be low).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Dropped {
-    pub sock_table_full: u64,
-    pub key_table_full: u64,
-    pub fail_table_full: u64,
-    /// Sockets entering CLOSE_WAIT that could not be tracked (leak suspects may be missed).
-    #[serde(default)]
-    pub close_wait_table_full: u64,
-    /// New UDP sockets that could not be tracked (UDP counts may be low).
-    #[serde(default)]
-    pub udp_sock_table_full: u64,
-    /// UDP sockets left out of this report because the destination table was full.
-    #[serde(default)]
-    pub udp_key_table_full: u64,
-    /// bind/connect calls that could not be followed to their return (a
-    /// failure among them is not counted).
-    #[serde(default)]
-    pub pending_table_full: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PortsReport {
-    pub thresholds: Thresholds,
-    /// Worst first: by utilisation, then by ports in use.
-    pub destinations: Vec<DestinationUsage>,
-    pub failures: Vec<ProcessFailures>,
-    pub dropped: Dropped,
-    /// Processes holding sockets in CLOSE_WAIT longer than `thresholds.close_wait_secs`,
-    /// most sockets first.
-    #[serde(default)]
-    pub leak_suspects: Vec<LeakSuspect>,
-    /// The watcher's mode and what it does and does not watch (absent in reports of
-    /// agents from before the modes existed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub watcher: Option<WatcherStatus>,
-}
-
-impl PortsReport {
-    /// The worst level over all destinations (`Ok` when there are none).
-    pub fn level(&self) -> Level {
-        self.destinations.iter().map(|d| d.level).filter(|l| *l != Level::Unknown).max().unwrap_or(Level::Ok)
-    }
-}
+use spillway_model::ports_report::NetnsPorts;
 
 /// Builds the report; `ports(netns)` gives a namespace's range, `owners` the processes
 /// holding socket inodes (see [`leak_suspects`]). Destinations holding no port and with no
@@ -280,7 +128,7 @@ fn usage(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ports::{Counts, FailKey, PortKey};
+    use crate::{Counts, FailKey, PortKey};
 
     fn key(port: u16) -> PortKey {
         PortKey::tcp(42, "10.0.0.11".parse().unwrap(), "10.0.0.101".parse().unwrap(), port)
@@ -361,7 +209,7 @@ mod tests {
         let failed = |failures| Counts { failures, ..Counts::default() };
         let mut comm = [0u8; 16];
         comm[..3].copy_from_slice(b"app");
-        let bind = FailKey { key: unconnected, tgid: 7, call: crate::ports::CALL_BIND, err: 98, cgroup: 1, comm };
+        let bind = FailKey { key: unconnected, tgid: 7, call: crate::CALL_BIND, err: 98, cgroup: 1, comm };
         let snapshot = Snapshot {
             destinations: vec![(unconnected, failed(3)), (dns, failed(2))],
             udp: vec![(unconnected, 100)],
@@ -378,7 +226,7 @@ mod tests {
 
     #[test]
     fn reports_round_trip_and_older_json_still_parses() {
-        let mut record = crate::ports::CloseWaitRecord { since: 100, inode: 5, lport: 80, ..Default::default() };
+        let mut record = crate::CloseWaitRecord { since: 100, inode: 5, lport: 80, ..Default::default() };
         record.key = key(40000);
         let snapshot = Snapshot { close_wait: vec![record], now: 131, ..Snapshot::default() };
         let owners = |_: &HashSet<u64>| HashMap::from([(5, vec![Holder { pid: 3, comm: "app".into() }])]);

@@ -3,8 +3,8 @@
 use serde_json::json;
 
 use super::*;
-use crate::testing::{ip, vip};
 use spillway_model::Cidr;
+use spillway_model::testing::{ip, vip};
 
 /// The VIP of these tests.
 const VIP: &str = "10.0.0.1:80/tcp";

@@ -40,12 +40,12 @@ mod watcher;
 
 pub use bpf::ProgramStats;
 pub use error::PortsError;
-pub use leaks::{Holder, LeakSuspect, leak_suspects, socket_owners};
+pub use leaks::{Holder, leak_suspects, socket_owners};
 pub use maps::{
     CALL_BIND, CALL_CONNECT, CloseWaitRecord, FailKey, PortCounts, PortKey, STAT_NAMES, TIMEWAIT_LEN_SECS, TW_BUCKETS, monotonic_secs,
 };
-pub use mode::{Mode, Part, Refusal, WatcherMode, WatcherStatus, parts};
-pub use range::{NetnsPorts, NetnsResolver, netns_inode, parse_port_list, read_netns_ports};
-pub use report::{DestinationUsage, Dropped, Level, PortsReport, ProcessFailures, Thresholds, build_report};
+pub use mode::WatcherMode;
+pub use range::{NetnsResolver, netns_inode, read_netns_ports};
+pub use report::build_report;
 pub use snapshot::{Counts, Snapshot};
 pub use watcher::{Scope, SockWatch, WatchOptions};

@@ -5,31 +5,12 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use serde::{Deserialize, Serialize};
+use spillway_model::ports_report::LeakSuspect;
 
 use super::maps::CloseWaitRecord;
 
 /// Local ports listed per suspect, at most.
 const MAX_PORTS_LISTED: usize = 16;
-
-/// One process (or, with no `pid`, no process) holding sockets in CLOSE_WAIT for longer
-/// than the threshold, in one network namespace. Field names are a public interface (JSON).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeakSuspect {
-    pub netns: u32,
-    /// The holding process. `None`: no process holds the sockets: never accepted (still in
-    /// a listener's queue), or the holder exited between the read and the lookup.
-    pub pid: Option<u32>,
-    pub comm: Option<String>,
-    /// cgroup2 id of the oldest socket (an accepted socket carries its listener's).
-    pub cgroup_id: u64,
-    /// Its sockets in CLOSE_WAIT for at least the threshold.
-    pub count: u64,
-    /// Seconds the oldest of them has been in CLOSE_WAIT.
-    pub oldest_age_secs: u64,
-    /// Their distinct local ports (the service), lowest first, at most 16.
-    pub local_ports: Vec<u16>,
-}
 
 /// A process holding a socket open.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,7 +111,7 @@ fn socket_inode(link: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ports::PortKey;
+    use crate::PortKey;
 
     fn record(netns: u32, lport: u16, since: u32, inode: u64) -> CloseWaitRecord {
         let key = PortKey::tcp(netns, "10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap(), 40000);

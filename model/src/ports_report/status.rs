@@ -1,8 +1,8 @@
-//! How the watcher watches. Kernels differ in what they let a program hook: some refuse
+//! How the port watcher watches. Kernels differ in what they let a program hook: some refuse
 //! every `BPF_PROG_TYPE_TRACING` program (tp_btf, iterators) while running classic
 //! tracepoints and cgroup programs, some refuse BPF altogether. The watcher therefore has
 //! three modes, best first, and picks the best one the kernel allows when it loads
-//! ([`WatcherMode::Auto`]); each report says which mode it came from and what, in that
+//! (`lbd --watcher-mode auto`); each report says which mode it came from and what, in that
 //! mode, is and is not watched.
 
 use std::fmt;
@@ -39,44 +39,6 @@ impl Mode {
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// What the operator asks for: a mode, or the best the kernel allows.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-#[value(rename_all = "snake_case")]
-pub enum WatcherMode {
-    /// The best mode this kernel allows (btf, else tracepoint, else sock_diag).
-    #[default]
-    Auto,
-    /// tp_btf and map iterators (kernels that allow tracing programs).
-    Btf,
-    /// Classic tracepoints and batched map reads, UDP through sock_diag.
-    Tracepoint,
-    /// No BPF programs: sock_diag only (no failure counts).
-    SockDiag,
-}
-
-impl WatcherMode {
-    /// The modes to try, in order.
-    pub fn candidates(self) -> &'static [Mode] {
-        match self {
-            WatcherMode::Auto => &Mode::ALL,
-            WatcherMode::Btf => &[Mode::Btf],
-            WatcherMode::Tracepoint => &[Mode::Tracepoint],
-            WatcherMode::SockDiag => &[Mode::SockDiag],
-        }
-    }
-}
-
-impl From<Mode> for WatcherMode {
-    /// The choice that forces `mode`.
-    fn from(mode: Mode) -> WatcherMode {
-        match mode {
-            Mode::Btf => WatcherMode::Btf,
-            Mode::Tracepoint => WatcherMode::Tracepoint,
-            Mode::SockDiag => WatcherMode::SockDiag,
-        }
     }
 }
 
@@ -124,15 +86,15 @@ impl Refusal {
 }
 
 impl WatcherStatus {
-    pub(super) fn new(mode: Mode) -> WatcherStatus {
+    pub fn new(mode: Mode) -> WatcherStatus {
         WatcherStatus { mode, watching: Vec::new(), not_watched: Vec::new(), refused: Vec::new() }
     }
 
-    pub(super) fn watch(&mut self, what: &str, how: impl Into<String>) {
+    pub fn watch(&mut self, what: &str, how: impl Into<String>) {
         self.watching.push(Part { what: what.to_owned(), how: how.into() });
     }
 
-    pub(super) fn skip(&mut self, what: &str, why: impl Into<String>) {
+    pub fn skip(&mut self, what: &str, why: impl Into<String>) {
         self.not_watched.push(Part { what: what.to_owned(), how: why.into() });
     }
 
@@ -193,16 +155,6 @@ mod tests {
             "loading sockwatch_set_state: the BPF_PROG_LOAD syscall failed. Verifier output: … invalid bpf_context access off=0 size=8"
         );
         assert_eq!(Refusal::new(Mode::Btf, "Operation not permitted (os error 1)").reason, "Operation not permitted (os error 1)");
-    }
-
-    #[test]
-    fn candidates_go_from_best_to_last_resort() {
-        assert_eq!(WatcherMode::Auto.candidates(), [Mode::Btf, Mode::Tracepoint, Mode::SockDiag]);
-        assert_eq!(WatcherMode::SockDiag.candidates(), [Mode::SockDiag]);
-        for mode in Mode::ALL {
-            assert_eq!(WatcherMode::from(mode).candidates(), [mode], "forcing {mode}");
-        }
-        assert!(Mode::Btf < Mode::Tracepoint && Mode::Tracepoint < Mode::SockDiag, "better modes sort first");
     }
 
     #[test]

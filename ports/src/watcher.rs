@@ -10,11 +10,13 @@ use super::diag::{self, Namespaces};
 use super::error::PortsError;
 use super::leaks::socket_owners;
 use super::maps::monotonic_secs;
-use super::mode::{Mode, Refusal, WatcherMode, WatcherStatus, parts};
+use super::mode::WatcherMode;
 use super::range::{NetnsResolver, all_netns, netns_inode};
-use super::report::{PortsReport, Thresholds, build_report};
+use super::report::build_report;
 use super::snapshot::Snapshot;
 use spillway_logging::error_chain;
+use spillway_model::ports_report::{Mode, Refusal, WatcherStatus, parts};
+use spillway_model::ports_report::{PortsReport, Thresholds};
 
 /// How long a namespace's port range is trusted before it is read again: an operator who
 /// shrinks or widens `ip_local_port_range` sees the new utilisation within this (a read is
