@@ -347,9 +347,11 @@ mod pod {
     use super::*;
     unsafe impl bytemuck::Zeroable for QuicLbConfig {}
     unsafe impl bytemuck::Pod for QuicLbConfig {}
+    #[cfg(feature = "maps")]
     unsafe impl aya::Pod for QuicLbConfig {}
     unsafe impl bytemuck::Zeroable for ServerId {}
     unsafe impl bytemuck::Pod for ServerId {}
+    #[cfg(feature = "maps")]
     unsafe impl aya::Pod for ServerId {}
 }
 

@@ -814,6 +814,7 @@ mod pod {
         ($($t:ty),+) => {$(
             unsafe impl bytemuck::Zeroable for $t {}
             unsafe impl bytemuck::Pod for $t {}
+            #[cfg(feature = "maps")]
             unsafe impl aya::Pod for $t {}
         )+};
     }

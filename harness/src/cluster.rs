@@ -24,6 +24,19 @@ pub struct Binaries {
     pub lbctl: PathBuf,
 }
 
+impl Binaries {
+    /// `lbd` (a test's `env!("CARGO_BIN_EXE_lbd")`) and `lbctl` beside it. `lbctl` is another
+    /// package's binary (`spillway-cli`, which links no kernel code), so cargo names no path
+    /// for it in `spillway-daemon`'s tests; `cargo test` of the workspace and `./x test` build
+    /// it into the same directory.
+    pub fn beside(lbd: &str) -> Binaries {
+        let lbd = PathBuf::from(lbd);
+        let lbctl = lbd.with_file_name("lbctl");
+        assert!(lbctl.exists(), "{} is missing: build it first (cargo build -p spillway-cli)", lbctl.display());
+        Binaries { lbd, lbctl }
+    }
+}
+
 /// Writes a fresh random report key (`lbd --report-key`, `lbd agent --report-key`) to
 /// `path`, root's alone (mode 0600), as an operator would with `head -c 32 /dev/urandom`.
 pub fn write_report_key(path: &Path) -> Result<()> {

@@ -393,7 +393,7 @@ impl Balancer {
         self.dir.join("vips.conf")
     }
 
-    /// The pinned XDP link (see `spillway::pins`).
+    /// The pinned XDP link (see `spillway_dataplane::pins`).
     pub fn pinned_link(&self) -> Result<PathBuf> {
         self.pinned("link")
     }

@@ -15,16 +15,26 @@ use anyhow::{Context, Result, ensure};
 pub const FLOORS: &[(&str, &[&str])] = &[
     ("shared wire and map types", &["spillway-common"]),
     (
-        "the data path and its protocols; the declared state; log lines",
-        &["xdp-ebpf", "spillway-quic-lb", "spillway-model", "spillway-logging"],
+        "the data path and its protocols; the declared state; log lines; man pages",
+        &["xdp-ebpf", "spillway-quic-lb", "spillway-model", "spillway-logging", "spillway-manual"],
     ),
     ("pure decisions: health and announce policy; the reconciler", &["spillway-policy", "spillway-reconcile"]),
     ("the kernel side: objects, maps, pins, links and routes", &["spillway-dataplane"]),
     ("the host's other watchers and senders: the port watcher, health probes", &["spillway-ports", "spillway-probe"]),
     ("the control API: wire types and client", &["spillway-api"]),
-    ("the control plane, lbd and lbctl", &["spillway-loader"]),
+    ("announcing through BIRD; lbctl", &["spillway-announce", "spillway-cli"]),
+    ("lbd: the daemon and the agent", &["spillway-daemon"]),
     ("the test harness", &["spillway-harness"]),
     ("developer tasks", &["xtask"]),
+];
+
+/// Crates kept apart from the kernel and from an async runtime: none of their normal
+/// dependencies, nor those of the workspace crates they use, may name these (a feature as
+/// `crate/feature`). `lbctl` is a client of a Unix socket and must build and run anywhere.
+pub const KEPT_APART: &[(&str, &[&str])] = &[
+    ("spillway-cli", &["aya", "tokio", "spillway-common/maps"]),
+    ("spillway-api", &["aya", "tokio", "spillway-common/maps"]),
+    ("spillway-model", &["aya", "tokio", "spillway-common/maps"]),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -38,7 +48,7 @@ pub enum DepKind {
     Dev,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Crate {
     pub name: String,
     /// Root files of the targets whose module trees are checked: libraries and binaries.
@@ -46,6 +56,9 @@ pub struct Crate {
     pub roots: Vec<PathBuf>,
     /// Dependencies on other workspace crates.
     pub deps: BTreeSet<(String, DepKind)>,
+    /// Normal (not dev, not build) dependencies by name, and each feature asked of them as
+    /// `name/feature`.
+    pub normal: BTreeSet<String>,
 }
 
 /// The workspace's crates from `cargo metadata` (no dependency resolution, so no network).
@@ -84,10 +97,45 @@ pub fn workspace(root: &Path) -> Result<Vec<Crate>> {
                 (d["name"].as_str().unwrap_or_default().to_string(), kind)
             })
             .collect();
-        crates.push(Crate { name: p["name"].as_str().unwrap_or_default().to_string(), roots, deps });
+        let normal = p["dependencies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            // An optional dependency counts through the feature that turns it on.
+            .filter(|d| d["kind"].is_null() && d["optional"] != true)
+            .flat_map(|d| {
+                let name = d["name"].as_str().unwrap_or_default().to_string();
+                let features = d["features"].as_array().into_iter().flatten().filter_map(|f| f.as_str());
+                let asked: Vec<String> = features.map(|f| format!("{name}/{f}")).collect();
+                std::iter::once(name).chain(asked)
+            })
+            .collect();
+        crates.push(Crate { name: p["name"].as_str().unwrap_or_default().to_string(), roots, deps, normal });
     }
     crates.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(crates)
+}
+
+/// Every crate of `kept_apart` that reaches what it must not, with the crate that names it.
+pub fn check_kept_apart(kept_apart: &[(&str, &[&str])], crates: &[Crate]) -> Vec<String> {
+    let by_name: BTreeMap<&str, &Crate> = crates.iter().map(|c| (c.name.as_str(), c)).collect();
+    let mut problems = Vec::new();
+    for (start, banned) in kept_apart {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![*start];
+        while let Some(name) = todo.pop() {
+            let Some(krate) = by_name.get(name) else { continue };
+            if !seen.insert(name) {
+                continue;
+            }
+            for dep in krate.normal.iter().filter(|d| banned.contains(&d.as_str())) {
+                problems
+                    .push(format!("crate {start} reaches {dep} (through {name}): it must stay apart from the kernel and async runtimes"));
+            }
+            todo.extend(krate.deps.iter().filter(|(_, k)| *k == DepKind::Normal).map(|(d, _)| d.as_str()));
+        }
+    }
+    problems
 }
 
 /// Every breach of the floors: an unplaced crate, a crate placed twice or not in the workspace,

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 
-use crates::{Crate, DepKind, FLOORS};
+use crates::{Crate, DepKind, FLOORS, KEPT_APART};
 use graph::{Edges, ROOT_NODE};
 use imports::Tree;
 
@@ -153,6 +153,7 @@ pub struct Findings {
 pub fn check(root: &Path) -> Result<Findings> {
     let crates = crates::workspace(root)?;
     let mut problems = crates::check_floors(FLOORS, &crates);
+    problems.extend(crates::check_kept_apart(KEPT_APART, &crates));
     let mut circles = Vec::new();
     let mut module_circles = Vec::new();
     for c in &crates {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use super::crates::{Crate, DepKind, check_floors};
+use super::crates::{Crate, DepKind, check_floors, check_kept_apart};
 use super::graph::{Edges, ROOT_NODE};
 use super::{
     Circle, ModuleCircle, check, circle_problems, file_circles, merged, module_graph, target_graphs, target_module_circles, workspace_root,
@@ -224,7 +224,24 @@ fn every_circle_is_a_violation() {
 }
 
 fn krate(name: &str, deps: &[(&str, DepKind)]) -> Crate {
-    Crate { name: name.into(), roots: vec![], deps: deps.iter().map(|(d, k)| (d.to_string(), *k)).collect() }
+    let normal = deps.iter().filter(|(_, k)| *k == DepKind::Normal).map(|(d, _)| d.to_string()).collect();
+    Crate { name: name.into(), roots: vec![], deps: deps.iter().map(|(d, k)| (d.to_string(), *k)).collect(), normal }
+}
+
+#[test]
+fn a_crate_kept_apart_may_not_reach_the_kernel_through_another() {
+    let kept: &[(&str, &[&str])] = &[("cli", &["aya", "common/maps"])];
+    // common names tokio, which cli does not ban: only common/maps counts.
+    let mut common = krate("common", &[]);
+    let _ = &mut common;
+    let mut api = krate("api", &[("common", DepKind::Normal)]);
+    let cli = krate("cli", &[("api", DepKind::Normal)]);
+    assert_eq!(check_kept_apart(kept, &[common.clone(), api.clone(), cli.clone()]), Vec::<String>::new());
+    api.normal.insert("common/maps".into());
+    common.normal.insert("tokio".into());
+    let problems = check_kept_apart(kept, &[common, api, cli]);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("reaches common/maps (through api)"), "{problems:?}");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The socket watcher's overhead (`spillway::ports`), in every mode the kernel allows: real
+//! The socket watcher's overhead (`spillway_daemon::ports`), in every mode the kernel allows: real
 //! sockets over loopback in fresh network namespaces, the programs' cost from the kernel's
 //! run-time statistics, and the cost of one read (maps, iterators or sock_diag dumps).
 //! A mode the kernel refuses is reported with the reason; the others still run.
