@@ -4,7 +4,7 @@
 // active open, the TIME_WAIT sockets still holding one, calls that failed for want of an
 // ephemeral port (TCP connect: EADDRNOTAVAIL; bind to port 0: EADDRINUSE; UDP
 // connect autobind: EAGAIN), the UDP sockets holding an ephemeral port, and
-// the TCP sockets sitting in CLOSE_WAIT (leaks). Userspace (loader/src/ports/) reads the maps.
+// the TCP sockets sitting in CLOSE_WAIT (leaks). Userspace (ports/src/) reads the maps.
 //
 // Self-contained: no vmlinux.h, no libbpf headers. Kernel structs are declared with only
 // the fields used and `preserve_access_index`, so every field access is a CO-RE
@@ -19,7 +19,7 @@
 // Kernels that refuse every tracing program (tp_btf, iterators) still run the classic
 // tracepoint/sock/inet_sock_set_state: its record carries the sock's address, read with
 // bpf_probe_read_kernel. Both programs share one handler (on_state); the loader attaches
-// one of them (loader/src/ports/bpf.rs).
+// one of them (ports/src/bpf.rs).
 //   CLOSE -> SYN_SENT        an active open: track the socket, count it for its
 //                            destination.
 //   SYN_SENT -> CLOSE with no source port ever assigned (inet_sport == 0, skc_num == 0)
@@ -219,7 +219,7 @@ struct inet_timewait_sock;
 struct inet_timewait_death_row;
 struct inet_hashinfo;
 
-/* ---- shared with loader/src/ports/maps.rs (layouts asserted there) ---- */
+/* ---- shared with ports/src/maps.rs (layouts asserted there) ---- */
 
 #define AF_INET 2
 #define AF_INET6 10

@@ -5,7 +5,7 @@
 //! balancers (`--allow-from`, required). Like the balancer, its link is pinned and taken
 //! over on restart.
 //!
-//! It also serves the host's port pressure (`crate::ports`) on a read-only endpoint that
+//! It also serves the host's port pressure (`spillway_ports`) on a read-only endpoint that
 //! `lbd` polls, to the balancers only, signed with `--report-key`. Decapsulation never
 //! depends on the watcher: if it cannot load, the endpoint answers 503 saying why. Its
 //! listeners are bound before anything is attached, and failing to bind one is fatal: a
@@ -19,12 +19,10 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::{
     addr::{from_words, to_words},
-    limits::{map_names, program_names},
-    types::{ALLOW_KEY_FAMILY_BITS, AddrKey, AllowKey, DecapConfig, DecapReason},
+    types::AddrKey,
 };
 
 use crate::metrics;
@@ -34,9 +32,11 @@ use crate::{
     notify,
 };
 use spillway_dataplane::netif::{self, NetifError};
-use spillway_dataplane::objects;
 use spillway_dataplane::pins::{self, Attachment, PinError, PinLayout};
-use spillway_dataplane::{self as dataplane, DataplaneError};
+use spillway_dataplane::{
+    DataplaneError,
+    decap::{Decap, DecapCounts},
+};
 use spillway_logging::event;
 use spillway_model::Cidr;
 use spillway_model::ports_report::{PortsReport, Thresholds};
@@ -72,21 +72,6 @@ pub enum AgentError {
     },
 }
 
-type LocalAddrs = HashMap<MapData, AddrKey, u32>;
-type AllowFrom = LpmTrie<MapData, AllowKey, u32>;
-
-/// The allow-list key of a prefix (`spw_allow_from`: the family, then the address bits).
-pub fn allow_key(cidr: Cidr) -> Key<AllowKey> {
-    let (addr, family) = to_words(cidr.addr);
-    Key::new(ALLOW_KEY_FAMILY_BITS + u32::from(cidr.prefix_len), AllowKey { family, _pad: [0; 3], addr })
-}
-type DecapReasons = PerCpuArray<MapData, u64>;
-
-/// Every `DecapReason` with its count summed over CPUs (0 when unreadable).
-fn decap_counts(reasons: &DecapReasons) -> Vec<(&'static str, u64)> {
-    DecapReason::ALL.iter().map(|r| (r.label(), reasons.get(&(*r as u32), 0).map_or(0, |per_cpu| per_cpu.iter().sum()))).collect()
-}
-
 /// Runs the decapsulator on `iface` until SIGTERM or SIGINT.
 pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     umask(Mode::from_bits_truncate(0o077));
@@ -102,37 +87,21 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
     let _lock = pins::create_and_lock(&layout.agent_dir())?;
     let durability = pins::durability(&layout.agent_dir());
     durability.log_at_start(&layout.agent_dir(), "decapsulation");
-    let sizes = [(map_names::LOCAL_ADDRS, args.max_local_addrs)];
-    let mut ebpf = dataplane::load_sized(objects::DECAP, "spillway-decap", program_names::DECAP, &sizes)?;
-    let name = map_names::LOCAL_ADDRS;
-    let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
-    let map = LocalAddrs::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
-    let mut local = Local { map, max: args.max_local_addrs as usize, left_out: Vec::new() };
-    let name = map_names::DECAP_REASONS;
-    let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
-    let reasons = DecapReasons::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
-    let name = map_names::ALLOW_FROM;
-    let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
-    let mut allow = AllowFrom::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
+    let (mut decap, counts) = Decap::load(args.max_local_addrs)?;
+    let mut local = Local { max: args.max_local_addrs as usize, left_out: Vec::new() };
     for cidr in &args.allow_from {
-        allow.insert(&allow_key(*cidr), &1, 0).map_err(|source| DataplaneError::Map { name, source })?;
+        decap.allow_from(cidr.addr, cidr.prefix_len)?;
     }
     let shown: Vec<String> = args.allow_from.iter().map(Cidr::to_string).collect();
     event!(info, "allow_from", prefixes = shown.join(","));
-    let name = map_names::DECAP_CONFIG;
-    let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
-    let mut config = Array::<MapData, DecapConfig>::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
-    config.set(0, &DecapConfig { gue_port: args.gue_port.to_be(), _pad: 0 }, 0).map_err(|source| DataplaneError::Map { name, source })?;
+    decap.set_gue_port(args.gue_port)?;
     event!(info, "gue_port", port = args.gue_port, message = if args.gue_port == 0 { "GUE off: IPIP only" } else { "GUE on" });
     // The decapsulator's rare events (`dataplane::logs`) become log lines.
-    let _logs = dataplane::logs::forward(&mut ebpf)
-        .inspect_err(|e| event!(warn, "ebpf_logs_unavailable", error = error_chain(e)))
-        .ok()
-        .map(LogsTask);
+    let _logs = decap.forward_logs().inspect_err(|e| event!(warn, "ebpf_logs_unavailable", error = error_chain(e))).ok().map(LogsTask);
     // Filled before the program goes live, so a takeover never stops decapsulating.
-    sync_local_addrs(&mut local)?;
+    sync_local_addrs(&mut decap, &mut local)?;
     let link = layout.agent_link();
-    let program = dataplane::xdp(&mut ebpf, program_names::DECAP)?;
+    let program = decap.program()?;
     match pins::attach_pinned(program, iface, args.xdp_mode.into(), &link)? {
         Attachment::TookOver { replaced_program_id } => {
             event!(info, "agent_took_over", iface = iface, link = link.display(), replaced_prog_id = replaced_program_id)
@@ -140,7 +109,7 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
         _ => event!(info, "agent_attached", iface = iface, mode = args.xdp_mode.label(), link = link.display()),
     }
     let _serving =
-        start_ports_endpoint(args, listeners, Access { allow: args.allow_from.clone(), key, refused: Arc::default() }, reasons).await;
+        start_ports_endpoint(args, listeners, Access { allow: args.allow_from.clone(), key, refused: Arc::default() }, counts).await;
     event!(info, "ready", iface = iface, link = link.display());
     notify::ready(&format!("decapsulating on {iface}"));
     let mut tick = tokio::time::interval(REFRESH);
@@ -153,7 +122,7 @@ pub async fn run(args: &AgentArgs, iface: &str) -> Result<(), AgentError> {
                 return Ok(());
             }
             _ = tick.tick() => {
-                if let Err(e) = sync_local_addrs(&mut local) {
+                if let Err(e) = sync_local_addrs(&mut decap, &mut local) {
                     event!(warn, "local_addrs_failed", error = error_chain(&e));
                 }
             }
@@ -205,7 +174,7 @@ impl Listeners {
 /// Loads the socket watcher and serves its reports on `--ports-listen` (JSON, polled by
 /// `lbd`, to `access`) and `--metrics-listen` (Prometheus). The watcher failing to load
 /// does not stop the agent: decapsulation matters more; it is logged once.
-async fn start_ports_endpoint(args: &AgentArgs, listeners: Listeners, access: Access, reasons: DecapReasons) -> Vec<ServingTask> {
+async fn start_ports_endpoint(args: &AgentArgs, listeners: Listeners, access: Access, counts: DecapCounts) -> Vec<ServingTask> {
     if listeners.ports.is_none() && listeners.metrics.is_none() {
         event!(info, "ports_endpoint_off");
         return Vec::new();
@@ -233,7 +202,7 @@ async fn start_ports_endpoint(args: &AgentArgs, listeners: Listeners, access: Ac
         event!(info, "metrics_listening", url = format!("http://{}{}", args.metrics_listen, metrics::PATH));
         let rendered = move || {
             let refused = refused.load(std::sync::atomic::Ordering::Relaxed);
-            metrics::agent(report(&source).as_ref().map_err(String::as_str), &decap_counts(&reasons), refused)
+            metrics::agent(report(&source).as_ref().map_err(String::as_str), &counts.counts(), refused)
         };
         serving.push(ServingTask(tokio::spawn(metrics::serve(listener, metrics::Limits::default(), rendered))));
     }
@@ -261,10 +230,9 @@ impl PortSource {
     }
 }
 
-/// The addresses the decap program decapsulates for: its map, its size, and the host's
-/// addresses that did not fit at the last sync.
+/// How many of the host's addresses the decap program holds, and those that did not fit at
+/// the last sync.
 struct Local {
-    map: LocalAddrs,
     max: usize,
     left_out: Vec<IpAddr>,
 }
@@ -272,7 +240,7 @@ struct Local {
 /// Makes the map hold exactly the host's current addresses, as many as fit; an ALERT when
 /// the addresses left out change (tunnels to them are not decapsulated: the backend loses
 /// that VIP's traffic), and a line when none is left out any more.
-fn sync_local_addrs(local: &mut Local) -> Result<(), AgentError> {
+fn sync_local_addrs(decap: &mut Decap, local: &mut Local) -> Result<(), AgentError> {
     let (want, mut left_out) = local_keys(&netif::addresses()?, local.max);
     // Tunnels are never addressed to link-local addresses: leaving them out harms nothing.
     left_out.retain(|a| !matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local()));
@@ -291,15 +259,13 @@ fn sync_local_addrs(local: &mut Local) -> Result<(), AgentError> {
         }
         local.left_out = left_out;
     }
-    let map = &mut local.map;
-    let map_error = |source| DataplaneError::Map { name: map_names::LOCAL_ADDRS, source };
-    let have: Vec<AddrKey> = map.keys().collect::<Result<_, _>>().map_err(map_error)?;
+    let have = decap.local_addrs()?;
     for key in have.iter().filter(|k| !want.contains(k)) {
-        map.remove(key).map_err(map_error)?;
+        decap.remove_local_addr(key)?;
         event!(info, "local_addr_removed", addr = show(key));
     }
     for key in want.iter().filter(|k| !have.contains(k)) {
-        map.insert(key, &1, 0).map_err(map_error)?;
+        decap.add_local_addr(key)?;
         event!(info, "local_addr_added", addr = show(key));
     }
     Ok(())

@@ -869,11 +869,7 @@ fn backend_options(mut change: Change, options: &spillway_model::BackendOptions)
 }
 
 mod apply;
-#[cfg(test)]
-mod apply_tests;
 mod flows;
-#[cfg(test)]
-mod health_tests;
 mod sample;
 mod status;
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //!
 //! The binary (`src/main.rs`) only parses and dispatches; everything is here. What the
 //! daemon keeps (`core`), persists (`store`), exports (`metrics`, `scrape`), schedules
-//! (`health_checks`, `probe_schedule`, `announce`, `pressure`) and serves (`server`) are
+//! (`health_checks`, `probing`, `announce`, `pressure`) and serves (`server`) are
 //! its modules; the kernel, the probes, the watcher, BIRD and the wire types are the
 //! crates below it.
 
@@ -20,7 +20,7 @@ pub mod notify;
 pub mod outer_src;
 pub mod ports_book;
 pub mod pressure;
-pub mod probe_schedule;
+pub mod probing;
 pub mod resolve;
 pub mod scrape;
 pub mod server;
@@ -289,8 +289,8 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let interface_watch = tokio::spawn(interface_watch(core.clone(), iface.to_owned()));
     let vip_path = vip_path.map(Arc::new);
-    let path_upkeep = vip_path.clone().map(|path| tokio::spawn(probe_schedule::path_upkeep(core.clone(), path)));
-    let prober = vip_path.map(|path| tokio::spawn(probe_schedule::health_task(core.clone(), probe_schedule::schedule_seed(), path)));
+    let path_upkeep = vip_path.clone().map(|path| tokio::spawn(probing::path_upkeep(core.clone(), path)));
+    let prober = vip_path.map(|path| tokio::spawn(probing::health_task(core.clone(), probing::schedule_seed(), path)));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port, report_key));
     let announcer = announce_config(args).map(|config| {
         let data_path = announce::DataPath { iface: iface.to_owned(), link: link.clone() };

@@ -303,10 +303,12 @@ mod tests {
     fn the_environment_wins_over_the_file_and_the_command_line_over_both() {
         // lbd reads the variables from its environment: they are set for a child running this
         // test alone, so that no other test sees them.
-        const NAME: &str = "daemon::settings::tests::the_environment_wins_over_the_file_and_the_command_line_over_both";
+        // The test's name as libtest knows it: its path without the crate's name.
+        let (_, module) = module_path!().split_once("::").unwrap();
+        let name = format!("{module}::the_environment_wins_over_the_file_and_the_command_line_over_both");
         if std::env::var_os("SPW_SETTINGS_ENV_CHILD").is_none() {
             let child = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", NAME, "--test-threads", "1"])
+                .args(["--exact", &name, "--test-threads", "1"])
                 .env("SPW_SETTINGS_ENV_CHILD", "1")
                 .envs([("LBD_OUTER_SRC", "10.0.0.3"), ("LBD_ZONE", "b")])
                 .output()

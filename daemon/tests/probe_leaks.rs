@@ -23,7 +23,7 @@ use spillway_common::{
     limits::{DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
     types::LbConfig,
 };
-use spillway_daemon::probe_schedule::{ProbePathState, probe_through_tunnel};
+use spillway_daemon::probing::{ProbePathState, probe_through_tunnel};
 use spillway_dataplane::pins::PinLayout;
 use spillway_dataplane::vip_path::{ProbeNames, VipPath};
 use spillway_dataplane::{Balancer, LoadOptions};

@@ -25,11 +25,21 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The Markdown files whose snippets are checked: the README, ARCHITECTURE.md and `docs/`.
+/// The Markdown files whose snippets are checked: the README, ARCHITECTURE.md, and every
+/// document under `docs/` (the design notes too) and `bench/`.
 fn documents() -> Vec<PathBuf> {
-    let docs = fs::read_dir(repo().join("docs")).into_iter().flatten().flatten().map(|e| e.path());
-    let mut files: Vec<PathBuf> = [repo().join("README.md"), repo().join("ARCHITECTURE.md")].into_iter().collect();
-    files.extend(docs.filter(|p| p.extension().is_some_and(|e| e == "md")));
+    fn markdown_under(dir: &Path, found: &mut Vec<PathBuf>) {
+        for path in fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()) {
+            if path.is_dir() {
+                markdown_under(&path, found);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                found.push(path);
+            }
+        }
+    }
+    let mut files = vec![repo().join("README.md"), repo().join("ARCHITECTURE.md")];
+    markdown_under(&repo().join("docs"), &mut files);
+    markdown_under(&repo().join("bench"), &mut files);
     files
 }
 

@@ -5,6 +5,7 @@
 //! (`spillway-ports`) it is the only crate that makes BPF calls.
 
 pub mod clock;
+pub mod decap;
 pub mod forwarding;
 pub mod logs;
 pub mod map_batch;

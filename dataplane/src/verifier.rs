@@ -1,8 +1,8 @@
 //! How much of the kernel's verifier budget each program takes: the kernel gives up on a
 //! program past 1M processed instructions, and the walk grows with the product of a path's
 //! branches, not their sum, so one more branch can take a program from comfortable to
-//! refused. The `verifier` test holds every program to its budget here; the bench prints
-//! the counts beside it.
+//! refused. The `verifier` test holds every program to its budget here and to the counts
+//! recorded in `xdp-ebpf/verifier-counts.json`; the bench prints the counts beside it.
 
 use aya::Ebpf;
 use spillway_common::limits::program_names;
@@ -10,9 +10,9 @@ use spillway_common::limits::program_names;
 use super::{Balancer, DataplaneError, LoadOptions, load_simple};
 use crate::objects;
 
-/// The most processed instructions each program may take: `spillway_lb` the goal it has
-/// reached (98k; ARCHITECTURE.md, "verifier budget"), every other program 200k. Raising one
-/// is a decision, not a fix: first look for the branch that multiplied the walk.
+/// The most processed instructions each program may take: `spillway_lb` [`BALANCER_GOAL`],
+/// every other program 200k (docs/design/verifier-and-stack.md). Raising one is a decision,
+/// not a fix: first look for the branch that multiplied the walk.
 pub const BUDGETS: [(&str, u32); 11] = [
     (program_names::BALANCER, BALANCER_GOAL),
     (program_names::BALANCER_V6, 200_000),

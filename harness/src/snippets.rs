@@ -1,4 +1,4 @@
-//! The documentation's snippets, run as written (`loader/tests/snippets.rs`): every fenced
+//! The documentation's snippets, run as written (`daemon/tests/snippets.rs`): every fenced
 //! block of the Markdown files carries a marker naming its kind on the line before it,
 //!
 //! ````text
@@ -214,14 +214,14 @@ fn shell_words(line: &str) -> Vec<String> {
     words
 }
 
-/// The balancer's addresses in the README's examples (`outer_src`, BIRD's `local`).
+/// The balancer's addresses in the documents' examples (docs/host.md, docs/fleet.md) (`outer_src`, BIRD's `local`).
 pub const BALANCER4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 pub const BALANCER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 2);
 /// The router's.
 pub const ROUTER4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 pub const ROUTER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1);
 
-/// A balancer and a router as the README numbers them, joined by a veth (`eth0` on each,
+/// A balancer and a router as the documents number them, joined by a veth (`eth0` on each,
 /// forwarding on), for running snippets: `lbd check` on the balancer, BIRD on both. Removed
 /// on drop, processes first.
 pub struct SnippetHosts {

@@ -195,7 +195,7 @@ mod tests {
     #[test]
     fn records_render_as_logfmt_and_json() {
         let args = format_args!("{}", Line::new("ready").field("api", &"/run/spillway/api.sock").field("note", &"two words"));
-        let record = log::Record::builder().args(args).level(log::Level::Info).target("spillway::daemon").build();
+        let record = log::Record::builder().args(args).level(log::Level::Info).target("spillway_daemon").build();
         let fields = fields("2026-01-01T00:00:00.000Z".to_owned(), &record);
         assert_eq!(
             render(LogFormat::Text, &fields),

@@ -2,14 +2,14 @@
 //! reply. Each is bounded as a whole by its timeout and closes its socket so that it leaves
 //! nothing behind on the balancer: TCP sockets are closed with an RST (`SO_LINGER 0`, no
 //! TIME_WAIT), UDP sockets have no TIME_WAIT, and every socket is dropped when the probe ends.
-//! The number in flight is bounded by the caller (`daemon::probes`).
+//! The number in flight is bounded by the caller (`spillway_daemon::probing`).
 //!
 //! What a probe is ([`ProbeSpec`]) and what it found out ([`ProbeOutcome`]) are declared in
 //! the model; this module performs probes.
 //!
 //! A probe through the tunnel ([`ProbePath::Tunnel`](spillway_model::ProbePath::Tunnel)) is
 //! addressed to the VIP and carries a socket mark that routes it into the probe path
-//! (`crate::vip_path`); it runs together with a direct probe of the backend's own address,
+//! (`spillway_dataplane::vip_path`); it runs together with a direct probe of the backend's own address,
 //! and [`diagnose`] tells from the pair whether the backend is down or only its VIP path is
 //! broken.
 

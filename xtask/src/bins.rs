@@ -16,7 +16,7 @@ pub fn build(release: bool) -> Result<Binaries> {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let own_profile_release = cfg!(not(debug_assertions));
     cargo_build(&["-p", "spillway-harness", "--bins"], own_profile_release)?;
-    cargo_build(&["-p", "spillway-loader", "--bins"], release)?;
+    cargo_build(&["-p", "spillway-daemon", "-p", "spillway-cli", "--bins"], release)?;
     let dir = target.join(if release { "release" } else { "debug" });
     Ok(Binaries { lbd: dir.join("lbd"), lbctl: dir.join("lbctl") })
 }

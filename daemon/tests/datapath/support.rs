@@ -161,7 +161,8 @@ impl Env {
         let map = self.decap.map_mut(spillway_common::limits::map_names::ALLOW_FROM).unwrap();
         let mut allow = aya::maps::LpmTrie::try_from(map).unwrap();
         for cidr in cidrs {
-            allow.insert(&spillway_daemon::agent::allow_key(cidr.parse().unwrap()), &1, 0).unwrap();
+            let cidr: spillway_model::Cidr = cidr.parse().unwrap();
+            allow.insert(&spillway_dataplane::decap::allow_key(cidr.addr, cidr.prefix_len), &1, 0).unwrap();
         }
     }
 

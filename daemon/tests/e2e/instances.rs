@@ -67,7 +67,7 @@ fn another_instances_cleanup_leaves_this_probe_path_alone() {
     let out = c.lbd_once(&["--cleanup", "--pin-dir", other_pins.to_str().unwrap()]).unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // Long enough for the running lbd to have noticed and repaired a broken path.
-    std::thread::sleep(spillway_daemon::probe_schedule::PATH_UPKEEP * 3);
+    std::thread::sleep(spillway_daemon::probing::PATH_UPKEEP * 3);
     assert_eq!(ifindex(&c, &device).as_ref(), Some(&before), "the same device, never removed");
     let log = c.lbd_log();
     assert!(!log.contains("event=probe_path_broken"), "the other cleanup broke this lbd's probe path:\n{log}");

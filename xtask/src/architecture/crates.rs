@@ -43,7 +43,7 @@ pub enum DepKind {
     Build,
     /// Dev-dependencies build only tests and may reach any floor: a crate's tests sit above the
     /// crate (as `#[cfg(test)]` modules may reach anywhere below them), and cargo allows such a
-    /// test-only cycle (`spillway-loader`'s tests use `spillway-harness`). They are printed, not
+    /// test-only cycle (`spillway-daemon`'s tests use `spillway-harness`). They are printed, not
     /// checked.
     Dev,
 }

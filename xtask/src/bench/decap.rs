@@ -111,10 +111,11 @@ fn load(prefixes: u32) -> Result<aya::Ebpf> {
     let mut config: Array<_, DecapConfig> = Array::try_from(ebpf.map_mut(map_names::DECAP_CONFIG).context("no config map")?)?;
     config.set(0, &DecapConfig { gue_port: DEFAULT_GUE_PORT.to_be(), _pad: 0 }, 0)?;
     let mut allow = LpmTrie::try_from(ebpf.map_mut(map_names::ALLOW_FROM).context("no allow-list map")?)?;
-    allow.insert(&spillway_daemon::agent::allow_key(format!("{BALANCER}/32").parse()?), &1, 0)?;
+    allow.insert(&spillway_dataplane::decap::allow_key(BALANCER.parse()?, 32), &1, 0)?;
     for n in 1..prefixes {
         let other = format!("10.{}.{}.1/32", 10 + n / 256, n % 256);
-        allow.insert(&spillway_daemon::agent::allow_key(other.parse()?), &1, 0)?;
+        let other: spillway_model::Cidr = other.parse()?;
+        allow.insert(&spillway_dataplane::decap::allow_key(other.addr, other.prefix_len), &1, 0)?;
     }
     Ok(ebpf)
 }

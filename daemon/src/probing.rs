@@ -1,7 +1,8 @@
-//! The health task of `lbd`: when to probe, and how many at once.
+//! The health task of `lbd`: probes sent at the times the policy's schedule gives, and how
+//! many at once; and the VIP path kept whole.
 //!
-//! Every target the core hands out (see `super::checks`) is probed with its spec (see
-//! [`crate::probe`]) at the times [`next_probe_at`] gives (own phase plus jitter per
+//! Every target the core hands out (see `super::health_checks`) is probed with its spec (see
+//! [`spillway_probe`]) at the times [`next_probe_at`] gives (own phase plus jitter per
 //! backend), each probe bounded by the VIP's `timeout_ms`, at most [`MAX_IN_FLIGHT`] at once.
 //! A probe through the tunnel is two at the same time (to the VIP through the probe path, and
 //! to the backend's own address), within the same timeout; when only the first fails, the

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{tests::Fixture, *};
+use super::*;
 use crate::{
     store::{ConfigMark, StateFile},
     testing::vip,

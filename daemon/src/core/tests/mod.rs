@@ -1,5 +1,8 @@
 //! The API's behaviour against in-memory maps and a real state file.
 
+mod apply;
+mod health;
+
 use std::fs;
 
 use spillway_common::{limits::MAX_BACKENDS_PER_VIP, maglev::MAX_WEIGHT, types::Reason};
