@@ -2,8 +2,7 @@
 
 use std::path::PathBuf;
 
-use aya::programs::XdpMode;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use spillway_common::limits::{
     Capacity, DEFAULT_GUE_PORT, DEFAULT_LOCAL_ADDRS, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S,
     MAX_ALLOW_FROM, MAX_LOCAL_ADDRS, SECOND_CHANCE_SETTLE_MS,
@@ -12,7 +11,7 @@ use spillway_common::limits::{
 use super::outer_src::{OuterSrc4, OuterSrc6};
 use crate::metrics::MetricsListen;
 use spillway_api::DEFAULT_SOCKET;
-use spillway_dataplane::pins::DEFAULT_PIN_DIR;
+use spillway_dataplane::pins::{DEFAULT_PIN_DIR, XdpModeArg};
 use spillway_dataplane::vip_path::VipPathArgs;
 use spillway_logging::LogFormat;
 use spillway_model::HealthConfig;
@@ -368,33 +367,6 @@ impl AgentArgs {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum XdpModeArg {
-    /// In the driver (fast; needs driver support).
-    Native,
-    /// In the kernel's network stack (works everywhere; slower).
-    Generic,
-}
-
-impl XdpModeArg {
-    /// The flag's value, as logs and metrics name the mode.
-    pub const fn label(self) -> &'static str {
-        match self {
-            XdpModeArg::Native => "native",
-            XdpModeArg::Generic => "generic",
-        }
-    }
-}
-
-impl From<XdpModeArg> for XdpMode {
-    fn from(mode: XdpModeArg) -> Self {
-        match mode {
-            XdpModeArg::Native => XdpMode::Driver,
-            XdpModeArg::Generic => XdpMode::Skb,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use clap::error::ErrorKind;
@@ -478,7 +450,7 @@ mod tests {
         ])
         .unwrap()
         .daemon;
-        assert_eq!(XdpMode::from(d.xdp_mode), XdpMode::Skb);
+        assert_eq!(d.xdp_mode, XdpModeArg::Generic);
         assert_eq!(d.outer_src, Some(OuterSrc4 { addr: "10.0.0.0".parse().unwrap(), prefix: 24 }));
         assert_eq!(d.outer_src6, Some(OuterSrc6 { addr: "fd00::".parse().unwrap(), prefix: 112 }));
         assert_eq!((d.tcp_idle_timeout_s, d.udp_idle_timeout_s), (60, 30));

@@ -40,7 +40,6 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use aya::{EbpfError, maps::MapError};
 use nix::sys::stat::{Mode, umask};
 use spillway_common::{hash::FLOW_SEED, types::LbConfig};
 use tokio::{
@@ -65,7 +64,7 @@ use spillway_dataplane::neighbours;
 use spillway_dataplane::netif::{self, NetifError};
 use spillway_dataplane::pins::{self, Attachment, PinError, PinLayout};
 use spillway_dataplane::vip_path::{VipPath, VipPathError};
-use spillway_dataplane::{Balancer, DataplaneError, LoadOptions};
+use spillway_dataplane::{Balancer, DataplaneError, LoadOptions, PinnedShape};
 use spillway_logging::event;
 use spillway_model::config::{ConfigError, Document};
 use spillway_model::{DesiredState, HealthConfig, host::Host};
@@ -369,9 +368,9 @@ fn check_forwarding(iface: &str, enable: bool) -> Result<(), DaemonError> {
 
 /// Native XDP on a veth sends nothing unless the peer runs an XDP program, which this side
 /// cannot see: said at start (the TX-drop alert says it again if frames are lost).
-fn warn_of_veth_tx(iface: &str, mode: args::XdpModeArg) {
+fn warn_of_veth_tx(iface: &str, mode: pins::XdpModeArg) {
     let kind = spillway_dataplane::rtnl::Rtnl::open().and_then(|mut r| r.link(iface)).ok().flatten().and_then(|l| l.kind);
-    if mode == args::XdpModeArg::Native && kind.as_deref() == Some("veth") {
+    if mode == pins::XdpModeArg::Native && kind.as_deref() == Some("veth") {
         event!(warn, "xdp_tx_on_veth", iface = iface, message = crate::tx_drops::advice(Some("veth")));
     }
 }
@@ -575,19 +574,17 @@ impl Drop for UndoFirstStart {
 
 /// Names the map and its pin path when a pinned map has another shape than this build's.
 fn explain_load_error(error: DataplaneError, layout: &PinLayout) -> DaemonError {
-    if let DataplaneError::Load { source, .. } = &error
-        && let EbpfError::MapError(MapError::IncompatiblePinnedMap { name, property, expected, actual }) = source.as_ref()
-    {
-        return DaemonError::PinnedMapShape {
-            path: layout.balancer_maps().join(name),
-            name: name.clone(),
+    match error.pinned_shape() {
+        Some(PinnedShape { name, property, expected, actual }) => DaemonError::PinnedMapShape {
+            path: layout.balancer_maps().join(&name),
+            name,
             pin_dir: layout.root().to_owned(),
             property,
-            expected: *expected,
-            actual: *actual,
-        };
+            expected,
+            actual,
+        },
+        None => error.into(),
     }
-    error.into()
 }
 
 /// Every `neighbours::INTERVAL`, and right after each accepted API request, so a backend

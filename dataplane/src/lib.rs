@@ -102,6 +102,28 @@ pub enum DataplaneError {
     },
 }
 
+/// A pinned map whose shape is not this build's (`DataplaneError::pinned_shape`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinnedShape {
+    pub name: String,
+    /// What differs (`max_entries`, `key_size`, ...).
+    pub property: &'static str,
+    pub expected: u64,
+    pub actual: u64,
+}
+
+impl DataplaneError {
+    /// The pinned map that refused this load by its shape, if that is why it failed.
+    pub fn pinned_shape(&self) -> Option<PinnedShape> {
+        let DataplaneError::Load { source, .. } = self else { return None };
+        let aya::EbpfError::MapError(aya::maps::MapError::IncompatiblePinnedMap { name, property, expected, actual }) = source.as_ref()
+        else {
+            return None;
+        };
+        Some(PinnedShape { name: name.clone(), property, expected: *expected, actual: *actual })
+    }
+}
+
 /// Fails with a clear message when the build skipped the eBPF objects (`AYA_BUILD_SKIP`).
 fn check_built(object: &'static [u8], name: &'static str) -> Result<&'static [u8], DataplaneError> {
     if object.is_empty() {

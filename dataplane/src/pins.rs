@@ -525,6 +525,34 @@ fn balancer_pin_dir_running(program_id: u32) -> Option<PathBuf> {
     None
 }
 
+/// `--xdp-mode`: where the program runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpModeArg {
+    /// In the driver (fast; needs driver support).
+    Native,
+    /// In the kernel's network stack (works everywhere; slower).
+    Generic,
+}
+
+impl XdpModeArg {
+    /// The flag's value, as logs and metrics name the mode.
+    pub const fn label(self) -> &'static str {
+        match self {
+            XdpModeArg::Native => "native",
+            XdpModeArg::Generic => "generic",
+        }
+    }
+}
+
+impl From<XdpModeArg> for aya::programs::XdpMode {
+    fn from(mode: XdpModeArg) -> Self {
+        match mode {
+            XdpModeArg::Native => aya::programs::XdpMode::Driver,
+            XdpModeArg::Generic => aya::programs::XdpMode::Skb,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
