@@ -368,7 +368,7 @@ pub struct Status {
     pub backends: usize,
     pub rules: usize,
     pub maps: Vec<MapUsage>,
-    pub watcher: WatcherStatus,
+    pub watcher: WatcherSummary,
     pub announcements: AnnouncementsStatus,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alerts: Vec<String>,
@@ -400,7 +400,7 @@ pub struct MapUsage {
 
 /// The balancer's own port watcher (`lbctl ports --host lb`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WatcherStatus {
+pub struct WatcherSummary {
     /// `loaded` or `not_loaded`.
     pub state: String,
     /// When loaded: its mode (`btf`, `tracepoint`, `sock_diag`); summary: how many parts it

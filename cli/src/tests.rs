@@ -903,7 +903,7 @@ fn status_fits_one_screen() {
             spillway_api::MapUsage { name: "spw_flows".into(), max_entries: 1_048_576, used: Some(524_288), bytes: Some(125_829_120) },
             spillway_api::MapUsage { name: "spw_rules".into(), max_entries: 1024, used: None, bytes: None },
         ],
-        watcher: spillway_api::WatcherStatus { state: "not_loaded".into(), mode: None, summary: None, error: Some("no tracefs".into()) },
+        watcher: spillway_api::WatcherSummary { state: "not_loaded".into(), mode: None, summary: None, error: Some("no tracefs".into()) },
         announcements: spillway_api::AnnouncementsStatus {
             state: "degraded".into(),
             reason: Some("program_detached".into()),

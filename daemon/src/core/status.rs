@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Core, CoreError, Counters};
 use crate::store::Store;
-use spillway_api::{AnnouncementsStatus, MapUsage, Status, WatcherStatus, announce::Announcements};
+use spillway_api::{AnnouncementsStatus, MapUsage, Status, WatcherSummary, announce::Announcements};
 use spillway_reconcile::Maps;
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
@@ -45,8 +45,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             .collect();
         let info = &self.info;
         let watcher = match &info.watcher {
-            Ok(w) => WatcherStatus { state: "loaded".to_owned(), mode: Some(w.mode.to_string()), summary: Some(w.brief()), error: None },
-            Err(e) => WatcherStatus { state: "not_loaded".to_owned(), mode: None, summary: None, error: Some(e.clone()) },
+            Ok(w) => WatcherSummary { state: "loaded".to_owned(), mode: Some(w.mode.to_string()), summary: Some(w.brief()), error: None },
+            Err(e) => WatcherSummary { state: "not_loaded".to_owned(), mode: None, summary: None, error: Some(e.clone()) },
         };
         Ok(Status {
             version: env!("CARGO_PKG_VERSION").to_owned(),
