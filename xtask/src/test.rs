@@ -54,7 +54,7 @@ pub fn run() -> Result<()> {
     summary::print(&outcomes, started.elapsed());
     let failed: Vec<&str> = outcomes.iter().filter(|o| !o.passed()).map(|o| o.name.as_str()).collect();
     if !failed.is_empty() {
-        bail!("{} of {} test binaries failed: {}", failed.len(), outcomes.len(), failed.join(", "));
+        bail!("{} of {} jobs failed: {}", failed.len(), outcomes.len(), failed.join(", "));
     }
     Ok(())
 }

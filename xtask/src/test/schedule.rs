@@ -132,7 +132,7 @@ mod tests {
             args: vec!["-c".into(), script.into()],
             dir: dir.to_owned(),
             env: Vec::new(),
-            expected_s: 0,
+            priority: 0,
             phase: Phase::Together,
             holds_machine: false,
         }
