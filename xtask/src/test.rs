@@ -19,22 +19,11 @@ use std::time::Instant;
 
 use anyhow::{Result, bail, ensure};
 
-/// Given to every cargo command of the task, so that its builds share their units.
-///
-/// Cargo builds the dependencies of build scripts and proc macros without debug info, unless
-/// a crate is also a dependency of the code under test with the same features: then one unit,
-/// with debug info, serves both. So which host units exist depends on what else a command
-/// builds, and `cargo test --doc` (no test targets) or clippy (no code generation) hash the
-/// loader's build script differently than `cargo test` does: each of them rebuilt the eBPF
-/// objects and the crates above them (45 units, ~1.5 min here). Full debug info for every
-/// host unit makes them the same unit in all three.
-const SAME_HOST_UNITS: [&str; 2] = ["--config", "profile.dev.build-override.debug=2"];
-
-/// `cargo <SAME_HOST_UNITS> <args>`, said on the terminal.
+/// `cargo <args>`, said on the terminal.
 fn cargo(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO"));
-    command.args(SAME_HOST_UNITS).args(args);
-    println!("+ {command:?}");
+    command.args(args);
+    println!("+ cargo {}", args.join(" "));
     command
 }
 

@@ -7,13 +7,13 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
 use std::sync::mpsc;
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use super::plan::{Job, Phase};
+use super::plan::{Job, Load, Phase};
 
 /// How one job went.
 #[derive(Debug)]
@@ -44,17 +44,18 @@ pub fn run(jobs: Vec<Job>, at_once: usize, log_dir: &Path) -> Result<Vec<Outcome
         report(&outcome);
         outcomes.push(outcome);
     }
-    let queue = Mutex::new(VecDeque::from(together));
+    let queue = Queue { state: Mutex::new((VecDeque::from(together), 0)), changed: Condvar::new() };
     let (done, finished) = mpsc::channel();
     std::thread::scope(|scope| {
         for _ in 0..at_once {
             let (queue, done) = (&queue, done.clone());
             scope.spawn(move || {
-                loop {
-                    // Its own statement: the queue stays locked only while a job is taken.
-                    let next = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
-                    let Some(job) = next else { break };
+                while let Some(job) = queue.take() {
+                    let timed = job.load == Load::Timed;
                     let _ = done.send(run_job(job, log_dir));
+                    if timed {
+                        queue.timed_done();
+                    }
                 }
             });
         }
@@ -65,6 +66,39 @@ pub fn run(jobs: Vec<Job>, at_once: usize, log_dir: &Path) -> Result<Vec<Outcome
         }
     });
     Ok(outcomes)
+}
+
+/// The jobs still to start, and how many [`Load::Timed`] jobs run.
+struct Queue {
+    state: Mutex<(VecDeque<Job>, usize)>,
+    changed: Condvar,
+}
+
+impl Queue {
+    /// The first job that may start now: no [`Load::Computes`] job beside a timed one. Waits
+    /// while only such jobs are left; `None` once none is left.
+    fn take(&self) -> Option<Job> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let (queue, timed) = &mut *state;
+            if queue.is_empty() {
+                return None;
+            }
+            if let Some(i) = queue.iter().position(|job| *timed == 0 || job.load != Load::Computes) {
+                let job = queue.remove(i).expect("an index of the queue");
+                if job.load == Load::Timed {
+                    *timed += 1;
+                }
+                return Some(job);
+            }
+            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn timed_done(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 -= 1;
+        self.changed.notify_all();
+    }
 }
 
 fn run_job(job: Job, log_dir: &Path) -> Outcome {
@@ -133,6 +167,7 @@ mod tests {
             dir: dir.to_owned(),
             env: Vec::new(),
             priority: 0,
+            load: Load::Waits,
             phase: Phase::Together,
             holds_machine: false,
         }
@@ -159,6 +194,21 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&by_name("fails").log).unwrap(), "why\n");
         assert!(by_name("last").passed());
         assert_eq!(by_name("last").tests, 2);
+    }
+
+    /// A job that computes waits for the timed one before it, though a slot is free; one
+    /// that only waits does not.
+    #[test]
+    fn a_computing_job_does_not_run_beside_a_timed_one() {
+        let dir = spillway_harness::TempDir::new("xtask-timed");
+        let job = |name: &str, script: &str, load| Job { load, ..sh(name, script, dir.path()) };
+        let jobs = vec![
+            job("timed", "touch started; sleep 0.5; touch ended", Load::Timed),
+            job("waits", "[ -e started ] && [ ! -e ended ] || sleep 0.2; [ -e started ] && [ ! -e ended ]", Load::Waits),
+            job("computes", "[ ! -e started ] || [ -e ended ]", Load::Computes),
+        ];
+        let outcomes = run(jobs, 3, &dir.path().join("logs")).unwrap();
+        assert!(outcomes.iter().all(Outcome::passed), "{outcomes:?}");
     }
 
     #[test]
