@@ -1,11 +1,12 @@
 //! The BPF filesystem, where the daemon under test pins its maps and links.
 
 use std::path::Path;
-use std::sync::Mutex;
 
 use anyhow::{Context, Result};
 use nix::mount::{MsFlags, mount};
 use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
+
+use crate::lock_file;
 
 /// Where bpffs is conventionally mounted and where the daemon pins.
 pub(crate) const BPFFS_ROOT: &str = "/sys/fs/bpf";
@@ -13,9 +14,9 @@ pub(crate) const BPFFS_ROOT: &str = "/sys/fs/bpf";
 /// Mounts bpffs at [`BPFFS_ROOT`] unless it is already there (minimal
 /// containers and fresh VMs often lack it); pins on plain sysfs would fail.
 pub(crate) fn ensure_mounted() -> Result<()> {
-    // Concurrent tests in one process must not stack two mounts.
-    static MOUNTING: Mutex<()> = Mutex::new(());
-    let _guard = MOUNTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    // Concurrent tests, of this process or of another test binary, must not stack two
+    // mounts: pins made in the lower one would vanish from view.
+    let _mounting = lock_file::lock(Path::new(lock_file::LOCK_DIR), "bpffs-mount", lock_file::How::LockExclusive)?;
     let root = Path::new(BPFFS_ROOT);
     let fs = statfs(root).with_context(|| format!("statfs {BPFFS_ROOT}"))?;
     if fs.filesystem_type() == BPF_FS_MAGIC {

@@ -76,6 +76,8 @@ pub struct Fleet {
     registry: Arc<Registry>,
     pin_dir: PathBuf,
     tempdir: TempDir,
+    /// Last: gone before a test that runs alone may start (see `alone`).
+    _shared: crate::alone::Shared,
 }
 
 impl Fleet {
@@ -84,6 +86,7 @@ impl Fleet {
     pub fn start(bins: Binaries, config: FleetConfig) -> Result<Fleet> {
         ensure!((1..=MAX_FLEET_BALANCERS).contains(&config.balancers), "1..={MAX_FLEET_BALANCERS} balancers");
         bird_binary()?;
+        let shared = crate::alone::shared()?;
         if let Err(err) = sweep_stale() {
             eprintln!("spillway-harness: {err:#}");
         }
@@ -130,6 +133,7 @@ impl Fleet {
             registry,
             pin_dir,
             tempdir,
+            _shared: shared,
         };
         fleet.check_reachable()?;
         write_report_key(&fleet.report_key())?;

@@ -31,6 +31,7 @@ mod host;
 mod icmp;
 mod lbctl;
 mod load;
+mod lock_file;
 pub mod locked_kernel;
 mod netns;
 pub mod packet_lab;

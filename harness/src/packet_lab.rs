@@ -66,15 +66,18 @@ pub struct PacketLab {
     pin_dir: Mutex<Option<PathBuf>>,
     _registry: Arc<Registry>,
     _tempdir: TempDir,
+    /// Last: gone before a test that runs alone may start (see `alone`).
+    _shared: crate::alone::Shared,
 }
 
 impl PacketLab {
     pub fn build() -> Result<PacketLab> {
+        let shared = crate::alone::shared()?;
         let id = next_id();
         let tempdir = TempDir::create(std::env::temp_dir().join(&id))?;
         let registry = Arc::new(Registry::new(tempdir.path().to_owned()));
         let netns = Netns::create("pkt", format!("{id}-pkt"), Arc::clone(&registry))?;
-        let lab = PacketLab { netns, pin_dir: Mutex::new(None), _registry: registry, _tempdir: tempdir };
+        let lab = PacketLab { netns, pin_dir: Mutex::new(None), _registry: registry, _tempdir: tempdir, _shared: shared };
         lab.configure().context("configuring the packet lab")?;
         Ok(lab)
     }

@@ -17,17 +17,20 @@ pub struct Sandbox {
     netns: Netns,
     registry: Arc<Registry>,
     tempdir: TempDir,
+    /// Last: gone before a test that runs alone may start (see `alone`).
+    _shared: crate::alone::Shared,
 }
 
 impl Sandbox {
     /// A fresh namespace (named after `label`) and temporary directory; the logs of the
     /// processes spawned in the namespace go to the directory.
     pub fn build(label: &str) -> Result<Sandbox> {
+        let shared = crate::alone::shared()?;
         let id = next_id();
         let tempdir = TempDir::create(std::env::temp_dir().join(&id))?;
         let registry = Arc::new(Registry::new(tempdir.path().to_owned()));
         let netns = Netns::create(label, format!("{id}-{label}"), Arc::clone(&registry))?;
-        Ok(Sandbox { netns, registry, tempdir })
+        Ok(Sandbox { netns, registry, tempdir, _shared: shared })
     }
 
     pub fn netns(&self) -> &Netns {

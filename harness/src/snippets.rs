@@ -230,10 +230,13 @@ pub struct SnippetHosts {
     balancer: Netns,
     router: Netns,
     tempdir: TempDir,
+    /// Last: gone before a test that runs alone may start (see `alone`).
+    _shared: crate::alone::Shared,
 }
 
 impl SnippetHosts {
     pub fn create() -> Result<SnippetHosts> {
+        let shared = crate::alone::shared()?;
         if let Err(err) = sweep_stale() {
             eprintln!("spillway-harness: {err:#}");
         }
@@ -242,7 +245,7 @@ impl SnippetHosts {
         let registry = Arc::new(Registry::new(tempdir.path().to_owned()));
         let balancer = Netns::create("lb1", format!("{id}-lb1"), Arc::clone(&registry))?;
         let router = Netns::create("router", format!("{id}-router"), Arc::clone(&registry))?;
-        let hosts = SnippetHosts { registry, balancer, router, tempdir };
+        let hosts = SnippetHosts { registry, balancer, router, tempdir, _shared: shared };
         hosts.balancer.run(&["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", hosts.router.name()])?;
         for (ns, v4, v6) in [(&hosts.balancer, BALANCER4, BALANCER6), (&hosts.router, ROUTER4, ROUTER6)] {
             ns.run(&["ip", "link", "set", "lo", "up"])?;

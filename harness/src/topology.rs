@@ -73,7 +73,7 @@ impl Topology {
     pub fn build(config: TopologyConfig) -> Result<Topology> {
         ensure!((1..=MAX_CLIENTS).contains(&config.clients), "clients must be 1..={MAX_CLIENTS}, not {}", config.clients);
         ensure!(config.backends <= MAX_BACKENDS, "at most {MAX_BACKENDS} backends, not {}", config.backends);
-        let shared = crate::alone::shared();
+        let shared = crate::alone::shared()?;
         if let Err(err) = sweep_stale() {
             eprintln!("spillway-harness: {err:#}");
         }
