@@ -55,7 +55,7 @@ fn test_binary(message: &Value) -> Result<Option<TestBinary>> {
     }))
 }
 
-/// The name in a package id: `path+file:///w/loader#spillway-loader@0.1.0`, or, when the
+/// The name in a package id: `path+file:///w/daemon#spillway-daemon@0.1.0`, or, when the
 /// name is the directory's, `path+file:///w/xtask#0.1.0`.
 fn package_name(id: &str) -> String {
     let (url, fragment) = id.split_once('#').unwrap_or((id, ""));
@@ -73,24 +73,24 @@ mod tests {
     fn a_test_artifact_names_its_package_target_and_directory() {
         let message = serde_json::json!({
             "reason": "compiler-artifact",
-            "package_id": "path+file:///w/loader#spillway-loader@0.1.0",
-            "manifest_path": "/w/loader/Cargo.toml",
+            "package_id": "path+file:///w/daemon#spillway-daemon@0.1.0",
+            "manifest_path": "/w/daemon/Cargo.toml",
             "target": { "kind": ["test"], "name": "e2e" },
             "profile": { "test": true },
             "executable": "/w/target/debug/deps/e2e-0123"
         });
         let binary = test_binary(&message).unwrap().unwrap();
-        assert_eq!((binary.package.as_str(), binary.kind.as_str(), binary.target.as_str()), ("spillway-loader", "test", "e2e"));
+        assert_eq!((binary.package.as_str(), binary.kind.as_str(), binary.target.as_str()), ("spillway-daemon", "test", "e2e"));
         assert_eq!(binary.executable, PathBuf::from("/w/target/debug/deps/e2e-0123"));
-        assert_eq!(binary.package_dir, PathBuf::from("/w/loader"));
+        assert_eq!(binary.package_dir, PathBuf::from("/w/daemon"));
     }
 
     #[test]
     fn binaries_built_for_the_tests_to_run_are_no_test_binaries() {
         let lbd = serde_json::json!({
             "reason": "compiler-artifact",
-            "package_id": "path+file:///w/loader#spillway-loader@0.1.0",
-            "manifest_path": "/w/loader/Cargo.toml",
+            "package_id": "path+file:///w/daemon#spillway-daemon@0.1.0",
+            "manifest_path": "/w/daemon/Cargo.toml",
             "target": { "kind": ["bin"], "name": "lbd" },
             "profile": { "test": false },
             "executable": "/w/target/debug/lbd"
