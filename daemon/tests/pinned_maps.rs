@@ -19,9 +19,8 @@ impl Drop for PinDir {
 
 fn pin_dir(label: &str) -> PinDir {
     let dir = PathBuf::from(format!("/sys/fs/bpf/spw-{}-pins-{label}", std::process::id()));
-    if !spillway_dataplane::is_bpffs(&PathBuf::from("/sys/fs/bpf")) {
-        std::process::Command::new("mount").args(["-t", "bpf", "-o", "mode=0700", "bpf", "/sys/fs/bpf"]).status().unwrap();
-    }
+    // Under the harness's lock: another test binary may be mounting it at the same moment.
+    spillway_harness::bpffs::ensure_mounted().unwrap();
     std::fs::create_dir_all(&dir).unwrap();
     PinDir(dir)
 }

@@ -144,6 +144,10 @@ fn assert_not_watched(report: &PortsReport, part: &str) {
     assert!(watcher.not_watched.iter().any(|p| p.what == part), "{part} should be listed as not watched: {watcher:#?}");
 }
 
+/// How long these tests wait for an `--all-netns` agent's report: in sock_diag mode it walks
+/// every network namespace of the host, and under `./x test` that includes the many of the
+/// test binaries running beside this one. What the report says is checked, not how fast.
+const ALL_NETNS_FETCH: Duration = Duration::from_secs(20);
 #[test]
 fn auto_picks_the_best_mode_this_kernel_allows() {
     let auto = SockWatch::load(WatchOptions { mode: WatcherMode::Auto, scope: Scope::All }).expect("auto always finds a mode");
@@ -776,7 +780,7 @@ fn the_agent_serves_its_hosts_port_report_read_only(mode: Mode) {
     let fetch = |host: &spillway_harness::Host, at: SocketAddr| {
         host.in_netns(|| {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            runtime.block_on(spillway_ports::endpoint::fetch_report(at, Duration::from_secs(5), None)).map(|(report, _)| report)
+            runtime.block_on(spillway_ports::endpoint::fetch_report(at, ALL_NETNS_FETCH, None)).map(|(report, _)| report)
         })
     };
     let report = fetch(backend, endpoint).expect("the agent's report");
@@ -867,7 +871,7 @@ fn the_agent_works_with_only_what_its_unit_grants(mode: Mode) {
     let fetch = |host: &Host| {
         host.in_netns(|| {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            runtime.block_on(spillway_ports::endpoint::fetch_report(endpoint, Duration::from_secs(5), None)).map(|(report, _)| report)
+            runtime.block_on(spillway_ports::endpoint::fetch_report(endpoint, ALL_NETNS_FETCH, None)).map(|(report, _)| report)
         })
     };
     let netns = netns_inode(backend.netns().path()).unwrap();

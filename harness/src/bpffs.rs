@@ -13,7 +13,7 @@ pub(crate) const BPFFS_ROOT: &str = "/sys/fs/bpf";
 
 /// Mounts bpffs at [`BPFFS_ROOT`] unless it is already there (minimal
 /// containers and fresh VMs often lack it); pins on plain sysfs would fail.
-pub(crate) fn ensure_mounted() -> Result<()> {
+pub fn ensure_mounted() -> Result<()> {
     // Concurrent tests, of this process or of another test binary, must not stack two
     // mounts: pins made in the lower one would vanish from view.
     let _mounting = lock_file::lock(Path::new(lock_file::LOCK_DIR), "bpffs-mount", lock_file::How::LockExclusive)?;

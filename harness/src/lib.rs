@@ -16,7 +16,7 @@
 mod addrs;
 pub mod alone;
 mod bpf_link;
-mod bpffs;
+pub mod bpffs;
 mod capacity;
 mod cleanup;
 pub mod cluster;
