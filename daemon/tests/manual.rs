@@ -4,17 +4,12 @@
 
 use std::{fs, process::Command as Process};
 
-use clap::CommandFactory;
-
-use clap::Command;
+use clap::{Command, CommandFactory};
 use clap_complete::Shell;
 use spillway_cli::Cli;
 use spillway_daemon::args::LbdArgs;
 use spillway_harness::tempdir::TempDir;
-use spillway_manual::{completions, config_page, key_line, man_pages};
-
-/// The example configuration the config page is made from.
-const EXAMPLE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/spillway.toml"));
+use spillway_manual::{EXAMPLE, completions, config_page, key_line, man_pages};
 
 fn commands() -> [Command; 2] {
     [LbdArgs::command(), Cli::command()]

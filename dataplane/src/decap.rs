@@ -16,7 +16,11 @@ use spillway_common::{
     types::{ALLOW_KEY_FAMILY_BITS, AddrKey, AllowKey, DecapConfig, DecapReason},
 };
 
-use crate::{DataplaneError, objects};
+use crate::{
+    DataplaneError,
+    maps::{named, take},
+    objects,
+};
 
 /// The decapsulator, loaded and not yet attached ([`Decap::program`]).
 pub struct Decap {
@@ -35,11 +39,6 @@ pub fn allow_key(addr: IpAddr, prefix_len: u8) -> Key<AllowKey> {
     Key::new(ALLOW_KEY_FAMILY_BITS + u32::from(prefix_len), AllowKey { family, _pad: [0; 3], addr })
 }
 
-fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
-    let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap { name })?;
-    T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
-}
-
 impl Decap {
     /// Loads the decapsulator with room for `max_local_addrs` addresses of this host.
     pub fn load(max_local_addrs: u32) -> Result<(Decap, DecapCounts), DataplaneError> {
@@ -54,30 +53,25 @@ impl Decap {
 
     /// Accepts tunnels from `addr/prefix_len`.
     pub fn allow_from(&mut self, addr: IpAddr, prefix_len: u8) -> Result<(), DataplaneError> {
-        let name = map_names::ALLOW_FROM;
-        self.allow.insert(&allow_key(addr, prefix_len), &1, 0).map_err(|source| DataplaneError::Map { name, source })
+        named(map_names::ALLOW_FROM, self.allow.insert(&allow_key(addr, prefix_len), &1, 0))
     }
 
     /// The UDP port of GUE tunnels (0: IPIP only).
     pub fn set_gue_port(&mut self, port: u16) -> Result<(), DataplaneError> {
-        let name = map_names::DECAP_CONFIG;
-        self.config.set(0, &DecapConfig { gue_port: port.to_be(), _pad: 0 }, 0).map_err(|source| DataplaneError::Map { name, source })
+        named(map_names::DECAP_CONFIG, self.config.set(0, &DecapConfig { gue_port: port.to_be(), _pad: 0 }, 0))
     }
 
     /// The addresses it decapsulates for.
     pub fn local_addrs(&self) -> Result<Vec<AddrKey>, DataplaneError> {
-        let name = map_names::LOCAL_ADDRS;
-        self.local.keys().collect::<Result<_, _>>().map_err(|source| DataplaneError::Map { name, source })
+        named(map_names::LOCAL_ADDRS, self.local.keys().collect())
     }
 
     pub fn add_local_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError> {
-        let name = map_names::LOCAL_ADDRS;
-        self.local.insert(key, &1, 0).map_err(|source| DataplaneError::Map { name, source })
+        named(map_names::LOCAL_ADDRS, self.local.insert(key, &1, 0))
     }
 
     pub fn remove_local_addr(&mut self, key: &AddrKey) -> Result<(), DataplaneError> {
-        let name = map_names::LOCAL_ADDRS;
-        self.local.remove(key).map_err(|source| DataplaneError::Map { name, source })
+        named(map_names::LOCAL_ADDRS, self.local.remove(key))
     }
 
     /// Its rare events as log lines (see [`crate::logs`]), until the returned task is aborted.

@@ -136,7 +136,7 @@ fn sections(page: &str) -> Vec<(&'static str, &'static str)> {
 }
 
 /// The example configuration the page describes (the one ./x install puts in place).
-const EXAMPLE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/spillway.toml"));
+pub const EXAMPLE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/spillway.toml"));
 
 /// `# key = value` or `key = value`: a line that sets (or shows the default of) a key.
 pub fn key_line(line: &str) -> Option<&str> {
