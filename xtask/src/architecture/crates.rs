@@ -31,11 +31,11 @@ pub const FLOORS: &[(&str, &[&str])] = &[
 /// Crates kept apart from the kernel and from an async runtime: none of their normal
 /// dependencies, nor those of the workspace crates they use, may name these (a feature as
 /// `crate/feature`). `lbctl` is a client of a Unix socket and must build and run anywhere.
-pub const KEPT_APART: &[(&str, &[&str])] = &[
-    ("spillway-cli", &["aya", "tokio", "spillway-common/maps"]),
-    ("spillway-api", &["aya", "tokio", "spillway-common/maps"]),
-    ("spillway-model", &["aya", "tokio", "spillway-common/maps"]),
-];
+pub const KEPT_APART: &[(&str, &[&str])] =
+    &[("spillway-cli", KERNEL_AND_RUNTIME), ("spillway-api", KERNEL_AND_RUNTIME), ("spillway-model", KERNEL_AND_RUNTIME)];
+
+/// aya, tokio, and the feature of `spillway-common` that implements aya's traits.
+const KERNEL_AND_RUNTIME: &[&str] = &["aya", "tokio", "spillway-common/maps"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DepKind {
