@@ -5,19 +5,12 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+
+use crate::bpf_syscall::bpf;
 
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_LINK_DETACH: libc::c_long = 34;
-
-fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> Result<libc::c_long> {
-    // SAFETY: `attr` is a zero-padded bpf_attr of the size passed; the kernel reads only it.
-    let ret = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len() as u32) };
-    if ret < 0 {
-        bail!("bpf({cmd}): {}", std::io::Error::last_os_error());
-    }
-    Ok(ret)
-}
 
 /// Detaches the link pinned at `pinned` from its hook (the pin stays, now a defunct link).
 pub fn detach(pinned: &Path) -> Result<()> {

@@ -16,6 +16,7 @@
 mod addrs;
 pub mod alone;
 mod bpf_link;
+mod bpf_syscall;
 pub mod bpffs;
 mod capacity;
 mod cleanup;

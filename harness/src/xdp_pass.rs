@@ -6,7 +6,9 @@
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
+
+use crate::bpf_syscall::bpf;
 
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
@@ -23,12 +25,9 @@ const PROGRAM: [u64; 2] = [
     0x95,
 ];
 
-fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> Result<OwnedFd> {
-    // SAFETY: `attr` is a zero-padded bpf_attr of the size passed; the kernel reads only it.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len() as u32) };
-    if fd < 0 {
-        bail!("bpf({cmd}): {}", std::io::Error::last_os_error());
-    }
+/// A bpf call that returns a new file descriptor, now owned.
+fn bpf_fd(cmd: libc::c_long, attr: &mut [u8; 128]) -> Result<OwnedFd> {
+    let fd = bpf(cmd, attr)?;
     // SAFETY: a successful call returns a new file descriptor we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
@@ -47,12 +46,12 @@ pub(crate) fn attach(ifindex: u32) -> Result<OwnedFd> {
     put(&mut load, 8, &(PROGRAM.as_ptr() as u64).to_ne_bytes());
     put(&mut load, 16, &(license.as_ptr() as u64).to_ne_bytes());
     put(&mut load, 48, b"spw_peer_pass");
-    let prog = bpf(BPF_PROG_LOAD, &mut load)?;
+    let prog = bpf_fd(BPF_PROG_LOAD, &mut load)?;
 
     let mut link = [0u8; 128];
     put(&mut link, 0, &(std::os::fd::AsRawFd::as_raw_fd(&prog) as u32).to_ne_bytes());
     put(&mut link, 4, &ifindex.to_ne_bytes());
     put(&mut link, 8, &BPF_XDP.to_ne_bytes());
     put(&mut link, 12, &XDP_FLAGS_DRV_MODE.to_ne_bytes());
-    bpf(BPF_LINK_CREATE, &mut link)
+    bpf_fd(BPF_LINK_CREATE, &mut link)
 }
