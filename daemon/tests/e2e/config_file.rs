@@ -274,7 +274,14 @@ fn lbd_check_checks_a_file_as_a_start_would() {
 
 fn receive(socket: &UnixDatagram) -> String {
     let mut buf = [0u8; 4096];
-    let n = socket.recv(&mut buf).expect("a notification from lbd within the timeout");
+    // A signal to this process (a child of another test exiting, when something handles
+    // SIGCHLD) interrupts the wait; it is no answer from lbd, so the wait goes on.
+    let n = loop {
+        match socket.recv(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            received => break received.expect("a notification from lbd within the timeout"),
+        }
+    };
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
