@@ -83,7 +83,19 @@ const TUNING: &[Tuning] = &[
         alone: &["health_policy::router_overload_replay_sheds_at_the_edge_instead_of_collapsing"],
     },
     Tuning { target: "fleet", threads: None, priority: 90, load: Load::Timed, alone: &[] },
-    Tuning { target: "ports", threads: None, priority: 80, load: Load::Waits, alone: &[] },
+    // Its exhaustion test counts every port of a namespace within 2 s of the last failed
+    // connect; beside e2e it saw 88-89 of the ~98 taken, twice in five runs: it runs alone.
+    Tuning {
+        target: "ports",
+        threads: None,
+        priority: 80,
+        load: Load::Waits,
+        alone: &[
+            "exhaustion_is_seen_per_destination_with_failing_process::btf",
+            "exhaustion_is_seen_per_destination_with_failing_process::tracepoint",
+            "exhaustion_is_seen_per_destination_with_failing_process::sock_diag",
+        ],
+    },
     // The harness's own: 11 s and 1.5 s alone, but 75 s and 51 s when they came last, after
     // e2e, beside the compiling jobs; in the fleet's window nothing computes. capacity
     // checks that the load generator keeps its schedule.
