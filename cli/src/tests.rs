@@ -883,9 +883,24 @@ fn status_fits_one_screen() {
     let status = spillway_api::Status {
         version: "0.1.0".into(),
         uptime_s: 3725,
-        iface: "eth0".into(),
-        xdp_mode: "native".into(),
-        attachment: "took_over".into(),
+        interfaces: vec![
+            spillway_api::InterfaceStatus {
+                name: "eth0".into(),
+                xdp_mode: "native".into(),
+                attachment: "took_over".into(),
+                state: "up".into(),
+                forwarding_off: None,
+                error: None,
+            },
+            spillway_api::InterfaceStatus {
+                name: "eth1".into(),
+                xdp_mode: "native".into(),
+                attachment: "-".into(),
+                state: "gone".into(),
+                forwarding_off: Some("net.ipv4.conf.eth1.forwarding = 0".into()),
+                error: None,
+            },
+        ],
         pin_dir: "/sys/fs/bpf/spillway".into(),
         state_dir: "/var/lib/spillway".into(),
         health_checks: true,
@@ -915,7 +930,8 @@ fn status_fits_one_screen() {
     assert_eq!(
         text,
         "lbd 0.1.0, up 1h 2m
-interface     eth0 (native XDP, took over)
+interfaces    eth0: up (native XDP, took over)
+              eth1: gone (native XDP, -), forwarding off: net.ipv4.conf.eth1.forwarding = 0
 pins          /sys/fs/bpf/spillway
 state         /var/lib/spillway: 2 VIPs, 5 backends, 1 rules
 health checks on, zone a

@@ -388,6 +388,7 @@ mod tests {
             second_chance_packets: 0,
             quic: Vec::new(),
             announcements: None,
+            interfaces: Vec::new(),
         }
     }
 

@@ -28,6 +28,7 @@ pub mod settings;
 pub mod store;
 pub mod telemetry;
 pub mod tx_drops;
+pub mod uplink_watch;
 pub mod wall_clock;
 
 #[cfg(test)]
@@ -53,7 +54,8 @@ use self::{
     health_checks::ChecksConfig,
     outer_src::{OuterSrc4, OuterSrc6},
     server::{ServerError, SharedCore},
-    settings::RunningSettings,
+    settings::{RunningSettings, Section, Settings},
+    uplink_watch::UplinkWatch,
 };
 use crate::store::{ConfigMark, StateFile, Store, StoreError};
 use spillway_announce::{AnnounceConfig, AnnounceError};
@@ -64,6 +66,7 @@ use spillway_dataplane::neighbours;
 use spillway_dataplane::netif::{self, NetifError};
 use spillway_dataplane::pins::{self, Attachment, PinError, PinLayout};
 use spillway_dataplane::vip_path::{VipPath, VipPathError};
+use spillway_dataplane::uplinks::UplinkError;
 use spillway_dataplane::{Balancer, DataplaneError, LoadOptions, PinnedShape};
 use spillway_logging::event;
 use spillway_model::config::{ConfigError, Document};
@@ -117,6 +120,8 @@ pub enum DaemonError {
          no VIP packet could be forwarded; set it to 1 (sysctl -w ...=1) or start lbd with --enable-forwarding"
     )]
     ForwardingDisabled { iface: String, sysctls: String },
+    #[error("{iface} is named twice in --iface (iface in [lbd])")]
+    InterfaceTwice { iface: String },
     #[error("the configuration file is refused and there is no persisted state to start from")]
     Config(#[source] ConfigError),
     #[error("applying the configuration file at start")]
@@ -125,14 +130,35 @@ pub enum DaemonError {
     ReportKey(#[from] spillway_ports::auth::KeyError),
 }
 
-/// Runs the balancer on `iface` until SIGTERM or SIGINT; with `config` (the `--config`
-/// file, already read), starts from it as [`plan_start`] says and re-applies it on SIGHUP.
-pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, settings: RunningSettings) -> Result<(), DaemonError> {
+/// Checks the interfaces the balancer is to run on as a start needs them: none twice, and
+/// the first present (its addresses are the default outer sources, and health probes are
+/// routed as if they arrived there). Any other may be missing: an ALERT until it appears.
+/// Returns the first.
+pub fn check_uplinks(ifaces: &[String]) -> Result<&str, DaemonError> {
+    for (n, iface) in ifaces.iter().enumerate() {
+        if ifaces[..n].contains(iface) {
+            return Err(DaemonError::InterfaceTwice { iface: iface.clone() });
+        }
+    }
+    let first = ifaces.first().map(String::as_str).unwrap_or_default();
+    netif::ifindex(first)?;
+    Ok(first)
+}
+
+/// The interfaces of `ifaces` that exist now.
+fn present(ifaces: &[String]) -> impl Iterator<Item = &str> {
+    ifaces.iter().map(String::as_str).filter(|iface| netif::ifindex(iface).is_ok())
+}
+
+/// Runs the balancer on the interfaces `--iface` names until SIGTERM or SIGINT; with
+/// `config` (the `--config` file, already read), starts from it as [`plan_start`] says and
+/// re-applies it on SIGHUP.
+pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningSettings) -> Result<(), DaemonError> {
     // Everything lbd creates (socket, state file, pin directories) is root's alone.
     umask(Mode::from_bits_truncate(0o077));
     // First, as `lbd check` does: every later step would fail on a missing interface with a
     // message about something else (its sysctls, its addresses).
-    netif::ifindex(iface)?;
+    let iface = check_uplinks(&args.iface)?;
     check_fleet_seed(args)?;
     let mut signals = Signals::install()?;
     // Read the state before touching the dataplane: a bad file must change nothing.
@@ -153,7 +179,9 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
             message = "the agents' port reports cannot be authenticated and are ignored (lbd --report-key, the agents' file)"
         );
     }
-    check_forwarding(iface, args.enable_forwarding)?;
+    for iface in present(&args.iface) {
+        check_forwarding(iface, args.enable_forwarding)?;
+    }
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
     let probe_names = args.vip_path.names(&args.pin_dir);
@@ -166,53 +194,12 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     // connecting during startup wait in the backlog until the state is restored.
     let (listener, _socket) = server::bind(&args.api)?;
     let config = lb_config(args, iface)?;
-    let tx_ports =
-        std::iter::once(iface).chain(args.tx_ifaces.iter().map(String::as_str)).map(netif::ifindex).collect::<Result<Vec<_>, _>>()?;
-
     let mut balancer = Balancer::load(&LoadOptions { map_pin_dir: Some(layout.balancer_maps()), capacity: args.capacity() })
         .map_err(|e| explain_load_error(e, &layout))?;
     // The second-chance program's rare events (`dataplane::logs`) become log lines.
     let ebpf_logs = spillway_dataplane::logs::forward(balancer.ebpf_mut())
         .inspect_err(|e| event!(warn, "ebpf_logs_unavailable", error = error_chain(e)))
         .ok();
-    // Attach before writing anything: if this fails (wrong interface, another program on
-    // it), the maps a running balancer may share are left untouched.
-    let link = layout.balancer_link();
-    let program_tag = balancer.program()?.info().map(|i| format!("{:016x}", i.tag())).unwrap_or_default();
-    let mode = args.xdp_mode.label();
-    let started = std::time::Instant::now();
-    warn_of_veth_tx(iface, args.xdp_mode);
-    let attached =
-        pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link).map_err(|e| explain_attach_error(e, iface))?;
-    let attachment = match attached {
-        Attachment::Attached => {
-            event!(info, "attached", iface = iface, mode = mode, link = link.display(), program_tag = program_tag);
-            "attached"
-        }
-        Attachment::Reattached => {
-            event!(
-                info,
-                "attached",
-                iface = iface,
-                mode = mode,
-                link = link.display(),
-                program_tag = program_tag,
-                note = "the old link's interface was gone"
-            );
-            "reattached"
-        }
-        Attachment::TookOver { replaced_program_id } => {
-            event!(
-                info,
-                "took_over",
-                iface = iface,
-                link = link.display(),
-                replaced_prog_id = replaced_program_id,
-                program_tag = program_tag
-            );
-            "took_over"
-        }
-    };
     // Probes through the tunnel need the probe path; without it they count as unknown (and
     // say why, loudly), and forwarding is unaffected.
     let vip_path = (!args.no_health_checks).then(|| {
@@ -223,10 +210,28 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
             message
         })
     });
-    let mut maps = balancer.maps;
+    let (mut uplinks, mut maps) = balancer.into_uplinks(&layout, args.xdp_mode.into()).map_err(|e| explain_uplink_error(e, iface))?;
+    if let Some(moved) = pins::adopt_single_link(&layout)? {
+        event!(info, "link_moved", iface = moved, link = layout.balancer_link(&moved).display());
+    }
+    // Attach before writing anything: if this fails (wrong interface, another program on
+    // it), the maps a running balancer may share are left untouched.
+    let program_tag = uplinks.program_tag();
+    let mode = args.xdp_mode.label();
+    let started = std::time::Instant::now();
+    let mut attached = std::collections::BTreeMap::new();
+    for iface in present(&args.iface) {
+        warn_of_veth_tx(iface, args.xdp_mode);
+        let attachment = uplinks.attach(iface).map_err(|e| explain_uplink_error(e, iface))?;
+        log_attachment(iface, attachment, mode, &layout.balancer_link(iface), &program_tag);
+        attached.insert(iface.to_owned(), uplink_watch::attachment_label(attachment));
+    }
+    // The first round detaches the interfaces a previous lbd ran on that this one does not,
+    // and fills the redirect map.
+    let mut uplink_watch = UplinkWatch::new(uplinks, args.tx_ifaces.clone(), attached);
+    let uplink_states = uplink_watch.check(&args.iface);
     log_memory(&maps);
     maps.set_config_keeping_table_seed(&config)?;
-    maps.set_tx_ports(&tx_ports)?;
     let checks = (!args.no_health_checks).then(|| {
         let defaults = HealthConfig { slow_start_ms: args.health_slow_start_ms, ..HealthConfig::default() };
         (ChecksConfig { defaults, local_zone: args.zone.clone() }, store.load_health().unwrap_or_default())
@@ -259,11 +264,11 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
         event!(warn, "socket_watcher_not_loaded", error = message, message = "lbctl ports --host lb has no data");
         message
     });
+    core.set_wanted_uplinks(args.iface.clone());
+    core.set_uplinks(uplink_states);
     core.set_info(DaemonInfo {
         started,
-        iface: iface.to_owned(),
         xdp_mode: args.xdp_mode.label(),
-        attachment,
         pin_dir: args.pin_dir.clone(),
         state_dir: args.state_dir.clone(),
         zone: args.zone.clone(),
@@ -286,13 +291,13 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let _metrics = scrape::start(args.metrics_listen, core.clone()).await;
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
-    let interface_watch = tokio::spawn(interface_watch(core.clone(), iface.to_owned()));
+    let uplink_watch = tokio::spawn(uplink_watch::watch(core.clone(), uplink_watch));
     let vip_path = vip_path.map(Arc::new);
     let path_upkeep = vip_path.clone().map(|path| tokio::spawn(probing::path_upkeep(core.clone(), path)));
     let prober = vip_path.map(|path| tokio::spawn(probing::health_task(core.clone(), probing::schedule_seed(), path)));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port, report_key));
     let announcer = announce_config(args).map(|config| {
-        let data_path = announce::DataPath { iface: iface.to_owned(), link: link.clone() };
+        let data_path = announce::DataPath { layout: layout.clone() };
         tokio::spawn(announce::announce_task(core.clone(), config, data_path))
     });
     let reloader = tokio::spawn(reload_on_hup(core.clone(), config_path, signals.take_hup()));
@@ -307,7 +312,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     })
     .await;
     upkeep.abort();
-    interface_watch.abort();
+    uplink_watch.abort();
     if let Some(logs) = ebpf_logs {
         logs.abort();
     }
@@ -322,7 +327,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     }
     // A killed lbd restores the last state change; a clean exit saves the present.
     server::lock(&core).persist_health();
-    event!(info, "exited", link = link.display(), message = durability.after_exit("forwarding"));
+    event!(info, "exited", links = layout.balancer_links().display(), message = durability.after_exit("forwarding"));
     Ok(())
 }
 
@@ -375,61 +380,6 @@ fn warn_of_veth_tx(iface: &str, mode: pins::XdpModeArg) {
     }
 }
 
-/// How often the interface's forwarding sysctls and TX drops are re-read once running.
-const INTERFACE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Keeps the core told whether `iface` still forwards and whether frames are dropped on
-/// the way out of it (an alert in `lbctl` and one log line per change for each).
-async fn interface_watch<M, S>(core: SharedCore<M, S>, iface: String)
-where
-    M: Maps + Counters + Send + 'static,
-    S: Store + Send + 'static,
-{
-    let mut tick = tokio::time::interval(INTERFACE_CHECK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut drops = crate::tx_drops::TxDrops::default();
-    loop {
-        tick.tick().await;
-        let off = match forwarding::disabled(&iface) {
-            Ok(off) if off.is_empty() => Some(None),
-            Ok(off) => Some(Some(forwarding::describe(&off))),
-            Err(e) => {
-                event!(warn, "forwarding_check_failed", iface = iface, error = error_chain(&e));
-                None
-            }
-        };
-        let name = iface.clone();
-        let link = tokio::task::spawn_blocking(move || spillway_dataplane::rtnl::Rtnl::open().and_then(|mut r| r.link(&name))).await;
-        let tx_alert = match link {
-            Ok(Ok(Some(link))) => link
-                .tx_dropped
-                .map(|n| drops.observe(n, std::time::Instant::now()).map(|n| crate::tx_drops::alert(&iface, n, link.kind.as_deref()))),
-            Ok(Ok(None)) => None,
-            Ok(Err(e)) => {
-                event!(warn, "tx_drops_check_failed", iface = iface, error = error_chain(&e));
-                None
-            }
-            Err(e) => {
-                event!(warn, "tx_drops_check_failed", iface = iface, error = e);
-                None
-            }
-        };
-        let core = core.clone();
-        let update = move || {
-            let mut core = server::lock(&core);
-            if let Some(off) = off {
-                core.set_forwarding_off(off);
-            }
-            if let Some(alert) = tx_alert {
-                core.set_tx_drops(alert);
-            }
-            core.watch_flow_table();
-        };
-        if let Err(e) = tokio::task::spawn_blocking(update).await {
-            event!(warn, "interface_check_failed", iface = iface, error = e);
-        }
-    }
-}
 
 /// The announcer's settings, when `lbd` announces (`--bird-socket`).
 fn announce_config(args: &DaemonArgs) -> Option<AnnounceConfig> {
@@ -518,6 +468,33 @@ fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
         gue_port: args.gue_port.to_be(),
         ..LbConfig::default()
     })
+}
+
+/// How the program came to drive `iface`, as one log line.
+fn log_attachment(iface: &str, attachment: Attachment, mode: &str, link: &Path, program_tag: &str) {
+    let link = link.display();
+    match attachment {
+        Attachment::Attached => event!(info, "attached", iface = iface, mode = mode, link = link, program_tag = program_tag),
+        Attachment::Reattached => event!(
+            info,
+            "attached",
+            iface = iface,
+            mode = mode,
+            link = link,
+            program_tag = program_tag,
+            note = "the old link's interface was gone"
+        ),
+        Attachment::TookOver { replaced_program_id } => {
+            event!(info, "took_over", iface = iface, link = link, replaced_prog_id = replaced_program_id, program_tag = program_tag)
+        }
+    }
+}
+
+fn explain_uplink_error(error: UplinkError, iface: &str) -> DaemonError {
+    match error {
+        UplinkError::Pin(e) => explain_attach_error(e, iface),
+        UplinkError::Dataplane(e) => e.into(),
+    }
 }
 
 /// An attach refused because another XDP program drives the interface says which one (and
@@ -775,6 +752,10 @@ where
                 // The rule of every path in: the file wins only once it changed; lbctl edits
                 // made since lbd last took it in are newer, and stay.
                 Ok(doc) if core.own_config_unchanged(&doc) => {
+                    // The interface list is the one setting taken while running.
+                    if let Ok(settings) = Settings::from_file(&doc, Section::Lbd) {
+                        core.take_uplinks(&settings);
+                    }
                     event!(info, "config_unchanged", file = path.display(), trigger = "SIGHUP", kept = "running_state");
                     let last = "unchanged on SIGHUP since lbd took it in; kept the running state (lbctl apply -f applies it anyway)";
                     core.set_config_status(ConfigStatus { file: path.display().to_string(), last: last.to_owned(), error: None });

@@ -397,9 +397,9 @@ impl Balancer {
         self.dir.join("vips.conf")
     }
 
-    /// The pinned XDP link (see `spillway_dataplane::pins`).
+    /// The pinned XDP link on eth0 (see `spillway_dataplane::pins`).
     pub fn pinned_link(&self) -> Result<PathBuf> {
-        self.pinned("link")
+        self.pinned("links/eth0")
     }
 
     /// The pinned map `name`.

@@ -93,6 +93,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             second_chance_packets: self.maps.second_chance_packets().map_err(CoreError::Counters)?,
             quic: stats.quic,
             announcements: self.announcements.clone(),
+            interfaces: self.interface_statuses(),
         })
     }
 
