@@ -841,7 +841,7 @@ mod apply;
 mod flows;
 mod sample;
 mod status;
-mod uplinks;
 #[cfg(test)]
 mod tests;
+mod uplinks;
 mod views;

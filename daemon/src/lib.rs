@@ -65,8 +65,8 @@ use spillway_dataplane::forwarding::{self, ForwardingError};
 use spillway_dataplane::neighbours;
 use spillway_dataplane::netif::{self, NetifError};
 use spillway_dataplane::pins::{self, Attachment, PinError, PinLayout};
-use spillway_dataplane::vip_path::{VipPath, VipPathError};
 use spillway_dataplane::uplinks::UplinkError;
+use spillway_dataplane::vip_path::{VipPath, VipPathError};
 use spillway_dataplane::{Balancer, DataplaneError, LoadOptions, PinnedShape};
 use spillway_logging::event;
 use spillway_model::config::{ConfigError, Document};
@@ -204,7 +204,7 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     // say why, loudly), and forwarding is unaffected.
     let vip_path = (!args.no_health_checks).then(|| {
         undo.probe_path_touched = true;
-        VipPath::install(&mut balancer, &layout, iface, &probe_names).map_err(|e| {
+        VipPath::install(&mut balancer, &layout, iface, &probe_names, probe_sources(args, &host.addresses)).map_err(|e| {
             let message = error_chain(&e);
             event!(error, "probe_path_unavailable", error = message, message = "ALERT: probes through the tunnel count as unknown");
             message
@@ -228,7 +228,8 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     }
     // The first round detaches the interfaces a previous lbd ran on that this one does not,
     // and fills the redirect map.
-    let mut uplink_watch = UplinkWatch::new(uplinks, args.tx_ifaces.clone(), attached);
+    let vip_path = vip_path.map(Arc::new);
+    let mut uplink_watch = UplinkWatch::new(uplinks, args.tx_ifaces.clone(), attached, vip_path.clone());
     let uplink_states = uplink_watch.check(&args.iface);
     log_memory(&maps);
     maps.set_config_keeping_table_seed(&config)?;
@@ -292,7 +293,6 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let uplink_watch = tokio::spawn(uplink_watch::watch(core.clone(), uplink_watch));
-    let vip_path = vip_path.map(Arc::new);
     let path_upkeep = vip_path.clone().map(|path| tokio::spawn(probing::path_upkeep(core.clone(), path)));
     let prober = vip_path.map(|path| tokio::spawn(probing::health_task(core.clone(), probing::schedule_seed(), path)));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port, report_key));
@@ -329,6 +329,16 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     server::lock(&core).persist_health();
     event!(info, "exited", links = layout.balancer_links().display(), message = durability.after_exit("forwarding"));
     Ok(())
+}
+
+/// The probes' source per family: the outer source when it is one address of this host
+/// (the balancer's own address, which the network routes back to it over every interface);
+/// else `None`, and the probe path takes its interface's first address.
+fn probe_sources(args: &DaemonArgs, addresses: &[(String, std::net::IpAddr)]) -> (Option<std::net::IpAddr>, Option<std::net::IpAddr>) {
+    let local = |addr: std::net::IpAddr| addresses.iter().any(|(_, a)| *a == addr).then_some(addr);
+    let v4 = args.outer_src.filter(|s| s.prefix == 32).and_then(|s| local(s.addr.into()));
+    let v6 = args.outer_src6.filter(|s| s.prefix == 128).and_then(|s| local(s.addr.into()));
+    (v4, v6)
 }
 
 /// One line per map with the memory the kernel charges for it, and the total.
@@ -379,7 +389,6 @@ fn warn_of_veth_tx(iface: &str, mode: pins::XdpModeArg) {
         event!(warn, "xdp_tx_on_veth", iface = iface, message = crate::tx_drops::advice(Some("veth")));
     }
 }
-
 
 /// The announcer's settings, when `lbd` announces (`--bird-socket`).
 fn announce_config(args: &DaemonArgs) -> Option<AnnounceConfig> {

@@ -6,6 +6,7 @@
 //! others carry on untouched.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use spillway_dataplane::{
@@ -18,6 +19,7 @@ use spillway_logging::{error_chain, event};
 use spillway_reconcile::Maps;
 
 use crate::core::{Counters, Driven, UplinkState};
+use crate::probing::ProbePathState;
 use crate::server::{self, SharedCore};
 use crate::store::Store;
 use crate::tx_drops::{self, TxDrops};
@@ -46,12 +48,27 @@ pub struct UplinkWatch {
     refusals: BTreeMap<String, String>,
     drops: BTreeMap<String, TxDrops>,
     tx_ports: Vec<u32>,
+    /// Routed as if its probes arrived on the first interface that is up.
+    probe_path: Option<Arc<ProbePathState>>,
 }
 
 impl UplinkWatch {
     /// `attached`: the interfaces the start attached to, and how.
-    pub fn new(uplinks: Uplinks, tx_only: Vec<String>, attached: BTreeMap<String, &'static str>) -> Self {
-        Self { uplinks, tx_only, attachments: attached, refusals: BTreeMap::new(), drops: BTreeMap::new(), tx_ports: Vec::new() }
+    pub fn new(
+        uplinks: Uplinks,
+        tx_only: Vec<String>,
+        attached: BTreeMap<String, &'static str>,
+        probe_path: Option<Arc<ProbePathState>>,
+    ) -> Self {
+        Self {
+            uplinks,
+            tx_only,
+            attachments: attached,
+            refusals: BTreeMap::new(),
+            drops: BTreeMap::new(),
+            tx_ports: Vec::new(),
+            probe_path,
+        }
     }
 
     /// One round (blocking: bpf, netlink, sysctls): makes the program drive exactly the
@@ -69,7 +86,19 @@ impl UplinkWatch {
             self.drops.remove(&name);
         }
         self.update_tx_ports(wanted);
+        self.follow_with_probes(&states);
         states
+    }
+
+    /// Probes leave as if they arrived on the first interface that is up: with the first
+    /// uplink down they take another, instead of failing and failing the backends with them.
+    fn follow_with_probes(&self, states: &[UplinkState]) {
+        let Some(Ok(path)) = self.probe_path.as_deref() else { return };
+        let up = states.iter().find(|s| s.running && matches!(s.driven, Driven::Yes { .. }));
+        let Some((name, ifindex)) = up.and_then(|s| Some((&s.name, netif::ifindex(&s.name).ok()?))) else { return };
+        if let Err(e) = path.set_ingress(name, ifindex) {
+            event!(error, "probe_path_ingress_not_set", iface = name, error = error_chain(&e));
+        }
     }
 
     fn check_one(&mut self, name: &str) -> UplinkState {

@@ -47,8 +47,11 @@ impl UplinkState {
 
     fn alerts(&self, others: &str) -> impl Iterator<Item = String> {
         let name = &self.name;
-        let carried =
-            if others.is_empty() { "no other interface carries VIP traffic".to_owned() } else { format!("VIP traffic goes on through {others}") };
+        let carried = if others.is_empty() {
+            "no other interface carries VIP traffic".to_owned()
+        } else {
+            format!("VIP traffic goes on through {others}")
+        };
         let state = match &self.driven {
             Driven::Gone => Some(format!("ALERT: interface {name} is gone: {carried}; the balancer attaches to it again when it is back")),
             Driven::No { why } => Some(format!("ALERT: the balancer does not drive {name} ({why}): {carried}; retried at each check")),
@@ -82,7 +85,13 @@ fn log_change(before: Option<&UplinkState>, now: &UplinkState) {
     if forwarding_before != now.forwarding_off.as_ref() {
         match &now.forwarding_off {
             Some(sysctls) => {
-                event!(warn, "forwarding_disabled", iface = iface, sysctls = sysctls, effect = "VIP packets are dropped (drop_forwarding_disabled)")
+                event!(
+                    warn,
+                    "forwarding_disabled",
+                    iface = iface,
+                    sysctls = sysctls,
+                    effect = "VIP packets are dropped (drop_forwarding_disabled)"
+                )
             }
             None if before.is_some() => event!(info, "forwarding_restored", iface = iface),
             None => {}

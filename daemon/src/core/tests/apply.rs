@@ -328,7 +328,10 @@ fn each_interface_has_its_state_and_its_alert_naming_the_others() {
     let alerts = status.alerts;
     assert!(alerts.iter().any(|a| a.starts_with("ALERT: interface eth1 is gone: VIP traffic goes on through eth0;")), "{alerts:?}");
     assert!(alerts.iter().any(|a| a.starts_with("ALERT: interface eth2 is down") && a.contains("through eth0")), "{alerts:?}");
-    assert!(alerts.iter().any(|a| a.starts_with("ALERT: forwarding is disabled on eth2 (net.ipv4.conf.eth2.forwarding = 0)")), "{alerts:?}");
+    assert!(
+        alerts.iter().any(|a| a.starts_with("ALERT: forwarding is disabled on eth2 (net.ipv4.conf.eth2.forwarding = 0)")),
+        "{alerts:?}"
+    );
     assert!(!alerts.iter().any(|a| a.contains("interface eth0")), "{alerts:?}");
     // The last carrier gone too: the alerts say nothing carries VIP traffic.
     f.core.set_uplinks(vec![uplink("eth0", Driven::No { why: "attaching XDP to eth0".into() }, true)]);
