@@ -187,7 +187,8 @@ impl Settings {
             .map(|(key, values)| {
                 let value = match find(&command, key).map(Arg::get_action) {
                     Some(ArgAction::SetTrue) => toml::Value::Boolean(true),
-                    Some(ArgAction::Append) => toml::Value::Array(values.iter().map(value).collect()),
+                    // One value as itself (`iface = "eth0"`), as a file would say it.
+                    Some(ArgAction::Append) if values.len() != 1 => toml::Value::Array(values.iter().map(value).collect()),
                     _ => values.first().map_or(toml::Value::String(String::new()), value),
                 };
                 (key.clone(), value)

@@ -196,5 +196,5 @@ fn a_reloaded_interface_list_attaches_and_detaches_while_running() {
         s.ping().unwrap_or_else(|e| panic!("after eth0 left: {e:#}"));
     }
     let exported = net.ctl().run(&["export"]).unwrap();
-    assert!(exported.contains(r#"iface = ["eth1"]"#), "{exported}");
+    assert!(exported.contains(r#"iface = "eth1""#), "{exported}");
 }

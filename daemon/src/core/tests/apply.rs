@@ -370,7 +370,7 @@ fn a_file_naming_other_interfaces_moves_the_balancer_unless_the_command_line_nam
     f.apply(&file(r#""eth1""#), false, false).unwrap();
     assert_eq!(f.core.wanted_uplinks(), ["eth1"]);
     let exported = f.export();
-    assert!(exported.contains(r#"iface = ["eth1"]"#), "{exported}");
+    assert!(exported.contains(r#"iface = "eth1""#), "{exported}");
     // The command line wins, as for every setting: the file's list waits.
     let mut f = Fixture::new();
     f.core.set_wanted_uplinks(vec!["eth0".into()]);
