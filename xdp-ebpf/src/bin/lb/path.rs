@@ -8,7 +8,7 @@ use aya_ebpf::{
 use core::ptr::{addr_of, read_volatile};
 
 use spillway_common::{
-    hash::{flow_hash, vip_addr_hash, vip_filter_slot, vip_home},
+    hash::{flow_hash, maglev_hash, vip_addr_hash, vip_filter_slot, vip_home},
     types::{
         AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VIP_F_QUIC, VipKey,
     },
@@ -148,8 +148,8 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
             if let Err(reason) = admitted {
                 return refused(reason);
             }
-            // Maglev hashes with the fleet's seed.
-            let hash = flow_hash(&key, cfg.flow_seed);
+            // Maglev hashes with the fleet's seed: the 5-tuple, or the source for affinity.
+            let hash = maglev_hash(&key, vip.flags, cfg.flow_seed);
             // If the VIP's last change moved the slot of a connection that began elsewhere,
             // it may belong to either backend.
             if midstream
