@@ -6,7 +6,7 @@
 //! host so tests and the loader can predict the kernel's choices.
 
 use crate::{
-    prefix::word_mask,
+    prefix::masked,
     quic_lb::words_mask,
     types::{FAMILY_V4, FlowKey, VIP_F_SOURCE_HASH, vip_source_prefix},
 };
@@ -57,17 +57,16 @@ pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
 
 /// Hash of a client's source address alone (`src`, of `family`), its first `prefix_len`
 /// bits only, keyed as [`flow_hash`]: every connection of one client (of one prefix) hashes
-/// alike whatever its ports, and clients spread as flows do. Masked word by word in
-/// registers: the balancer's stack has no room for a masked copy.
+/// alike whatever its ports, and clients spread as flows do.
 #[inline(always)]
 pub fn source_hash(src: &[u32; 4], family: u8, prefix_len: u8, seed: u32) -> u32 {
     let keyed = (seed as u64).wrapping_mul(SEED_SPREAD);
     let term = |w: u64, m: u64| (w ^ keyed).wrapping_mul(m);
-    let bits = |i: usize| src[i] & word_mask(prefix_len, i as u32);
+    let src = masked(src, prefix_len);
     let sum = if family == FAMILY_V4 {
-        term(bits(0) as u64, WORD_MULS[0])
+        term(src[0] as u64, WORD_MULS[0])
     } else {
-        term(word(bits(0), bits(1)), WORD_MULS[0]).wrapping_add(term(word(bits(2), bits(3)), WORD_MULS[2]))
+        term(word(src[0], src[1]), WORD_MULS[0]).wrapping_add(term(word(src[2], src[3]), WORD_MULS[2]))
     };
     fmix64(sum) as u32
 }
