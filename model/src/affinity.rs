@@ -92,7 +92,7 @@ mod tests {
             "VIP [fd00::1]:80/tcp source_prefix: 129 is out of range for an IPv6 VIP (1..=128)"
         );
         assert!(refused(&v4, HashMode::Source, 0).contains("0 is out of range"));
-        assert_eq!(refused(&v4, HashMode::FiveTuple, 24), "VIP 10.0.0.1:80/tcp source_prefix: only a VIP with hash = \"source\" has one");
+        assert_eq!(refused(&v4, HashMode::FiveTuple, 24), "VIP 10.0.0.1:80/tcp source_prefix: only a VIP with hash \"source\" has one");
     }
 
     #[test]

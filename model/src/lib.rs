@@ -31,7 +31,7 @@ mod quic;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use affinity::HashMode;
+pub use affinity::{HashMode, check as check_hash};
 pub use backend::{Backend, BackendOptions, Encap, MAX_ZONE_LEN, VipHealth, check_zone};
 pub use health::{HealthConfig, HealthConfigError, MAX_DURATION_MS, MAX_JITTER, MAX_RISE_FALL};
 pub use probe::{Hex, MAX_PAYLOAD, NotHex, ProbeOutcome, ProbePath, ProbeSpec, ProbeSpecError};
@@ -141,7 +141,7 @@ pub enum ModelError {
          the address); a longer server_id_len tells them apart"
     )]
     QuicServerIdTaken { vip: Vip, backend: IpAddr, other: IpAddr, server_id: String },
-    #[error("VIP {vip} source_prefix: only a VIP with hash = \"source\" has one")]
+    #[error("VIP {vip} source_prefix: only a VIP with hash \"source\" has one")]
     SourcePrefixWithoutSourceHash { vip: Vip },
     #[error("VIP {vip} source_prefix: {len} is out of range for an IPv{family} VIP (1..={max})")]
     SourcePrefixOutOfRange { vip: Vip, len: u8, max: u8, family: u8 },

@@ -128,6 +128,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     vip: *vip,
                     ring_size: config.ring_size,
                     encap: config.encap,
+                    hash: config.hash,
+                    source_prefix: config.source_prefix,
                     backends: config.backends.len(),
                     health,
                     effective_budget,

@@ -314,7 +314,7 @@ fn bad_files_are_refused_with_place_field_and_reason() {
         ),
         (
             "[[vips]]\nvip = \"[fd00::1]:80/tcp\"\nsource_prefix = 64\n".into(),
-            "test.toml:3:17: vips[0].source_prefix: VIP [fd00::1]:80/tcp source_prefix: only a VIP with hash = \"source\" has one",
+            "test.toml:3:17: vips[0].source_prefix: VIP [fd00::1]:80/tcp source_prefix: only a VIP with hash \"source\" has one",
             "",
         ),
         (
