@@ -167,6 +167,18 @@ fn refused_requests_name_the_problem_and_change_nothing() {
             },
             "ring size 100",
         ),
+        (
+            Request::AddVip {
+                vip: unknown,
+                ring_size: None,
+                force: false,
+                quic: None,
+                encap: Encap::Ipip,
+                hash: HashMode::Source,
+                source_prefix: Some(33),
+            },
+            "VIP 10.9.9.9:80/tcp source_prefix: 33 is out of range for an IPv4 VIP (1..=32)",
+        ),
         (Request::RemoveVip { vip: unknown, force: false }, "unknown VIP 10.9.9.9:80/tcp"),
         (Request::ListBackends { vip: unknown }, "unknown VIP"),
         (Request::AddBackend { vip: unknown, backend: ip("10.0.0.3"), weight: None, options: Default::default() }, "unknown VIP"),
@@ -189,6 +201,29 @@ fn refused_requests_name_the_problem_and_change_nothing() {
         (Request::SetWeight { vip: vip(VIP), backend: ip("10.0.0.1"), weight: 0 }, "out of range"),
     ];
     assert_all_refused(&mut f, cases, (&state, &maps, &file));
+}
+
+#[test]
+fn a_source_hash_vip_is_listed_persisted_and_flagged() {
+    let mut f = Fixture::with_two_backends();
+    let v6: Vip = "[fd00::1]:443/tcp".parse().unwrap();
+    f.ok(Request::AddVip {
+        vip: v6,
+        ring_size: Some(13),
+        force: false,
+        quic: None,
+        encap: Encap::Ipip,
+        hash: HashMode::Source,
+        source_prefix: Some(64),
+    });
+    let listed = |f: &mut Fixture| {
+        let Reply::Vips(list) = f.ok(Request::ListVips) else { panic!("not a VIP list") };
+        list.vips.iter().map(|v| (v.vip, v.hash, v.source_prefix)).collect::<Vec<_>>()
+    };
+    assert_eq!(listed(&mut f), [(vip(VIP), HashMode::FiveTuple, None), (v6, HashMode::Source, Some(64))]);
+    assert_eq!(f.saved().unwrap().vips[&v6].source_prefix_len(&v6), Some(64));
+    let flags = f.core.maps().vips[&spillway_reconcile::vip_key(&v6)].flags;
+    assert_eq!(flags & spillway_common::types::VIP_SOURCE_HASH_BITS, spillway_common::types::vip_source_hash_flags(64));
 }
 
 #[test]
