@@ -814,10 +814,11 @@ fn rule_from_key(key: &RuleSlotKey, vip_by_id: &HashMap<u32, Vip>) -> Option<Rul
     Some(RuleMatch { cidr, vip })
 }
 
-/// A fingerprint of a Maglev table as backend addresses and of the flow hash seed that
-/// indexes it (FNV-1a, 64 bits, hex): balancers of a fleet that would send every new flow of
-/// a VIP to the same backend show the same digest.
-pub fn table_digest(seed: u32, table: &[Option<IpAddr>]) -> String {
+/// A fingerprint of a Maglev table as backend addresses, of the flow hash seed that indexes
+/// it and of what the seed hashes (`source_prefix`: the VIP's source bits for client
+/// affinity, `None` for the 5-tuple; FNV-1a, 64 bits, hex): balancers of a fleet that would
+/// send every new flow of a VIP to the same backend show the same digest.
+pub fn table_digest(seed: u32, source_prefix: Option<u8>, table: &[Option<IpAddr>]) -> String {
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
@@ -826,6 +827,11 @@ pub fn table_digest(seed: u32, table: &[Option<IpAddr>]) -> String {
         }
     };
     eat(&seed.to_le_bytes());
+    // Nothing for the 5-tuple: its digests are those of balancers without client affinity.
+    if let Some(len) = source_prefix {
+        eat(b"source");
+        eat(&[len]);
+    }
     eat(&(table.len() as u32).to_le_bytes());
     for slot in table {
         match slot {

@@ -510,9 +510,12 @@ fn the_same_state_gives_the_same_table_whatever_the_history() {
     let adopted = Reconciler::adopt(&second).unwrap();
     assert_eq!(adopted.active_table(&vip(VIP)), r1.active_table(&vip(VIP)));
 
-    let digest = |r: &Reconciler, seed| table_digest(seed, &r.active_table(&vip(VIP)).unwrap());
+    let digest = |r: &Reconciler, seed| table_digest(seed, None, &r.active_table(&vip(VIP)).unwrap());
     assert_eq!(digest(&r1, 7), digest(&r2, 7));
     assert_ne!(digest(&r1, 7), digest(&r1, 8), "the seed is part of the digest");
+    let table = r1.active_table(&vip(VIP)).unwrap();
+    assert_ne!(table_digest(7, Some(32), &table), digest(&r1, 7), "so is the hash mode");
+    assert_ne!(table_digest(7, Some(32), &table), table_digest(7, Some(24), &table), "and the source prefix");
     let mut heavier = want.clone();
     heavier.set_weight(&vip(VIP), "10.0.0.101".parse().unwrap(), 200).unwrap();
     r2.apply(&mut second, &heavier).unwrap();

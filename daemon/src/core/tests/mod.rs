@@ -85,7 +85,7 @@ fn mutations_apply_persist_and_list() {
     let Reply::Vips(mut list) = f.ok(Request::ListVips) else { panic!("not a VIP list") };
     let digest = list.vips[0].table_digest.take();
     let table = f.core.reconciler.active_table(&vip(VIP)).unwrap();
-    assert_eq!(digest, Some(table_digest(f.core.maps.lb_config().unwrap().flow_seed, &table)));
+    assert_eq!(digest, Some(table_digest(f.core.maps.lb_config().unwrap().flow_seed, None, &table)));
     assert_eq!(
         list,
         VipList {
