@@ -18,6 +18,11 @@ use spillway_model::{Vip, host::Host};
 use spillway_reconcile::table_digest;
 
 /// A core on fake maps with a real state file (also for `apply_tests`).
+/// Adds `vip` with every option at its default but the ring size.
+fn plain_vip(vip: Vip, ring_size: Option<u32>) -> Request {
+    Request::AddVip { vip, ring_size, force: false, quic: None, encap: Encap::Ipip, hash: HashMode::FiveTuple, source_prefix: None }
+}
+
 pub(super) struct Fixture {
     pub(super) core: Core<FakeMaps, StateFile>,
     pub(super) tmp: TempDir,
@@ -45,15 +50,7 @@ impl Fixture {
 
     pub(super) fn with_two_backends() -> Self {
         let mut f = Self::new();
-        f.ok(Request::AddVip {
-            vip: vip(VIP),
-            ring_size: Some(251),
-            force: false,
-            quic: None,
-            encap: Encap::Ipip,
-            hash: HashMode::FiveTuple,
-            source_prefix: None,
-        });
+        f.ok(plain_vip(vip(VIP), Some(251)));
         f.ok(Request::AddBackend { vip: vip(VIP), backend: ip("10.0.0.1"), weight: None, options: Default::default() });
         f.ok(Request::AddBackend { vip: vip(VIP), backend: ip("10.0.0.2"), weight: Some(50), options: Default::default() });
         f
@@ -70,15 +67,7 @@ impl Fixture {
 #[test]
 fn mutations_apply_persist_and_list() {
     let mut f = Fixture::new();
-    let reply = f.ok(Request::AddVip {
-        vip: vip(VIP),
-        ring_size: Some(251),
-        force: false,
-        quic: None,
-        encap: Encap::Ipip,
-        hash: HashMode::FiveTuple,
-        source_prefix: None,
-    });
+    let reply = f.ok(plain_vip(vip(VIP), Some(251)));
     assert_eq!(reply, Reply::Done { slots_written: 251, tables_flipped: 1 });
     f.ok(Request::AddBackend { vip: vip(VIP), backend: ip("10.0.0.1"), weight: None, options: Default::default() });
     f.ok(Request::AddBackend { vip: vip(VIP), backend: ip("10.0.0.2"), weight: Some(50), options: Default::default() });
@@ -132,41 +121,11 @@ fn refused_requests_name_the_problem_and_change_nothing() {
     let mut f = Fixture::with_two_backends();
     let unknown: Vip = "10.9.9.9:80/tcp".parse().unwrap();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
-    f.ok(Request::AddVip {
-        vip: v6,
-        ring_size: None,
-        force: false,
-        quic: None,
-        encap: Encap::Ipip,
-        hash: HashMode::FiveTuple,
-        source_prefix: None,
-    });
+    f.ok(plain_vip(v6, None));
     let (state, maps, file) = (f.core.state().clone(), f.core.maps().clone(), f.file_bytes());
     let cases = [
-        (
-            Request::AddVip {
-                vip: vip(VIP),
-                ring_size: None,
-                force: false,
-                quic: None,
-                encap: Encap::Ipip,
-                hash: HashMode::FiveTuple,
-                source_prefix: None,
-            },
-            "already exists",
-        ),
-        (
-            Request::AddVip {
-                vip: unknown,
-                ring_size: Some(100),
-                force: false,
-                quic: None,
-                encap: Encap::Ipip,
-                hash: HashMode::FiveTuple,
-                source_prefix: None,
-            },
-            "ring size 100",
-        ),
+        (plain_vip(vip(VIP), None), "already exists"),
+        (plain_vip(unknown, Some(100)), "ring size 100"),
         (
             Request::AddVip {
                 vip: unknown,
@@ -283,17 +242,7 @@ impl Store for BrokenStore {
 #[test]
 fn failed_persist_rolls_the_maps_back() {
     let (mut core, _) = Core::start(FakeMaps::default(), BrokenStore, DesiredState::default(), None).unwrap();
-    let err = core
-        .handle(Request::AddVip {
-            vip: vip(VIP),
-            ring_size: Some(13),
-            force: false,
-            quic: None,
-            encap: Encap::Ipip,
-            hash: HashMode::FiveTuple,
-            source_prefix: None,
-        })
-        .unwrap_err();
+    let err = core.handle(plain_vip(vip(VIP), Some(13))).unwrap_err();
     assert!(matches!(err, CoreError::Persist(_)));
     assert!(err.to_api().message.contains("/nowhere/state.json"), "{}", err.to_api().message);
     assert_eq!(core.state(), &DesiredState::default());
@@ -333,15 +282,7 @@ fn stats_follow_the_reconciler_ids() {
 fn backend_addrs_cover_every_vip() {
     let mut f = Fixture::with_two_backends();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
-    f.ok(Request::AddVip {
-        vip: v6,
-        ring_size: Some(13),
-        force: false,
-        quic: None,
-        encap: Encap::Ipip,
-        hash: HashMode::FiveTuple,
-        source_prefix: None,
-    });
+    f.ok(plain_vip(v6, Some(13)));
     f.ok(Request::AddBackend { vip: v6, backend: ip("fd00::2"), weight: None, options: Default::default() });
     f.ok(Request::DrainBackend { vip: vip(VIP), backend: ip("10.0.0.1"), deadline_s: None, force: false });
     let addrs: Vec<IpAddr> = f.core.backend_addrs().into_iter().collect();
@@ -370,15 +311,7 @@ fn set_rule(cidr: &str, vip: Option<Vip>, action: RuleActionKind, per_s: Option<
 fn rate_limits_are_set_listed_persisted_and_cleared() {
     let mut f = Fixture::with_two_backends();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
-    f.ok(Request::AddVip {
-        vip: v6,
-        ring_size: Some(13),
-        force: false,
-        quic: None,
-        encap: Encap::Ipip,
-        hash: HashMode::FiveTuple,
-        source_prefix: None,
-    });
+    f.ok(plain_vip(v6, Some(13)));
     f.ok(Request::SetRateLimit {
         scope: Scope::Default,
         per_s: 100,
@@ -457,15 +390,7 @@ fn refused_limit_and_rule_requests_name_the_problem_and_change_nothing() {
     let mut f = Fixture::with_two_backends();
     let unknown: Vip = "10.9.9.9:80/tcp".parse().unwrap();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
-    f.ok(Request::AddVip {
-        vip: v6,
-        ring_size: Some(13),
-        force: false,
-        quic: None,
-        encap: Encap::Ipip,
-        hash: HashMode::FiveTuple,
-        source_prefix: None,
-    });
+    f.ok(plain_vip(v6, Some(13)));
     f.ok(set_rate(Scope::Default, 10));
     f.ok(set_rule("192.0.2.0/24", None, RuleActionKind::Block, None));
     let (state, maps, file) = (f.core.state().clone(), f.core.maps().clone(), f.file_bytes());
@@ -641,18 +566,7 @@ fn what_the_host_cannot_serve_is_refused_and_changes_nothing() {
     });
     let own: Vip = "10.77.0.2:22/tcp".parse().unwrap();
     let before = (f.core.state().clone(), f.saved(), f.core.maps().vips.clone());
-    let err = f
-        .core
-        .handle(Request::AddVip {
-            vip: own,
-            ring_size: None,
-            force: false,
-            quic: None,
-            encap: Encap::Ipip,
-            hash: HashMode::FiveTuple,
-            source_prefix: None,
-        })
-        .unwrap_err();
+    let err = f.core.handle(plain_vip(own, None)).unwrap_err();
     assert!(err.to_string().starts_with("VIP 10.77.0.2:22/tcp: 10.77.0.2 is an address of this balancer (eth0)"), "{err}");
     assert!(err.to_string().ends_with("add it with lbctl vips add --force (in a file: allow_local_address = true)"), "{err}");
     let err = f.core.handle(Request::AddBackend { vip: vip(VIP), backend: ip("fd00::5"), weight: None, options: Default::default() });
