@@ -5,12 +5,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
-use spillway_common::types::{PROTO_TCP, PROTO_UDP, Reason};
+use spillway_common::{
+    hash::{FLOW_SEED, maglev_hash},
+    types::{PROTO_TCP, PROTO_UDP, Reason},
+};
 use spillway_harness::{frames, packet_lab};
 use spillway_model::{HashMode, Vip};
+use spillway_reconcile::vip_key;
 
-use crate::support::*;
+use crate::{second_chance::expect_nested, support::*};
 
 fn backends4() -> Vec<IpAddr> {
     (101..=103).map(|n| packet_lab::backend4(n).into()).collect()
@@ -133,5 +138,37 @@ fn changing_the_hash_moves_no_established_flow() {
         // New connections of the client now all go to one backend.
         let new: BTreeSet<IpAddr> = (0..10).map(|p| place_tcp(env, &v, SocketAddr::new(client, 42000 + p), d)).collect();
         assert_eq!(new.len(), 1, "new connections went to {new:?}");
+    });
+}
+
+#[test]
+fn second_chance_and_icmp_errors_follow_the_source_hash() {
+    with_env(|env| {
+        env.reconciler.set_second_chance_settle(Duration::ZERO);
+        let v = vip("10.200.1.5:80/tcp");
+        add_hashed_vip(env, v, &backends4(), HashMode::Source, None);
+        env.update(|s| s.add_backend(&v, packet_lab::backend4(104).into(), 100).unwrap());
+        let d = sock("10.200.1.5:80");
+        let key = |client: IpAddr, port: u16| flow_key(SocketAddr::new(client, port), d, PROTO_TCP);
+        // The backend the table before the change gave a client, by its source hash.
+        let before = |client: IpAddr| {
+            let meta = env.balancer.maps.vips.get(&vip_key(&v)).unwrap();
+            let id = env.balancer.maps.rings.choice(meta.prior, maglev_hash(&key(client, 1), meta.flags, FLOW_SEED)).unwrap();
+            env.backend_addr(id)
+        };
+        let moved = (1..=250u8)
+            .map(|n| ip(&format!("192.168.40.{n}")))
+            .find(|c| before(*c) != env.predicted_backend(&v, &key(*c, 1)))
+            .expect("a client the new backend took");
+        let (now, then) = (env.predicted_backend(&v, &key(moved, 1)), before(moved));
+        // A connection of that client begun elsewhere, on any port: the new backend with a
+        // tunnel to the old one inside.
+        for port in [40001, 52777] {
+            let ack = frames::tcp(SocketAddr::new(moved, port), d, false, b"data");
+            expect_nested(&env.expect(&ack, XDP_TX, Reason::Tx).frame, &ack, now, then);
+        }
+        // An ICMP error about a flow of it without an entry: the backend its source names.
+        let icmp = frames::icmp_frag_needed(ip("192.168.1.1"), d, SocketAddr::new(moved, 40002), 1400);
+        expect_encap(&env.expect(&icmp, XDP_TX, Reason::Tx).frame, &icmp, 14, now, None);
     });
 }
