@@ -24,7 +24,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub use spillway_model::RuleActionKind;
 use spillway_model::config::Change;
 use spillway_model::ports_report::PortsReport;
-use spillway_model::{BackendOptions, Cidr, Encap, ModelError, ProbePath, ProbeSpec, QuicConfig, RateSpec, Vip};
+use spillway_model::{BackendOptions, Cidr, Encap, HashMode, ModelError, ProbePath, ProbeSpec, QuicConfig, RateSpec, Vip};
 
 /// Where `lbd` listens and `lbctl` connects unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/spillway/api.sock";
@@ -52,6 +52,13 @@ pub enum Request {
         /// How its backends are tunnelled to (`ipip` when left out).
         #[serde(default, skip_serializing_if = "Encap::is_ipip")]
         encap: Encap,
+        /// What Maglev hashes to place its new flows (`5-tuple` when left out).
+        #[serde(default, skip_serializing_if = "HashMode::is_five_tuple")]
+        hash: HashMode,
+        /// With `hash` `source`: how many leading source address bits (the whole address
+        /// when left out).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source_prefix: Option<u8>,
     },
     /// How a VIP's backends are tunnelled to (those without their own `encap` option).
     SetVipEncap {
@@ -485,6 +492,13 @@ pub struct VipEntry {
     /// How its backends are tunnelled to, unless their options say otherwise.
     #[serde(default)]
     pub encap: Encap,
+    /// What Maglev hashes to place its new flows: `5-tuple` or `source`.
+    #[serde(default)]
+    pub hash: HashMode,
+    /// With `hash` `source`: how many leading source address bits are hashed (the whole
+    /// address when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_prefix: Option<u8>,
     /// Number of backends, draining ones included.
     pub backends: usize,
     /// Health checks of the VIP; absent when it is not checked.

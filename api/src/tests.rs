@@ -14,12 +14,40 @@ fn requests_have_stable_names() {
     let cases = [
         (Request::ListVips, json!({"op": "list_vips"})),
         (
-            Request::AddVip { vip: vip(VIP), ring_size: None, force: false, quic: None, encap: Encap::Ipip },
+            Request::AddVip {
+                vip: vip(VIP),
+                ring_size: None,
+                force: false,
+                quic: None,
+                encap: Encap::Ipip,
+                hash: HashMode::FiveTuple,
+                source_prefix: None,
+            },
             json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp"}),
         ),
         (
-            Request::AddVip { vip: vip(VIP), ring_size: Some(251), force: false, quic: None, encap: Encap::Ipip },
+            Request::AddVip {
+                vip: vip(VIP),
+                ring_size: Some(251),
+                force: false,
+                quic: None,
+                encap: Encap::Ipip,
+                hash: HashMode::FiveTuple,
+                source_prefix: None,
+            },
             json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp", "ring_size": 251}),
+        ),
+        (
+            Request::AddVip {
+                vip: vip(VIP),
+                ring_size: None,
+                force: false,
+                quic: None,
+                encap: Encap::Ipip,
+                hash: HashMode::Source,
+                source_prefix: Some(24),
+            },
+            json!({"op": "add_vip", "vip": "10.0.0.1:80/tcp", "hash": "source", "source_prefix": 24}),
         ),
         (Request::RemoveVip { vip: vip(VIP), force: false }, json!({"op": "remove_vip", "vip": "10.0.0.1:80/tcp"})),
         (Request::ListBackends { vip: vip(VIP) }, json!({"op": "list_backends", "vip": "10.0.0.1:80/tcp"})),
@@ -78,6 +106,8 @@ fn responses_have_stable_names() {
                     vip: vip(VIP),
                     ring_size: 13,
                     encap: Encap::Ipip,
+                    hash: HashMode::Source,
+                    source_prefix: Some(24),
                     backends: 1,
                     health: None,
                     effective_budget: None,
@@ -86,7 +116,8 @@ fn responses_have_stable_names() {
                 }],
                 alerts: vec![],
             })),
-            json!({"ok": {"type": "vips", "vips": [{"vip": "10.0.0.1:80/tcp", "ring_size": 13, "encap": "ipip", "backends": 1}]}}),
+            json!({"ok": {"type": "vips", "vips": [{"vip": "10.0.0.1:80/tcp", "ring_size": 13, "encap": "ipip", "hash": "source",
+                "source_prefix": 24, "backends": 1}]}}),
         ),
         (
             Response::Ok(Reply::Backends(BackendList {

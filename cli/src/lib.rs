@@ -23,7 +23,7 @@ use spillway_api::{
     client::{self, ClientError},
 };
 use spillway_manual::{self as docs, CompletionsArgs, ManArgs};
-use spillway_model::{Cidr, DEFAULT_NONCE_LEN, DEFAULT_SERVER_ID_LEN, DEFAULT_WEIGHT, Encap, MAX_RATE_PER_S, QuicConfig, Vip};
+use spillway_model::{Cidr, DEFAULT_NONCE_LEN, DEFAULT_SERVER_ID_LEN, DEFAULT_WEIGHT, Encap, HashMode, MAX_RATE_PER_S, QuicConfig, Vip};
 
 const LBCTL_HELP: &str = "\
 Examples:
@@ -50,6 +50,8 @@ Examples:
   lbctl vips add 10.0.0.2:8080/tcp --force            # an address of the balancer itself
   lbctl vips add 10.0.0.3:443/udp --quic --quic-server-id-len 2 --quic-nonce-len 6
   lbctl vips add 10.0.0.4:443/tcp --encap gue         # tunnel to its backends in GUE
+  lbctl vips add 10.0.0.5:7777/udp --hash source      # every port of a client to one backend
+  lbctl vips add '[fd00::5]:443/tcp' --hash source --source-prefix 64
 
 --quic: short-header packets go by the server id in their destination connection
 id (QUIC-LB, plaintext); each backend's server id is the last --quic-server-id-len
@@ -62,7 +64,17 @@ backends, or be dropped while it has none.
 
 --encap: ipip (the default: IPIP, IP6IP6 or IPv4-in-IPv6) or gue (the same with a
 UDP header to lbd's --gue-port, whose source port spreads flows over the backend's
-RSS queues; 8 bytes more). Every agent decapsulates both (lbd agent --gue-port).";
+RSS queues; 8 bytes more). Every agent decapsulates both (lbd agent --gue-port).
+
+--hash: what Maglev hashes to place new flows. 5-tuple (the default) spreads a
+client's connections over the backends; source hashes the client's address alone,
+so every connection and UDP port of a client goes to one backend (sessions of
+several connections, UDP sessions on changing ports). --source-prefix N hashes the
+address's first N bits only (IPv4 1-32, IPv6 1-128; default the whole address): 64
+keeps an IPv6 client's privacy addresses together. A backend change moves the same
+share of clients as it moves flows under the 5-tuple; established connections keep
+their backend. A QUIC VIP still sends short headers by connection id; the rest
+follow --hash. lbctl apply -f changes the hash of an existing VIP.";
 
 const VIPS_ENCAP_HELP: &str = "\
 Example:
@@ -81,6 +93,8 @@ Columns:
   RING_SIZE       slots of its Maglev table
   ENCAP           how its backends are tunnelled to (ipip or gue), unless their
                   own --encap says otherwise
+  HASH            what places its new flows: 5-tuple, source (client affinity:
+                  the client's address), or source/N (its first N bits)
   BACKENDS        every backend of the VIP, draining ones included
   PROBE           health check kind/probe path (tcp/tunnel, http/direct, ...);
                   - when the VIP is not checked
@@ -105,12 +119,13 @@ Columns:
                   at start, decided on the first step). Load never withdraws.
 
 JSON output (-o json):
-  {\"vips\":[{\"vip\":\"10.0.0.1:80/tcp\",\"ring_size\":65537,\"backends\":2,
+  {\"vips\":[{\"vip\":\"10.0.0.1:80/tcp\",\"ring_size\":65537,\"encap\":\"ipip\",\"hash\":\"5-tuple\",\"backends\":2,
              \"health\":{\"probe\":{\"kind\":\"tcp\"},\"panic\":false,\"panics_entered\":0,\"fail_closed\":false,
                        \"ejection_capped\":false,\"healthy_weight\":200,\"total_weight\":200,
                        \"ejected_weight\":0,\"spill_per_s\":0,\"policy\":{...}},
              \"effective_budget\":{\"per_s\":1000,\"burst\":100}}]}
-  backends counts every backend of the VIP, draining ones included. health is
+  backends counts every backend of the VIP, draining ones included. hash is
+  5-tuple or source; source_prefix (present when set) the source bits hashed. health is
   absent for VIPs that are not checked; effective_budget is the new-flow budget
   in force (the operator's, or lower when derived from declared capacity).";
 
@@ -690,6 +705,14 @@ pub enum VipsCommand {
         /// How its backends are tunnelled to (a backend's --encap overrides it).
         #[arg(long, value_enum, value_name = "ENCAP", default_value_t = Encap::Ipip)]
         encap: Encap,
+        /// What Maglev hashes to place new flows: the 5-tuple, or the client's source address
+        /// (client affinity: every connection of a client to one backend).
+        #[arg(long, value_enum, value_name = "HASH", default_value_t = HashMode::FiveTuple)]
+        hash: HashMode,
+        /// With --hash source: hash the client address's first N bits only (IPv4 1-32, IPv6
+        /// 1-128) [default: the whole address].
+        #[arg(long, value_name = "N")]
+        source_prefix: Option<u8>,
     },
     /// Change how a VIP's backends are tunnelled to (those without their own --encap).
     #[command(after_help = VIPS_ENCAP_HELP)]
@@ -829,8 +852,17 @@ impl Command {
     /// fit together are refused.
     pub fn request(&self) -> Result<Option<Request>, CliError> {
         Ok(Some(match self {
-            Command::Vips(VipsCommand::Add { vip, ring_size, force, quic, encap }) => {
-                Request::AddVip { vip: *vip, ring_size: *ring_size, force: *force, quic: quic.config(), encap: *encap }
+            Command::Vips(VipsCommand::Add { vip, ring_size, force, quic, encap, hash, source_prefix }) => {
+                spillway_model::check_hash(vip, *hash, *source_prefix).map_err(|e| CliError::BadOption(e.to_string()))?;
+                Request::AddVip {
+                    vip: *vip,
+                    ring_size: *ring_size,
+                    force: *force,
+                    quic: quic.config(),
+                    encap: *encap,
+                    hash: *hash,
+                    source_prefix: *source_prefix,
+                }
             }
             Command::Vips(VipsCommand::List(_)) => Request::ListVips,
             Command::Vips(VipsCommand::Remove { vip, force }) => Request::RemoveVip { vip: *vip, force: *force },

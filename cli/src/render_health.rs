@@ -9,6 +9,7 @@ pub(super) const VIPS_COLUMNS: &[(&str, Align)] = &[
     ("VIP", Align::Left),
     ("RING_SIZE", Align::Right),
     ("ENCAP", Align::Left),
+    ("HASH", Align::Left),
     ("BACKENDS", Align::Right),
     ("PROBE", Align::Left),
     ("HEALTHY_WEIGHT", Align::Right),
@@ -96,6 +97,10 @@ pub fn vips_table(list: &VipList) -> String {
             v.vip.to_string(),
             v.ring_size.to_string(),
             v.encap.to_string(),
+            match v.source_prefix {
+                Some(len) => format!("{}/{len}", v.hash),
+                None => v.hash.to_string(),
+            },
             v.backends.to_string(),
             probe,
             healthy,

@@ -23,10 +23,29 @@ fn request(args: &[&str]) -> Request {
 fn commands_map_to_requests() {
     let v = vip("10.0.0.1:80/tcp");
     let cases: Vec<(&[&str], Request)> = vec![
-        (&["vips", "add", "10.0.0.1:80/tcp"], Request::AddVip { vip: v, ring_size: None, force: false, quic: None, encap: Encap::Ipip }),
+        (
+            &["vips", "add", "10.0.0.1:80/tcp"],
+            Request::AddVip {
+                vip: v,
+                ring_size: None,
+                force: false,
+                quic: None,
+                encap: Encap::Ipip,
+                hash: HashMode::FiveTuple,
+                source_prefix: None,
+            },
+        ),
         (
             &["vips", "add", "[fd00::1]:0/udp", "--ring-size", "4099"],
-            Request::AddVip { vip: vip("[fd00::1]:0/udp"), ring_size: Some(4099), force: false, quic: None, encap: Encap::Ipip },
+            Request::AddVip {
+                vip: vip("[fd00::1]:0/udp"),
+                ring_size: Some(4099),
+                force: false,
+                quic: None,
+                encap: Encap::Ipip,
+                hash: HashMode::FiveTuple,
+                source_prefix: None,
+            },
         ),
         (&["vips", "list"], Request::ListVips),
         (&["vips", "list", "-o", "json"], Request::ListVips),
@@ -34,7 +53,15 @@ fn commands_map_to_requests() {
         (&["vips", "remove", "10.0.0.1:80/tcp", "--force"], Request::RemoveVip { vip: v, force: true }),
         (
             &["vips", "add", "10.0.0.1:80/tcp", "--force"],
-            Request::AddVip { vip: v, ring_size: None, force: true, quic: None, encap: Encap::Ipip },
+            Request::AddVip {
+                vip: v,
+                ring_size: None,
+                force: true,
+                quic: None,
+                encap: Encap::Ipip,
+                hash: HashMode::FiveTuple,
+                source_prefix: None,
+            },
         ),
         (
             &["vips", "add", "10.0.0.3:443/udp", "--quic", "--quic-nonce-len", "8", "--quic-self-len"],
@@ -44,13 +71,59 @@ fn commands_map_to_requests() {
                 force: false,
                 quic: Some(spillway_model::QuicConfig { nonce_len: 8, self_len: true, ..Default::default() }),
                 encap: Encap::Ipip,
+                hash: HashMode::FiveTuple,
+                source_prefix: None,
             },
         ),
         (
             &["vips", "add", "10.0.0.1:80/tcp", "--encap", "gue"],
-            Request::AddVip { vip: v, ring_size: None, force: false, quic: None, encap: Encap::Gue },
+            Request::AddVip {
+                vip: v,
+                ring_size: None,
+                force: false,
+                quic: None,
+                encap: Encap::Gue,
+                hash: HashMode::FiveTuple,
+                source_prefix: None,
+            },
         ),
         (&["vips", "encap", "10.0.0.1:80/tcp", "ipip"], Request::SetVipEncap { vip: v, encap: Encap::Ipip }),
+        (
+            &["vips", "add", "10.0.0.1:80/tcp", "--hash", "source"],
+            Request::AddVip {
+                vip: v,
+                ring_size: None,
+                force: false,
+                quic: None,
+                encap: Encap::Ipip,
+                hash: HashMode::Source,
+                source_prefix: None,
+            },
+        ),
+        (
+            &["vips", "add", "[fd00::1]:443/tcp", "--hash", "source", "--source-prefix", "64"],
+            Request::AddVip {
+                vip: vip("[fd00::1]:443/tcp"),
+                ring_size: None,
+                force: false,
+                quic: None,
+                encap: Encap::Ipip,
+                hash: HashMode::Source,
+                source_prefix: Some(64),
+            },
+        ),
+        (
+            &["vips", "add", "10.0.0.1:80/tcp", "--hash", "5-tuple"],
+            Request::AddVip {
+                vip: v,
+                ring_size: None,
+                force: false,
+                quic: None,
+                encap: Encap::Ipip,
+                hash: HashMode::FiveTuple,
+                source_prefix: None,
+            },
+        ),
         (
             &["backends", "add", "--vip", "10.0.0.1:80/tcp", "10.0.1.1"],
             Request::AddBackend { vip: v, backend: ip("10.0.1.1"), weight: Some(DEFAULT_WEIGHT), options: Default::default() },
@@ -102,6 +175,12 @@ fn bad_input_is_refused_before_reaching_lbd() {
         (&["backends", "list"], ErrorKind::MissingRequiredArgument, "--vip"),
         (&["stats", "-o", "yaml"], ErrorKind::InvalidValue, "yaml"),
         (&["vips", "add", "10.0.0.1:80/tcp", "--encap", "vxlan"], ErrorKind::InvalidValue, "--encap <ENCAP>"),
+        (&["vips", "add", "10.0.0.1:80/tcp", "--hash", "client"], ErrorKind::InvalidValue, "[possible values: 5-tuple, source]"),
+        (
+            &["vips", "add", "10.0.0.1:80/tcp", "--hash", "source", "--source-prefix", "300"],
+            ErrorKind::ValueValidation,
+            "--source-prefix <N>",
+        ),
         (&["vips", "encap", "10.0.0.1:80/tcp", "gre"], ErrorKind::InvalidValue, "[possible values: ipip, gue]"),
         (&["backends", "options", "--vip", "10.0.0.1:80/tcp", "10.0.1.1", "--encap", "GUE!"], ErrorKind::InvalidValue, "--encap"),
         (&["vips"], ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand, "Usage"),
@@ -164,24 +243,46 @@ fn sample_stats() -> Stats {
 }
 
 #[test]
+fn a_source_prefix_is_refused_before_lbd_is_asked() {
+    let refused = |args: &[&str]| parse(args).unwrap().command.request().unwrap_err().to_string();
+    assert_eq!(
+        refused(&["vips", "add", "10.0.0.1:80/tcp", "--hash", "source", "--source-prefix", "33"]),
+        "VIP 10.0.0.1:80/tcp source_prefix: 33 is out of range for an IPv4 VIP (1..=32)"
+    );
+    assert_eq!(
+        refused(&["vips", "add", "[fd00::1]:80/tcp", "--source-prefix", "64"]),
+        "VIP [fd00::1]:80/tcp source_prefix: only a VIP with hash \"source\" has one"
+    );
+}
+
+#[test]
 fn tables() {
+    let entry = |v: &str, hash, source_prefix| VipEntry {
+        vip: vip(v),
+        ring_size: 65537,
+        encap: Encap::Gue,
+        hash,
+        source_prefix,
+        backends: 2,
+        health: None,
+        effective_budget: None,
+        announcement: None,
+        table_digest: None,
+    };
     let vips = VipList {
-        vips: vec![VipEntry {
-            vip: vip("10.0.0.1:80/tcp"),
-            ring_size: 65537,
-            encap: Encap::Gue,
-            backends: 2,
-            health: None,
-            effective_budget: None,
-            announcement: None,
-            table_digest: None,
-        }],
+        vips: vec![
+            entry("10.0.0.1:80/tcp", HashMode::FiveTuple, None),
+            entry("10.0.0.2:80/udp", HashMode::Source, None),
+            entry("[fd00::1]:80/tcp", HashMode::Source, Some(64)),
+        ],
         alerts: vec![],
     };
     assert_eq!(
         rendered(&["vips", "list"], Reply::Vips(vips)),
-        "VIP              RING_SIZE  ENCAP  BACKENDS  PROBE  HEALTHY_WEIGHT  PANIC  BUDGET/S  SPILL/S  ANNOUNCED\n\
-         10.0.0.1:80/tcp      65537  gue           2  -                   -  -             -        -  -\n"
+        "VIP               RING_SIZE  ENCAP  HASH       BACKENDS  PROBE  HEALTHY_WEIGHT  PANIC  BUDGET/S  SPILL/S  ANNOUNCED\n\
+         10.0.0.1:80/tcp       65537  gue    5-tuple           2  -                   -  -             -        -  -\n\
+         10.0.0.2:80/udp       65537  gue    source            2  -                   -  -             -        -  -\n\
+         [fd00::1]:80/tcp      65537  gue    source/64         2  -                   -  -             -        -  -\n"
     );
     let backends = BackendList {
         vip: vip("10.0.0.1:80/tcp"),
@@ -643,6 +744,8 @@ fn health_panic_budget_and_alerts_are_shown() {
             vip: vip("10.0.0.1:80/tcp"),
             ring_size: 13,
             encap: Encap::Ipip,
+            hash: HashMode::FiveTuple,
+            source_prefix: None,
             backends: 3,
             health: Some(spillway_api::VipHealthView {
                 probe: spillway_model::ProbeSpec::default(),

@@ -6,8 +6,9 @@
 //! host so tests and the loader can predict the kernel's choices.
 
 use crate::{
+    prefix::masked,
     quic_lb::words_mask,
-    types::{FAMILY_V4, FlowKey},
+    types::{FAMILY_V4, FlowKey, VIP_F_SOURCE_HASH, vip_source_prefix},
 };
 
 const C1: u32 = 0xcc9e_2d51;
@@ -52,6 +53,34 @@ pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
             .wrapping_add(term(ports, WORD_MULS[1]))
     };
     fmix64(sum) as u32
+}
+
+/// Hash of a client's source address alone (`src`, of `family`), its first `prefix_len`
+/// bits only, keyed as [`flow_hash`]: every connection of one client (of one prefix) hashes
+/// alike whatever its ports, and clients spread as flows do.
+#[inline(always)]
+pub fn source_hash(src: &[u32; 4], family: u8, prefix_len: u8, seed: u32) -> u32 {
+    let keyed = (seed as u64).wrapping_mul(SEED_SPREAD);
+    let term = |w: u64, m: u64| (w ^ keyed).wrapping_mul(m);
+    let src = masked(src, prefix_len);
+    let sum = if family == FAMILY_V4 {
+        term(src[0] as u64, WORD_MULS[0])
+    } else {
+        term(word(src[0], src[1]), WORD_MULS[0]).wrapping_add(term(word(src[2], src[3]), WORD_MULS[2]))
+    };
+    fmix64(sum) as u32
+}
+
+/// The hash Maglev places a new flow of a VIP with flags `vip_flags` by (`seed`: the
+/// fleet's, so every balancer agrees): the 5-tuple's ([`flow_hash`]), or for a
+/// `VIP_F_SOURCE_HASH` VIP the source address's first `vip_source_prefix` bits' only
+/// ([`source_hash`]). Every place that predicts or follows Maglev's choice uses this.
+#[inline(always)]
+pub fn maglev_hash(key: &FlowKey, vip_flags: u32, seed: u32) -> u32 {
+    if vip_flags & VIP_F_SOURCE_HASH == 0 {
+        return flow_hash(key, seed);
+    }
+    source_hash(&key.src, key.family, vip_source_prefix(vip_flags), seed)
 }
 
 /// Hash of a QUIC connection id of `len` octets, its first 16 loaded as the little-endian
@@ -197,6 +226,7 @@ pub fn hop_index(src: u32, src_port: u16, count: u32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::vip_source_hash_flags;
 
     fn key(sport: u16) -> FlowKey {
         FlowKey { src: [0x0a00_000a, 0, 0, 0], dst: [0x0a64_0001, 0, 0, 0], sport, dport: 80, proto: 6, family: 4, _pad: [0; 2] }
@@ -277,6 +307,44 @@ mod tests {
             assert!(buckets.iter().all(|n| (900..1100).contains(n)), "{family}: {buckets:?}");
             let kept = (0..1000).filter(|&i| flow_hash(&make(i), 1) & 1023 == flow_hash(&make(i), 2) & 1023).count();
             assert!(kept < 10, "{family}: {kept} of 1000 flows keep their bucket under another seed");
+        }
+    }
+
+    #[test]
+    fn a_source_hash_vip_hashes_the_source_prefix_only() {
+        let five_tuple = |k: &FlowKey| maglev_hash(k, 0, FLOW_SEED);
+        let source = |k: &FlowKey, len: u8| maglev_hash(k, vip_source_hash_flags(len), FLOW_SEED);
+        // Ports, destination and protocol change the 5-tuple's hash, not the source's.
+        let other = FlowKey { dst: [0x0a64_0002, 0, 0, 0], dport: 443, proto: 17, ..key(2) };
+        assert_ne!(five_tuple(&key(1)), five_tuple(&other));
+        assert_eq!(source(&key(1), 32), source(&other, 32));
+        assert_eq!(source(&key(1), 32), source_hash(&key(1).src, 4, 32, FLOW_SEED));
+        assert_ne!(source(&key(1), 32), maglev_hash(&key(1), vip_source_hash_flags(32), FLOW_SEED ^ 1));
+        // The source's bits past the prefix count only under a longer prefix.
+        let neighbour = FlowKey { src: [u32::from_ne_bytes([10, 0, 0, 11]), 0, 0, 0], ..key(1) };
+        let ten = FlowKey { src: [u32::from_ne_bytes([10, 0, 0, 10]), 0, 0, 0], ..key(1) };
+        assert_ne!(source(&ten, 32), source(&neighbour, 32));
+        assert_eq!(source(&ten, 24), source(&neighbour, 24));
+        // IPv6: a /64 keeps a client's privacy addresses (its interface ids) together.
+        let v6 = |iid: u32| FlowKey {
+            src: [0x2001_0db8u32.to_be(), 7u32.to_be(), iid.wrapping_mul(0x9e37_79b9), iid],
+            family: 6,
+            ..key(iid as u16)
+        };
+        assert!((1..100).all(|i| source(&v6(i), 64) == source(&v6(0), 64)));
+        assert!((1..100).all(|i| source(&v6(i), 128) != source(&v6(0), 128)));
+    }
+
+    #[test]
+    fn source_hashes_spread_clients_of_either_family() {
+        let v4 = |i: u32| [u32::from_ne_bytes([10, 1, (i >> 8) as u8, i as u8]), 0, 0, 0];
+        let v6 = |i: u32| [0x2001_0db8u32.to_be(), 0, i.to_be(), 0];
+        for (family, make, number) in [("v4", &v4 as &dyn Fn(u32) -> [u32; 4], 4), ("v6", &v6, 6)] {
+            let mut buckets = [0u32; 16];
+            for i in 0..16_000 {
+                buckets[(source_hash(&make(i), number, 128, FLOW_SEED) % 16) as usize] += 1;
+            }
+            assert!(buckets.iter().all(|n| (900..1100).contains(n)), "{family}: {buckets:?}");
         }
     }
 

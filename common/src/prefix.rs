@@ -30,4 +30,13 @@ mod tests {
         assert_eq!(masked(&v6, 72), [u32::MAX, u32::MAX, u32::from_ne_bytes([0xff, 0, 0, 0]), 0]);
         assert_eq!(masked(&v6, 128), v6);
     }
+
+    #[test]
+    fn every_length_keeps_exactly_its_leading_bits() {
+        for len in 0..=128u8 {
+            let all = masked(&[u32::MAX; 4], len).map(u32::from_be);
+            let ones = u128::from(all[0]) << 96 | u128::from(all[1]) << 64 | u128::from(all[2]) << 32 | u128::from(all[3]);
+            assert_eq!(ones, if len == 0 { 0 } else { u128::MAX << (128 - u32::from(len)) }, "/{len}");
+        }
+    }
 }

@@ -56,6 +56,27 @@ pub const VIP_F_SCOPED_RULES: u32 = 1;
 /// short-header packets to the backend whose server id their destination connection id
 /// carries (`quic_lb`), and everything else the way of any UDP VIP.
 pub const VIP_F_QUIC: u32 = 2;
+/// `VipMeta::flags`: client affinity. Maglev places the VIP's new flows by the hash of the
+/// client's source address (its first [`vip_source_prefix`] bits) instead of the 5-tuple,
+/// so every connection of a client goes to one backend (`hash::maglev_hash`).
+pub const VIP_F_SOURCE_HASH: u32 = 4;
+/// Bits 8..16 of `VipMeta::flags`: the source prefix length of `VIP_F_SOURCE_HASH`. In the
+/// flags word, so one 4-byte store changes the hash mode and its prefix together.
+const VIP_SOURCE_PREFIX_SHIFT: u32 = 8;
+/// Every bit of the flags word that says how the VIP's flows are hashed.
+pub const VIP_SOURCE_HASH_BITS: u32 = VIP_F_SOURCE_HASH | 0xff << VIP_SOURCE_PREFIX_SHIFT;
+
+/// The flags bits of a VIP hashed by its clients' first `prefix_len` source address bits.
+#[inline(always)]
+pub const fn vip_source_hash_flags(prefix_len: u8) -> u32 {
+    VIP_F_SOURCE_HASH | (prefix_len as u32) << VIP_SOURCE_PREFIX_SHIFT
+}
+
+/// How many leading source address bits a `VIP_F_SOURCE_HASH` VIP of `flags` hashes.
+#[inline(always)]
+pub const fn vip_source_prefix(flags: u32) -> u8 {
+    (flags >> VIP_SOURCE_PREFIX_SHIFT) as u8
+}
 
 /// What the data path knows about a VIP.
 #[repr(C)]

@@ -559,10 +559,15 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             Request::ListVips => Ok(Reply::Vips(self.vips())),
             Request::ListBackends { vip } => Ok(Reply::Backends(self.backends(&vip)?)),
             Request::Stats => self.stats().map(Reply::Stats).map_err(CoreError::Counters),
-            Request::AddVip { vip, ring_size, force, quic, encap } => {
+            Request::AddVip { vip, ring_size, force, quic, encap, hash, source_prefix } => {
                 let ring_size = ring_size.unwrap_or(DEFAULT_RING_SIZE);
-                let mut change =
-                    change("add_vip").field("vip", &vip).field("ring_size", &ring_size).field("force", &force).field("encap", &encap);
+                let mut change = change("add_vip")
+                    .field("vip", &vip)
+                    .field("ring_size", &ring_size)
+                    .field("force", &force)
+                    .field("encap", &encap)
+                    .field("hash", &hash)
+                    .field("source_prefix", &or_dash(source_prefix));
                 if let Some(q) = &quic {
                     change = change
                         .field("quic_config_id", &q.config_id)
@@ -573,6 +578,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     s.add_vip(vip, ring_size)?;
                     s.allow_local_address(&vip, force)?;
                     s.set_encap(&vip, encap)?;
+                    s.set_hash(&vip, hash, source_prefix)?;
                     s.set_quic(&vip, quic)
                 })
             }

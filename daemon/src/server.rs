@@ -195,7 +195,7 @@ mod tests {
     };
     use spillway_api::{Reply, VipList, client};
     use spillway_model::DesiredState;
-    use spillway_model::Encap;
+    use spillway_model::{Encap, HashMode};
 
     async fn start(tmp: &TempDir) -> (PathBuf, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
         let socket = tmp.path().join("run/api.sock");
@@ -238,7 +238,20 @@ mod tests {
         assert_eq!(fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(fs::metadata(socket.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
         let vip = "10.0.0.1:80/tcp".parse().unwrap();
-        call(&socket, Request::AddVip { vip, ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip }).await.unwrap();
+        call(
+            &socket,
+            Request::AddVip {
+                vip,
+                ring_size: Some(13),
+                force: false,
+                quic: None,
+                encap: Encap::Ipip,
+                hash: HashMode::FiveTuple,
+                source_prefix: None,
+            },
+        )
+        .await
+        .unwrap();
         let listed = call(&socket, Request::ListVips).await.unwrap();
         assert!(matches!(listed, Reply::Vips(VipList { vips, .. }) if vips.len() == 1));
         let err = call(&socket, Request::RemoveVip { vip: "10.0.0.2:80/tcp".parse().unwrap(), force: false }).await.unwrap_err();

@@ -10,6 +10,7 @@ use aya::{
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, ProgramArray},
 };
 use spillway_common::{
+    hash::maglev_hash,
     limits::{Capacity, MAX_RULES, RING_SLOTS_PER_WORD, map_names},
     types::{
         AddrKey, BackendInfo, Bucket, FlowInfo, FlowKey, LbConfig, Limits, Observed, QuicHandover, QuicRouting, QuicServer, QuicServerKey,
@@ -204,11 +205,11 @@ impl BalancerMaps {
         named(map_names::BACKENDS, self.backends.get(&id, 0))
     }
 
-    /// The backend id the VIP's active Maglev table gives a flow of this hash (what a new
-    /// flow gets), if the packet's VIP exists.
-    pub fn maglev_choice(&self, key: &FlowKey, hash: u32) -> Option<u32> {
+    /// The backend id the VIP's active Maglev table gives a new flow `key`, hashed as its VIP
+    /// says (`hash::maglev_hash`) with `seed`, if the packet's VIP exists.
+    pub fn maglev_choice(&self, key: &FlowKey, seed: u32) -> Option<u32> {
         let meta = self.vips.for_packet(&vip_of(key))?;
-        self.rings.choice(meta.active, hash)
+        self.rings.choice(meta.active, maglev_hash(key, meta.flags, seed))
     }
 
     /// The connection table's entry for a client -> VIP 5-tuple.

@@ -20,6 +20,7 @@ use spillway_common::{
     types::{LIMIT_F_OBSERVE_BUDGET, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP, Rate},
 };
 
+mod affinity;
 mod backend;
 pub mod config;
 mod health;
@@ -30,6 +31,7 @@ mod quic;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
+pub use affinity::{HashMode, check as check_hash};
 pub use backend::{Backend, BackendOptions, Encap, MAX_ZONE_LEN, VipHealth, check_zone};
 pub use health::{HealthConfig, HealthConfigError, MAX_DURATION_MS, MAX_JITTER, MAX_RISE_FALL};
 pub use probe::{Hex, MAX_PAYLOAD, NotHex, ProbeOutcome, ProbePath, ProbeSpec, ProbeSpecError};
@@ -139,6 +141,10 @@ pub enum ModelError {
          the address); a longer server_id_len tells them apart"
     )]
     QuicServerIdTaken { vip: Vip, backend: IpAddr, other: IpAddr, server_id: String },
+    #[error("VIP {vip} source_prefix: only a VIP with hash \"source\" has one")]
+    SourcePrefixWithoutSourceHash { vip: Vip },
+    #[error("VIP {vip} source_prefix: {len} is out of range for an IPv{family} VIP (1..={max})")]
+    SourcePrefixOutOfRange { vip: Vip, len: u8, max: u8, family: u8 },
 }
 
 impl FromStr for Vip {
@@ -206,6 +212,13 @@ pub struct VipConfig {
     /// How its backends are tunnelled to, unless a backend's options say otherwise.
     #[serde(default, skip_serializing_if = "Encap::is_ipip")]
     pub encap: Encap,
+    /// What Maglev hashes to place its new flows (client affinity).
+    #[serde(default, skip_serializing_if = "HashMode::is_five_tuple")]
+    pub hash: HashMode,
+    /// With `HashMode::Source`: how many leading source address bits are hashed (the whole
+    /// address when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_prefix: Option<u8>,
 }
 
 impl Default for VipConfig {
@@ -218,6 +231,8 @@ impl Default for VipConfig {
             allow_local_address: false,
             quic: None,
             encap: Encap::Ipip,
+            hash: HashMode::FiveTuple,
+            source_prefix: None,
         }
     }
 }
@@ -266,13 +281,22 @@ impl DesiredState {
         Ok(config)
     }
 
-    /// Whether the VIP may be on an address of the balancer itself (see `host::Host::check`).
     /// How the VIP's backends are tunnelled to (those without their own setting).
     pub fn set_encap(&mut self, vip: &Vip, encap: Encap) -> Result<(), ModelError> {
         self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?.encap = encap;
         Ok(())
     }
 
+    /// What Maglev hashes to place the VIP's new flows, and (source hash only) how many
+    /// leading source address bits. Established flows keep their backends.
+    pub fn set_hash(&mut self, vip: &Vip, hash: HashMode, source_prefix: Option<u8>) -> Result<(), ModelError> {
+        affinity::check(vip, hash, source_prefix)?;
+        let config = self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
+        (config.hash, config.source_prefix) = (hash, source_prefix);
+        Ok(())
+    }
+
+    /// Whether the VIP may be on an address of the balancer itself (see `host::Host::check`).
     pub fn allow_local_address(&mut self, vip: &Vip, allow: bool) -> Result<(), ModelError> {
         self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?.allow_local_address = allow;
         Ok(())

@@ -43,7 +43,7 @@ use spillway_common::{
     types::{
         AddrKey, BACKEND_ACTIVE, BACKEND_F_NEW_FLOWS, BACKEND_FREE, BackendInfo, ENCAP_GUE, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP,
         PROTO_UDP, QuicServer, QuicServerKey, RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_QUIC,
-        VIP_F_SCOPED_RULES, VipKey, VipMeta,
+        VIP_F_SCOPED_RULES, VIP_SOURCE_HASH_BITS, VipKey, VipMeta, vip_source_hash_flags,
     },
 };
 
@@ -394,7 +394,8 @@ impl Reconciler {
                 VipRuntime {
                     id,
                     built: None,
-                    flags: 0,
+                    // Hashed as declared from its first packet.
+                    flags: hash_flags(vip, config),
                     quic: QuicLbConfig::EMPTY,
                     unpublished: true,
                     active,
@@ -542,17 +543,19 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Sets the scoped-rules flag on exactly the VIPs that have rules of their own, and the
+    /// Sets the scoped-rules flag on exactly the VIPs that have rules of their own, the
     /// QUIC flag and configuration on the QUIC VIPs (the configuration lands first: one
-    /// slot, `Maps::set_vip`).
+    /// slot, `Maps::set_vip`), and each VIP's hash mode.
     fn sync_vip_flags(&mut self, maps: &mut dyn Maps, desired: &DesiredState) -> Result<(), ReconcileError> {
         let scoped: BTreeSet<Vip> = desired.rules.keys().filter_map(|r| r.vip).collect();
         for (vip, runtime) in self.vips.iter_mut() {
             let flag = |on: bool, bit: u32| if on { bit } else { 0 };
-            let quic = desired.vips.get(vip).and_then(|c| c.quic);
-            let flags = runtime.flags & !(VIP_F_SCOPED_RULES | VIP_F_QUIC)
+            let config = desired.vips.get(vip);
+            let quic = config.and_then(|c| c.quic);
+            let flags = runtime.flags & !(VIP_F_SCOPED_RULES | VIP_F_QUIC | VIP_SOURCE_HASH_BITS)
                 | flag(scoped.contains(vip), VIP_F_SCOPED_RULES)
-                | flag(quic.is_some(), VIP_F_QUIC);
+                | flag(quic.is_some(), VIP_F_QUIC)
+                | config.map_or(0, |c| hash_flags(vip, c));
             let quic = quic.map_or(QuicLbConfig::EMPTY, |q| q.to_lb());
             if (flags, quic) != (runtime.flags, runtime.quic) {
                 (runtime.flags, runtime.quic) = (flags, quic);
@@ -811,10 +814,11 @@ fn rule_from_key(key: &RuleSlotKey, vip_by_id: &HashMap<u32, Vip>) -> Option<Rul
     Some(RuleMatch { cidr, vip })
 }
 
-/// A fingerprint of a Maglev table as backend addresses and of the flow hash seed that
-/// indexes it (FNV-1a, 64 bits, hex): balancers of a fleet that would send every new flow of
-/// a VIP to the same backend show the same digest.
-pub fn table_digest(seed: u32, table: &[Option<IpAddr>]) -> String {
+/// A fingerprint of a Maglev table as backend addresses, of the flow hash seed that indexes
+/// it and of what the seed hashes (`source_prefix`: the VIP's source bits for client
+/// affinity, `None` for the 5-tuple; FNV-1a, 64 bits, hex): balancers of a fleet that would
+/// send every new flow of a VIP to the same backend show the same digest.
+pub fn table_digest(seed: u32, source_prefix: Option<u8>, table: &[Option<IpAddr>]) -> String {
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
@@ -823,6 +827,11 @@ pub fn table_digest(seed: u32, table: &[Option<IpAddr>]) -> String {
         }
     };
     eat(&seed.to_le_bytes());
+    // Nothing for the 5-tuple: its digests are those of balancers without client affinity.
+    if let Some(len) = source_prefix {
+        eat(b"source");
+        eat(&[len]);
+    }
     eat(&(table.len() as u32).to_le_bytes());
     for slot in table {
         match slot {
@@ -838,6 +847,11 @@ pub fn table_digest(seed: u32, table: &[Option<IpAddr>]) -> String {
         }
     }
     format!("{h:016x}")
+}
+
+/// The flags bits of `vip`'s hash mode (`VIP_F_SOURCE_HASH` with its prefix, or none).
+fn hash_flags(vip: &Vip, config: &VipConfig) -> u32 {
+    config.source_prefix_len(vip).map_or(0, vip_source_hash_flags)
 }
 
 pub fn vip_key(vip: &Vip) -> VipKey {

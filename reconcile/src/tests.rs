@@ -510,9 +510,12 @@ fn the_same_state_gives_the_same_table_whatever_the_history() {
     let adopted = Reconciler::adopt(&second).unwrap();
     assert_eq!(adopted.active_table(&vip(VIP)), r1.active_table(&vip(VIP)));
 
-    let digest = |r: &Reconciler, seed| table_digest(seed, &r.active_table(&vip(VIP)).unwrap());
+    let digest = |r: &Reconciler, seed| table_digest(seed, None, &r.active_table(&vip(VIP)).unwrap());
     assert_eq!(digest(&r1, 7), digest(&r2, 7));
     assert_ne!(digest(&r1, 7), digest(&r1, 8), "the seed is part of the digest");
+    let table = r1.active_table(&vip(VIP)).unwrap();
+    assert_ne!(table_digest(7, Some(32), &table), digest(&r1, 7), "so is the hash mode");
+    assert_ne!(table_digest(7, Some(32), &table), table_digest(7, Some(24), &table), "and the source prefix");
     let mut heavier = want.clone();
     heavier.set_weight(&vip(VIP), "10.0.0.101".parse().unwrap(), 200).unwrap();
     r2.apply(&mut second, &heavier).unwrap();
@@ -686,4 +689,44 @@ fn quic_backends_whose_addresses_end_alike_are_refused() {
     let err = s.add_backend(&v, "10.1.0.101".parse().unwrap(), 100).unwrap_err();
     assert!(matches!(err, spillway_model::ModelError::QuicServerIdTaken { .. }), "{err}");
     assert_eq!(s.vips[&v].backends.len(), 2);
+}
+
+/// Client affinity: a source-hash VIP's flag and prefix in its slot from its first
+/// publication; a changed hash mode is one flags store (no table written), kept by a
+/// restarted lbd, and cleared again for the 5-tuple, leaving the VIP's other flags alone.
+#[test]
+fn a_vips_hash_mode_reaches_its_flags() {
+    use spillway_common::types::{VIP_F_SOURCE_HASH, vip_source_hash_flags, vip_source_prefix};
+    use spillway_model::HashMode;
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    let v6: Vip = "[fd00::1]:443/tcp".parse().unwrap();
+    let mut s = state(&[("10.0.0.101", 100)]);
+    s.add_vip(v6, 4099).unwrap();
+    s.set_hash(&v6, HashMode::Source, Some(64)).unwrap();
+    s.add_backend(&v6, "fd00:1::1".parse().unwrap(), 100).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    let flags = |maps: &FakeMaps, v: &Vip| maps.vips[&vip_key(v)].flags;
+    assert_eq!((flags(&maps, &v6) & VIP_F_SOURCE_HASH, vip_source_prefix(flags(&maps, &v6))), (VIP_F_SOURCE_HASH, 64));
+    assert_eq!(flags(&maps, &vip(VIP)), 0, "a VIP without hash keeps the 5-tuple");
+
+    // The IPv4 VIP, with a rule of its own, to the source hash of whole addresses.
+    let rule = RuleMatch { cidr: "10.9.0.0/16".parse().unwrap(), vip: Some(vip(VIP)) };
+    s.set_rule(rule, RuleConfig::from_parts(&rule, spillway_model::RuleActionKind::Block, None, None, false).unwrap()).unwrap();
+    s.set_hash(&vip(VIP), HashMode::Source, None).unwrap();
+    let report = r.apply(&mut maps, &s).unwrap();
+    assert_eq!((report.slots_written, report.tables_flipped), (0, 0), "a hash change writes no table");
+    assert_eq!(flags(&maps, &vip(VIP)), VIP_F_SCOPED_RULES | vip_source_hash_flags(32));
+
+    // A restarted lbd adopts the flags and writes nothing.
+    let mut again = Reconciler::adopt(&maps).unwrap();
+    let before = maps.clone();
+    again.apply(&mut maps, &s).unwrap();
+    assert_eq!(maps, before);
+
+    s.set_hash(&vip(VIP), HashMode::FiveTuple, None).unwrap();
+    s.set_hash(&v6, HashMode::Source, None).unwrap();
+    again.apply(&mut maps, &s).unwrap();
+    assert_eq!(flags(&maps, &vip(VIP)), VIP_F_SCOPED_RULES);
+    assert_eq!(vip_source_prefix(flags(&maps, &v6)), 128, "no prefix: the whole address");
 }

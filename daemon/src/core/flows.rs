@@ -11,7 +11,7 @@ use std::{
 
 use spillway_common::{
     addr::{from_words, to_words},
-    hash::flow_hash,
+    hash::maglev_hash,
     limits::ANY_VIP,
     prefix::masked,
     types::{
@@ -154,10 +154,11 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         };
         let key = flow_key(client, vip, port);
         let config = self.maps.lb_config().map_err(CoreError::Counters)?;
-        let hash = flow_hash(&key, config.flow_seed);
         let id = self.reconciler.vip_id(vip).ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
         let meta = self.maps.vips().map_err(CoreError::ReadMaps)?.into_iter().map(|(_, m)| m).find(|m| m.id == id);
         let meta = meta.ok_or_else(|| bad(format!("{vip} is not in the maps yet")))?;
+        // The VIP's hash mode as its slot says, as the data path reads it.
+        let hash = maglev_hash(&key, meta.flags, config.flow_seed);
         let slot = hash % meta.active.size.max(1);
         let owner = self.maps.maglev_choice(meta.active, hash).map_err(CoreError::Counters)?;
         let maglev = owner

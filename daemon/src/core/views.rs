@@ -117,11 +117,15 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 });
                 let effective_budget = self.programmed().effective_limits(vip).and_then(|l| l.vip_budget);
                 let announcement = self.announcements.as_ref().and_then(|a| a.routes.iter().find(|r| r.address == vip.addr)).cloned();
-                let table_digest = seed.zip(self.reconciler.active_table(vip)).map(|(seed, table)| table_digest(seed, &table));
+                let table_digest = seed
+                    .zip(self.reconciler.active_table(vip))
+                    .map(|(seed, table)| table_digest(seed, config.source_prefix_len(vip), &table));
                 VipEntry {
                     vip: *vip,
                     ring_size: config.ring_size,
                     encap: config.encap,
+                    hash: config.hash,
+                    source_prefix: config.source_prefix,
                     backends: config.backends.len(),
                     health,
                     effective_budget,

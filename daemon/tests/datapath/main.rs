@@ -2,6 +2,7 @@
 //! (PKTGEN), fills the maps through the real reconciler (SETUP) and asserts the action,
 //! the counted reason and the output bytes (CHECK). Needs root.
 
+mod affinity;
 mod backends;
 mod clock;
 mod decap;

@@ -352,3 +352,22 @@ fn an_icmp_error_about_a_quic_flow_goes_to_the_flows_backend_uncounted() {
         assert_eq!(routing(env), before, "an ICMP error is no short header");
     });
 }
+
+#[test]
+fn a_quic_vip_hashed_by_source_routes_short_headers_by_id_and_the_rest_by_client() {
+    with_env(|env| {
+        let (backends, v, d) = three_backend_vip(env);
+        env.update(|s| s.set_hash(&v, spillway_model::HashMode::Source, None).unwrap());
+        for (i, client) in clients(30).enumerate() {
+            // Short headers: the backend the id names, whatever the client's hash says.
+            let named = backends[i % 3];
+            let id = cid(&server_id_of(named, CONFIG.server_id_len), i as u64);
+            assert_eq!(sent_to(env, client, d, &short_header(&id)), named, "{client}: the backend its connection id names");
+            // Initials from any port of the client: its one backend by the source hash.
+            let by_source: std::collections::BTreeSet<IpAddr> =
+                (0..4u16).map(|p| sent_to(env, SocketAddr::new(client.ip(), 50000 + 17 * p + i as u16), d, &initial(&id))).collect();
+            assert_eq!(by_source.len(), 1, "{client}'s Initials went to {by_source:?}");
+            assert_eq!(by_source.first(), Some(&env.predicted_backend(&v, &flow_key(client, d, PROTO_UDP))));
+        }
+    });
+}

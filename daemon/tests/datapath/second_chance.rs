@@ -29,7 +29,7 @@ fn second_chance_packets(env: &Env) -> u64 {
 
 /// CHECK of a second-chance frame: a tunnel to `first` holding a tunnel to `second` holding
 /// the input's IP packet, untouched.
-fn expect_nested(out: &[u8], input: &[u8], first: IpAddr, second: IpAddr) {
+pub fn expect_nested(out: &[u8], input: &[u8], first: IpAddr, second: IpAddr) {
     let outer_len = if first.is_ipv4() { 20 } else { 40 };
     // Seen from the first backend, the middle tunnel is the inner packet...
     let as_first_sees: Vec<u8> = [&out[..14], &out[14 + outer_len..]].concat();

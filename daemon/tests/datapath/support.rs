@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use aya::{Ebpf, programs::XdpMode};
 use spillway_common::{
     addr::{from_words, to_words},
-    hash::{FLOW_SEED, flow_hash},
+    hash::{FLOW_SEED, maglev_hash},
     limits::{Capacity, DEFAULT_GUE_PORT, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S},
     types::{FlowKey, LbConfig, Reason, VipMeta},
 };
@@ -135,10 +135,10 @@ impl Env {
     }
 
     /// The backend the Maglev table gives a new flow, computed on the host with the same
-    /// hash and the table read back from the kernel.
+    /// hash (as the VIP's slot says) and the table read back from the kernel.
     pub fn predicted_backend(&self, vip: &Vip, key: &FlowKey) -> IpAddr {
         let meta: VipMeta = self.balancer.maps.vips.get(&vip_key(vip)).unwrap();
-        self.backend_addr(self.balancer.maps.rings.choice(meta.active, flow_hash(key, FLOW_SEED)).unwrap())
+        self.backend_addr(self.balancer.maps.rings.choice(meta.active, maglev_hash(key, meta.flags, FLOW_SEED)).unwrap())
     }
 
     pub fn backend_addr(&self, id: u32) -> IpAddr {

@@ -2,6 +2,7 @@
 //! and configured by the real `lbd` through the real `lbctl`, to backends that decapsulate
 //! with `lbd agent`. Every scenario runs in native and in generic XDP mode. Needs root.
 
+mod affinity;
 mod agents;
 mod config_file;
 mod flood;

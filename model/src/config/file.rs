@@ -11,8 +11,8 @@ use toml::value::Datetime;
 
 use super::{datetime, locate::FieldPath};
 use crate::{
-    Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, Encap, HealthConfig, LimitConfig, ModelError, ProbePath, ProbeSpec,
-    QuicConfig, RuleActionKind, RuleConfig, RuleMatch, Vip, VipConfig, VipHealth, check_serving_weight,
+    Backend, BackendOptions, Cidr, DEFAULT_WEIGHT, DesiredState, Encap, HashMode, HealthConfig, LimitConfig, ModelError, ProbePath,
+    ProbeSpec, QuicConfig, RuleActionKind, RuleConfig, RuleMatch, Vip, VipConfig, VipHealth, check_serving_weight,
 };
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -52,6 +52,13 @@ pub struct FileVip {
     /// `ipip` (the default) or `gue`: how its backends are tunnelled to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encap: Option<Encap>,
+    /// `"5-tuple"` (the default) or `"source"`: what Maglev hashes to place new flows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<HashMode>,
+    /// With `hash = "source"`: how many leading source address bits (the whole address
+    /// when left out; 64 keeps an IPv6 client's privacy addresses together).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_prefix: Option<u8>,
     #[serde(default)]
     pub backends: Vec<FileBackend>,
 }
@@ -149,6 +156,7 @@ impl ConfigFile {
             state.allow_local_address(&v.vip, v.allow_local_address).map_err(|e| refusal(&at, e))?;
             state.set_quic(&v.vip, v.quic).map_err(|e| refusal(&at, e))?;
             state.set_encap(&v.vip, v.encap.unwrap_or_default()).map_err(|e| refusal(&at, e))?;
+            state.set_hash(&v.vip, v.hash.unwrap_or_default(), v.source_prefix).map_err(|e| refusal(&at, e))?;
             if let Some(health) = &v.health {
                 let health = health.to_model();
                 // Checked here rather than by `set_health`, whose error does not name the field.
@@ -208,11 +216,13 @@ impl ConfigFile {
 
 impl FileVip {
     pub fn from_model(vip: &Vip, config: &VipConfig) -> Self {
-        let VipConfig { ring_size, backends, limits, health, allow_local_address, quic, encap } = config;
+        let VipConfig { ring_size, backends, limits, health, allow_local_address, quic, encap, hash, source_prefix } = config;
         Self {
             vip: *vip,
             quic: *quic,
             encap: (!encap.is_ipip()).then_some(*encap),
+            hash: (!hash.is_five_tuple()).then_some(*hash),
+            source_prefix: *source_prefix,
             ring_size: Some(*ring_size),
             limits: *limits,
             allow_local_address: *allow_local_address,
@@ -301,6 +311,7 @@ fn field_of(error: &ModelError) -> &'static str {
         E::DuplicateVip { .. } | E::BadVip { .. } => "vip",
         E::DuplicateBackend { .. } | E::FamilyMismatch { .. } | E::BadBackendAddress { .. } | E::QuicServerIdTaken { .. } => "address",
         E::QuicNotUdp { .. } | E::BadQuic { .. } => "quic",
+        E::SourcePrefixWithoutSourceHash { .. } | E::SourcePrefixOutOfRange { .. } => "source_prefix",
         E::BadRingSize { .. } => "ring_size",
         E::BadZone { .. } => "zone",
         E::SpareWithoutCapacity { .. } | E::SpareAboveCapacity { .. } => "spare_per_s",

@@ -31,7 +31,9 @@ fn the_example_declares_what_it_says() {
     assert_eq!(state.default_limits.unwrap().per_source, Some(RateSpec { per_s: 50, burst: 100 }));
     assert_eq!(state.default_limits.unwrap().vip_budget, Some(RateSpec { per_s: 100_000, burst: 100_000 }));
     assert_eq!(state.rules.len(), 2);
-    assert_eq!(state.vips[&vip("192.0.2.20:53/udp")].backends.values().next().unwrap().weight, 100);
+    let dns = &state.vips[&vip("192.0.2.20:53/udp")];
+    assert_eq!(dns.backends.values().next().unwrap().weight, 100);
+    assert_eq!((dns.hash, dns.source_prefix), (crate::HashMode::Source, Some(32)));
     let quic = &state.vips[&vip("192.0.2.30:443/udp")];
     assert_eq!(quic.quic, Some(crate::QuicConfig::default()));
     assert_eq!(crate::server_ids(quic).values().map(ToString::to_string).collect::<Vec<_>>(), ["031f"]);
@@ -53,6 +55,28 @@ fn encap_is_read_per_vip_and_backend_and_exported() {
     assert_eq!([of(web, "10.0.1.1"), of(web, "10.0.1.2"), of(other, "10.0.1.3")], [Gue, Ipip, Gue]);
     let exported = export(&state, None);
     assert_eq!(parse(&exported).unwrap(), state, "{exported}");
+}
+
+#[test]
+fn the_hash_is_read_per_vip_exported_and_diffed() {
+    let text = "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\n\n[[vips]]\nvip = \"10.0.0.2:80/tcp\"\nhash = \"5-tuple\"\n\n\
+                [[vips]]\nvip = \"10.0.0.3:80/udp\"\nhash = \"source\"\n\n\
+                [[vips]]\nvip = \"[fd00::1]:80/tcp\"\nhash = \"source\"\nsource_prefix = 64\n";
+    let state = parse(text).unwrap();
+    let of = |v: &str| (state.vips[&vip(v)].hash, state.vips[&vip(v)].source_prefix_len(&vip(v)));
+    use crate::HashMode::{FiveTuple, Source};
+    assert_eq!(of("10.0.0.1:80/tcp"), (FiveTuple, None), "a VIP without hash is 5-tuple");
+    assert_eq!(of("10.0.0.2:80/tcp"), (FiveTuple, None));
+    assert_eq!(of("10.0.0.3:80/udp"), (Source, Some(32)));
+    assert_eq!(of("[fd00::1]:80/tcp"), (Source, Some(64)));
+    let exported = export(&state, None);
+    assert!(exported.contains("hash = \"source\"\nsource_prefix = 64"), "{exported}");
+    assert_eq!(parse(&exported).unwrap(), state, "{exported}");
+    // Changing the hash is a change of the VIP like any other.
+    let mut changed = state.clone();
+    changed.set_hash(&vip("10.0.0.1:80/tcp"), Source, Some(24)).unwrap();
+    let changes: Vec<String> = diff(&state, &changed).iter().map(ToString::to_string).collect();
+    assert_eq!(changes, ["~ vip 10.0.0.1:80/tcp: hash - -> \"source\", source_prefix - -> 24"]);
 }
 
 #[test]
@@ -270,6 +294,32 @@ fn bad_files_are_refused_with_place_field_and_reason() {
         (
             "vips = []\n[[rules]]\ncidr = \"10.0.0.0/8\"\nvip = \"10.9.9.9:80/tcp\"\naction = \"block\"\n".into(),
             "test.toml:4:7: rules[0].vip: unknown VIP 10.9.9.9:80/tcp",
+            "",
+        ),
+        // Client affinity.
+        (
+            "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nhash = \"client\"\n".into(),
+            "test.toml:3:8: vips[0].hash: unknown variant `client`, expected `5-tuple` or `source`",
+            "",
+        ),
+        (
+            "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nhash = \"source\"\nsource_prefix = 33\n".into(),
+            "test.toml:4:17: vips[0].source_prefix: VIP 10.0.0.1:80/tcp source_prefix: 33 is out of range for an IPv4 VIP (1..=32)",
+            "",
+        ),
+        (
+            "[[vips]]\nvip = \"[fd00::1]:80/tcp\"\nhash = \"source\"\nsource_prefix = 0\n".into(),
+            "vips[0].source_prefix: VIP [fd00::1]:80/tcp source_prefix: 0 is out of range for an IPv6 VIP (1..=128)",
+            "",
+        ),
+        (
+            "[[vips]]\nvip = \"[fd00::1]:80/tcp\"\nsource_prefix = 64\n".into(),
+            "test.toml:3:17: vips[0].source_prefix: VIP [fd00::1]:80/tcp source_prefix: only a VIP with hash \"source\" has one",
+            "",
+        ),
+        (
+            "[[vips]]\nvip = \"10.0.0.1:80/tcp\"\nhash = \"source\"\nsource_prefix = 300\n".into(),
+            "vips[0].source_prefix: invalid value: integer `300`",
             "",
         ),
         // Duplicates.

@@ -667,7 +667,7 @@ impl Lab {
 
     /// The backend the VIP's Maglev table gives `key`, computed here with the same hash.
     pub fn maglev_backend(&self, key: &FlowKey) -> Result<Ipv4Addr> {
-        let id = self.balancer.maps.maglev_choice(key, flow_hash(key, FLOW_SEED)).context("the flow's VIP has no table")?;
+        let id = self.balancer.maps.maglev_choice(key, FLOW_SEED).context("the flow's VIP has no table")?;
         self.backend_addr(id)
     }
 

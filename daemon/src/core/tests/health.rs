@@ -12,7 +12,6 @@ use crate::{
     testing::{VIP, ip, vip},
 };
 use spillway_api::{BackendEntry, VipEntry};
-use spillway_model::Encap;
 use spillway_model::ports_report::{DestinationUsage, Dropped, Level, Thresholds};
 use spillway_model::{BackendOptions, HealthConfig, ProbeOutcome};
 use spillway_policy::health::Restored;
@@ -92,7 +91,7 @@ fn weights(f: &mut Fixture) -> Vec<u32> {
 #[test]
 fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
     let mut f = Fixture::new(Some("a"));
-    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(plain_vip(vip(VIP), Some(13)));
     f.add("10.0.0.1", Some("a"), Some(300));
     f.add("10.0.0.2", Some("b"), Some(300));
     let mut f = Fixture::restart(f.tmp, Some("a"), serving(&["10.0.0.1", "10.0.0.2"]));
@@ -116,7 +115,7 @@ fn new_flows_stay_in_the_local_zone_and_spill_only_the_remote_spare() {
 #[test]
 fn a_vip_without_backends_has_no_budget() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(plain_vip(vip(VIP), Some(13)));
     assert_eq!(f.vip_entry().effective_budget, None);
     assert_eq!(f.core.sample().unwrap().vips[0].budget, None);
 }
@@ -124,7 +123,7 @@ fn a_vip_without_backends_has_no_budget() {
 #[test]
 fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(plain_vip(vip(VIP), Some(13)));
     let set = |policy: &[(&str, serde_json::Value)]| Request::SetHealth {
         vip: vip(VIP),
         probe: None,
@@ -149,7 +148,7 @@ fn health_settings_are_merged_by_field_persisted_and_refused_by_name() {
 #[test]
 fn a_drain_deadline_survives_a_restart_and_removes_the_backend() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(plain_vip(vip(VIP), Some(13)));
     f.add("10.0.0.1", None, None);
     f.add("10.0.0.2", None, None);
     f.ok(Request::DrainBackend { vip: vip(VIP), backend: ip("10.0.0.2"), deadline_s: Some(60), force: false });
@@ -203,7 +202,7 @@ fn port_pressure_from_an_agent_cuts_only_that_backends_weight() {
     let tmp = TempDir::new("core-pressure");
     {
         let mut f = Fixture::restart(tmp, None, HealthSnapshot::default());
-        f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+        f.ok(plain_vip(vip(VIP), Some(13)));
         for b in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
             f.add(b, None, None);
         }
@@ -233,7 +232,7 @@ fn port_pressure_from_an_agent_cuts_only_that_backends_weight() {
 #[test]
 fn a_stopped_agent_is_shown_and_alerted_until_it_answers_and_health_is_untouched() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(plain_vip(vip(VIP), Some(13)));
     f.add("10.0.0.1", None, None);
     f.add("10.0.0.2", None, None);
     let b2 = ip("10.0.0.2");
@@ -268,7 +267,7 @@ fn a_stopped_agent_is_shown_and_alerted_until_it_answers_and_health_is_untouched
 #[test]
 fn status_lists_every_alert_and_an_ignored_report_says_why_the_kept_one_is_stale() {
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(plain_vip(vip(VIP), Some(13)));
     f.add("10.0.0.1", None, None);
     let b1 = ip("10.0.0.1");
     f.core.record_agent_ports(b1, AgentPoll::Report(Box::new(report(0.1, 0)))).unwrap();
@@ -297,7 +296,7 @@ fn probes_go_through_the_tunnel_unless_the_vip_or_the_backend_says_direct() {
     use crate::health_checks::{LocalCause, ProbeRoute};
     use spillway_model::ProbePath;
     let mut f = Fixture::new(None);
-    f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(plain_vip(vip(VIP), Some(13)));
     f.add("10.0.0.1", None, None);
     f.add("10.0.0.2", None, None);
     let target = Some("10.0.0.3:8080".parse().unwrap());

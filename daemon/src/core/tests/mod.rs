@@ -13,11 +13,16 @@ use crate::{
     testing::{FakeMaps, TempDir, VIP, ip, vip},
 };
 use spillway_api::{BackendState, VipEntry, VipList};
-use spillway_model::Encap;
+use spillway_model::{Encap, HashMode};
 use spillway_model::{Vip, host::Host};
 use spillway_reconcile::table_digest;
 
 /// A core on fake maps with a real state file (also for `apply_tests`).
+/// Adds `vip` with every option at its default but the ring size.
+fn plain_vip(vip: Vip, ring_size: Option<u32>) -> Request {
+    Request::AddVip { vip, ring_size, force: false, quic: None, encap: Encap::Ipip, hash: HashMode::FiveTuple, source_prefix: None }
+}
+
 pub(super) struct Fixture {
     pub(super) core: Core<FakeMaps, StateFile>,
     pub(super) tmp: TempDir,
@@ -45,7 +50,7 @@ impl Fixture {
 
     pub(super) fn with_two_backends() -> Self {
         let mut f = Self::new();
-        f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(251), force: false, quic: None, encap: Encap::Ipip });
+        f.ok(plain_vip(vip(VIP), Some(251)));
         f.ok(Request::AddBackend { vip: vip(VIP), backend: ip("10.0.0.1"), weight: None, options: Default::default() });
         f.ok(Request::AddBackend { vip: vip(VIP), backend: ip("10.0.0.2"), weight: Some(50), options: Default::default() });
         f
@@ -62,14 +67,14 @@ impl Fixture {
 #[test]
 fn mutations_apply_persist_and_list() {
     let mut f = Fixture::new();
-    let reply = f.ok(Request::AddVip { vip: vip(VIP), ring_size: Some(251), force: false, quic: None, encap: Encap::Ipip });
+    let reply = f.ok(plain_vip(vip(VIP), Some(251)));
     assert_eq!(reply, Reply::Done { slots_written: 251, tables_flipped: 1 });
     f.ok(Request::AddBackend { vip: vip(VIP), backend: ip("10.0.0.1"), weight: None, options: Default::default() });
     f.ok(Request::AddBackend { vip: vip(VIP), backend: ip("10.0.0.2"), weight: Some(50), options: Default::default() });
     let Reply::Vips(mut list) = f.ok(Request::ListVips) else { panic!("not a VIP list") };
     let digest = list.vips[0].table_digest.take();
     let table = f.core.reconciler.active_table(&vip(VIP)).unwrap();
-    assert_eq!(digest, Some(table_digest(f.core.maps.lb_config().unwrap().flow_seed, &table)));
+    assert_eq!(digest, Some(table_digest(f.core.maps.lb_config().unwrap().flow_seed, None, &table)));
     assert_eq!(
         list,
         VipList {
@@ -77,6 +82,8 @@ fn mutations_apply_persist_and_list() {
                 vip: vip(VIP),
                 ring_size: 251,
                 encap: Encap::Ipip,
+                hash: HashMode::FiveTuple,
+                source_prefix: None,
                 backends: 2,
                 health: None,
                 effective_budget: None,
@@ -114,11 +121,23 @@ fn refused_requests_name_the_problem_and_change_nothing() {
     let mut f = Fixture::with_two_backends();
     let unknown: Vip = "10.9.9.9:80/tcp".parse().unwrap();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
-    f.ok(Request::AddVip { vip: v6, ring_size: None, force: false, quic: None, encap: Encap::Ipip });
+    f.ok(plain_vip(v6, None));
     let (state, maps, file) = (f.core.state().clone(), f.core.maps().clone(), f.file_bytes());
     let cases = [
-        (Request::AddVip { vip: vip(VIP), ring_size: None, force: false, quic: None, encap: Encap::Ipip }, "already exists"),
-        (Request::AddVip { vip: unknown, ring_size: Some(100), force: false, quic: None, encap: Encap::Ipip }, "ring size 100"),
+        (plain_vip(vip(VIP), None), "already exists"),
+        (plain_vip(unknown, Some(100)), "ring size 100"),
+        (
+            Request::AddVip {
+                vip: unknown,
+                ring_size: None,
+                force: false,
+                quic: None,
+                encap: Encap::Ipip,
+                hash: HashMode::Source,
+                source_prefix: Some(33),
+            },
+            "VIP 10.9.9.9:80/tcp source_prefix: 33 is out of range for an IPv4 VIP (1..=32)",
+        ),
         (Request::RemoveVip { vip: unknown, force: false }, "unknown VIP 10.9.9.9:80/tcp"),
         (Request::ListBackends { vip: unknown }, "unknown VIP"),
         (Request::AddBackend { vip: unknown, backend: ip("10.0.0.3"), weight: None, options: Default::default() }, "unknown VIP"),
@@ -141,6 +160,29 @@ fn refused_requests_name_the_problem_and_change_nothing() {
         (Request::SetWeight { vip: vip(VIP), backend: ip("10.0.0.1"), weight: 0 }, "out of range"),
     ];
     assert_all_refused(&mut f, cases, (&state, &maps, &file));
+}
+
+#[test]
+fn a_source_hash_vip_is_listed_persisted_and_flagged() {
+    let mut f = Fixture::with_two_backends();
+    let v6: Vip = "[fd00::1]:443/tcp".parse().unwrap();
+    f.ok(Request::AddVip {
+        vip: v6,
+        ring_size: Some(13),
+        force: false,
+        quic: None,
+        encap: Encap::Ipip,
+        hash: HashMode::Source,
+        source_prefix: Some(64),
+    });
+    let listed = |f: &mut Fixture| {
+        let Reply::Vips(list) = f.ok(Request::ListVips) else { panic!("not a VIP list") };
+        list.vips.iter().map(|v| (v.vip, v.hash, v.source_prefix)).collect::<Vec<_>>()
+    };
+    assert_eq!(listed(&mut f), [(vip(VIP), HashMode::FiveTuple, None), (v6, HashMode::Source, Some(64))]);
+    assert_eq!(f.saved().unwrap().vips[&v6].source_prefix_len(&v6), Some(64));
+    let flags = f.core.maps().vips[&spillway_reconcile::vip_key(&v6)].flags;
+    assert_eq!(flags & spillway_common::types::VIP_SOURCE_HASH_BITS, spillway_common::types::vip_source_hash_flags(64));
 }
 
 #[test]
@@ -200,8 +242,7 @@ impl Store for BrokenStore {
 #[test]
 fn failed_persist_rolls_the_maps_back() {
     let (mut core, _) = Core::start(FakeMaps::default(), BrokenStore, DesiredState::default(), None).unwrap();
-    let err =
-        core.handle(Request::AddVip { vip: vip(VIP), ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip }).unwrap_err();
+    let err = core.handle(plain_vip(vip(VIP), Some(13))).unwrap_err();
     assert!(matches!(err, CoreError::Persist(_)));
     assert!(err.to_api().message.contains("/nowhere/state.json"), "{}", err.to_api().message);
     assert_eq!(core.state(), &DesiredState::default());
@@ -241,7 +282,7 @@ fn stats_follow_the_reconciler_ids() {
 fn backend_addrs_cover_every_vip() {
     let mut f = Fixture::with_two_backends();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
-    f.ok(Request::AddVip { vip: v6, ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(plain_vip(v6, Some(13)));
     f.ok(Request::AddBackend { vip: v6, backend: ip("fd00::2"), weight: None, options: Default::default() });
     f.ok(Request::DrainBackend { vip: vip(VIP), backend: ip("10.0.0.1"), deadline_s: None, force: false });
     let addrs: Vec<IpAddr> = f.core.backend_addrs().into_iter().collect();
@@ -270,7 +311,7 @@ fn set_rule(cidr: &str, vip: Option<Vip>, action: RuleActionKind, per_s: Option<
 fn rate_limits_are_set_listed_persisted_and_cleared() {
     let mut f = Fixture::with_two_backends();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
-    f.ok(Request::AddVip { vip: v6, ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(plain_vip(v6, Some(13)));
     f.ok(Request::SetRateLimit {
         scope: Scope::Default,
         per_s: 100,
@@ -349,7 +390,7 @@ fn refused_limit_and_rule_requests_name_the_problem_and_change_nothing() {
     let mut f = Fixture::with_two_backends();
     let unknown: Vip = "10.9.9.9:80/tcp".parse().unwrap();
     let v6: Vip = "[fd00::1]:0/udp".parse().unwrap();
-    f.ok(Request::AddVip { vip: v6, ring_size: Some(13), force: false, quic: None, encap: Encap::Ipip });
+    f.ok(plain_vip(v6, Some(13)));
     f.ok(set_rate(Scope::Default, 10));
     f.ok(set_rule("192.0.2.0/24", None, RuleActionKind::Block, None));
     let (state, maps, file) = (f.core.state().clone(), f.core.maps().clone(), f.file_bytes());
@@ -525,7 +566,7 @@ fn what_the_host_cannot_serve_is_refused_and_changes_nothing() {
     });
     let own: Vip = "10.77.0.2:22/tcp".parse().unwrap();
     let before = (f.core.state().clone(), f.saved(), f.core.maps().vips.clone());
-    let err = f.core.handle(Request::AddVip { vip: own, ring_size: None, force: false, quic: None, encap: Encap::Ipip }).unwrap_err();
+    let err = f.core.handle(plain_vip(own, None)).unwrap_err();
     assert!(err.to_string().starts_with("VIP 10.77.0.2:22/tcp: 10.77.0.2 is an address of this balancer (eth0)"), "{err}");
     assert!(err.to_string().ends_with("add it with lbctl vips add --force (in a file: allow_local_address = true)"), "{err}");
     let err = f.core.handle(Request::AddBackend { vip: vip(VIP), backend: ip("fd00::5"), weight: None, options: Default::default() });
@@ -542,7 +583,15 @@ fn what_the_host_cannot_serve_is_refused_and_changes_nothing() {
     assert!(err.starts_with("f.toml:7:7: vips[1].vip: VIP 10.77.0.2:22/tcp: 10.77.0.2 is an address"), "{err}");
     assert_eq!((f.core.state().clone(), f.saved(), f.core.maps().vips.clone()), before);
     // Forced, the VIP is kept as allowed: an export applies again as it is.
-    f.ok(Request::AddVip { vip: own, ring_size: None, force: true, quic: None, encap: Encap::Ipip });
+    f.ok(Request::AddVip {
+        vip: own,
+        ring_size: None,
+        force: true,
+        quic: None,
+        encap: Encap::Ipip,
+        hash: HashMode::FiveTuple,
+        source_prefix: None,
+    });
     let Reply::Exported(exported) = f.ok(Request::Export) else { panic!() };
     assert!(exported.config.contains("allow_local_address = true"), "{}", exported.config);
     f.ok(Request::RemoveVip { vip: own, force: false });

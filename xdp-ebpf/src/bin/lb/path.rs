@@ -8,7 +8,7 @@ use aya_ebpf::{
 use core::ptr::{addr_of, read_volatile};
 
 use spillway_common::{
-    hash::{flow_hash, vip_addr_hash, vip_filter_slot, vip_home},
+    hash::{flow_hash, maglev_hash, vip_addr_hash, vip_filter_slot, vip_home},
     types::{
         AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VIP_F_QUIC, VipKey,
     },
@@ -41,6 +41,7 @@ pub mod stage {
     /// The flow hash and the connection-table lookup (a hit includes reading its backend;
     /// a SYN skips the lookup).
     pub const TABLE: u8 = 4;
+    /// The Maglev hash and the limits.
     pub const LIMITS: u8 = 5;
     /// The Maglev slot read.
     pub const SLOT: u8 = 6;
@@ -129,6 +130,10 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
     let (choice, new_flow) = match known {
         Some(choice) => (choice, false),
         None => {
+            // Maglev hashes with the fleet's seed: the 5-tuple, or the source for affinity.
+            // Before the limits: computed after them, the VIP's flags stayed live across
+            // them and the frame outgrew the verifier's 512 bytes.
+            let hash = maglev_hash(&key, vip.flags, cfg.flow_seed);
             let refused = |reason| Verdict {
                 action: XDP_DROP,
                 reason,
@@ -148,8 +153,6 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
             if let Err(reason) = admitted {
                 return refused(reason);
             }
-            // Maglev hashes with the fleet's seed.
-            let hash = flow_hash(&key, cfg.flow_seed);
             // If the VIP's last change moved the slot of a connection that began elsewhere,
             // it may belong to either backend.
             if midstream
