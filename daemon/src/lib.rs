@@ -224,7 +224,7 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
         warn_of_veth_tx(iface, args.xdp_mode);
         let attachment = uplinks.attach(iface).map_err(|e| explain_uplink_error(e, iface))?;
         log_attachment(iface, attachment, mode, &layout.balancer_link(iface), &program_tag);
-        attached.insert(iface.to_owned(), uplink_watch::attachment_label(attachment));
+        attached.insert(iface.to_owned(), (uplink_watch::attachment_label(attachment), netif::ifindex(iface)?));
     }
     // The first round detaches the interfaces a previous lbd ran on that this one does not,
     // and fills the redirect map.

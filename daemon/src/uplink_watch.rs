@@ -42,8 +42,9 @@ pub struct UplinkWatch {
     uplinks: Uplinks,
     /// Interfaces the program may redirect to besides the uplinks (`--tx-iface`).
     tx_only: Vec<String>,
-    /// How the program came to drive each interface it drives.
-    attachments: BTreeMap<String, &'static str>,
+    /// How the program came to drive each interface it drives, and that interface's index
+    /// then.
+    attachments: BTreeMap<String, (&'static str, u32)>,
     /// The last attach error of each interface it could not attach to (logged once).
     refusals: BTreeMap<String, String>,
     drops: BTreeMap<String, TxDrops>,
@@ -53,11 +54,11 @@ pub struct UplinkWatch {
 }
 
 impl UplinkWatch {
-    /// `attached`: the interfaces the start attached to, and how.
+    /// `attached`: the interfaces the start attached to, how, and their index.
     pub fn new(
         uplinks: Uplinks,
         tx_only: Vec<String>,
-        attached: BTreeMap<String, &'static str>,
+        attached: BTreeMap<String, (&'static str, u32)>,
         probe_path: Option<Arc<ProbePathState>>,
     ) -> Self {
         Self {
@@ -107,8 +108,16 @@ impl UplinkWatch {
                 self.attachments.remove(name);
                 Driven::Gone
             }
-            LinkState::Drives => Driven::Yes { how: self.attachments.get(name).copied().unwrap_or("took_over") },
-            LinkState::Absent => self.attach(name),
+            LinkState::Drives => Driven::Yes { how: self.attachments.get(name).map_or("took_over", |a| a.0) },
+            LinkState::Absent => match (self.attachments.get(name), netif::ifindex(name)) {
+                // Its link was detached by someone else (bpftool, another tool taking the
+                // hook) while the interface stayed: not fought over; a restart attaches again.
+                (Some((_, attached)), Ok(now)) if *attached == now => Driven::No {
+                    why: "its link was detached by something other than lbd; lbd attaches it again when it restarts".to_owned(),
+                },
+                // New in the list, or the interface was deleted and made again.
+                _ => self.attach(name),
+            },
         };
         let gone = driven == Driven::Gone;
         let forwarding_off = match forwarding::disabled(name) {
@@ -136,7 +145,7 @@ impl UplinkWatch {
                 let how = attachment_label(attachment);
                 event!(info, "attached", iface = name, how = how, program_tag = self.uplinks.program_tag());
                 self.refusals.remove(name);
-                self.attachments.insert(name.to_owned(), how);
+                self.attachments.insert(name.to_owned(), (how, netif::ifindex(name).unwrap_or_default()));
                 Driven::Yes { how }
             }
             Err(e) => {

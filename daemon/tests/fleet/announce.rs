@@ -109,7 +109,10 @@ fn withdrawals_follow_the_data_path_never_load_nor_lbd_and_never_pass_the_floor(
     assert!(log.contains("event=announce_degraded prefix=10.100.0.1/32 reason=program_detached"), "{log}");
     assert!(log.contains("event=withdraw prefix=10.100.0.1/32 reason=program_detached from=degraded peers=1 floor=1"), "{log}");
     assert_eq!(metric(lb1, r#"spillway_announcement_state{prefix="10.100.0.1/32",state="withdrawn"}"#), Some(1.0));
-    assert!(lb1.lbctl(&["vips", "list"]).unwrap().starts_with("ALERT: 10.100.0.1/32 is withdrawn (program_detached"));
+    // The cause leads, then what it did to the announcement.
+    let vips = lb1.lbctl(&["vips", "list"]).unwrap();
+    assert!(vips.starts_with("ALERT: the balancer does not drive eth0 (its link was detached by something other than lbd"), "{vips}");
+    assert!(vips.lines().any(|l| l.starts_with("ALERT: 10.100.0.1/32 is withdrawn (program_detached")), "{vips}");
     let (json, line) = support::status_announcements(lb1);
     assert_eq!((json["state"].as_str(), json["reason"].as_str()), (Some("withdrawn"), Some("program_detached")), "{json}");
     assert_eq!(line, "withdrawn (program_detached): 1 withdrawn");
