@@ -354,8 +354,14 @@ pub struct Status {
     /// The mode lbd asked for (`native`, `generic`); a taken-over link keeps its own.
     pub xdp_mode: String,
     /// How the program went live: `attached`, `took_over` (a running link's program was
-    /// replaced) or `reattached`.
+    /// replaced), `reattached` or `unattached` (`--xdp-attach none`).
     pub attachment: String,
+    /// Unattached: where its entry program is pinned, for the operator's root program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry_program: Option<String>,
+    /// `--pass-to`: the pinned program the frames it does not serve are handed to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_to: Option<String>,
     pub pin_dir: String,
     pub state_dir: String,
     pub health_checks: bool,

@@ -96,8 +96,9 @@ JSON output (-o json):
    \"watcher\":{\"state\":\"loaded\",\"mode\":\"btf\",\"summary\":\"mode btf, 6 of 6 parts watched\"},
    \"announcements\":{\"state\":\"announcing\",\"addresses\":{\"announced\":2}},
    \"alerts\":[]}
-  attachment is attached, took_over (a running link's program was replaced) or
-  reattached. config is absent without --config; its error says why it was last
+  attachment is attached, took_over (a running link's program was replaced),
+  reattached or unattached (lbd --xdp-attach none; entry_program is then where its
+  program is pinned for your root program). pass_to is lbd --pass-to, when set. config is absent without --config; its error says why it was last
   refused. used is absent for maps of counters (the connection table's count is at
   most 15 s old); bytes is the kernel's memory accounting of the map. watcher.state
   is loaded (with its mode: btf, tracepoint or sock_diag) or not_loaded (with error).
@@ -238,6 +239,12 @@ pub fn status_text(status: &Status) -> String {
     let mut out = format!("lbd {}, up {uptime}\n", status.version);
     let mut line = |label: &str, value: String| out.push_str(&format!("{label:<14}{value}\n"));
     line("interface", format!("{} ({} XDP, {})", status.iface, status.xdp_mode, status.attachment.replace('_', " ")));
+    if let Some(entry) = &status.entry_program {
+        line("entry program", format!("{entry} (for your root program's program array)"));
+    }
+    if let Some(pass_to) = &status.pass_to {
+        line("pass to", format!("{pass_to} (frames the balancer does not serve)"));
+    }
     line("pins", status.pin_dir.clone());
     line("state", format!("{}: {} VIPs, {} backends, {} rules", status.state_dir, status.vips, status.backends, status.rules));
     let health = if status.health_checks { "on" } else { "off (--no-health-checks)" };

@@ -886,6 +886,8 @@ fn status_fits_one_screen() {
         iface: "eth0".into(),
         xdp_mode: "native".into(),
         attachment: "took_over".into(),
+        entry_program: None,
+        pass_to: None,
         pin_dir: "/sys/fs/bpf/spillway".into(),
         state_dir: "/var/lib/spillway".into(),
         health_checks: true,

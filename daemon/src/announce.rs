@@ -30,13 +30,15 @@ pub const INTERVAL: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug)]
 pub struct DataPath {
     pub iface: String,
-    pub link: PathBuf,
+    /// The balancer's pinned link; `None` when it is attached nowhere (`--xdp-attach none`:
+    /// the operator's root program carries it, which `lbd` cannot see).
+    pub link: Option<PathBuf>,
 }
 
 impl DataPath {
     /// Why VIP packets of each family cannot be forwarded now, if they cannot.
     fn faults(&self) -> (Option<Fault>, Option<Fault>) {
-        if !link_attached(&self.link, &self.iface) {
+        if self.link.as_deref().is_some_and(|link| !link_attached(link, &self.iface)) {
             return (Some(Fault::ProgramDetached), Some(Fault::ProgramDetached));
         }
         if !netif::is_running(&self.iface).unwrap_or(false) {
@@ -107,7 +109,7 @@ mod tests {
 
     #[test]
     fn no_pinned_link_is_a_detached_program_for_both_families() {
-        let data_path = DataPath { iface: "lo".into(), link: PathBuf::from("/nonexistent/spillway/link") };
+        let data_path = DataPath { iface: "lo".into(), link: Some(PathBuf::from("/nonexistent/spillway/link")) };
         assert_eq!(data_path.faults(), (Some(Fault::ProgramDetached), Some(Fault::ProgramDetached)));
     }
 }

@@ -122,6 +122,27 @@ pub struct DaemonArgs {
     /// XDP attach mode (a taken-over link keeps the mode it was created with).
     #[arg(long, value_enum, default_value_t = XdpModeArg::Native)]
     pub xdp_mode: XdpModeArg,
+    /// Where the balancer's entry program goes live: attached to --iface, or nowhere, pinned
+    /// at <pin-dir>/v<N>/prog (logged, and shown by lbctl status) for your own root XDP
+    /// program to tail-call from its program array; see --root-array. --iface still names
+    /// the interface the balancer's traffic arrives and leaves on.
+    #[arg(long, value_enum, value_name = "WHERE", default_value_t = XdpAttach::Interface)]
+    pub xdp_attach: XdpAttach,
+    /// With --xdp-attach none: the program array your root program tail-calls the balancer
+    /// from (pinned on bpffs). lbd puts its entry program in slot --root-index at every start,
+    /// one map update, so a restart swaps the new program in without a gap.
+    #[arg(long, value_name = "PIN")]
+    pub root_array: Option<PathBuf>,
+    /// The slot of --root-array that holds the balancer's entry program.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "root_array")]
+    pub root_index: u32,
+    /// A pinned XDP program to hand the frames the balancer does not serve (not IP, not to a
+    /// VIP, malformed) by tail call instead of passing them to the kernel: your filter after
+    /// the balancer. lbd follows the pin: a program pinned there in its place takes over, and
+    /// while none is pinned the frames pass as before, counted (pass_to_missing). Refused at
+    /// start unless an XDP program is pinned there.
+    #[arg(long, value_name = "PIN")]
+    pub pass_to: Option<PathBuf>,
     /// Control socket for lbctl (mode 0600, root only).
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     pub api: PathBuf,
@@ -225,6 +246,15 @@ impl DaemonArgs {
         let ring_slots = self.ring_slots.unwrap_or(every_vip_at_default.min(u64::from(Capacity::MAX.ring_slots)) as u32);
         Capacity { vips: self.max_vips, backends: self.max_backends, flows: self.max_flows, ring_slots }
     }
+}
+
+/// `--xdp-attach`: where the balancer's entry program goes live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpAttach {
+    /// Attached to --iface through a pinned link (taken over at a restart).
+    Interface,
+    /// Attached nowhere: pinned for the operator's root program to tail-call.
+    None,
 }
 
 /// A count of at least 1 and at most `max`, with an optional k (1,000) or M (1,000,000) suffix.

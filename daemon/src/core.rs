@@ -49,6 +49,8 @@ pub trait Counters: FlowTable {
     fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError>;
     /// Packets sent with a second candidate (second chance).
     fn second_chance_packets(&self) -> Result<u64, DataplaneError>;
+    /// Frames not served that found no `--pass-to` program.
+    fn pass_to_missing(&self) -> Result<u64, DataplaneError>;
     /// QUIC VIPs' short headers by how they were placed.
     fn quic_routing(&self) -> Result<Vec<(spillway_common::types::QuicRouting, u64)>, DataplaneError>;
     /// New flows forwarded without an entry: the table was full where they hash.
@@ -84,6 +86,9 @@ impl Counters for BalancerMaps {
     }
     fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
         BalancerMaps::second_chance_packets(self)
+    }
+    fn pass_to_missing(&self) -> Result<u64, DataplaneError> {
+        BalancerMaps::pass_to_missing(self)
     }
     fn quic_routing(&self) -> Result<Vec<(spillway_common::types::QuicRouting, u64)>, DataplaneError> {
         BalancerMaps::quic_routing(self)

@@ -12,6 +12,7 @@
 pub mod agent;
 pub mod announce;
 pub mod args;
+pub mod beside;
 pub mod core;
 pub mod file_check;
 pub mod health_checks;
@@ -41,14 +42,17 @@ use std::{
 };
 
 use nix::sys::stat::{Mode, umask};
-use spillway_common::{hash::FLOW_SEED, types::LbConfig};
+use spillway_common::{
+    hash::FLOW_SEED,
+    types::{CFG_F_PASS_TO, LbConfig},
+};
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
     sync::Notify,
 };
 
 use self::{
-    args::DaemonArgs,
+    args::{DaemonArgs, XdpAttach},
     core::{ApplyOptions, Core, CoreError, Counters, DaemonInfo},
     health_checks::ChecksConfig,
     outer_src::{OuterSrc4, OuterSrc6},
@@ -123,6 +127,15 @@ pub enum DaemonError {
     ApplyConfig(#[source] CoreError),
     #[error(transparent)]
     ReportKey(#[from] spillway_ports::auth::KeyError),
+    // Boxed: it would make every daemon result larger for one rare error.
+    #[error(transparent)]
+    Beside(Box<beside::BesideError>),
+}
+
+impl From<beside::BesideError> for DaemonError {
+    fn from(error: beside::BesideError) -> Self {
+        DaemonError::Beside(Box::new(error))
+    }
 }
 
 /// Runs the balancer on `iface` until SIGTERM or SIGINT; with `config` (the `--config`
@@ -134,6 +147,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     // message about something else (its sysctls, its addresses).
     netif::ifindex(iface)?;
     check_fleet_seed(args)?;
+    beside::check_args(args)?;
     let mut signals = Signals::install()?;
     // Read the state before touching the dataplane: a bad file must change nothing.
     let store = StateFile::open(&args.state_dir)?;
@@ -175,43 +189,17 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let ebpf_logs = spillway_dataplane::logs::forward(balancer.ebpf_mut())
         .inspect_err(|e| event!(warn, "ebpf_logs_unavailable", error = error_chain(e)))
         .ok();
+    // Before the balancer goes live, so that its first frames find the operator's program.
+    let pass_to = beside::start_pass_to(&mut balancer, args.pass_to.as_deref())?;
     // Attach before writing anything: if this fails (wrong interface, another program on
     // it), the maps a running balancer may share are left untouched.
     let link = layout.balancer_link();
     let program_tag = balancer.program()?.info().map(|i| format!("{:016x}", i.tag())).unwrap_or_default();
     let mode = args.xdp_mode.label();
     let started = std::time::Instant::now();
-    warn_of_veth_tx(iface, args.xdp_mode);
-    let attached =
-        pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), &link).map_err(|e| explain_attach_error(e, iface))?;
-    let attachment = match attached {
-        Attachment::Attached => {
-            event!(info, "attached", iface = iface, mode = mode, link = link.display(), program_tag = program_tag);
-            "attached"
-        }
-        Attachment::Reattached => {
-            event!(
-                info,
-                "attached",
-                iface = iface,
-                mode = mode,
-                link = link.display(),
-                program_tag = program_tag,
-                note = "the old link's interface was gone"
-            );
-            "reattached"
-        }
-        Attachment::TookOver { replaced_program_id } => {
-            event!(
-                info,
-                "took_over",
-                iface = iface,
-                link = link.display(),
-                replaced_prog_id = replaced_program_id,
-                program_tag = program_tag
-            );
-            "took_over"
-        }
+    let attachment = match args.xdp_attach {
+        XdpAttach::Interface => attach(&mut balancer, args, iface, &link, &program_tag)?,
+        XdpAttach::None => beside::go_live_unattached(&mut balancer, args, &layout, iface)?,
     };
     // Probes through the tunnel need the probe path; without it they count as unknown (and
     // say why, loudly), and forwarding is unaffected.
@@ -271,6 +259,8 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
         config: None,
         watcher: watch.as_ref().map(|w| w.status().clone()).map_err(Clone::clone),
         host,
+        entry_program: (args.xdp_attach == XdpAttach::None).then(|| layout.entry_program()),
+        pass_to: args.pass_to.clone(),
     });
     if let Some(path) = &config_path
         && start.first.is_none()
@@ -287,12 +277,15 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let interface_watch = tokio::spawn(interface_watch(core.clone(), iface.to_owned()));
+    let pass_to = tokio::spawn(beside::follow_pass_to(pass_to));
     let vip_path = vip_path.map(Arc::new);
     let path_upkeep = vip_path.clone().map(|path| tokio::spawn(probing::path_upkeep(core.clone(), path)));
     let prober = vip_path.map(|path| tokio::spawn(probing::health_task(core.clone(), probing::schedule_seed(), path)));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port, report_key));
     let announcer = announce_config(args).map(|config| {
-        let data_path = announce::DataPath { iface: iface.to_owned(), link: link.clone() };
+        // Unattached, the operator's root program carries the balancer: no link to watch.
+        let link = (args.xdp_attach == XdpAttach::Interface).then(|| link.clone());
+        let data_path = announce::DataPath { iface: iface.to_owned(), link };
         tokio::spawn(announce::announce_task(core.clone(), config, data_path))
     });
     let reloader = tokio::spawn(reload_on_hup(core.clone(), config_path, signals.take_hup()));
@@ -308,6 +301,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     .await;
     upkeep.abort();
     interface_watch.abort();
+    pass_to.abort();
     if let Some(logs) = ebpf_logs {
         logs.abort();
     }
@@ -324,6 +318,44 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     server::lock(&core).persist_health();
     event!(info, "exited", link = link.display(), message = durability.after_exit("forwarding"));
     Ok(())
+}
+
+/// Attaches the balancer to `iface` through its pinned `link` (taking a running one over).
+/// Returns the attachment `lbctl status` shows.
+fn attach(balancer: &mut Balancer, args: &DaemonArgs, iface: &str, link: &Path, program_tag: &str) -> Result<&'static str, DaemonError> {
+    warn_of_veth_tx(iface, args.xdp_mode);
+    let attached =
+        pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), link).map_err(|e| explain_attach_error(e, iface))?;
+    let mode = args.xdp_mode.label();
+    Ok(match attached {
+        Attachment::Attached => {
+            event!(info, "attached", iface = iface, mode = mode, link = link.display(), program_tag = program_tag);
+            "attached"
+        }
+        Attachment::Reattached => {
+            event!(
+                info,
+                "attached",
+                iface = iface,
+                mode = mode,
+                link = link.display(),
+                program_tag = program_tag,
+                note = "the old link's interface was gone"
+            );
+            "reattached"
+        }
+        Attachment::TookOver { replaced_program_id } => {
+            event!(
+                info,
+                "took_over",
+                iface = iface,
+                link = link.display(),
+                replaced_prog_id = replaced_program_id,
+                program_tag = program_tag
+            );
+            "took_over"
+        }
+    })
 }
 
 /// One line per map with the memory the kernel charges for it, and the total.
@@ -516,6 +548,7 @@ fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
         udp_idle_timeout_s: args.udp_idle_timeout_s,
         flow_seed: args.flow_hash_seed,
         gue_port: args.gue_port.to_be(),
+        flags: if args.pass_to.is_some() { CFG_F_PASS_TO } else { 0 },
         ..LbConfig::default()
     })
 }

@@ -3,6 +3,7 @@
 //! ```text
 //! <pin-dir>/v<PIN_VERSION>/maps/<map>   the balancer's maps (see dataplane)
 //! <pin-dir>/v<PIN_VERSION>/link         the balancer's XDP link
+//! <pin-dir>/v<PIN_VERSION>/prog         its entry program (`--xdp-attach none`; see `entry`)
 //! <pin-dir>/v<PIN_VERSION>/probe_link   the probe path's tc link (see `vip_path`)
 //! <pin-dir>/v<PIN_VERSION>/probe_prog   the probe program, for `lbd` to attach it again
 //! <pin-dir>/agent/link                  the backend agent's XDP link
@@ -138,6 +139,11 @@ impl PinLayout {
 
     pub fn balancer_link(&self) -> PathBuf {
         self.balancer_dir().join("link")
+    }
+
+    /// The balancer's entry program, for an operator's root program (`--xdp-attach none`).
+    pub fn entry_program(&self) -> PathBuf {
+        self.balancer_dir().join("prog")
     }
 
     pub fn probe_link(&self) -> PathBuf {

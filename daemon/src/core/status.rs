@@ -54,6 +54,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             iface: info.iface.clone(),
             xdp_mode: info.xdp_mode.to_owned(),
             attachment: info.attachment.to_owned(),
+            entry_program: info.entry_program.as_ref().map(|p| p.display().to_string()),
+            pass_to: info.pass_to.as_ref().map(|p| p.display().to_string()),
             pin_dir: info.pin_dir.display().to_string(),
             state_dir: info.state_dir.display().to_string(),
             health_checks: self.health.is_some(),

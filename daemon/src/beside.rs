@@ -1,0 +1,122 @@
+//! Running beside other XDP programs on the interface's one hook: the balancer attached
+//! nowhere, its entry program pinned for the operator's root program (`--xdp-attach none`,
+//! `--root-array`), and the frames it does not serve handed on to the operator's program
+//! (`--pass-to`). The kernel side is `spillway_dataplane::{entry, pass_to}`.
+
+use std::path::Path;
+
+use spillway_dataplane::entry::{self, EntryError};
+use spillway_dataplane::pass_to::{Followed, PassTo, PassToError};
+use spillway_dataplane::pins::PinLayout;
+use spillway_dataplane::{Balancer, DataplaneError};
+use spillway_logging::{error_chain, event};
+
+use crate::args::{DaemonArgs, XdpAttach};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BesideError {
+    #[error("--root-array needs --xdp-attach none: attached to the interface, the balancer is no root program's to call")]
+    RootArrayAttached,
+    #[error(transparent)]
+    Entry(#[from] EntryError),
+    #[error(transparent)]
+    PassTo(#[from] PassToError),
+    #[error(transparent)]
+    Dataplane(#[from] DataplaneError),
+}
+
+/// Refuses options that contradict each other, before anything changes.
+pub fn check_args(args: &DaemonArgs) -> Result<(), BesideError> {
+    if args.root_array.is_some() && args.xdp_attach == XdpAttach::Interface {
+        return Err(BesideError::RootArrayAttached);
+    }
+    Ok(())
+}
+
+/// `--xdp-attach none`: pins the entry program (and puts it in `--root-array`), attaching
+/// nothing. Returns the attachment `lbctl status` shows.
+pub fn go_live_unattached(
+    balancer: &mut Balancer,
+    args: &DaemonArgs,
+    layout: &PinLayout,
+    iface: &str,
+) -> Result<&'static str, BesideError> {
+    entry::refuse_pinned_link(&layout.balancer_link())?;
+    let path = layout.entry_program();
+    let program = balancer.program()?;
+    entry::pin_entry(program, &path)?;
+    let program_id = program.info().map(|i| i.id()).unwrap_or_default();
+    match &args.root_array {
+        Some(array) => {
+            entry::fill_root_slot(program, array, args.root_index)?;
+            event!(
+                info,
+                "entry_program_pinned",
+                path = path.display(),
+                program_id = program_id,
+                root_array = array.display(),
+                root_index = args.root_index,
+                message = format!("attached to no interface; your root program on {iface} tail-calls it from its program array")
+            );
+        }
+        None => event!(
+            info,
+            "entry_program_pinned",
+            path = path.display(),
+            program_id = program_id,
+            message = format!(
+                "attached to no interface: put it in your root program's program array on {iface} \
+                 (bpftool map update pinned ARRAY key INDEX 0 0 0 value pinned {})",
+                path.display()
+            )
+        ),
+    }
+    Ok("unattached")
+}
+
+/// `--pass-to`: fills `spw_pass_to` from the pin (or empties it without the option).
+pub fn start_pass_to(balancer: &mut Balancer, pin: Option<&Path>) -> Result<PassTo, BesideError> {
+    let mut pass_to = PassTo::take(balancer, pin)?;
+    if let (Some(id), Some(pin)) = (pass_to.fill()?, pin) {
+        let pin = pin.display();
+        event!(info, "pass_to", pin = pin, program_id = id, message = "frames the balancer does not serve go to this program");
+    }
+    Ok(pass_to)
+}
+
+/// How often the `--pass-to` pin is looked at again.
+const FOLLOW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Keeps `spw_pass_to` holding what is pinned at `--pass-to` (one log line per change).
+pub async fn follow_pass_to(mut pass_to: PassTo) {
+    let Some(pin) = pass_to.pin().map(|p| p.display().to_string()) else { return };
+    let mut tick = tokio::time::interval(FOLLOW_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let looked = tokio::task::spawn_blocking(move || {
+            let followed = pass_to.follow();
+            (pass_to, followed)
+        })
+        .await;
+        let Ok((back, followed)) = looked else {
+            event!(error, "pass_to_check_failed", pin = pin, error = "the check panicked");
+            return;
+        };
+        pass_to = back;
+        match followed {
+            Ok(Followed::Unchanged) => {}
+            Ok(Followed::Replaced { id }) => {
+                event!(info, "pass_to", pin = pin, program_id = id, message = "another program is pinned there")
+            }
+            Ok(Followed::Gone) => event!(
+                warn,
+                "pass_to_missing",
+                pin = pin,
+                message = "ALERT: nothing is pinned at --pass-to: the frames the balancer does not serve pass to the kernel, \
+                           counted as pass_to_missing, until a program is pinned there again"
+            ),
+            Err(e) => event!(warn, "pass_to_check_failed", pin = pin, error = error_chain(&e)),
+        }
+    }
+}

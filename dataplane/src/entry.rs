@@ -1,0 +1,89 @@
+//! `lbd --xdp-attach none`: the balancer goes live on no interface. Its entry program
+//! (`spillway_lb`) is pinned at `<pin-dir>/v<PIN_VERSION>/prog` for the operator's root
+//! program to tail-call from its own program array (as Katran runs "shared"), and with
+//! `--root-array` `lbd` puts it in that array itself, one map update: a restart then swaps
+//! the new program in with no moment without one. Without it the operator's array keeps the
+//! old program, which goes on working on the same pinned maps until the operator's one
+//! update.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{Map, MapData, MapError, MapType, ProgramArray},
+    programs::{ProgramError, Xdp},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EntryError {
+    #[error("pinning the balancer's entry program at {}", path.display())]
+    Pin {
+        path: PathBuf,
+        #[source]
+        source: aya::pin::PinError,
+    },
+    #[error("replacing the pin {}", path.display())]
+    Rename {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "--xdp-attach none, but the balancer's link {} still attaches it to an interface; remove that pin first \
+         (rm {}: the interface then runs no balancer until your root program tail-calls it)",
+        path.display(),
+        path.display()
+    )]
+    LinkPinned { path: PathBuf },
+    #[error("--root-array {}: no program array pinned there", path.display())]
+    RootArray {
+        path: PathBuf,
+        #[source]
+        source: Box<MapError>,
+    },
+    #[error("--root-array {}: a map of type {kind}, not a program array", path.display())]
+    RootArrayType { path: PathBuf, kind: String },
+    #[error("--root-array {} --root-index {index}: putting the balancer's entry program there", path.display())]
+    RootSlot {
+        path: PathBuf,
+        index: u32,
+        #[source]
+        source: Box<MapError>,
+    },
+    #[error(transparent)]
+    Program(#[from] Box<ProgramError>),
+}
+
+/// Pins `program` at `path`, replacing what is pinned there in one rename: the path always
+/// names a program, the old one until the new one.
+pub fn pin_entry(program: &mut Xdp, path: &Path) -> Result<(), EntryError> {
+    let fresh = path.with_extension("new");
+    // A start that died between pin and rename left this.
+    let _ = fs::remove_file(&fresh);
+    program.pin(&fresh).map_err(|source| EntryError::Pin { path: fresh.clone(), source })?;
+    fs::rename(&fresh, path).map_err(|source| EntryError::Rename { path: path.to_owned(), source })
+}
+
+/// Refuses to leave the balancer unattached while its pinned `link` attaches it.
+pub fn refuse_pinned_link(link: &Path) -> Result<(), EntryError> {
+    match link.symlink_metadata() {
+        Ok(_) => Err(EntryError::LinkPinned { path: link.to_owned() }),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Puts `program` in slot `index` of the program array pinned at `array`: one map update,
+/// so the operator's root program tail-calls the old program or the new one, never nothing.
+pub fn fill_root_slot(program: &Xdp, array: &Path, index: u32) -> Result<(), EntryError> {
+    let not_there = |source| EntryError::RootArray { path: array.to_owned(), source: Box::new(source) };
+    let data = MapData::from_pin(array).map_err(not_there)?;
+    let kind = data.info().and_then(|i| i.map_type()).map_err(not_there)?;
+    if kind != MapType::ProgramArray {
+        return Err(EntryError::RootArrayType { path: array.to_owned(), kind: format!("{kind:?}") });
+    }
+    let mut slots = ProgramArray::try_from(Map::ProgramArray(data)).map_err(not_there)?;
+    let slot_error = |source| EntryError::RootSlot { path: array.to_owned(), index, source: Box::new(source) };
+    slots.set(index, program.fd().map_err(Box::new)?, 0).map_err(slot_error)
+}
