@@ -59,7 +59,10 @@ pub enum EntryError {
 /// Pins `program` at `path`, replacing what is pinned there in one rename: the path always
 /// names a program, the old one until the new one.
 pub fn pin_entry(program: &mut Xdp, path: &Path) -> Result<(), EntryError> {
-    let fresh = path.with_extension("new");
+    // bpffs refuses names with a dot.
+    let mut fresh = path.as_os_str().to_owned();
+    fresh.push("_new");
+    let fresh = PathBuf::from(fresh);
     // A start that died between pin and rename left this.
     let _ = fs::remove_file(&fresh);
     program.pin(&fresh).map_err(|source| EntryError::Pin { path: fresh.clone(), source })?;

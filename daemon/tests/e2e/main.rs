@@ -3,6 +3,7 @@
 //! with `lbd agent`. Every scenario runs in native and in generic XDP mode. Needs root.
 
 mod agents;
+mod beside;
 mod config_file;
 mod flood;
 mod gue;

@@ -111,3 +111,20 @@ pub fn all_healthy(c: &Cluster, vip: &str) -> bool {
     let list = c.lbctl_json(&["backends", "list", "--vip", vip]).unwrap();
     list["backends"].as_array().unwrap().iter().all(|b| b["health"] == "healthy" && b["effective_weight"] == b["weight"])
 }
+
+/// The metrics endpoint's classic text (what curl and promtool get), fetched inside `host`.
+pub fn scrape(host: &Host, addr: &str) -> String {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let (status, body) = host.in_netns(|| spillway_harness::http_get(addr, "/metrics", Duration::from_secs(5))).expect("scraping");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the series `name` whose labels include `labels`.
+pub fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
+        let series = spillway_harness::promql::series(line).pop()?;
+        let matches = series.name == name && labels.iter().all(|(k, v)| series.labels.iter().any(|(sk, sv)| sk == k && sv == v));
+        matches.then(|| line.rsplit(' ').next()?.parse().ok()).flatten()
+    })
+}
