@@ -134,7 +134,7 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "PIN")]
     pub root_array: Option<PathBuf>,
     /// The slot of --root-array that holds the balancer's entry program.
-    #[arg(long, value_name = "N", default_value_t = 0, requires = "root_array")]
+    #[arg(long, value_name = "N", default_value_t = 0)]
     pub root_index: u32,
     /// A pinned XDP program to hand the frames the balancer does not serve (not IP, not to a
     /// VIP, malformed) by tail call instead of passing them to the kernel: your filter after
@@ -552,6 +552,32 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument);
         assert!(err.to_string().contains("--allow-from"), "{err}");
         assert_eq!(parse(&["agent", "--iface", "eth1", "--allow-from", "10.0.0.1/8"]).unwrap_err().kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn beside_other_xdp_programs() {
+        let d = parse(&["--iface", "eth0"]).unwrap().daemon;
+        assert_eq!((d.xdp_attach, &d.root_array, d.root_index, &d.pass_to), (XdpAttach::Interface, &None, 0, &None));
+        let d = parse(&[
+            "--iface",
+            "eth0",
+            "--xdp-attach",
+            "none",
+            "--root-array",
+            "/sys/fs/bpf/edge/root",
+            "--root-index",
+            "3",
+            "--pass-to",
+            "/sys/fs/bpf/edge/after",
+        ])
+        .unwrap()
+        .daemon;
+        assert_eq!(d.xdp_attach, XdpAttach::None);
+        assert_eq!((d.root_array.as_deref(), d.root_index), (Some(std::path::Path::new("/sys/fs/bpf/edge/root")), 3));
+        assert_eq!(d.pass_to, Some(PathBuf::from("/sys/fs/bpf/edge/after")));
+        let err = parse(&["--iface", "eth0", "--xdp-attach", "tc"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidValue);
+        assert!(err.to_string().contains("--xdp-attach") && err.to_string().contains("interface, none"), "{err}");
     }
 
     #[test]

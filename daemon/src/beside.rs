@@ -17,6 +17,8 @@ use crate::args::{DaemonArgs, XdpAttach};
 pub enum BesideError {
     #[error("--root-array needs --xdp-attach none: attached to the interface, the balancer is no root program's to call")]
     RootArrayAttached,
+    #[error("--root-index names a slot of --root-array, which is not set")]
+    RootIndexAlone,
     #[error(transparent)]
     Entry(#[from] EntryError),
     #[error(transparent)]
@@ -29,6 +31,9 @@ pub enum BesideError {
 pub fn check_args(args: &DaemonArgs) -> Result<(), BesideError> {
     if args.root_array.is_some() && args.xdp_attach == XdpAttach::Interface {
         return Err(BesideError::RootArrayAttached);
+    }
+    if args.root_array.is_none() && args.root_index != 0 {
+        return Err(BesideError::RootIndexAlone);
     }
     Ok(())
 }
@@ -118,5 +123,26 @@ pub async fn follow_pass_to(mut pass_to: PassTo) {
             ),
             Err(e) => event!(warn, "pass_to_check_failed", pin = pin, error = error_chain(&e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn args(extra: &[&str]) -> DaemonArgs {
+        crate::args::LbdArgs::try_parse_from(["lbd", "--iface", "eth0"].iter().chain(extra)).unwrap().daemon
+    }
+
+    #[test]
+    fn a_root_array_needs_the_balancer_unattached() {
+        let refused = check_args(&args(&["--root-array", "/sys/fs/bpf/edge/root"])).unwrap_err();
+        assert!(refused.to_string().starts_with("--root-array needs --xdp-attach none"), "{refused}");
+        check_args(&args(&["--root-array", "/sys/fs/bpf/edge/root", "--xdp-attach", "none"])).unwrap();
+        check_args(&args(&["--xdp-attach", "none"])).unwrap();
+        let refused = check_args(&args(&["--xdp-attach", "none", "--root-index", "1"])).unwrap_err();
+        assert!(refused.to_string().contains("--root-array, which is not set"), "{refused}");
     }
 }
