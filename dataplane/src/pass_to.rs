@@ -20,8 +20,10 @@ const BPF_PROG_TYPE_XDP: u32 = 6;
 pub enum PassToError {
     #[error("--pass-to {}: nothing is pinned there; pin your XDP program there first", path.display())]
     Missing { path: PathBuf },
-    #[error("--pass-to {}: not a pinned program", path.display())]
-    NotProgram {
+    #[error("--pass-to {}: not a pinned program (a map or a link is pinned there)", path.display())]
+    NotProgram { path: PathBuf },
+    #[error("--pass-to {}: reading the pinned program", path.display())]
+    Unreadable {
         path: PathBuf,
         #[source]
         source: Box<ProgramError>,
@@ -56,13 +58,27 @@ fn open(path: &Path) -> Result<Pinned, PassToError> {
     if path.symlink_metadata().is_err() {
         return Err(PassToError::Missing { path: path.to_owned() });
     }
-    let not_program = |source| PassToError::NotProgram { path: path.to_owned(), source: Box::new(source) };
-    let info = ProgramInfo::from_pin(path).map_err(not_program)?;
+    let unreadable = |source| PassToError::Unreadable { path: path.to_owned(), source: Box::new(source) };
+    if !pins_a_program(path) {
+        return Err(PassToError::NotProgram { path: path.to_owned() });
+    }
+    let info = ProgramInfo::from_pin(path).map_err(unreadable)?;
     let name = info.name_as_str().unwrap_or("?").to_owned();
     if info.program_type() as u32 != BPF_PROG_TYPE_XDP {
         return Err(PassToError::WrongType { path: path.to_owned(), name, id: info.id(), kind: format!("{:?}", info.program_type()) });
     }
-    Ok(Pinned { id: info.id(), name, fd: info.fd().map_err(not_program)? })
+    Ok(Pinned { id: info.id(), name, fd: info.fd().map_err(unreadable)? })
+}
+
+/// Whether `path` pins a program: the kernel answers a map's descriptor with the map's info
+/// where a program's is asked for (aya would read a map's type as a program's), so the kind is
+/// read from the descriptor itself (`anon_inode:bpf-prog`).
+fn pins_a_program(path: &Path) -> bool {
+    use std::os::fd::{AsFd, AsRawFd};
+    // Any pinned object opens this way; only its descriptor is used.
+    let Ok(object) = MapData::from_pin(path) else { return false };
+    let fd = object.fd().as_fd().as_raw_fd();
+    std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|target| target.as_os_str() == "anon_inode:bpf-prog")
 }
 
 /// What [`PassTo::follow`] found.

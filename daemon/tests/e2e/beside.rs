@@ -206,3 +206,24 @@ fn operator_filter_after_spillway() {
     wait_until(Duration::from_secs(10), "pass_to_missing counted", || pass_to_missing(&c) >= missing as f64);
     assert_eq!(operator.seen(NOT_A_VIP), seen, "the unpinned program still saw frames");
 }
+
+/// A `--pass-to` pin that is missing, or names no XDP program, stops the start with an error
+/// naming the option, and leaves nothing pinned.
+#[test]
+fn a_pass_to_pin_that_is_no_xdp_program_is_refused() {
+    let (c, pins) = cluster(ClusterMode::Native, 1, 1);
+    let mut operator = Operator::load();
+    let not_a_program = pins.join("seen");
+    PerCpuHashMap::<_, u32, u64>::try_from(operator.ebpf.map_mut("op_seen").unwrap()).unwrap().pin(&not_a_program).unwrap();
+    let (lb_pins, dir) = (c.lbd_pin_dir().unwrap(), c.topo.tempdir().to_owned());
+    let (api, state) = (dir.join("api.sock"), dir.join("state"));
+    let base =
+        ["--iface", "eth0", "--pin-dir", lb_pins.to_str().unwrap(), "--api", api.to_str().unwrap(), "--state-dir", state.to_str().unwrap()];
+    for (pin, says) in [(pins.join("absent"), "nothing is pinned there"), (not_a_program, "not a pinned program")] {
+        let out = c.lbd_once(&[&base[..], &["--pass-to", pin.to_str().unwrap()]].concat()).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains(&format!("--pass-to {}: {says}", pin.display())), "{stderr}");
+        assert!(!lb_pins.exists(), "a refused start left pins");
+    }
+}
