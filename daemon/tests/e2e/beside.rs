@@ -13,7 +13,7 @@ use aya::maps::{HashMap, PerCpuHashMap, ProgramArray};
 use aya::programs::{ProgramInfo, Xdp, XdpMode};
 use spillway_dataplane::objects;
 use spillway_harness::cluster::{Binaries, Cluster, ClusterConfig, XdpMode as ClusterMode};
-use spillway_harness::{Signal, Stream, StreamChecker, TopologyConfig, ping, run_connections};
+use spillway_harness::{Signal, TopologyConfig, ping, run_connections};
 
 use crate::in_both_modes;
 use crate::support::*;
@@ -86,10 +86,6 @@ fn is_loaded(id: u32) -> bool {
     aya::programs::loaded_programs().flatten().any(|p| p.id() == id)
 }
 
-/// A connection every 20 ms for 10 s, as `hitless_restart.rs` runs them.
-const CONNECTIONS: usize = 500;
-const INTERVAL: Duration = Duration::from_millis(20);
-
 /// The operator's root program drives the interface and tail-calls the balancer, which lbd
 /// attached nowhere: a blocked source is dropped before Spillway, others reach the VIP, and
 /// a restart of lbd under load breaks nothing and puts the new program in the root array.
@@ -120,21 +116,7 @@ fn operator_filter_before_spillway(mode: ClusterMode) {
     assert_eq!(c.accepted_from(IpAddr::V4(blocked)), 0);
 
     let before = pinned_id(&entry);
-    let stream = c.topo.clients()[0].in_netns(|| Stream::open(tcp_target(false), CONNECT_TIMEOUT)).unwrap();
-    let checker = StreamChecker::start(stream, Duration::from_millis(50));
-    let client = c.topo.clients()[0].netns();
-    let tally = std::thread::scope(|scope| {
-        let traffic = scope.spawn(|| client.in_netns(|| run_connections(tcp_target(false), CONNECTIONS, INTERVAL, CONNECT_TIMEOUT)));
-        std::thread::sleep(Duration::from_secs(2));
-        c.stop_lbd(Signal::SIGKILL).unwrap();
-        std::thread::sleep(Duration::from_secs(2));
-        c.start_lbd().expect("restarting lbd");
-        traffic.join().unwrap()
-    });
-    let report = checker.stop();
-    assert_eq!(tally.failures, 0, "connections failed across the restart: {:?}", tally.errors);
-    assert_eq!(tally.successes(), CONNECTIONS);
-    assert_eq!(report.failures, 0, "the long-lived connection broke: {:?}", report.errors);
+    restart_under_load(&c);
     // The new lbd put its program in the root array: nothing holds the old one any more.
     assert_ne!(pinned_id(&entry), before, "the entry pin names the new program");
     wait_until(Duration::from_secs(5), "the old entry program freed", || !is_loaded(before));
