@@ -112,7 +112,8 @@ pub struct DaemonArgs {
     pub iface: Option<String>,
     /// Detach the balancer and the agent and remove everything under --pin-dir, then exit.
     /// With --config, the file's [lbd] table gives --pin-dir, the BIRD paths and the probe
-    /// path's options (the command line still wins); its iface and VIPs are not needed.
+    /// path's options (the command line still wins); its iface and VIPs are not needed. With
+    /// --root-array, that slot is emptied too (your root program calls the balancer no more).
     #[arg(long, conflicts_with = "iface")]
     pub cleanup: bool,
     /// Configuration file: [lbd] settings and the desired state (see the example

@@ -482,6 +482,10 @@ pub fn cleanup(args: &DaemonArgs) -> Result<(), DaemonError> {
         let withdrawn = spillway_announce::withdraw_all(&config)?;
         event!(warn, "withdraw", prefixes = withdrawn, reason = "cleanup", include = config.include.display());
     }
+    if let Some(array) = &args.root_array {
+        spillway_dataplane::entry::clear_root_slot(array, args.root_index).map_err(beside::BesideError::from)?;
+        event!(info, "detached", root_array = array.display(), root_index = args.root_index);
+    }
     for link in pins::cleanup(&PinLayout::new(pin_dir))? {
         event!(info, "detached", link = link.display());
     }

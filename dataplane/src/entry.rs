@@ -45,7 +45,7 @@ pub enum EntryError {
     },
     #[error("--root-array {}: a map of type {kind}, not a program array", path.display())]
     RootArrayType { path: PathBuf, kind: String },
-    #[error("--root-array {} --root-index {index}: putting the balancer's entry program there", path.display())]
+    #[error("--root-array {} --root-index {index}: writing the slot", path.display())]
     RootSlot {
         path: PathBuf,
         index: u32,
@@ -80,13 +80,28 @@ pub fn refuse_pinned_link(link: &Path) -> Result<(), EntryError> {
 /// Puts `program` in slot `index` of the program array pinned at `array`: one map update,
 /// so the operator's root program tail-calls the old program or the new one, never nothing.
 pub fn fill_root_slot(program: &Xdp, array: &Path, index: u32) -> Result<(), EntryError> {
-    let not_there = |source| EntryError::RootArray { path: array.to_owned(), source: Box::new(source) };
-    let data = MapData::from_pin(array).map_err(not_there)?;
+    let slot_error = |source| EntryError::RootSlot { path: array.to_owned(), index, source: Box::new(source) };
+    root_array(array)?.set(index, program.fd().map_err(Box::new)?, 0).map_err(slot_error)
+}
+
+/// Empties slot `index` of the program array pinned at `array` (`lbd --cleanup`): the root
+/// program then calls the balancer no more.
+pub fn clear_root_slot(array: &Path, index: u32) -> Result<(), EntryError> {
+    match root_array(array)?.clear_index(&index) {
+        Ok(()) => Ok(()),
+        // Already empty.
+        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        Err(source) => Err(EntryError::RootSlot { path: array.to_owned(), index, source: Box::new(source) }),
+    }
+}
+
+/// The program array pinned at `path`, refusing any other kind of map.
+fn root_array(path: &Path) -> Result<ProgramArray<MapData>, EntryError> {
+    let not_there = |source| EntryError::RootArray { path: path.to_owned(), source: Box::new(source) };
+    let data = MapData::from_pin(path).map_err(not_there)?;
     let kind = data.info().and_then(|i| i.map_type()).map_err(not_there)?;
     if kind != MapType::ProgramArray {
-        return Err(EntryError::RootArrayType { path: array.to_owned(), kind: format!("{kind:?}") });
+        return Err(EntryError::RootArrayType { path: path.to_owned(), kind: format!("{kind:?}") });
     }
-    let mut slots = ProgramArray::try_from(Map::ProgramArray(data)).map_err(not_there)?;
-    let slot_error = |source| EntryError::RootSlot { path: array.to_owned(), index, source: Box::new(source) };
-    slots.set(index, program.fd().map_err(Box::new)?, 0).map_err(slot_error)
+    ProgramArray::try_from(Map::ProgramArray(data)).map_err(not_there)
 }

@@ -121,12 +121,15 @@ fn operator_filter_before_spillway(mode: ClusterMode) {
     assert_ne!(pinned_id(&entry), before, "the entry pin names the new program");
     wait_until(Duration::from_secs(5), "the old entry program freed", || !is_loaded(before));
 
-    // `--cleanup` removes the entry program's pin with the rest.
+    // `--cleanup` removes the entry program's pin with the rest, and empties the root slot:
+    // nothing holds the program any more.
     c.stop_lbd(Signal::SIGTERM).unwrap();
+    let now = pinned_id(&entry);
     let pin_dir = c.lbd_pin_dir().unwrap();
-    let cleanup = c.lbd_once(&["--cleanup", "--pin-dir", pin_dir.to_str().unwrap()]).unwrap();
+    let cleanup = c.lbd_once(&["--cleanup", "--pin-dir", pin_dir.to_str().unwrap(), "--root-array", chain.to_str().unwrap()]).unwrap();
     assert!(cleanup.status.success(), "{}", String::from_utf8_lossy(&cleanup.stderr));
     assert!(entry.symlink_metadata().is_err(), "{} is still pinned", entry.display());
+    wait_until(Duration::from_secs(5), "the entry program freed", || !is_loaded(now));
 }
 in_both_modes!(operator_filter_before_spillway);
 
