@@ -350,13 +350,10 @@ pub struct Exported {
 pub struct Status {
     pub version: String,
     pub uptime_s: u64,
-    pub iface: String,
-    /// The mode lbd asked for (`native`, `generic`); a taken-over link keeps its own.
-    pub xdp_mode: String,
-    /// How the program went live: `attached`, `took_over` (a running link's program was
-    /// replaced), `reattached` or `unattached` (`--xdp-attach none`).
-    pub attachment: String,
-    /// Unattached: where its entry program is pinned, for the operator's root program.
+    /// The interfaces the balancer runs on, in the order it was given them.
+    pub interfaces: Vec<InterfaceStatus>,
+    /// Attached nowhere (`lbd --xdp-attach none`): where its entry program is pinned, for the
+    /// operator's root program.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entry_program: Option<String>,
     /// `--pass-to`: the pinned program the frames it does not serve are handed to.
@@ -378,6 +375,30 @@ pub struct Status {
     pub announcements: AnnouncementsStatus,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alerts: Vec<String>,
+}
+
+/// One interface the balancer runs on, as last checked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterfaceStatus {
+    pub name: String,
+    /// The mode lbd asked for (`native`, `generic`); a taken-over link keeps its own.
+    pub xdp_mode: String,
+    /// How the program went live on it: `attached`, `took_over` (a running link's program
+    /// was replaced) or `reattached`; `-` while it does not drive it.
+    pub attachment: String,
+    /// `up`; `down` (not up or no carrier); `gone` (no such interface); `not_attached` (the
+    /// program does not drive it: `error` says why).
+    pub state: String,
+    /// The forwarding sysctls found at 0 (VIP packets arriving there are then dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarding_off: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl InterfaceStatus {
+    /// Every value of `state`, for the metrics' `state` label.
+    pub const STATES: [&str; 4] = ["up", "down", "gone", "not_attached"];
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -40,6 +40,9 @@ pub struct Sample {
     /// What is announced through BIRD; absent when `lbd` does not announce.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub announcements: Option<super::announce::Announcements>,
+    /// The interfaces the balancer runs on (the metrics' `interface` label).
+    #[serde(default)]
+    pub interfaces: Vec<super::InterfaceStatus>,
 }
 
 /// What runs: `lbd`'s version, the loaded program's tag, the XDP mode asked for.

@@ -87,8 +87,10 @@ counters), MAX (its capacity), USE (USED / MAX) and MEMORY (the kernel's
 accounting of its memory).
 
 JSON output (-o json):
-  {\"version\":\"0.1.0\",\"uptime_s\":3600,\"iface\":\"eth0\",\"xdp_mode\":\"native\",
-   \"attachment\":\"took_over\",\"pin_dir\":\"/sys/fs/bpf/spillway\",
+  {\"version\":\"0.1.0\",\"uptime_s\":3600,
+   \"interfaces\":[{\"name\":\"eth0\",\"xdp_mode\":\"native\",\"attachment\":\"took_over\",\"state\":\"up\"},
+                 {\"name\":\"eth1\",\"xdp_mode\":\"native\",\"attachment\":\"-\",\"state\":\"gone\"}],
+   \"pin_dir\":\"/sys/fs/bpf/spillway\",
    \"state_dir\":\"/var/lib/spillway\",\"health_checks\":true,\"zone\":\"a\",
    \"config\":{\"file\":\"/etc/spillway/spillway.toml\",\"last\":\"applied on SIGHUP\"},
    \"vips\":2,\"backends\":6,\"rules\":1,
@@ -96,9 +98,13 @@ JSON output (-o json):
    \"watcher\":{\"state\":\"loaded\",\"mode\":\"btf\",\"summary\":\"mode btf, 6 of 6 parts watched\"},
    \"announcements\":{\"state\":\"announcing\",\"addresses\":{\"announced\":2}},
    \"alerts\":[]}
-  attachment is attached, took_over (a running link's program was replaced),
-  reattached or unattached (lbd --xdp-attach none; entry_program is then where its
-  program is pinned for your root program). pass_to is lbd --pass-to, when set. config is absent without --config; its error says why it was last
+  Each interface: attachment is attached, took_over (a running link's program was
+  replaced), reattached, unattached (lbd --xdp-attach none: your root program calls
+  the balancer) or - (not driven now); state is up, down (not up, or no
+  carrier), gone (no such interface: attached again when it is back) or not_attached
+  (error says why); forwarding_off names the forwarding sysctls found at 0.
+  entry_program (unattached) is where the entry program is pinned for your root
+  program; pass_to is lbd --pass-to, when set. config is absent without --config; its error says why it was last
   refused. used is absent for maps of counters (the connection table's count is at
   most 15 s old); bytes is the kernel's memory accounting of the map. watcher.state
   is loaded (with its mode: btf, tracepoint or sock_diag) or not_loaded (with error).
@@ -238,7 +244,16 @@ pub fn status_text(status: &Status) -> String {
     };
     let mut out = format!("lbd {}, up {uptime}\n", status.version);
     let mut line = |label: &str, value: String| out.push_str(&format!("{label:<14}{value}\n"));
-    line("interface", format!("{} ({} XDP, {})", status.iface, status.xdp_mode, status.attachment.replace('_', " ")));
+    for (n, i) in status.interfaces.iter().enumerate() {
+        let mut text = format!("{}: {} ({} XDP, {})", i.name, i.state.replace('_', " "), i.xdp_mode, i.attachment.replace('_', " "));
+        if let Some(off) = &i.forwarding_off {
+            text.push_str(&format!(", forwarding off: {off}"));
+        }
+        if let Some(error) = &i.error {
+            text.push_str(&format!(": {error}"));
+        }
+        line(if n == 0 { "interfaces" } else { "" }, text);
+    }
     if let Some(entry) = &status.entry_program {
         line("entry program", format!("{entry} (for your root program's program array)"));
     }

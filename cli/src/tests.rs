@@ -883,9 +883,24 @@ fn status_fits_one_screen() {
     let status = spillway_api::Status {
         version: "0.1.0".into(),
         uptime_s: 3725,
-        iface: "eth0".into(),
-        xdp_mode: "native".into(),
-        attachment: "took_over".into(),
+        interfaces: vec![
+            spillway_api::InterfaceStatus {
+                name: "eth0".into(),
+                xdp_mode: "native".into(),
+                attachment: "took_over".into(),
+                state: "up".into(),
+                forwarding_off: None,
+                error: None,
+            },
+            spillway_api::InterfaceStatus {
+                name: "eth1".into(),
+                xdp_mode: "native".into(),
+                attachment: "-".into(),
+                state: "gone".into(),
+                forwarding_off: Some("net.ipv4.conf.eth1.forwarding = 0".into()),
+                error: None,
+            },
+        ],
         entry_program: None,
         pass_to: None,
         pin_dir: "/sys/fs/bpf/spillway".into(),
@@ -917,7 +932,8 @@ fn status_fits_one_screen() {
     assert_eq!(
         text,
         "lbd 0.1.0, up 1h 2m
-interface     eth0 (native XDP, took over)
+interfaces    eth0: up (native XDP, took over)
+              eth1: gone (native XDP, -), forwarding off: net.ipv4.conf.eth1.forwarding = 0
 pins          /sys/fs/bpf/spillway
 state         /var/lib/spillway: 2 VIPs, 5 backends, 1 rules
 health checks on, zone a
@@ -941,13 +957,11 @@ ALERT: something
     assert!(json.get("entry_program").is_none() && json.get("pass_to").is_none(), "absent unless set: {json}");
     // Beside other XDP programs: where the entry program is pinned, and where frames go on to.
     let beside = spillway_api::Status {
-        attachment: "unattached".into(),
         entry_program: Some("/sys/fs/bpf/spillway/v8/prog".into()),
         pass_to: Some("/sys/fs/bpf/edge/after".into()),
         ..status
     };
     let text = rendered(&["status"], Reply::Status(Box::new(beside)));
-    assert!(text.contains("interface     eth0 (native XDP, unattached)\n"), "{text}");
     assert!(text.contains("entry program /sys/fs/bpf/spillway/v8/prog (for your root program's program array)\n"), "{text}");
     assert!(text.contains("pass to       /sys/fs/bpf/edge/after (frames the balancer does not serve)\n"), "{text}");
     assert_eq!(

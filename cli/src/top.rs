@@ -389,6 +389,7 @@ mod tests {
             pass_to_missing: 0,
             quic: Vec::new(),
             announcements: None,
+            interfaces: Vec::new(),
         }
     }
 

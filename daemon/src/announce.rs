@@ -1,12 +1,9 @@
-//! `lbd`'s side of announcing: every second, whether the data path can forward (the pinned
-//! link still drives the interface, the interface is up, it forwards each family), the VIP
+//! `lbd`'s side of announcing: every second, whether the data path can forward (on some
+//! interface of the balancer: its pinned link drives it, it is up, it forwards the family), the VIP
 //! addresses from the core, one [`Announcer`] round, and its outcome back to the core.
 
 use spillway_logging::error_chain;
-use std::{
-    path::{Path, PathBuf},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use spillway_policy::announce::Fault;
 
@@ -18,7 +15,7 @@ use crate::store::Store;
 use spillway_announce::{AnnounceConfig, Announcer};
 use spillway_dataplane::forwarding;
 use spillway_dataplane::netif;
-use spillway_dataplane::pins;
+use spillway_dataplane::pins::{self, PinLayout};
 use spillway_logging::event;
 use spillway_reconcile::Maps;
 
@@ -26,25 +23,39 @@ use spillway_reconcile::Maps;
 /// this, and other balancers' changes are seen within this.
 pub const INTERVAL: Duration = Duration::from_secs(1);
 
-/// What the data path's health is read from.
+/// Why VIP packets cannot be forwarded, per family (IPv4, IPv6); `None`: they can.
+type Faults = (Option<Fault>, Option<Fault>);
+
+/// What the data path's health is read from: the balancer's pinned links.
 #[derive(Clone, Debug)]
 pub struct DataPath {
-    pub iface: String,
-    /// The balancer's pinned link; `None` when it is attached nowhere (`--xdp-attach none`:
-    /// the operator's root program carries it, which `lbd` cannot see).
-    pub link: Option<PathBuf>,
+    pub layout: PinLayout,
+    /// Attached nowhere (`--xdp-attach none`): the operator's root program carries the
+    /// balancer, which `lbd` cannot see, so no link is looked for.
+    pub unattached: bool,
 }
 
 impl DataPath {
-    /// Why VIP packets of each family cannot be forwarded now, if they cannot.
-    fn faults(&self) -> (Option<Fault>, Option<Fault>) {
-        if self.link.as_deref().is_some_and(|link| !link_attached(link, &self.iface)) {
+    /// Why VIP packets of each family cannot be forwarded now on any of `uplinks`: none
+    /// while one interface carries the family (a router whose uplink is down has lost its
+    /// session with us anyway); otherwise the first interface's fault.
+    fn faults(&self, uplinks: &[String]) -> Faults {
+        let each: Vec<Faults> = uplinks.iter().map(|iface| self.faults_of(iface)).collect();
+        let family = |of: fn(&Faults) -> Option<Fault>| {
+            if each.iter().any(|f| of(f).is_none()) { None } else { Some(each.first().and_then(of).unwrap_or(Fault::ProgramDetached)) }
+        };
+        (family(|f| f.0), family(|f| f.1))
+    }
+
+    /// Why VIP packets of each family cannot be forwarded on `iface`, if they cannot.
+    fn faults_of(&self, iface: &str) -> Faults {
+        if !self.unattached && !link_attached(&self.layout.balancer_link(iface), iface) {
             return (Some(Fault::ProgramDetached), Some(Fault::ProgramDetached));
         }
-        if !netif::is_running(&self.iface).unwrap_or(false) {
+        if !netif::is_running(iface).unwrap_or(false) {
             return (Some(Fault::InterfaceDown), Some(Fault::InterfaceDown));
         }
-        match forwarding::disabled(&self.iface) {
+        match forwarding::disabled(iface) {
             Ok(off) => {
                 let family = |f: &str| off.iter().any(|s| s.name.contains(f)).then_some(Fault::ForwardingDisabled);
                 (family(".ipv4."), family(".ipv6."))
@@ -56,7 +67,7 @@ impl DataPath {
 }
 
 /// The pinned link exists and drives `iface`.
-fn link_attached(link: &Path, iface: &str) -> bool {
+fn link_attached(link: &std::path::Path, iface: &str) -> bool {
     match (pins::pinned_link_ifindex(link), netif::ifindex(iface)) {
         (Some(pinned), Ok(wanted)) => pinned == wanted,
         _ => false,
@@ -86,7 +97,8 @@ where
         let (round_core, data_path) = (core.clone(), data_path.clone());
         // BIRD and the sysctls are blocking I/O; the announcer travels with the round.
         let round = tokio::task::spawn_blocking(move || {
-            let (v4, v6) = data_path.faults();
+            let uplinks = server::lock(&round_core).wanted_uplinks();
+            let (v4, v6) = data_path.faults(&uplinks);
             let wanted = server::lock(&round_core).announce_wanted();
             let view = announcer.step(&wanted, &|addr| if addr.is_ipv4() { v4 } else { v6 }, now_ms());
             server::lock(&round_core).set_announcements(view);
@@ -109,7 +121,10 @@ mod tests {
 
     #[test]
     fn no_pinned_link_is_a_detached_program_for_both_families() {
-        let data_path = DataPath { iface: "lo".into(), link: Some(PathBuf::from("/nonexistent/spillway/link")) };
-        assert_eq!(data_path.faults(), (Some(Fault::ProgramDetached), Some(Fault::ProgramDetached)));
+        let data_path = DataPath { layout: PinLayout::new(std::path::Path::new("/nonexistent/spillway")), unattached: false };
+        let detached = (Some(Fault::ProgramDetached), Some(Fault::ProgramDetached));
+        assert_eq!(data_path.faults(&["lo".to_owned()]), detached);
+        assert_eq!(data_path.faults(&["lo".to_owned(), "no-such-if".to_owned()]), detached);
+        assert_eq!(data_path.faults(&[]), detached);
     }
 }

@@ -107,9 +107,14 @@ pub enum LbdCommand {
 
 #[derive(Debug, Args)]
 pub struct DaemonArgs {
-    /// Interface the balancer receives VIP traffic on.
+    /// Interface the balancer receives VIP traffic on; repeat it for each uplink (`iface =
+    /// ["eth0", "eth1"]` in [lbd]). All share one connection table, so a flow keeps its
+    /// backend whichever one its packets arrive on, and each packet leaves by the interface
+    /// the route lookup picks. The first gives the default outer sources and carries the
+    /// health probes. Changing the file's list and reloading (SIGHUP, `lbctl apply -f`)
+    /// attaches and detaches the difference while running.
     #[arg(long, value_name = "IF", required_unless_present_any = ["cleanup", "config"])]
-    pub iface: Option<String>,
+    pub iface: Vec<String>,
     /// Detach the balancer and the agent and remove everything under --pin-dir, then exit.
     /// With --config, the file's [lbd] table gives --pin-dir, the BIRD paths and the probe
     /// path's options (the command line still wins); its iface and VIPs are not needed. With
@@ -410,11 +415,16 @@ mod tests {
     }
 
     #[test]
+    fn the_balancer_runs_on_each_interface_named() {
+        assert_eq!(parse(&["--iface", "eth0", "--iface", "eth1"]).unwrap().daemon.iface, ["eth0", "eth1"]);
+    }
+
+    #[test]
     fn daemon_defaults() {
         let a = parse(&["--iface", "eth0"]).unwrap();
         assert!(a.command.is_none());
         let d = a.daemon;
-        assert_eq!(d.iface.as_deref(), Some("eth0"));
+        assert_eq!(d.iface, ["eth0"]);
         assert_eq!(d.xdp_mode, XdpModeArg::Native);
         assert_eq!(d.api, PathBuf::from("/run/spillway/api.sock"));
         assert_eq!(d.state_dir, PathBuf::from("/var/lib/spillway"));
@@ -538,7 +548,7 @@ mod tests {
     #[test]
     fn cleanup_and_agent() {
         let a = parse(&["--cleanup", "--pin-dir", "/sys/fs/bpf/t"]).unwrap();
-        assert!(a.daemon.cleanup && a.daemon.iface.is_none());
+        assert!(a.daemon.cleanup && a.daemon.iface.is_empty());
         assert_eq!(a.daemon.pin_dir, PathBuf::from("/sys/fs/bpf/t"));
         let agent_args = ["agent", "--iface", "eth1", "--xdp-mode", "generic", "--allow-from", "10.0.0.2", "--allow-from", "fd00::/64"];
         let Some(LbdCommand::Agent(agent)) = parse(&agent_args).unwrap().command else {

@@ -8,6 +8,7 @@ use std::path::Path;
 use spillway_dataplane::entry::{self, EntryError};
 use spillway_dataplane::pass_to::{Followed, PassTo, PassToError};
 use spillway_dataplane::pins::PinLayout;
+use spillway_dataplane::uplinks::Uplinks;
 use spillway_dataplane::{Balancer, DataplaneError};
 use spillway_logging::{error_chain, event};
 
@@ -39,16 +40,11 @@ pub fn check_args(args: &DaemonArgs) -> Result<(), BesideError> {
 }
 
 /// `--xdp-attach none`: pins the entry program (and puts it in `--root-array`), attaching
-/// nothing. Returns the attachment `lbctl status` shows.
-pub fn go_live_unattached(
-    balancer: &mut Balancer,
-    args: &DaemonArgs,
-    layout: &PinLayout,
-    iface: &str,
-) -> Result<&'static str, BesideError> {
-    entry::refuse_pinned_link(&layout.balancer_link())?;
+/// nothing.
+pub fn go_live_unattached(uplinks: &mut Uplinks, args: &DaemonArgs, layout: &PinLayout, iface: &str) -> Result<(), BesideError> {
+    entry::refuse_pinned_links(layout)?;
     let path = layout.entry_program();
-    let program = balancer.program()?;
+    let program = uplinks.program()?;
     entry::pin_entry(program, &path)?;
     let program_id = program.info().map(|i| i.id()).unwrap_or_default();
     match &args.root_array {
@@ -76,7 +72,7 @@ pub fn go_live_unattached(
             )
         ),
     }
-    Ok("unattached")
+    Ok(())
 }
 
 /// `--pass-to`: fills `spw_pass_to` from the pin (or empties it without the option).

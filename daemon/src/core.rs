@@ -192,11 +192,10 @@ pub struct Core<M, S> {
     health: Option<Checks>,
     /// Port pressure of the balancer and of the backends (from their agents).
     ports: PortsBook,
-    /// The balancer interface's forwarding sysctls found at 0 since the last check (VIP
-    /// packets are then dropped as `drop_forwarding_disabled`), e.g. `net.ipv4.conf.eth0.forwarding = 0`.
-    forwarding_off: Option<String>,
-    /// The alert about frames dropped on the way out of the interface, while it lasts.
-    tx_drops: Option<String>,
+    /// The interfaces to run on: as started, or as the last applied file named them.
+    wanted_uplinks: Vec<String>,
+    /// The interfaces as last checked (their alerts: down, gone, not forwarding, dropping).
+    uplinks: Vec<UplinkState>,
     /// The alert while the probe path is not there (not installed, or not restored).
     probe_path: Option<String>,
     /// `lbd`'s own counters (metrics, `lbctl top`).
@@ -235,6 +234,7 @@ fn or_dash<T: ToString>(value: Option<T>) -> String {
 }
 
 pub use self::apply::{ApplyOptions, DaemonInfo, host_refusal};
+pub use self::uplinks::{Driven, UplinkState};
 pub use super::health_checks::{ProbeResult, ProbeTarget};
 
 impl<M: Maps + Counters, S: Store> Core<M, S> {
@@ -279,8 +279,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             store,
             health,
             ports: PortsBook::default(),
-            forwarding_off: None,
-            tx_drops: None,
+            wanted_uplinks: Vec::new(),
+            uplinks: Vec::new(),
             probe_path: None,
             telemetry,
             info: DaemonInfo::default(),
@@ -309,40 +309,9 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         Ok((targets, now_ms))
     }
 
-    /// Records whether the balancer's interface forwards: `off` names the forwarding
-    /// sysctls at 0 (`None`: all on). Logged when it changes; shown as an alert meanwhile.
-    /// The TX-drop alert in force (`None`: no drops lately); logged when it starts and ends.
     /// The probe path's alert in force (`None`: the path is whole); its task logs it.
     pub fn set_probe_path_alert(&mut self, alert: Option<String>) {
         self.probe_path = alert;
-    }
-
-    pub fn set_tx_drops(&mut self, alert: Option<String>) {
-        if alert.is_some() != self.tx_drops.is_some() {
-            match &alert {
-                Some(alert) => spillway_logging::event!(error, "tx_drops", message = alert),
-                None => spillway_logging::event!(info, "tx_drops_ended"),
-            }
-        }
-        self.tx_drops = alert;
-    }
-
-    pub fn set_forwarding_off(&mut self, off: Option<String>) {
-        if off == self.forwarding_off {
-            return;
-        }
-        match &off {
-            Some(sysctls) => {
-                spillway_logging::event!(
-                    warn,
-                    "forwarding_disabled",
-                    sysctls = sysctls,
-                    effect = "VIP packets are dropped (drop_forwarding_disabled)"
-                )
-            }
-            None => spillway_logging::event!(info, "forwarding_restored"),
-        }
-        self.forwarding_off = off;
     }
 
     /// How long a VIP's table must stay unchanged before its next change replaces its
@@ -879,4 +848,5 @@ mod sample;
 mod status;
 #[cfg(test)]
 mod tests;
+mod uplinks;
 mod views;

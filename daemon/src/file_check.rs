@@ -95,13 +95,17 @@ fn check_balancer(path: &Path, doc: &Document) -> Result<Declared, CheckError> {
     super::beside::check_args(&args).map_err(DaemonError::from)?;
     let state = doc.desired_state()?;
     let no_iface = || settings_error(doc, Section::Lbd, "no iface: set iface in [lbd], as lbd --config needs".to_owned());
-    let iface = args.iface.as_deref().ok_or_else(no_iface)?;
-    netif::ifindex(iface).map_err(DaemonError::from)?;
-    let off = forwarding::disabled(iface).map_err(DaemonError::from)?;
-    if !off.is_empty() && !args.enable_forwarding {
-        return Err(DaemonError::ForwardingDisabled { iface: iface.to_owned(), sysctls: forwarding::describe(&off) }.into());
+    if args.iface.is_empty() {
+        return Err(no_iface());
     }
-    let host = super::host_facts(&args, iface)?;
+    let first = super::check_uplinks(&args.iface)?;
+    for iface in args.iface.iter().filter(|iface| netif::ifindex(iface).is_ok()) {
+        let off = forwarding::disabled(iface).map_err(DaemonError::from)?;
+        if !off.is_empty() && !args.enable_forwarding {
+            return Err(DaemonError::ForwardingDisabled { iface: iface.clone(), sysctls: forwarding::describe(&off) }.into());
+        }
+    }
+    let host = super::host_facts(&args, first)?;
     host.check(&Default::default(), &state).map_err(|e| host_refusal(doc, e))?;
     Ok(Declared { vips: state.vips.len(), backends: state.vips.values().map(|v| v.backends.len()).sum(), rules: state.rules.len() })
 }

@@ -29,6 +29,7 @@ pub mod settings;
 pub mod store;
 pub mod telemetry;
 pub mod tx_drops;
+pub mod uplink_watch;
 pub mod wall_clock;
 
 #[cfg(test)]
@@ -57,7 +58,8 @@ use self::{
     health_checks::ChecksConfig,
     outer_src::{OuterSrc4, OuterSrc6},
     server::{ServerError, SharedCore},
-    settings::RunningSettings,
+    settings::{RunningSettings, Section, Settings},
+    uplink_watch::UplinkWatch,
 };
 use crate::store::{ConfigMark, StateFile, Store, StoreError};
 use spillway_announce::{AnnounceConfig, AnnounceError};
@@ -67,6 +69,7 @@ use spillway_dataplane::forwarding::{self, ForwardingError};
 use spillway_dataplane::neighbours;
 use spillway_dataplane::netif::{self, NetifError};
 use spillway_dataplane::pins::{self, Attachment, PinError, PinLayout};
+use spillway_dataplane::uplinks::UplinkError;
 use spillway_dataplane::vip_path::{VipPath, VipPathError};
 use spillway_dataplane::{Balancer, DataplaneError, LoadOptions, PinnedShape};
 use spillway_logging::event;
@@ -121,6 +124,8 @@ pub enum DaemonError {
          no VIP packet could be forwarded; set it to 1 (sysctl -w ...=1) or start lbd with --enable-forwarding"
     )]
     ForwardingDisabled { iface: String, sysctls: String },
+    #[error("{iface} is named twice in --iface (iface in [lbd])")]
+    InterfaceTwice { iface: String },
     #[error("the configuration file is refused and there is no persisted state to start from")]
     Config(#[source] ConfigError),
     #[error("applying the configuration file at start")]
@@ -138,14 +143,35 @@ impl From<beside::BesideError> for DaemonError {
     }
 }
 
-/// Runs the balancer on `iface` until SIGTERM or SIGINT; with `config` (the `--config`
-/// file, already read), starts from it as [`plan_start`] says and re-applies it on SIGHUP.
-pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, settings: RunningSettings) -> Result<(), DaemonError> {
+/// Checks the interfaces the balancer is to run on as a start needs them: none twice, and
+/// the first present (its addresses are the default outer sources, and health probes are
+/// routed as if they arrived there). Any other may be missing: an ALERT until it appears.
+/// Returns the first.
+pub fn check_uplinks(ifaces: &[String]) -> Result<&str, DaemonError> {
+    for (n, iface) in ifaces.iter().enumerate() {
+        if ifaces[..n].contains(iface) {
+            return Err(DaemonError::InterfaceTwice { iface: iface.clone() });
+        }
+    }
+    let first = ifaces.first().map(String::as_str).unwrap_or_default();
+    netif::ifindex(first)?;
+    Ok(first)
+}
+
+/// The interfaces of `ifaces` that exist now.
+fn present(ifaces: &[String]) -> impl Iterator<Item = &str> {
+    ifaces.iter().map(String::as_str).filter(|iface| netif::ifindex(iface).is_ok())
+}
+
+/// Runs the balancer on the interfaces `--iface` names until SIGTERM or SIGINT; with
+/// `config` (the `--config` file, already read), starts from it as [`plan_start`] says and
+/// re-applies it on SIGHUP.
+pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningSettings) -> Result<(), DaemonError> {
     // Everything lbd creates (socket, state file, pin directories) is root's alone.
     umask(Mode::from_bits_truncate(0o077));
     // First, as `lbd check` does: every later step would fail on a missing interface with a
     // message about something else (its sysctls, its addresses).
-    netif::ifindex(iface)?;
+    let iface = check_uplinks(&args.iface)?;
     check_fleet_seed(args)?;
     beside::check_args(args)?;
     let mut signals = Signals::install()?;
@@ -167,7 +193,9 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
             message = "the agents' port reports cannot be authenticated and are ignored (lbd --report-key, the agents' file)"
         );
     }
-    check_forwarding(iface, args.enable_forwarding)?;
+    for iface in present(&args.iface) {
+        check_forwarding(iface, args.enable_forwarding)?;
+    }
     pins::ensure_bpffs()?;
     let layout = PinLayout::new(&args.pin_dir);
     let probe_names = args.vip_path.names(&args.pin_dir);
@@ -180,9 +208,6 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     // connecting during startup wait in the backlog until the state is restored.
     let (listener, _socket) = server::bind(&args.api)?;
     let config = lb_config(args, iface)?;
-    let tx_ports =
-        std::iter::once(iface).chain(args.tx_ifaces.iter().map(String::as_str)).map(netif::ifindex).collect::<Result<Vec<_>, _>>()?;
-
     let mut balancer = Balancer::load(&LoadOptions { map_pin_dir: Some(layout.balancer_maps()), capacity: args.capacity() })
         .map_err(|e| explain_load_error(e, &layout))?;
     // The second-chance program's rare events (`dataplane::logs`) become log lines.
@@ -191,30 +216,46 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
         .ok();
     // Before the balancer goes live, so that its first frames find the operator's program.
     let pass_to = beside::start_pass_to(&mut balancer, args.pass_to.as_deref())?;
-    // Attach before writing anything: if this fails (wrong interface, another program on
-    // it), the maps a running balancer may share are left untouched.
-    let link = layout.balancer_link();
-    let program_tag = balancer.program()?.info().map(|i| format!("{:016x}", i.tag())).unwrap_or_default();
-    let mode = args.xdp_mode.label();
-    let started = std::time::Instant::now();
-    let attachment = match args.xdp_attach {
-        XdpAttach::Interface => attach(&mut balancer, args, iface, &link, &program_tag)?,
-        XdpAttach::None => beside::go_live_unattached(&mut balancer, args, &layout, iface)?,
-    };
     // Probes through the tunnel need the probe path; without it they count as unknown (and
     // say why, loudly), and forwarding is unaffected.
     let vip_path = (!args.no_health_checks).then(|| {
         undo.probe_path_touched = true;
-        VipPath::install(&mut balancer, &layout, iface, &probe_names).map_err(|e| {
+        VipPath::install(&mut balancer, &layout, iface, &probe_names, probe_sources(args, &host.addresses)).map_err(|e| {
             let message = error_chain(&e);
             event!(error, "probe_path_unavailable", error = message, message = "ALERT: probes through the tunnel count as unknown");
             message
         })
     });
-    let mut maps = balancer.maps;
+    let (mut uplinks, mut maps) = balancer.into_uplinks(&layout, args.xdp_mode.into()).map_err(|e| explain_uplink_error(e, iface))?;
+    if let Some(moved) = pins::adopt_single_link(&layout)? {
+        event!(info, "link_moved", iface = moved, link = layout.balancer_link(&moved).display());
+    }
+    // Attach before writing anything: if this fails (wrong interface, another program on
+    // it), the maps a running balancer may share are left untouched.
+    let program_tag = uplinks.program_tag();
+    let mode = args.xdp_mode.label();
+    let started = std::time::Instant::now();
+    let mut attached = std::collections::BTreeMap::new();
+    let unattached = args.xdp_attach == XdpAttach::None;
+    if unattached {
+        beside::go_live_unattached(&mut uplinks, args, &layout, iface)?;
+    }
+    for iface in present(&args.iface).filter(|_| !unattached) {
+        warn_of_veth_tx(iface, args.xdp_mode);
+        let attachment = uplinks.attach(iface).map_err(|e| explain_uplink_error(e, iface))?;
+        log_attachment(iface, attachment, mode, &layout.balancer_link(iface), &program_tag);
+        attached.insert(iface.to_owned(), uplink_watch::attachment_label(attachment));
+    }
+    // The first round detaches the interfaces a previous lbd ran on that this one does not,
+    // and fills the redirect map.
+    let vip_path = vip_path.map(Arc::new);
+    let mut uplink_watch = UplinkWatch::new(uplinks, args.tx_ifaces.clone(), attached, vip_path.clone());
+    if unattached {
+        uplink_watch.leave_unattached();
+    }
+    let uplink_states = uplink_watch.check(&args.iface);
     log_memory(&maps);
     maps.set_config_keeping_table_seed(&config)?;
-    maps.set_tx_ports(&tx_ports)?;
     let checks = (!args.no_health_checks).then(|| {
         let defaults = HealthConfig { slow_start_ms: args.health_slow_start_ms, ..HealthConfig::default() };
         (ChecksConfig { defaults, local_zone: args.zone.clone() }, store.load_health().unwrap_or_default())
@@ -247,11 +288,11 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
         event!(warn, "socket_watcher_not_loaded", error = message, message = "lbctl ports --host lb has no data");
         message
     });
+    core.set_wanted_uplinks(args.iface.clone());
+    core.set_uplinks(uplink_states);
     core.set_info(DaemonInfo {
         started,
-        iface: iface.to_owned(),
         xdp_mode: args.xdp_mode.label(),
-        attachment,
         pin_dir: args.pin_dir.clone(),
         state_dir: args.state_dir.clone(),
         zone: args.zone.clone(),
@@ -276,16 +317,13 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     let _metrics = scrape::start(args.metrics_listen, core.clone()).await;
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
-    let interface_watch = tokio::spawn(interface_watch(core.clone(), iface.to_owned()));
+    let uplink_watch = tokio::spawn(uplink_watch::watch(core.clone(), uplink_watch));
     let pass_to = tokio::spawn(beside::follow_pass_to(pass_to));
-    let vip_path = vip_path.map(Arc::new);
     let path_upkeep = vip_path.clone().map(|path| tokio::spawn(probing::path_upkeep(core.clone(), path)));
     let prober = vip_path.map(|path| tokio::spawn(probing::health_task(core.clone(), probing::schedule_seed(), path)));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port, report_key));
     let announcer = announce_config(args).map(|config| {
-        // Unattached, the operator's root program carries the balancer: no link to watch.
-        let link = (args.xdp_attach == XdpAttach::Interface).then(|| link.clone());
-        let data_path = announce::DataPath { iface: iface.to_owned(), link };
+        let data_path = announce::DataPath { layout: layout.clone(), unattached };
         tokio::spawn(announce::announce_task(core.clone(), config, data_path))
     });
     let reloader = tokio::spawn(reload_on_hup(core.clone(), config_path, signals.take_hup()));
@@ -300,7 +338,7 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     })
     .await;
     upkeep.abort();
-    interface_watch.abort();
+    uplink_watch.abort();
     pass_to.abort();
     if let Some(logs) = ebpf_logs {
         logs.abort();
@@ -316,46 +354,18 @@ pub async fn run(args: &DaemonArgs, iface: &str, config: Option<Document>, setti
     }
     // A killed lbd restores the last state change; a clean exit saves the present.
     server::lock(&core).persist_health();
-    event!(info, "exited", link = link.display(), message = durability.after_exit("forwarding"));
+    event!(info, "exited", links = layout.balancer_links().display(), message = durability.after_exit("forwarding"));
     Ok(())
 }
 
-/// Attaches the balancer to `iface` through its pinned `link` (taking a running one over).
-/// Returns the attachment `lbctl status` shows.
-fn attach(balancer: &mut Balancer, args: &DaemonArgs, iface: &str, link: &Path, program_tag: &str) -> Result<&'static str, DaemonError> {
-    warn_of_veth_tx(iface, args.xdp_mode);
-    let attached =
-        pins::attach_pinned(balancer.program()?, iface, args.xdp_mode.into(), link).map_err(|e| explain_attach_error(e, iface))?;
-    let mode = args.xdp_mode.label();
-    Ok(match attached {
-        Attachment::Attached => {
-            event!(info, "attached", iface = iface, mode = mode, link = link.display(), program_tag = program_tag);
-            "attached"
-        }
-        Attachment::Reattached => {
-            event!(
-                info,
-                "attached",
-                iface = iface,
-                mode = mode,
-                link = link.display(),
-                program_tag = program_tag,
-                note = "the old link's interface was gone"
-            );
-            "reattached"
-        }
-        Attachment::TookOver { replaced_program_id } => {
-            event!(
-                info,
-                "took_over",
-                iface = iface,
-                link = link.display(),
-                replaced_prog_id = replaced_program_id,
-                program_tag = program_tag
-            );
-            "took_over"
-        }
-    })
+/// The probes' source per family: the outer source when it is one address of this host
+/// (the balancer's own address, which the network routes back to it over every interface);
+/// else `None`, and the probe path takes its interface's first address.
+fn probe_sources(args: &DaemonArgs, addresses: &[(String, std::net::IpAddr)]) -> (Option<std::net::IpAddr>, Option<std::net::IpAddr>) {
+    let local = |addr: std::net::IpAddr| addresses.iter().any(|(_, a)| *a == addr).then_some(addr);
+    let v4 = args.outer_src.filter(|s| s.prefix == 32).and_then(|s| local(s.addr.into()));
+    let v6 = args.outer_src6.filter(|s| s.prefix == 128).and_then(|s| local(s.addr.into()));
+    (v4, v6)
 }
 
 /// One line per map with the memory the kernel charges for it, and the total.
@@ -404,62 +414,6 @@ fn warn_of_veth_tx(iface: &str, mode: pins::XdpModeArg) {
     let kind = spillway_dataplane::rtnl::Rtnl::open().and_then(|mut r| r.link(iface)).ok().flatten().and_then(|l| l.kind);
     if mode == pins::XdpModeArg::Native && kind.as_deref() == Some("veth") {
         event!(warn, "xdp_tx_on_veth", iface = iface, message = crate::tx_drops::advice(Some("veth")));
-    }
-}
-
-/// How often the interface's forwarding sysctls and TX drops are re-read once running.
-const INTERFACE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Keeps the core told whether `iface` still forwards and whether frames are dropped on
-/// the way out of it (an alert in `lbctl` and one log line per change for each).
-async fn interface_watch<M, S>(core: SharedCore<M, S>, iface: String)
-where
-    M: Maps + Counters + Send + 'static,
-    S: Store + Send + 'static,
-{
-    let mut tick = tokio::time::interval(INTERFACE_CHECK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut drops = crate::tx_drops::TxDrops::default();
-    loop {
-        tick.tick().await;
-        let off = match forwarding::disabled(&iface) {
-            Ok(off) if off.is_empty() => Some(None),
-            Ok(off) => Some(Some(forwarding::describe(&off))),
-            Err(e) => {
-                event!(warn, "forwarding_check_failed", iface = iface, error = error_chain(&e));
-                None
-            }
-        };
-        let name = iface.clone();
-        let link = tokio::task::spawn_blocking(move || spillway_dataplane::rtnl::Rtnl::open().and_then(|mut r| r.link(&name))).await;
-        let tx_alert = match link {
-            Ok(Ok(Some(link))) => link
-                .tx_dropped
-                .map(|n| drops.observe(n, std::time::Instant::now()).map(|n| crate::tx_drops::alert(&iface, n, link.kind.as_deref()))),
-            Ok(Ok(None)) => None,
-            Ok(Err(e)) => {
-                event!(warn, "tx_drops_check_failed", iface = iface, error = error_chain(&e));
-                None
-            }
-            Err(e) => {
-                event!(warn, "tx_drops_check_failed", iface = iface, error = e);
-                None
-            }
-        };
-        let core = core.clone();
-        let update = move || {
-            let mut core = server::lock(&core);
-            if let Some(off) = off {
-                core.set_forwarding_off(off);
-            }
-            if let Some(alert) = tx_alert {
-                core.set_tx_drops(alert);
-            }
-            core.watch_flow_table();
-        };
-        if let Err(e) = tokio::task::spawn_blocking(update).await {
-            event!(warn, "interface_check_failed", iface = iface, error = e);
-        }
     }
 }
 
@@ -555,6 +509,33 @@ fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
         flags: if args.pass_to.is_some() { CFG_F_PASS_TO } else { 0 },
         ..LbConfig::default()
     })
+}
+
+/// How the program came to drive `iface`, as one log line.
+fn log_attachment(iface: &str, attachment: Attachment, mode: &str, link: &Path, program_tag: &str) {
+    let link = link.display();
+    match attachment {
+        Attachment::Attached => event!(info, "attached", iface = iface, mode = mode, link = link, program_tag = program_tag),
+        Attachment::Reattached => event!(
+            info,
+            "attached",
+            iface = iface,
+            mode = mode,
+            link = link,
+            program_tag = program_tag,
+            note = "the old link's interface was gone"
+        ),
+        Attachment::TookOver { replaced_program_id } => {
+            event!(info, "took_over", iface = iface, link = link, replaced_prog_id = replaced_program_id, program_tag = program_tag)
+        }
+    }
+}
+
+fn explain_uplink_error(error: UplinkError, iface: &str) -> DaemonError {
+    match error {
+        UplinkError::Pin(e) => explain_attach_error(e, iface),
+        UplinkError::Dataplane(e) => e.into(),
+    }
 }
 
 /// An attach refused because another XDP program drives the interface says which one (and
@@ -812,6 +793,10 @@ where
                 // The rule of every path in: the file wins only once it changed; lbctl edits
                 // made since lbd last took it in are newer, and stay.
                 Ok(doc) if core.own_config_unchanged(&doc) => {
+                    // The interface list is the one setting taken while running.
+                    if let Ok(settings) = Settings::from_file(&doc, Section::Lbd) {
+                        core.take_uplinks(&settings);
+                    }
                     event!(info, "config_unchanged", file = path.display(), trigger = "SIGHUP", kept = "running_state");
                     let last = "unchanged on SIGHUP since lbd took it in; kept the running state (lbctl apply -f applies it anyway)";
                     core.set_config_status(ConfigStatus { file: path.display().to_string(), last: last.to_owned(), error: None });

@@ -56,8 +56,8 @@ async fn run(Resolved { args, config, settings }: Resolved) -> anyhow::Result<()
         }
         None if args.daemon.cleanup => daemon::cleanup(&args.daemon).context("lbd --cleanup"),
         None => {
-            let iface = args.daemon.iface.as_deref().context("--iface is required (on the command line or as iface in [lbd])")?;
-            daemon::run(&args.daemon, iface, config, settings).await.context("lbd")
+            anyhow::ensure!(!args.daemon.iface.is_empty(), "--iface is required (on the command line or as iface in [lbd])");
+            daemon::run(&args.daemon, config, settings).await.context("lbd")
         }
     }
 }

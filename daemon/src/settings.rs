@@ -10,6 +10,10 @@ use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, parser::ValueSou
 use super::args::LbdArgs;
 use spillway_model::config::{ConfigError, Document, FieldPath};
 
+/// The one setting `lbd` changes while running (`Core::take_uplinks`); the others wait for a
+/// restart.
+pub const LIVE_IFACE: &str = "iface";
+
 /// Options that say what to do, not how to run: never settings.
 const NOT_SETTINGS: [&str; 4] = ["help", "version", "config", "cleanup"];
 
@@ -155,6 +159,10 @@ impl Settings {
         self.0.remove(key);
     }
 
+    pub fn set(&mut self, key: &str, values: Vec<String>) {
+        self.0.insert(key.to_owned(), values);
+    }
+
     /// As command-line arguments.
     pub fn to_args(&self, section: Section) -> Vec<String> {
         let command = section.command();
@@ -179,7 +187,8 @@ impl Settings {
             .map(|(key, values)| {
                 let value = match find(&command, key).map(Arg::get_action) {
                     Some(ArgAction::SetTrue) => toml::Value::Boolean(true),
-                    Some(ArgAction::Append) => toml::Value::Array(values.iter().map(value).collect()),
+                    // One value as itself (`iface = "eth0"`), as a file would say it.
+                    Some(ArgAction::Append) if values.len() != 1 => toml::Value::Array(values.iter().map(value).collect()),
                     _ => values.first().map_or(toml::Value::String(String::new()), value),
                 };
                 (key.clone(), value)
@@ -196,6 +205,17 @@ pub struct RunningSettings {
 }
 
 impl RunningSettings {
+    /// The interfaces a file's `[lbd]` names, when they differ from those running and the
+    /// command line names none of its own (which would win): `lbd` moves to them while
+    /// running.
+    pub fn uplinks_from(&self, file: &Settings) -> Option<Vec<String>> {
+        if self.command_line.get(LIVE_IFACE).is_some() {
+            return None;
+        }
+        let named = file.get(LIVE_IFACE)?;
+        (self.effective.get(LIVE_IFACE) != Some(named)).then(|| named.to_vec())
+    }
+
     /// How a file's `[lbd]` settings differ from the running ones: one note each (settings
     /// take effect when `lbd` starts).
     pub fn notes(&self, file: &Settings) -> Vec<String> {
@@ -204,6 +224,9 @@ impl RunningSettings {
             .iter()
             .filter_map(|(key, values)| {
                 let ours = Some(values.as_slice());
+                if key == LIVE_IFACE && self.uplinks_from(file).is_some() {
+                    return None;
+                }
                 if let Some(cli) = self.command_line.get(key).filter(|cli| Some(*cli) != ours) {
                     return Some(format!(
                         "lbd.{key}: the file says {}, but lbd's command line sets {} and wins",
@@ -270,7 +293,7 @@ mod tests {
         );
         let resolved = resolve(argv(&["lbd", "--config", &path, "--zone", "b"])).unwrap();
         let d = &resolved.args.daemon;
-        assert_eq!((d.iface.as_deref(), d.zone.as_deref(), d.tcp_idle_timeout_s), (Some("eth9"), Some("b"), 60));
+        assert_eq!((d.iface.as_slice(), d.zone.as_deref(), d.tcp_idle_timeout_s), (&["eth9".to_owned()][..], Some("b"), 60));
         assert!(d.no_health_checks);
         assert_eq!(d.tx_ifaces, ["eth1", "eth2"]);
         assert!(resolved.config.is_some());
@@ -395,7 +418,7 @@ mod tests {
         // a missing --iface here.
         let path = file(&tmp, "vips = []\n");
         let resolved = resolve(argv(&["lbd", "--config", &path])).unwrap();
-        assert_eq!(resolved.args.daemon.iface, None);
+        assert!(resolved.args.daemon.iface.is_empty());
         assert!(matches!(resolve(argv(&["lbd", "--config", "/nonexistent.toml"])), Err(crate::resolve::ArgsError::Config(_))));
     }
 }

@@ -96,7 +96,7 @@ impl Env {
     }
 
     fn link_pin(&self) -> PathBuf {
-        self.pin_dir.join(format!("v{PIN_VERSION}/link"))
+        self.pin_dir.join(format!("v{PIN_VERSION}/links/veth0"))
     }
 
     /// Spawns `lbd args...` in the namespace, logging to a new file; returns the log path.

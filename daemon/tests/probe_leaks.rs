@@ -128,7 +128,7 @@ async fn probe_everything(pin_dir: &std::path::Path, backend: IpAddr, remote: Se
     let mut reconciler = Reconciler::adopt(&balancer.maps).unwrap();
     reconciler.apply(&mut balancer.maps, &state).unwrap();
     let names = ProbeNames { device: "spw-probe".into(), table: 5357, mark: 0x53 };
-    let path = VipPath::install(&mut balancer, &layout, "eth0", &names).unwrap();
+    let path = VipPath::install(&mut balancer, &layout, "eth0", &names, (None, None)).unwrap();
     let tunnel = Tunnel { path: Arc::new(Ok(path)), slot: reconciler.backend_slot(&vip, &backend).unwrap() };
 
     let local = Servers::start(Ipv4Addr::LOCALHOST.into(), &[Ipv4Addr::LOCALHOST.into()]).await;

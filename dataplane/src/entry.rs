@@ -16,6 +16,8 @@ use aya::{
     programs::{ProgramError, Xdp},
 };
 
+use crate::pins::{self, PinLayout};
+
 #[derive(Debug, thiserror::Error)]
 pub enum EntryError {
     #[error("pinning the balancer's entry program at {}", path.display())]
@@ -69,11 +71,11 @@ pub fn pin_entry(program: &mut Xdp, path: &Path) -> Result<(), EntryError> {
     fs::rename(&fresh, path).map_err(|source| EntryError::Rename { path: path.to_owned(), source })
 }
 
-/// Refuses to leave the balancer unattached while its pinned `link` attaches it.
-pub fn refuse_pinned_link(link: &Path) -> Result<(), EntryError> {
-    match link.symlink_metadata() {
-        Ok(_) => Err(EntryError::LinkPinned { path: link.to_owned() }),
-        Err(_) => Ok(()),
+/// Refuses to leave the balancer unattached while a pinned link of it attaches it.
+pub fn refuse_pinned_links(layout: &PinLayout) -> Result<(), EntryError> {
+    match pins::linked_interfaces(layout).first() {
+        Some(iface) => Err(EntryError::LinkPinned { path: layout.balancer_link(iface) }),
+        None => Ok(()),
     }
 }
 

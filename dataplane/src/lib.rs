@@ -21,6 +21,7 @@ mod probe_encap;
 pub mod rtnl;
 mod tables;
 pub mod test_run;
+pub mod uplinks;
 pub mod verifier;
 pub mod vip_path;
 
@@ -170,6 +171,8 @@ pub struct MapMemory {
 pub struct Balancer {
     ebpf: Ebpf,
     pub maps: BalancerMaps,
+    /// The interfaces the program may redirect to (`uplinks` keeps it current).
+    pub tx_ports: aya::maps::DevMapHash<aya::maps::MapData>,
 }
 
 /// The programs of a QUIC VIP's packets, in the order of their slots in `spw_quic_prog`.
@@ -248,7 +251,8 @@ impl Balancer {
             let quic = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
             named(map_names::QUIC_PROGRAM, maps.quic_program.set(slot, quic, 0))?;
         }
-        Ok(Self { ebpf, maps })
+        let tx_ports = maps::take(&mut ebpf, map_names::TX_PORTS)?;
+        Ok(Self { ebpf, maps, tx_ports })
     }
 
     pub fn program(&mut self) -> Result<&mut Xdp, DataplaneError> {

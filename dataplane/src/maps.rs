@@ -7,7 +7,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 
 use aya::{
     Ebpf,
-    maps::{Array, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray, ProgramArray},
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, ProgramArray},
 };
 use spillway_common::{
     limits::{Capacity, MAX_RULES, RING_SLOTS_PER_WORD, map_names},
@@ -48,7 +48,6 @@ pub struct BalancerMaps {
     pub vip_stats: PerCpuArray<MapData, Traffic>,
     pub backend_stats: PerCpuArray<MapData, Traffic>,
     pub reasons: PerCpuArray<MapData, u64>,
-    pub tx_ports: DevMapHash<MapData>,
     pub vip_filter: Array<MapData, u64>,
     /// New-flow limits per VIP id, and the default at `Capacity::default_limit_slot`.
     pub limits: Array<MapData, Limits>,
@@ -124,7 +123,6 @@ impl BalancerMaps {
             vip_stats: take(ebpf, map_names::VIP_STATS)?,
             backend_stats: take(ebpf, map_names::BACKEND_STATS)?,
             reasons: take(ebpf, map_names::REASONS)?,
-            tx_ports: take(ebpf, map_names::TX_PORTS)?,
             vip_filter: take(ebpf, map_names::VIP_FILTER)?,
             limits: take(ebpf, map_names::LIMITS)?,
             budget: take(ebpf, map_names::BUDGET_STATE)?,
@@ -207,19 +205,6 @@ impl BalancerMaps {
     }
 
     /// Makes the redirect map hold exactly `ifindexes`, each redirecting to itself.
-    pub fn set_tx_ports(&mut self, ifindexes: &[u32]) -> Result<(), DataplaneError> {
-        let have: Vec<u32> = named(map_names::TX_PORTS, self.tx_ports.keys().collect())?;
-        for stale in have.iter().filter(|i| !ifindexes.contains(i)) {
-            named(map_names::TX_PORTS, self.tx_ports.remove(*stale))?;
-        }
-        for &ifindex in ifindexes.iter().filter(|i| !have.contains(i)) {
-            self.tx_ports
-                .insert(ifindex, ifindex, None, 0)
-                .map_err(|source| DataplaneError::XdpMap { name: map_names::TX_PORTS, source })?;
-        }
-        Ok(())
-    }
-
     pub fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {
         named(map_names::BACKENDS, self.backends.set(id, info, 0))
     }

@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! <pin-dir>/v<PIN_VERSION>/maps/<map>   the balancer's maps (see dataplane)
-//! <pin-dir>/v<PIN_VERSION>/link         the balancer's XDP link
+//! <pin-dir>/v<PIN_VERSION>/links/<if>   the balancer's XDP link on interface <if>
+//! <pin-dir>/v<PIN_VERSION>/link         the one link of an lbd that ran on one interface
+//!                                       (moved under links/ by the next start)
 //! <pin-dir>/v<PIN_VERSION>/prog         its entry program (`--xdp-attach none`; see `entry`)
 //! <pin-dir>/v<PIN_VERSION>/probe_link   the probe path's tc link (see `vip_path`)
 //! <pin-dir>/v<PIN_VERSION>/probe_prog   the probe program, for `lbd` to attach it again
@@ -137,7 +139,18 @@ impl PinLayout {
         self.balancer_dir().join("maps")
     }
 
-    pub fn balancer_link(&self) -> PathBuf {
+    /// Where the balancer's link on `iface` is pinned.
+    pub fn balancer_link(&self, iface: &str) -> PathBuf {
+        self.balancer_links().join(iface)
+    }
+
+    /// The directory of the balancer's links, one per interface.
+    pub fn balancer_links(&self) -> PathBuf {
+        self.balancer_dir().join("links")
+    }
+
+    /// The single link of an `lbd` from before several interfaces (see [`adopt_single_link`]).
+    fn single_link(&self) -> PathBuf {
         self.balancer_dir().join("link")
     }
 
@@ -458,7 +471,7 @@ pub fn cleanup(layout: &PinLayout) -> Result<Vec<PathBuf>, PinError> {
         .filter(|dir| dir.is_dir())
         .map(|dir| lock(dir))
         .collect::<Result<Vec<_>, _>>()?;
-    let unpinned = unpin_links([layout.balancer_link(), layout.probe_link(), layout.agent_link()])?;
+    let unpinned = unpin_links(balancer_links(layout).into_iter().chain([layout.probe_link(), layout.agent_link()]))?;
     fs::remove_dir_all(layout.root()).map_err(|source| PinError::Remove { path: layout.root().to_owned(), source })?;
     Ok(unpinned)
 }
@@ -467,12 +480,53 @@ pub fn cleanup(layout: &PinLayout) -> Result<Vec<PathBuf>, PinError> {
 /// (maps, links, probe program), and the pin directory itself when that leaves it empty. The
 /// caller holds the balancer directory's lock. Returns the links it unpinned.
 pub fn remove_balancer(layout: &PinLayout) -> Result<Vec<PathBuf>, PinError> {
-    let unpinned = unpin_links([layout.balancer_link(), layout.probe_link()])?;
+    let unpinned = unpin_links(balancer_links(layout).into_iter().chain([layout.probe_link()]))?;
     let dir = layout.balancer_dir();
     fs::remove_dir_all(&dir).map_err(|source| PinError::Remove { path: dir, source })?;
     // Not empty: the agent's pins are there too, and stay.
     let _ = fs::remove_dir(layout.root());
     Ok(unpinned)
+}
+
+/// Every balancer link pinned under `layout`: one per interface, and an older single link.
+fn balancer_links(layout: &PinLayout) -> Vec<PathBuf> {
+    let per_interface = fs::read_dir(layout.balancer_links()).into_iter().flatten().flatten().map(|e| e.path());
+    per_interface.chain([layout.single_link()]).collect()
+}
+
+/// The interfaces with a balancer link pinned under `layout`, by name.
+pub fn linked_interfaces(layout: &PinLayout) -> Vec<String> {
+    let entries = fs::read_dir(layout.balancer_links()).into_iter().flatten().flatten();
+    let mut names: Vec<String> = entries.filter_map(|e| e.file_name().into_string().ok()).collect();
+    names.sort();
+    names
+}
+
+/// Moves the single link an `lbd` that ran on one interface pinned (`v<N>/link`) to where
+/// this one keeps its links (`v<N>/links/<if>`), so that the restart takes it over without
+/// a gap. A link whose interface is gone is removed. Returns the interface it now serves.
+pub fn adopt_single_link(layout: &PinLayout) -> Result<Option<String>, PinError> {
+    let single = layout.single_link();
+    if single.symlink_metadata().is_err() {
+        return Ok(None);
+    }
+    let remove = |path: &Path| fs::remove_file(path).map_err(|source| PinError::Remove { path: path.to_owned(), source });
+    let Some(iface) = pinned_link_ifindex(&single).filter(|&i| i != 0).and_then(|i| nix::net::if_::if_indextoname(i).ok()) else {
+        remove(&single)?;
+        return Ok(None);
+    };
+    let iface = iface.to_string_lossy().into_owned();
+    let dir = layout.balancer_links();
+    DirBuilder::new().recursive(true).mode(0o700).create(&dir).map_err(|source| PinError::CreateDir { path: dir.clone(), source })?;
+    let to = layout.balancer_link(&iface);
+    fs::rename(&single, &to).map_err(|source| PinError::Remove { path: single.clone(), source })?;
+    Ok(Some(iface))
+}
+
+/// Detaches the balancer from `iface` by unpinning its link (the last reference: the kernel
+/// detaches the program). False when no link was pinned for it.
+pub fn detach_balancer(layout: &PinLayout, iface: &str) -> Result<bool, PinError> {
+    Ok(!unpin_links([layout.balancer_link(iface)])?.is_empty())
 }
 
 /// Unpins each link of `paths` that is pinned; the last reference gone, its program detaches.
@@ -506,10 +560,11 @@ pub fn xdp_holder(iface: &str) -> Option<String> {
     Some(holder)
 }
 
-/// How deep under the bpffs root a balancer's link is looked for (`<root>/a/b/c/vN/link`).
-const HOLDER_SEARCH_DEPTH: usize = 5;
+/// How deep under the bpffs root a balancer's link is looked for (`<root>/a/b/c/vN/links/if`).
+const HOLDER_SEARCH_DEPTH: usize = 6;
 
-/// The pin directory whose balancer link (`<dir>/v<PIN_VERSION>/link`) runs `program_id`.
+/// The pin directory whose balancer link (`<dir>/v<PIN_VERSION>/links/<if>`, or the older
+/// `<dir>/v<PIN_VERSION>/link`) runs `program_id`.
 fn balancer_pin_dir_running(program_id: u32) -> Option<PathBuf> {
     let version_dir = format!("v{PIN_VERSION}");
     let mut dirs = vec![(PathBuf::from(BPFFS_ROOT), 0)];
@@ -520,10 +575,16 @@ fn balancer_pin_dir_running(program_id: u32) -> Option<PathBuf> {
                 if depth < HOLDER_SEARCH_DEPTH {
                     dirs.push((path, depth + 1));
                 }
-            } else if entry.file_name() == "link" && dir.file_name().is_some_and(|n| n == version_dir.as_str()) {
+            } else {
+                let named = |p: &Path, name: &str| p.file_name().is_some_and(|n| n == name);
+                let versioned = if named(&dir, "links") { dir.parent() } else { Some(dir.as_path()) };
+                let Some(versioned) = versioned.filter(|d| named(d, &version_dir)) else { continue };
+                if !named(&dir, "links") && entry.file_name() != "link" {
+                    continue;
+                }
                 let link: Option<FdLink> = PinnedLink::from_pin(&path).ok().map(Into::into);
                 if link.and_then(|l| l.info().ok()).is_some_and(|info| info.program_id() == program_id) {
-                    return dir.parent().map(Path::to_owned);
+                    return versioned.parent().map(Path::to_owned);
                 }
             }
         }
@@ -648,7 +709,7 @@ mod tests {
     fn layout_is_versioned() {
         let layout = PinLayout::new(Path::new("/sys/fs/bpf/x"));
         assert_eq!(layout.balancer_maps(), Path::new(&format!("/sys/fs/bpf/x/v{PIN_VERSION}/maps")));
-        assert_eq!(layout.balancer_link(), Path::new(&format!("/sys/fs/bpf/x/v{PIN_VERSION}/link")));
+        assert_eq!(layout.balancer_link("eth0"), Path::new(&format!("/sys/fs/bpf/x/v{PIN_VERSION}/links/eth0")));
         assert_eq!(layout.agent_link(), Path::new("/sys/fs/bpf/x/agent/link"));
     }
 

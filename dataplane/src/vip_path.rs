@@ -205,10 +205,10 @@ pub struct VipPath {
     device_ifindex: AtomicU32,
     /// The breakage being repaired was logged (once until it is repaired).
     broken_logged: AtomicBool,
-    iface: String,
-    iface_ifindex: u32,
-    /// The probes' source per family (the interface's first address); `None`: that family
-    /// has no probe route.
+    /// The interface the program asks the FIB as if probes arrived on (name, index): the
+    /// balancer's first interface that is up (`set_ingress`).
+    ingress: Mutex<(String, u32)>,
+    /// The probes' source per family; `None`: that family has no probe route.
     source_v4: Option<IpAddr>,
     source_v6: Option<IpAddr>,
     link_path: PathBuf,
@@ -221,7 +221,15 @@ impl VipPath {
     /// Creates (or keeps) the device, loads the probe program of `balancer` and attaches it
     /// (taking a pinned link over), then routes marked sockets to the device. Idempotent: a
     /// restarted `lbd` finds everything in place and changes nothing but the program.
-    pub fn install(balancer: &mut Balancer, layout: &PinLayout, iface: &str, names: &ProbeNames) -> Result<Self, VipPathError> {
+    /// `sources`: the probes' source per family, when the caller has one (the balancer's own
+    /// address, routed back to it over every interface); else `iface`'s first address.
+    pub fn install(
+        balancer: &mut Balancer,
+        layout: &PinLayout,
+        iface: &str,
+        names: &ProbeNames,
+        sources: (Option<IpAddr>, Option<IpAddr>),
+    ) -> Result<Self, VipPathError> {
         let iface_ifindex = netif::ifindex(iface)?;
         let mut rtnl = Rtnl::open().map_err(|source| VipPathError::CreateDevice { device: names.device.clone(), source })?;
         let (program, mut maps) = balancer.load_probe()?;
@@ -233,10 +241,9 @@ impl VipPath {
             names: names.clone(),
             device_ifindex: AtomicU32::new(0),
             broken_logged: AtomicBool::new(false),
-            iface: iface.to_owned(),
-            iface_ifindex,
-            source_v4: netif::first_ipv4(&addrs, iface).map(IpAddr::V4),
-            source_v6: netif::first_global_ipv6(&addrs, iface).map(IpAddr::V6),
+            ingress: Mutex::new((iface.to_owned(), iface_ifindex)),
+            source_v4: sources.0.or_else(|| netif::first_ipv4(&addrs, iface).map(IpAddr::V4)),
+            source_v6: sources.1.or_else(|| netif::first_global_ipv6(&addrs, iface).map(IpAddr::V6)),
             link_path: layout.probe_link(),
             program_path,
             maps: Mutex::new(maps),
@@ -380,6 +387,24 @@ impl VipPath {
     }
 
     /// The mark of a probe to backend `id` of generation `generation`.
+    /// Routes the probes as if they arrived on `iface` (index `ifindex`): the balancer's
+    /// first interface that is up, so that probes leave while any uplink can carry them.
+    pub fn set_ingress(&self, iface: &str, ifindex: u32) -> Result<(), VipPathError> {
+        let mut ingress = self.ingress.lock().unwrap_or_else(|p| p.into_inner());
+        if ingress.1 == ifindex {
+            return Ok(());
+        }
+        let mark_tag = u32::from(self.names.mark);
+        self.maps.lock().unwrap_or_else(|p| p.into_inner()).set_config(&ProbeConfig { ingress_ifindex: ifindex, mark_tag })?;
+        event!(info, "probe_path_ingress", iface = iface, was = ingress.0);
+        *ingress = (iface.to_owned(), ifindex);
+        Ok(())
+    }
+
+    fn ingress(&self) -> (String, u32) {
+        self.ingress.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     pub fn mark(&self, id: u32, generation: u32) -> u32 {
         probe_mark(self.names.mark, id, generation)
     }
@@ -389,7 +414,7 @@ impl VipPath {
     pub fn unroutable(&self, vip: IpAddr) -> Option<String> {
         self.source(Family::of(&vip)).is_none().then(|| {
             let family = if vip.is_ipv4() { "IPv4" } else { "IPv6" };
-            format!("{} has no {family} address for probes to {vip} to come from", self.iface)
+            format!("{} has no {family} address for probes to {vip} to come from", self.ingress().0)
         })
     }
 
@@ -417,13 +442,14 @@ impl VipPath {
         }
         // IPv6 has no reverse-path filter in the routing code.
         if let (IpAddr::V4(_), Some(source)) = (vip, self.source_v4) {
-            let reply = Rtnl::open()
-                .and_then(|mut rtnl| rtnl.route(&Lookup { dst: source, src: Some(vip), iif: Some(self.iface_ifindex), mark: None }));
+            let (iface, ifindex) = self.ingress();
+            let reply =
+                Rtnl::open().and_then(|mut rtnl| rtnl.route(&Lookup { dst: source, src: Some(vip), iif: Some(ifindex), mark: None }));
             if !matches!(reply, Ok(route) if route.kind == RTN_LOCAL) {
                 return Some(format!(
                     "this host drops replies from {vip} to {source} arriving on {}: its reverse-path filter (rp_filter) wants a route \
                      to {vip} (loose mode) or one through {} (strict mode); or set net.ipv4.conf.{}.rp_filter=0",
-                    self.iface, self.iface, self.iface
+                    iface, iface, iface
                 ));
             }
         }

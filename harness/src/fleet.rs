@@ -93,8 +93,8 @@ impl Fleet {
         let id = next_id();
         let tempdir = TempDir::create(std::env::temp_dir().join(&id))?;
         let registry = Arc::new(Registry::new(tempdir.path().to_owned()));
-        let core = bridge(&id, "core", &registry)?;
-        let edge = bridge(&id, "edge", &registry)?;
+        let core = crate::topology::build_bridge_named(&id, "core", &registry)?;
+        let edge = crate::topology::build_bridge_named(&id, "edge", &registry)?;
         let router = Netns::create("router", format!("{id}-router"), Arc::clone(&registry))?;
         let router_xdp =
             [wire_iface(&router, "eth0", "p-router", TUNNEL_MTU, &core)?, wire_iface(&router, "eth1", "p-router", CLIENT_MTU, &edge)?];
@@ -397,9 +397,9 @@ impl Balancer {
         self.dir.join("vips.conf")
     }
 
-    /// The pinned XDP link (see `spillway_dataplane::pins`).
+    /// The pinned XDP link on eth0 (see `spillway_dataplane::pins`).
     pub fn pinned_link(&self) -> Result<PathBuf> {
-        self.pinned("link")
+        self.pinned("links/eth0")
     }
 
     /// The pinned map `name`.
@@ -523,14 +523,6 @@ fn stop(slot: &Option<Daemon>, signal: crate::Signal, what: &str, name: &str) ->
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A namespace holding a plain learning switch `br0` (see `topology::build_bridge`).
-fn bridge(id: &str, label: &str, registry: &Arc<Registry>) -> Result<Netns> {
-    let bridge = Netns::create(label, format!("{id}-{label}"), Arc::clone(registry))?;
-    bridge.run(&["ip", "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"])?;
-    bridge.run(&["ip", "link", "set", "br0", "up"])?;
-    Ok(bridge)
 }
 
 /// Addresses, forwarding with L4 multipath hashing, no reverse-path filtering (replies from

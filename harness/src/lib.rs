@@ -50,6 +50,7 @@ pub mod tempdir;
 mod topology;
 mod traffic;
 pub mod unit;
+pub mod uplinks;
 mod xdp_pass;
 
 pub use addrs::{

@@ -223,7 +223,12 @@ impl Drop for Topology {
 
 /// The bridge namespace with `br0`, a plain learning switch.
 fn build_bridge(id: &str, registry: &Arc<Registry>) -> Result<Netns> {
-    let bridge = Netns::create("br", format!("{id}-br"), Arc::clone(registry))?;
+    build_bridge_named(id, "br", registry)
+}
+
+/// A namespace `<id>-<label>` holding `br0`, a plain learning switch.
+pub(crate) fn build_bridge_named(id: &str, label: &str, registry: &Arc<Registry>) -> Result<Netns> {
+    let bridge = Netns::create(label, format!("{id}-{label}"), Arc::clone(registry))?;
     // Snooping only adds group state and timers that could filter the
     // solicited-node multicast IPv6 neighbour discovery needs; flood instead.
     bridge.run(&["ip", "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"])?;

@@ -20,10 +20,7 @@ use spillway_reconcile::Maps;
 #[derive(Debug)]
 pub struct DaemonInfo {
     pub started: Instant,
-    pub iface: String,
     pub xdp_mode: &'static str,
-    /// `attached`, `took_over` or `reattached`.
-    pub attachment: &'static str,
     pub pin_dir: PathBuf,
     pub state_dir: PathBuf,
     pub zone: Option<String>,
@@ -44,9 +41,7 @@ impl Default for DaemonInfo {
     fn default() -> Self {
         Self {
             started: Instant::now(),
-            iface: String::new(),
             xdp_mode: "native",
-            attachment: "attached",
             pin_dir: PathBuf::new(),
             state_dir: PathBuf::new(),
             zone: None,
@@ -123,7 +118,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     pub fn apply_file(&mut self, doc: &Document, options: ApplyOptions) -> Result<Applied, CoreError> {
         let mut next = doc.desired_state().map_err(CoreError::Config)?;
         let mark = options.mark_as.as_deref().map(|path| ConfigMark::of(path, &next));
-        let notes = self.info.settings.notes(&Settings::from_file(doc, Section::Lbd).map_err(CoreError::Config)?);
+        let settings = Settings::from_file(doc, Section::Lbd).map_err(CoreError::Config)?;
+        let mut notes = self.info.settings.notes(&settings);
         Settings::from_file(doc, Section::Agent).map_err(CoreError::Config)?;
         // A backend past its drain deadline was removed; the file does not bring it back.
         let now = unix_ms();
@@ -149,6 +145,10 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         let refused_backends = !serving_cut.is_empty() && !options.allow_backend_removal;
         let mut changes = config::diff(&self.state, &next);
         if options.dry_run {
+            if let Some(wanted) = self.info.settings.uplinks_from(&settings) {
+                let (from, to) = (self.wanted_uplinks().join(","), wanted.join(","));
+                notes.push(format!("lbd.iface: the balancer would move from {from} to {to} while running"));
+            }
             if refused_vips {
                 mark_refused_removals(&mut changes, &cut);
             }
@@ -176,6 +176,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         else {
             unreachable!("a mutation answers Done")
         };
+        notes.extend(self.take_uplinks(&settings));
         if let Some(mark) = mark {
             // The state is applied and saved; without the mark the next start applies the
             // file again, which changes nothing it did not declare.

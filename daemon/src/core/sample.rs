@@ -94,6 +94,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             pass_to_missing: self.maps.pass_to_missing().map_err(CoreError::Counters)?,
             quic: stats.quic,
             announcements: self.announcements.clone(),
+            interfaces: self.interface_statuses(),
         })
     }
 

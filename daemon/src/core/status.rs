@@ -51,9 +51,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
         Ok(Status {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             uptime_s: info.started.elapsed().as_secs(),
-            iface: info.iface.clone(),
-            xdp_mode: info.xdp_mode.to_owned(),
-            attachment: info.attachment.to_owned(),
+            interfaces: self.interface_statuses(),
             entry_program: info.entry_program.as_ref().map(|p| p.display().to_string()),
             pass_to: info.pass_to.as_ref().map(|p| p.display().to_string()),
             pin_dir: info.pin_dir.display().to_string(),

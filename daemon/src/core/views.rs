@@ -30,13 +30,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// per-agent ones, which can last much longer).
     pub(super) fn alerts(&self) -> Vec<String> {
         let mut alerts = Vec::new();
-        if let Some(sysctls) = &self.forwarding_off {
-            alerts.push(format!(
-                "ALERT: forwarding is disabled on the balancer's interface ({sysctls}): every VIP packet of that family \
-                 is dropped (drop_forwarding_disabled in lbctl stats); set it back to 1"
-            ));
-        }
-        alerts.extend(self.tx_drops.clone());
+        alerts.extend(self.uplink_alerts());
         if let Some(why) = &self.announcer_down {
             alerts.push(format!("ALERT: lbd announces and withdraws nothing ({why}); BIRD keeps announcing what it had; restart lbd"));
         }

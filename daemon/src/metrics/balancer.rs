@@ -235,6 +235,16 @@ fn own(f: &mut Families, s: &Sample) {
     for o in &d.agent_polls {
         polls.counter(vec![("outcome", o.outcome.clone())], o.count);
     }
+    let mut interfaces = f.gauge(
+        "interface_state",
+        "1 for the state of each interface the balancer runs on (up; down; gone; not_attached: the program does not drive it), 0 for the others.",
+        None,
+    );
+    for i in &s.interfaces {
+        for state in spillway_api::InterfaceStatus::STATES {
+            interfaces.gauge(vec![("interface", i.name.clone()), ("state", state.to_owned())], f64::from(u8::from(i.state == state)));
+        }
+    }
     let info = &s.info;
     f.info(
         "build",

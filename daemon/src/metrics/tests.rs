@@ -83,6 +83,18 @@ fn sample() -> Sample {
             bird_error: None,
             changes: vec![AnnouncementChanges { address: "10.100.0.1".parse().unwrap(), state: "degraded".into(), count: 1 }],
         }),
+        interfaces: ["up", "gone"]
+            .iter()
+            .zip(["eth0", "eth1"])
+            .map(|(state, name)| spillway_api::InterfaceStatus {
+                name: name.into(),
+                xdp_mode: "native".into(),
+                attachment: "attached".into(),
+                state: (*state).into(),
+                forwarding_off: None,
+                error: None,
+            })
+            .collect(),
     }
 }
 
@@ -129,6 +141,9 @@ fn balancer_families_follow_the_conventions() {
     let vip = r#"vip="10.100.0.1:80/tcp""#;
     let b1 = format!(r#"{vip},backend="10.0.0.101""#);
     assert_eq!(value(&text, &format!("spillway_vip_packets_total{{{vip}}}")), 10.0);
+    assert_eq!(value(&text, r#"spillway_interface_state{interface="eth0",state="up"}"#), 1.0);
+    assert_eq!(value(&text, r#"spillway_interface_state{interface="eth1",state="up"}"#), 0.0);
+    assert_eq!(value(&text, r#"spillway_interface_state{interface="eth1",state="gone"}"#), 1.0);
     assert_eq!(value(&text, &format!("spillway_vip_bytes_total{{{vip}}}")), 1000.0);
     assert_eq!(value(&text, &format!("spillway_vip_new_flows_total{{{vip}}}")), 4.0);
     assert_eq!(value(&text, &format!("spillway_backend_new_flows_total{{{b1}}}")), 3.0);

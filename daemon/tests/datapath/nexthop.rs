@@ -36,8 +36,8 @@ fn backend_behind_another_interface_is_redirected() {
             expect_encap(&out.frame, &f, 14, backend, packet_lab::neighbour_mac(backend));
         }
         // Without the egress in the redirect map the kernel forwards it instead.
-        let egress = env.balancer.maps.tx_ports.keys().next().unwrap().unwrap();
-        env.balancer.maps.tx_ports.remove(egress).unwrap();
+        let egress = env.balancer.tx_ports.keys().next().unwrap().unwrap();
+        env.balancer.tx_ports.remove(egress).unwrap();
         let f = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), true, &[]);
         let out = env.expect(&f, XDP_PASS, Reason::KernelNoTxPort);
         expect_encap(&out.frame, &f, 14, packet_lab::BEHIND_EGRESS4.into(), Some(frames::LB_MAC));

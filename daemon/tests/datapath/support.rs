@@ -77,7 +77,7 @@ fn with_env_options<T: Send>(lab: &PacketLab, options: LoadOptions, body: impl F
 
         let mut balancer = Balancer::load(&options).unwrap();
         balancer.maps.set_config(&default_config()).unwrap();
-        balancer.maps.tx_ports.insert(egress, egress, None, 0).unwrap();
+        balancer.tx_ports.insert(egress, egress, None, 0).unwrap();
         let reconciler = Reconciler::adopt(&balancer.maps).unwrap();
         let mut env = Env { balancer, reconciler, state: DesiredState::default(), ingress, ingress_mac, decap };
         body(&mut env)

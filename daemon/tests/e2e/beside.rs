@@ -102,7 +102,9 @@ fn operator_filter_before_spillway(mode: ClusterMode) {
 
     let entry = c.lbd_pin_dir().unwrap().join(format!("v{}", spillway_common::limits::PIN_VERSION)).join("prog");
     let status = c.lbctl_json(&["status"]).unwrap();
-    assert_eq!(status["attachment"], "unattached", "{status}");
+    let eth0 = &status["interfaces"][0];
+    assert_eq!((&eth0["name"], &eth0["attachment"], &eth0["state"]), (&"eth0".into(), &"unattached".into(), &"up".into()), "{status}");
+    assert!(status["alerts"].as_array().is_none_or(|a| a.is_empty()), "unattached on purpose is no alert: {status}");
     assert_eq!(status["entry_program"], entry.to_str().unwrap(), "{status}");
     assert!(c.lbd_log().contains("event=entry_program_pinned"), "{}", c.lbd_log());
 

@@ -361,7 +361,7 @@ fn sighup_restarts_and_readiness_under_the_unit_s_capabilities() {
     let out = c.lbctl_output(&["vips", "list", "-o", "json"]).unwrap();
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(&vip), "READY before the API answered: {out:?}");
     c.wait_for_lbd().unwrap();
-    assert_eq!(c.lbctl_json(&["status"]).unwrap()["attachment"], "attached");
+    assert_eq!(c.lbctl_json(&["status"]).unwrap()["interfaces"][0]["attachment"], "attached");
     wait_until(Duration::from_secs(10), "backends healthy", || all_healthy(&c, &vip));
     // 200 connections: a quarter share is then 50 ± 6 (the check allows ±21; at 40 a flake).
     assert_shares(&connections(&c, tcp_target(false), 200), &shares(&[("b1", 0.25), ("b3", 0.75)]), 200);

@@ -24,6 +24,7 @@ mod reachability;
 mod support;
 mod table_full;
 mod tx_drops;
+mod uplinks;
 mod vip_path;
 
 /// Runs scenario `$name(mode)` once per XDP mode.

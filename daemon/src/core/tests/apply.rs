@@ -297,14 +297,85 @@ fn lbctl_apply_of_lbd_s_own_file_takes_it_in_and_no_other_file_does() {
 fn status_shows_the_daemon_and_its_maps() {
     let mut f = Fixture::new();
     f.apply(FILE, false, false).unwrap();
-    f.core.set_info(DaemonInfo { iface: "eth0".into(), watcher: Err("tracefs is not mounted".into()), ..DaemonInfo::default() });
+    f.core.set_info(DaemonInfo { watcher: Err("tracefs is not mounted".into()), ..DaemonInfo::default() });
     let Reply::Status(status) = f.core.handle(Request::Status).unwrap() else { panic!("not a status") };
-    let Status { version, iface, vips, backends, rules, maps, watcher, announcements, health_checks, config, .. } = *status;
-    assert_eq!((version.as_str(), iface.as_str(), vips, backends, rules), (env!("CARGO_PKG_VERSION"), "eth0", 2, 3, 1));
+    let Status { version, vips, backends, rules, maps, watcher, announcements, health_checks, config, .. } = *status;
+    assert_eq!((version.as_str(), vips, backends, rules), (env!("CARGO_PKG_VERSION"), 2, 3, 1));
     assert!(!health_checks);
     assert_eq!(config, None);
     assert_eq!((watcher.state.as_str(), watcher.error.as_deref()), ("not_loaded", Some("tracefs is not mounted")));
     assert_eq!(announcements.state, "off");
     let used = |name: &str| maps.iter().find(|m| m.name == name).and_then(|m| m.used);
     assert_eq!((used("spw_vips"), used("spw_backends")), (Some(2), Some(3)));
+}
+
+fn uplink(name: &str, driven: Driven, running: bool) -> UplinkState {
+    UplinkState { name: name.into(), driven, running, forwarding_off: None, tx_drops: None }
+}
+
+#[test]
+fn each_interface_has_its_state_and_its_alert_naming_the_others() {
+    let mut f = Fixture::new();
+    f.core.set_wanted_uplinks(vec!["eth0".into(), "eth1".into(), "eth2".into()]);
+    let mut eth2 = uplink("eth2", Driven::Yes { how: "attached" }, false);
+    eth2.forwarding_off = Some("net.ipv4.conf.eth2.forwarding = 0".into());
+    f.core.set_uplinks(vec![uplink("eth0", Driven::Yes { how: "took_over" }, true), uplink("eth1", Driven::Gone, false), eth2]);
+    let Reply::Status(status) = f.core.handle(Request::Status).unwrap() else { panic!("not a status") };
+    let states: Vec<(&str, &str, &str)> =
+        status.interfaces.iter().map(|i| (i.name.as_str(), i.state.as_str(), i.attachment.as_str())).collect();
+    assert_eq!(states, [("eth0", "up", "took_over"), ("eth1", "gone", "-"), ("eth2", "down", "attached")]);
+    assert_eq!(status.interfaces[2].forwarding_off.as_deref(), Some("net.ipv4.conf.eth2.forwarding = 0"));
+    let alerts = status.alerts;
+    assert!(alerts.iter().any(|a| a.starts_with("ALERT: interface eth1 is gone: VIP traffic goes on through eth0;")), "{alerts:?}");
+    assert!(alerts.iter().any(|a| a.starts_with("ALERT: interface eth2 is down") && a.contains("through eth0")), "{alerts:?}");
+    assert!(
+        alerts.iter().any(|a| a.starts_with("ALERT: forwarding is disabled on eth2 (net.ipv4.conf.eth2.forwarding = 0)")),
+        "{alerts:?}"
+    );
+    assert!(!alerts.iter().any(|a| a.contains("interface eth0")), "{alerts:?}");
+    // The last carrier gone too: the alerts say nothing carries VIP traffic.
+    f.core.set_uplinks(vec![uplink("eth0", Driven::No { why: "attaching XDP to eth0".into() }, true)]);
+    let Reply::Status(status) = f.core.handle(Request::Status).unwrap() else { panic!("not a status") };
+    assert_eq!(
+        status.alerts,
+        ["ALERT: the balancer does not drive eth0 (attaching XDP to eth0): no other interface carries VIP traffic; retried at each check"]
+    );
+    assert_eq!(status.interfaces[0].error.as_deref(), Some("attaching XDP to eth0"));
+}
+
+#[test]
+fn a_file_naming_other_interfaces_moves_the_balancer_unless_the_command_line_named_them() {
+    use crate::settings::RunningSettings;
+    let running = |command_line: &[&str]| {
+        let mut settings = RunningSettings::default();
+        settings.effective.set("iface", vec!["eth0".into()]);
+        if !command_line.is_empty() {
+            settings.command_line.set("iface", command_line.iter().map(|s| (*s).to_owned()).collect());
+        }
+        settings
+    };
+    let file = |ifaces: &str| format!("{FILE}[lbd]\niface = {ifaces}\n");
+    let mut f = Fixture::new();
+    f.core.set_wanted_uplinks(vec!["eth0".into()]);
+    f.core.set_info(DaemonInfo { settings: running(&[]), ..DaemonInfo::default() });
+    // A dry run says what would happen and changes nothing.
+    let diff = f.apply(&file(r#"["eth0", "eth1"]"#), true, false).unwrap();
+    assert_eq!(diff.notes, ["lbd.iface: the balancer would move from eth0 to eth0,eth1 while running"]);
+    assert_eq!(f.core.wanted_uplinks(), ["eth0"]);
+    let applied = f.apply(&file(r#"["eth0", "eth1"]"#), false, false).unwrap();
+    assert_eq!(applied.notes, ["lbd.iface: the balancer moves from eth0 to eth0,eth1 while running (lbctl status shows each interface)"]);
+    assert_eq!(f.core.wanted_uplinks(), ["eth0", "eth1"]);
+    // The same list again changes nothing; a single name is a list of one.
+    assert!(f.apply(&file(r#"["eth0", "eth1"]"#), false, false).unwrap().notes.is_empty());
+    f.apply(&file(r#""eth1""#), false, false).unwrap();
+    assert_eq!(f.core.wanted_uplinks(), ["eth1"]);
+    let exported = f.export();
+    assert!(exported.contains(r#"iface = "eth1""#), "{exported}");
+    // The command line wins, as for every setting: the file's list waits.
+    let mut f = Fixture::new();
+    f.core.set_wanted_uplinks(vec!["eth0".into()]);
+    f.core.set_info(DaemonInfo { settings: running(&["eth0"]), ..DaemonInfo::default() });
+    let applied = f.apply(&file(r#"["eth0", "eth1"]"#), false, false).unwrap();
+    assert_eq!(applied.notes, ["lbd.iface: the file says eth0 eth1, but lbd's command line sets eth0 and wins"]);
+    assert_eq!(f.core.wanted_uplinks(), ["eth0"]);
 }
