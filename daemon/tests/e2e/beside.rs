@@ -214,3 +214,19 @@ fn a_pass_to_pin_that_is_no_xdp_program_is_refused() {
         assert!(!lb_pins.exists(), "a refused start left pins");
     }
 }
+
+/// A balancer attached by an earlier `lbd` is not left attached behind an unattached one: the
+/// start is refused naming the link to remove, and the link stays.
+#[test]
+fn an_unattached_start_over_a_pinned_link_is_refused() {
+    let (mut c, _) = cluster(ClusterMode::Native, 1, 1);
+    c.start_lbd().unwrap();
+    c.stop_lbd(Signal::SIGTERM).unwrap();
+    let link = c.lbd_pin_dir().unwrap().join(format!("v{}", spillway_common::limits::PIN_VERSION)).join("links").join("eth0");
+    assert!(link.exists(), "the attached lbd pinned {}", link.display());
+    c.add_lbd_args(&["--xdp-attach", "none"]);
+    assert!(c.start_lbd().is_err(), "started unattached over a pinned link: {}", c.lbd_log());
+    let log = c.lbd_log();
+    assert!(log.contains(&format!("the balancer's link {} still attaches it", link.display())), "{log}");
+    assert!(link.exists(), "the refused start removed the link");
+}
