@@ -13,6 +13,10 @@ use spillway_dataplane::{Balancer, DataplaneError};
 use spillway_logging::{error_chain, event};
 
 use crate::args::{DaemonArgs, XdpAttach};
+use crate::core::Counters;
+use crate::server::{self, SharedCore};
+use crate::store::Store;
+use spillway_reconcile::Maps;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BesideError {
@@ -88,8 +92,13 @@ pub fn start_pass_to(balancer: &mut Balancer, pin: Option<&Path>) -> Result<Pass
 /// How often the `--pass-to` pin is looked at again.
 const FOLLOW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Keeps `spw_pass_to` holding what is pinned at `--pass-to` (one log line per change).
-pub async fn follow_pass_to(mut pass_to: PassTo) {
+/// Keeps `spw_pass_to` holding what is pinned at `--pass-to` (one log line per change, and
+/// an ALERT in the core while nothing is pinned there).
+pub async fn follow_pass_to<M, S>(core: SharedCore<M, S>, mut pass_to: PassTo)
+where
+    M: Maps + Counters + Send + 'static,
+    S: Store + Send + 'static,
+{
     let Some(pin) = pass_to.pin().map(|p| p.display().to_string()) else { return };
     let mut tick = tokio::time::interval(FOLLOW_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -108,15 +117,19 @@ pub async fn follow_pass_to(mut pass_to: PassTo) {
         match followed {
             Ok(Followed::Unchanged) => {}
             Ok(Followed::Replaced { id }) => {
-                event!(info, "pass_to", pin = pin, program_id = id, message = "another program is pinned there")
+                event!(info, "pass_to", pin = pin, program_id = id, message = "another program is pinned there");
+                server::lock(&core).set_pass_to_gone(None);
             }
-            Ok(Followed::Gone) => event!(
-                warn,
-                "pass_to_missing",
-                pin = pin,
-                message = "ALERT: nothing is pinned at --pass-to: the frames the balancer does not serve pass to the kernel, \
-                           counted as pass_to_missing, until a program is pinned there again"
-            ),
+            Ok(Followed::Gone) => {
+                event!(
+                    warn,
+                    "pass_to_missing",
+                    pin = pin,
+                    message = "ALERT: nothing is pinned at --pass-to: the frames the balancer does not serve pass to the kernel, \
+                               counted as pass_to_missing, until a program is pinned there again"
+                );
+                server::lock(&core).set_pass_to_gone(Some(pin.clone()));
+            }
             Err(e) => event!(warn, "pass_to_check_failed", pin = pin, error = error_chain(&e)),
         }
     }

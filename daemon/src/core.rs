@@ -205,6 +205,8 @@ pub struct Core<M, S> {
     announcements: Option<Announcements>,
     /// Why the announcer stopped (did not start, or failed), when BIRD is configured.
     announcer_down: Option<String>,
+    /// The `--pass-to` pin while nothing is pinned there (`beside::follow_pass_to`).
+    pass_to_gone: Option<String>,
     /// See [`Reconciler::set_second_chance_settle`]; kept for rebuilt reconcilers.
     second_chance_settle: Option<std::time::Duration>,
     /// `None` without `--config`.
@@ -286,6 +288,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             info: DaemonInfo::default(),
             announcements: None,
             announcer_down: None,
+            pass_to_gone: None,
             second_chance_settle: None,
             own_config: None,
         };
@@ -324,6 +327,11 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// Records what the announcer did this round (`lbctl vips list`, metrics).
     pub fn set_announcements(&mut self, announcements: Announcements) {
         self.announcements = Some(announcements);
+    }
+
+    /// Whether the `--pass-to` pin is gone (`Some(pin)`): an ALERT while it is.
+    pub fn set_pass_to_gone(&mut self, pin: Option<String>) {
+        self.pass_to_gone = pin;
     }
 
     /// The announcer stopped (`why`): nothing is announced or withdrawn any more, which

@@ -318,7 +318,7 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let uplink_watch = tokio::spawn(uplink_watch::watch(core.clone(), uplink_watch));
-    let pass_to = tokio::spawn(beside::follow_pass_to(pass_to));
+    let pass_to = tokio::spawn(beside::follow_pass_to(core.clone(), pass_to));
     let path_upkeep = vip_path.clone().map(|path| tokio::spawn(probing::path_upkeep(core.clone(), path)));
     let prober = vip_path.map(|path| tokio::spawn(probing::health_task(core.clone(), probing::schedule_seed(), path)));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port, report_key));

@@ -187,6 +187,8 @@ fn operator_filter_after_spillway() {
     // The operator unpins the program: lbd empties the slot, and the frames pass, counted.
     std::fs::remove_file(&counter).unwrap();
     wait_until(Duration::from_secs(10), "lbd saw the pin go", || c.lbd_log().contains("event=pass_to_missing"));
+    let alerts = c.lbctl_json(&["status"]).unwrap()["alerts"].to_string();
+    assert!(alerts.contains(&format!("nothing is pinned at --pass-to {}", counter.display())), "{alerts}");
     let seen = operator.seen(NOT_A_VIP);
     let missing = 30;
     send_datagrams(&c, missing);
