@@ -281,7 +281,7 @@ impl Lab {
             gue_port: DEFAULT_GUE_PORT.to_be(),
             ..LbConfig::default()
         })?;
-        balancer.maps.tx_ports.insert(egress, egress, None, 0).context("adding the egress to the redirect map")?;
+        balancer.tx_ports.insert(egress, egress, None, 0).context("adding the egress to the redirect map")?;
         let reconciler = Reconciler::adopt(&balancer.maps)?;
         Ok(Self {
             balancer,
