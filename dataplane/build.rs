@@ -7,7 +7,8 @@ use std::{env, fs, path::PathBuf, process::Command};
 /// Nightly used for the BPF target. Its LLVM major must equal bpf-linker's (22).
 const EBPF_TOOLCHAIN: &str = "nightly-2026-08-01";
 /// Binaries of the xdp-ebpf package; each becomes one object in OUT_DIR.
-const OBJECTS: [&str; 5] = ["spillway-lb", "spillway-decap", "spillway-floor", "spillway-hop", "spillway-lb-stages"];
+const OBJECTS: [&str; 6] =
+    ["spillway-lb", "spillway-decap", "spillway-floor", "spillway-hop", "spillway-lb-stages", "spillway-operator-example"];
 
 fn main() -> anyhow::Result<()> {
     println!("cargo::rerun-if-changed=../common/src");

@@ -359,6 +359,13 @@ pub struct Status {
     pub uptime_s: u64,
     /// The interfaces the balancer runs on, in the order it was given them.
     pub interfaces: Vec<InterfaceStatus>,
+    /// Attached nowhere (`lbd --xdp-attach none`): where its entry program is pinned, for the
+    /// operator's root program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry_program: Option<String>,
+    /// `--pass-to`: the pinned program the frames it does not serve are handed to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_to: Option<String>,
     pub pin_dir: String,
     pub state_dir: String,
     pub health_checks: bool,

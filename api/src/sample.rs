@@ -29,6 +29,10 @@ pub struct Sample {
     /// whose backend the VIP's last table change may have moved).
     #[serde(default)]
     pub second_chance_packets: u64,
+    /// Frames the balancer does not serve that found no `lbd --pass-to` program (they passed
+    /// to the kernel).
+    #[serde(default)]
+    pub pass_to_missing: u64,
     /// QUIC VIPs' short headers, by how they were placed (`quic_by_connection_id`,
     /// `quic_fallback`: the id named no backend, so the 5-tuple did).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -99,9 +99,12 @@ JSON output (-o json):
    \"announcements\":{\"state\":\"announcing\",\"addresses\":{\"announced\":2}},
    \"alerts\":[]}
   Each interface: attachment is attached, took_over (a running link's program was
-  replaced), reattached or - (not driven now); state is up, down (not up, or no
+  replaced), reattached, unattached (lbd --xdp-attach none: your root program calls
+  the balancer) or - (not driven now); state is up, down (not up, or no
   carrier), gone (no such interface: attached again when it is back) or not_attached
-  (error says why); forwarding_off names the forwarding sysctls found at 0. config is absent without --config; its error says why it was last
+  (error says why); forwarding_off names the forwarding sysctls found at 0.
+  entry_program (unattached) is where the entry program is pinned for your root
+  program; pass_to is lbd --pass-to, when set. config is absent without --config; its error says why it was last
   refused. used is absent for maps of counters (the connection table's count is at
   most 15 s old); bytes is the kernel's memory accounting of the map. watcher.state
   is loaded (with its mode: btf, tracepoint or sock_diag) or not_loaded (with error).
@@ -250,6 +253,12 @@ pub fn status_text(status: &Status) -> String {
             text.push_str(&format!(": {error}"));
         }
         line(if n == 0 { "interfaces" } else { "" }, text);
+    }
+    if let Some(entry) = &status.entry_program {
+        line("entry program", format!("{entry} (for your root program's program array)"));
+    }
+    if let Some(pass_to) = &status.pass_to {
+        line("pass to", format!("{pass_to} (frames the balancer does not serve)"));
     }
     line("pins", status.pin_dir.clone());
     line("state", format!("{}: {} VIPs, {} backends, {} rules", status.state_dir, status.vips, status.backends, status.rules));

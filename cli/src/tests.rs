@@ -1004,6 +1004,8 @@ fn status_fits_one_screen() {
                 error: None,
             },
         ],
+        entry_program: None,
+        pass_to: None,
         pin_dir: "/sys/fs/bpf/spillway".into(),
         state_dir: "/var/lib/spillway".into(),
         health_checks: true,
@@ -1052,8 +1054,19 @@ ALERT: something
 "
     );
     assert!(text.lines().count() < 25);
-    let json: serde_json::Value = serde_json::from_str(&rendered(&["status", "-o", "json"], Reply::Status(Box::new(status)))).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&rendered(&["status", "-o", "json"], Reply::Status(Box::new(status.clone())))).unwrap();
     assert_eq!((json["watcher"]["state"].as_str(), json["announcements"]["state"].as_str()), (Some("not_loaded"), Some("degraded")));
+    assert!(json.get("entry_program").is_none() && json.get("pass_to").is_none(), "absent unless set: {json}");
+    // Beside other XDP programs: where the entry program is pinned, and where frames go on to.
+    let beside = spillway_api::Status {
+        entry_program: Some("/sys/fs/bpf/spillway/v8/prog".into()),
+        pass_to: Some("/sys/fs/bpf/edge/after".into()),
+        ..status
+    };
+    let text = rendered(&["status"], Reply::Status(Box::new(beside)));
+    assert!(text.contains("entry program /sys/fs/bpf/spillway/v8/prog (for your root program's program array)\n"), "{text}");
+    assert!(text.contains("pass to       /sys/fs/bpf/edge/after (frames the balancer does not serve)\n"), "{text}");
     assert_eq!(
         (json["announcements"]["reason"].as_str(), json["announcements"]["addresses"]["degraded"].as_u64()),
         (Some("program_detached"), Some(1))

@@ -386,6 +386,7 @@ mod tests {
             maps: Vec::new(),
             daemon: DaemonSample::default(),
             second_chance_packets: 0,
+            pass_to_missing: 0,
             quic: Vec::new(),
             announcements: None,
             interfaces: Vec::new(),

@@ -231,6 +231,10 @@ pub mod map_names {
     /// Its rate limits: per source (LRU) and global (one bucket).
     pub const PTB_SOURCES: &str = "spw_ptb_src";
     pub const PTB_GLOBAL: &str = "spw_ptb_all";
+    /// Slot 0: the operator's XDP program (`lbd --pass-to`) that frames Spillway does not
+    /// serve are tail-called to, and (per CPU) those that found it missing.
+    pub const PASS_TO_PROGRAM: &str = "spw_pass_to";
+    pub const PASS_TO_MISSING: &str = "spw_pass_to_miss";
     /// Bench only: the cheapest hop's [`crate::types::HopConfig`].
     pub const HOP_CONFIG: &str = "spw_hop_cfg";
 }

@@ -491,6 +491,9 @@ pub struct RuleState {
 
 /// Static next hop: set when the operator pins the egress instead of using the FIB.
 pub const CFG_F_STATIC_NEXTHOP: u16 = 1;
+/// `lbd --pass-to` is set: a frame Spillway does not serve that finds no program in
+/// `spw_pass_to` is counted (`pass_to_missing`) before it passes.
+pub const CFG_F_PASS_TO: u16 = 2;
 
 /// Global settings, slot 0 of the config array.
 #[repr(C)]

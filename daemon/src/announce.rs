@@ -30,6 +30,9 @@ type Faults = (Option<Fault>, Option<Fault>);
 #[derive(Clone, Debug)]
 pub struct DataPath {
     pub layout: PinLayout,
+    /// Attached nowhere (`--xdp-attach none`): the operator's root program carries the
+    /// balancer, which `lbd` cannot see, so no link is looked for.
+    pub unattached: bool,
 }
 
 impl DataPath {
@@ -46,7 +49,7 @@ impl DataPath {
 
     /// Why VIP packets of each family cannot be forwarded on `iface`, if they cannot.
     fn faults_of(&self, iface: &str) -> Faults {
-        if !link_attached(&self.layout.balancer_link(iface), iface) {
+        if !self.unattached && !link_attached(&self.layout.balancer_link(iface), iface) {
             return (Some(Fault::ProgramDetached), Some(Fault::ProgramDetached));
         }
         if !netif::is_running(iface).unwrap_or(false) {
@@ -118,7 +121,7 @@ mod tests {
 
     #[test]
     fn no_pinned_link_is_a_detached_program_for_both_families() {
-        let data_path = DataPath { layout: PinLayout::new(std::path::Path::new("/nonexistent/spillway")) };
+        let data_path = DataPath { layout: PinLayout::new(std::path::Path::new("/nonexistent/spillway")), unattached: false };
         let detached = (Some(Fault::ProgramDetached), Some(Fault::ProgramDetached));
         assert_eq!(data_path.faults(&["lo".to_owned()]), detached);
         assert_eq!(data_path.faults(&["lo".to_owned(), "no-such-if".to_owned()]), detached);

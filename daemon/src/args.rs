@@ -117,7 +117,8 @@ pub struct DaemonArgs {
     pub iface: Vec<String>,
     /// Detach the balancer and the agent and remove everything under --pin-dir, then exit.
     /// With --config, the file's [lbd] table gives --pin-dir, the BIRD paths and the probe
-    /// path's options (the command line still wins); its iface and VIPs are not needed.
+    /// path's options (the command line still wins); its iface and VIPs are not needed. With
+    /// --root-array, that slot is emptied too (your root program calls the balancer no more).
     #[arg(long, conflicts_with = "iface")]
     pub cleanup: bool,
     /// Configuration file: [lbd] settings and the desired state (see the example
@@ -127,6 +128,27 @@ pub struct DaemonArgs {
     /// XDP attach mode (a taken-over link keeps the mode it was created with).
     #[arg(long, value_enum, default_value_t = XdpModeArg::Native)]
     pub xdp_mode: XdpModeArg,
+    /// Where the balancer's entry program goes live: attached to --iface, or nowhere, pinned
+    /// at <pin-dir>/v<N>/prog (logged, and shown by lbctl status) for your own root XDP
+    /// program to tail-call from its program array; see --root-array. --iface still names
+    /// the interface the balancer's traffic arrives and leaves on.
+    #[arg(long, value_enum, value_name = "WHERE", default_value_t = XdpAttach::Interface)]
+    pub xdp_attach: XdpAttach,
+    /// With --xdp-attach none: the program array your root program tail-calls the balancer
+    /// from (pinned on bpffs). lbd puts its entry program in slot --root-index at every start,
+    /// one map update, so a restart swaps the new program in without a gap.
+    #[arg(long, value_name = "PIN")]
+    pub root_array: Option<PathBuf>,
+    /// The slot of --root-array that holds the balancer's entry program.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub root_index: u32,
+    /// A pinned XDP program to hand the frames the balancer does not serve (not IP, not to a
+    /// VIP, malformed) by tail call instead of passing them to the kernel: your filter after
+    /// the balancer. lbd follows the pin: a program pinned there in its place takes over, and
+    /// while none is pinned the frames pass as before, counted (pass_to_missing). Refused at
+    /// start unless an XDP program is pinned there.
+    #[arg(long, value_name = "PIN")]
+    pub pass_to: Option<PathBuf>,
     /// Control socket for lbctl (mode 0600, root only).
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     pub api: PathBuf,
@@ -230,6 +252,15 @@ impl DaemonArgs {
         let ring_slots = self.ring_slots.unwrap_or(every_vip_at_default.min(u64::from(Capacity::MAX.ring_slots)) as u32);
         Capacity { vips: self.max_vips, backends: self.max_backends, flows: self.max_flows, ring_slots }
     }
+}
+
+/// `--xdp-attach`: where the balancer's entry program goes live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpAttach {
+    /// Attached to --iface through a pinned link (taken over at a restart).
+    Interface,
+    /// Attached nowhere: pinned for the operator's root program to tail-call.
+    None,
 }
 
 /// A count of at least 1 and at most `max`, with an optional k (1,000) or M (1,000,000) suffix.
@@ -532,6 +563,32 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument);
         assert!(err.to_string().contains("--allow-from"), "{err}");
         assert_eq!(parse(&["agent", "--iface", "eth1", "--allow-from", "10.0.0.1/8"]).unwrap_err().kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn beside_other_xdp_programs() {
+        let d = parse(&["--iface", "eth0"]).unwrap().daemon;
+        assert_eq!((d.xdp_attach, &d.root_array, d.root_index, &d.pass_to), (XdpAttach::Interface, &None, 0, &None));
+        let d = parse(&[
+            "--iface",
+            "eth0",
+            "--xdp-attach",
+            "none",
+            "--root-array",
+            "/sys/fs/bpf/edge/root",
+            "--root-index",
+            "3",
+            "--pass-to",
+            "/sys/fs/bpf/edge/after",
+        ])
+        .unwrap()
+        .daemon;
+        assert_eq!(d.xdp_attach, XdpAttach::None);
+        assert_eq!((d.root_array.as_deref(), d.root_index), (Some(std::path::Path::new("/sys/fs/bpf/edge/root")), 3));
+        assert_eq!(d.pass_to, Some(PathBuf::from("/sys/fs/bpf/edge/after")));
+        let err = parse(&["--iface", "eth0", "--xdp-attach", "tc"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidValue);
+        assert!(err.to_string().contains("--xdp-attach") && err.to_string().contains("interface, none"), "{err}");
     }
 
     #[test]

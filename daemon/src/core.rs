@@ -49,6 +49,8 @@ pub trait Counters: FlowTable {
     fn observed(&self) -> Result<Vec<(Observed, u64)>, DataplaneError>;
     /// Packets sent with a second candidate (second chance).
     fn second_chance_packets(&self) -> Result<u64, DataplaneError>;
+    /// Frames not served that found no `--pass-to` program.
+    fn pass_to_missing(&self) -> Result<u64, DataplaneError>;
     /// QUIC VIPs' short headers by how they were placed.
     fn quic_routing(&self) -> Result<Vec<(spillway_common::types::QuicRouting, u64)>, DataplaneError>;
     /// New flows forwarded without an entry: the table was full where they hash.
@@ -84,6 +86,9 @@ impl Counters for BalancerMaps {
     }
     fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
         BalancerMaps::second_chance_packets(self)
+    }
+    fn pass_to_missing(&self) -> Result<u64, DataplaneError> {
+        BalancerMaps::pass_to_missing(self)
     }
     fn quic_routing(&self) -> Result<Vec<(spillway_common::types::QuicRouting, u64)>, DataplaneError> {
         BalancerMaps::quic_routing(self)
@@ -200,6 +205,8 @@ pub struct Core<M, S> {
     announcements: Option<Announcements>,
     /// Why the announcer stopped (did not start, or failed), when BIRD is configured.
     announcer_down: Option<String>,
+    /// The `--pass-to` pin while nothing is pinned there (`beside::follow_pass_to`).
+    pass_to_gone: Option<String>,
     /// See [`Reconciler::set_second_chance_settle`]; kept for rebuilt reconcilers.
     second_chance_settle: Option<std::time::Duration>,
     /// `None` without `--config`.
@@ -281,6 +288,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             info: DaemonInfo::default(),
             announcements: None,
             announcer_down: None,
+            pass_to_gone: None,
             second_chance_settle: None,
             own_config: None,
         };
@@ -319,6 +327,11 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     /// Records what the announcer did this round (`lbctl vips list`, metrics).
     pub fn set_announcements(&mut self, announcements: Announcements) {
         self.announcements = Some(announcements);
+    }
+
+    /// Whether the `--pass-to` pin is gone (`Some(pin)`): an ALERT while it is.
+    pub fn set_pass_to_gone(&mut self, pin: Option<String>) {
+        self.pass_to_gone = pin;
     }
 
     /// The announcer stopped (`why`): nothing is announced or withdrawn any more, which

@@ -92,6 +92,7 @@ fn settings_error(doc: &Document, section: Section, message: String) -> CheckErr
 
 fn check_balancer(path: &Path, doc: &Document) -> Result<Declared, CheckError> {
     let args = parse_settings(path, doc, Section::Lbd)?.daemon;
+    super::beside::check_args(&args).map_err(DaemonError::from)?;
     let state = doc.desired_state()?;
     let no_iface = || settings_error(doc, Section::Lbd, "no iface: set iface in [lbd], as lbd --config needs".to_owned());
     if args.iface.is_empty() {

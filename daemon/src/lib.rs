@@ -12,6 +12,7 @@
 pub mod agent;
 pub mod announce;
 pub mod args;
+pub mod beside;
 pub mod core;
 pub mod file_check;
 pub mod health_checks;
@@ -42,14 +43,17 @@ use std::{
 };
 
 use nix::sys::stat::{Mode, umask};
-use spillway_common::{hash::FLOW_SEED, types::LbConfig};
+use spillway_common::{
+    hash::FLOW_SEED,
+    types::{CFG_F_PASS_TO, LbConfig},
+};
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
     sync::Notify,
 };
 
 use self::{
-    args::DaemonArgs,
+    args::{DaemonArgs, XdpAttach},
     core::{ApplyOptions, Core, CoreError, Counters, DaemonInfo},
     health_checks::ChecksConfig,
     outer_src::{OuterSrc4, OuterSrc6},
@@ -128,6 +132,15 @@ pub enum DaemonError {
     ApplyConfig(#[source] CoreError),
     #[error(transparent)]
     ReportKey(#[from] spillway_ports::auth::KeyError),
+    // Boxed: it would make every daemon result larger for one rare error.
+    #[error(transparent)]
+    Beside(Box<beside::BesideError>),
+}
+
+impl From<beside::BesideError> for DaemonError {
+    fn from(error: beside::BesideError) -> Self {
+        DaemonError::Beside(Box::new(error))
+    }
 }
 
 /// Checks the interfaces the balancer is to run on as a start needs them: none twice, and
@@ -160,6 +173,7 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     // message about something else (its sysctls, its addresses).
     let iface = check_uplinks(&args.iface)?;
     check_fleet_seed(args)?;
+    beside::check_args(args)?;
     let mut signals = Signals::install()?;
     // Read the state before touching the dataplane: a bad file must change nothing.
     let store = StateFile::open(&args.state_dir)?;
@@ -200,6 +214,8 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     let ebpf_logs = spillway_dataplane::logs::forward(balancer.ebpf_mut())
         .inspect_err(|e| event!(warn, "ebpf_logs_unavailable", error = error_chain(e)))
         .ok();
+    // Before the balancer goes live, so that its first frames find the operator's program.
+    let pass_to = beside::start_pass_to(&mut balancer, args.pass_to.as_deref())?;
     // Probes through the tunnel need the probe path; without it they count as unknown (and
     // say why, loudly), and forwarding is unaffected.
     let vip_path = (!args.no_health_checks).then(|| {
@@ -220,7 +236,11 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     let mode = args.xdp_mode.label();
     let started = std::time::Instant::now();
     let mut attached = std::collections::BTreeMap::new();
-    for iface in present(&args.iface) {
+    let unattached = args.xdp_attach == XdpAttach::None;
+    if unattached {
+        beside::go_live_unattached(&mut uplinks, args, &layout, iface)?;
+    }
+    for iface in present(&args.iface).filter(|_| !unattached) {
         warn_of_veth_tx(iface, args.xdp_mode);
         let attachment = uplinks.attach(iface).map_err(|e| explain_uplink_error(e, iface))?;
         log_attachment(iface, attachment, mode, &layout.balancer_link(iface), &program_tag);
@@ -230,6 +250,9 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     // and fills the redirect map.
     let vip_path = vip_path.map(Arc::new);
     let mut uplink_watch = UplinkWatch::new(uplinks, args.tx_ifaces.clone(), attached, vip_path.clone());
+    if unattached {
+        uplink_watch.leave_unattached();
+    }
     let uplink_states = uplink_watch.check(&args.iface);
     log_memory(&maps);
     maps.set_config_keeping_table_seed(&config)?;
@@ -277,6 +300,8 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
         config: None,
         watcher: watch.as_ref().map(|w| w.status().clone()).map_err(Clone::clone),
         host,
+        entry_program: (args.xdp_attach == XdpAttach::None).then(|| layout.entry_program()),
+        pass_to: args.pass_to.clone(),
     });
     if let Some(path) = &config_path
         && start.first.is_none()
@@ -293,11 +318,12 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     let answered = Arc::new(Notify::new());
     let upkeep = tokio::spawn(neighbour_upkeep(core.clone(), answered.clone()));
     let uplink_watch = tokio::spawn(uplink_watch::watch(core.clone(), uplink_watch));
+    let pass_to = tokio::spawn(beside::follow_pass_to(core.clone(), pass_to));
     let path_upkeep = vip_path.clone().map(|path| tokio::spawn(probing::path_upkeep(core.clone(), path)));
     let prober = vip_path.map(|path| tokio::spawn(probing::health_task(core.clone(), probing::schedule_seed(), path)));
     let pressure = tokio::spawn(pressure::pressure_task(core.clone(), watch, args.agent_port, report_key));
     let announcer = announce_config(args).map(|config| {
-        let data_path = announce::DataPath { layout: layout.clone() };
+        let data_path = announce::DataPath { layout: layout.clone(), unattached };
         tokio::spawn(announce::announce_task(core.clone(), config, data_path))
     });
     let reloader = tokio::spawn(reload_on_hup(core.clone(), config_path, signals.take_hup()));
@@ -313,6 +339,7 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     .await;
     upkeep.abort();
     uplink_watch.abort();
+    pass_to.abort();
     if let Some(logs) = ebpf_logs {
         logs.abort();
     }
@@ -409,6 +436,10 @@ pub fn cleanup(args: &DaemonArgs) -> Result<(), DaemonError> {
         let withdrawn = spillway_announce::withdraw_all(&config)?;
         event!(warn, "withdraw", prefixes = withdrawn, reason = "cleanup", include = config.include.display());
     }
+    if let Some(array) = &args.root_array {
+        spillway_dataplane::entry::clear_root_slot(array, args.root_index).map_err(beside::BesideError::from)?;
+        event!(info, "detached", root_array = array.display(), root_index = args.root_index);
+    }
     for link in pins::cleanup(&PinLayout::new(pin_dir))? {
         event!(info, "detached", link = link.display());
     }
@@ -475,6 +506,7 @@ fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
         udp_idle_timeout_s: args.udp_idle_timeout_s,
         flow_seed: args.flow_hash_seed,
         gue_port: args.gue_port.to_be(),
+        flags: if args.pass_to.is_some() { CFG_F_PASS_TO } else { 0 },
         ..LbConfig::default()
     })
 }

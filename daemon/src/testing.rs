@@ -43,6 +43,9 @@ impl Counters for FakeMaps {
     fn second_chance_packets(&self) -> Result<u64, DataplaneError> {
         Ok(3)
     }
+    fn pass_to_missing(&self) -> Result<u64, DataplaneError> {
+        Ok(6)
+    }
     fn quic_routing(&self) -> Result<Vec<(spillway_common::types::QuicRouting, u64)>, DataplaneError> {
         Ok(spillway_common::types::QuicRouting::ALL.iter().enumerate().map(|(i, r)| (*r, 20 + i as u64)).collect())
     }

@@ -51,6 +51,9 @@ pub struct UplinkWatch {
     tx_ports: Vec<u32>,
     /// Routed as if its probes arrived on the first interface that is up.
     probe_path: Option<Arc<ProbePathState>>,
+    /// False with `--xdp-attach none`: the operator's root program calls the balancer, and
+    /// nothing is attached.
+    attaches: bool,
 }
 
 impl UplinkWatch {
@@ -69,7 +72,13 @@ impl UplinkWatch {
             drops: BTreeMap::new(),
             tx_ports: Vec::new(),
             probe_path,
+            attaches: true,
         }
+    }
+
+    /// Attaches nothing (`--xdp-attach none`); the interfaces are still watched.
+    pub fn leave_unattached(&mut self) {
+        self.attaches = false;
     }
 
     /// One round (blocking: bpf, netlink, sysctls): makes the program drive exactly the
@@ -95,7 +104,7 @@ impl UplinkWatch {
     /// uplink down they take another, instead of failing and failing the backends with them.
     fn follow_with_probes(&self, states: &[UplinkState]) {
         let Some(Ok(path)) = self.probe_path.as_deref() else { return };
-        let up = states.iter().find(|s| s.running && matches!(s.driven, Driven::Yes { .. }));
+        let up = states.iter().find(|s| s.running && matches!(s.driven, Driven::Yes { .. } | Driven::Unattached));
         let Some((name, ifindex)) = up.and_then(|s| Some((&s.name, netif::ifindex(&s.name).ok()?))) else { return };
         if let Err(e) = path.set_ingress(name, ifindex) {
             event!(error, "probe_path_ingress_not_set", iface = name, error = error_chain(&e));
@@ -109,6 +118,7 @@ impl UplinkWatch {
                 Driven::Gone
             }
             LinkState::Drives => Driven::Yes { how: self.attachments.get(name).map_or("took_over", |a| a.0) },
+            LinkState::Absent if !self.attaches => Driven::Unattached,
             LinkState::Absent => match (self.attachments.get(name), netif::ifindex(name)) {
                 // Its link was detached by someone else (bpftool, another tool taking the
                 // hook) while the interface stayed: not fought over; a restart attaches again.

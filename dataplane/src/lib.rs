@@ -6,6 +6,7 @@
 
 pub mod clock;
 pub mod decap;
+pub mod entry;
 pub mod forwarding;
 pub mod logs;
 pub mod map_batch;
@@ -14,6 +15,7 @@ mod mmap;
 pub mod neighbours;
 pub mod netif;
 pub mod objects;
+pub mod pass_to;
 pub mod pins;
 mod probe_encap;
 pub mod rtnl;
@@ -179,7 +181,7 @@ const QUIC_PROGRAMS: [&str; 4] =
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 30] = [
+const PINNED_MAPS: [&str; 32] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -210,6 +212,8 @@ const PINNED_MAPS: [&str; 30] = [
     map_names::QUIC_SERVERS,
     map_names::PTB_PROGRAM,
     map_names::PTB_HANDOVER,
+    map_names::PASS_TO_PROGRAM,
+    map_names::PASS_TO_MISSING,
 ];
 
 impl Balancer {

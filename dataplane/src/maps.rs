@@ -68,6 +68,8 @@ pub struct BalancerMaps {
     pub second_chance: PerCpuArray<MapData, u64>,
     /// Slot 0: new flows the full table could not remember, per CPU.
     pub flows_unremembered: PerCpuArray<MapData, u64>,
+    /// Slot 0: frames that found the `--pass-to` program missing, per CPU.
+    pub pass_to_missing: PerCpuArray<MapData, u64>,
     /// Slot 0: the second-chance program. Held open: the kernel empties a program array
     /// once no file descriptor or pin refers to it.
     pub second_chance_program: ProgramArray<MapData>,
@@ -137,6 +139,7 @@ impl BalancerMaps {
             observed: take(ebpf, map_names::OBSERVED)?,
             second_chance: take(ebpf, map_names::SECOND_CHANCE)?,
             flows_unremembered: take(ebpf, map_names::FLOWS_UNREMEMBERED)?,
+            pass_to_missing: take(ebpf, map_names::PASS_TO_MISSING)?,
             second_chance_program: take(ebpf, map_names::SECOND_CHANCE_PROGRAM)?,
             v6_program: take(ebpf, map_names::V6_PROGRAM)?,
             ptb_program: take(ebpf, map_names::PTB_PROGRAM)?,
@@ -179,6 +182,12 @@ impl BalancerMaps {
     /// summed over CPUs.
     pub fn unremembered_flows(&self) -> Result<u64, DataplaneError> {
         summed(&self.flows_unremembered, map_names::FLOWS_UNREMEMBERED, 0)
+    }
+
+    /// Frames Spillway does not serve that found no `--pass-to` program and passed, summed
+    /// over CPUs.
+    pub fn pass_to_missing(&self) -> Result<u64, DataplaneError> {
+        summed(&self.pass_to_missing, map_names::PASS_TO_MISSING, 0)
     }
 
     pub fn config(&self) -> Result<LbConfig, DataplaneError> {

@@ -12,5 +12,8 @@ pub static FLOOR: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spil
 pub static HOP: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-hop"));
 /// Bench only: the balancer cut short after each stage (`lb_to_*`), and whole (`lb_all`).
 pub static BALANCER_STAGES: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-lb-stages"));
+/// Never loaded by `lbd`: an operator's root program (`operator_root`) and filter
+/// (`operator_count`), for the tests of running beside other XDP programs.
+pub static OPERATOR_EXAMPLE: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-operator-example"));
 /// The socket/port watcher (`sockwatch-ebpf/`, C with CO-RE; see `spillway_ports`).
 pub static SOCKWATCH: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spillway-sockwatch"));

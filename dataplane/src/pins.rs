@@ -5,6 +5,7 @@
 //! <pin-dir>/v<PIN_VERSION>/links/<if>   the balancer's XDP link on interface <if>
 //! <pin-dir>/v<PIN_VERSION>/link         the one link of an lbd that ran on one interface
 //!                                       (moved under links/ by the next start)
+//! <pin-dir>/v<PIN_VERSION>/prog         its entry program (`--xdp-attach none`; see `entry`)
 //! <pin-dir>/v<PIN_VERSION>/probe_link   the probe path's tc link (see `vip_path`)
 //! <pin-dir>/v<PIN_VERSION>/probe_prog   the probe program, for `lbd` to attach it again
 //! <pin-dir>/agent/link                  the backend agent's XDP link
@@ -151,6 +152,11 @@ impl PinLayout {
     /// The single link of an `lbd` from before several interfaces (see [`adopt_single_link`]).
     fn single_link(&self) -> PathBuf {
         self.balancer_dir().join("link")
+    }
+
+    /// The balancer's entry program, for an operator's root program (`--xdp-attach none`).
+    pub fn entry_program(&self) -> PathBuf {
+        self.balancer_dir().join("prog")
     }
 
     pub fn probe_link(&self) -> PathBuf {

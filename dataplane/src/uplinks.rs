@@ -62,7 +62,8 @@ impl Balancer {
 }
 
 impl Uplinks {
-    fn program(&mut self) -> Result<&mut Xdp, DataplaneError> {
+    /// The balancer's entry program (pinned for an operator's root program: `entry`).
+    pub fn program(&mut self) -> Result<&mut Xdp, DataplaneError> {
         xdp(&mut self.ebpf, program_names::BALANCER)
     }
 

@@ -234,6 +234,12 @@ impl Cluster {
         self.topo.tempdir().join("state")
     }
 
+    /// Adds `args` to every later start of `lbd` (for options naming what a test made after
+    /// [`Cluster::start_without_lbd`], such as pins of its own).
+    pub fn add_lbd_args(&mut self, args: &[&str]) {
+        self.lbd_args.extend(args.iter().map(|a| (*a).to_owned()));
+    }
+
     /// Starts `lbd` (again); returns once its API answers. Takes `&self` so a test can
     /// restart it while other threads drive traffic through the topology.
     pub fn start_lbd(&self) -> Result<()> {

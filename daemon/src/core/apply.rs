@@ -31,6 +31,10 @@ pub struct DaemonInfo {
     pub watcher: Result<spillway_model::ports_report::WatcherStatus, String>,
     /// What the host allows a change to add (`Host::check`).
     pub host: Host,
+    /// Where the entry program is pinned for the operator's root program (`--xdp-attach none`).
+    pub entry_program: Option<PathBuf>,
+    /// `--pass-to`.
+    pub pass_to: Option<PathBuf>,
 }
 
 impl Default for DaemonInfo {
@@ -45,6 +49,8 @@ impl Default for DaemonInfo {
             config: None,
             watcher: Err("not loaded yet".to_owned()),
             host: Host::default(),
+            entry_program: None,
+            pass_to: None,
         }
     }
 }

@@ -91,6 +91,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             maps,
             daemon: self.telemetry.sample(alert),
             second_chance_packets: self.maps.second_chance_packets().map_err(CoreError::Counters)?,
+            pass_to_missing: self.maps.pass_to_missing().map_err(CoreError::Counters)?,
             quic: stats.quic,
             announcements: self.announcements.clone(),
             interfaces: self.interface_statuses(),

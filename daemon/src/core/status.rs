@@ -52,6 +52,8 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             uptime_s: info.started.elapsed().as_secs(),
             interfaces: self.interface_statuses(),
+            entry_program: info.entry_program.as_ref().map(|p| p.display().to_string()),
+            pass_to: info.pass_to.as_ref().map(|p| p.display().to_string()),
             pin_dir: info.pin_dir.display().to_string(),
             state_dir: info.state_dir.display().to_string(),
             health_checks: self.health.is_some(),

@@ -19,6 +19,9 @@ pub enum Driven {
     No { why: String },
     /// There is no such interface: attached again once it comes back.
     Gone,
+    /// Not by a link of its own, on purpose (`--xdp-attach none`): the operator's root
+    /// program tail-calls it, which `lbd` cannot see.
+    Unattached,
 }
 
 /// One interface as last checked.
@@ -40,8 +43,8 @@ impl UplinkState {
         match (&self.driven, self.running) {
             (Driven::Gone, _) => "gone",
             (Driven::No { .. }, _) => "not_attached",
-            (Driven::Yes { .. }, false) => "down",
-            (Driven::Yes { .. }, true) => "up",
+            (Driven::Yes { .. } | Driven::Unattached, false) => "down",
+            (Driven::Yes { .. } | Driven::Unattached, true) => "up",
         }
     }
 
@@ -55,10 +58,10 @@ impl UplinkState {
         let state = match &self.driven {
             Driven::Gone => Some(format!("ALERT: interface {name} is gone: {carried}; the balancer attaches to it again when it is back")),
             Driven::No { why } => Some(format!("ALERT: the balancer does not drive {name} ({why}): {carried}; retried at each check")),
-            Driven::Yes { .. } if !self.running => {
+            Driven::Yes { .. } | Driven::Unattached if !self.running => {
                 Some(format!("ALERT: interface {name} is down: no VIP traffic arrives or leaves by it; {carried}"))
             }
-            Driven::Yes { .. } => None,
+            Driven::Yes { .. } | Driven::Unattached => None,
         };
         let forwarding = self.forwarding_off.as_ref().map(|sysctls| {
             format!(
@@ -77,8 +80,11 @@ fn log_change(before: Option<&UplinkState>, now: &UplinkState) {
         match (&now.driven, now.running) {
             (Driven::Gone, _) => event!(error, "interface_gone", iface = iface, message = "ALERT: the others carry on"),
             (Driven::No { why }, _) => event!(error, "interface_not_attached", iface = iface, error = why),
-            (Driven::Yes { .. }, false) => event!(error, "interface_down", iface = iface, message = "ALERT: the others carry on"),
+            (Driven::Yes { .. } | Driven::Unattached, false) => {
+                event!(error, "interface_down", iface = iface, message = "ALERT: the others carry on")
+            }
             (Driven::Yes { how }, true) => event!(info, "interface_up", iface = iface, attachment = how),
+            (Driven::Unattached, true) => event!(info, "interface_up", iface = iface, attachment = "unattached"),
         }
     }
     let forwarding_before = before.and_then(|b| b.forwarding_off.as_ref());
@@ -158,6 +164,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                 xdp_mode: self.info.xdp_mode.to_owned(),
                 attachment: match u.driven {
                     Driven::Yes { how } => how.to_owned(),
+                    Driven::Unattached => "unattached".to_owned(),
                     _ => "-".to_owned(),
                 },
                 state: u.state().to_owned(),

@@ -31,6 +31,12 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
     pub(super) fn alerts(&self) -> Vec<String> {
         let mut alerts = Vec::new();
         alerts.extend(self.uplink_alerts());
+        if let Some(pin) = &self.pass_to_gone {
+            alerts.push(format!(
+                "ALERT: nothing is pinned at --pass-to {pin}: the frames the balancer does not serve pass to the kernel \
+                 (pass_to_missing) until a program is pinned there again"
+            ));
+        }
         if let Some(why) = &self.announcer_down {
             alerts.push(format!("ALERT: lbd announces and withdraws nothing ({why}); BIRD keeps announcing what it had; restart lbd"));
         }

@@ -150,6 +150,12 @@ fn verdicts(f: &mut Families, s: &Sample) {
         None,
     )
     .counter(Labels::new(), s.second_chance_packets);
+    f.counter(
+        "pass_to_missing",
+        "Frames the balancer does not serve that found no lbd --pass-to program in its place and passed to the kernel.",
+        None,
+    )
+    .counter(Labels::new(), s.pass_to_missing);
     let mut quic = f.counter(
         "quic_short_headers",
         "QUIC VIPs' short-header packets, by placement: by_connection_id (the backend their id names) or fallback (the id named no backend: by the 5-tuple).",

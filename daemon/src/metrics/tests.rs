@@ -68,6 +68,7 @@ fn sample() -> Sample {
             agent_polls: vec![OutcomeCount { outcome: "error".into(), count: 2 }],
         },
         second_chance_packets: 5,
+        pass_to_missing: 7,
         quic: vec![ReasonCount { reason: "quic_fallback".into(), packets: 4 }],
         announcements: Some(Announcements {
             routes: vec![AnnouncementView {
@@ -183,6 +184,7 @@ fn balancer_families_follow_the_conventions() {
     assert_eq!(value(&text, &format!(r#"spillway_announcement_changes_total{{{prefix},state="degraded"}}"#)), 1.0);
     assert_eq!(value(&text, "spillway_bird_up"), 1.0);
     assert_eq!(value(&text, "spillway_second_chance_packets_total"), 5.0);
+    assert_eq!(value(&text, "spillway_pass_to_missing_total"), 7.0);
     assert_eq!(value(&text, r#"spillway_quic_short_headers_total{placed="fallback"}"#), 4.0);
     assert_eq!(value(&text, "spillway_flow_table_full_total"), 9.0);
     assert!(text.contains("# TYPE spillway_vip_packets counter\n") && text.contains("# UNIT spillway_vip_bytes bytes\n"), "{text}");

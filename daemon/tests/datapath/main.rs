@@ -14,6 +14,7 @@ mod icmp;
 mod limits;
 mod nexthop;
 mod packet_too_big;
+mod pass_to;
 mod passing;
 mod probe;
 mod quic;

@@ -4,6 +4,7 @@
 
 mod affinity;
 mod agents;
+mod beside;
 mod config_file;
 mod flood;
 mod gue;

@@ -5,34 +5,17 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, TcpStream};
 use std::time::Duration;
 
 use spillway_harness::cluster::{Cluster, XdpMode};
 use spillway_harness::promql::{self, Series};
-use spillway_harness::{Host, Stream, http_get, run_connections};
+use spillway_harness::{Stream, run_connections};
 
 use crate::support::*;
 
 const METRICS: &str = "127.0.0.1:9476";
 const AGENT_METRICS: &str = "127.0.0.1:9478";
-
-/// The endpoint's classic text (what curl and promtool get), fetched inside `host`.
-fn scrape(host: &Host, addr: &str) -> String {
-    let addr: SocketAddr = addr.parse().unwrap();
-    let (status, body) = host.in_netns(|| http_get(addr, "/metrics", Duration::from_secs(5))).expect("scraping");
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
-/// The value of the series `name` whose labels include `labels`.
-fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
-        let series = promql::series(line).pop()?;
-        let matches = series.name == name && labels.iter().all(|(k, v)| series.labels.iter().any(|(sk, sv)| sk == k && sv == v));
-        matches.then(|| line.rsplit(' ').next()?.parse().ok()).flatten()
-    })
-}
 
 fn promtool(text: &str) {
     let problems = promql::promtool_check(text);

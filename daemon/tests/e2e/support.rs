@@ -111,3 +111,42 @@ pub fn all_healthy(c: &Cluster, vip: &str) -> bool {
     let list = c.lbctl_json(&["backends", "list", "--vip", vip]).unwrap();
     list["backends"].as_array().unwrap().iter().all(|b| b["health"] == "healthy" && b["effective_weight"] == b["weight"])
 }
+
+/// The metrics endpoint's classic text (what curl and promtool get), fetched inside `host`.
+pub fn scrape(host: &Host, addr: &str) -> String {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let (status, body) = host.in_netns(|| spillway_harness::http_get(addr, "/metrics", Duration::from_secs(5))).expect("scraping");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the series `name` whose labels include `labels`.
+pub fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
+        let series = spillway_harness::promql::series(line).pop()?;
+        let matches = series.name == name && labels.iter().all(|(k, v)| series.labels.iter().any(|(sk, sv)| sk == k && sv == v));
+        matches.then(|| line.rsplit(' ').next()?.parse().ok()).flatten()
+    })
+}
+
+/// Kills `lbd` (SIGKILL) while c1 opens a new connection every 20 ms for 10 s beside a
+/// long-lived one, and starts it again: asserts that no connection failed or broke.
+pub fn restart_under_load(c: &Cluster) {
+    const CONNECTIONS: usize = 500;
+    const INTERVAL: Duration = Duration::from_millis(20);
+    let stream = c.topo.clients()[0].in_netns(|| spillway_harness::Stream::open(tcp_target(false), CONNECT_TIMEOUT)).unwrap();
+    let checker = spillway_harness::StreamChecker::start(stream, Duration::from_millis(50));
+    let client = c.topo.clients()[0].netns();
+    let tally = std::thread::scope(|scope| {
+        let traffic = scope.spawn(|| client.in_netns(|| run_connections(tcp_target(false), CONNECTIONS, INTERVAL, CONNECT_TIMEOUT)));
+        std::thread::sleep(Duration::from_secs(2));
+        c.stop_lbd(spillway_harness::Signal::SIGKILL).unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        c.start_lbd().expect("restarting lbd");
+        traffic.join().unwrap()
+    });
+    let report = checker.stop();
+    assert_eq!(tally.failures, 0, "connections failed across the restart: {:?}", tally.errors);
+    assert_eq!(tally.successes(), CONNECTIONS);
+    assert_eq!(report.failures, 0, "the long-lived connection broke: {:?}", report.errors);
+}

@@ -12,6 +12,7 @@ mod family;
 mod limits;
 mod maps;
 mod nexthop;
+mod pass_to;
 mod path;
 mod probe;
 mod ptb;
@@ -33,7 +34,7 @@ use xdp_ebpf::packet;
 pub fn spillway_lb(ctx: XdpContext) -> u32 {
     let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V4, false>(&ctx);
     stats::count(&verdict);
-    verdict.action
+    pass_to::after_counting(&ctx, &verdict)
 }
 
 /// Tail-called by `spillway_lb` for IPv6 frames (`family.rs`).
@@ -41,7 +42,7 @@ pub fn spillway_lb(ctx: XdpContext) -> u32 {
 pub fn spillway_lb_v6(ctx: XdpContext) -> u32 {
     let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V6, false>(&ctx);
     stats::count(&verdict);
-    verdict.action
+    pass_to::after_counting(&ctx, &verdict)
 }
 
 /// Tail-called by `spillway_lb` for a QUIC VIP's IPv4 packets (`quic.rs`).
@@ -66,7 +67,7 @@ pub fn spillway_lb_quic_v6(ctx: XdpContext) -> u32 {
 pub fn spillway_lb_udp(ctx: XdpContext) -> u32 {
     let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V4, true>(&ctx);
     stats::count(&verdict);
-    verdict.action
+    pass_to::after_counting(&ctx, &verdict)
 }
 
 /// `spillway_lb_udp` for IPv6.
@@ -74,7 +75,7 @@ pub fn spillway_lb_udp(ctx: XdpContext) -> u32 {
 pub fn spillway_lb_udp_v6(ctx: XdpContext) -> u32 {
     let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V6, true>(&ctx);
     stats::count(&verdict);
-    verdict.action
+    pass_to::after_counting(&ctx, &verdict)
 }
 
 /// Tail-called by `spillway_lb` for the packets second chance sends (`second_chance.rs`).

@@ -279,3 +279,13 @@ pub struct PtbHandover {
     /// The MTU to advise: the egress MTU less the encapsulation's overhead.
     pub mtu: u32,
 }
+
+/// Slot 0: the operator's XDP program (`lbd --pass-to`), which the balancer tail-calls for
+/// the frames it does not serve (`pass_to.rs`); empty without the option. Pinned, so the
+/// program stays in it while no `lbd` runs.
+#[map(name = "spw_pass_to")]
+pub static PASS_TO_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// Frames that found [`PASS_TO_PROGRAM`] empty while `lbd --pass-to` was set (they passed).
+#[map(name = "spw_pass_to_miss")]
+pub static PASS_TO_MISSING: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
