@@ -251,8 +251,8 @@ fn lbctl_drives_lbd_which_survives_a_kill_and_cleans_up() {
     assert_eq!(
         vips,
         serde_json::json!({"vips": [
-            {"vip": V4, "ring_size": 251, "encap": "ipip", "backends": 2},
-            {"vip": V6, "ring_size": 13, "encap": "gue", "backends": 1},
+            {"vip": V4, "ring_size": 251, "encap": "ipip", "hash": "5-tuple", "backends": 2},
+            {"vip": V6, "ring_size": 13, "encap": "gue", "hash": "5-tuple", "backends": 1},
         ]})
     );
     let list = env.json(&["backends", "list", "--vip", V4]);
