@@ -215,6 +215,12 @@ pub struct DaemonArgs {
     /// room for every VIP at the default size, 3 x 65540 x --max-vips].
     #[arg(long, value_name = "N", value_parser = count(Capacity::MAX.ring_slots))]
     pub ring_slots: Option<u32>,
+    /// Fragmented datagrams to UDP VIPs whose later fragments the balancer can follow at
+    /// once (k and M suffixes): the record each first fragment leaves of its backend, about
+    /// 100 bytes each, least recently used first out. A datagram whose record is gone before
+    /// its last fragment is lost (`drop_fragment_unmatched`).
+    #[arg(long, value_name = "N", default_value_t = Capacity::DEFAULT.fragments, value_parser = count(Capacity::MAX.fragments))]
+    pub max_fragments: u32,
 }
 
 impl DaemonArgs {
@@ -223,7 +229,7 @@ impl DaemonArgs {
         let per_vip = u64::from(Capacity::ring_slots_for(1, DEFAULT_RING_SIZE));
         let every_vip_at_default = u64::from(self.max_vips) * per_vip;
         let ring_slots = self.ring_slots.unwrap_or(every_vip_at_default.min(u64::from(Capacity::MAX.ring_slots)) as u32);
-        Capacity { vips: self.max_vips, backends: self.max_backends, flows: self.max_flows, ring_slots }
+        Capacity { vips: self.max_vips, backends: self.max_backends, flows: self.max_flows, ring_slots, fragments: self.max_fragments }
     }
 }
 

@@ -77,6 +77,8 @@ pub struct BalancerMaps {
     pub ptb_program: ProgramArray<MapData>,
     /// Slots 0 and 1: the QUIC programs (IPv4, IPv6); held open for the same reason.
     pub quic_program: ProgramArray<MapData>,
+    /// Slots 0 and 1: the fragment programs (IPv4, IPv6); held open for the same reason.
+    pub fragment_program: ProgramArray<MapData>,
     /// QUIC VIPs: (VIP id, server id) -> backend id.
     pub quic_servers: QuicServerIndex,
     /// The QUIC hand-over, a slot per CPU, where the QUIC programs count how short headers
@@ -142,6 +144,7 @@ impl BalancerMaps {
             v6_program: take(ebpf, map_names::V6_PROGRAM)?,
             ptb_program: take(ebpf, map_names::PTB_PROGRAM)?,
             quic_program: take(ebpf, map_names::QUIC_PROGRAM)?,
+            fragment_program: take(ebpf, map_names::FRAGMENT_PROGRAM)?,
             quic_servers: Index { slots: take_mapped(ebpf, map_names::QUIC_SERVERS)? },
             quic_handover: take(ebpf, map_names::QUIC_HANDOVER)?,
         })

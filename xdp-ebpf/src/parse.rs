@@ -8,7 +8,7 @@ use crate::headers::*;
 use crate::packet::{at, len};
 
 /// Extension headers walked before giving up and treating the packet as not ours.
-const MAX_IPV6_EXT_HEADERS: usize = 4;
+pub(crate) const MAX_IPV6_EXT_HEADERS: usize = 4;
 
 /// Where the IP packet sits in the frame.
 #[derive(Clone, Copy)]
@@ -71,7 +71,7 @@ pub fn parse_family<const FAMILY: u8>(ctx: &XdpContext) -> Parsed {
 }
 
 #[inline(always)]
-fn v4_addr(addr: u32) -> [u32; 4] {
+pub(crate) fn v4_addr(addr: u32) -> [u32; 4] {
     [addr, 0, 0, 0]
 }
 
@@ -218,7 +218,7 @@ fn is_syn(ctx: &XdpContext, l4: usize, proto: u8) -> bool {
 
 /// Ports of a TCP or UDP header, if the whole fixed header is present.
 #[inline(always)]
-fn l4_ports(ctx: &XdpContext, l4: usize, proto: u8) -> Option<Ports> {
+pub(crate) fn l4_ports(ctx: &XdpContext, l4: usize, proto: u8) -> Option<Ports> {
     let header_len = if proto == PROTO_TCP { TCP_LEN } else { UDP_LEN };
     if l4 + header_len > len(ctx) {
         return None;
@@ -227,6 +227,6 @@ fn l4_ports(ctx: &XdpContext, l4: usize, proto: u8) -> Option<Ports> {
 }
 
 #[inline(always)]
-fn flow_key(src: [u32; 4], dst: [u32; 4], ports: Ports, proto: u8, family: u8) -> FlowKey {
+pub(crate) fn flow_key(src: [u32; 4], dst: [u32; 4], ports: Ports, proto: u8, family: u8) -> FlowKey {
     FlowKey { src, dst, sport: ports.src, dport: ports.dst, proto, family, _pad: [0; 2] }
 }

@@ -17,7 +17,7 @@ const VIP: &str = "10.200.1.1:80";
 /// Long-lived flows; enough that a backend joining moves some of their Maglev choices.
 const LONG_LIVED: u16 = 200;
 /// A small table (2,048 buckets of 4 entries), so a flood of twice it is quick.
-const CAPACITY: Capacity = Capacity { vips: 8, backends: 64, flows: 4096, ring_slots: 8 * 2 * 4099 };
+const CAPACITY: Capacity = Capacity { vips: 8, backends: 64, flows: 4096, ring_slots: 8 * 2 * 4099, fragments: 1024 };
 
 fn spoofed(n: u32) -> SocketAddr {
     let [_, b, c, d] = n.to_be_bytes();

@@ -7,6 +7,7 @@ mod clock;
 mod decap;
 mod flood;
 mod forwarding;
+mod fragments;
 mod fuzz;
 mod gue;
 mod icmp;

@@ -199,3 +199,10 @@ pub fn vip_gaining_a_fourth_backend(env: &mut Env) -> Vip {
     env.update(|s| s.add_backend(&v, packet_lab::backend4(104).into(), 100).unwrap());
     v
 }
+
+/// The most a bucket of `per_s` a second and `burst` admits in `elapsed`, as the program's
+/// coarse clock (one tick, at most 10 ms, behind at the start) may see it.
+pub fn allowance(per_s: u32, burst: u32, elapsed: std::time::Duration) -> u64 {
+    let seen = elapsed + std::time::Duration::from_millis(10);
+    burst as u64 + 1 + (per_s as f64 * seen.as_secs_f64()).ceil() as u64
+}

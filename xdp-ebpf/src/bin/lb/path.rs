@@ -22,7 +22,7 @@ use xdp_ebpf::{
 };
 
 use crate::{
-    clock, family, limits,
+    clock, family, fragment, limits,
     maps::{self, CONFIG, SecondChanceHandover, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
     nexthop, ptb, quic, second_chance, select,
     select::{Choice, Flow, Remembered, Vip},
@@ -75,10 +75,41 @@ impl Cut for (u32, Reason) {
     const CUT: Self = (XDP_TX, Reason::Tx);
 }
 
+/// What placing a packet does beside the path's own steps: nothing more for a packet of the
+/// path ([`Packet`]); a first fragment's admission and record (`fragment_program.rs`).
+/// Everything here is inlined: a packet of the path pays nothing for the hooks.
+pub trait Placement {
+    /// A QUIC VIP's packets are handed to the QUIC program.
+    const QUIC_HAND_OVER: bool;
+    /// Why a packet to a VIP address that no VIP serves on its port is dropped.
+    const UNSERVED: Reason;
+    /// Once the VIP is known, before the connection table: `Err` refuses the packet.
+    fn admit(&self, key: &FlowKey, now_ns: u64) -> Result<(), Reason>;
+    /// Once the backend is chosen, before the packet is sent.
+    fn placed(&self, vip: &Vip, choice: &Choice, now: u32);
+}
+
+/// A packet of the path, placed as its flow. `QUIC`: the path of the QUIC programs
+/// (`quic.rs`) for the packets their connection id does not place, which hands nothing over.
+pub struct Packet<const QUIC: bool>;
+
+impl<const QUIC: bool> Placement for Packet<QUIC> {
+    const QUIC_HAND_OVER: bool = !QUIC;
+    const UNSERVED: Reason = Reason::DropNoService;
+
+    #[inline(always)]
+    fn admit(&self, _key: &FlowKey, _now_ns: u64) -> Result<(), Reason> {
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn placed(&self, _vip: &Vip, _choice: &Choice, _now: u32) {}
+}
+
 /// The path for frames of `FAMILY` (`FAMILY_V4`: IPv6 frames are handed to their own
 /// program, `family.rs`; `FAMILY_V6`: the program they are handed to). `QUIC`: the path of
 /// the QUIC programs (`quic.rs`) for the packets their connection id does not place, which
-/// hands nothing over.
+/// hands nothing over. A fragment is handed to the fragment program (`fragment.rs`).
 #[inline(always)]
 pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpContext) -> Verdict {
     let (key, layout, icmp_error, syn) = match parse_family::<FAMILY>(ctx) {
@@ -94,9 +125,28 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
             // balancer): the kernel gets the frame, as it gets every frame for no VIP.
             return Verdict::ended(XDP_PASS, Reason::PassNotVip);
         }
-        Parsed::Fragment(addr) => return not_served(&addr.addr, addr.family, Reason::DropFragment),
+        Parsed::Fragment(addr) => {
+            if !QUIC {
+                fragment::hand_over::<FAMILY>(ctx);
+            }
+            // Only if the fragment program cannot run: dropped, as before it existed.
+            return not_served(&addr.addr, addr.family, Reason::DropFragment);
+        }
     };
     cut!(STOP, PARSE, &key, &layout, &icmp_error, &syn);
+    place::<STOP, FAMILY, _>(ctx, &key, &layout, icmp_error, syn, &Packet::<QUIC>)
+}
+
+/// The path from the VIP pre-filter on, for a packet of flow `key` (see [`Placement`]).
+#[inline(always)]
+pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(
+    ctx: &XdpContext,
+    key: &FlowKey,
+    layout: &Layout,
+    icmp_error: bool,
+    syn: bool,
+    placement: &P,
+) -> Verdict {
     let addr_hash = vip_addr_hash(&key.dst);
     if !maybe_vip(addr_hash) {
         return Verdict::ended(XDP_PASS, Reason::PassNotVip);
@@ -110,17 +160,20 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
     let now_ns = clock::now_ns(cfg);
     let now = select::ticks(now_ns);
     cut!(STOP, FILTER, &now_ns, cfg);
-    let Some(vip) = find_vip(&key, addr_hash) else {
-        return not_served(&key.dst, key.family, Reason::DropNoService);
+    let Some(vip) = find_vip(key, addr_hash) else {
+        return not_served(&key.dst, key.family, P::UNSERVED);
     };
     cut!(STOP, VIP, &vip);
-    if !QUIC && vip.flags & VIP_F_QUIC != 0 {
-        quic::hand_over::<FAMILY>(ctx, &vip, &layout, icmp_error);
+    if P::QUIC_HAND_OVER && vip.flags & VIP_F_QUIC != 0 {
+        quic::hand_over::<FAMILY>(ctx, &vip, layout, icmp_error);
+    }
+    if let Err(reason) = placement.admit(key, now_ns) {
+        return Verdict { action: XDP_DROP, reason, vip: Some(vip.id), backend: None, bytes, new_flow: false, second_chance: false };
     }
     // The table's buckets and the outer header's entropy hash with this host's secret seed,
     // so nobody outside can aim at buckets; a changed fleet seed moves no entry. Only a
     // packet of the flow itself (no SYN, no ICMP error about it) confirms and refreshes.
-    let flow = Flow::new(&key, vip.id, flow_hash(&key, cfg.table_seed));
+    let flow = Flow::new(key, vip.id, flow_hash(key, cfg.table_seed));
     // A SYN is a new connection even on a known tuple (a client reusing a port after a
     // reset), so it skips the lookup and goes through the limits; its insert then finds the
     // tuple's entry, and keeps it if it is live.
@@ -143,13 +196,13 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
             // charged to a limit (a flood of them buys nothing honest traffic then lacks);
             // only a block drops them.
             let midstream = !syn && key.proto == PROTO_TCP;
-            let admitted = limits::admit(&key, &vip, now_ns, !midstream && !icmp_error);
+            let admitted = limits::admit(key, &vip, now_ns, !midstream && !icmp_error);
             cut!(STOP, LIMITS, &admitted);
             if let Err(reason) = admitted {
                 return refused(reason);
             }
             // Maglev hashes with the fleet's seed.
-            let hash = flow_hash(&key, cfg.flow_seed);
+            let hash = flow_hash(key, cfg.flow_seed);
             // If the VIP's last change moved the slot of a connection that began elsewhere,
             // it may belong to either backend.
             if midstream
@@ -180,7 +233,8 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
             (Choice { id, backend, hash: flow.hash() }, !icmp_error)
         }
     };
-    let (action, reason) = forward::<STOP>(ctx, key.family, &layout, &choice, None, cfg, now_ns);
+    placement.placed(&vip, &choice, now);
+    let (action, reason) = forward::<STOP>(ctx, key.family, layout, &choice, None, cfg, now_ns);
     let backend = is_sent(reason).then_some(choice.id);
     Verdict { action, reason, vip: Some(vip.id), backend, bytes, new_flow, second_chance: false }
 }
@@ -189,12 +243,14 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
 /// (the balancer does not own it, so the kernel would route the packet back to the router
 /// that sent it here, and the router here again), passed otherwise.
 #[inline(always)]
-fn not_served(addr: &[u32; 4], family: u8, reason: Reason) -> Verdict {
-    if maybe_vip(vip_addr_hash(addr)) && is_vip_addr(addr, family) {
-        Verdict::ended(XDP_DROP, reason)
-    } else {
-        Verdict::ended(XDP_PASS, Reason::PassNotVip)
-    }
+pub fn not_served(addr: &[u32; 4], family: u8, reason: Reason) -> Verdict {
+    if vip_address(addr, family) { Verdict::ended(XDP_DROP, reason) } else { Verdict::ended(XDP_PASS, Reason::PassNotVip) }
+}
+
+/// Some VIP uses `addr`.
+#[inline(always)]
+pub fn vip_address(addr: &[u32; 4], family: u8) -> bool {
+    maybe_vip(vip_addr_hash(addr)) && is_vip_addr(addr, family)
 }
 
 /// A subprogram of its own: its key lives in its frame, not in the balancer's.
