@@ -39,7 +39,7 @@ pub fn send<const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
             path::not_served(&datagram.dst, datagram.family, Reason::DropFragment)
         }
         Fragmented::First { key, datagram, layout } => {
-            path::place::<{ stage::ALL }, FAMILY, _>(ctx, &key, &layout, false, false, &FirstFragment { datagram })
+            path::place::<{ stage::ALL }, FAMILY, _>(ctx, key, layout, false, false, &FirstFragment { datagram })
         }
         Fragmented::Later { datagram, layout } => follow(ctx, &datagram, &layout),
     }

@@ -134,15 +134,15 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
         }
     };
     cut!(STOP, PARSE, &key, &layout, &icmp_error, &syn);
-    place::<STOP, FAMILY, _>(ctx, &key, &layout, icmp_error, syn, &Packet::<QUIC>)
+    place::<STOP, FAMILY, _>(ctx, key, layout, icmp_error, syn, &Packet::<QUIC>)
 }
 
 /// The path from the VIP pre-filter on, for a packet of flow `key` (see [`Placement`]).
 #[inline(always)]
 pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(
     ctx: &XdpContext,
-    key: &FlowKey,
-    layout: &Layout,
+    key: FlowKey,
+    layout: Layout,
     icmp_error: bool,
     syn: bool,
     placement: &P,
@@ -160,20 +160,20 @@ pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(
     let now_ns = clock::now_ns(cfg);
     let now = select::ticks(now_ns);
     cut!(STOP, FILTER, &now_ns, cfg);
-    let Some(vip) = find_vip(key, addr_hash) else {
+    let Some(vip) = find_vip(&key, addr_hash) else {
         return not_served(&key.dst, key.family, P::UNSERVED);
     };
     cut!(STOP, VIP, &vip);
     if P::QUIC_HAND_OVER && vip.flags & VIP_F_QUIC != 0 {
-        quic::hand_over::<FAMILY>(ctx, &vip, layout, icmp_error);
+        quic::hand_over::<FAMILY>(ctx, &vip, &layout, icmp_error);
     }
-    if let Err(reason) = placement.admit(key, now_ns) {
+    if let Err(reason) = placement.admit(&key, now_ns) {
         return Verdict { action: XDP_DROP, reason, vip: Some(vip.id), backend: None, bytes, new_flow: false, second_chance: false };
     }
     // The table's buckets and the outer header's entropy hash with this host's secret seed,
     // so nobody outside can aim at buckets; a changed fleet seed moves no entry. Only a
     // packet of the flow itself (no SYN, no ICMP error about it) confirms and refreshes.
-    let flow = Flow::new(key, vip.id, flow_hash(key, cfg.table_seed));
+    let flow = Flow::new(&key, vip.id, flow_hash(&key, cfg.table_seed));
     // A SYN is a new connection even on a known tuple (a client reusing a port after a
     // reset), so it skips the lookup and goes through the limits; its insert then finds the
     // tuple's entry, and keeps it if it is live.
@@ -196,13 +196,13 @@ pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(
             // charged to a limit (a flood of them buys nothing honest traffic then lacks);
             // only a block drops them.
             let midstream = !syn && key.proto == PROTO_TCP;
-            let admitted = limits::admit(key, &vip, now_ns, !midstream && !icmp_error);
+            let admitted = limits::admit(&key, &vip, now_ns, !midstream && !icmp_error);
             cut!(STOP, LIMITS, &admitted);
             if let Err(reason) = admitted {
                 return refused(reason);
             }
             // Maglev hashes with the fleet's seed.
-            let hash = flow_hash(key, cfg.flow_seed);
+            let hash = flow_hash(&key, cfg.flow_seed);
             // If the VIP's last change moved the slot of a connection that began elsewhere,
             // it may belong to either backend.
             if midstream
@@ -234,7 +234,7 @@ pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(
         }
     };
     placement.placed(&vip, &choice, now);
-    let (action, reason) = forward::<STOP>(ctx, key.family, layout, &choice, None, cfg, now_ns);
+    let (action, reason) = forward::<STOP>(ctx, key.family, &layout, &choice, None, cfg, now_ns);
     let backend = is_sent(reason).then_some(choice.id);
     Verdict { action, reason, vip: Some(vip.id), backend, bytes, new_flow, second_chance: false }
 }
