@@ -12,7 +12,7 @@ use spillway_common::{
 use xdp_ebpf::{
     fragment::{Fragmented, parse_fragment},
     packet,
-    parse::Layout,
+    parse::{Layout, Parsed},
 };
 
 use crate::{
@@ -38,22 +38,32 @@ pub fn send<const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
         Fragmented::Later { datagram, .. } if datagram.proto != PROTO_UDP => {
             path::not_served(&datagram.dst, datagram.family, Reason::DropFragment)
         }
-        Fragmented::First { key, datagram, layout } => {
-            path::place::<{ stage::ALL }, FAMILY, _>(ctx, key, layout, false, false, &FirstFragment { datagram })
-        }
+        Fragmented::First { datagram, .. } => path::place::<{ stage::ALL }, FAMILY, _>(ctx, &FirstFragment { id: datagram.id }),
         Fragmented::Later { datagram, layout } => follow(ctx, &datagram, &layout),
     }
 }
 
 /// A first fragment: charged to its source's records, and recorded once placed.
 struct FirstFragment {
-    datagram: FragmentKey,
+    /// Its datagram's identification (the rest of the datagram's key is the flow's).
+    id: u32,
 }
 
 impl Placement for FirstFragment {
-    // A datagram never needs its QUIC program: QUIC packets are never fragmented.
-    const QUIC_HAND_OVER: bool = false;
+    // Nothing to hand over: the frame is IPv4 or IPv6 as the program is, a fragment is
+    // already here, and QUIC packets are never fragmented.
+    const HANDS_OVER: bool = false;
     const UNSERVED: Reason = Reason::DropFragment;
+
+    /// Parsed again rather than carried over from `send`: the stack has no room for both
+    /// copies of the flow.
+    #[inline(always)]
+    fn parse<const FAMILY: u8>(&self, ctx: &XdpContext) -> Parsed {
+        match parse_fragment::<FAMILY>(ctx) {
+            Fragmented::First { key, layout, .. } => Parsed::Flow { key, layout, icmp_error: false, syn: false },
+            _ => Parsed::Malformed,
+        }
+    }
 
     #[inline(always)]
     fn admit(&self, key: &FlowKey, now_ns: u64) -> Result<(), Reason> {
@@ -65,7 +75,7 @@ impl Placement for FirstFragment {
     }
 
     #[inline(always)]
-    fn placed(&self, vip: &Vip, choice: &Choice, now: u32) {
+    fn placed(&self, key: &FlowKey, vip: &Vip, choice: &Choice, now: u32) {
         let record = FragmentRecord {
             backend_id: choice.id,
             generation: choice.backend.generation,
@@ -75,7 +85,8 @@ impl Placement for FirstFragment {
         };
         // A full table evicts its least recently used record; a failed insert leaves the
         // later fragments unmatched, which is what they would be without the record.
-        let _ = FRAGMENTS.insert(&self.datagram, &record, 0);
+        let datagram = FragmentKey { src: key.src, dst: key.dst, id: self.id, proto: key.proto, family: key.family, _pad: [0; 2] };
+        let _ = FRAGMENTS.insert(&datagram, &record, 0);
     }
 }
 

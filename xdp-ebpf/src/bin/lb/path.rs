@@ -75,18 +75,21 @@ impl Cut for (u32, Reason) {
     const CUT: Self = (XDP_TX, Reason::Tx);
 }
 
-/// What placing a packet does beside the path's own steps: nothing more for a packet of the
-/// path ([`Packet`]); a first fragment's admission and record (`fragment_program.rs`).
-/// Everything here is inlined: a packet of the path pays nothing for the hooks.
+/// What the path does beside its own steps: for a packet of the path ([`Packet`]), parse its
+/// frame and nothing more; for a first fragment (`fragment_program.rs`), take the flow its
+/// program parsed, charge its source, and record where it went. Everything here is inlined:
+/// a packet of the path pays nothing for the hooks.
 pub trait Placement {
-    /// A QUIC VIP's packets are handed to the QUIC program.
-    const QUIC_HAND_OVER: bool;
+    /// Frames are handed to the other programs (IPv6, QUIC, fragments).
+    const HANDS_OVER: bool;
     /// Why a packet to a VIP address that no VIP serves on its port is dropped.
     const UNSERVED: Reason;
+    /// The frame, parsed for the path.
+    fn parse<const FAMILY: u8>(&self, ctx: &XdpContext) -> Parsed;
     /// Once the VIP is known, before the connection table: `Err` refuses the packet.
     fn admit(&self, key: &FlowKey, now_ns: u64) -> Result<(), Reason>;
     /// Once the backend is chosen, before the packet is sent.
-    fn placed(&self, vip: &Vip, choice: &Choice, now: u32);
+    fn placed(&self, key: &FlowKey, vip: &Vip, choice: &Choice, now: u32);
 }
 
 /// A packet of the path, placed as its flow. `QUIC`: the path of the QUIC programs
@@ -94,8 +97,13 @@ pub trait Placement {
 pub struct Packet<const QUIC: bool>;
 
 impl<const QUIC: bool> Placement for Packet<QUIC> {
-    const QUIC_HAND_OVER: bool = !QUIC;
+    const HANDS_OVER: bool = !QUIC;
     const UNSERVED: Reason = Reason::DropNoService;
+
+    #[inline(always)]
+    fn parse<const FAMILY: u8>(&self, ctx: &XdpContext) -> Parsed {
+        parse_family::<FAMILY>(ctx)
+    }
 
     #[inline(always)]
     fn admit(&self, _key: &FlowKey, _now_ns: u64) -> Result<(), Reason> {
@@ -103,7 +111,7 @@ impl<const QUIC: bool> Placement for Packet<QUIC> {
     }
 
     #[inline(always)]
-    fn placed(&self, _vip: &Vip, _choice: &Choice, _now: u32) {}
+    fn placed(&self, _key: &FlowKey, _vip: &Vip, _choice: &Choice, _now: u32) {}
 }
 
 /// The path for frames of `FAMILY` (`FAMILY_V4`: IPv6 frames are handed to their own
@@ -112,13 +120,19 @@ impl<const QUIC: bool> Placement for Packet<QUIC> {
 /// hands nothing over. A fragment is handed to the fragment program (`fragment.rs`).
 #[inline(always)]
 pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpContext) -> Verdict {
-    let (key, layout, icmp_error, syn) = match parse_family::<FAMILY>(ctx) {
+    place::<STOP, FAMILY, _>(ctx, &Packet::<QUIC>)
+}
+
+/// The path for a frame of `FAMILY` as `placement` parses and places it (see [`Placement`]).
+#[inline(always)]
+pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(ctx: &XdpContext, placement: &P) -> Verdict {
+    let (key, layout, icmp_error, syn) = match placement.parse::<FAMILY>(ctx) {
         Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
         Parsed::NotIp => return Verdict::ended(XDP_PASS, Reason::PassNotIp),
         Parsed::Malformed => return Verdict::ended(XDP_PASS, Reason::PassMalformed),
         Parsed::Other(addr) => return not_served(&addr.addr, addr.family, Reason::DropNoService),
         Parsed::OtherFamily => {
-            if FAMILY == FAMILY_V4 && !QUIC {
+            if FAMILY == FAMILY_V4 && P::HANDS_OVER {
                 family::hand_over_v6(ctx);
             }
             // Only if the IPv6 program is not there (it always is once `lbd` has loaded the
@@ -126,7 +140,7 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
             return Verdict::ended(XDP_PASS, Reason::PassNotVip);
         }
         Parsed::Fragment(addr) => {
-            if !QUIC {
+            if P::HANDS_OVER {
                 fragment::hand_over::<FAMILY>(ctx);
             }
             // Only if the fragment program cannot run: dropped, as before it existed.
@@ -134,19 +148,6 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
         }
     };
     cut!(STOP, PARSE, &key, &layout, &icmp_error, &syn);
-    place::<STOP, FAMILY, _>(ctx, key, layout, icmp_error, syn, &Packet::<QUIC>)
-}
-
-/// The path from the VIP pre-filter on, for a packet of flow `key` (see [`Placement`]).
-#[inline(always)]
-pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(
-    ctx: &XdpContext,
-    key: FlowKey,
-    layout: Layout,
-    icmp_error: bool,
-    syn: bool,
-    placement: &P,
-) -> Verdict {
     let addr_hash = vip_addr_hash(&key.dst);
     if !maybe_vip(addr_hash) {
         return Verdict::ended(XDP_PASS, Reason::PassNotVip);
@@ -164,7 +165,7 @@ pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(
         return not_served(&key.dst, key.family, P::UNSERVED);
     };
     cut!(STOP, VIP, &vip);
-    if P::QUIC_HAND_OVER && vip.flags & VIP_F_QUIC != 0 {
+    if P::HANDS_OVER && vip.flags & VIP_F_QUIC != 0 {
         quic::hand_over::<FAMILY>(ctx, &vip, &layout, icmp_error);
     }
     if let Err(reason) = placement.admit(&key, now_ns) {
@@ -233,7 +234,7 @@ pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(
             (Choice { id, backend, hash: flow.hash() }, !icmp_error)
         }
     };
-    placement.placed(&vip, &choice, now);
+    placement.placed(&key, &vip, &choice, now);
     let (action, reason) = forward::<STOP>(ctx, key.family, &layout, &choice, None, cfg, now_ns);
     let backend = is_sent(reason).then_some(choice.id);
     Verdict { action, reason, vip: Some(vip.id), backend, bytes, new_flow, second_chance: false }
