@@ -122,13 +122,14 @@ fn a_record_whose_backend_left_is_not_followed() {
         let (v, a, b) = (sock(VIP4), IpAddr::from(packet_lab::backend4(101)), IpAddr::from(packet_lab::backend4(102)));
         let service = vip(&format!("{VIP4}/udp"));
         env.add_vip(service, &[a]);
-        let fragments = datagram(client(v, 1), v, 9);
+        let c = client(v, 1);
+        let fragments = datagram(c, v, 9);
         expect_whole_at(env, &fragments[..1], 14, a);
-        // The backend is replaced (its id may be reused): the record names the old one.
-        env.update(|s| {
-            s.add_backend(&service, b, 100).unwrap();
-            s.remove_backend(&service, a).unwrap();
-        });
+        let id = env.balancer.maps.flow(&flow_key(c, v, PROTO_UDP)).unwrap().backend_id;
+        // The backend leaves and another takes its id: the record names the old generation.
+        env.update(|s| s.remove_backend(&service, a).unwrap());
+        env.update(|s| s.add_backend(&service, b, 100).unwrap());
+        assert_eq!(env.backend_addr(id), b, "the new backend reuses the id");
         env.expect(&fragments[1], XDP_DROP, Reason::DropFragmentUnmatched);
     });
 }
