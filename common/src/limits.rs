@@ -172,21 +172,22 @@ pub const PTB_SOURCE_PREFIX_V6: u8 = 64;
 
 /// Fragmented datagrams to UDP VIPs (`spillway_lb_frag`): each source (an IPv4 address, an
 /// IPv6 /64) records at most `FRAGMENT_SOURCE_BURST + 1` datagrams at once and
-/// `FRAGMENT_SOURCE_PER_S` a second after that; a record is followed for
-/// `FRAGMENT_RECORD_TICKS`. So a source holds at most `BURST + 1 + PER_S x` that long of the
-/// records later fragments can follow, and its first fragments beyond are dropped
-/// (`drop_fragment_limited`). The fragments of one datagram leave their sender back to back.
-pub const FRAGMENT_SOURCE_PER_S: u32 = 1000;
-pub const FRAGMENT_SOURCE_BURST: u32 = 100;
+/// `FRAGMENT_SOURCE_PER_S` a second after that, and a record is followed for
+/// `FRAGMENT_RECORD_TICKS`: so a source holds at most `BURST + 1 + PER_S x` that long of the
+/// records later fragments can follow (about 1,300), and its first fragments beyond are
+/// dropped (`drop_fragment_limited`). The fragments of one datagram leave their sender back
+/// to back, so a record is needed for a moment only.
+pub const FRAGMENT_SOURCE_PER_S: u32 = 2000;
+pub const FRAGMENT_SOURCE_BURST: u32 = 200;
 /// Sources whose fragment records are counted (LRU: a source forgotten starts with a full
 /// bucket).
 pub const FRAGMENT_SOURCE_ENTRIES: u32 = 1 << 14;
 /// The IPv6 prefix that shares one source bucket (a host's privacy addresses).
 pub const FRAGMENT_SOURCE_PREFIX_V6: u8 = 64;
-/// How long a first fragment's record is followed, in connection-table ticks (about 2 s):
-/// a later fragment after that finds no record, never one of an older datagram that
-/// happened to reuse the identification.
-pub const FRAGMENT_RECORD_TICKS: u32 = 2 << 10;
+/// How long a first fragment's record is followed, in connection-table ticks (about half a
+/// second): a later fragment after that finds no record, never one of an older datagram
+/// that happened to reuse the identification.
+pub const FRAGMENT_RECORD_TICKS: u32 = 1 << 9;
 
 /// Default idle timeouts after which a connection-table entry is treated as a new flow.
 pub const DEFAULT_TCP_IDLE_TIMEOUT_S: u32 = 900;

@@ -5,6 +5,7 @@
 mod agents;
 mod config_file;
 mod flood;
+mod fragments;
 mod gue;
 mod health;
 mod health_policy;
