@@ -174,7 +174,7 @@ pub const PTB_SOURCE_PREFIX_V6: u8 = 64;
 /// IPv6 /64) records at most `FRAGMENT_SOURCE_BURST + 1` datagrams at once and
 /// `FRAGMENT_SOURCE_PER_S` a second after that, and a record is followed for
 /// `FRAGMENT_RECORD_TICKS`: so a source holds at most `BURST + 1 + PER_S x` that long of the
-/// records later fragments can follow (about 1,300), and its first fragments beyond are
+/// records later fragments can follow, and its first fragments beyond are
 /// dropped (`drop_fragment_limited`). The fragments of one datagram leave their sender back
 /// to back, so a record is needed for a moment only.
 pub const FRAGMENT_SOURCE_PER_S: u32 = 2000;
