@@ -297,6 +297,8 @@ impl BalancerMaps {
             map(map_names::LIMITS, as_loaded(map_names::LIMITS), None),
             map(map_names::RULES, MAX_RULES, Some(self.rules.rules().len() as u64)),
             map(map_names::TX_PORTS, as_loaded(map_names::TX_PORTS), None),
+            // `--max-fragments`; an LRU the program alone holds, whose use is not counted.
+            map(map_names::FRAGMENTS, c.fragments, None),
         ])
     }
 

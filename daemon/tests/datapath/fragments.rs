@@ -6,7 +6,6 @@
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
-use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use spillway_common::{
@@ -56,19 +55,6 @@ fn expect_whole_at(env: &Env, fragments: &[Vec<u8>], l2_len: usize, backend: IpA
         let out = env.expect(f, XDP_TX, Reason::Tx);
         frames::check_encap(&out.frame, f, l2_len, backend, None).unwrap_or_else(|e| panic!("fragment {i}: {e:#}"));
     }
-}
-
-fn flow_entries(env: &Env) -> (usize, usize) {
-    let (mut confirmed, mut unconfirmed) = (0, 0);
-    env.balancer.maps.scan_flows(|_, flow| {
-        if flow.confirmed {
-            confirmed += 1
-        } else {
-            unconfirmed += 1
-        }
-        ControlFlow::Continue(())
-    });
-    (confirmed, unconfirmed)
 }
 
 #[test]
@@ -199,7 +185,7 @@ fn a_source_records_at_most_its_share_of_datagrams() {
                     SocketAddr::new(format!("2001:db8:6::{:x}", i + 1).parse().unwrap(), 4000)
                 }
             };
-            let entries_before = flow_entries(env);
+            let entries_before = env.flow_entries();
             let (recorded, refused, elapsed) = first_fragments(env, source, v, 5000);
             let limit = allowance(FRAGMENT_SOURCE_PER_S, FRAGMENT_SOURCE_BURST, elapsed);
             let n = recorded.len() as u64;
@@ -207,7 +193,7 @@ fn a_source_records_at_most_its_share_of_datagrams() {
             assert!(n > u64::from(FRAGMENT_SOURCE_BURST) && n <= limit, "{n} recorded, the limit allows {limit}");
             // A refused first fragment took no connection-table entry: the IPv4 source's one
             // flow holds one, and each IPv6 address one per recorded datagram at most.
-            let (confirmed, unconfirmed) = flow_entries(env);
+            let (confirmed, unconfirmed) = env.flow_entries();
             let added = (confirmed + unconfirmed) - (entries_before.0 + entries_before.1);
             assert!(added as u64 <= if v.is_ipv4() { 1 } else { n }, "{added} entries for {n} recorded datagrams");
             // A refused datagram's later fragments find no record; a recorded one's follow.
@@ -247,7 +233,7 @@ fn a_flood_of_spoofed_fragments_evicts_no_connection() {
                 honest.push((c, d, proto, env.pinned_backend(&flow_key(c, d, proto)).unwrap()));
             }
         }
-        assert_eq!(flow_entries(env), (honest.len(), 0));
+        assert_eq!(env.flow_entries(), (honest.len(), 0));
 
         let mut rng = Rng::new(0xf7a9);
         let mut spoofed = || {
@@ -263,7 +249,7 @@ fn a_flood_of_spoofed_fragments_evicts_no_connection() {
             env.run(&datagram(from, v, id)[1]);
         }
         assert_eq!(env.reasons()[Reason::DropFragmentUnmatched as usize] - before, u64::from(4 * capacity.fragments));
-        assert_eq!(flow_entries(env), (honest.len(), 0), "unmatched fragments took no entry");
+        assert_eq!(env.flow_entries(), (honest.len(), 0), "unmatched fragments took no entry");
 
         // First fragments, each a new flow from a new spoofed source, twice as many as the
         // table has entries: each takes what an unfragmented packet of its flow would, an
@@ -275,7 +261,7 @@ fn a_flood_of_spoofed_fragments_evicts_no_connection() {
             env.run(&datagram(from, v, id)[0]);
         }
         assert_eq!(env.reasons()[Reason::Tx as usize] - before, u64::from(2 * entries), "every spoofed first fragment was placed");
-        let (confirmed, unconfirmed) = flow_entries(env);
+        let (confirmed, unconfirmed) = env.flow_entries();
         assert_eq!(confirmed, honest.len(), "every honest connection kept its entry");
         assert!(unconfirmed > entries as usize / 2, "the flood filled the rest of the table: {unconfirmed} of {entries}");
         for (c, d, proto, backend) in &honest {

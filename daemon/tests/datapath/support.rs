@@ -173,6 +173,20 @@ impl Env {
         config.set(0, &spillway_common::types::DecapConfig { gue_port: port.to_be(), _pad: 0 }, 0).unwrap();
     }
 
+    /// The connection table's entries: (confirmed, unconfirmed).
+    pub fn flow_entries(&self) -> (usize, usize) {
+        let (mut confirmed, mut unconfirmed) = (0, 0);
+        self.balancer.maps.scan_flows(|_, flow| {
+            if flow.confirmed {
+                confirmed += 1
+            } else {
+                unconfirmed += 1
+            }
+            std::ops::ControlFlow::Continue(())
+        });
+        (confirmed, unconfirmed)
+    }
+
     /// The backend the connection table holds for `key`.
     pub fn pinned_backend(&self, key: &FlowKey) -> Option<IpAddr> {
         self.balancer.maps.flow(key).map(|v| self.backend_addr(v.backend_id))

@@ -136,7 +136,7 @@ fn honest_traffic_survives_a_fragment_flood(c: &Cluster) {
             let mut rng = Rng::new(0xf1a9);
             let mut frame = |n: u32| {
                 let id = rng.next_u64() as u32;
-                let (from, which) = if n % 20 == 0 {
+                let (from, which) = if n.is_multiple_of(20) {
                     (SocketAddr::new(own.into(), 4000), 0)
                 } else {
                     let [_, b, c, d] = (rng.next_u64() as u32).to_be_bytes();
