@@ -8,7 +8,7 @@ use spillway_common::types::{AddrKey, FAMILY_V4, FAMILY_V6, FlowKey, FragmentKey
 
 use crate::headers::*;
 use crate::packet::{at, len};
-use crate::parse::{Layout, MAX_IPV6_EXT_HEADERS, flow_key, l4_ports, v4_addr};
+use crate::parse::{Layout, MAX_IPV6_EXT_HEADERS, flow_key, ipv4_at, l4_ports, v4_addr};
 
 pub enum Fragmented {
     /// Headers the balancer's parser accepted and this one does not (never expected).
@@ -38,15 +38,9 @@ pub fn parse_fragment<const FAMILY: u8>(ctx: &XdpContext) -> Fragmented {
 
 #[inline(always)]
 fn fragment_v4(ctx: &XdpContext, l3: usize) -> Fragmented {
-    let Some(ip) = at::<Ipv4Hdr>(ctx, l3) else {
+    let Some((ip, ihl, tot_len)) = ipv4_at(ctx, l3) else {
         return Fragmented::Malformed;
     };
-    let ip = unsafe { &*ip };
-    let ihl = ((ip.ver_ihl & 0x0f) as usize) * 4;
-    let tot_len = u16::from_be(ip.tot_len) as usize;
-    if ip.ver_ihl >> 4 != 4 || ihl < IPV4_LEN || tot_len < ihl || l3 + tot_len > len(ctx) {
-        return Fragmented::Malformed;
-    }
     let (src, dst) = (v4_addr(ip.src), v4_addr(ip.dst));
     let frag_off = u16::from_be(ip.frag_off);
     let datagram = FragmentKey { src, dst, id: u16::from_be(ip.id) as u32, proto: ip.proto, family: FAMILY_V4, _pad: [0; 2] };

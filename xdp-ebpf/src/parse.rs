@@ -75,17 +75,26 @@ pub(crate) fn v4_addr(addr: u32) -> [u32; 4] {
     [addr, 0, 0, 0]
 }
 
+/// The IPv4 header at `l3`, its length and the packet's (its total length), if whole and
+/// consistent with the frame.
 #[inline(always)]
-fn parse_v4(ctx: &XdpContext, l3: usize) -> Parsed {
-    let Some(ip) = at::<Ipv4Hdr>(ctx, l3) else {
-        return Parsed::Malformed;
-    };
+pub(crate) fn ipv4_at(ctx: &XdpContext, l3: usize) -> Option<(&Ipv4Hdr, usize, usize)> {
+    let ip = at::<Ipv4Hdr>(ctx, l3)?;
+    // SAFETY: `at` checked the header is inside the frame.
     let ip = unsafe { &*ip };
     let ihl = ((ip.ver_ihl & 0x0f) as usize) * 4;
     let tot_len = u16::from_be(ip.tot_len) as usize;
     if ip.ver_ihl >> 4 != 4 || ihl < IPV4_LEN || tot_len < ihl || l3 + tot_len > len(ctx) {
-        return Parsed::Malformed;
+        return None;
     }
+    Some((ip, ihl, tot_len))
+}
+
+#[inline(always)]
+fn parse_v4(ctx: &XdpContext, l3: usize) -> Parsed {
+    let Some((ip, ihl, tot_len)) = ipv4_at(ctx, l3) else {
+        return Parsed::Malformed;
+    };
     if u16::from_be(ip.frag_off) & IPV4_MF_OFFSET_MASK != 0 {
         return Parsed::Fragment(AddrKey { addr: v4_addr(ip.dst), family: FAMILY_V4, _pad: [0; 3] });
     }
