@@ -8,7 +8,8 @@
 /// hash changed (a table entry or VIP slot placed by 5 would not be found where 6 looks).
 /// 7: a VIP slot carries its QUIC-LB configuration, and the QUIC hand-over its counts.
 /// 8: a server-id slot carries a copy of its backend's entry (a whole cache line).
-pub const PIN_VERSION: u32 = 8;
+/// 9: `spw_reasons` counts the fragments' reasons (`drop_fragment_unmatched`, `_limited`).
+pub const PIN_VERSION: u32 = 9;
 
 /// How big the balancer's tables are. Chosen when `lbd` starts (its options); the maps are
 /// created with these sizes, and pinned maps of another shape are refused by name.
