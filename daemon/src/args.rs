@@ -412,7 +412,17 @@ mod tests {
         assert_eq!((c.vips, c.backends, c.flows, c.ring_slots), (1000, 10_000, 8_000_000, 1000 * RING_TABLES * 65540));
         let d = parse(&["--iface", "eth0", "--ring-slots", "2000000"]).unwrap().daemon;
         assert_eq!(d.capacity().ring_slots, 2_000_000);
-        for bad in [&["--max-vips", "0"][..], &["--max-backends", "65536"], &["--max-flows", "8G"], &["--max-flows", "1.5M"]] {
+        assert_eq!(d.capacity().fragments, Capacity::DEFAULT.fragments);
+        let d = parse(&["--iface", "eth0", "--max-fragments", "256k"]).unwrap().daemon;
+        assert_eq!(d.capacity().fragments, 256_000);
+        for bad in [
+            &["--max-vips", "0"][..],
+            &["--max-backends", "65536"],
+            &["--max-flows", "8G"],
+            &["--max-flows", "1.5M"],
+            &["--max-fragments", "0"],
+            &["--max-fragments", "17M"],
+        ] {
             let args: Vec<&str> = ["--iface", "eth0"].iter().chain(bad).copied().collect();
             let err = parse(&args).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::ValueValidation, "{bad:?}");

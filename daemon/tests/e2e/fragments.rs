@@ -78,7 +78,13 @@ fn reassembly(host: &Host) -> (u64, u64) {
 }
 
 fn fragmented_datagrams_reach_one_backend_whole(mode: XdpMode) {
-    let c = start_with(mode, 3, 3, &[]);
+    let c = start_with(mode, 3, 3, &["--max-fragments", "4096"]);
+    let status = c.lbctl_json(&["status"]).unwrap();
+    let records = status["maps"].as_array().unwrap().iter().find(|m| m["name"] == "spw_frags").expect("spw_frags in lbctl status");
+    assert_eq!(records["max_entries"].as_u64(), Some(4096), "the record table as --max-fragments sized it");
+    let log = c.lbd_log();
+    let line = log.lines().find(|l| l.contains("event=map_memory map=spw_frags")).expect("the record table's memory line");
+    assert!(line.contains("entries=4096"), "the kernel's map as --max-fragments sized it: {line}");
     for v6 in [false, true] {
         vip_with_all_backends(&c, &udp_vip_of(v6), v6);
     }
