@@ -8,7 +8,8 @@
 /// hash changed (a table entry or VIP slot placed by 5 would not be found where 6 looks).
 /// 7: a VIP slot carries its QUIC-LB configuration, and the QUIC hand-over its counts.
 /// 8: a server-id slot carries a copy of its backend's entry (a whole cache line).
-pub const PIN_VERSION: u32 = 8;
+/// 9: `spw_reasons` counts the fragments' reasons (`drop_fragment_unmatched`, `_limited`).
+pub const PIN_VERSION: u32 = 9;
 
 /// How big the balancer's tables are. Chosen when `lbd` starts (its options); the maps are
 /// created with these sizes, and pinned maps of another shape are refused by name.
@@ -23,6 +24,9 @@ pub struct Capacity {
     /// Maglev slots over all VIPs: a VIP with a table of M slots takes 2 M (its two tables),
     /// and 3 M once it has a second-chance table (the table before its last change).
     pub ring_slots: u32,
+    /// Fragmented datagrams whose later fragments the record table (`spw_frags`, LRU) can
+    /// follow at once.
+    pub fragments: u32,
 }
 
 impl Default for Capacity {
@@ -33,10 +37,15 @@ impl Default for Capacity {
 
 impl Capacity {
     /// What an `lbd` without size options gets.
-    pub const DEFAULT: Capacity =
-        Capacity { vips: 64, backends: 4096, flows: 1 << 20, ring_slots: Capacity::ring_slots_for(64, DEFAULT_RING_SIZE) };
+    pub const DEFAULT: Capacity = Capacity {
+        vips: 64,
+        backends: 4096,
+        flows: 1 << 20,
+        ring_slots: Capacity::ring_slots_for(64, DEFAULT_RING_SIZE),
+        fragments: 1 << 16,
+    };
     /// The largest of each: ids are 16 bits in flow entries and ring slots.
-    pub const MAX: Capacity = Capacity { vips: 1 << 16, backends: (1 << 16) - 1, flows: 1 << 28, ring_slots: 1 << 30 };
+    pub const MAX: Capacity = Capacity { vips: 1 << 16, backends: (1 << 16) - 1, flows: 1 << 28, ring_slots: 1 << 30, fragments: 1 << 24 };
 
     /// Buckets of the connection table: room for twice `flows`, so even a full table's
     /// buckets almost never overflow (two choices of four ways; see `ARCHITECTURE.md`).
@@ -162,6 +171,25 @@ pub const PTB_SOURCE_ENTRIES: u32 = 4096;
 /// The IPv6 prefix that shares one source bucket (a link's hosts; an IPv4 address is one).
 pub const PTB_SOURCE_PREFIX_V6: u8 = 64;
 
+/// Fragmented datagrams to UDP VIPs (`spillway_lb_frag`): each source (an IPv4 address, an
+/// IPv6 /64) records at most `FRAGMENT_SOURCE_BURST + 1` datagrams at once and
+/// `FRAGMENT_SOURCE_PER_S` a second after that, and a record is followed for
+/// `FRAGMENT_RECORD_TICKS`: so a source holds at most `BURST + 1 + PER_S x` that long of the
+/// records later fragments can follow, and its first fragments beyond are
+/// dropped (`drop_fragment_limited`). The fragments of one datagram leave their sender back
+/// to back, so a record is needed for a moment only.
+pub const FRAGMENT_SOURCE_PER_S: u32 = 2000;
+pub const FRAGMENT_SOURCE_BURST: u32 = 200;
+/// Sources whose fragment records are counted (LRU: a source forgotten starts with a full
+/// bucket).
+pub const FRAGMENT_SOURCE_ENTRIES: u32 = 1 << 14;
+/// The IPv6 prefix that shares one source bucket (a host's privacy addresses).
+pub const FRAGMENT_SOURCE_PREFIX_V6: u8 = 64;
+/// How long a first fragment's record is followed, in connection-table ticks (about half a
+/// second): a later fragment after that finds no record, never one of an older datagram
+/// that happened to reuse the identification.
+pub const FRAGMENT_RECORD_TICKS: u32 = 1 << 9;
+
 /// Default idle timeouts after which a connection-table entry is treated as a new flow.
 pub const DEFAULT_TCP_IDLE_TIMEOUT_S: u32 = 900;
 pub const DEFAULT_UDP_IDLE_TIMEOUT_S: u32 = 120;
@@ -235,6 +263,12 @@ pub mod map_names {
     /// serve are tail-called to, and (per CPU) those that found it missing.
     pub const PASS_TO_PROGRAM: &str = "spw_pass_to";
     pub const PASS_TO_MISSING: &str = "spw_pass_to_miss";
+    /// Slots 0, 1: the fragment programs (`spillway_lb_frag`, `_v6`), which the balancer
+    /// tail-calls for a fragment to a VIP address; the records their later fragments follow
+    /// (LRU, `Capacity::fragments`), and each source's bucket of records (LRU).
+    pub const FRAGMENT_PROGRAM: &str = "spw_frag_prog";
+    pub const FRAGMENTS: &str = "spw_frags";
+    pub const FRAGMENT_SOURCES: &str = "spw_frag_src";
     /// Bench only: the cheapest hop's [`crate::types::HopConfig`].
     pub const HOP_CONFIG: &str = "spw_hop_cfg";
 }
@@ -254,6 +288,9 @@ pub mod program_names {
     /// Tail-called by those for the packets their connection id does not place.
     pub const BALANCER_UDP: &str = "spillway_lb_udp";
     pub const BALANCER_UDP_V6: &str = "spillway_lb_udp_v6";
+    /// Tail-called by the balancer (and its IPv6 program) for a fragment to a VIP address.
+    pub const FRAGMENT: &str = "spillway_lb_frag";
+    pub const FRAGMENT_V6: &str = "spillway_lb_frag_v6";
     /// Test-run by the loader to read jiffies (the clock's calibration); never attached.
     pub const CLOCK: &str = "spillway_clock";
     pub const DECAP: &str = "spillway_decap";

@@ -123,6 +123,36 @@ pub struct AddrKey {
     pub _pad: [u8; 3],
 }
 
+/// A fragmented datagram (`spw_frags`): what every fragment of it carries, the first
+/// (which alone has the ports) and the later ones alike. `id`: the IPv4 identification (16
+/// bits) or the IPv6 fragment header's (32).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragmentKey {
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub id: u32,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Where a datagram's first fragment went (`spw_frags`): its later fragments follow it
+/// while the backend is the same one (id and generation) and the record is younger than
+/// `limits::FRAGMENT_RECORD_TICKS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragmentRecord {
+    pub backend_id: u32,
+    pub generation: u32,
+    pub vip_id: u32,
+    /// The flow hash of the first fragment's 5-tuple: the outer headers' entropy, so every
+    /// fragment's tunnel takes the same path.
+    pub flow_hash: u32,
+    /// When the first fragment was placed, in connection-table ticks.
+    pub placed: u32,
+}
+
 /// The data of a key of the agent's allow-list (`spw_allow_from`, an LPM trie of the
 /// balancers' outer sources, `lbd agent --allow-from`): the family first, so that one trie
 /// holds both families and a prefix of `n` address bits is a key of
@@ -631,6 +661,15 @@ reasons!(
         /// As `tx_packet_too_big`, but the per-source or the global rate of answers was
         /// spent: dropped unanswered (the client retransmits, and a later one is answered).
         DropOversizeLimited = "drop_oversize_limited",
+        /// A later fragment (not the first, which carries the ports) of a datagram to a UDP
+        /// VIP whose first fragment left no record here (it has not arrived yet, was
+        /// refused, or its record expired or was evicted): dropped, never sent by a guess
+        /// (`spillway_lb_frag`).
+        DropFragmentUnmatched = "drop_fragment_unmatched",
+        /// A first fragment to a UDP VIP from a source that has recorded its share of
+        /// fragmented datagrams (`FRAGMENT_SOURCE_PER_S`): dropped before it is placed, so
+        /// it takes neither a record nor a connection-table entry.
+        DropFragmentLimited = "drop_fragment_limited",
     }
 );
 
@@ -775,6 +814,8 @@ const _: () = assert!(size_of::<VipSlot>() == 64);
 const _: () = assert!(core::mem::offset_of!(VipSlot, meta.active) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(VipSlot, meta.prior) % 8 == 0);
 const _: () = assert!(size_of::<AddrKey>() == 20);
+const _: () = assert!(size_of::<FragmentKey>() == 40);
+const _: () = assert!(size_of::<FragmentRecord>() == 20);
 const _: () = assert!(size_of::<AllowKey>() == 20);
 const _: () = assert!(size_of::<BackendInfo>() == 28);
 /// Most backends the bench's cheapest hop (`spillway_hop`) spreads over.

@@ -242,6 +242,12 @@ pub struct DaemonArgs {
     /// room for every VIP at the default size, 3 x 65540 x --max-vips].
     #[arg(long, value_name = "N", value_parser = count(Capacity::MAX.ring_slots))]
     pub ring_slots: Option<u32>,
+    /// Fragmented datagrams to UDP VIPs whose later fragments the balancer can follow at
+    /// once (k and M suffixes): the record each first fragment leaves of its backend, about
+    /// 100 bytes each, least recently used first out. A datagram whose record is gone before
+    /// its last fragment is lost (`drop_fragment_unmatched`).
+    #[arg(long, value_name = "N", default_value_t = Capacity::DEFAULT.fragments, value_parser = count(Capacity::MAX.fragments))]
+    pub max_fragments: u32,
 }
 
 impl DaemonArgs {
@@ -250,7 +256,7 @@ impl DaemonArgs {
         let per_vip = u64::from(Capacity::ring_slots_for(1, DEFAULT_RING_SIZE));
         let every_vip_at_default = u64::from(self.max_vips) * per_vip;
         let ring_slots = self.ring_slots.unwrap_or(every_vip_at_default.min(u64::from(Capacity::MAX.ring_slots)) as u32);
-        Capacity { vips: self.max_vips, backends: self.max_backends, flows: self.max_flows, ring_slots }
+        Capacity { vips: self.max_vips, backends: self.max_backends, flows: self.max_flows, ring_slots, fragments: self.max_fragments }
     }
 }
 
@@ -447,7 +453,17 @@ mod tests {
         assert_eq!((c.vips, c.backends, c.flows, c.ring_slots), (1000, 10_000, 8_000_000, 1000 * RING_TABLES * 65540));
         let d = parse(&["--iface", "eth0", "--ring-slots", "2000000"]).unwrap().daemon;
         assert_eq!(d.capacity().ring_slots, 2_000_000);
-        for bad in [&["--max-vips", "0"][..], &["--max-backends", "65536"], &["--max-flows", "8G"], &["--max-flows", "1.5M"]] {
+        assert_eq!(d.capacity().fragments, Capacity::DEFAULT.fragments);
+        let d = parse(&["--iface", "eth0", "--max-fragments", "256k"]).unwrap().daemon;
+        assert_eq!(d.capacity().fragments, 256_000);
+        for bad in [
+            &["--max-vips", "0"][..],
+            &["--max-backends", "65536"],
+            &["--max-flows", "8G"],
+            &["--max-flows", "1.5M"],
+            &["--max-fragments", "0"],
+            &["--max-fragments", "17M"],
+        ] {
             let args: Vec<&str> = ["--iface", "eth0"].iter().chain(bad).copied().collect();
             let err = parse(&args).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::ValueValidation, "{bad:?}");

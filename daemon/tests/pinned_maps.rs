@@ -53,7 +53,7 @@ fn a_pinned_map_of_another_shape_is_refused_by_name() {
 fn maps_pinned_with_other_sizes_are_refused_by_name() {
     let dir = pin_dir("sizes");
     let pinned = |capacity| LoadOptions { map_pin_dir: Some(dir.0.clone()), capacity };
-    let small = Capacity { vips: 8, backends: 64, flows: 4096, ring_slots: 8 * 2 * 4099 };
+    let small = Capacity { vips: 8, backends: 64, flows: 4096, ring_slots: 8 * 2 * 4099, ..Capacity::DEFAULT };
     drop(Balancer::load(&pinned(small)).unwrap());
     Balancer::load(&pinned(small)).expect("the same sizes load again");
     // Each size, and every map sized by it (the maps are checked in no fixed order: any of

@@ -181,7 +181,7 @@ const QUIC_PROGRAMS: [&str; 4] =
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 32] = [
+const PINNED_MAPS: [&str; 33] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -214,7 +214,11 @@ const PINNED_MAPS: [&str; 32] = [
     map_names::PTB_HANDOVER,
     map_names::PASS_TO_PROGRAM,
     map_names::PASS_TO_MISSING,
+    map_names::FRAGMENT_PROGRAM,
 ];
+
+/// The fragment programs, in the order of their slots in `spw_frag_prog`.
+const FRAGMENT_PROGRAMS: [&str; 2] = [program_names::FRAGMENT, program_names::FRAGMENT_V6];
 
 impl Balancer {
     /// Loads the balancer object and its program; maps are created, or reused from
@@ -226,7 +230,7 @@ impl Balancer {
         load_xdp(&mut ebpf, program_names::SECOND_CHANCE)?;
         load_xdp(&mut ebpf, program_names::BALANCER_V6)?;
         load_xdp(&mut ebpf, program_names::PACKET_TOO_BIG)?;
-        for name in QUIC_PROGRAMS {
+        for name in QUIC_PROGRAMS.into_iter().chain(FRAGMENT_PROGRAMS) {
             load_xdp(&mut ebpf, name)?;
         }
         let memory = map_memory(&ebpf);
@@ -250,6 +254,11 @@ impl Balancer {
         for (slot, name) in (0..).zip(QUIC_PROGRAMS) {
             let quic = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
             named(map_names::QUIC_PROGRAM, maps.quic_program.set(slot, quic, 0))?;
+        }
+        // The fragment programs: until they are set, fragments are dropped as before.
+        for (slot, name) in (0..).zip(FRAGMENT_PROGRAMS) {
+            let fragment = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
+            named(map_names::FRAGMENT_PROGRAM, maps.fragment_program.set(slot, fragment, 0))?;
         }
         let tx_ports = maps::take(&mut ebpf, map_names::TX_PORTS)?;
         Ok(Self { ebpf, maps, tx_ports })
@@ -341,6 +350,7 @@ fn load_object(object: &'static [u8], name: &'static str, options: &LoadOptions,
         (map_names::RULE_LENS, c.default_limit_slot() + 1),
         (map_names::QUIC_SERVERS, c.quic_server_slots()),
         (map_names::QUIC_HANDOVER, cpus),
+        (map_names::FRAGMENTS, c.fragments),
     ] {
         loader.map_max_entries(map, entries);
     }

@@ -79,6 +79,8 @@ pub struct BalancerMaps {
     pub ptb_program: ProgramArray<MapData>,
     /// Slots 0 and 1: the QUIC programs (IPv4, IPv6); held open for the same reason.
     pub quic_program: ProgramArray<MapData>,
+    /// Slots 0 and 1: the fragment programs (IPv4, IPv6); held open for the same reason.
+    pub fragment_program: ProgramArray<MapData>,
     /// QUIC VIPs: (VIP id, server id) -> backend id.
     pub quic_servers: QuicServerIndex,
     /// The QUIC hand-over, a slot per CPU, where the QUIC programs count how short headers
@@ -144,6 +146,7 @@ impl BalancerMaps {
             v6_program: take(ebpf, map_names::V6_PROGRAM)?,
             ptb_program: take(ebpf, map_names::PTB_PROGRAM)?,
             quic_program: take(ebpf, map_names::QUIC_PROGRAM)?,
+            fragment_program: take(ebpf, map_names::FRAGMENT_PROGRAM)?,
             quic_servers: Index { slots: take_mapped(ebpf, map_names::QUIC_SERVERS)? },
             quic_handover: take(ebpf, map_names::QUIC_HANDOVER)?,
         })
@@ -289,6 +292,8 @@ impl BalancerMaps {
             map(map_names::LIMITS, as_loaded(map_names::LIMITS), None),
             map(map_names::RULES, MAX_RULES, Some(self.rules.rules().len() as u64)),
             map(map_names::TX_PORTS, as_loaded(map_names::TX_PORTS), None),
+            // `--max-fragments`; an LRU the program alone holds, whose use is not counted.
+            map(map_names::FRAGMENTS, c.fragments, None),
         ])
     }
 

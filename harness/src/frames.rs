@@ -201,6 +201,43 @@ pub fn as_ipv6_fragment(frame: &[u8]) -> Vec<u8> {
     f
 }
 
+/// A UDP datagram from `src` to `dst` carrying `payload`, fragmented as its sender's kernel
+/// would: IPv4 fragments (no DF) or IPv6 fragment headers with identification `id` (IPv4:
+/// its low 16 bits), each carrying at most `chunk` bytes of the UDP datagram (a multiple of
+/// 8). The first fragment holds the UDP header; the frames are in order.
+pub fn udp_fragments(src: SocketAddr, dst: SocketAddr, payload: &[u8], chunk: usize, id: u32) -> Vec<Vec<u8>> {
+    assert!(chunk >= 8 && chunk.is_multiple_of(8), "fragments carry multiples of 8 bytes");
+    let whole = udp(src, dst, payload);
+    let header = if src.is_ipv4() { 20 } else { 40 };
+    let (head, datagram) = whole.split_at(ETH_LEN + header);
+    let count = datagram.len().div_ceil(chunk);
+    datagram
+        .chunks(chunk)
+        .enumerate()
+        .map(|(i, part)| {
+            let (offset_units, more) = ((i * chunk / 8) as u16, i + 1 < count);
+            let mut f = head.to_vec();
+            if src.is_ipv4() {
+                let ip = ETH_LEN;
+                f[ip + 2..ip + 4].copy_from_slice(&((20 + part.len()) as u16).to_be_bytes());
+                f[ip + 4..ip + 6].copy_from_slice(&(id as u16).to_be_bytes());
+                f[ip + 6..ip + 8].copy_from_slice(&((if more { 0x2000 } else { 0 }) | offset_units).to_be_bytes());
+                f.extend_from_slice(part);
+                refresh_ipv4_checksum(&mut f);
+            } else {
+                let ip = ETH_LEN;
+                f[ip + 4..ip + 6].copy_from_slice(&((8 + part.len()) as u16).to_be_bytes());
+                f[ip + 6] = 44;
+                f.extend_from_slice(&[17, 0]);
+                f.extend_from_slice(&((offset_units << 3) | u16::from(more)).to_be_bytes());
+                f.extend_from_slice(&id.to_be_bytes());
+                f.extend_from_slice(part);
+            }
+            f
+        })
+        .collect()
+}
+
 /// Sets an untagged IPv4 frame's total length to the frame's length (after truncation).
 pub fn fit_ipv4_length(frame: &mut [u8]) {
     let total = (frame.len() - ETH_LEN) as u16;

@@ -75,7 +75,7 @@ pub use sandbox::Sandbox;
 pub use stream::{CheckReport, Stream, StreamChecker};
 pub use tempdir::TempDir;
 pub use topology::{Topology, TopologyConfig};
-pub use traffic::{Tally, run_connections, tcp_ask, udp_ask};
+pub use traffic::{Tally, run_connections, tcp_ask, udp_ask, udp_ask_with};
 
 /// One test per port-watcher mode (btf, tracepoint, sock_diag), each running `$name(mode)`
 /// with `spillway_model::ports_report::Mode` (resolved where the macro is used).

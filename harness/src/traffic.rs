@@ -25,6 +25,12 @@ pub fn tcp_ask(addr: SocketAddr, timeout: Duration) -> Result<String> {
 /// Sends one UDP datagram and returns the reply (the backend's name),
 /// waiting at most `timeout`. One attempt: a lost datagram is an error.
 pub fn udp_ask(addr: SocketAddr, timeout: Duration) -> Result<String> {
+    udp_ask_with(addr, b"?\n", timeout)
+}
+
+/// [`udp_ask`] with `payload` as the datagram: one larger than the path's MTU leaves the
+/// sender in fragments, and is answered only once the backend's kernel has reassembled it.
+pub fn udp_ask_with(addr: SocketAddr, payload: &[u8], timeout: Duration) -> Result<String> {
     let any: IpAddr = match addr {
         SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
         SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
@@ -34,7 +40,7 @@ pub fn udp_ask(addr: SocketAddr, timeout: Duration) -> Result<String> {
     // e.g. a backend answering from its own address instead of the VIP.
     socket.connect(addr).with_context(|| format!("UDP connect to {addr}"))?;
     socket.set_read_timeout(Some(timeout))?;
-    socket.send(b"?\n").with_context(|| format!("UDP send to {addr}"))?;
+    socket.send(payload).with_context(|| format!("UDP send to {addr}"))?;
     let mut buf = [0; MAX_LINE as usize];
     let len = socket.recv(&mut buf).with_context(|| format!("waiting up to {timeout:?} for a UDP reply from {addr}"))?;
     let reply = String::from_utf8_lossy(&buf[..len]).trim().to_owned();
@@ -59,7 +65,8 @@ impl Tally {
         self.by_backend.values().sum()
     }
 
-    fn record(&mut self, outcome: Result<String>) {
+    /// Counts one exchange: who answered, or why it failed.
+    pub fn record(&mut self, outcome: Result<String>) {
         match outcome {
             Ok(name) => *self.by_backend.entry(name).or_default() += 1,
             Err(err) => {

@@ -72,6 +72,22 @@ pub struct Ipv6ExtHdr {
     pub len: u8,
 }
 
+/// The IPv6 fragment extension header.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Ipv6FragHdr {
+    pub next_hdr: u8,
+    pub _reserved: u8,
+    /// Offset in 8-byte units (the top 13 bits), then two reserved bits and M (more).
+    pub offset_flags: u16,
+    pub id: u32,
+}
+pub const IPV6_FRAG_LEN: usize = 8;
+/// The offset's bits of an IPv6 fragment header's `offset_flags` (host order).
+pub const IPV6_FRAG_OFFSET_MASK: u16 = 0xFFF8;
+/// The offset's bits of an IPv4 header's `frag_off` (host order).
+pub const IPV4_OFFSET_MASK: u16 = 0x1FFF;
+
 /// First four bytes of TCP and UDP headers.
 #[repr(C)]
 #[derive(Clone, Copy)]

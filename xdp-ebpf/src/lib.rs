@@ -12,6 +12,7 @@ pub mod atomic;
 pub mod csum;
 pub mod encap;
 pub mod fib;
+pub mod fragment;
 pub mod headers;
 pub mod icmp;
 pub mod packet;

@@ -8,7 +8,7 @@ use crate::headers::*;
 use crate::packet::{at, len};
 
 /// Extension headers walked before giving up and treating the packet as not ours.
-const MAX_IPV6_EXT_HEADERS: usize = 4;
+pub(crate) const MAX_IPV6_EXT_HEADERS: usize = 4;
 
 /// Where the IP packet sits in the frame.
 #[derive(Clone, Copy)]
@@ -71,21 +71,30 @@ pub fn parse_family<const FAMILY: u8>(ctx: &XdpContext) -> Parsed {
 }
 
 #[inline(always)]
-fn v4_addr(addr: u32) -> [u32; 4] {
+pub(crate) fn v4_addr(addr: u32) -> [u32; 4] {
     [addr, 0, 0, 0]
 }
 
+/// The IPv4 header at `l3`, its length and the packet's (its total length), if whole and
+/// consistent with the frame.
 #[inline(always)]
-fn parse_v4(ctx: &XdpContext, l3: usize) -> Parsed {
-    let Some(ip) = at::<Ipv4Hdr>(ctx, l3) else {
-        return Parsed::Malformed;
-    };
+pub(crate) fn ipv4_at(ctx: &XdpContext, l3: usize) -> Option<(&Ipv4Hdr, usize, usize)> {
+    let ip = at::<Ipv4Hdr>(ctx, l3)?;
+    // SAFETY: `at` checked the header is inside the frame.
     let ip = unsafe { &*ip };
     let ihl = ((ip.ver_ihl & 0x0f) as usize) * 4;
     let tot_len = u16::from_be(ip.tot_len) as usize;
     if ip.ver_ihl >> 4 != 4 || ihl < IPV4_LEN || tot_len < ihl || l3 + tot_len > len(ctx) {
-        return Parsed::Malformed;
+        return None;
     }
+    Some((ip, ihl, tot_len))
+}
+
+#[inline(always)]
+fn parse_v4(ctx: &XdpContext, l3: usize) -> Parsed {
+    let Some((ip, ihl, tot_len)) = ipv4_at(ctx, l3) else {
+        return Parsed::Malformed;
+    };
     if u16::from_be(ip.frag_off) & IPV4_MF_OFFSET_MASK != 0 {
         return Parsed::Fragment(AddrKey { addr: v4_addr(ip.dst), family: FAMILY_V4, _pad: [0; 3] });
     }
@@ -218,7 +227,7 @@ fn is_syn(ctx: &XdpContext, l4: usize, proto: u8) -> bool {
 
 /// Ports of a TCP or UDP header, if the whole fixed header is present.
 #[inline(always)]
-fn l4_ports(ctx: &XdpContext, l4: usize, proto: u8) -> Option<Ports> {
+pub(crate) fn l4_ports(ctx: &XdpContext, l4: usize, proto: u8) -> Option<Ports> {
     let header_len = if proto == PROTO_TCP { TCP_LEN } else { UDP_LEN };
     if l4 + header_len > len(ctx) {
         return None;
@@ -227,6 +236,6 @@ fn l4_ports(ctx: &XdpContext, l4: usize, proto: u8) -> Option<Ports> {
 }
 
 #[inline(always)]
-fn flow_key(src: [u32; 4], dst: [u32; 4], ports: Ports, proto: u8, family: u8) -> FlowKey {
+pub(crate) fn flow_key(src: [u32; 4], dst: [u32; 4], ports: Ports, proto: u8, family: u8) -> FlowKey {
     FlowKey { src, dst, sport: ports.src, dport: ports.dst, proto, family, _pad: [0; 2] }
 }

@@ -3,7 +3,6 @@
 //! SYNs from spoofed sources arrive.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::ops::ControlFlow;
 
 use spillway_common::{
     limits::{Capacity, FLOW_WAYS},
@@ -17,7 +16,7 @@ const VIP: &str = "10.200.1.1:80";
 /// Long-lived flows; enough that a backend joining moves some of their Maglev choices.
 const LONG_LIVED: u16 = 200;
 /// A small table (2,048 buckets of 4 entries), so a flood of twice it is quick.
-const CAPACITY: Capacity = Capacity { vips: 8, backends: 64, flows: 4096, ring_slots: 8 * 2 * 4099 };
+const CAPACITY: Capacity = Capacity { vips: 8, backends: 64, flows: 4096, ring_slots: 8 * 2 * 4099, fragments: 1024 };
 
 fn spoofed(n: u32) -> SocketAddr {
     let [_, b, c, d] = n.to_be_bytes();
@@ -47,15 +46,7 @@ fn long_lived_flows_keep_their_backend_through_a_spoofed_syn_flood_twice_the_tab
             assert_eq!(env.run(&frames::tcp(spoofed(n), d, true, &[])).action, XDP_TX, "spoofed SYN {n}");
         }
         assert_eq!(env.reasons()[Reason::Tx as usize] - before, u64::from(2 * entries), "every spoofed SYN was forwarded");
-        let (mut confirmed, mut unconfirmed) = (0, 0);
-        env.balancer.maps.scan_flows(|_, flow| {
-            if flow.confirmed {
-                confirmed += 1
-            } else {
-                unconfirmed += 1
-            }
-            ControlFlow::Continue(())
-        });
+        let (confirmed, unconfirmed) = env.flow_entries();
         assert_eq!(confirmed, LONG_LIVED as usize, "the long-lived flows' entries");
         assert!(unconfirmed > entries as usize / 2, "the flood filled the rest of the table: {unconfirmed} of {entries}");
 

@@ -8,6 +8,7 @@ mod clock;
 mod decap;
 mod flood;
 mod forwarding;
+mod fragments;
 mod fuzz;
 mod gue;
 mod icmp;

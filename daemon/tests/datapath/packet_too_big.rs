@@ -129,13 +129,6 @@ fn answered(env: &Env, frames: impl Iterator<Item = Vec<u8>>) -> u64 {
     after[tx] - before[tx]
 }
 
-/// The most a bucket of `per_s` a second and `burst` admits in `elapsed`, as the program's
-/// coarse clock (one tick, at most 10 ms, behind at the start) may see it.
-fn allowance(per_s: u32, burst: u32, elapsed: Duration) -> u64 {
-    let seen = elapsed + Duration::from_millis(10);
-    burst as u64 + 1 + (per_s as f64 * seen.as_secs_f64()).ceil() as u64
-}
-
 #[test]
 fn a_spoofed_flood_from_one_source_gets_at_most_its_limit_of_answers() {
     with_env(|env| {

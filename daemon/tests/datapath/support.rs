@@ -173,6 +173,20 @@ impl Env {
         config.set(0, &spillway_common::types::DecapConfig { gue_port: port.to_be(), _pad: 0 }, 0).unwrap();
     }
 
+    /// The connection table's entries: (confirmed, unconfirmed).
+    pub fn flow_entries(&self) -> (usize, usize) {
+        let (mut confirmed, mut unconfirmed) = (0, 0);
+        self.balancer.maps.scan_flows(|_, flow| {
+            if flow.confirmed {
+                confirmed += 1
+            } else {
+                unconfirmed += 1
+            }
+            std::ops::ControlFlow::Continue(())
+        });
+        (confirmed, unconfirmed)
+    }
+
     /// The backend the connection table holds for `key`.
     pub fn pinned_backend(&self, key: &FlowKey) -> Option<IpAddr> {
         self.balancer.maps.flow(key).map(|v| self.backend_addr(v.backend_id))
@@ -198,4 +212,11 @@ pub fn vip_gaining_a_fourth_backend(env: &mut Env) -> Vip {
     env.add_vip(v, &(101..=103).map(|n| packet_lab::backend4(n).into()).collect::<Vec<_>>());
     env.update(|s| s.add_backend(&v, packet_lab::backend4(104).into(), 100).unwrap());
     v
+}
+
+/// The most a bucket of `per_s` a second and `burst` admits in `elapsed`, as the program's
+/// coarse clock (one tick, at most 10 ms, behind at the start) may see it.
+pub fn allowance(per_s: u32, burst: u32, elapsed: std::time::Duration) -> u64 {
+    let seen = elapsed + std::time::Duration::from_millis(10);
+    burst as u64 + 1 + (per_s as f64 * seen.as_secs_f64()).ceil() as u64
 }

@@ -4,7 +4,6 @@
 //! through the tunnel, loses the connections sent to it in GUE, and serves again once given
 //! IPIP.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use spillway_harness::cluster::XdpMode;
@@ -12,10 +11,6 @@ use spillway_harness::{Stream, StreamChecker, run_connections};
 
 use crate::in_both_modes;
 use crate::support::*;
-
-fn even(names: &[&'static str]) -> BTreeMap<&'static str, f64> {
-    names.iter().map(|n| (*n, 1.0 / names.len() as f64)).collect()
-}
 
 fn gue_tunnels(mode: XdpMode) {
     // No slow start: a backend back in service takes its share at once.

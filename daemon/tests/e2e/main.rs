@@ -7,6 +7,7 @@ mod agents;
 mod beside;
 mod config_file;
 mod flood;
+mod fragments;
 mod gue;
 mod health;
 mod health_policy;

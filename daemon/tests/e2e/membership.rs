@@ -9,10 +9,6 @@ use spillway_harness::{Stream, StreamChecker, VIP4, udp_ask};
 use crate::in_both_modes;
 use crate::support::*;
 
-fn even(names: &[&'static str]) -> BTreeMap<&'static str, f64> {
-    names.iter().map(|n| (*n, 1.0 / names.len() as f64)).collect()
-}
-
 fn distribution(mode: XdpMode) {
     let c = start(mode, 3);
     vip_with_all_backends(&c, &tcp_vip(false), false);

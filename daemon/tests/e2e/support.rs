@@ -64,6 +64,11 @@ pub fn connections(c: &Cluster, target: SocketAddr, count: usize) -> Tally {
     c.topo.clients()[0].in_netns(|| run_connections(target, count, Duration::ZERO, CONNECT_TIMEOUT))
 }
 
+/// An even share for each of `names`.
+pub fn even(names: &[&'static str]) -> BTreeMap<&'static str, f64> {
+    names.iter().map(|n| (*n, 1.0 / names.len() as f64)).collect()
+}
+
 /// Asserts no failures and that each named backend got `share` of `total` within ±40%
 /// of the expected count: about 3 standard deviations for a share of 1/4 at 200
 /// connections, 1/2 at 60, 1/3 at 100; smaller samples flake.

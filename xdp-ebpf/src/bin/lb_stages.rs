@@ -9,6 +9,8 @@
 mod clock;
 #[path = "lb/family.rs"]
 mod family;
+#[path = "lb/fragment.rs"]
+mod fragment;
 #[path = "lb/limits.rs"]
 mod limits;
 #[path = "lb/maps.rs"]

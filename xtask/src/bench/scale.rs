@@ -23,8 +23,13 @@ const BACKENDS_PER_VIP: u32 = 10;
 const FLOWS: u32 = 8_000_000;
 /// The smallest accepted prime of at least 100 slots per backend.
 const RING: u32 = 1009;
-const CAPACITY: Capacity =
-    Capacity { vips: VIPS, backends: VIPS * BACKENDS_PER_VIP, flows: FLOWS, ring_slots: Capacity::ring_slots_for(VIPS, RING) };
+const CAPACITY: Capacity = Capacity {
+    vips: VIPS,
+    backends: VIPS * BACKENDS_PER_VIP,
+    flows: FLOWS,
+    ring_slots: Capacity::ring_slots_for(VIPS, RING),
+    ..Capacity::DEFAULT
+};
 
 fn vip(i: u32) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::new(10, 210, (i >> 8) as u8, i as u8), 80))

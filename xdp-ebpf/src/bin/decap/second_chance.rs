@@ -63,7 +63,9 @@ pub fn classify(ctx: &XdpContext, off: usize, ether_type: u16, outer: &Ip, gue_p
     let inner = ip_at(ctx, off, ether_type).ok_or(DecapReason::PassMalformed)?;
     // A middle GUE header goes to the other backend; UDP to this host on the GUE port is a
     // client's packet to a UDP VIP on that port.
-    let middle = tunnel_at(ctx, off, &inner, gue_port).filter(|t| !t.gue || !local(inner.family, &inner.dst));
+    // A fragment is no tunnel: a later one's first bytes are payload, whatever they read as.
+    let middle = if inner.fragment { None } else { tunnel_at(ctx, off, &inner, gue_port) };
+    let middle = middle.filter(|t| !t.gue || !local(inner.family, &inner.dst));
     let Some(middle) = middle else {
         return if local(inner.family, &inner.dst) { Ok(None) } else { Err(DecapReason::DropInnerNotLocal) };
     };

@@ -9,6 +9,8 @@
 
 mod clock;
 mod family;
+mod fragment;
+mod fragment_program;
 mod limits;
 mod maps;
 mod nexthop;
@@ -22,6 +24,7 @@ mod quic_program;
 mod second_chance;
 mod second_chance_program;
 mod select;
+mod source_limit;
 mod stats;
 mod verdict;
 
@@ -102,6 +105,22 @@ pub fn spillway_clock(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn spillway_lb_ptb(ctx: XdpContext) -> u32 {
     let verdict = ptb_program::send(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+/// Tail-called by `spillway_lb` for an IPv4 fragment (`fragment.rs`).
+#[xdp]
+pub fn spillway_lb_frag(ctx: XdpContext) -> u32 {
+    let verdict = fragment_program::send::<FAMILY_V4>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+/// Tail-called by `spillway_lb_v6` for an IPv6 fragment (`fragment.rs`).
+#[xdp]
+pub fn spillway_lb_frag_v6(ctx: XdpContext) -> u32 {
+    let verdict = fragment_program::send::<FAMILY_V6>(&ctx);
     stats::count(&verdict);
     verdict.action
 }

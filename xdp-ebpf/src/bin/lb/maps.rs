@@ -13,10 +13,13 @@ use aya_ebpf::{
     maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use spillway_common::{
-    limits::{Capacity, MAX_RULES, MAX_TX_PORTS, PTB_SOURCE_ENTRIES, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, VIP_PROBES},
+    limits::{
+        Capacity, FRAGMENT_SOURCE_ENTRIES, MAX_RULES, MAX_TX_PORTS, PTB_SOURCE_ENTRIES, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS,
+        VIP_PROBES,
+    },
     types::{
-        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, LbConfig, Limits, Observed, QuicHandover, QuicServerSlot, Reason,
-        RuleCounters, RuleLens, RuleSlot, SourceKey, SourceState, Traffic, VipSlot,
+        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, FragmentKey, FragmentRecord, LbConfig, Limits, Observed, QuicHandover,
+        QuicServerSlot, Reason, RuleCounters, RuleLens, RuleSlot, SourceKey, SourceState, Traffic, VipSlot,
     },
 };
 
@@ -207,6 +210,21 @@ pub static PTB_SOURCES: LruHashMap<AddrKey, Bucket> = LruHashMap::with_max_entri
 /// The bucket of all answers (shared by all CPUs).
 #[map(name = "spw_ptb_all")]
 pub static PTB_GLOBAL: Array<Bucket> = Array::with_max_entries(1, 0);
+
+/// Slots 0, 1: the fragment programs for IPv4 and IPv6 frames (`spillway_lb_frag`, `_v6`),
+/// which the balancer tail-calls for a fragment (`fragment.rs`).
+#[map(name = "spw_frag_prog")]
+pub static FRAGMENT_PROGRAM: ProgramArray = ProgramArray::with_max_entries(2, 0);
+
+/// Where each fragmented datagram's first fragment went (`fragment.rs`); the LRU forgets
+/// the records used least recently. Sized by the loader (`--max-fragments`); never pinned.
+#[map(name = "spw_frags")]
+pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentRecord> = LruHashMap::with_max_entries(DEFAULT.fragments, 0);
+
+/// Each source's bucket of fragment records (shared by all CPUs); the LRU forgets the
+/// quietest.
+#[map(name = "spw_frag_src")]
+pub static FRAGMENT_SOURCES: LruHashMap<AddrKey, Bucket> = LruHashMap::with_max_entries(FRAGMENT_SOURCE_ENTRIES, 0);
 
 /// A slot of an open-addressed index the loader fills (the VIP index, the server-id index):
 /// its home counts how many slots from it hold keys homed there.

@@ -22,7 +22,7 @@ use xdp_ebpf::{
 };
 
 use crate::{
-    clock, family, limits,
+    clock, family, fragment, limits,
     maps::{self, CONFIG, SecondChanceHandover, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
     nexthop, ptb, quic, second_chance, select,
     select::{Choice, Flow, Remembered, Vip},
@@ -76,26 +76,77 @@ impl Cut for (u32, Reason) {
     const CUT: Self = (XDP_TX, Reason::Tx);
 }
 
+/// What the path does beside its own steps: for a packet of the path ([`Packet`]), parse its
+/// frame and nothing more; for a first fragment (`fragment_program.rs`), take the flow its
+/// program parsed, charge its source, and record where it went. Everything here is inlined:
+/// a packet of the path pays nothing for the hooks.
+pub trait Placement {
+    /// Frames are handed to the other programs (IPv6, QUIC, fragments).
+    const HANDS_OVER: bool;
+    /// Why a packet to a VIP address that no VIP serves on its port is dropped.
+    const UNSERVED: Reason;
+    /// The frame, parsed for the path.
+    fn parse<const FAMILY: u8>(&self, ctx: &XdpContext) -> Parsed;
+    /// Once the VIP is known, before the connection table: `Err` refuses the packet.
+    fn admit(&self, key: &FlowKey, now_ns: u64) -> Result<(), Reason>;
+    /// Once the backend is chosen, before the packet is sent.
+    fn placed(&self, key: &FlowKey, vip: &Vip, choice: &Choice, now: u32);
+}
+
+/// A packet of the path, placed as its flow. `QUIC`: the path of the QUIC programs
+/// (`quic.rs`) for the packets their connection id does not place, which hands nothing over.
+pub struct Packet<const QUIC: bool>;
+
+impl<const QUIC: bool> Placement for Packet<QUIC> {
+    const HANDS_OVER: bool = !QUIC;
+    const UNSERVED: Reason = Reason::DropNoService;
+
+    #[inline(always)]
+    fn parse<const FAMILY: u8>(&self, ctx: &XdpContext) -> Parsed {
+        parse_family::<FAMILY>(ctx)
+    }
+
+    #[inline(always)]
+    fn admit(&self, _key: &FlowKey, _now_ns: u64) -> Result<(), Reason> {
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn placed(&self, _key: &FlowKey, _vip: &Vip, _choice: &Choice, _now: u32) {}
+}
+
 /// The path for frames of `FAMILY` (`FAMILY_V4`: IPv6 frames are handed to their own
 /// program, `family.rs`; `FAMILY_V6`: the program they are handed to). `QUIC`: the path of
 /// the QUIC programs (`quic.rs`) for the packets their connection id does not place, which
-/// hands nothing over.
+/// hands nothing over. A fragment is handed to the fragment program (`fragment.rs`).
 #[inline(always)]
 pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpContext) -> Verdict {
-    let (key, layout, icmp_error, syn) = match parse_family::<FAMILY>(ctx) {
+    place::<STOP, FAMILY, _>(ctx, &Packet::<QUIC>)
+}
+
+/// The path for a frame of `FAMILY` as `placement` parses and places it (see [`Placement`]).
+#[inline(always)]
+pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(ctx: &XdpContext, placement: &P) -> Verdict {
+    let (key, layout, icmp_error, syn) = match placement.parse::<FAMILY>(ctx) {
         Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
         Parsed::NotIp => return Verdict::ended(XDP_PASS, Reason::PassNotIp),
         Parsed::Malformed => return Verdict::ended(XDP_PASS, Reason::PassMalformed),
         Parsed::Other(addr) => return not_served(&addr.addr, addr.family, Reason::DropNoService),
         Parsed::OtherFamily => {
-            if FAMILY == FAMILY_V4 && !QUIC {
+            if FAMILY == FAMILY_V4 && P::HANDS_OVER {
                 family::hand_over_v6(ctx);
             }
             // Only if the IPv6 program is not there (it always is once `lbd` has loaded the
             // balancer): the kernel gets the frame, as it gets every frame for no VIP.
             return Verdict::ended(XDP_PASS, Reason::PassNotVip);
         }
-        Parsed::Fragment(addr) => return not_served(&addr.addr, addr.family, Reason::DropFragment),
+        Parsed::Fragment(addr) => {
+            if P::HANDS_OVER {
+                fragment::hand_over::<FAMILY>(ctx);
+            }
+            // Only if the fragment program cannot run: dropped, as before it existed.
+            return not_served(&addr.addr, addr.family, Reason::DropFragment);
+        }
     };
     cut!(STOP, PARSE, &key, &layout, &icmp_error, &syn);
     let addr_hash = vip_addr_hash(&key.dst);
@@ -112,11 +163,14 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
     let now = select::ticks(now_ns);
     cut!(STOP, FILTER, &now_ns, cfg);
     let Some(vip) = find_vip(&key, addr_hash) else {
-        return not_served(&key.dst, key.family, Reason::DropNoService);
+        return not_served(&key.dst, key.family, P::UNSERVED);
     };
     cut!(STOP, VIP, &vip);
-    if !QUIC && vip.flags & VIP_F_QUIC != 0 {
+    if P::HANDS_OVER && vip.flags & VIP_F_QUIC != 0 {
         quic::hand_over::<FAMILY>(ctx, &vip, &layout, icmp_error);
+    }
+    if let Err(reason) = placement.admit(&key, now_ns) {
+        return Verdict { action: XDP_DROP, reason, vip: Some(vip.id), backend: None, bytes, new_flow: false, second_chance: false };
     }
     // The table's buckets and the outer header's entropy hash with this host's secret seed,
     // so nobody outside can aim at buckets; a changed fleet seed moves no entry. Only a
@@ -183,6 +237,7 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
             (Choice { id, backend, hash: flow.hash() }, !icmp_error)
         }
     };
+    placement.placed(&key, &vip, &choice, now);
     let (action, reason) = forward::<STOP>(ctx, key.family, &layout, &choice, None, cfg, now_ns);
     let backend = is_sent(reason).then_some(choice.id);
     Verdict { action, reason, vip: Some(vip.id), backend, bytes, new_flow, second_chance: false }
@@ -192,12 +247,14 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
 /// (the balancer does not own it, so the kernel would route the packet back to the router
 /// that sent it here, and the router here again), passed otherwise.
 #[inline(always)]
-fn not_served(addr: &[u32; 4], family: u8, reason: Reason) -> Verdict {
-    if maybe_vip(vip_addr_hash(addr)) && is_vip_addr(addr, family) {
-        Verdict::ended(XDP_DROP, reason)
-    } else {
-        Verdict::ended(XDP_PASS, Reason::PassNotVip)
-    }
+pub fn not_served(addr: &[u32; 4], family: u8, reason: Reason) -> Verdict {
+    if vip_address(addr, family) { Verdict::ended(XDP_DROP, reason) } else { Verdict::ended(XDP_PASS, Reason::PassNotVip) }
+}
+
+/// Some VIP uses `addr`.
+#[inline(always)]
+pub fn vip_address(addr: &[u32; 4], family: u8) -> bool {
+    maybe_vip(vip_addr_hash(addr)) && is_vip_addr(addr, family)
 }
 
 /// A subprogram of its own: its key lives in its frame, not in the balancer's.

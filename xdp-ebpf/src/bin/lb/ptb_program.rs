@@ -7,8 +7,7 @@ use aya_ebpf::{
 };
 use spillway_common::{
     limits::{PTB_GLOBAL_BURST, PTB_GLOBAL_PER_S, PTB_SOURCE_BURST, PTB_SOURCE_PER_S, PTB_SOURCE_PREFIX_V6},
-    prefix::masked,
-    types::{AddrKey, Bucket, FAMILY_V4, FlowKey, LbConfig, Rate, Reason},
+    types::{FAMILY_V4, FlowKey, LbConfig, Rate, Reason},
 };
 use xdp_ebpf::{
     headers::{ETH_LEN, IPV4_DF, Ipv4Hdr, VLAN_LEN},
@@ -20,6 +19,7 @@ use crate::{
     clock,
     limits::gcra_admit,
     maps::{CONFIG, PTB_GLOBAL, PTB_HANDOVER, PTB_SOURCES},
+    source_limit,
     verdict::Verdict,
 };
 
@@ -88,18 +88,6 @@ fn answerable(ctx: &XdpContext, key: &FlowKey, layout: &Layout, mtu: u32) -> boo
 /// Takes an answer from the source's bucket, then from the global one.
 #[inline(always)]
 fn admitted(key: &FlowKey, now: u64) -> bool {
-    let prefix = if key.family == FAMILY_V4 { 32 } else { PTB_SOURCE_PREFIX_V6 };
-    let source = AddrKey { addr: masked(&key.src, prefix), family: key.family, _pad: [0; 3] };
-    if PTB_SOURCES.get_ptr_mut(&source).is_none() {
-        // BPF_NOEXIST: of two CPUs adding the source at once, the second keeps the first's.
-        let _ = PTB_SOURCES.insert(&source, &Bucket::default(), 1);
-    }
-    let Some(bucket) = PTB_SOURCES.get_ptr_mut(&source) else {
-        return false;
-    };
-    // SAFETY: live map values, shared by CPUs (the buckets' adds are atomic).
-    if !gcra_admit(unsafe { &mut *bucket }, &PER_SOURCE, now) {
-        return false;
-    }
-    PTB_GLOBAL.get_ptr_mut(0).is_some_and(|all| gcra_admit(unsafe { &mut *all }, &GLOBAL, now))
+    source_limit::admit(&PTB_SOURCES, &key.src, key.family, PTB_SOURCE_PREFIX_V6, &PER_SOURCE, now)
+        && PTB_GLOBAL.get_ptr_mut(0).is_some_and(|all| gcra_admit(unsafe { &mut *all }, &GLOBAL, now))
 }

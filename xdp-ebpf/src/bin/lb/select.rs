@@ -92,6 +92,12 @@ pub fn ticks(now_ns: u64) -> u32 {
     (now_ns >> FLOW_TICK_SHIFT) as u32 & TICK_MASK
 }
 
+/// Ticks from `then` to `now` (both from [`ticks`]; they wrap within 31 bits).
+#[inline(always)]
+pub fn elapsed(now: u32, then: u32) -> u32 {
+    now.wrapping_sub(then) & TICK_MASK
+}
+
 /// A known flow keeps its backend while that backend exists (draining included) and the
 /// flow is not idle past its timeout. `refresh`: a packet of the flow itself (not an ICMP
 /// error about it), which confirms the entry and keeps it fresh.
@@ -125,7 +131,7 @@ fn valid(found: &Found, tag: u64, now: u32, cfg: &LbConfig) -> Option<(&'static 
     if backend.state != BACKEND_ACTIVE || backend.generation as u16 != found.generation {
         return None;
     }
-    let idle = now.wrapping_sub(found.touched) & TICK_MASK;
+    let idle = elapsed(now, found.touched);
     if expired(tag, idle, cfg) {
         return None;
     }
