@@ -300,12 +300,23 @@ pub fn load_sharing_maps(
     Ok(ebpf)
 }
 
+/// The reason counters of a balancer [`load_other_balancer`] loaded, summed over CPUs, by
+/// `Reason` index (its build's reasons: a build appends new ones at the end).
+pub fn other_reasons(other: &Ebpf) -> Result<Vec<u64>, DataplaneError> {
+    let name = map_names::REASONS;
+    let map = other.map(name).ok_or(DataplaneError::MissingMap { name })?;
+    let counters = aya::maps::PerCpuArray::<_, u64>::try_from(map).map_err(|source| DataplaneError::Map { name, source })?;
+    (0..counters.len()).map(|i| named(name, counters.get(&i, 0)).map(|per_cpu| per_cpu.iter().sum())).collect()
+}
+
 /// Loads another build's balancer `object` as [`load_sharing_maps`] does, with its QUIC
 /// programs in a program array of its own (with its own hand-over), so its QUIC VIPs'
 /// packets run its QUIC code, not the pinned balancer's (the bench's `--against`). Its IPv6
 /// frames still go to the pinned balancer's IPv6 program.
 pub fn load_other_balancer(object: &'static [u8], object_name: &'static str, options: &LoadOptions) -> Result<Ebpf, DataplaneError> {
-    let own = [map_names::QUIC_PROGRAM, map_names::QUIC_HANDOVER];
+    // Its reason counters too (`spw_reasons`, read back with [`other_reasons`]): a build
+    // that counts more reasons still runs on the same tables.
+    let own = [map_names::QUIC_PROGRAM, map_names::QUIC_HANDOVER, map_names::REASONS];
     let mut ebpf = load_object(object, object_name, options, &own)?;
     load_xdp(&mut ebpf, program_names::BALANCER)?;
     let mut programs = Vec::with_capacity(QUIC_PROGRAMS.len());

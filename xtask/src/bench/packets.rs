@@ -612,9 +612,17 @@ impl Lab {
         Ok(())
     }
 
-    /// The balancer's reason counters, summed over CPUs.
+    /// The reason counters, summed over CPUs: the balancer's, and the `--against` build's
+    /// own added to them (it counts in a map of its own, so that a build with another
+    /// number of reasons can run on the same tables).
     fn reasons(&self) -> Result<Vec<u64>> {
-        Ok(self.balancer.maps.reasons()?.into_iter().map(|(_, n)| n).collect())
+        let mut counts: Vec<u64> = self.balancer.maps.reasons()?.into_iter().map(|(_, n)| n).collect();
+        if let Some(other) = &self.against {
+            for (count, theirs) in counts.iter_mut().zip(dataplane::other_reasons(other)?) {
+                *count += theirs;
+            }
+        }
+        Ok(counts)
     }
 
     /// What a checked call must leave: the frame encapsulated to the flow's backend when the
