@@ -204,12 +204,11 @@ impl Checks {
     /// Feeds probe outcomes and runs time-driven transitions.
     pub fn observe(&mut self, results: Vec<ProbeResult>, now_ms: u64) {
         for ProbeResult { key, outcome, local_cause } in results {
-            if outcome == ProbeOutcome::Unknown {
+            // A backend removed while its probe was in flight: nothing to record, and no
+            // alert (its probe found no backend because there is none).
+            let known = self.trackers.get_mut(&key.vip).is_some_and(|t| t.observe(key.backend, &outcome, now_ms).is_ok());
+            if known && outcome == ProbeOutcome::Unknown {
                 self.raise_local_alert(&key, local_cause.unwrap_or(LocalCause::Sockets), now_ms);
-            }
-            if let Some(tracker) = self.trackers.get_mut(&key.vip) {
-                // A backend removed while its probe was in flight: nothing to record.
-                let _ = tracker.observe(key.backend, &outcome, now_ms);
             }
         }
         for tracker in self.trackers.values_mut() {

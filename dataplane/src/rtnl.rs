@@ -275,6 +275,7 @@ impl Rtnl {
     }
 }
 
+#[derive(Debug)]
 enum Answer<'a> {
     Data(&'a [u8]),
     Ack,
@@ -299,10 +300,11 @@ fn answer(buf: &[u8], seq: u32) -> Answer<'_> {
     if kind != NLMSG_ERROR {
         return Answer::Data(body);
     }
-    match u32_at(body, 0).map(|c| c as i32) {
-        Some(0) => Answer::Ack,
-        Some(code) => Answer::Error(-code),
-        None => Answer::Malformed,
+    // The kernel sends minus the errno; i32::MIN has no errno to be minus of.
+    match u32_at(body, 0).map(|c| (c as i32).checked_neg()) {
+        Some(Some(0)) => Answer::Ack,
+        Some(Some(errno)) => Answer::Error(errno),
+        Some(None) | None => Answer::Malformed,
     }
 }
 
@@ -473,6 +475,13 @@ mod tests {
         assert!(matches!(answer(&message(NLMSG_ERROR, 2, &(-17i32).to_ne_bytes()), 3), Answer::Stale));
         assert!(matches!(answer(&message(RTM_NEWROUTE, 3, &[1, 2]), 3), Answer::Data([1, 2])));
         assert!(matches!(answer(&[1, 2, 3], 3), Answer::Malformed));
+    }
+
+    /// Found by the fuzz target `netlink`: negating it overflowed (a panic with overflow checks).
+    #[test]
+    fn an_error_code_without_an_errno_is_malformed() {
+        let message = Message::new(NLMSG_ERROR, 0, &i32::MIN.to_ne_bytes()).finish(3);
+        assert!(matches!(answer(&message, 3), Answer::Malformed));
     }
 
     #[test]

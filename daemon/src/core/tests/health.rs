@@ -355,4 +355,12 @@ fn probes_go_through_the_tunnel_unless_the_vip_or_the_backend_says_direct() {
     assert!(alerts[0].contains("cannot open probe sockets"), "{alerts:?}");
     assert!(alerts[1].contains("cannot probe through the tunnel") && alerts[1].contains("not attached"), "{alerts:?}");
     assert_eq!(health(&mut f), before);
+    // A probe in flight when its backend was removed found no backend: not the balancer's
+    // trouble (a soak's removal under probing raised one).
+    let mut f = Fixture::new(None);
+    f.ok(plain_vip(vip(VIP), Some(13)));
+    f.add("10.0.0.1", None, None);
+    let cause = LocalCause::VipPath("the probe program did not send the probe on: drop_no_backend".into());
+    f.core.health_round(vec![result("10.0.0.9", &unknown, Some(cause))]).unwrap();
+    assert_eq!(f.core.alerts(), Vec::<String>::new());
 }
