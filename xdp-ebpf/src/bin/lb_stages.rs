@@ -17,6 +17,8 @@ mod limits;
 mod maps;
 #[path = "lb/nexthop.rs"]
 mod nexthop;
+#[path = "lb/pass_to.rs"]
+mod pass_to;
 #[path = "lb/path.rs"]
 mod path;
 #[path = "lb/ptb.rs"]

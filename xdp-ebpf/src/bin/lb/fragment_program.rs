@@ -31,12 +31,12 @@ const PER_SOURCE: Rate = Rate::new(FRAGMENT_SOURCE_PER_S, FRAGMENT_SOURCE_BURST)
 pub fn send<const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
     match parse_fragment::<FAMILY>(ctx) {
         Fragmented::Malformed => Verdict::ended(XDP_PASS, Reason::PassMalformed),
-        Fragmented::Unplaceable(addr) => path::not_served(&addr.addr, addr.family, Reason::DropFragment),
+        Fragmented::Unplaceable(addr) => path::not_served(ctx, &addr.addr, addr.family, Reason::DropFragment),
         // TCP fragments are dropped as before: a TCP sender that does path MTU discovery
         // never sends one.
-        Fragmented::First { key, .. } if key.proto != PROTO_UDP => path::not_served(&key.dst, key.family, Reason::DropFragment),
+        Fragmented::First { key, .. } if key.proto != PROTO_UDP => path::not_served(ctx, &key.dst, key.family, Reason::DropFragment),
         Fragmented::Later { datagram, .. } if datagram.proto != PROTO_UDP => {
-            path::not_served(&datagram.dst, datagram.family, Reason::DropFragment)
+            path::not_served(ctx, &datagram.dst, datagram.family, Reason::DropFragment)
         }
         Fragmented::First { datagram, .. } => path::place::<{ stage::ALL }, FAMILY, _>(ctx, &FirstFragment { id: datagram.id }),
         Fragmented::Later { datagram, layout } => follow(ctx, &datagram, &layout),

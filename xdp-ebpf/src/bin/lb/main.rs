@@ -37,7 +37,7 @@ use xdp_ebpf::packet;
 pub fn spillway_lb(ctx: XdpContext) -> u32 {
     let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V4, false>(&ctx);
     stats::count(&verdict);
-    pass_to::after_counting(&ctx, &verdict)
+    verdict.action
 }
 
 /// Tail-called by `spillway_lb` for IPv6 frames (`family.rs`).
@@ -45,7 +45,7 @@ pub fn spillway_lb(ctx: XdpContext) -> u32 {
 pub fn spillway_lb_v6(ctx: XdpContext) -> u32 {
     let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V6, false>(&ctx);
     stats::count(&verdict);
-    pass_to::after_counting(&ctx, &verdict)
+    verdict.action
 }
 
 /// Tail-called by `spillway_lb` for a QUIC VIP's IPv4 packets (`quic.rs`).
@@ -70,7 +70,7 @@ pub fn spillway_lb_quic_v6(ctx: XdpContext) -> u32 {
 pub fn spillway_lb_udp(ctx: XdpContext) -> u32 {
     let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V4, true>(&ctx);
     stats::count(&verdict);
-    pass_to::after_counting(&ctx, &verdict)
+    verdict.action
 }
 
 /// `spillway_lb_udp` for IPv6.
@@ -78,7 +78,7 @@ pub fn spillway_lb_udp(ctx: XdpContext) -> u32 {
 pub fn spillway_lb_udp_v6(ctx: XdpContext) -> u32 {
     let verdict = path::balance::<{ path::stage::ALL }, FAMILY_V6, true>(&ctx);
     stats::count(&verdict);
-    pass_to::after_counting(&ctx, &verdict)
+    verdict.action
 }
 
 /// Tail-called by `spillway_lb` for the packets second chance sends (`second_chance.rs`).

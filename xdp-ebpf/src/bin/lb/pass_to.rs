@@ -1,37 +1,36 @@
 //! `lbd --pass-to`: the frames Spillway does not serve (not IP, to no VIP, malformed: what it
 //! would pass to the kernel) go on to the operator's XDP program in `spw_pass_to` instead,
 //! so that one interface's hook runs Spillway first and the operator's filter for the rest.
-//! Spillway's own passes (an encapsulated packet the kernel forwards) never go there. The
-//! entry point calls this after counting the verdict: a tail call does not return. A VIP
-//! packet pays one compare of the reason it already holds.
+//! Spillway's own passes (an encapsulated packet the kernel forwards) never go there. Called
+//! where the path ends such a frame, so a VIP packet pays nothing for it (checked in the
+//! entry points after counting, it cost the table hit a tenth).
 
-use aya_ebpf::programs::XdpContext;
+use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
 use spillway_common::types::{CFG_F_PASS_TO, Reason};
 
 use crate::{
-    maps::{CONFIG, PASS_TO_MISSING, PASS_TO_PROGRAM},
+    maps::{CONFIG, PASS_TO_MISSING, PASS_TO_PROGRAM, REASONS},
     verdict::Verdict,
 };
 
-/// The action of a counted `verdict`, unless the frame is not Spillway's and the operator's
-/// program takes it (then this does not return).
+/// A frame Spillway does not serve, ending as `reason` (a pass): with `lbd --pass-to`,
+/// counted and handed to the operator's program, which the tail call does not return from;
+/// while its slot is empty, passed and counted by the entry point as any verdict is (and as
+/// `pass_to_missing`).
 #[inline(always)]
-pub fn after_counting(ctx: &XdpContext, verdict: &Verdict) -> u32 {
-    if matches!(verdict.reason, Reason::PassNotIp | Reason::PassNotVip | Reason::PassMalformed) {
-        hand_over(ctx);
+pub fn passed(ctx: &XdpContext, reason: Reason) -> Verdict {
+    if CONFIG.get(0).is_some_and(|cfg| cfg.flags & CFG_F_PASS_TO != 0) {
+        if let Some(count) = REASONS.get_ptr_mut(reason as u32) {
+            // SAFETY (all three): per-CPU slots, no other writer on this CPU while we run;
+            // slot 0 holds an XDP program `lbd` checked, or nothing.
+            unsafe { *count += 1 };
+            let _ = unsafe { PASS_TO_PROGRAM.tail_call(ctx, 0) };
+            // Still here: nothing took it. The entry point counts it, once.
+            unsafe { *count -= 1 };
+        }
+        if let Some(n) = PASS_TO_MISSING.get_ptr_mut(0) {
+            unsafe { *n += 1 };
+        }
     }
-    verdict.action
-}
-
-/// Tail-calls the operator's program; returns only when the slot is empty, counting the frame
-/// when `lbd --pass-to` wanted one there.
-#[inline(always)]
-fn hand_over(ctx: &XdpContext) {
-    // SAFETY: slot 0 holds an XDP program `lbd` checked, or nothing.
-    let _ = unsafe { PASS_TO_PROGRAM.tail_call(ctx, 0) };
-    let wanted = CONFIG.get(0).is_some_and(|cfg| cfg.flags & CFG_F_PASS_TO != 0);
-    if wanted && let Some(n) = PASS_TO_MISSING.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot, no other writer on this CPU while we run.
-        unsafe { *n += 1 };
-    }
+    Verdict::ended(XDP_PASS, reason)
 }

@@ -24,7 +24,7 @@ use xdp_ebpf::{
 use crate::{
     clock, family, fragment, limits,
     maps::{self, CONFIG, SecondChanceHandover, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
-    nexthop, ptb, quic, second_chance, select,
+    nexthop, pass_to, ptb, quic, second_chance, select,
     select::{Choice, Flow, Remembered, Vip},
     stats,
     verdict::Verdict,
@@ -129,33 +129,33 @@ pub fn balance<const STOP: u8, const FAMILY: u8, const QUIC: bool>(ctx: &XdpCont
 pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(ctx: &XdpContext, placement: &P) -> Verdict {
     let (key, layout, icmp_error, syn) = match placement.parse::<FAMILY>(ctx) {
         Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
-        Parsed::NotIp => return Verdict::ended(XDP_PASS, Reason::PassNotIp),
-        Parsed::Malformed => return Verdict::ended(XDP_PASS, Reason::PassMalformed),
-        Parsed::Other(addr) => return not_served(&addr.addr, addr.family, Reason::DropNoService),
+        Parsed::NotIp => return pass_to::passed(ctx, Reason::PassNotIp),
+        Parsed::Malformed => return pass_to::passed(ctx, Reason::PassMalformed),
+        Parsed::Other(addr) => return not_served(ctx, &addr.addr, addr.family, Reason::DropNoService),
         Parsed::OtherFamily => {
             if FAMILY == FAMILY_V4 && P::HANDS_OVER {
                 family::hand_over_v6(ctx);
             }
             // Only if the IPv6 program is not there (it always is once `lbd` has loaded the
             // balancer): the kernel gets the frame, as it gets every frame for no VIP.
-            return Verdict::ended(XDP_PASS, Reason::PassNotVip);
+            return pass_to::passed(ctx, Reason::PassNotVip);
         }
         Parsed::Fragment(addr) => {
             if P::HANDS_OVER {
                 fragment::hand_over::<FAMILY>(ctx);
             }
             // Only if the fragment program cannot run: dropped, as before it existed.
-            return not_served(&addr.addr, addr.family, Reason::DropFragment);
+            return not_served(ctx, &addr.addr, addr.family, Reason::DropFragment);
         }
     };
     cut!(STOP, PARSE, &key, &layout, &icmp_error, &syn);
     let addr_hash = vip_addr_hash(&key.dst);
     if !maybe_vip(addr_hash) {
-        return Verdict::ended(XDP_PASS, Reason::PassNotVip);
+        return pass_to::passed(ctx, Reason::PassNotVip);
     }
     // Slot 0 of an array always exists; the check is for the verifier.
     let Some(cfg) = CONFIG.get(0) else {
-        return Verdict::ended(XDP_PASS, Reason::PassNotVip);
+        return pass_to::passed(ctx, Reason::PassNotVip);
     };
     let bytes = packet::len(ctx) as u32;
     // Tick-resolution time is enough for second-scale timeouts and costs no clocksource read.
@@ -163,7 +163,7 @@ pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(ctx: &XdpContext, p
     let now = select::ticks(now_ns);
     cut!(STOP, FILTER, &now_ns, cfg);
     let Some(vip) = find_vip(&key, addr_hash) else {
-        return not_served(&key.dst, key.family, P::UNSERVED);
+        return not_served(ctx, &key.dst, key.family, P::UNSERVED);
     };
     cut!(STOP, VIP, &vip);
     if P::HANDS_OVER && vip.flags & VIP_F_QUIC != 0 {
@@ -247,8 +247,8 @@ pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(ctx: &XdpContext, p
 /// (the balancer does not own it, so the kernel would route the packet back to the router
 /// that sent it here, and the router here again), passed otherwise.
 #[inline(always)]
-pub fn not_served(addr: &[u32; 4], family: u8, reason: Reason) -> Verdict {
-    if vip_address(addr, family) { Verdict::ended(XDP_DROP, reason) } else { Verdict::ended(XDP_PASS, Reason::PassNotVip) }
+pub fn not_served(ctx: &XdpContext, addr: &[u32; 4], family: u8, reason: Reason) -> Verdict {
+    if vip_address(addr, family) { Verdict::ended(XDP_DROP, reason) } else { pass_to::passed(ctx, Reason::PassNotVip) }
 }
 
 /// Some VIP uses `addr`.
