@@ -99,10 +99,10 @@ fn check_balancer(path: &Path, doc: &Document) -> Result<Declared, CheckError> {
         return Err(no_iface());
     }
     let first = super::check_uplinks(&args.iface)?;
-    for iface in args.iface.iter().filter(|iface| netif::ifindex(iface).is_ok()) {
+    for iface in super::present(&args.iface) {
         let off = forwarding::disabled(iface).map_err(DaemonError::from)?;
         if !off.is_empty() && !args.enable_forwarding {
-            return Err(DaemonError::ForwardingDisabled { iface: iface.clone(), sysctls: forwarding::describe(&off) }.into());
+            return Err(DaemonError::ForwardingDisabled { iface: iface.to_owned(), sysctls: forwarding::describe(&off) }.into());
         }
     }
     let host = super::host_facts(&args, first)?;

@@ -68,7 +68,7 @@ use spillway_api::sample::BuildInfo;
 use spillway_dataplane::forwarding::{self, ForwardingError};
 use spillway_dataplane::neighbours;
 use spillway_dataplane::netif::{self, NetifError};
-use spillway_dataplane::pins::{self, Attachment, PinError, PinLayout};
+use spillway_dataplane::pins::{self, PinError, PinLayout};
 use spillway_dataplane::uplinks::UplinkError;
 use spillway_dataplane::vip_path::{VipPath, VipPathError};
 use spillway_dataplane::{Balancer, DataplaneError, LoadOptions, PinnedShape};
@@ -159,7 +159,7 @@ pub fn check_uplinks(ifaces: &[String]) -> Result<&str, DaemonError> {
 }
 
 /// The interfaces of `ifaces` that exist now.
-fn present(ifaces: &[String]) -> impl Iterator<Item = &str> {
+pub(crate) fn present(ifaces: &[String]) -> impl Iterator<Item = &str> {
     ifaces.iter().map(String::as_str).filter(|iface| netif::ifindex(iface).is_ok())
 }
 
@@ -232,27 +232,24 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     }
     // Attach before writing anything: if this fails (wrong interface, another program on
     // it), the maps a running balancer may share are left untouched.
-    let program_tag = uplinks.program_tag();
     let mode = args.xdp_mode.label();
     let started = std::time::Instant::now();
-    let mut attached = std::collections::BTreeMap::new();
     let unattached = args.xdp_attach == XdpAttach::None;
     if unattached {
         beside::go_live_unattached(&mut uplinks, args, &layout, iface)?;
     }
-    for iface in present(&args.iface).filter(|_| !unattached) {
-        warn_of_veth_tx(iface, args.xdp_mode);
-        let attachment = uplinks.attach(iface).map_err(|e| explain_uplink_error(e, iface))?;
-        log_attachment(iface, attachment, mode, &layout.balancer_link(iface), &program_tag);
-        attached.insert(iface.to_owned(), (uplink_watch::attachment_label(attachment), netif::ifindex(iface)?));
-    }
-    // The first round detaches the interfaces a previous lbd ran on that this one does not,
-    // and fills the redirect map.
     let vip_path = vip_path.map(Arc::new);
-    let mut uplink_watch = UplinkWatch::new(uplinks, args.tx_ifaces.clone(), attached, vip_path.clone());
+    let mut uplink_watch = UplinkWatch::new(uplinks, args.tx_ifaces.clone(), mode, vip_path.clone());
+    let program_tag = uplink_watch.program_tag();
     if unattached {
         uplink_watch.leave_unattached();
     }
+    for iface in present(&args.iface).filter(|_| !unattached) {
+        warn_of_veth_tx(iface, args.xdp_mode);
+        uplink_watch.attach_at_start(iface).map_err(|e| explain_uplink_error(e, iface))?;
+    }
+    // The first round detaches the interfaces a previous lbd ran on that this one does not,
+    // and fills the redirect map.
     let uplink_states = uplink_watch.check(&args.iface);
     log_memory(&maps);
     maps.set_config_keeping_table_seed(&config)?;
@@ -509,26 +506,6 @@ fn lb_config(args: &DaemonArgs, iface: &str) -> Result<LbConfig, DaemonError> {
         flags: if args.pass_to.is_some() { CFG_F_PASS_TO } else { 0 },
         ..LbConfig::default()
     })
-}
-
-/// How the program came to drive `iface`, as one log line.
-fn log_attachment(iface: &str, attachment: Attachment, mode: &str, link: &Path, program_tag: &str) {
-    let link = link.display();
-    match attachment {
-        Attachment::Attached => event!(info, "attached", iface = iface, mode = mode, link = link, program_tag = program_tag),
-        Attachment::Reattached => event!(
-            info,
-            "attached",
-            iface = iface,
-            mode = mode,
-            link = link,
-            program_tag = program_tag,
-            note = "the old link's interface was gone"
-        ),
-        Attachment::TookOver { replaced_program_id } => {
-            event!(info, "took_over", iface = iface, link = link, replaced_prog_id = replaced_program_id, program_tag = program_tag)
-        }
-    }
 }
 
 fn explain_uplink_error(error: UplinkError, iface: &str) -> DaemonError {

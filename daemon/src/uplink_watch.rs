@@ -29,7 +29,7 @@ use crate::tx_drops::{self, TxDrops};
 pub const CHECK: Duration = Duration::from_secs(2);
 
 /// As the API names an attachment.
-pub fn attachment_label(attachment: Attachment) -> &'static str {
+fn attachment_label(attachment: Attachment) -> &'static str {
     match attachment {
         Attachment::Attached => "attached",
         Attachment::TookOver { .. } => "took_over",
@@ -54,26 +54,61 @@ pub struct UplinkWatch {
     /// False with `--xdp-attach none`: the operator's root program calls the balancer, and
     /// nothing is attached.
     attaches: bool,
+    /// The XDP mode asked for, as logged.
+    mode: &'static str,
 }
 
 impl UplinkWatch {
-    /// `attached`: the interfaces the start attached to, how, and their index.
-    pub fn new(
-        uplinks: Uplinks,
-        tx_only: Vec<String>,
-        attached: BTreeMap<String, (&'static str, u32)>,
-        probe_path: Option<Arc<ProbePathState>>,
-    ) -> Self {
+    /// `mode`: the XDP mode asked for, as logged.
+    pub fn new(uplinks: Uplinks, tx_only: Vec<String>, mode: &'static str, probe_path: Option<Arc<ProbePathState>>) -> Self {
         Self {
             uplinks,
             tx_only,
-            attachments: attached,
+            mode,
+            attachments: BTreeMap::new(),
             refusals: BTreeMap::new(),
             drops: BTreeMap::new(),
             tx_ports: Vec::new(),
             probe_path,
             attaches: true,
         }
+    }
+
+    /// Attaches the program to `iface` at the start, where a refusal stops `lbd`.
+    pub fn attach_at_start(&mut self, iface: &str) -> Result<(), UplinkError> {
+        let attachment = self.uplinks.attach(iface)?;
+        self.note_attached(iface, attachment);
+        Ok(())
+    }
+
+    /// The loaded program's tag (hex).
+    pub fn program_tag(&mut self) -> String {
+        self.uplinks.program_tag()
+    }
+
+    /// Logs how the program came to drive `iface` and remembers it; returns it as the API
+    /// names it.
+    fn note_attached(&mut self, iface: &str, attachment: Attachment) -> &'static str {
+        let (mode, link, program_tag) = (self.mode, self.uplinks.link(iface), self.uplinks.program_tag());
+        let link = link.display();
+        match attachment {
+            Attachment::Attached => event!(info, "attached", iface = iface, mode = mode, link = link, program_tag = program_tag),
+            Attachment::Reattached => event!(
+                info,
+                "attached",
+                iface = iface,
+                mode = mode,
+                link = link,
+                program_tag = program_tag,
+                note = "the old link's interface was gone"
+            ),
+            Attachment::TookOver { replaced_program_id } => {
+                event!(info, "took_over", iface = iface, link = link, replaced_prog_id = replaced_program_id, program_tag = program_tag)
+            }
+        }
+        let how = attachment_label(attachment);
+        self.attachments.insert(iface.to_owned(), (how, netif::ifindex(iface).unwrap_or_default()));
+        how
     }
 
     /// Attaches nothing (`--xdp-attach none`); the interfaces are still watched.
@@ -129,21 +164,20 @@ impl UplinkWatch {
                 _ => self.attach(name),
             },
         };
-        let gone = driven == Driven::Gone;
+        if driven == Driven::Gone {
+            return UplinkState { name: name.to_owned(), driven, running: false, forwarding_off: None, tx_drops: None };
+        }
         let forwarding_off = match forwarding::disabled(name) {
-            Ok(off) if !off.is_empty() && !gone => Some(forwarding::describe(&off)),
-            Ok(_) => None,
+            Ok(off) => (!off.is_empty()).then(|| forwarding::describe(&off)),
             Err(e) => {
-                if !gone {
-                    event!(warn, "forwarding_check_failed", iface = name, error = error_chain(&e));
-                }
+                event!(warn, "forwarding_check_failed", iface = name, error = error_chain(&e));
                 None
             }
         };
         UplinkState {
             name: name.to_owned(),
-            running: !gone && netif::is_running(name).unwrap_or(false),
-            tx_drops: if gone { None } else { self.tx_drops(name) },
+            running: netif::is_running(name).unwrap_or(false),
+            tx_drops: self.tx_drops(name),
             driven,
             forwarding_off,
         }
@@ -152,11 +186,8 @@ impl UplinkWatch {
     fn attach(&mut self, name: &str) -> Driven {
         match self.uplinks.attach(name) {
             Ok(attachment) => {
-                let how = attachment_label(attachment);
-                event!(info, "attached", iface = name, how = how, program_tag = self.uplinks.program_tag());
                 self.refusals.remove(name);
-                self.attachments.insert(name.to_owned(), (how, netif::ifindex(name).unwrap_or_default()));
-                Driven::Yes { how }
+                Driven::Yes { how: self.note_attached(name, attachment) }
             }
             Err(e) => {
                 let why = refusal(&e);

@@ -79,6 +79,11 @@ impl Uplinks {
         Ok(pins::attach_pinned(self.program()?, iface, mode, &link)?)
     }
 
+    /// Where the link driving `iface` is pinned.
+    pub fn link(&self, iface: &str) -> std::path::PathBuf {
+        self.layout.balancer_link(iface)
+    }
+
     /// Stops driving `iface` (its link unpinned); false when nothing drove it.
     pub fn detach(&self, iface: &str) -> Result<bool, PinError> {
         pins::detach_balancer(&self.layout, iface)
