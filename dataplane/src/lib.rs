@@ -7,6 +7,8 @@
 pub mod clock;
 pub mod decap;
 pub mod forwarding;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod logs;
 pub mod map_batch;
 mod maps;

@@ -87,7 +87,7 @@ fn dump_request() -> [u8; NLMSG_HDRLEN + NDMSG_LEN] {
 }
 
 /// Adds the valid entries of one received batch to `found`; true once the dump is complete.
-fn parse_batch(mut buf: &[u8], found: &mut HashSet<IpAddr>) -> Result<bool, NeighError> {
+pub(crate) fn parse_batch(mut buf: &[u8], found: &mut HashSet<IpAddr>) -> Result<bool, NeighError> {
     while buf.len() >= NLMSG_HDRLEN {
         let len = u32_at(buf, 0).ok_or(NeighError::Malformed)? as usize;
         let kind = u16_at(buf, 4).ok_or(NeighError::Malformed)?;
@@ -98,8 +98,9 @@ fn parse_batch(mut buf: &[u8], found: &mut HashSet<IpAddr>) -> Result<bool, Neig
         match kind {
             NLMSG_DONE => return Ok(true),
             NLMSG_ERROR => {
-                let code = u32_at(body, 0).ok_or(NeighError::Malformed)? as i32;
-                return Err(NeighError::Netlink(Errno::from_raw(-code)));
+                // Minus the errno; i32::MIN has no errno to be minus of.
+                let errno = (u32_at(body, 0).ok_or(NeighError::Malformed)? as i32).checked_neg().ok_or(NeighError::Malformed)?;
+                return Err(NeighError::Netlink(Errno::from_raw(errno)));
             }
             RTM_NEWNEIGH => found.extend(valid_destination(body)),
             _ => {}
@@ -199,6 +200,17 @@ mod tests {
     fn truncated_dump_is_an_error() {
         let msg = neigh(0x02, &[10, 0, 0, 1]);
         assert!(matches!(parse_batch(&msg[..20], &mut HashSet::new()), Err(NeighError::Malformed)));
+    }
+
+    /// Found by the fuzz target `netlink`: negating it overflowed (a panic with overflow checks).
+    #[test]
+    fn an_error_code_without_an_errno_is_malformed() {
+        let mut msg = done();
+        msg[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        msg[NLMSG_HDRLEN..].copy_from_slice(&i32::MIN.to_ne_bytes());
+        assert!(matches!(parse_batch(&msg, &mut HashSet::new()), Err(NeighError::Malformed)));
+        msg[NLMSG_HDRLEN..].copy_from_slice(&(-libc::ENOBUFS).to_ne_bytes());
+        assert!(matches!(parse_batch(&msg, &mut HashSet::new()), Err(NeighError::Netlink(Errno::ENOBUFS))));
     }
 
     #[test]

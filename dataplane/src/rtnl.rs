@@ -275,7 +275,8 @@ impl Rtnl {
     }
 }
 
-enum Answer<'a> {
+#[derive(Debug)]
+pub(crate) enum Answer<'a> {
     Data(&'a [u8]),
     Ack,
     Error(i32),
@@ -284,7 +285,7 @@ enum Answer<'a> {
 }
 
 /// The first message of a received batch, if it answers request `seq`.
-fn answer(buf: &[u8], seq: u32) -> Answer<'_> {
+pub(crate) fn answer(buf: &[u8], seq: u32) -> Answer<'_> {
     let (Some(len), Some(kind), Some(got_seq)) = (u32_at(buf, 0), u16_at(buf, 4), u32_at(buf, 8)) else {
         return Answer::Malformed;
     };
@@ -299,10 +300,11 @@ fn answer(buf: &[u8], seq: u32) -> Answer<'_> {
     if kind != NLMSG_ERROR {
         return Answer::Data(body);
     }
-    match u32_at(body, 0).map(|c| c as i32) {
-        Some(0) => Answer::Ack,
-        Some(code) => Answer::Error(-code),
-        None => Answer::Malformed,
+    // The kernel sends minus the errno; i32::MIN has no errno to be minus of.
+    match u32_at(body, 0).map(|c| (c as i32).checked_neg()) {
+        Some(Some(0)) => Answer::Ack,
+        Some(Some(errno)) => Answer::Error(errno),
+        Some(None) | None => Answer::Malformed,
     }
 }
 
@@ -373,7 +375,7 @@ fn rule_message(kind: u16, flags: u16, rule: &MarkRule) -> Message {
     msg
 }
 
-fn parse_link(body: &[u8]) -> Option<Link> {
+pub(crate) fn parse_link(body: &[u8]) -> Option<Link> {
     let ifindex = u32_at(body, 4)?;
     let up = u32_at(body, 8)? & IFF_UP != 0;
     let linkinfo = attrs(body.get(IFINFOMSG_LEN..)?).find(|(kind, _)| kind & !NLA_F_NESTED == IFLA_LINKINFO);
@@ -392,7 +394,7 @@ fn parse_link(body: &[u8]) -> Option<Link> {
     Some(Link { ifindex, kind, up, tx_dropped, xdp_prog_id })
 }
 
-fn parse_route(body: &[u8]) -> Option<Route> {
+pub(crate) fn parse_route(body: &[u8]) -> Option<Route> {
     let kind = *body.get(7)?;
     let oif = attrs(body.get(RTMSG_LEN..)?).find(|(kind, _)| *kind == RTA_OIF).and_then(|(_, data)| u32_at(data, 0));
     Some(Route { kind, oif })
@@ -473,6 +475,13 @@ mod tests {
         assert!(matches!(answer(&message(NLMSG_ERROR, 2, &(-17i32).to_ne_bytes()), 3), Answer::Stale));
         assert!(matches!(answer(&message(RTM_NEWROUTE, 3, &[1, 2]), 3), Answer::Data([1, 2])));
         assert!(matches!(answer(&[1, 2, 3], 3), Answer::Malformed));
+    }
+
+    /// Found by the fuzz target `netlink`: negating it overflowed (a panic with overflow checks).
+    #[test]
+    fn an_error_code_without_an_errno_is_malformed() {
+        let message = Message::new(NLMSG_ERROR, 0, &i32::MIN.to_ne_bytes()).finish(3);
+        assert!(matches!(answer(&message, 3), Answer::Malformed));
     }
 
     #[test]
