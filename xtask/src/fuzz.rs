@@ -77,8 +77,14 @@ fn cargo_fuzz(workspace: &Path, nightly: &str, subcommand: &[&str]) -> Command {
         command.args(["--fuzz-dir", "fuzz", "--sanitizer", "none", "--debug-assertions"]);
         println!("+ cargo +{nightly} fuzz {} --fuzz-dir fuzz --sanitizer none --debug-assertions ...", subcommand.join(" "));
     }
-    // The stand-ins of the eBPF objects: the targets never load them.
-    command.current_dir(workspace).env("AYA_BUILD_SKIP", "1").env_remove("RUSTUP_TOOLCHAIN").env_remove("CARGO");
+    // The stand-ins of the eBPF objects: the targets never load them. Built in fuzz/target
+    // whatever CARGO_TARGET_DIR says: the working corpus lives there too.
+    command
+        .current_dir(workspace)
+        .env("AYA_BUILD_SKIP", "1")
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("CARGO");
     command
 }
 
