@@ -83,37 +83,43 @@ impl Bird {
     }
 
     fn reply(&mut self) -> Result<Vec<Line>, BirdError> {
-        let mut lines = Vec::new();
-        let mut code = 0;
-        let mut budget = MAX_REPLY;
-        loop {
-            let mut raw = String::new();
-            let n = (&mut self.reader).take(budget).read_line(&mut raw).map_err(BirdError::Io)?;
-            if n == 0 {
-                return Err(if budget == 0 { BirdError::TooLong } else { BirdError::Io(io::ErrorKind::UnexpectedEof.into()) });
+        read_reply(&mut self.reader)
+    }
+}
+
+/// One reply read off `reader` (at most [`MAX_REPLY`] bytes): its lines up to the last, or
+/// the error its code says.
+pub fn read_reply(reader: &mut impl BufRead) -> Result<Vec<Line>, BirdError> {
+    let mut lines = Vec::new();
+    let mut code = 0;
+    let mut budget = MAX_REPLY;
+    loop {
+        let mut raw = String::new();
+        let n = (&mut *reader).take(budget).read_line(&mut raw).map_err(BirdError::Io)?;
+        if n == 0 {
+            return Err(if budget == 0 { BirdError::TooLong } else { BirdError::Io(io::ErrorKind::UnexpectedEof.into()) });
+        }
+        budget -= n as u64;
+        let raw = raw.trim_end_matches('\n');
+        let (last, text) = match (raw.get(..4).and_then(|c| c.parse::<u16>().ok()), raw.as_bytes().get(4)) {
+            (Some(c), Some(b' ')) => {
+                code = c;
+                (true, &raw[5..])
             }
-            budget -= n as u64;
-            let raw = raw.trim_end_matches('\n');
-            let (last, text) = match (raw.get(..4).and_then(|c| c.parse::<u16>().ok()), raw.as_bytes().get(4)) {
-                (Some(c), Some(b' ')) => {
-                    code = c;
-                    (true, &raw[5..])
-                }
-                (Some(c), Some(b'-')) => {
-                    code = c;
-                    (false, &raw[5..])
-                }
-                (Some(c), None) if raw.len() == 4 => {
-                    code = c;
-                    (true, "")
-                }
-                _ if raw.starts_with(' ') => (false, &raw[1..]),
-                _ => return Err(BirdError::Garbled { line: raw.to_owned() }),
-            };
-            lines.push(Line { code, text: text.to_owned() });
-            if last {
-                return if code >= 8000 { Err(BirdError::Refused { code, message: text.to_owned() }) } else { Ok(lines) };
+            (Some(c), Some(b'-')) => {
+                code = c;
+                (false, &raw[5..])
             }
+            (Some(c), None) if raw.len() == 4 => {
+                code = c;
+                (true, "")
+            }
+            _ if raw.starts_with(' ') => (false, &raw[1..]),
+            _ => return Err(BirdError::Garbled { line: raw.to_owned() }),
+        };
+        lines.push(Line { code, text: text.to_owned() });
+        if last {
+            return if code >= 8000 { Err(BirdError::Refused { code, message: text.to_owned() }) } else { Ok(lines) };
         }
     }
 }

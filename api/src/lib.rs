@@ -233,6 +233,20 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// The request in one line as the server reads it off the socket (the newline, if any,
+    /// included): at most [`MAX_REQUEST_BYTES`], one JSON object naming a known `op` with
+    /// only its fields. Takes raw bytes, so that text that is not UTF-8 is refused here like
+    /// any other bad request.
+    pub fn decode(line: &[u8]) -> Result<Request, ApiError> {
+        let bad = |message: String| ApiError { kind: ErrorKind::BadRequest, message };
+        if line.len() > MAX_REQUEST_BYTES {
+            return Err(bad(format!("request longer than {MAX_REQUEST_BYTES} bytes")));
+        }
+        serde_json::from_slice(line).map_err(|e| bad(format!("bad request: {e}")))
+    }
+}
+
 /// Which limits a request edits: `"default"` (every VIP without its own) or a VIP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {

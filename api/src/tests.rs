@@ -340,3 +340,19 @@ fn limit_and_rule_replies_have_stable_names() {
         Reply::Stats(Stats { vips: vec![], reasons: vec![], observed: vec![], quic: vec![], alerts: vec![] })
     );
 }
+
+#[test]
+fn decode_takes_one_request_line_and_refuses_anything_else_as_a_bad_request() {
+    assert_eq!(Request::decode(b"{\"op\":\"list_vips\"}\n"), Ok(Request::ListVips));
+    let long = [b"{\"op\":\"list_vips\"}".as_slice(), &vec![b' '; MAX_REQUEST_BYTES]].concat();
+    for (line, says) in [
+        (long.as_slice(), "longer than"),
+        (b"{\"op\":\"apply\",\"config\":\"\xff\",\"source\":\"x\"}\n".as_slice(), "bad request"),
+        (b"{\"op\":\"list_vips\"} {\"op\":\"stats\"}\n", "bad request"),
+        (b"", "bad request"),
+    ] {
+        let refusal = Request::decode(line).unwrap_err();
+        assert_eq!(refusal.kind, ErrorKind::BadRequest, "{line:?}");
+        assert!(refusal.message.contains(says), "{}", refusal.message);
+    }
+}

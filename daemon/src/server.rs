@@ -173,15 +173,15 @@ fn authorize(uid: u32) -> Result<(), ApiError> {
     Err(ApiError { kind: ErrorKind::PermissionDenied, message: format!("the Spillway API is for root only (peer uid {uid})") })
 }
 
+/// Reads one line (one byte past the limit, so that a longer one is seen) and decodes it.
 async fn read_request(stream: &mut UnixStream) -> Result<Request, ApiError> {
-    let bad = |message: String| ApiError { kind: ErrorKind::BadRequest, message };
-    let mut line = String::new();
+    let mut line = Vec::new();
     let limited = (&mut *stream).take(MAX_REQUEST_BYTES as u64 + 1);
-    BufReader::new(limited).read_line(&mut line).await.map_err(|e| bad(format!("reading the request: {e}")))?;
-    if line.len() > MAX_REQUEST_BYTES {
-        return Err(bad(format!("request longer than {MAX_REQUEST_BYTES} bytes")));
-    }
-    serde_json::from_str(&line).map_err(|e| bad(format!("bad request: {e}")))
+    BufReader::new(limited)
+        .read_until(b'\n', &mut line)
+        .await
+        .map_err(|e| ApiError { kind: ErrorKind::BadRequest, message: format!("reading the request: {e}") })?;
+    Request::decode(&line)
 }
 
 #[cfg(test)]

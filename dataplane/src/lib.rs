@@ -8,6 +8,8 @@ pub mod clock;
 pub mod decap;
 pub mod entry;
 pub mod forwarding;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod logs;
 pub mod map_batch;
 mod maps;

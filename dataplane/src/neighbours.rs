@@ -87,7 +87,7 @@ fn dump_request() -> [u8; NLMSG_HDRLEN + NDMSG_LEN] {
 }
 
 /// Adds the valid entries of one received batch to `found`; true once the dump is complete.
-fn parse_batch(mut buf: &[u8], found: &mut HashSet<IpAddr>) -> Result<bool, NeighError> {
+pub(crate) fn parse_batch(mut buf: &[u8], found: &mut HashSet<IpAddr>) -> Result<bool, NeighError> {
     while buf.len() >= NLMSG_HDRLEN {
         let len = u32_at(buf, 0).ok_or(NeighError::Malformed)? as usize;
         let kind = u16_at(buf, 4).ok_or(NeighError::Malformed)?;

@@ -276,7 +276,7 @@ impl Rtnl {
 }
 
 #[derive(Debug)]
-enum Answer<'a> {
+pub(crate) enum Answer<'a> {
     Data(&'a [u8]),
     Ack,
     Error(i32),
@@ -285,7 +285,7 @@ enum Answer<'a> {
 }
 
 /// The first message of a received batch, if it answers request `seq`.
-fn answer(buf: &[u8], seq: u32) -> Answer<'_> {
+pub(crate) fn answer(buf: &[u8], seq: u32) -> Answer<'_> {
     let (Some(len), Some(kind), Some(got_seq)) = (u32_at(buf, 0), u16_at(buf, 4), u32_at(buf, 8)) else {
         return Answer::Malformed;
     };
@@ -375,7 +375,7 @@ fn rule_message(kind: u16, flags: u16, rule: &MarkRule) -> Message {
     msg
 }
 
-fn parse_link(body: &[u8]) -> Option<Link> {
+pub(crate) fn parse_link(body: &[u8]) -> Option<Link> {
     let ifindex = u32_at(body, 4)?;
     let up = u32_at(body, 8)? & IFF_UP != 0;
     let linkinfo = attrs(body.get(IFINFOMSG_LEN..)?).find(|(kind, _)| kind & !NLA_F_NESTED == IFLA_LINKINFO);
@@ -394,7 +394,7 @@ fn parse_link(body: &[u8]) -> Option<Link> {
     Some(Link { ifindex, kind, up, tx_dropped, xdp_prog_id })
 }
 
-fn parse_route(body: &[u8]) -> Option<Route> {
+pub(crate) fn parse_route(body: &[u8]) -> Option<Route> {
     let kind = *body.get(7)?;
     let oif = attrs(body.get(RTMSG_LEN..)?).find(|(kind, _)| *kind == RTA_OIF).and_then(|(_, data)| u32_at(data, 0));
     Some(Route { kind, oif })

@@ -83,9 +83,10 @@ impl ReportKey {
         Ok(ReportKey(hmac::Key::new(hmac::HMAC_SHA256, secret)))
     }
 
-    /// A key from its secret, without a file.
-    #[cfg(test)]
-    pub(crate) fn from_secret(secret: &[u8]) -> ReportKey {
+    /// A key from its secret, without a file: for tests and the fuzz target (feature
+    /// `fuzzing`), never for `lbd`, whose key must come from a root-only file.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn from_secret(secret: &[u8]) -> ReportKey {
         ReportKey(hmac::Key::new(hmac::HMAC_SHA256, secret))
     }
 

@@ -373,10 +373,17 @@ async fn fetch(addr: SocketAddr, key: Option<&ReportKey>) -> Result<(PortsReport
     stream.write_all(format!("GET {PATH} HTTP/1.0\r\nHost: {addr}\r\n{nonce_line}\r\n").as_bytes()).await.map_err(io)?;
     let mut response = Vec::new();
     (&mut stream).take(MAX_RESPONSE_BYTES + 1).read_to_end(&mut response).await.map_err(io)?;
+    let poll = key.zip(nonce.as_deref());
+    decode_answer(addr, &response, poll)
+}
+
+/// The report in the whole `response` the agent at `addr` sent, and whether it is signed
+/// with the key for `poll` (the key and the nonce the poll carried; `None`: no key).
+pub fn decode_answer(addr: SocketAddr, response: &[u8], poll: Option<(&ReportKey, &str)>) -> Result<(PortsReport, Signed), EndpointError> {
     if response.len() as u64 > MAX_RESPONSE_BYTES {
         return Err(EndpointError::TooLarge { addr, limit: MAX_RESPONSE_BYTES });
     }
-    let (status, signature, body) = parse_response(&response).map_err(|reason| EndpointError::Malformed { addr, reason })?;
+    let (status, signature, body) = parse_response(response).map_err(|reason| EndpointError::Malformed { addr, reason })?;
     if status != 200 {
         let message = serde_json::from_slice::<serde_json::Value>(body)
             .ok()
@@ -384,11 +391,11 @@ async fn fetch(addr: SocketAddr, key: Option<&ReportKey>) -> Result<(PortsReport
             .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned());
         return Err(EndpointError::Status { addr, status, message });
     }
-    let signed = match (key, nonce, signature) {
-        (Some(key), Some(nonce), Some(signature)) if key.verify(&nonce, addr.ip(), body, signature) => Signed::Verified,
-        (Some(_), _, Some(_)) => Signed::Invalid,
-        (Some(_), _, None) => Signed::Missing,
-        (None, _, _) => Signed::Unchecked,
+    let signed = match (poll, signature) {
+        (Some((key, nonce)), Some(signature)) if key.verify(nonce, addr.ip(), body, signature) => Signed::Verified,
+        (Some(_), Some(_)) => Signed::Invalid,
+        (Some(_), None) => Signed::Missing,
+        (None, _) => Signed::Unchecked,
     };
     let report = serde_json::from_slice(body).map_err(|source| EndpointError::Json { addr, source })?;
     Ok((report, signed))

@@ -1,11 +1,12 @@
-//! Developer tasks: `cargo xtask <test|bench|demo|soak|architecture>`. Run them through `./x`, which first
-//! installs what building needs (toolchains, LLVM, bpf-linker): cargo cannot build this
-//! crate before that.
+//! Developer tasks: `cargo xtask <test|bench|demo|soak|fuzz|architecture>`. Run them through
+//! `./x`, which first installs what building needs (toolchains, LLVM, bpf-linker,
+//! cargo-fuzz): cargo cannot build this crate before that.
 
 mod architecture;
 mod bench;
 mod bins;
 mod demo;
+mod fuzz;
 mod soak;
 mod test;
 
@@ -31,6 +32,9 @@ enum Task {
     /// The seeded chaos soak of a fleet (needs root and BIRD 2): backends changed and
     /// flapped, lbd, BIRD and balancers killed, under traffic, with invariants checked.
     Soak(soak::SoakArgs),
+    /// Runs a fuzz target of fuzz/ (or all of them) with cargo-fuzz on the pinned nightly;
+    /// a crash, hang or runaway allocation fails and leaves its input in fuzz/artifacts/.
+    Fuzz(fuzz::FuzzArgs),
     /// The walls: crates depend only on lower floors, and no circle inside a crate, between
     /// files or between top-level modules.
     Architecture,
@@ -42,6 +46,7 @@ fn main() -> anyhow::Result<()> {
         Task::Test => test::run(),
         Task::Bench(args) => bench::run(&args),
         Task::Soak(args) => soak::run(&args),
+        Task::Fuzz(args) => fuzz::run(&args),
         Task::Architecture => architecture::run(),
     }
 }

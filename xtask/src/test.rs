@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
 
 /// `cargo <args>`, said on the terminal.
 fn cargo(args: &[&str]) -> Command {
@@ -36,7 +36,8 @@ fn run_cargo(command: &mut Command) -> Result<()> {
 pub fn run() -> Result<()> {
     run_cargo(&mut cargo(&["fmt", "--all", "--check"]))?;
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let jobs = plan::jobs(binaries::build()?, &workspace);
+    let xtask = std::env::current_exe().context("this task's own executable, to run the fuzz targets")?;
+    let jobs = plan::jobs(binaries::build()?, &workspace, xtask);
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace.join("target"));
     let started = Instant::now();
     let outcomes = schedule::run(jobs, plan::AT_ONCE, &target.join("xtask-test"))?;

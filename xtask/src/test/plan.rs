@@ -107,8 +107,13 @@ const TUNING: &[Tuning] = &[
     Tuning { target: "datapath", threads: None, priority: 60, load: Load::Computes, alone: &[] },
 ];
 
-/// The lints, the doc tests and every test binary, in the order they start.
-pub fn jobs(binaries: Vec<TestBinary>, workspace: &Path) -> Vec<Job> {
+/// Priority of the fuzz job: below the timed jobs (fleet, capacity), which it must not run
+/// beside, so that it starts after them; above datapath, as its first build takes longer.
+const FUZZ: u32 = 65;
+
+/// The lints, the doc tests, every test binary and a short run of every fuzz target (through
+/// `xtask`, this task's own executable), in the order they start.
+pub fn jobs(binaries: Vec<TestBinary>, workspace: &Path, xtask: PathBuf) -> Vec<Job> {
     // Beside the tests, not before them: most tests wait far more than they compute.
     // AYA_BUILD_SKIP: neither needs the eBPF objects, which the loader's build script would
     // otherwise build again for them. Clippy builds units of its own, and so does `cargo test
@@ -121,6 +126,7 @@ pub fn jobs(binaries: Vec<TestBinary>, workspace: &Path) -> Vec<Job> {
         cargo_job("doc tests", &["test", "--doc"], workspace, 40),
     ];
     jobs.extend(binaries.into_iter().flat_map(test_jobs));
+    jobs.push(fuzz_job(xtask, workspace));
     // Stable: jobs of one priority keep cargo's order.
     jobs.sort_by_key(|job| std::cmp::Reverse(job.priority));
     jobs
@@ -134,6 +140,24 @@ fn cargo_job(name: &str, args: &[&str], workspace: &Path, priority: u32) -> Job 
         dir: workspace.to_owned(),
         env: vec![("AYA_BUILD_SKIP", "1")],
         priority,
+        load: Load::Computes,
+        phase: Phase::Together,
+        holds_machine: true,
+    }
+}
+
+/// `cargo xtask fuzz all` for a few seconds a target: it builds the targets with the
+/// nightly first, then keeps both cores busy (its own environment: `AYA_BUILD_SKIP` and the
+/// nightly are set by the task).
+fn fuzz_job(xtask: PathBuf, workspace: &Path) -> Job {
+    let args = ["fuzz", "all", "--seconds", &crate::fuzz::SUITE_SECONDS.to_string()].map(str::to_owned).to_vec();
+    Job {
+        name: "fuzz".into(),
+        program: xtask,
+        args,
+        dir: workspace.to_owned(),
+        env: Vec::new(),
+        priority: FUZZ,
         load: Load::Computes,
         phase: Phase::Together,
         holds_machine: true,
