@@ -11,8 +11,8 @@
 //!
 //! Shared by the servers' id generator (`spillway-quic-lb`) and the XDP program (QUIC VIPs): no
 //! allocation, no panics (every access is a `get`), and every loop is bounded by a constant.
-//! Only the plaintext algorithm (no key, §5.4) is here; see `ARCHITECTURE.md` for why the
-//! encrypted ones are not.
+//! Only the plaintext algorithm (no key, §5.4) is here, and the keys' file format for the
+//! encrypted ones (`key`, host side).
 
 /// Config ids a connection id can name: the three high bits of the first octet (§3.1).
 pub const QUIC_LB_CONFIG_IDS: u32 = 8;
@@ -337,6 +337,9 @@ pub fn encode(
     copy_into(out, 1 + cfg.server_id_len as usize, nonce, 0, cfg.nonce_len as usize);
     Ok(len)
 }
+
+#[cfg(feature = "user")]
+pub mod key;
 
 const _: () = assert!(core::mem::size_of::<QuicLbConfig>() == 4);
 const _: () = assert!(core::mem::size_of::<ServerId>() == 16);
