@@ -49,6 +49,7 @@ Examples:
   lbctl vips add '[fd00::1]:443/tcp' --ring-size 4099
   lbctl vips add 10.0.0.2:8080/tcp --force            # an address of the balancer itself
   lbctl vips add 10.0.0.3:443/udp --quic --quic-server-id-len 2 --quic-nonce-len 6
+  lbctl vips add 10.0.0.6:443/udp --quic --quic-config-id 1 --quic-key-file /etc/spillway/quic-1.key
   lbctl vips add 10.0.0.4:443/tcp --encap gue         # tunnel to its backends in GUE
   lbctl vips add 10.0.0.5:7777/udp --hash source      # every port of a client to one backend
   lbctl vips add '[fd00::5]:443/tcp' --hash source --source-prefix 64
@@ -57,6 +58,10 @@ Examples:
 id (QUIC-LB, plaintext); each backend's server id is the last --quic-server-id-len
 octets of its address (lbctl backends list shows it: give it to the server's
 connection-id generator). Ids that do not decode go by the 5-tuple (counted).
+With --quic-key-file the servers encrypt their ids (single pass when server id and
+nonce sum to 16 octets, else four passes): lbd decrypts an id once and remembers
+where it goes; decryptions are budgeted per CPU, an id over the budget goes by the
+5-tuple (counted: placed=\"decrypted\", \"cached\", \"miss_over_budget\").
 
 A VIP on an address of the balancer's own interfaces is refused without --force:
 the balancer's own traffic to it (SSH to 10.0.0.2:22, BGP) would go to the VIP's
@@ -672,6 +677,11 @@ pub struct QuicArgs {
     /// The servers write the id's length into its first octet.
     #[arg(long, requires = "quic")]
     quic_self_len: bool,
+    /// The servers encrypt their ids (QUIC-LB §5.4) with the key in FILE: 32 hexadecimal
+    /// digits, readable by root alone (lbd refuses a file group or others may read or
+    /// write). lbd reads it; only the path is kept, shown and exported, never the key.
+    #[arg(long, value_name = "FILE", requires = "quic")]
+    quic_key_file: Option<std::path::PathBuf>,
 }
 
 impl QuicArgs {
@@ -681,6 +691,8 @@ impl QuicArgs {
             server_id_len: self.quic_server_id_len,
             nonce_len: self.quic_nonce_len,
             self_len: self.quic_self_len,
+            // lbd reads it from its own working directory: the path it gets is absolute.
+            key_file: self.quic_key_file.as_deref().map(|f| std::path::absolute(f).unwrap_or_else(|_| f.to_path_buf())),
         })
     }
 }

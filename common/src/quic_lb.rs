@@ -30,7 +30,7 @@ pub const MAX_PLAINTEXT_LEN: u8 = 19;
 pub const MAX_SERVER_ID_LEN: u8 = MAX_PLAINTEXT_LEN - MIN_NONCE_LEN;
 
 /// Bits of the first octet above the length or random bits (§3.4).
-const CONFIG_ID_SHIFT: u32 = 5;
+pub const CONFIG_ID_SHIFT: u32 = 5;
 /// The first octet's low five bits: the length of the rest of the id, or random (§3.3).
 pub const FIRST_OCTET_LEN_MASK: u8 = 0x1f;
 

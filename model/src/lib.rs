@@ -346,7 +346,7 @@ impl DesiredState {
             quic.check(vip)?;
         }
         let config = self.vips.get(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
-        quic::check_server_ids(vip, &VipConfig { quic, ..config.clone() })?;
+        quic::check_server_ids(vip, &VipConfig { quic: quic.clone(), ..config.clone() })?;
         self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?.quic = quic;
         Ok(())
     }
@@ -531,7 +531,7 @@ impl DesiredState {
         let mut rebuilt = DesiredState::default();
         for (vip, config) in &self.vips {
             rebuilt.add_vip(*vip, config.ring_size)?;
-            rebuilt.set_quic(vip, config.quic)?;
+            rebuilt.set_quic(vip, config.quic.clone())?;
             for (backend, b) in &config.backends {
                 rebuilt.add_backend_with(vip, *backend, b.clone())?;
             }

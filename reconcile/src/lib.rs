@@ -551,7 +551,7 @@ impl Reconciler {
         for (vip, runtime) in self.vips.iter_mut() {
             let flag = |on: bool, bit: u32| if on { bit } else { 0 };
             let config = desired.vips.get(vip);
-            let quic = config.and_then(|c| c.quic);
+            let quic = config.and_then(|c| c.quic.as_ref());
             let flags = runtime.flags & !(VIP_F_SCOPED_RULES | VIP_F_QUIC | VIP_SOURCE_HASH_BITS)
                 | flag(scoped.contains(vip), VIP_F_SCOPED_RULES)
                 | flag(quic.is_some(), VIP_F_QUIC)

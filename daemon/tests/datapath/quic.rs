@@ -14,7 +14,7 @@ use spillway_model::{DEFAULT_WEIGHT, Encap, QuicConfig, Vip, server_id_of};
 
 use crate::support::*;
 
-const CONFIG: QuicConfig = QuicConfig { config_id: 1, server_id_len: 2, nonce_len: 6, self_len: false };
+const CONFIG: QuicConfig = QuicConfig { config_id: 1, server_id_len: 2, nonce_len: 6, self_len: false, key_file: None };
 
 /// A QUIC VIP with the lab's backends `ns`.
 fn quic_vip(env: &mut Env, vip_text: &str, backends: &[IpAddr]) -> Vip {
@@ -142,7 +142,7 @@ fn an_ipv6_short_header_goes_by_its_connection_id_too() {
 /// last octet (the id's twelfth, in the second word) each go to their own backend.
 #[test]
 fn a_server_id_past_the_eighth_octet_is_read_whole() {
-    const LONG: QuicConfig = QuicConfig { config_id: 2, server_id_len: 12, nonce_len: 4, self_len: false };
+    const LONG: QuicConfig = QuicConfig { config_id: 2, server_id_len: 12, nonce_len: 4, self_len: false, key_file: None };
     with_env(|env| {
         let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend6(n).into()).collect();
         let v = vip("[fd00:200::1]:443/udp");
@@ -275,8 +275,8 @@ fn a_backends_changed_tunnel_reaches_its_short_headers_at_once() {
 fn a_changed_configuration_takes_effect_at_once() {
     with_env(|env| {
         let (backends, v, d) = three_backend_vip(env);
-        let changed = QuicConfig { config_id: 2, server_id_len: 3, nonce_len: 5, self_len: true };
-        env.update(|s| s.set_quic(&v, Some(changed)).unwrap());
+        let changed = QuicConfig { config_id: 2, server_id_len: 3, nonce_len: 5, self_len: true, key_file: None };
+        env.update(|s| s.set_quic(&v, Some(changed.clone())).unwrap());
         for (i, client) in clients(9).enumerate() {
             let named = backends[i % 3];
             let before = routing(env);

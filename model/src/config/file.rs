@@ -154,7 +154,7 @@ impl ConfigFile {
             }
             state.add_vip(v.vip, v.ring_size.unwrap_or(DEFAULT_RING_SIZE)).map_err(|e| refusal(&at, e))?;
             state.allow_local_address(&v.vip, v.allow_local_address).map_err(|e| refusal(&at, e))?;
-            state.set_quic(&v.vip, v.quic).map_err(|e| refusal(&at, e))?;
+            state.set_quic(&v.vip, v.quic.clone()).map_err(|e| refusal(&at, e))?;
             state.set_encap(&v.vip, v.encap.unwrap_or_default()).map_err(|e| refusal(&at, e))?;
             state.set_hash(&v.vip, v.hash.unwrap_or_default(), v.source_prefix).map_err(|e| refusal(&at, e))?;
             if let Some(health) = &v.health {
@@ -219,7 +219,7 @@ impl FileVip {
         let VipConfig { ring_size, backends, limits, health, allow_local_address, quic, encap, hash, source_prefix } = config;
         Self {
             vip: *vip,
-            quic: *quic,
+            quic: quic.clone(),
             encap: (!encap.is_ipip()).then_some(*encap),
             hash: (!hash.is_five_tuple()).then_some(*hash),
             source_prefix: *source_prefix,

@@ -27,7 +27,7 @@ const QUIC_VIP: &str = "10.200.1.4:443/udp";
 /// A plain UDP VIP: its table hit, on the short header's own frame, tells what a UDP packet
 /// of that size costs without QUIC.
 const UDP_VIP: &str = "10.200.1.5:443/udp";
-const QUIC: QuicConfig = QuicConfig { config_id: 0, server_id_len: 2, nonce_len: 6, self_len: false };
+const QUIC: QuicConfig = QuicConfig { config_id: 0, server_id_len: 2, nonce_len: 6, self_len: false, key_file: None };
 /// A 1-RTT packet's octets after its connection id: packet number and a payload as long as
 /// the AEAD tag (the balancer reads none of it).
 const SHORT_HEADER_TAIL: usize = 2 + 16;

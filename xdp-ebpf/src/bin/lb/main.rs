@@ -20,6 +20,7 @@ mod probe;
 mod ptb;
 mod ptb_program;
 mod quic;
+mod quic_crypto;
 mod quic_program;
 mod second_chance;
 mod second_chance_program;

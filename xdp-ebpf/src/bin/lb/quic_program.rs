@@ -5,15 +5,17 @@ use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
 use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{connection_id_hash, quic_server_home},
-    quic_lb::{MAX_CID_LEN, QuicLbConfig, server_id_words},
-    types::{BACKEND_ACTIVE, BackendInfo, FAMILY_V4, QuicHandover, QuicRouting, Reason},
+    limits::QUIC_CONFIG_IDS_PER_VIP,
+    quic_lb::{CONFIG_ID_SHIFT, MAX_CID_LEN, QuicLbConfig, server_id_words},
+    types::{BACKEND_ACTIVE, BackendInfo, FAMILY_V4, QuicCidKey, QuicHandover, QuicRouting, Reason},
 };
 use xdp_ebpf::{headers::UDP_LEN, packet, parse::Layout};
 
 use crate::{
     clock,
-    maps::{self, CONFIG, QUIC_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
+    maps::{self, CONFIG, QUIC_CONFIGS, QUIC_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
     path::{self, stage},
+    quic_crypto::{self, count},
     select::Choice,
     verdict::Verdict,
 };
@@ -33,20 +35,21 @@ enum Named {
     LongHeader,
     /// A short header whose connection id names backend `id` in the server-id index, whose
     /// slot holds `backend`, a copy of the backend's entry; the id's first 16 octets as
-    /// loaded (their hash is the outer header's entropy).
-    Backend { id: u32, backend: &'static BackendInfo, low: u64, high: u64 },
+    /// loaded (their hash is the outer header's entropy); for an encrypted id just
+    /// decrypted, the cache key to remember it under.
+    Backend { id: u32, backend: &'static BackendInfo, low: u64, high: u64, decrypted: Option<(QuicCidKey, [u32; 4])> },
     /// A short header whose id does not decode or names nothing (or no header at all).
     Nothing,
 }
 
-/// For a packet to QUIC VIP `vip_id` (configuration `cfg`) whose UDP header starts at `l4`:
-/// what its header names.
+/// For a packet to QUIC VIP `vip_id` (configuration `vip_cfg`, the VIP slot's) whose UDP
+/// header starts at `l4`: what its header names.
 /// Inline: as a BPF global function (verified
 /// once, a frame of its own) its call and return cost the short header 15-20 ns on an AMD
 /// EPYC VM whose kernel returns through a thunk (`spec_rstack_overflow`: Safe RET), three
 /// runs of `bench --part quic` alternating with it; the QUIC programs' walks stay ~3.0k / 2.4k.
 #[inline(always)]
-fn connection_id_backend(ctx: &XdpContext, vip_id: u32, cfg: &QuicLbConfig, l4: u64) -> Named {
+fn connection_id_backend(ctx: &XdpContext, vip_id: u32, vip_cfg: &QuicLbConfig, l4: u64, now_ns: u64, handover: &mut QuicHandover) -> Named {
     // Bounded, so the verifier can check the reads after it (the hand-over's value is any
     // value to it). A full register: a 32-bit one would be widened again after the
     // check, and the verifier would lose the bound.
@@ -70,10 +73,28 @@ fn connection_id_backend(ctx: &XdpContext, vip_id: u32, cfg: &QuicLbConfig, l4: 
     let cid = cid.cast::<u8>();
     // SAFETY: `at` checked the MAX_CID_LEN octets from `cid` are in the frame.
     let (low, high) = unsafe { (packet::load_u64_le(cid), packet::load_u64_le(cid.add(8))) };
-    let Ok(words) = server_id_words(low, high, cfg) else {
-        return Named::Nothing;
+    // The VIP slot's configuration, or another config id of the VIP's (a key rotation).
+    let config_id = (first >> CONFIG_ID_SHIFT) as u32;
+    let cfg = if config_id == vip_cfg.config_id as u32 {
+        *vip_cfg
+    } else {
+        match QUIC_CONFIGS.get(vip_id * QUIC_CONFIG_IDS_PER_VIP + config_id) {
+            Some(word) => QuicLbConfig::from_word(*word),
+            None => return Named::Nothing,
+        }
     };
-    indexed_server(vip_id, &words).map_or(Named::Nothing, |(id, backend)| Named::Backend { id, backend, low, high })
+    let (words, decrypted) = if cfg.is_encrypted() {
+        match quic_crypto::server_id(vip_id, &cfg, first, cid, now_ns, handover) {
+            Some(decoded) => (decoded.words, decoded.insert.map(|key| (key, decoded.words))),
+            None => return Named::Nothing,
+        }
+    } else {
+        match server_id_words(low, high, &cfg) {
+            Ok(words) => (words, None),
+            Err(_) => return Named::Nothing,
+        }
+    };
+    indexed_server(vip_id, &words).map_or(Named::Nothing, |(id, backend)| Named::Backend { id, backend, low, high, decrypted })
 }
 
 /// The backend id of (`vip_id`, server id `words`) in the server-id index and the copy of
@@ -122,10 +143,13 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     }
     let vip_id = handover.vip_id;
     let quic = QuicLbConfig::from_word(handover.quic);
-    let (named, low, high) = match connection_id_backend(ctx, vip_id, &quic, handover.l4.into()) {
+    // Slot 0 of an array always exists; the check is for the verifier.
+    let cfg = CONFIG.get(0)?;
+    let now_ns = clock::now_ns(cfg);
+    let (named, low, high, decrypted) = match connection_id_backend(ctx, vip_id, &quic, handover.l4.into(), now_ns, handover) {
         Named::LongHeader => return None,
-        Named::Backend { id, backend, low, high } => (Some((id, backend)), low, high),
-        Named::Nothing => (None, 0, 0),
+        Named::Backend { id, backend, low, high, decrypted } => (Some((id, backend)), low, high, decrypted),
+        Named::Nothing => (None, 0, 0, None),
     };
     // In use by this VIP, as the slot's copy of its entry says (the loader keeps the copy as
     // the backend array has it, and takes a backend's ids out before freeing it).
@@ -134,9 +158,10 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
         return None;
     };
     count(handover, QuicRouting::ByConnectionId);
-    // Slot 0 of an array always exists; the check is for the verifier.
-    let cfg = CONFIG.get(0)?;
-    let now_ns = clock::now_ns(cfg);
+    // Only an id that named a backend of the VIP is remembered: random ids take no room.
+    if let Some((key, words)) = &decrypted {
+        quic_crypto::remember(key, words);
+    }
     let layout = Layout { l2_len: handover.l2_len as usize, l3_len: handover.l3_len as usize, tos: handover.tos, l4: handover.l4 };
     let hash = connection_id_hash(low, high, quic.cid_len() as u32, cfg.table_seed);
     let choice = Choice { id, backend: *backend, hash };
@@ -144,12 +169,4 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     let (action, reason) = path::forward::<{ stage::ALL }>(ctx, FAMILY, &layout, &choice, None, cfg, now_ns);
     let backend = path::is_sent(reason).then_some(id);
     Some(Verdict { action, reason, vip: Some(vip_id), backend, bytes: packet::len(ctx) as u32, new_flow: false, second_chance: false })
-}
-
-/// Counts a short header in this CPU's hand-over, which the packet's path has in its cache.
-#[inline(always)]
-fn count(handover: &mut QuicHandover, what: QuicRouting) {
-    if let Some(n) = handover.placed.get_mut(what as usize) {
-        *n += 1;
-    }
 }
