@@ -1,6 +1,6 @@
 //! Compiles the C half of the balancer's QUIC program (`c/quic_aes.bpf.c`: AES through the
 //! kernel's crypto kfuncs, and the map of the keys' contexts) to LLVM bitcode with clang
-//! (`$CLANG`, else `clang-22`), and has bpf-linker link it into `spillway-lb`. Its map is
+//! (`$CLANG`, else `clang-22`), and has bpf-linker link it into `spillway-lb`. Its maps are
 //! exported by name: unexported, its relocations resolve to another map.
 
 use std::{env, path::PathBuf, process::Command};
@@ -19,5 +19,5 @@ fn main() {
         .unwrap_or_else(|e| panic!("running {clang} to compile {SOURCE}: {e} (install clang-22: ./x setup)"));
     assert!(status.success(), "{clang} failed to compile {SOURCE}: {status}");
     println!("cargo::rustc-link-arg-bin=spillway-lb={}", out.display());
-    println!("cargo::rustc-link-arg-bin=spillway-lb=--export=spw_quic_keys");
+    println!("cargo::rustc-link-arg-bin=spillway-lb=--export=spw_quic_keys,spw_quic_aes_buf");
 }

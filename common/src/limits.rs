@@ -271,6 +271,7 @@ pub mod map_names {
     /// `spillway_quic_key`), the cache of ids decoded, and each CPU's decryption budget.
     /// None is pinned: a starting `lbd` writes them all again.
     pub const QUIC_CONFIGS: &str = "spw_quic_cfgs";
+    pub const QUIC_CRYPT_PROGRAM: &str = "spw_quic_crypt_prog";
     pub const QUIC_KEYS: &str = "spw_quic_keys";
     pub const QUIC_CID_CACHE: &str = "spw_quic_cids";
     pub const QUIC_DECRYPT_BUDGET: &str = "spw_quic_budget";
@@ -311,6 +312,9 @@ pub mod program_names {
     pub const BALANCER_QUIC: &str = "spillway_lb_quic";
     pub const BALANCER_QUIC_V6: &str = "spillway_lb_quic_v6";
     /// Tail-called by those for the packets their connection id does not place.
+    /// The QUIC programs' tail call for a short header of an encrypted config id.
+    pub const BALANCER_QUIC_CRYPT: &str = "spillway_lb_quic_crypt";
+    pub const BALANCER_QUIC_CRYPT_V6: &str = "spillway_lb_quic_crypt_v6";
     pub const BALANCER_UDP: &str = "spillway_lb_udp";
     pub const BALANCER_UDP_V6: &str = "spillway_lb_udp_v6";
     /// Tail-called by the balancer (and its IPv6 program) for a fragment to a VIP address.

@@ -9,20 +9,33 @@
 //!
 //! No allocation, no panics, every loop bounded by a constant: the XDP program uses it as is.
 
-use super::{CidError, MAX_PLAINTEXT_LEN, QuicLbConfig, ServerId, check};
-use crate::quic_lb::MAX_CID_LEN;
+use super::{CidError, MAX_CID_LEN, QuicLbConfig, ServerId, check};
 
 /// Octets of an AES block.
 pub const BLOCK_LEN: usize = 16;
 /// One AES block.
 pub type Block = [u8; BLOCK_LEN];
-/// The octets after a connection id's first, as many as any configuration encrypts.
-pub type Sealed = [u8; MAX_PLAINTEXT_LEN as usize];
-/// The longest half of the Feistel network: 19 octets, halved, rounded up.
-const HALF_MAX: usize = (MAX_PLAINTEXT_LEN as usize).div_ceil(2);
+/// The octets after a connection id's first: [`super::MAX_PLAINTEXT_LEN`] at most are read, the
+/// rest is room so that every index the decoder computes is masked into the array (the
+/// verifier then proves each access without a branch of its own).
+pub type Sealed = [u8; SEALED_LEN];
+const SEALED_LEN: usize = 32;
+/// A half of the Feistel network (10 octets at most), in an array indexed under a mask.
+type Half = [u8; BLOCK_LEN];
 /// Where `expand` writes the plaintext's length and the pass (§5.4.2 "expand").
 const EXPAND_LEN_AT: usize = 14;
 const EXPAND_PASS_AT: usize = 15;
+
+/// The decoder's working memory: on the stack on a host, in a per-CPU map in XDP (the
+/// program's stack has no room for it beside the forwarding path's). `sealed` is the input.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Scratch {
+    pub sealed: Sealed,
+    left: Half,
+    right: Half,
+    block: Block,
+}
 
 /// AES-128-ECB under one configuration's key, one block in place. `false`: the block could
 /// not be processed (the data path's kfunc failed); the id is then not decoded.
@@ -53,104 +66,117 @@ pub const fn is_single_pass(cfg: &QuicLbConfig) -> bool {
 }
 
 /// The server id of an encrypted connection id whose first octet is `first` and whose next
-/// octets are `sealed` (past the configuration's length: anything, not read), under `cfg`,
-/// the configuration its config id names; `cipher` holds that configuration's key.
+/// octets are `scratch.sealed` (past the configuration's length: anything, not read), under
+/// `cfg`, the configuration its config id names; `cipher` holds that configuration's key.
 #[inline(always)]
-pub fn decrypt_server_id(first: u8, sealed: &Sealed, cfg: &QuicLbConfig, cipher: &mut impl BlockCipher) -> Result<ServerId, SealedError> {
-    // The caller read MAX_CID_LEN octets (a short header always has them, §5.5 of quic.rs).
+pub fn decrypt_server_id(
+    first: u8,
+    scratch: &mut Scratch,
+    cfg: &QuicLbConfig,
+    cipher: &mut impl BlockCipher,
+) -> Result<ServerId, SealedError> {
+    // The caller read MAX_CID_LEN octets (a short header always has them).
     check(first, MAX_CID_LEN, cfg)?;
     let mut id = ServerId { len: cfg.server_id_len, ..ServerId::default() };
+    let sid_len = cfg.server_id_len as usize;
+    let s = scratch;
     if is_single_pass(cfg) {
-        let mut block = [0u8; BLOCK_LEN];
-        copy(&mut block, 0, sealed, 0, BLOCK_LEN);
-        if !cipher.decrypt(&mut block) {
+        let mut i = 0;
+        while i < BLOCK_LEN {
+            s.block[i] = s.sealed[i];
+            i += 1;
+        }
+        if !cipher.decrypt(&mut s.block) {
             return Err(SealedError::Cipher);
         }
-        copy(&mut id.bytes, 0, &block, 0, cfg.server_id_len as usize);
+        let mut i = 0;
+        while i < id.bytes.len() {
+            if i < sid_len {
+                id.bytes[i] = s.block[i];
+            }
+            i += 1;
+        }
         return Ok(id);
     }
-    let len = cfg.server_id_len as usize + cfg.nonce_len as usize;
+    // `check` bounds both lengths: 5..=19 octets, halves of 3..=10.
+    let len = sid_len + cfg.nonce_len as usize;
     let half = len.div_ceil(2);
     let odd = len % 2 == 1;
     // left_2 and right_2: the first and last `half` octets; of an odd length, the nibble
     // both share is cleared in each (left keeps the high one, right the low one).
-    let mut left = [0u8; HALF_MAX];
-    let mut right = [0u8; HALF_MAX];
-    copy(&mut left, 0, sealed, 0, half);
-    copy(&mut right, 0, sealed, len - half, half);
-    let clear = |left: &mut [u8; HALF_MAX], right: &mut [u8; HALF_MAX]| {
+    let mut i = 0;
+    while i < BLOCK_LEN {
+        s.left[i] = if i < half { s.sealed[i] } else { 0 };
+        s.right[i] = if i < half { s.sealed[(len - half + i) & (SEALED_LEN - 1)] } else { 0 };
+        i += 1;
+    }
+    let clear = |s: &mut Scratch| {
         if odd {
-            if let Some(last) = left.get_mut(half - 1) {
-                *last &= 0xf0;
-            }
-            right[0] &= 0x0f;
+            s.left[(half - 1) & (BLOCK_LEN - 1)] &= 0xf0;
+            s.right[0] &= 0x0f;
         }
     };
-    clear(&mut left, &mut right);
+    clear(s);
     // Passes 4, 3 and 2 give left_0; pass 1 gives right_0, needed only when the server id
     // does not fit in left_0's whole octets.
-    round(&mut left, &right, len, half, 4, cipher)?;
-    clear(&mut left, &mut right);
-    round(&mut right, &left, len, half, 3, cipher)?;
-    clear(&mut left, &mut right);
-    round(&mut left, &right, len, half, 2, cipher)?;
-    clear(&mut left, &mut right);
+    round(s, Into::Left, len, half, 4, cipher)?;
+    clear(s);
+    round(s, Into::Right, len, half, 3, cipher)?;
+    clear(s);
+    round(s, Into::Left, len, half, 2, cipher)?;
+    clear(s);
     let whole_in_left = if odd { half - 1 } else { half };
-    if cfg.server_id_len as usize > whole_in_left {
-        round(&mut right, &left, len, half, 1, cipher)?;
-        clear(&mut left, &mut right);
+    if sid_len > whole_in_left {
+        round(s, Into::Right, len, half, 1, cipher)?;
+        clear(s);
     }
     // plaintext[i] = left_0[i] | right_0[i - (len - half)]: the halves overlap in one octet
     // of an odd length, where each holds a nibble.
     let mut i = 0;
-    while i < HALF_MAX * 2 && i < cfg.server_id_len as usize {
-        let from_left = if i < half { left.get(i).copied().unwrap_or(0) } else { 0 };
-        let from_right = if i + half >= len { right.get(i + half - len).copied().unwrap_or(0) } else { 0 };
-        if let Some(octet) = id.bytes.get_mut(i) {
-            *octet = from_left | from_right;
+    while i < id.bytes.len() {
+        if i < sid_len {
+            let from_left = if i < half { s.left[i] } else { 0 };
+            let from_right = if i + half >= len { s.right[(i + half - len) & (BLOCK_LEN - 1)] } else { 0 };
+            id.bytes[i] = from_left | from_right;
         }
         i += 1;
     }
     Ok(id)
 }
 
+/// The half a round writes; it expands the other.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Into {
+    Left,
+    Right,
+}
+
 /// One Feistel round: `target ^= truncate(AES_ECB(key, expand(len, pass, source)), half)`.
 #[inline(always)]
-fn round(
-    target: &mut [u8; HALF_MAX],
-    source: &[u8; HALF_MAX],
-    len: usize,
-    half: usize,
-    pass: u8,
-    cipher: &mut impl BlockCipher,
-) -> Result<(), SealedError> {
-    let mut block = [0u8; BLOCK_LEN];
-    copy(&mut block, 0, source, 0, half);
-    block[EXPAND_LEN_AT] = len as u8;
-    block[EXPAND_PASS_AT] = pass;
-    if !cipher.encrypt(&mut block) {
+fn round(s: &mut Scratch, into: Into, len: usize, half: usize, pass: u8, cipher: &mut impl BlockCipher) -> Result<(), SealedError> {
+    let mut i = 0;
+    while i < EXPAND_LEN_AT {
+        let source = if into == Into::Left { s.right[i] } else { s.left[i] };
+        s.block[i] = if i < half { source } else { 0 };
+        i += 1;
+    }
+    s.block[EXPAND_LEN_AT] = len as u8;
+    s.block[EXPAND_PASS_AT] = pass;
+    if !cipher.encrypt(&mut s.block) {
         return Err(SealedError::Cipher);
     }
     let mut i = 0;
-    while i < HALF_MAX && i < half {
-        if let (Some(t), Some(b)) = (target.get_mut(i), block.get(i)) {
-            *t ^= *b;
+    while i < BLOCK_LEN {
+        if i < half {
+            if into == Into::Left {
+                s.left[i] ^= s.block[i];
+            } else {
+                s.right[i] ^= s.block[i];
+            }
         }
         i += 1;
     }
     Ok(())
-}
-
-/// `dst[dst_at..][..len] = src[src_at..][..len]`, octet by octet, at most a block.
-#[inline(always)]
-fn copy(dst: &mut [u8], dst_at: usize, src: &[u8], src_at: usize, len: usize) {
-    let mut i = 0;
-    while i < BLOCK_LEN + 4 && i < len {
-        if let (Some(d), Some(s)) = (dst.get_mut(dst_at + i), src.get(src_at + i)) {
-            *d = *s;
-        }
-        i += 1;
-    }
 }
 
 #[cfg(test)]
@@ -185,9 +211,9 @@ mod tests {
     fn decoded(config_id: u8, sid_len: u8, nonce_len: u8, cid: &str) -> Result<ServerId, SealedError> {
         let cfg = QuicLbConfig { config_id, server_id_len: sid_len, nonce_len, flags: QUIC_LB_F_SELF_LEN };
         let cid = hex(cid);
-        let mut sealed = [0u8; MAX_PLAINTEXT_LEN as usize];
-        sealed[..cid.len() - 1].copy_from_slice(&cid[1..]);
-        decrypt_server_id(cid[0], &sealed, &cfg, &mut draft_key())
+        let mut scratch = Scratch::default();
+        scratch.sealed[..cid.len() - 1].copy_from_slice(&cid[1..]);
+        decrypt_server_id(cid[0], &mut scratch, &cfg, &mut draft_key())
     }
 
     /// Appendix B.2, "Encrypted CIDs": odd length, 3 passes; 4 passes (the server id is longer

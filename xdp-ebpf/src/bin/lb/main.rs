@@ -65,6 +65,23 @@ pub fn spillway_lb_quic_v6(ctx: XdpContext) -> u32 {
     verdict.action
 }
 
+/// Tail-called by `spillway_lb_quic` for a short header of an encrypted config id
+/// (`quic_crypto.rs`).
+#[xdp]
+pub fn spillway_lb_quic_crypt(ctx: XdpContext) -> u32 {
+    let verdict = quic_crypto::decode::<FAMILY_V4>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+/// `spillway_lb_quic_crypt` for IPv6.
+#[xdp]
+pub fn spillway_lb_quic_crypt_v6(ctx: XdpContext) -> u32 {
+    let verdict = quic_crypto::decode::<FAMILY_V6>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
 /// Tail-called by `spillway_lb_quic` for the IPv4 packets their connection id does not
 /// place: the balancer's path, handing nothing over.
 #[xdp]

@@ -10,12 +10,19 @@ use spillway_common::{
     limits::QUIC_CONFIG_IDS_PER_VIP,
     quic_lb::{
         MAX_CID_LEN, QuicLbConfig,
-        encrypted::{Block, BlockCipher, Sealed, decrypt_server_id},
+        encrypted::{Block, BlockCipher, decrypt_server_id},
     },
-    types::{QuicCidKey, QuicHandover, QuicRouting},
+    types::{FAMILY_V4, LbConfig, QuicHandover, QuicRouting},
 };
 
-use crate::maps::{QUIC_CID_CACHE, QUIC_DECRYPT_BUDGET};
+use aya_ebpf::programs::XdpContext;
+
+use crate::{
+    clock,
+    maps::{self, CONFIG, QUIC_CID_CACHE, QUIC_CRYPT_SCRATCH, QUIC_DECRYPT_BUDGET, QUIC_PROGRAM},
+    quic_program::{self, Header},
+    verdict::Verdict,
+};
 
 unsafe extern "C" {
     /// `xdp-ebpf/c/quic_aes.bpf.c`: encrypts (`decrypt` 0) or decrypts `block` in place with
@@ -42,51 +49,125 @@ impl BlockCipher for KernelAes {
     }
 }
 
-/// A server id read from an encrypted id: its index words, and the cache key to insert it
-/// under once it names a backend (none when it came from the cache).
-pub struct Decoded {
-    pub words: [u32; 4],
-    pub insert: Option<QuicCidKey>,
+/// What the crypt program found of a short header's encrypted id, for the QUIC program
+/// (`CryptScratch::found`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Found {
+    /// Not decoded yet: the QUIC program tail-calls the crypt program.
+    Pending = 0,
+    /// Over budget, not decrypted, or no key.
+    Nothing,
+    Cached,
+    Decrypted,
 }
 
-/// The server id of the encrypted id at `cid` (MAX_CID_LEN octets the caller checked are in
-/// the frame), first octet `first`, of VIP `vip_id` under `cfg`, counted in `handover`.
+/// The crypt program (`spillway_lb_quic_crypt`, `_v6`), tail-called by the QUIC program for
+/// a short header of an encrypted config id: decodes the id into this CPU's scratch and
+/// tail-calls the QUIC program again, which reads it there ([`take`]) and sends the
+/// packet. Its own program for a stack of its own: the QUIC program's is the forwarding
+/// path's, with no room for the decoder beside it.
 #[inline(always)]
-pub fn server_id(vip_id: u32, cfg: &QuicLbConfig, first: u8, cid: *const u8, now_ns: u64, handover: &mut QuicHandover) -> Option<Decoded> {
-    let mut key = QuicCidKey { vip_id, cid: [0; MAX_CID_LEN] };
+pub fn decode<const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
+    let found = match (maps::quic_handover(), CONFIG.get(0)) {
+        // SAFETY: this CPU's slot, live for the program's run; no other writer meanwhile.
+        (Some(handover), Some(lb_cfg)) => unsafe { decoded(ctx, &mut *handover, lb_cfg) },
+        _ => Found::Nothing,
+    };
+    if let Some(scratch) = QUIC_CRYPT_SCRATCH.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot.
+        unsafe { (*scratch).found = found as u32 };
+    }
+    // SAFETY: the slots hold XDP programs of the balancer's object, or nothing.
+    let _ = unsafe { QUIC_PROGRAM.tail_call(ctx, if FAMILY == FAMILY_V4 { 0 } else { 1 }) };
+    // The QUIC program was not there: nothing may read the result later.
+    let _ = take();
+    quic_program::to_udp_program::<FAMILY>(ctx)
+}
+
+#[inline(always)]
+fn decoded(ctx: &XdpContext, handover: &mut QuicHandover, lb_cfg: &LbConfig) -> Found {
+    let quic = QuicLbConfig::from_word(handover.quic);
+    match quic_program::header(ctx, handover.vip_id, &quic, handover.l4.into()) {
+        Header::Short { first, cid, cfg, .. } if cfg.is_encrypted() => server_id(&cfg, first, cid, lb_cfg, handover),
+        _ => Found::Nothing,
+    }
+}
+
+/// Decodes the encrypted id at `cid` (MAX_CID_LEN octets the caller checked are in the
+/// frame), first octet `first`, under `cfg`, of the VIP handed over, counted in
+/// `handover`; the server id's words are left in this CPU's scratch.
+#[inline(always)]
+fn server_id(cfg: &QuicLbConfig, first: u8, cid: *const u8, lb_cfg: &LbConfig, handover: &mut QuicHandover) -> Found {
+    let Some(scratch) = QUIC_CRYPT_SCRATCH.get_ptr_mut(0) else {
+        return Found::Nothing;
+    };
+    // SAFETY: this CPU's slot, for this run only.
+    let scratch = unsafe { &mut *scratch };
+    let vip_id = handover.vip_id;
+    scratch.key.vip_id = vip_id;
     let len = cfg.cid_len();
     let mut i = 0;
-    while i < MAX_CID_LEN && i < len {
-        // SAFETY: i < MAX_CID_LEN octets from `cid`, checked by the caller.
-        key.cid[i] = unsafe { *cid.add(i) };
+    while i < MAX_CID_LEN {
+        // SAFETY: i < MAX_CID_LEN octets from `cid`, checked by the caller. Octets past the
+        // id are not part of the key.
+        scratch.key.cid[i] = if i < len { unsafe { *cid.add(i) } } else { 0 };
         i += 1;
     }
     // SAFETY: a live map value, copied out at once.
-    if let Some(words) = unsafe { QUIC_CID_CACHE.get(&key) } {
+    if let Some(words) = unsafe { QUIC_CID_CACHE.get(&scratch.key) } {
+        scratch.words = *words;
         count(handover, QuicRouting::Cached);
-        return Some(Decoded { words: *words, insert: None });
+        return Found::Cached;
     }
-    if !spend_budget(now_ns) {
+    if !spend_budget(clock::now_ns(lb_cfg)) {
         count(handover, QuicRouting::MissOverBudget);
-        return None;
+        return Found::Nothing;
     }
     count(handover, QuicRouting::Decrypted);
-    let mut sealed: Sealed = [0; 19];
     let mut i = 0;
-    while i < sealed.len() {
-        sealed[i] = key.cid[i + 1];
+    while i < MAX_CID_LEN - 1 {
+        scratch.decoder.sealed[i] = scratch.key.cid[i + 1];
         i += 1;
     }
     let mut aes = KernelAes { slot: vip_id * QUIC_CONFIG_IDS_PER_VIP + cfg.config_id as u32 };
-    let id = decrypt_server_id(first, &sealed, cfg, &mut aes).ok()?;
-    Some(Decoded { words: id.words(), insert: Some(key) })
+    match decrypt_server_id(first, &mut scratch.decoder, cfg, &mut aes) {
+        Ok(id) => {
+            scratch.words = id.words();
+            Found::Decrypted
+        }
+        Err(_) => Found::Nothing,
+    }
 }
 
-/// Remembers that `key` named a backend (its server id `words`).
+/// What the crypt program found for this packet, and the server id's words; the scratch is
+/// left pending for the next packet.
 #[inline(always)]
-pub fn remember(key: &QuicCidKey, words: &[u32; 4]) {
-    // Full or not, the LRU makes room; a failed insert only costs a later decryption.
-    let _ = QUIC_CID_CACHE.insert(key, words, 0);
+pub fn take() -> (Found, [u32; 4]) {
+    let Some(scratch) = QUIC_CRYPT_SCRATCH.get_ptr_mut(0) else {
+        return (Found::Nothing, [0; 4]);
+    };
+    // SAFETY: this CPU's slot, written by the crypt program in this packet's run.
+    let scratch = unsafe { &mut *scratch };
+    let found = match scratch.found {
+        0 => Found::Pending,
+        2 => Found::Cached,
+        3 => Found::Decrypted,
+        _ => Found::Nothing,
+    };
+    scratch.found = Found::Pending as u32;
+    (found, scratch.words)
+}
+
+/// Remembers that the id [`server_id`] just decrypted on this CPU named a backend (its
+/// server id `words`).
+#[inline(always)]
+pub fn remember(words: &[u32; 4]) {
+    // SAFETY: this CPU's slot, written by `server_id` in this run.
+    if let Some(scratch) = QUIC_CRYPT_SCRATCH.get_ptr_mut(0) {
+        // Full or not, the LRU makes room; a failed insert only costs a later decryption.
+        let _ = QUIC_CID_CACHE.insert(unsafe { &(*scratch).key }, words, 0);
+    }
 }
 
 /// Spends one decryption of this CPU's budget, if it has one left.

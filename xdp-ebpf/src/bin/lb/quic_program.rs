@@ -7,15 +7,15 @@ use spillway_common::{
     hash::{connection_id_hash, quic_server_home},
     limits::QUIC_CONFIG_IDS_PER_VIP,
     quic_lb::{CONFIG_ID_SHIFT, MAX_CID_LEN, QuicLbConfig, server_id_words},
-    types::{BACKEND_ACTIVE, BackendInfo, FAMILY_V4, QuicCidKey, QuicHandover, QuicRouting, Reason},
+    types::{BACKEND_ACTIVE, BackendInfo, FAMILY_V4, QuicRouting, Reason},
 };
 use xdp_ebpf::{headers::UDP_LEN, packet, parse::Layout};
 
 use crate::{
     clock,
-    maps::{self, CONFIG, QUIC_CONFIGS, QUIC_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
+    maps::{self, CONFIG, QUIC_CONFIGS, QUIC_CRYPT_PROGRAM, QUIC_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
     path::{self, stage},
-    quic_crypto::{self, count},
+    quic_crypto::{self, Found, count},
     select::Choice,
     verdict::Verdict,
 };
@@ -33,13 +33,72 @@ const UDP_V6: u32 = 3;
 enum Named {
     /// A long header: placed by Maglev, not counted.
     LongHeader,
-    /// A short header whose connection id names backend `id` in the server-id index, whose
-    /// slot holds `backend`, a copy of the backend's entry; the id's first 16 octets as
-    /// loaded (their hash is the outer header's entropy); for an encrypted id just
-    /// decrypted, the cache key to remember it under.
-    Backend { id: u32, backend: &'static BackendInfo, low: u64, high: u64, decrypted: Option<(QuicCidKey, [u32; 4])> },
+    /// A short header whose connection id names backend `id` of the VIP in the server-id
+    /// index, whose slot holds `backend`, a copy of the backend's entry; the id's first 16
+    /// octets as loaded (their hash is the outer header's entropy).
+    Backend { id: u32, backend: &'static BackendInfo, low: u64, high: u64 },
+    /// A short header of an encrypted config id not decoded yet: for the crypt program.
+    Encrypted,
     /// A short header whose id does not decode or names nothing (or no header at all).
     Nothing,
+}
+
+/// A packet's QUIC header, as far as the programs read it.
+pub enum Header {
+    Long,
+    /// A short header: its id's first octet, where its id starts (MAX_CID_LEN octets in the
+    /// frame), the id's first 16 octets as two words, and the configuration its config id
+    /// names (the VIP slot's, or another of the VIP's: a key rotation).
+    Short {
+        first: u8,
+        cid: *const u8,
+        low: u64,
+        high: u64,
+        cfg: QuicLbConfig,
+    },
+    /// Too short, or a config id the VIP does not have.
+    Unreadable,
+}
+
+/// The header of a packet to QUIC VIP `vip_id` (configuration `vip_cfg`, the VIP slot's)
+/// whose UDP header starts at `l4`.
+#[inline(always)]
+pub fn header(ctx: &XdpContext, vip_id: u32, vip_cfg: &QuicLbConfig, l4: u64) -> Header {
+    // Bounded, so the verifier can check the reads after it (the hand-over's value is any
+    // value to it). A full register: a 32-bit one would be widened again after the
+    // check, and the verifier would lose the bound.
+    if l4 > MAX_L4 {
+        return Header::Unreadable;
+    }
+    let payload = l4 as usize + UDP_LEN;
+    // SAFETY: bounds-checked by `at`.
+    let Some(first) = packet::at::<u8>(ctx, payload).map(|first| unsafe { *first }) else {
+        return Header::Unreadable;
+    };
+    if first & LONG_HEADER != 0 {
+        return Header::Long;
+    }
+    // A short header does not say how long its id is: the configuration does, and the
+    // decoder reads only that much of the octets after the first byte (the packet number
+    // and the AEAD tag follow, so a real packet always has MAX_CID_LEN of them).
+    let Some(cid) = packet::at::<[u8; MAX_CID_LEN]>(ctx, payload + 1) else {
+        return Header::Unreadable;
+    };
+    let cid = cid.cast::<u8>();
+    // SAFETY: `at` checked the MAX_CID_LEN octets from `cid` are in the frame.
+    let (low, high) = unsafe { (packet::load_u64_le(cid), packet::load_u64_le(cid.add(8))) };
+    // The id's own first octet (the packet's is the header form's) names its config id.
+    let first = low as u8;
+    let config_id = (first >> CONFIG_ID_SHIFT) as u32;
+    let cfg = if config_id == vip_cfg.config_id as u32 {
+        *vip_cfg
+    } else {
+        match QUIC_CONFIGS.get(vip_id * QUIC_CONFIG_IDS_PER_VIP + config_id) {
+            Some(word) => QuicLbConfig::from_word(*word),
+            None => return Header::Unreadable,
+        }
+    };
+    Header::Short { first, cid, low, high, cfg }
 }
 
 /// For a packet to QUIC VIP `vip_id` (configuration `vip_cfg`, the VIP slot's) whose UDP
@@ -49,52 +108,36 @@ enum Named {
 /// EPYC VM whose kernel returns through a thunk (`spec_rstack_overflow`: Safe RET), three
 /// runs of `bench --part quic` alternating with it; the QUIC programs' walks stay ~3.0k / 2.4k.
 #[inline(always)]
-fn connection_id_backend(ctx: &XdpContext, vip_id: u32, vip_cfg: &QuicLbConfig, l4: u64, now_ns: u64, handover: &mut QuicHandover) -> Named {
-    // Bounded, so the verifier can check the reads after it (the hand-over's value is any
-    // value to it). A full register: a 32-bit one would be widened again after the
-    // check, and the verifier would lose the bound.
-    if l4 > MAX_L4 {
-        return Named::Nothing;
-    }
-    let payload = l4 as usize + UDP_LEN;
-    // SAFETY: bounds-checked by `at`.
-    let Some(first) = packet::at::<u8>(ctx, payload).map(|first| unsafe { *first }) else {
-        return Named::Nothing;
+fn connection_id_backend(ctx: &XdpContext, vip_id: u32, vip_cfg: &QuicLbConfig, l4: u64) -> Named {
+    let (low, high, cfg) = match header(ctx, vip_id, vip_cfg, l4) {
+        Header::Long => return Named::LongHeader,
+        Header::Unreadable => return Named::Nothing,
+        Header::Short { low, high, cfg, .. } => (low, high, cfg),
     };
-    if first & LONG_HEADER != 0 {
-        return Named::LongHeader;
-    }
-    // A short header does not say how long its id is: the configuration does, and the
-    // decoder reads only that much of the octets after the first byte (the packet number
-    // and the AEAD tag follow, so a real packet always has MAX_CID_LEN of them).
-    let Some(cid) = packet::at::<[u8; MAX_CID_LEN]>(ctx, payload + 1) else {
-        return Named::Nothing;
-    };
-    let cid = cid.cast::<u8>();
-    // SAFETY: `at` checked the MAX_CID_LEN octets from `cid` are in the frame.
-    let (low, high) = unsafe { (packet::load_u64_le(cid), packet::load_u64_le(cid.add(8))) };
-    // The VIP slot's configuration, or another config id of the VIP's (a key rotation).
-    let config_id = (first >> CONFIG_ID_SHIFT) as u32;
-    let cfg = if config_id == vip_cfg.config_id as u32 {
-        *vip_cfg
-    } else {
-        match QUIC_CONFIGS.get(vip_id * QUIC_CONFIG_IDS_PER_VIP + config_id) {
-            Some(word) => QuicLbConfig::from_word(*word),
-            None => return Named::Nothing,
-        }
-    };
+    // An encrypted id is decoded by the crypt program, which hands the server id back here
+    // (`quic_crypto.rs`): the AES has no room on this program's stack.
     let (words, decrypted) = if cfg.is_encrypted() {
-        match quic_crypto::server_id(vip_id, &cfg, first, cid, now_ns, handover) {
-            Some(decoded) => (decoded.words, decoded.insert.map(|key| (key, decoded.words))),
-            None => return Named::Nothing,
+        match quic_crypto::take() {
+            (Found::Pending, _) => return Named::Encrypted,
+            (Found::Nothing, _) => return Named::Nothing,
+            (found, words) => (words, found == Found::Decrypted),
         }
     } else {
         match server_id_words(low, high, &cfg) {
-            Ok(words) => (words, None),
+            Ok(words) => (words, false),
             Err(_) => return Named::Nothing,
         }
     };
-    indexed_server(vip_id, &words).map_or(Named::Nothing, |(id, backend)| Named::Backend { id, backend, low, high, decrypted })
+    // In use by this VIP, as the slot's copy of its entry says (the loader keeps the copy as
+    // the backend array has it, and takes a backend's ids out before freeing it).
+    let Some((id, backend)) = indexed_server(vip_id, &words).filter(|(_, b)| b.state == BACKEND_ACTIVE && b.vip_id == vip_id) else {
+        return Named::Nothing;
+    };
+    // Only an id that named a backend of the VIP is remembered: random ids take no room.
+    if decrypted {
+        quic_crypto::remember(&words);
+    }
+    Named::Backend { id, backend, low, high }
 }
 
 /// The backend id of (`vip_id`, server id `words`) in the server-id index and the copy of
@@ -118,13 +161,20 @@ fn indexed_server(vip_id: u32, words: &[u32; 4]) -> Option<(u32, &'static Backen
 }
 
 /// The QUIC program: sends a short-header packet the balancer handed over to the backend
-/// its connection id names. A long header, an ICMP error, or an id that names no backend of
-/// the VIP (counted) goes to the UDP program, the balancer's path.
+/// its connection id names (an encrypted one once the crypt program has decoded it). A long
+/// header, an ICMP error, or an id that names no backend of the VIP (counted) goes to the
+/// UDP program, the balancer's path.
 #[inline(always)]
 pub fn send<const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
     if let Some(verdict) = by_connection_id::<FAMILY>(ctx) {
         return verdict;
     }
+    to_udp_program::<FAMILY>(ctx)
+}
+
+/// Tail-calls the UDP program: the balancer's path for a packet its id does not place.
+#[inline(always)]
+pub fn to_udp_program<const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
     // SAFETY: the slots hold XDP programs of the balancer's object, or nothing.
     let _ = unsafe { QUIC_PROGRAM.tail_call(ctx, if FAMILY == FAMILY_V4 { UDP_V4 } else { UDP_V6 }) };
     // Only if the UDP program is not there (it always is once `lbd` has loaded the
@@ -143,25 +193,25 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     }
     let vip_id = handover.vip_id;
     let quic = QuicLbConfig::from_word(handover.quic);
+    let (id, backend, low, high) = match connection_id_backend(ctx, vip_id, &quic, handover.l4.into()) {
+        Named::LongHeader => return None,
+        Named::Backend { id, backend, low, high } => (id, backend, low, high),
+        Named::Encrypted => {
+            // SAFETY: the slots hold XDP programs of the balancer's object, or nothing.
+            let _ = unsafe { QUIC_CRYPT_PROGRAM.tail_call(ctx, if FAMILY == FAMILY_V4 { 0 } else { 1 }) };
+            // Not loaded: the id cannot be read.
+            count(handover, QuicRouting::Fallback);
+            return None;
+        }
+        Named::Nothing => {
+            count(handover, QuicRouting::Fallback);
+            return None;
+        }
+    };
+    count(handover, QuicRouting::ByConnectionId);
     // Slot 0 of an array always exists; the check is for the verifier.
     let cfg = CONFIG.get(0)?;
     let now_ns = clock::now_ns(cfg);
-    let (named, low, high, decrypted) = match connection_id_backend(ctx, vip_id, &quic, handover.l4.into(), now_ns, handover) {
-        Named::LongHeader => return None,
-        Named::Backend { id, backend, low, high, decrypted } => (Some((id, backend)), low, high, decrypted),
-        Named::Nothing => (None, 0, 0, None),
-    };
-    // In use by this VIP, as the slot's copy of its entry says (the loader keeps the copy as
-    // the backend array has it, and takes a backend's ids out before freeing it).
-    let Some((id, backend)) = named.filter(|(_, b)| b.state == BACKEND_ACTIVE && b.vip_id == vip_id) else {
-        count(handover, QuicRouting::Fallback);
-        return None;
-    };
-    count(handover, QuicRouting::ByConnectionId);
-    // Only an id that named a backend of the VIP is remembered: random ids take no room.
-    if let Some((key, words)) = &decrypted {
-        quic_crypto::remember(key, words);
-    }
     let layout = Layout { l2_len: handover.l2_len as usize, l3_len: handover.l3_len as usize, tos: handover.tos, l4: handover.l4 };
     let hash = connection_id_hash(low, high, quic.cid_len() as u32, cfg.table_seed);
     let choice = Choice { id, backend: *backend, hash };
