@@ -10,7 +10,7 @@ use spillway_common::{
     limits::QUIC_CONFIG_IDS_PER_VIP,
     quic_lb::{
         MAX_CID_LEN, QuicLbConfig,
-        encrypted::{Block, BlockCipher, decrypt_server_id},
+        encrypted::{Block, BlockCipher, below, decrypt_server_id},
     },
     types::{FAMILY_V4, LbConfig, QuicHandover, QuicRouting},
 };
@@ -111,7 +111,7 @@ fn server_id(cfg: &QuicLbConfig, first: u8, cid: *const u8, lb_cfg: &LbConfig, h
     while i < MAX_CID_LEN {
         // SAFETY: i < MAX_CID_LEN octets from `cid`, checked by the caller. Octets past the
         // id are not part of the key.
-        scratch.key.cid[i] = if i < len { unsafe { *cid.add(i) } } else { 0 };
+        scratch.key.cid[i] = unsafe { *cid.add(i) } & below(i, len);
         i += 1;
     }
     // SAFETY: a live map value, copied out at once.
