@@ -105,6 +105,24 @@ pub fn server_ids(config: &VipConfig) -> BTreeMap<IpAddr, ServerId> {
     config.backends.keys().map(|&addr| (addr, server_id_of(addr, quic.server_id_len))).collect()
 }
 
+/// Refuses a second config id that cannot live beside `quic`: the same config id, or
+/// another server id length (the backends' server ids, and so the index, are the same for
+/// both).
+pub fn check_next(vip: &Vip, quic: &QuicConfig, next: &QuicConfig) -> Result<(), ModelError> {
+    if next.config_id == quic.config_id {
+        let message = format!("quic_next.config_id {} is the current config id: a rotation takes another one", next.config_id);
+        return Err(ModelError::BadQuic { vip: *vip, message });
+    }
+    if next.server_id_len != quic.server_id_len {
+        let message = format!(
+            "quic_next.server_id_len {} differs from quic.server_id_len {}: the backends keep their server ids",
+            next.server_id_len, quic.server_id_len
+        );
+        return Err(ModelError::BadQuic { vip: *vip, message });
+    }
+    Ok(())
+}
+
 /// Refuses a QUIC VIP two of whose backends would share a server id.
 pub fn check_server_ids(vip: &Vip, config: &VipConfig) -> Result<(), ModelError> {
     let mut seen: BTreeMap<ServerId, IpAddr> = BTreeMap::new();
