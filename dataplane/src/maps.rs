@@ -518,6 +518,24 @@ impl Maps for BalancerMaps {
         self.quic_servers.remove(key);
         Ok(())
     }
+    fn set_quic_key(&mut self, vip_id: u32, config_id: u8, key_file: Option<&std::path::Path>) -> Result<(), MapsError> {
+        use crate::quic_keys::{QuicKeyError, read_key_file};
+        let keys = match &self.quic_keys {
+            Some(Ok(keys)) => keys,
+            Some(Err(why)) => return Err(MapsError::new(QuicKeyError::Unavailable(why.to_string()))),
+            None => return Err(MapsError::new(QuicKeyError::Unavailable("the balancer was not loaded".into()))),
+        };
+        let slot = vip_id * QUIC_CONFIG_IDS_PER_VIP + u32::from(config_id);
+        match key_file {
+            Some(file) => keys.set(slot, &read_key_file(file).map_err(MapsError::new)?),
+            None => keys.clear(slot),
+        }
+        .map_err(MapsError::new)
+    }
+    fn set_quic_config(&mut self, vip_id: u32, config_id: u8, config: Option<QuicLbConfig>) -> Result<(), MapsError> {
+        // The inherent method, which tests call directly.
+        BalancerMaps::set_quic_config(self, vip_id, config_id, config).map_err(MapsError::from)
+    }
 }
 
 fn zero_per_cpu<T: aya::Pod + Default + Clone>(

@@ -13,12 +13,17 @@
 
 use std::{
     ffi::CStr,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    io::Read,
+    os::{
+        fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+        unix::fs::{MetadataExt, PermissionsExt},
+    },
+    path::{Path, PathBuf},
 };
 
 use aya::Btf;
 use aya_obj::btf::BtfKind;
-use spillway_common::quic_lb::key::QuicLbKey;
+use spillway_common::quic_lb::key::{KeyError, QuicLbKey};
 
 /// `BPF_PROG_TYPE_SYSCALL`.
 const PROG_TYPE_SYSCALL: u32 = 31;
@@ -57,6 +62,54 @@ pub enum QuicKeyError {
     Create(i32),
     #[error("QUIC-LB key slot {slot} is beyond the keys map ({PROGRAM_NAME} found no slot)")]
     NoSlot { slot: u32 },
+    #[error("this kernel cannot decrypt QUIC-LB connection ids, so encrypted config ids (key_file) are refused: {0}")]
+    Unavailable(String),
+    #[error("QUIC-LB key file {path}: {source}")]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("QUIC-LB key file {path} is readable or writable by group or others (mode {mode:03o}): make it root's alone (chmod 600)")]
+    Exposed { path: PathBuf, mode: u32 },
+    #[error("QUIC-LB key file {path} is owned by uid {uid}, not root")]
+    NotRoots { path: PathBuf, uid: u32 },
+    #[error("QUIC-LB key file {path}: {source}")]
+    Format {
+        path: PathBuf,
+        #[source]
+        source: KeyError,
+    },
+}
+
+/// Longest key file read: 32 digits and room for white space around them.
+const MAX_KEY_FILE: u64 = 256;
+
+/// Reads the key in `path`, a file root's alone (the key decrypts every id of its config id:
+/// one readable by others is refused, before it is read).
+pub fn read_key_file(path: &Path) -> Result<QuicLbKey, QuicKeyError> {
+    let file_error = |source| QuicKeyError::File { path: path.to_path_buf(), source };
+    let file = std::fs::File::open(path).map_err(file_error)?;
+    let meta = file.metadata().map_err(file_error)?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(QuicKeyError::Exposed { path: path.to_path_buf(), mode });
+    }
+    // SAFETY: geteuid has no preconditions.
+    if meta.uid() != unsafe { libc::geteuid() } {
+        return Err(QuicKeyError::NotRoots { path: path.to_path_buf(), uid: meta.uid() });
+    }
+    let mut text = String::new();
+    let read = file.take(MAX_KEY_FILE).read_to_string(&mut text).map_err(file_error);
+    let key =
+        read.and_then(|_| QuicLbKey::from_file_text(&text).map_err(|source| QuicKeyError::Format { path: path.to_path_buf(), source }));
+    // The digits: not left in this process's memory.
+    // SAFETY: overwriting ASCII with zeros keeps the string valid UTF-8.
+    for octet in unsafe { text.as_bytes_mut() } {
+        // SAFETY: a valid pointer to an octet of `text`; volatile so the write stays.
+        unsafe { std::ptr::write_volatile(octet, 0) };
+    }
+    key
 }
 
 /// One BPF instruction.

@@ -122,6 +122,12 @@ pub trait Maps {
     fn quic_servers(&self) -> Result<Vec<(QuicServerKey, QuicServer)>, MapsError>;
     fn set_quic_server(&mut self, key: &QuicServerKey, server: &QuicServer) -> Result<(), MapsError>;
     fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), MapsError>;
+    /// Encrypted QUIC-LB config ids: the key in `key_file` for config `config_id` of VIP
+    /// `vip_id`, or none. Keys live in the kernel only: nothing reads them back, and a
+    /// reconciler that adopted the maps writes them all on its first apply.
+    fn set_quic_key(&mut self, vip_id: u32, config_id: u8, key_file: Option<&std::path::Path>) -> Result<(), MapsError>;
+    /// A VIP's config id beside the one in its slot (`quic_next`), or none.
+    fn set_quic_config(&mut self, vip_id: u32, config_id: u8, config: Option<QuicLbConfig>) -> Result<(), MapsError>;
 }
 
 /// What one `apply` did.
@@ -207,6 +213,10 @@ pub struct Reconciler {
     settle: Duration,
     /// What the server-id index holds.
     quic_servers: HashMap<QuicServerKey, QuicServer>,
+    /// The key files and second config ids written, by (VIP id, config id): not readable
+    /// from the maps, so empty after `adopt`.
+    quic_keys: BTreeMap<(u32, u8), std::path::PathBuf>,
+    quic_configs: BTreeMap<(u32, u8), QuicLbConfig>,
 }
 
 impl Reconciler {
@@ -299,6 +309,8 @@ impl Reconciler {
             vip_filter,
             settle,
             quic_servers,
+            quic_keys: BTreeMap::new(),
+            quic_configs: BTreeMap::new(),
         })
     }
 
@@ -325,9 +337,14 @@ impl Reconciler {
         }
         self.sync_limits(maps, desired, &mut report)?;
         self.sync_rules(maps, desired, &mut report)?;
-        // Before the flag sends a QUIC VIP's packets to the QUIC program.
+        // Before the flag sends a QUIC VIP's packets to the QUIC program; keys before the
+        // configurations that name them, and what is no longer wanted only after the slots
+        // stopped naming it.
         self.sync_quic_servers(maps, desired)?;
+        let wanted = quic::wanted_keys(self, desired);
+        self.add_quic_keys(maps, &wanted)?;
         self.sync_vip_flags(maps, desired)?;
+        self.remove_quic_keys(maps, &wanted)?;
         sync_vip_addrs(maps, &mut self.vip_addrs, desired)?;
         sync_vip_filter(maps, &mut self.vip_filter, desired)?;
         Ok(report)
