@@ -81,6 +81,12 @@ share of clients as it moves flows under the 5-tuple; established connections ke
 their backend. A QUIC VIP still sends short headers by connection id; the rest
 follow --hash. lbctl apply -f changes the hash of an existing VIP.";
 
+const VIPS_QUIC_NEXT_HELP: &str = "\
+Example: a key rotation of 10.0.0.3:443/udp, whose servers issue config id 1
+  lbctl vips quic-next 10.0.0.3:443/udp --quic-config-id 2 --quic-key-file /etc/spillway/quic-2.key
+  (the servers move to config id 2, with the new key; the old connections finish)
+  lbctl vips quic-retire 10.0.0.3:443/udp";
+
 const VIPS_ENCAP_HELP: &str = "\
 Example:
   lbctl vips encap 10.0.0.1:80/tcp gue
@@ -684,6 +690,42 @@ pub struct QuicArgs {
     quic_key_file: Option<std::path::PathBuf>,
 }
 
+/// A second QUIC-LB config id (`lbctl vips quic-next`).
+#[derive(Debug, Args)]
+pub struct QuicNextArgs {
+    /// Its config id, 0..=6: another than the current one.
+    #[arg(long, value_name = "ID")]
+    quic_config_id: u8,
+    /// Octets of server id: the current config id's (the backends keep their server ids).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SERVER_ID_LEN)]
+    quic_server_id_len: u8,
+    /// Octets of nonce, at least 4.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_NONCE_LEN)]
+    quic_nonce_len: u8,
+    /// The servers write the id's length into its first octet.
+    #[arg(long)]
+    quic_self_len: bool,
+    /// The servers encrypt their ids of this config id with the key in FILE (32
+    /// hexadecimal digits, root's alone).
+    #[arg(long, value_name = "FILE")]
+    quic_key_file: Option<std::path::PathBuf>,
+}
+
+impl QuicNextArgs {
+    fn config(&self) -> QuicConfig {
+        QuicArgs {
+            quic: true,
+            quic_config_id: self.quic_config_id,
+            quic_server_id_len: self.quic_server_id_len,
+            quic_nonce_len: self.quic_nonce_len,
+            quic_self_len: self.quic_self_len,
+            quic_key_file: self.quic_key_file.clone(),
+        }
+        .config()
+        .unwrap_or_default()
+    }
+}
+
 impl QuicArgs {
     fn config(&self) -> Option<QuicConfig> {
         self.quic.then_some(QuicConfig {
@@ -748,6 +790,25 @@ pub enum VipsCommand {
         /// Also a VIP that still has backends (their connections break).
         #[arg(long)]
         force: bool,
+    },
+    /// Rotate a QUIC VIP's key: a second config id beside its current one, with its own
+    /// key file (both are decoded until `vips quic-retire`). Give the servers the new
+    /// config id once the balancer has it; retire the old one when its connections are gone.
+    #[command(after_help = VIPS_QUIC_NEXT_HELP)]
+    QuicNext {
+        /// The QUIC VIP, e.g. 10.0.0.3:443/udp.
+        #[arg(value_name = "VIP")]
+        vip: Vip,
+        #[command(flatten)]
+        next: QuicNextArgs,
+    },
+    /// End a key rotation: the second config id becomes the VIP's only one, and ids of the
+    /// old one go by the 5-tuple from now on.
+    #[command(after_help = VIPS_QUIC_NEXT_HELP)]
+    QuicRetire {
+        /// The QUIC VIP, e.g. 10.0.0.3:443/udp.
+        #[arg(value_name = "VIP")]
+        vip: Vip,
     },
     /// Change how a VIP's backends are health-checked.
     #[command(after_help = VIPS_HEALTH_HELP)]
@@ -879,6 +940,8 @@ impl Command {
             Command::Vips(VipsCommand::List(_)) => Request::ListVips,
             Command::Vips(VipsCommand::Remove { vip, force }) => Request::RemoveVip { vip: *vip, force: *force },
             Command::Vips(VipsCommand::Encap { vip, encap }) => Request::SetVipEncap { vip: *vip, encap: *encap },
+            Command::Vips(VipsCommand::QuicNext { vip, next }) => Request::SetQuicNext { vip: *vip, next: Some(next.config()) },
+            Command::Vips(VipsCommand::QuicRetire { vip }) => Request::RetireQuic { vip: *vip },
             Command::Vips(VipsCommand::Health { vip, health }) => Request::SetHealth {
                 vip: *vip,
                 probe: health.probe_spec()?,

@@ -326,3 +326,33 @@ impl QuicKeys {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{fs, os::unix::fs::PermissionsExt};
+
+    use spillway_harness::tempdir::TempDir;
+
+    use super::*;
+
+    #[test]
+    fn a_key_file_others_may_read_is_refused_naming_it_and_one_of_roots_alone_is_read() {
+        let dir = TempDir::new("quic-key");
+        let path = dir.path().join("quic-1.key");
+        fs::write(&path, "8f95f09245765f80256934e50c66207f\n").unwrap();
+        for mode in [0o644, 0o640, 0o602] {
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+            let err = read_key_file(&path).unwrap_err();
+            assert!(matches!(err, QuicKeyError::Exposed { .. }), "{err}");
+            assert!(err.to_string().contains(&path.display().to_string()) && err.to_string().contains("chmod 600"), "{err}");
+        }
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_key_file(&path).unwrap().octets()[..2], [0x8f, 0x95]);
+        fs::write(&path, "not a key").unwrap();
+        let err = read_key_file(&path).unwrap_err().to_string();
+        assert!(err.contains("quic-1.key") && err.contains("32 hexadecimal digits"), "{err}");
+        // The key itself is in no error.
+        fs::write(&path, "8f95f09245765f80256934e50c66207f00").unwrap();
+        assert!(!read_key_file(&path).unwrap_err().to_string().contains("8f95"));
+    }
+}
