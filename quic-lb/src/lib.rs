@@ -2,45 +2,79 @@
 //!
 //! A QUIC server behind a balancer that routes by connection id must issue ids that carry its
 //! server id. [`QuicLbGenerator`] is a quinn [`ConnectionIdGenerator`] that does, in the
-//! plaintext encoding of `spillway_common::quic_lb` (draft-ietf-quic-load-balancers-21):
+//! encodings of draft-ietf-quic-load-balancers-21: plaintext (`spillway_common::quic_lb`), or
+//! encrypted with the configuration's key ([`CidCipher`], both of the draft's modes), so that
+//! only the balancer can read which server an id names:
 //!
 //! ```no_run
 //! # use std::sync::Arc;
-//! use spillway_quic_lb::{QuicLbConfig, QuicLbGenerator, ServerId};
+//! use spillway_quic_lb::{QuicLbConfig, QuicLbGenerator, QuicLbKey, ServerId};
 //! let cfg = QuicLbConfig { config_id: 0, server_id_len: 2, nonce_len: 6, flags: 0 };
-//! let generator = QuicLbGenerator::new(cfg, "0a01".parse::<ServerId>().unwrap()).unwrap();
+//! let key = QuicLbKey::from_file_text(&std::fs::read_to_string("/etc/spillway/quic-0.key").unwrap()).unwrap();
+//! let generator = QuicLbGenerator::encrypted(cfg, "0a01".parse::<ServerId>().unwrap(), &key).unwrap();
 //! let mut endpoint = quinn::EndpointConfig::default();
 //! endpoint.cid_generator(move || Box::new(generator.clone()));
 //! ```
 
+mod cipher;
+mod nonce;
+
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+pub use cipher::{CidCipher, Encryption};
+use nonce::NonceCounter;
 use quinn_proto::{ConnectionId, ConnectionIdGenerator, InvalidCid};
 use rand::Rng;
+pub use spillway_common::quic_lb::key::{KeyError, QuicLbKey};
+use spillway_common::quic_lb::{CONFIG_ID_UNROUTABLE, FIRST_OCTET_LEN_MASK, decode_server_id, encode};
 pub use spillway_common::quic_lb::{CidError, ConfigError, MAX_CID_LEN, QUIC_LB_F_SELF_LEN, QuicLbConfig, ServerId};
-use spillway_common::quic_lb::{decode_server_id, encode};
 
-/// Issues connection ids that name one server under one configuration, with random nonces.
+/// Issues connection ids that name one server under one configuration, plaintext or
+/// encrypted.
 ///
-/// Random nonces, not a counter: with no key the draft wants nonces with "no observable
-/// relationship" to earlier ones (§5.4). quinn draws again when an id collides with a live
-/// one of the endpoint, so a short nonce repeats only across connections that are gone.
+/// Plaintext ids take random nonces, not a counter: with no key the draft wants nonces with
+/// "no observable relationship" to earlier ones (§5.4). quinn draws again when an id collides
+/// with a live one of the endpoint, so a short nonce repeats only across connections that are
+/// gone. Encrypted ids take a counter's nonces, which never repeat under the key (§9.6);
+/// clones share the counter, so every endpoint built from one generator draws from it.
 #[derive(Clone, Debug)]
 pub struct QuicLbGenerator {
     cfg: QuicLbConfig,
     server_id: ServerId,
     lifetime: Option<Duration>,
+    encrypted: Option<Encrypted>,
+}
+
+/// What an encrypting generator adds: the cipher and the nonces, shared by its clones.
+#[derive(Clone, Debug)]
+struct Encrypted {
+    cipher: Arc<CidCipher>,
+    nonces: Arc<Mutex<NonceCounter>>,
 }
 
 impl QuicLbGenerator {
-    /// A generator for `server_id` under `cfg`; refuses a configuration outside the draft's
-    /// limits or a server id of another length than `cfg.server_id_len`.
+    /// A generator of plaintext ids for `server_id` under `cfg`; refuses a configuration
+    /// outside the draft's limits or a server id of another length than `cfg.server_id_len`.
     pub fn new(cfg: QuicLbConfig, server_id: ServerId) -> Result<QuicLbGenerator, ConfigError> {
         cfg.validate()?;
         if server_id.len != cfg.server_id_len {
             return Err(ConfigError::Length { field: "server id", len: server_id.len as usize, want: cfg.server_id_len });
         }
-        Ok(QuicLbGenerator { cfg, server_id, lifetime: None })
+        Ok(QuicLbGenerator { cfg, server_id, lifetime: None, encrypted: None })
+    }
+
+    /// A generator of ids encrypted with `key` ([`Encryption::of`] `cfg` says which mode);
+    /// refuses what [`Self::new`] refuses.
+    ///
+    /// After every nonce of `cfg.nonce_len` octets (2^32 ids at the shortest) it issues
+    /// unroutable ids (config id 0b111, random octets), which the balancer places by 5-tuple,
+    /// as §9.6 asks of a server out of nonces: give it a new configuration before that.
+    pub fn encrypted(cfg: QuicLbConfig, server_id: ServerId, key: &QuicLbKey) -> Result<QuicLbGenerator, ConfigError> {
+        let generator = QuicLbGenerator::new(cfg, server_id)?;
+        let cipher = Arc::new(CidCipher::new(cfg, key)?);
+        let nonces = Arc::new(Mutex::new(NonceCounter::random(cfg.nonce_len as usize, &mut rand::rng())));
+        Ok(QuicLbGenerator { encrypted: Some(Encrypted { cipher, nonces }), ..generator })
     }
 
     /// Retire each id after `lifetime` (quinn then issues a fresh one); default: never.
@@ -56,26 +90,48 @@ impl QuicLbGenerator {
     pub fn server_id(&self) -> &ServerId {
         &self.server_id
     }
+
+    /// How its ids are encrypted; None: plaintext.
+    pub fn encryption(&self) -> Option<Encryption> {
+        self.encrypted.as_ref().map(|encrypted| encrypted.cipher.encryption())
+    }
+
+    /// The server id `cid` names under this generator's configuration and key.
+    fn decode(&self, cid: &[u8]) -> Result<ServerId, CidError> {
+        match &self.encrypted {
+            Some(encrypted) => encrypted.cipher.decode_server_id(cid),
+            None => decode_server_id(cid, &self.cfg),
+        }
+    }
 }
 
 impl ConnectionIdGenerator for QuicLbGenerator {
     fn generate_cid(&mut self) -> ConnectionId {
         let mut rng = rand::rng();
-        let mut nonce = [0u8; MAX_CID_LEN];
-        let nonce = &mut nonce[..self.cfg.nonce_len as usize];
-        rng.fill_bytes(nonce);
+        let low_bits = rng.next_u32() as u8;
+        let nonce_len = self.cfg.nonce_len as usize;
         let mut out = [0u8; MAX_CID_LEN];
         // Cannot fail: `new` checked the configuration and the server id's length, and the
         // nonce has the configuration's length.
-        let len = encode(&self.cfg, &self.server_id, nonce, rng.next_u32() as u8, &mut out).unwrap_or(0);
-        ConnectionId::new(&out[..len])
+        let encoded = match &self.encrypted {
+            None => {
+                let mut nonce = [0u8; MAX_CID_LEN];
+                rng.fill_bytes(&mut nonce[..nonce_len]);
+                encode(&self.cfg, &self.server_id, &nonce[..nonce_len], low_bits, &mut out)
+            }
+            Some(encrypted) => match encrypted.nonces.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                Some(nonce) => encrypted.cipher.encode(&self.server_id, &nonce[..nonce_len], low_bits, &mut out),
+                None => Ok(unroutable(&mut out, self.cfg.cid_len(), &mut rng)),
+            },
+        };
+        ConnectionId::new(&out[..encoded.unwrap_or(0)])
     }
 
     /// Ours only: a packet for an unknown connection whose id names another server (or no
     /// server) was misrouted, and quinn answers it with no stateless reset, which would end
     /// the client's connection with that other server.
     fn validate(&self, cid: &ConnectionId) -> Result<(), InvalidCid> {
-        match decode_server_id(cid, &self.cfg) {
+        match self.decode(cid) {
             Ok(id) if id == self.server_id => Ok(()),
             _ => Err(InvalidCid),
         }
@@ -88,6 +144,14 @@ impl ConnectionIdGenerator for QuicLbGenerator {
     fn cid_lifetime(&self) -> Option<Duration> {
         self.lifetime
     }
+}
+
+/// Writes an id of `len` octets that no balancer routes (§3.2): the reserved config id, its
+/// length (such ids must describe it), and random octets. Returns `len`.
+fn unroutable(out: &mut [u8; MAX_CID_LEN], len: usize, rng: &mut impl Rng) -> usize {
+    out[0] = CONFIG_ID_UNROUTABLE << 5 | ((len - 1) as u8 & FIRST_OCTET_LEN_MASK);
+    rng.fill_bytes(&mut out[1..len]);
+    len
 }
 
 #[cfg(test)]
@@ -145,6 +209,107 @@ mod tests {
         assert!(ours.validate(&ConnectionId::new(&[0x40, 0])).is_err());
     }
 
+    fn encrypted(cfg: QuicLbConfig, sid: &str) -> QuicLbGenerator {
+        QuicLbGenerator::encrypted(cfg, sid.parse().unwrap(), &key()).unwrap()
+    }
+
+    fn key() -> QuicLbKey {
+        QuicLbKey::from_file_text("8f95f09245765f80256934e50c66207f").unwrap()
+    }
+
+    /// Both modes: every id decodes to the server id with the key, not without it; the first
+    /// octet is as a plaintext id's.
+    #[test]
+    fn encrypted_ids_decode_to_the_server_id_with_the_key_only() {
+        for (cfg, sid, encryption) in [
+            (QuicLbConfig { config_id: 0, server_id_len: 2, nonce_len: 6, flags: 0 }, "0a01", Encryption::FourPass),
+            (
+                QuicLbConfig { config_id: 3, server_id_len: 8, nonce_len: 8, flags: QUIC_LB_F_SELF_LEN },
+                "0001020304050607",
+                Encryption::SinglePass,
+            ),
+            (
+                QuicLbConfig { config_id: 5, server_id_len: 12, nonce_len: 5, flags: QUIC_LB_F_SELF_LEN },
+                "0102030405060708090a0b0c",
+                Encryption::FourPass,
+            ),
+        ] {
+            let mut g = encrypted(cfg, sid);
+            assert_eq!(g.encryption(), Some(encryption));
+            let cipher = CidCipher::new(cfg, &key()).unwrap();
+            let mut seen = HashSet::new();
+            let mut plaintext_matches = 0;
+            for _ in 0..64 {
+                let cid = g.generate_cid();
+                assert_eq!(cid.len(), g.cid_len());
+                assert_eq!(cid[0] >> 5, cfg.config_id);
+                assert_eq!(cipher.decode_server_id(&cid), Ok(*g.server_id()));
+                g.validate(&cid).unwrap();
+                plaintext_matches += usize::from(decode_server_id(&cid, &cfg) == Ok(*g.server_id()));
+                seen.insert(cid);
+            }
+            assert_eq!(seen.len(), 64);
+            assert_eq!(plaintext_matches, 0, "{cfg:?}: the server id shows in the clear");
+        }
+    }
+
+    /// An encrypting generator's clones (quinn asks the factory for one per endpoint) take
+    /// consecutive nonces from one counter: no nonce twice under the key.
+    #[test]
+    fn clones_share_the_nonces() {
+        let cfg = QuicLbConfig { config_id: 1, server_id_len: 2, nonce_len: 5, flags: 0 };
+        let mut first = encrypted(cfg, "beef");
+        let mut second = first.clone();
+        let cipher = CidCipher::new(cfg, &key()).unwrap();
+        let nonce = |cid: ConnectionId| {
+            let mut octets = cid[1..].to_vec();
+            cipher.decrypt_all(&mut octets);
+            assert_eq!(octets[..2], [0xbe, 0xef]);
+            octets[2..].iter().fold(0u64, |n, &octet| n << 8 | octet as u64)
+        };
+        let a = nonce(first.generate_cid());
+        let b = nonce(second.generate_cid());
+        let c = nonce(first.generate_cid());
+        let next = |n: u64| (n + 1) % (1 << 40);
+        assert_eq!((b, c), (next(a), next(next(a))));
+    }
+
+    /// Out of nonces, ids of the reserved config id: routed by 5-tuple, never a repeat.
+    #[test]
+    fn out_of_nonces_issues_unroutable_ids() {
+        let cfg = QuicLbConfig { config_id: 2, server_id_len: 2, nonce_len: 6, flags: 0 };
+        let mut g = encrypted(cfg, "0a01");
+        g.encrypted.as_ref().unwrap().nonces.lock().unwrap().use_up();
+        let ids: HashSet<ConnectionId> = (0..16).map(|_| g.generate_cid()).collect();
+        assert_eq!(ids.len(), 16);
+        for cid in ids {
+            assert_eq!(cid.len(), g.cid_len());
+            assert_eq!(cid[0], 0xe0 | 8, "config id 0b111 and the length: {cid:?}");
+            assert_eq!(decode_server_id(&cid, &cfg), Err(CidError::Unroutable));
+        }
+    }
+
+    #[test]
+    fn validate_refuses_other_keys_servers_and_plaintext() {
+        let cfg = QuicLbConfig { config_id: 2, server_id_len: 2, nonce_len: 5, flags: 0 };
+        let ours = encrypted(cfg, "0001");
+        let mut other_server = encrypted(cfg, "0002");
+        let mut other_key = QuicLbGenerator::encrypted(cfg, "0001".parse().unwrap(), &QuicLbKey::new([7; 16])).unwrap();
+        let mut plaintext = generator(cfg, "0001");
+        for (name, g) in [("other server", &mut other_server), ("other key", &mut other_key), ("plaintext", &mut plaintext)] {
+            let refused = (0..32).filter(|_| ours.validate(&g.generate_cid()).is_err()).count();
+            // A random 2-octet server id is ours once in 65536 draws.
+            assert!(refused >= 31, "{name}: {refused} of 32 refused");
+        }
+    }
+
+    #[test]
+    fn debug_shows_no_key_and_no_nonce() {
+        let g = encrypted(QuicLbConfig { config_id: 0, server_id_len: 3, nonce_len: 4, flags: 0 }, "0a0b0c");
+        let shown = format!("{g:?}");
+        assert!(shown.contains("CidCipher { cfg: QuicLbConfig") && shown.contains("NonceCounter { len: 4"), "{shown}");
+    }
+
     #[test]
     fn refuses_bad_configs() {
         let cfg = QuicLbConfig { config_id: 0, server_id_len: 2, nonce_len: 4, flags: 0 };
@@ -159,6 +324,14 @@ mod tests {
         assert_eq!(
             QuicLbGenerator::new(QuicLbConfig { nonce_len: 2, ..cfg }, "0102".parse().unwrap()).unwrap_err(),
             ConfigError::NonceLen { len: 2 }
+        );
+        assert_eq!(
+            QuicLbGenerator::encrypted(QuicLbConfig { nonce_len: 18, ..cfg }, "0102".parse().unwrap(), &key()).unwrap_err(),
+            ConfigError::TooLong { server_id_len: 2, nonce_len: 18 }
+        );
+        assert_eq!(
+            QuicLbGenerator::encrypted(cfg, "01".parse().unwrap(), &key()).unwrap_err(),
+            ConfigError::Length { field: "server id", len: 1, want: 2 }
         );
     }
 }
