@@ -4,7 +4,8 @@
 //! Each bidirectional stream's request (read to its end, at most 64 KiB) comes back after a
 //! line naming the server: `server_id=<hex> name=<name>`. TLS uses a fresh self-signed
 //! certificate for `localhost` (ALPN `spillway-quic-echo`); `--cert-out` writes it (DER) for
-//! `echo-client --ca`.
+//! `echo-client --ca`. With `--key-file` the ids are encrypted with the configuration's
+//! QUIC-LB key (the file `lbd` has for this config id), so only the balancer reads them.
 //!
 //! ```text
 //! cargo run -p spillway-quic-lb --example echo-server -- \
@@ -12,11 +13,11 @@
 //! ```
 
 use std::net::{SocketAddr, UdpSocket};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use spillway_quic_lb::{QUIC_LB_F_SELF_LEN, QuicLbConfig, QuicLbGenerator, ServerId};
+use spillway_quic_lb::{Encryption, QUIC_LB_F_SELF_LEN, QuicLbConfig, QuicLbGenerator, QuicLbKey, ServerId};
 
 #[allow(dead_code)] // its client half serves echo-client
 mod support;
@@ -38,6 +39,10 @@ struct Args {
     /// Write the id's length into its first octet (draft §3.3) instead of random bits.
     #[arg(long)]
     self_len: bool,
+    /// Encrypt the ids with the QUIC-LB key in this file (32 hex digits, the one the
+    /// balancer has for this config id); without it the ids are plaintext.
+    #[arg(long)]
+    key_file: Option<PathBuf>,
     /// Name in the replies (default: the server id).
     #[arg(long)]
     name: Option<String>,
@@ -56,20 +61,36 @@ async fn main() -> Result<()> {
         nonce_len: args.nonce_len,
         flags: if args.self_len { QUIC_LB_F_SELF_LEN } else { 0 },
     };
-    let generator = QuicLbGenerator::new(cfg, args.server_id).context("--server-id/--config-id/--nonce-len")?;
+    let generator = match &args.key_file {
+        Some(path) => QuicLbGenerator::encrypted(cfg, args.server_id, &read_key(path)?),
+        None => QuicLbGenerator::new(cfg, args.server_id),
+    }
+    .context("--server-id/--config-id/--nonce-len")?;
+    let generator_encryption = generator.encryption();
     let socket = UdpSocket::bind(args.listen).with_context(|| format!("--listen {}", args.listen))?;
     let (endpoint, cert) = support::server_endpoint(socket, generator)?;
     if let Some(path) = &args.cert_out {
         std::fs::write(path, &cert).with_context(|| format!("--cert-out {}", path.display()))?;
     }
     log::info!(
-        "event=listening addr={} server_id={} config_id={} cid_len={}",
+        "event=listening addr={} server_id={} config_id={} cid_len={} encryption={}",
         endpoint.local_addr()?,
         args.server_id,
         cfg.config_id,
-        cfg.cid_len()
+        cfg.cid_len(),
+        match generator_encryption {
+            None => "none",
+            Some(Encryption::SinglePass) => "single_pass",
+            Some(Encryption::FourPass) => "four_pass",
+        }
     );
     let name = args.name.unwrap_or_else(|| args.server_id.to_string());
     support::serve_echo(endpoint, format!("server_id={} name={name}\n", args.server_id)).await;
     Ok(())
+}
+
+/// The key in `path`; errors name the flag and the file, never the file's text.
+fn read_key(path: &Path) -> Result<QuicLbKey> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("--key-file {}", path.display()))?;
+    QuicLbKey::from_file_text(&text).with_context(|| format!("--key-file {}", path.display()))
 }
