@@ -5,7 +5,12 @@
 //! line naming the server: `server_id=<hex> name=<name>`. TLS uses a fresh self-signed
 //! certificate for `localhost` (ALPN `spillway-quic-echo`); `--cert-out` writes it (DER) for
 //! `echo-client --ca`. With `--key-file` the ids are encrypted with the configuration's
-//! QUIC-LB key (the file `lbd` has for this config id), so only the balancer reads them.
+//! QUIC-LB key (the file `lbd` has for this config id), so only the balancer reads them. With
+//! `--control FILE` (a FIFO) it takes orders from that file, one a line, so a test can rotate
+//! the configuration under live connections: `rotate CONFIG_ID [KEY_FILE]` issues new ids
+//! under CONFIG_ID (same lengths, same server id), encrypted with the key in KEY_FILE or
+//! plaintext without one (logs `event=rotated seq=N config_id=N encryption=...`); ids of the
+//! configuration before stay this server's.
 //!
 //! ```text
 //! cargo run -p spillway-quic-lb --example echo-server -- \
@@ -17,7 +22,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use spillway_quic_lb::{Encryption, QUIC_LB_F_SELF_LEN, QuicLbConfig, QuicLbGenerator, QuicLbKey, ServerId};
+use spillway_quic_lb::{QUIC_LB_F_SELF_LEN, QuicLbConfig, QuicLbGenerator, QuicLbKey, ServerId};
+use tokio::io::AsyncBufReadExt;
 
 #[allow(dead_code)] // its client half serves echo-client
 mod support;
@@ -49,6 +55,9 @@ struct Args {
     /// Write the self-signed certificate (DER) here.
     #[arg(long)]
     cert_out: Option<PathBuf>,
+    /// Take orders from this file (a FIFO), one a line: `rotate CONFIG_ID [KEY_FILE]`.
+    #[arg(long)]
+    control: Option<PathBuf>,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -62,13 +71,12 @@ async fn main() -> Result<()> {
         flags: if args.self_len { QUIC_LB_F_SELF_LEN } else { 0 },
     };
     let generator = match &args.key_file {
-        Some(path) => QuicLbGenerator::encrypted(cfg, args.server_id, &read_key(path)?),
+        Some(path) => QuicLbGenerator::encrypted(cfg, args.server_id, &read_key(path, "--key-file")?),
         None => QuicLbGenerator::new(cfg, args.server_id),
     }
     .context("--server-id/--config-id/--nonce-len")?;
-    let generator_encryption = generator.encryption();
     let socket = UdpSocket::bind(args.listen).with_context(|| format!("--listen {}", args.listen))?;
-    let (endpoint, cert) = support::server_endpoint(socket, generator)?;
+    let (endpoint, cert) = support::server_endpoint(socket, generator.clone())?;
     if let Some(path) = &args.cert_out {
         std::fs::write(path, &cert).with_context(|| format!("--cert-out {}", path.display()))?;
     }
@@ -78,19 +86,55 @@ async fn main() -> Result<()> {
         args.server_id,
         cfg.config_id,
         cfg.cid_len(),
-        match generator_encryption {
-            None => "none",
-            Some(Encryption::SinglePass) => "single_pass",
-            Some(Encryption::FourPass) => "four_pass",
-        }
+        encryption(&generator)
     );
+    if let Some(path) = args.control {
+        tokio::spawn(async move {
+            if let Err(e) = follow_orders(&path, &generator).await {
+                log::warn!("event=control_failed file={} reason={e:#}", path.display());
+            }
+        });
+    }
     let name = args.name.unwrap_or_else(|| args.server_id.to_string());
     support::serve_echo(endpoint, format!("server_id={} name={name}\n", args.server_id)).await;
     Ok(())
 }
 
-/// The key in `path`; errors name the flag and the file, never the file's text.
-fn read_key(path: &Path) -> Result<QuicLbKey> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("--key-file {}", path.display()))?;
-    QuicLbKey::from_file_text(&text).with_context(|| format!("--key-file {}", path.display()))
+/// The key in `path`; errors name `source` (where the path came from) and the file, never the
+/// file's text.
+fn read_key(path: &Path, source: &str) -> Result<QuicLbKey> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{source} {}", path.display()))?;
+    QuicLbKey::from_file_text(&text).with_context(|| format!("{source} {}", path.display()))
+}
+
+/// `single_pass`, `four_pass` or `none`: how `generator` encrypts new ids.
+fn encryption(generator: &QuicLbGenerator) -> String {
+    generator.encryption().map_or_else(|| "none".to_owned(), |mode| mode.to_string())
+}
+
+/// Rotates `generator` as the orders in `path` say, until the file ends.
+async fn follow_orders(path: &Path, generator: &QuicLbGenerator) -> Result<()> {
+    let orders = tokio::fs::File::open(path).await.with_context(|| format!("--control {}", path.display()))?;
+    let mut lines = tokio::io::BufReader::new(orders).lines();
+    let mut seq = 0;
+    while let Some(line) = lines.next_line().await? {
+        seq += 1;
+        match rotate(&line, generator) {
+            Ok(()) => log::info!("event=rotated seq={seq} config_id={} encryption={}", generator.config().config_id, encryption(generator)),
+            Err(e) => log::warn!("event=order_refused seq={seq} reason={e:#}"),
+        }
+    }
+    Ok(())
+}
+
+/// Carries out one order, `rotate CONFIG_ID [KEY_FILE]`.
+fn rotate(order: &str, generator: &QuicLbGenerator) -> Result<()> {
+    let (config_id, key) = match order.split_whitespace().collect::<Vec<_>>()[..] {
+        ["rotate", config_id] => (config_id, None),
+        ["rotate", config_id, key_file] => (config_id, Some(read_key(Path::new(key_file), "key file")?)),
+        _ => anyhow::bail!("{order:?} is not `rotate CONFIG_ID [KEY_FILE]`"),
+    };
+    let config_id = config_id.parse().with_context(|| format!("config id {config_id:?}"))?;
+    let cfg = QuicLbConfig { config_id, ..generator.config() };
+    Ok(generator.rotate(cfg, generator.server_id(), key.as_ref())?)
 }

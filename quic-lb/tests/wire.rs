@@ -106,3 +106,52 @@ async fn client_packets_carry_the_server_id_encrypted() {
         }
     }
 }
+
+/// A key rotation under a live connection: the connection made before goes on (its ids are of
+/// the old configuration), one made after gets ids of the new configuration and key, and
+/// every id either names the server under its own configuration.
+#[tokio::test]
+async fn a_rotation_keeps_the_live_connection_and_gives_new_ones_the_new_config() {
+    let old_cfg = QuicLbConfig { config_id: 1, server_id_len: 2, nonce_len: 6, flags: 0 };
+    let new_cfg = QuicLbConfig { config_id: 2, ..old_cfg };
+    let old_key = QuicLbKey::from_file_text("8f95f09245765f80256934e50c66207f").unwrap();
+    let new_key = QuicLbKey::new([0x5a; 16]);
+    let sid: ServerId = "0a01".parse().unwrap();
+    let generator = QuicLbGenerator::encrypted(old_cfg, sid, &old_key).unwrap();
+    let (server, cert) = support::server_endpoint(UdpSocket::bind("127.0.0.1:0").unwrap(), generator.clone()).unwrap();
+    let server_addr = server.local_addr().unwrap();
+    let serving = tokio::spawn(support::serve_echo(server, "0a01\n".to_owned()));
+    let front = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let front_addr = front.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let relaying = tokio::spawn(relay(front, server_addr, seen.clone()));
+    let client = support::client_endpoint(support::local_socket(front_addr).unwrap(), vec![cert]).unwrap();
+
+    let exchange = async {
+        let before = client.connect(front_addr, support::SERVER_NAME).unwrap().await.unwrap();
+        assert_eq!(support::request(&before, b"1").await.unwrap(), b"0a01\n1");
+        let sent_before = seen.lock().unwrap().len();
+        generator.rotate(new_cfg, sid, Some(&new_key)).unwrap();
+        assert_eq!(support::request(&before, b"2").await.unwrap(), b"0a01\n2");
+        let after = client.connect(front_addr, support::SERVER_NAME).unwrap().await.unwrap();
+        assert_eq!(support::request(&after, b"3").await.unwrap(), b"0a01\n3");
+        assert_eq!(support::request(&before, b"4").await.unwrap(), b"0a01\n4");
+        sent_before
+    };
+    let sent_before = tokio::time::timeout(Duration::from_secs(10), exchange).await.expect("no reply in 10 s");
+    relaying.abort();
+    serving.abort();
+
+    let seen = seen.lock().unwrap();
+    let (old, new) = (CidCipher::new(old_cfg, &old_key).unwrap(), CidCipher::new(new_cfg, &new_key).unwrap());
+    let ids = client_dcids(&seen, old_cfg.cid_len());
+    let mut under_new = 0;
+    for (is_short, id) in &ids {
+        let by_new = new.decode_server_id(id) == Ok(sid);
+        assert!(by_new || old.decode_server_id(id) == Ok(sid), "short header: {is_short}, dcid {id:02x?} names no server");
+        under_new += usize::from(by_new);
+    }
+    assert!(under_new > 0, "no id of the new configuration among {} ids", ids.len());
+    let mut before = seen[..sent_before].iter().filter_map(|d| dcid(d, old_cfg.cid_len()));
+    assert!(before.all(|(_, id)| old.decode_server_id(id) == Ok(sid)), "an id of the new configuration before the rotation");
+}

@@ -40,6 +40,16 @@ impl Encryption {
     }
 }
 
+/// As logs name it: `single_pass`, `four_pass`.
+impl core::fmt::Display for Encryption {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Encryption::SinglePass => "single_pass",
+            Encryption::FourPass => "four_pass",
+        })
+    }
+}
+
 /// A configuration and its key: encodes and decodes its encrypted ids. The key lives on only
 /// as AES's round keys, which are zeroed when this is dropped; `Debug` shows neither.
 #[derive(Clone)]
