@@ -22,7 +22,7 @@ use xdp_ebpf::{
 };
 
 use crate::{
-    clock, family, fragment, limits,
+    clock, echo, family, fragment, limits,
     maps::{self, CONFIG, SecondChanceHandover, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
     nexthop, pass_to, ptb, quic, second_chance, select,
     select::{Choice, Flow, Remembered, Vip},
@@ -131,7 +131,8 @@ pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(ctx: &XdpContext, p
         Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
         Parsed::NotIp => return pass_to::passed(ctx, Reason::PassNotIp),
         Parsed::Malformed => return pass_to::passed(ctx, Reason::PassMalformed),
-        Parsed::Other(addr) => return not_served(ctx, &addr.addr, addr.family, Reason::DropNoService),
+        // Other protocols: an echo request to a serving VIP address is answered (`echo.rs`).
+        Parsed::Other(addr) => return echo::not_served(ctx, &addr, P::HANDS_OVER),
         Parsed::OtherFamily => {
             if FAMILY == FAMILY_V4 && P::HANDS_OVER {
                 family::hand_over_v6(ctx);
@@ -254,13 +255,20 @@ pub fn not_served(ctx: &XdpContext, addr: &[u32; 4], family: u8, reason: Reason)
 /// Some VIP uses `addr`.
 #[inline(always)]
 pub fn vip_address(addr: &[u32; 4], family: u8) -> bool {
-    maybe_vip(vip_addr_hash(addr)) && is_vip_addr(addr, family)
+    vip_address_flags(addr, family) != 0
+}
+
+/// The `ADDR_F_*` flags of `addr` (0: no VIP uses it).
+#[inline(always)]
+pub fn vip_address_flags(addr: &[u32; 4], family: u8) -> u32 {
+    if maybe_vip(vip_addr_hash(addr)) { vip_addr_flags(addr, family) } else { 0 }
 }
 
 /// A subprogram of its own: its key lives in its frame, not in the balancer's.
 #[inline(never)]
-fn is_vip_addr(addr: &[u32; 4], family: u8) -> bool {
-    VIP_ADDRS.get_ptr(&AddrKey { addr: *addr, family, _pad: [0; 3] }).is_some()
+fn vip_addr_flags(addr: &[u32; 4], family: u8) -> u32 {
+    // SAFETY: a live map value, one aligned word the reconciler replaces whole.
+    VIP_ADDRS.get_ptr(&AddrKey { addr: *addr, family, _pad: [0; 3] }).map_or(0, |flags| unsafe { read_volatile(flags) })
 }
 
 /// The packet left towards its backend (from here or through the kernel).
