@@ -186,9 +186,9 @@ fn a_flood_from_one_source_gets_at_most_its_limit_of_answers() {
         serving(env, EchoConfig::new(per_source, total));
         // (the flooding source's addresses, another source, VIP). IPv6 sources share a bucket
         // per /64: the attacker's other addresses in it buy nothing.
-        let v4 = |_: u32| CLIENT4.to_owned();
-        let v6 = |i: u32| format!("2001:db8:6::{:x}", i + 1);
-        let cases: [(&dyn Fn(u32) -> String, &str, &str); 2] = [(&v4, "192.168.10.21", VIP4), (&v6, "2001:db8:7::1", VIP6)];
+        let v4: fn(u32) -> String = |_| CLIENT4.to_owned();
+        let v6: fn(u32) -> String = |i| format!("2001:db8:6::{:x}", i + 1);
+        let cases = [(v4, "192.168.10.21", VIP4), (v6, "2001:db8:7::1", VIP6)];
         for (flooder, other, v) in cases {
             let start = Instant::now();
             let got = answered(env, (0..500u32).map(|i| frames::echo_request(ip(&flooder(i)), ip(v), 1, i as u16, &[0; 56])));
