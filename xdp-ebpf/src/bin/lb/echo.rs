@@ -14,25 +14,17 @@
 //! A program of its own (`echo_program.rs`), tail-called only for frames of other protocols
 //! to an answering VIP address: a TCP or UDP packet's path gains no instruction.
 
-use aya_ebpf::{bindings::xdp_action::XDP_DROP, programs::XdpContext};
-use spillway_common::types::{ADDR_F_ECHO, AddrKey, Reason};
+use aya_ebpf::programs::XdpContext;
 
-use crate::{maps::ECHO_PROGRAM, pass_to, path, verdict::Verdict};
+use crate::maps::ECHO_PROGRAM;
 
-/// A frame of another protocol than TCP or UDP to `addr`: passed if no VIP uses the
-/// address, handed to the echo program if the address answers echo requests (`hands_over`),
-/// else dropped (`drop_no_service`, as the echo program drops what it does not answer).
+/// Tail-calls the echo program for a frame of another protocol than TCP or UDP to a VIP
+/// address that answers echo requests. Returns (the frame is then dropped as no service)
+/// only if it cannot run.
 #[inline(always)]
-pub fn not_served(ctx: &XdpContext, addr: &AddrKey, hands_over: bool) -> Verdict {
-    let flags = path::vip_address_flags(&addr.addr, addr.family);
-    if flags == 0 {
-        return pass_to::passed(ctx, Reason::PassNotVip);
+pub fn hand_over(ctx: &XdpContext) {
+    // SAFETY: the program it calls runs next, on this CPU; it returns only if it cannot.
+    unsafe {
+        let _ = ECHO_PROGRAM.tail_call(ctx, 0);
     }
-    if hands_over && flags & ADDR_F_ECHO != 0 {
-        // SAFETY: the program it calls runs next, on this CPU; it returns only if it cannot.
-        unsafe {
-            let _ = ECHO_PROGRAM.tail_call(ctx, 0);
-        }
-    }
-    Verdict::ended(XDP_DROP, Reason::DropNoService)
 }

@@ -10,7 +10,8 @@ use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{flow_hash, maglev_hash, vip_addr_hash, vip_filter_slot, vip_home},
     types::{
-        AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VIP_F_QUIC, VipKey,
+        ADDR_F_ECHO, AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef,
+        VIP_F_QUIC, VipKey,
     },
 };
 use xdp_ebpf::{
@@ -132,7 +133,7 @@ pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(ctx: &XdpContext, p
         Parsed::NotIp => return pass_to::passed(ctx, Reason::PassNotIp),
         Parsed::Malformed => return pass_to::passed(ctx, Reason::PassMalformed),
         // Other protocols: an echo request to a serving VIP address is answered (`echo.rs`).
-        Parsed::Other(addr) => return echo::not_served(ctx, &addr, P::HANDS_OVER),
+        Parsed::Other(addr) => return other_protocol(ctx, &addr, P::HANDS_OVER),
         Parsed::OtherFamily => {
             if FAMILY == FAMILY_V4 && P::HANDS_OVER {
                 family::hand_over_v6(ctx);
@@ -250,6 +251,21 @@ pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(ctx: &XdpContext, p
 #[inline(always)]
 pub fn not_served(ctx: &XdpContext, addr: &[u32; 4], family: u8, reason: Reason) -> Verdict {
     if vip_address(addr, family) { Verdict::ended(XDP_DROP, reason) } else { pass_to::passed(ctx, Reason::PassNotVip) }
+}
+
+/// A frame of another protocol than TCP or UDP to `addr`: passed if no VIP uses the address,
+/// handed to the echo program if the address answers echo requests (`hands_over`), else
+/// dropped (`drop_no_service`, as the echo program drops what it does not answer).
+#[inline(always)]
+fn other_protocol(ctx: &XdpContext, addr: &AddrKey, hands_over: bool) -> Verdict {
+    let flags = vip_address_flags(&addr.addr, addr.family);
+    if flags == 0 {
+        return pass_to::passed(ctx, Reason::PassNotVip);
+    }
+    if hands_over && flags & ADDR_F_ECHO != 0 {
+        echo::hand_over(ctx);
+    }
+    Verdict::ended(XDP_DROP, Reason::DropNoService)
 }
 
 /// Some VIP uses `addr`.
