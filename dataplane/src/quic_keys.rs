@@ -225,6 +225,9 @@ struct RunAttr {
     flags: u32,
     cpu: u32,
     batch_size: u32,
+    /// The struct's tail padding, made a field so it is zero: the kernel refuses an
+    /// attribute with a non-zero byte past the command's fields.
+    _pad: u32,
 }
 
 fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<i64> {

@@ -2,13 +2,18 @@
 //! B.2) decrypted in XDP with the kernel's AES, the cache of decoded ids, the decryption
 //! budget, and a second config id beside the VIP slot's.
 
-use std::net::{IpAddr, SocketAddr};
+use std::{
+    fs,
+    net::{IpAddr, SocketAddr},
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+};
 
 use spillway_common::{
-    quic_lb::{QUIC_LB_F_ENCRYPTED, key::QuicLbKey},
+    quic_lb::QUIC_LB_F_ENCRYPTED,
     types::{CFG_F_STATIC_NEXTHOP, QuicRouting, Reason},
 };
-use spillway_harness::{frames, rng::Rng};
+use spillway_harness::{frames, rng::Rng, tempdir::TempDir};
 use spillway_model::{QuicConfig, Vip};
 
 use crate::{
@@ -41,8 +46,16 @@ fn backend_named(server_id: &[u8]) -> IpAddr {
     IpAddr::from(octets)
 }
 
-fn encrypted(config_id: u8, server_id_len: u8, nonce_len: u8) -> QuicConfig {
-    QuicConfig { config_id, server_id_len, nonce_len, self_len: true, key_file: Some("/etc/spillway/draft.key".into()) }
+/// A key file of root's alone holding `key`, in `dir`.
+fn key_file(dir: &TempDir, name: &str, key: &str) -> PathBuf {
+    let path = dir.path().join(name);
+    fs::write(&path, format!("{key}\n")).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+fn encrypted(config_id: u8, server_id_len: u8, nonce_len: u8, key_file: &Path) -> QuicConfig {
+    QuicConfig { config_id, server_id_len, nonce_len, self_len: true, key_file: Some(key_file.to_path_buf()) }
 }
 
 /// Every encapsulated packet leaves by the ingress to a fixed neighbour: the vectors' backends
@@ -54,13 +67,6 @@ fn static_next_hop(env: &mut Env) {
     cfg.static_src_mac = env.ingress_mac;
     cfg.static_dst_mac = [0x02, 0x99, 0, 0, 0, 1];
     env.balancer.maps.set_config(&cfg).unwrap();
-}
-
-/// Puts `key` in for config `config_id` of `v`.
-fn set_key(env: &Env, v: &Vip, config_id: u8, key: &str) {
-    let slot = env.reconciler.vip_id(v).unwrap() * 8 + u32::from(config_id);
-    let keys = env.balancer.maps.quic_keys.as_ref().unwrap().as_ref().expect("this kernel makes crypto contexts");
-    keys.set(slot, &QuicLbKey::from_file_text(key).unwrap()).unwrap();
 }
 
 /// [decrypted, cached, over budget].
@@ -86,15 +92,16 @@ fn vector_vip(env: &mut Env, addr: &str, config: &QuicConfig, server_id: &[u8]) 
 
 #[test]
 fn the_drafts_encrypted_vectors_go_to_the_servers_they_name_decrypted_once() {
+    let keys = TempDir::new("quic-keys");
+    let draft = key_file(&keys, "draft.key", DRAFT_KEY);
     with_env(|env| {
         static_next_hop(env);
         for (i, (config_id, server_id, nonce_len, cid)) in VECTORS.into_iter().enumerate() {
             let server_id = hex(server_id);
-            let config = encrypted(config_id, server_id.len() as u8, nonce_len);
+            let config = encrypted(config_id, server_id.len() as u8, nonce_len, &draft);
             assert_eq!(config.to_lb().flags & QUIC_LB_F_ENCRYPTED, QUIC_LB_F_ENCRYPTED);
             let addr = format!("fd00:200::{}", i + 1);
-            let (v, named) = vector_vip(env, &addr, &config, &server_id);
-            set_key(env, &v, config_id, DRAFT_KEY);
+            let (_, named) = vector_vip(env, &addr, &config, &server_id);
             let d: SocketAddr = sock(&format!("[{addr}]:443"));
             let cid = hex(cid);
             // The first packet decrypts; every later one, from any address, finds the id in
@@ -114,13 +121,15 @@ fn the_drafts_encrypted_vectors_go_to_the_servers_they_name_decrypted_once() {
 
 #[test]
 fn a_wrong_key_decodes_to_no_backend_and_the_packet_goes_by_its_5_tuple_uncached() {
+    let keys = TempDir::new("quic-keys");
+    let wrong = key_file(&keys, "wrong.key", "00112233445566778899aabbccddeeff");
+    let draft = key_file(&keys, "draft.key", DRAFT_KEY);
     with_env(|env| {
         static_next_hop(env);
         let (config_id, server_id, nonce_len, cid) = VECTORS[1];
         let server_id = hex(server_id);
-        let config = encrypted(config_id, server_id.len() as u8, nonce_len);
+        let config = encrypted(config_id, server_id.len() as u8, nonce_len, &wrong);
         let (v, _) = vector_vip(env, "fd00:200::1", &config, &server_id);
-        set_key(env, &v, config_id, "00112233445566778899aabbccddeeff");
         let d = sock("[fd00:200::1]:443");
         for client in ["[fd00:10::1]:40000", "[fd00:10::1]:40000"] {
             let before = (routing(env), decoding(env));
@@ -130,8 +139,8 @@ fn a_wrong_key_decodes_to_no_backend_and_the_packet_goes_by_its_5_tuple_uncached
             // Not remembered: each packet decrypts again.
             assert_eq!(decoding(env), [before.1[0] + 1, before.1[1], before.1[2]]);
         }
-        // With the right key, the same id goes by its server id.
-        set_key(env, &v, config_id, DRAFT_KEY);
+        // With the right key file, the same id goes by its server id.
+        env.update(|s| s.set_quic(&v, Some(encrypted(config_id, server_id.len() as u8, nonce_len, &draft))).unwrap());
         let before = routing(env);
         let to = sent_to(env, sock("[fd00:10::1]:40000"), d, &short_header(&hex(cid)));
         assert_eq!(to, backend_named(&server_id));
@@ -144,6 +153,8 @@ fn a_wrong_key_decodes_to_no_backend_and_the_packet_goes_by_its_5_tuple_uncached
 /// server throughout.
 #[test]
 fn a_flood_of_random_ids_spends_the_budget_and_the_honest_id_keeps_its_server() {
+    let keys = TempDir::new("quic-keys");
+    let draft = key_file(&keys, "draft.key", DRAFT_KEY);
     with_env(|env| {
         static_next_hop(env);
         // Pinned to one CPU: the budget is per CPU.
@@ -156,9 +167,8 @@ fn a_flood_of_random_ids_spends_the_budget_and_the_honest_id_keeps_its_server() 
         let start = std::time::Instant::now();
         let (config_id, server_id, nonce_len, cid) = VECTORS[0];
         let server_id = hex(server_id);
-        let config = encrypted(config_id, server_id.len() as u8, nonce_len);
-        let (v, named) = vector_vip(env, "fd00:200::1", &config, &server_id);
-        set_key(env, &v, config_id, DRAFT_KEY);
+        let config = encrypted(config_id, server_id.len() as u8, nonce_len, &draft);
+        let (_, named) = vector_vip(env, "fd00:200::1", &config, &server_id);
         let d = sock("[fd00:200::1]:443");
         let honest = sock("[fd00:10::1]:40000");
         assert_eq!(sent_to(env, honest, d, &short_header(&hex(cid))), named);
@@ -189,22 +199,23 @@ fn a_flood_of_random_ids_spends_the_budget_and_the_honest_id_keeps_its_server() 
     });
 }
 
-/// A key rotation: a second config id beside the VIP slot's, with its own key; ids of both
-/// go to their servers, and removing the old one leaves its ids to the 5-tuple.
+/// A key rotation: a second config id (`quic_next`) beside the VIP slot's, with its own key
+/// file; ids of both go to their servers, and once the old one is retired its ids go by the
+/// 5-tuple.
 #[test]
 fn two_config_ids_are_live_at_once_each_with_its_key() {
+    let keys = TempDir::new("quic-keys");
+    let draft = key_file(&keys, "draft.key", DRAFT_KEY);
+    let other = key_file(&keys, "other.key", "00112233445566778899aabbccddeeff");
     with_env(|env| {
         static_next_hop(env);
         let (old_id, server_id, nonce_len, old_cid) = VECTORS[0];
         let server_id = hex(server_id);
-        let old = encrypted(old_id, server_id.len() as u8, nonce_len);
+        // The current config id under another key; the draft's ciphertext is then read right
+        // only under the new config id, with the draft's key.
+        let old = encrypted(old_id, server_id.len() as u8, nonce_len, &other);
         let (v, named) = vector_vip(env, "fd00:200::1", &old, &server_id);
-        set_key(env, &v, old_id, DRAFT_KEY);
-        // The new config id 5, the same lengths, under the draft's key too (the vector's
-        // ciphertext does not depend on the config id): its ids are the vector's with the
-        // first octet's top bits 5.
         let new_id = 5u8;
-        let vip_id = env.reconciler.vip_id(&v).unwrap();
         let mut new_cid = hex(old_cid);
         new_cid[0] = new_cid[0] & 0x1f | new_id << 5;
         let d = sock("[fd00:200::1]:443");
@@ -212,11 +223,37 @@ fn two_config_ids_are_live_at_once_each_with_its_key() {
         let f = frames::udp(sock("[fd00:10::1]:40000"), d, &short_header(&new_cid));
         env.expect(&f, XDP_TX, Reason::Tx);
         assert_eq!(routing(env), [before[0], before[1] + 1], "an unknown config id goes by the 5-tuple");
-        let new = QuicConfig { config_id: new_id, ..old.clone() };
-        env.balancer.maps.set_quic_config(vip_id, new_id, Some(new.to_lb())).unwrap();
-        set_key(env, &v, new_id, DRAFT_KEY);
-        for cid in [&new_cid, &hex(old_cid)] {
-            assert_eq!(sent_to(env, sock("[fd00:10::2]:40000"), d, &short_header(cid)), named);
-        }
+        let new = encrypted(new_id, server_id.len() as u8, nonce_len, &draft);
+        env.update(|s| s.set_quic_next(&v, Some(new)).unwrap());
+        assert_eq!(sent_to(env, sock("[fd00:10::2]:40000"), d, &short_header(&new_cid)), named);
+        // An id of the old config id still decrypts, under its own key (to some server id:
+        // the vector was made with the draft's key), and is counted.
+        let before = decoding(env);
+        env.expect(&frames::udp(sock("[fd00:10::3]:40000"), d, &short_header(&hex(old_cid))), XDP_TX, Reason::Tx);
+        assert_eq!(decoding(env)[0], before[0] + 1, "the old config id's ids are decrypted too");
+        // Retired: the new config id is the slot's, the old one's ids go by the 5-tuple.
+        env.update(|s| s.retire_quic(&v).unwrap());
+        assert_eq!(sent_to(env, sock("[fd00:10::4]:40000"), d, &short_header(&new_cid)), named);
+        let before = (routing(env), decoding(env));
+        env.expect(&frames::udp(sock("[fd00:10::5]:40000"), d, &short_header(&hex(old_cid))), XDP_TX, Reason::Tx);
+        assert_eq!(routing(env), [before.0[0], before.0[1] + 1]);
+        assert_eq!(decoding(env), before.1, "no decryption for a retired config id");
+    });
+}
+
+/// A key file others may read is refused when a change names it, saying which file and what
+/// to do.
+#[test]
+fn a_key_file_others_may_read_is_refused_naming_it() {
+    let keys = TempDir::new("quic-keys");
+    let exposed = key_file(&keys, "exposed.key", DRAFT_KEY);
+    fs::set_permissions(&exposed, fs::Permissions::from_mode(0o644)).unwrap();
+    with_env(|env| {
+        let v = vip("[fd00:200::1]:443/udp");
+        env.add_vip(v, &[backend_named(&[1, 2, 3])]);
+        let mut state = env.state.clone();
+        state.set_quic(&v, Some(encrypted(0, 3, 4, &exposed))).unwrap();
+        let err = env.reconciler.apply(&mut env.balancer.maps, &state).unwrap_err().to_string();
+        assert!(err.contains("exposed.key") && err.contains("chmod 600"), "{err}");
     });
 }
