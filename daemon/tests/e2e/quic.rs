@@ -45,6 +45,8 @@ struct QuicService {
     _servers: Vec<Daemon>,
     /// `--ca` arguments for the client: every server's certificate.
     cas: Vec<OsString>,
+    /// The key file of an encrypted configuration, for the servers too.
+    key_file: Option<PathBuf>,
 }
 
 impl QuicService {
@@ -55,10 +57,20 @@ impl QuicService {
 
     /// The VIP of that family, without backends.
     fn of_family(c: &Cluster, v6: bool) -> QuicService {
+        QuicService::configured(c, v6, None)
+    }
+
+    /// The VIP of that family, its ids encrypted with the key in `key_file` if given.
+    fn configured(c: &Cluster, v6: bool, key_file: Option<PathBuf>) -> QuicService {
         let target = SocketAddr::new(if v6 { VIP6.into() } else { VIP4.into() }, QUIC_PORT);
         let vip = format!("{target}/udp");
-        c.lbctl(&["vips", "add", &vip, "--quic", "--quic-server-id-len", "2", "--quic-nonce-len", "6"]).unwrap();
-        QuicService { target, vip, server_bin: example("echo-server"), _servers: Vec::new(), cas: Vec::new() }
+        let mut args = vec!["vips", "add", &vip, "--quic", "--quic-server-id-len", "2", "--quic-nonce-len", "6"];
+        let key = key_file.as_ref().map(|f| f.display().to_string());
+        if let Some(key) = &key {
+            args.extend(["--quic-key-file", key]);
+        }
+        c.lbctl(&args).unwrap();
+        QuicService { target, vip, server_bin: example("echo-server"), _servers: Vec::new(), cas: Vec::new(), key_file }
     }
 
     /// The IPv4 VIP with every backend of the cluster, each serving.
@@ -94,7 +106,7 @@ impl QuicService {
     fn start_server(&mut self, c: &Cluster, b: &Host, server_id: &str) {
         let ca = c.topo.tempdir().join(format!("quic-{}.der", b.name()));
         let listen = self.target.to_string();
-        let args = [
+        let mut args: Vec<&std::ffi::OsStr> = vec![
             self.server_bin.as_os_str(),
             "--listen".as_ref(),
             listen.as_ref(),
@@ -107,6 +119,9 @@ impl QuicService {
             "--name".as_ref(),
             b.name().as_ref(),
         ];
+        if let Some(key) = &self.key_file {
+            args.extend(["--key-file".as_ref(), key.as_os_str()]);
+        }
         let server = b.spawn(&args).unwrap();
         server.wait_for_output("event=listening", Duration::from_secs(10)).unwrap();
         self._servers.push(server);
@@ -280,6 +295,42 @@ fn rebinding_client_keeps_its_server(mode: XdpMode) {
     assert_eq!(reason_count(&c, "drop_no_backend"), 0);
 }
 in_both_modes!(rebinding_client_keeps_its_server);
+
+/// A key file of root's alone, in the cluster's directory.
+fn key_file(c: &Cluster, name: &str, key: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = c.topo.tempdir().join(name);
+    std::fs::write(&path, format!("{key}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+/// Encrypted ids (server id 2 + nonce 6: the four-pass mode): the rebinding client keeps its
+/// server, every request after the first from a new port, so by its id alone; the id is
+/// decrypted once, then found in the cache.
+fn encrypted_ids_keep_a_rebinding_client_on_its_server(mode: XdpMode) {
+    let c = cluster(mode);
+    let key = key_file(&c, "quic-0.key", "8f95f09245765f80256934e50c66207f");
+    let mut service = QuicService::configured(&c, false, Some(key));
+    for b in c.topo.backends() {
+        service.serve(&c, b);
+    }
+    let host = &c.topo.clients()[0];
+    let mut client = Client::connect(&c, &service, host, None);
+    let first = client.request();
+    let ip = first.local.ip();
+    let server = service.backend_of(&c, &first.server_id);
+    let (decrypted, cached) = (quic_count(&c, "decrypted"), quic_count(&c, "cached"));
+    assert!(decrypted >= 1, "the connection's ids were never decrypted");
+    for port in service.ports_elsewhere(&c, ip, server, 41000, 4) {
+        assert_eq!(client.request_from(SocketAddr::new(ip, port)), first.server_id, "from port {port}");
+    }
+    assert!(quic_count(&c, "cached") > cached, "the moved client's packets were not found in the cache");
+    // The key is in no API answer or export: only its file.
+    let export = c.lbctl(&["export"]).unwrap();
+    assert!(export.contains("quic-0.key") && !export.contains("8f95f0"), "{export}");
+}
+in_both_modes!(encrypted_ids_keep_a_rebinding_client_on_its_server);
 
 /// (a) NAT rebinding and migration: the client moves to new ports of its address, then to a
 /// second address of its host, then back, each time to a 5-tuple that Maglev sends to
