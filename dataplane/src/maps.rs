@@ -180,7 +180,7 @@ impl BalancerMaps {
         const NS_PER_S: u64 = 1_000_000_000;
         let cpus = aya::util::nr_cpus().map_err(|(_, source)| DataplaneError::Cpus(source))?.get();
         // ns_per_miss 0 is "no budget written" to the program, which then decrypts nothing.
-        let ns_per_miss = if per_s == 0 { 0 } else { (NS_PER_S / per_s).max(1) };
+        let ns_per_miss = NS_PER_S.checked_div(per_s).map_or(0, |ns| ns.max(1));
         let full = ns_per_miss.saturating_mul(burst);
         let budget = DecryptBudget { credit_ns: full, last_ns: 0, ns_per_miss, max_credit_ns: full };
         let values = aya::maps::PerCpuValues::try_from(vec![budget; cpus as usize])
