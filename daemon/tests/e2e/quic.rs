@@ -47,6 +47,8 @@ struct QuicService {
     cas: Vec<OsString>,
     /// The key file of an encrypted configuration, for the servers too.
     key_file: Option<PathBuf>,
+    /// Each server's orders (`--control`, a FIFO), in start order.
+    controls: Vec<std::fs::File>,
 }
 
 impl QuicService {
@@ -70,7 +72,15 @@ impl QuicService {
             args.extend(["--quic-key-file", key]);
         }
         c.lbctl(&args).unwrap();
-        QuicService { target, vip, server_bin: example("echo-server"), _servers: Vec::new(), cas: Vec::new(), key_file }
+        QuicService {
+            target,
+            vip,
+            server_bin: example("echo-server"),
+            _servers: Vec::new(),
+            cas: Vec::new(),
+            key_file,
+            controls: Vec::new(),
+        }
     }
 
     /// The IPv4 VIP with every backend of the cluster, each serving.
@@ -119,8 +129,13 @@ impl QuicService {
             "--name".as_ref(),
             b.name().as_ref(),
         ];
+        let control = c.topo.tempdir().join(format!("quic-control-{}", b.name()));
         if let Some(key) = &self.key_file {
-            args.extend(["--key-file".as_ref(), key.as_os_str()]);
+            // An encrypted service's servers take rotations.
+            let made = std::process::Command::new("mkfifo").arg(&control).status().unwrap();
+            assert!(made.success(), "mkfifo {}", control.display());
+            self.controls.push(std::fs::OpenOptions::new().read(true).write(true).open(&control).unwrap());
+            args.extend(["--key-file".as_ref(), key.as_os_str(), "--control".as_ref(), control.as_os_str()]);
         }
         let server = b.spawn(&args).unwrap();
         server.wait_for_output("event=listening", Duration::from_secs(10)).unwrap();
@@ -331,6 +346,59 @@ fn encrypted_ids_keep_a_rebinding_client_on_its_server(mode: XdpMode) {
     assert!(export.contains("quic-0.key") && !export.contains("8f95f0"), "{export}");
 }
 in_both_modes!(encrypted_ids_keep_a_rebinding_client_on_its_server);
+
+/// A key rotation under live connections: a second config id with a new key on the balancer,
+/// then on every server; the connection opened before keeps its server (moving, from the
+/// 5-tuples that hash elsewhere), a connection opened after gets ids of the new config id and
+/// keeps its server too; retiring the old config id breaks neither.
+fn a_key_rotation_keeps_live_connections_on_their_servers(mode: XdpMode) {
+    use std::io::Write;
+    let c = cluster(mode);
+    let old_key = key_file(&c, "quic-0.key", "8f95f09245765f80256934e50c66207f");
+    let new_key = key_file(&c, "quic-1.key", "00112233445566778899aabbccddeeff");
+    let mut service = QuicService::configured(&c, false, Some(old_key));
+    for b in c.topo.backends() {
+        service.serve(&c, b);
+    }
+    let host = &c.topo.clients()[0];
+    let mut before = Client::connect(&c, &service, host, None);
+    let first = before.request();
+    let ip = first.local.ip();
+    let new_key_text = new_key.display().to_string();
+    c.lbctl(&[
+        "vips",
+        "quic-next",
+        &service.vip,
+        "--quic-config-id",
+        "1",
+        "--quic-server-id-len",
+        "2",
+        "--quic-nonce-len",
+        "6",
+        "--quic-key-file",
+        &new_key_text,
+    ])
+    .unwrap();
+    for (i, (control, server)) in service.controls.iter_mut().zip(&service._servers).enumerate() {
+        writeln!(control, "rotate 1 {new_key_text}").unwrap();
+        server.wait_for_output("event=rotated", ORDER_TIMEOUT).unwrap_or_else(|e| panic!("server {i}: {e:#}"));
+    }
+    let mut after = Client::connect(&c, &service, host, None);
+    let second = after.request();
+    let (old_server, new_server) = (service.backend_of(&c, &first.server_id), service.backend_of(&c, &second.server_id));
+    for port in service.ports_elsewhere(&c, ip, old_server, 42000, 3) {
+        assert_eq!(before.request_from(SocketAddr::new(ip, port)), first.server_id, "the older connection, from port {port}");
+    }
+    for port in service.ports_elsewhere(&c, ip, new_server, 43000, 3) {
+        assert_eq!(after.request_from(SocketAddr::new(ip, port)), second.server_id, "the newer connection, from port {port}");
+    }
+    c.lbctl(&["vips", "quic-retire", &service.vip]).unwrap();
+    for port in service.ports_elsewhere(&c, ip, new_server, 44000, 2) {
+        assert_eq!(after.request_from(SocketAddr::new(ip, port)), second.server_id, "after the retirement, from port {port}");
+    }
+    assert_eq!(before.request().server_id, first.server_id, "the older connection, from where it is");
+}
+in_both_modes!(a_key_rotation_keeps_live_connections_on_their_servers);
 
 /// (a) NAT rebinding and migration: the client moves to new ports of its address, then to a
 /// second address of its host, then back, each time to a 5-tuple that Maglev sends to
