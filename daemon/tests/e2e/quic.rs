@@ -347,6 +347,64 @@ fn encrypted_ids_keep_a_rebinding_client_on_its_server(mode: XdpMode) {
 }
 in_both_modes!(encrypted_ids_keep_a_rebinding_client_on_its_server);
 
+/// The attacker: a flood of short headers with random ids from spoofed sources to an
+/// encrypted VIP. Every one is a miss of the cache; at most each CPU's budget of them is
+/// decrypted (the rest go by the 5-tuple), and the honest connection, whose id is cached,
+/// keeps its server, moving, during and after the flood.
+fn a_flood_of_random_ids_costs_the_honest_connection_nothing(mode: XdpMode) {
+    use spillway_harness::{frames, send_frames};
+    const FLOOD: u32 = 40_000;
+    let c = cluster(mode);
+    let key = key_file(&c, "quic-0.key", "8f95f09245765f80256934e50c66207f");
+    let mut service = QuicService::configured(&c, false, Some(key));
+    for b in c.topo.backends() {
+        service.serve(&c, b);
+    }
+    let host = &c.topo.clients()[0];
+    let mut client = Client::connect(&c, &service, host, None);
+    let first = client.request();
+    let ip = first.local.ip();
+    let server = service.backend_of(&c, &first.server_id);
+    let ports = service.ports_elsewhere(&c, ip, server, 45000, 4);
+    let before = (quic_count(&c, "decrypted"), quic_count(&c, "miss_over_budget"), quic_count(&c, "fallback"));
+    let macs = (c.topo.lb().netns().mac("eth0").unwrap(), host.netns().mac("eth0").unwrap());
+    let started = std::time::Instant::now();
+    let mut rng = spillway_harness::rng::Rng::new(7);
+    let spoofed = |n: u32, id: u64| {
+        let [_, b, c, d] = n.to_be_bytes();
+        let src = SocketAddr::from((std::net::Ipv4Addr::new(172, 16 + (b & 15), c, d), 1024 + (n % 50_000) as u16));
+        // A 1-RTT packet of config id 0 (the VIP's) and a random id.
+        let mut payload = vec![0x41, (id >> 56) as u8 & 0x1f];
+        payload.extend_from_slice(&id.to_be_bytes()[1..]);
+        payload.extend_from_slice(&[0x5c; 32]);
+        let mut frame = frames::udp(src, service.target, &payload);
+        frame[..6].copy_from_slice(&macs.0);
+        frame[6..12].copy_from_slice(&macs.1);
+        frame
+    };
+    for (i, batch) in (0..FLOOD).step_by(256).enumerate() {
+        let ids: Vec<u64> = (0..256).map(|_| rng.next_u64()).collect();
+        host.in_netns(|| send_frames("eth0", (batch..batch + 256).zip(ids).map(|(n, id)| spoofed(n, id)))).unwrap();
+        std::thread::sleep(Duration::from_micros(300));
+        if i % 40 == 0 {
+            let port = ports[i / 40 % ports.len()];
+            assert_eq!(client.request_from(SocketAddr::new(ip, port)), first.server_id, "during the flood, from port {port}");
+        }
+    }
+    let elapsed = started.elapsed();
+    let decrypted = quic_count(&c, "decrypted") - before.0;
+    let over = quic_count(&c, "miss_over_budget") - before.1;
+    // Each CPU decrypts at most its burst and then its rate: the budget holds, however fast
+    // the flood arrived.
+    let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    let per_s = spillway_common::limits::QUIC_DECRYPTS_PER_S;
+    let bound = cpus * (per_s + per_s * (elapsed.as_secs() + 1));
+    assert!(decrypted <= bound, "{decrypted} decryptions in {elapsed:?}, over the budget's {bound}");
+    assert!(decrypted + over > 0 && quic_count(&c, "fallback") > before.2, "the flood did not reach the balancer");
+    assert_eq!(client.request().server_id, first.server_id, "after the flood");
+}
+in_both_modes!(a_flood_of_random_ids_costs_the_honest_connection_nothing);
+
 /// A key rotation under live connections: a second config id with a new key on the balancer,
 /// then on every server; the connection opened before keeps its server (moving, from the
 /// 5-tuples that hash elsewhere), a connection opened after gets ids of the new config id and
