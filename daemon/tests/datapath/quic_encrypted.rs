@@ -11,7 +11,7 @@ use std::{
 
 use spillway_common::{
     quic_lb::QUIC_LB_F_ENCRYPTED,
-    types::{CFG_F_STATIC_NEXTHOP, QuicRouting, Reason},
+    types::{QuicRouting, Reason},
 };
 use spillway_harness::{frames, rng::Rng, tempdir::TempDir};
 use spillway_model::{QuicConfig, Vip};
@@ -58,17 +58,6 @@ fn encrypted(config_id: u8, server_id_len: u8, nonce_len: u8, key_file: &Path) -
     QuicConfig { config_id, server_id_len, nonce_len, self_len: true, key_file: Some(key_file.to_path_buf()) }
 }
 
-/// Every encapsulated packet leaves by the ingress to a fixed neighbour: the vectors' backends
-/// are addresses no lab route reaches.
-fn static_next_hop(env: &mut Env) {
-    let mut cfg = default_config();
-    cfg.flags = CFG_F_STATIC_NEXTHOP;
-    cfg.static_ifindex = env.ingress;
-    cfg.static_src_mac = env.ingress_mac;
-    cfg.static_dst_mac = [0x02, 0x99, 0, 0, 0, 1];
-    env.balancer.maps.set_config(&cfg).unwrap();
-}
-
 /// [decrypted, cached, over budget].
 fn decoding(env: &Env) -> [u64; 3] {
     let counts = env.balancer.maps.quic_routing().unwrap();
@@ -95,6 +84,7 @@ fn the_drafts_encrypted_vectors_go_to_the_servers_they_name_decrypted_once() {
     let keys = TempDir::new("quic-keys");
     let draft = key_file(&keys, "draft.key", DRAFT_KEY);
     with_env(|env| {
+        // The vectors' backends are addresses no lab route reaches.
         static_next_hop(env);
         for (i, (config_id, server_id, nonce_len, cid)) in VECTORS.into_iter().enumerate() {
             let server_id = hex(server_id);

@@ -320,21 +320,27 @@ fn key_file(c: &Cluster, name: &str, key: &str) -> PathBuf {
     path
 }
 
+/// An encrypted VIP (the draft's key) with every backend of the cluster serving, and a client
+/// connected to it: the client, its first reply, its address and the backend that answered.
+fn encrypted_service_and_client(c: &Cluster) -> (QuicService, Client, Reply, IpAddr, IpAddr) {
+    let key = key_file(c, "quic-0.key", "8f95f09245765f80256934e50c66207f");
+    let mut service = QuicService::configured(c, false, Some(key));
+    for b in c.topo.backends() {
+        service.serve(c, b);
+    }
+    let mut client = Client::connect(c, &service, &c.topo.clients()[0], None);
+    let first = client.request();
+    let server = service.backend_of(c, &first.server_id);
+    let ip = first.local.ip();
+    (service, client, first, ip, server)
+}
+
 /// Encrypted ids (server id 2 + nonce 6: the four-pass mode): the rebinding client keeps its
 /// server, every request after the first from a new port, so by its id alone; the id is
 /// decrypted once, then found in the cache.
 fn encrypted_ids_keep_a_rebinding_client_on_its_server(mode: XdpMode) {
     let c = cluster(mode);
-    let key = key_file(&c, "quic-0.key", "8f95f09245765f80256934e50c66207f");
-    let mut service = QuicService::configured(&c, false, Some(key));
-    for b in c.topo.backends() {
-        service.serve(&c, b);
-    }
-    let host = &c.topo.clients()[0];
-    let mut client = Client::connect(&c, &service, host, None);
-    let first = client.request();
-    let ip = first.local.ip();
-    let server = service.backend_of(&c, &first.server_id);
+    let (service, mut client, first, ip, server) = encrypted_service_and_client(&c);
     let (decrypted, cached) = (quic_count(&c, "decrypted"), quic_count(&c, "cached"));
     assert!(decrypted >= 1, "the connection's ids were never decrypted");
     for port in service.ports_elsewhere(&c, ip, server, 41000, 4) {
@@ -355,16 +361,8 @@ fn a_flood_of_random_ids_costs_the_honest_connection_nothing(mode: XdpMode) {
     use spillway_harness::{frames, send_frames};
     const FLOOD: u32 = 40_000;
     let c = cluster(mode);
-    let key = key_file(&c, "quic-0.key", "8f95f09245765f80256934e50c66207f");
-    let mut service = QuicService::configured(&c, false, Some(key));
-    for b in c.topo.backends() {
-        service.serve(&c, b);
-    }
+    let (service, mut client, first, ip, server) = encrypted_service_and_client(&c);
     let host = &c.topo.clients()[0];
-    let mut client = Client::connect(&c, &service, host, None);
-    let first = client.request();
-    let ip = first.local.ip();
-    let server = service.backend_of(&c, &first.server_id);
     let ports = service.ports_elsewhere(&c, ip, server, 45000, 4);
     let before = (quic_count(&c, "decrypted"), quic_count(&c, "miss_over_budget"), quic_count(&c, "fallback"));
     let macs = (c.topo.lb().netns().mac("eth0").unwrap(), host.netns().mac("eth0").unwrap());
