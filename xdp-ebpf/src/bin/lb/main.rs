@@ -23,6 +23,7 @@ mod ptb;
 mod ptb_program;
 mod quic;
 mod quic_crypto;
+mod quic_header;
 mod quic_program;
 mod second_chance;
 mod second_chance_program;

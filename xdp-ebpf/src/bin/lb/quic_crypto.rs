@@ -20,7 +20,7 @@ use aya_ebpf::programs::XdpContext;
 use crate::{
     clock,
     maps::{self, CONFIG, QUIC_CID_CACHE, QUIC_CRYPT_SCRATCH, QUIC_DECRYPT_BUDGET, QUIC_PROGRAM},
-    quic_program::{self, Header},
+    quic_header::{self, Header},
     verdict::Verdict,
 };
 
@@ -82,13 +82,13 @@ pub fn decode<const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
     let _ = unsafe { QUIC_PROGRAM.tail_call(ctx, if FAMILY == FAMILY_V4 { 0 } else { 1 }) };
     // The QUIC program was not there: nothing may read the result later.
     let _ = take();
-    quic_program::to_udp_program::<FAMILY>(ctx)
+    quic_header::to_udp_program::<FAMILY>(ctx)
 }
 
 #[inline(always)]
 fn decoded(ctx: &XdpContext, handover: &mut QuicHandover, lb_cfg: &LbConfig) -> Found {
     let quic = QuicLbConfig::from_word(handover.quic);
-    match quic_program::header(ctx, handover.vip_id, &quic, handover.l4.into()) {
+    match quic_header::header(ctx, handover.vip_id, &quic, handover.l4.into()) {
         Header::Short { first, cid, cfg, .. } if cfg.is_encrypted() => server_id(&cfg, first, cid, lb_cfg, handover),
         _ => Found::Nothing,
     }
