@@ -19,7 +19,7 @@ use aya_ebpf::programs::XdpContext;
 
 use crate::{
     clock,
-    maps::{self, CONFIG, QUIC_CID_CACHE, QUIC_CRYPT_SCRATCH, QUIC_DECRYPT_BUDGET, QUIC_PROGRAM},
+    maps::{self, CONFIG, CryptScratch, QUIC_CID_CACHE, QUIC_CRYPT_SCRATCH, QUIC_DECRYPT_BUDGET, QUIC_PROGRAM},
     quic_header::{self, Header},
     verdict::Verdict,
 };
@@ -58,12 +58,11 @@ pub enum Found {
     Pending = 0,
     /// Over budget, not decrypted, or no key.
     Nothing,
-    Cached,
     Decrypted,
 }
 
 /// The crypt program (`spillway_lb_quic_crypt`, `_v6`), tail-called by the QUIC program for
-/// a short header of an encrypted config id: decodes the id into this CPU's scratch and
+/// a short header of an encrypted config id the cache does not have: decodes the id into this CPU's scratch and
 /// tail-calls the QUIC program again, which reads it there ([`take`]) and sends the
 /// packet. Its own program for a stack of its own: the QUIC program's is the forwarding
 /// path's, with no room for the decoder beside it.
@@ -99,27 +98,11 @@ fn decoded(ctx: &XdpContext, handover: &mut QuicHandover, lb_cfg: &LbConfig) -> 
 /// `handover`; the server id's words are left in this CPU's scratch.
 #[inline(always)]
 fn server_id(cfg: &QuicLbConfig, first: u8, cid: *const u8, lb_cfg: &LbConfig, handover: &mut QuicHandover) -> Found {
-    let Some(scratch) = QUIC_CRYPT_SCRATCH.get_ptr_mut(0) else {
+    // The QUIC program looked the id up in the cache (`cached`) and missed.
+    let Some(scratch) = cache_key(handover.vip_id, cfg, cid) else {
         return Found::Nothing;
     };
-    // SAFETY: this CPU's slot, for this run only.
-    let scratch = unsafe { &mut *scratch };
     let vip_id = handover.vip_id;
-    scratch.key.vip_id = vip_id;
-    let len = cfg.cid_len();
-    let mut i = 0;
-    while i < MAX_CID_LEN {
-        // SAFETY: i < MAX_CID_LEN octets from `cid`, checked by the caller. Octets past the
-        // id are not part of the key.
-        scratch.key.cid[i] = unsafe { *cid.add(i) } & below(i, len);
-        i += 1;
-    }
-    // SAFETY: a live map value, copied out at once.
-    if let Some(words) = unsafe { QUIC_CID_CACHE.get(&scratch.key) } {
-        scratch.words = *words;
-        count(handover, QuicRouting::Cached);
-        return Found::Cached;
-    }
     if !spend_budget(clock::now_ns(lb_cfg)) {
         count(handover, QuicRouting::MissOverBudget);
         return Found::Nothing;
@@ -140,6 +123,36 @@ fn server_id(cfg: &QuicLbConfig, first: u8, cid: *const u8, lb_cfg: &LbConfig, h
     }
 }
 
+/// This CPU's scratch with the cache key of the id at `cid` (MAX_CID_LEN octets the caller
+/// checked are in the frame) of VIP `vip_id` under `cfg`: the key is built in the map value,
+/// not on the stack, which the forwarding path fills.
+#[inline(always)]
+fn cache_key(vip_id: u32, cfg: &QuicLbConfig, cid: *const u8) -> Option<&'static mut CryptScratch> {
+    // SAFETY: this CPU's slot, for this run only.
+    let scratch = unsafe { &mut *QUIC_CRYPT_SCRATCH.get_ptr_mut(0)? };
+    scratch.key.vip_id = vip_id;
+    let len = cfg.cid_len();
+    let mut i = 0;
+    while i < MAX_CID_LEN {
+        // SAFETY: i < MAX_CID_LEN octets from `cid`, checked by the caller. Octets past the
+        // id are not part of the key.
+        scratch.key.cid[i] = unsafe { *cid.add(i) } & below(i, len);
+        i += 1;
+    }
+    Some(scratch)
+}
+
+/// In the QUIC program: the server id's words of the encrypted id at `cid` if the cache has
+/// it (counted), so a known id costs one lookup and no tail call.
+#[inline(always)]
+pub fn cached(vip_id: u32, cfg: &QuicLbConfig, cid: *const u8, handover: &mut QuicHandover) -> Option<[u32; 4]> {
+    let scratch = cache_key(vip_id, cfg, cid)?;
+    // SAFETY: a live map value, copied out at once.
+    let words = unsafe { *QUIC_CID_CACHE.get(&scratch.key)? };
+    count(handover, QuicRouting::Cached);
+    Some(words)
+}
+
 /// What the crypt program found for this packet, and the server id's words; the scratch is
 /// left pending for the next packet.
 #[inline(always)]
@@ -151,8 +164,7 @@ pub fn take() -> (Found, [u32; 4]) {
     let scratch = unsafe { &mut *scratch };
     let found = match scratch.found {
         0 => Found::Pending,
-        2 => Found::Cached,
-        3 => Found::Decrypted,
+        2 => Found::Decrypted,
         _ => Found::Nothing,
     };
     scratch.found = Found::Pending as u32;

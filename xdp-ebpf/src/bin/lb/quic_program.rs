@@ -6,7 +6,7 @@ use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{connection_id_hash, quic_server_home},
     quic_lb::{QuicLbConfig, server_id_words},
-    types::{BACKEND_ACTIVE, BackendInfo, FAMILY_V4, QuicRouting},
+    types::{BACKEND_ACTIVE, BackendInfo, FAMILY_V4, QuicHandover, QuicRouting},
 };
 use xdp_ebpf::{packet, parse::Layout};
 
@@ -41,17 +41,21 @@ enum Named {
 /// EPYC VM whose kernel returns through a thunk (`spec_rstack_overflow`: Safe RET), three
 /// runs of `bench --part quic` alternating with it; the QUIC programs' walks stay ~3.0k / 2.4k.
 #[inline(always)]
-fn connection_id_backend(ctx: &XdpContext, vip_id: u32, vip_cfg: &QuicLbConfig, l4: u64) -> Named {
-    let (low, high, cfg) = match header(ctx, vip_id, vip_cfg, l4) {
+fn connection_id_backend(ctx: &XdpContext, vip_id: u32, vip_cfg: &QuicLbConfig, l4: u64, handover: &mut QuicHandover) -> Named {
+    let (low, high, cfg, cid) = match header(ctx, vip_id, vip_cfg, l4) {
         Header::Long => return Named::LongHeader,
         Header::Unreadable => return Named::Nothing,
-        Header::Short { low, high, cfg, .. } => (low, high, cfg),
+        Header::Short { low, high, cfg, cid, .. } => (low, high, cfg, cid),
     };
-    // An encrypted id is decoded by the crypt program, which hands the server id back here
-    // (`quic_crypto.rs`): the AES has no room on this program's stack.
+    // An encrypted id is looked up in the cache of decoded ids here; a miss is decoded by
+    // the crypt program, which hands the server id back (`quic_crypto.rs`): the AES has no
+    // room on this program's stack.
     let (words, decrypted) = if cfg.is_encrypted() {
         match quic_crypto::take() {
-            (Found::Pending, _) => return Named::Encrypted,
+            (Found::Pending, _) => match quic_crypto::cached(vip_id, &cfg, cid, handover) {
+                Some(words) => (words, false),
+                None => return Named::Encrypted,
+            },
             (Found::Nothing, _) => return Named::Nothing,
             (found, words) => (words, found == Found::Decrypted),
         }
@@ -116,7 +120,7 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     }
     let vip_id = handover.vip_id;
     let quic = QuicLbConfig::from_word(handover.quic);
-    let (id, backend, low, high) = match connection_id_backend(ctx, vip_id, &quic, handover.l4.into()) {
+    let (id, backend, low, high) = match connection_id_backend(ctx, vip_id, &quic, handover.l4.into(), handover) {
         Named::LongHeader => return None,
         Named::Backend { id, backend, low, high } => (id, backend, low, high),
         Named::Encrypted => {
