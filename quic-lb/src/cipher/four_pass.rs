@@ -8,7 +8,7 @@ use aes::Aes128;
 use aes::cipher::{Array, BlockCipherEncrypt};
 use spillway_common::quic_lb::MAX_PLAINTEXT_LEN;
 
-use super::BLOCK_LEN;
+use spillway_common::quic_lb::encrypted::BLOCK_LEN;
 
 /// The longest half: half of the longest plaintext, rounded up.
 const MAX_HALF_LEN: usize = (MAX_PLAINTEXT_LEN as usize).div_ceil(2);
@@ -39,15 +39,9 @@ impl<'a> FourPass<'a> {
         self.join(&left, &right, octets);
     }
 
-    /// Decrypts `octets` far enough to read their first `server_id_len`: three passes when the
-    /// server id lies in the left half (it is no longer than the nonce), four otherwise
-    /// (§5.5.2). After three passes the right half is not yet plaintext.
-    pub(super) fn decrypt_server_id(&self, octets: &mut [u8], server_id_len: usize) {
-        let first = if 2 * server_id_len <= self.len { 2 } else { 1 };
-        self.decrypt_from(octets, first);
-    }
-
-    /// Runs the passes from the fourth back to `first`.
+    /// Runs the passes from the fourth back to `first`: the tests' full decryption (a balancer
+    /// decodes with `spillway_common::quic_lb::encrypted`, three or four passes).
+    #[cfg(test)]
     fn decrypt_from(&self, octets: &mut [u8], first: u8) {
         let (mut left, mut right) = self.split(octets);
         for pass in PASSES.rev().take_while(|&pass| pass >= first) {

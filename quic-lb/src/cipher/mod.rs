@@ -14,13 +14,11 @@ mod four_pass;
 
 use aes::Aes128;
 use aes::cipher::{Array, BlockCipherDecrypt, BlockCipherEncrypt, KeyInit};
+use spillway_common::quic_lb::encrypted::{self, Block, BlockCipher, Scratch, SealedError, is_single_pass};
 use spillway_common::quic_lb::key::QuicLbKey;
 use spillway_common::quic_lb::{CidError, ConfigError, MAX_CID_LEN, QuicLbConfig, ServerId, decode_server_id, encode};
 
 use self::four_pass::FourPass;
-
-/// Octets of an AES block.
-const BLOCK_LEN: usize = 16;
 
 /// How a configuration with a key encrypts its ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +34,7 @@ pub enum Encryption {
 impl Encryption {
     /// The mode the draft prescribes for `cfg`'s lengths.
     pub const fn of(cfg: &QuicLbConfig) -> Encryption {
-        if cfg.server_id_len as usize + cfg.nonce_len as usize == BLOCK_LEN { Encryption::SinglePass } else { Encryption::FourPass }
+        if is_single_pass(cfg) { Encryption::SinglePass } else { Encryption::FourPass }
     }
 }
 
@@ -83,40 +81,35 @@ impl CidCipher {
     }
 
     /// The server id in the encrypted id `cid` (which may run on past the id, as a short
-    /// header's does), or why the id is unroutable (§4.1).
+    /// header's does), or why the id is unroutable (§4.1): the balancer's decoder
+    /// (`spillway_common::quic_lb::encrypted`), with this crate's AES.
     pub fn decode_server_id(&self, cid: &[u8]) -> Result<ServerId, CidError> {
         // The plaintext decoder checks only the first octet and the length before it reads
         // the server id, and encryption changes neither: check the id as it came (its server
-        // id read is ciphertext, ignored), then read the server id of the decrypted octets.
+        // id read is ciphertext, ignored).
         decode_server_id(cid, &self.cfg)?;
         let len = self.cfg.cid_len();
-        let mut id = [0u8; MAX_CID_LEN];
-        // The check made sure `cid` has `len` octets.
-        id[..len].copy_from_slice(&cid[..len]);
-        match self.encryption() {
-            Encryption::SinglePass => self.single_pass(&mut id[1..len], Direction::Decrypt),
-            Encryption::FourPass => self.four_pass().decrypt_server_id(&mut id[1..len], self.cfg.server_id_len as usize),
-        }
-        decode_server_id(&id[..len], &self.cfg)
+        let mut scratch = Scratch::default();
+        // The check made sure `cid` has `len` octets; the decoder reads no further.
+        scratch.sealed[..len - 1].copy_from_slice(&cid[1..len]);
+        let mut aes = Software(&self.aes);
+        encrypted::decrypt_server_id(cid[0], &mut scratch, &self.cfg, &mut aes).map_err(|e| match e {
+            SealedError::Cid(e) => e,
+            // `Software` always processes its block.
+            SealedError::Cipher => CidError::UnknownConfig { config_id: self.cfg.config_id },
+        })
     }
 
     /// Encrypts `plaintext`, server id and nonce, in place.
     fn encrypt(&self, plaintext: &mut [u8]) {
         match self.encryption() {
-            Encryption::SinglePass => self.single_pass(plaintext, Direction::Encrypt),
+            Encryption::SinglePass => {
+                if let Ok(block) = <&mut Block>::try_from(plaintext) {
+                    Software(&self.aes).encrypt(block);
+                }
+            }
             Encryption::FourPass => self.four_pass().encrypt(plaintext),
         }
-    }
-
-    /// `octets`, one block, through AES.
-    fn single_pass(&self, octets: &mut [u8], direction: Direction) {
-        let Ok(block) = <&mut [u8; BLOCK_LEN]>::try_from(octets) else { return };
-        let mut array = Array::from(*block);
-        match direction {
-            Direction::Encrypt => self.aes.encrypt_block(&mut array),
-            Direction::Decrypt => self.aes.decrypt_block(&mut array),
-        }
-        *block = array.into();
     }
 
     fn four_pass(&self) -> FourPass<'_> {
@@ -124,10 +117,23 @@ impl CidCipher {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Direction {
-    Encrypt,
-    Decrypt,
+/// This crate's AES as the decoder's block cipher: it cannot fail.
+struct Software<'a>(&'a Aes128);
+
+impl BlockCipher for Software<'_> {
+    fn encrypt(&mut self, block: &mut Block) -> bool {
+        let mut array = Array::from(*block);
+        self.0.encrypt_block(&mut array);
+        *block = array.into();
+        true
+    }
+
+    fn decrypt(&mut self, block: &mut Block) -> bool {
+        let mut array = Array::from(*block);
+        self.0.decrypt_block(&mut array);
+        *block = array.into();
+        true
+    }
 }
 
 impl core::fmt::Debug for CidCipher {
@@ -142,7 +148,11 @@ impl CidCipher {
     /// compares with the plaintext.
     pub(crate) fn decrypt_all(&self, octets: &mut [u8]) {
         match self.encryption() {
-            Encryption::SinglePass => self.single_pass(octets, Direction::Decrypt),
+            Encryption::SinglePass => {
+                if let Ok(block) = <&mut Block>::try_from(octets) {
+                    Software(&self.aes).decrypt(block);
+                }
+            }
             Encryption::FourPass => four_pass::tests::decrypt_all(&self.aes, octets),
         }
     }
