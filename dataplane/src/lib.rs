@@ -238,9 +238,13 @@ impl Balancer {
         load_xdp(&mut ebpf, program_names::BALANCER_V6)?;
         load_xdp(&mut ebpf, program_names::PACKET_TOO_BIG)?;
         load_xdp(&mut ebpf, program_names::ECHO)?;
-        for name in QUIC_PROGRAMS.into_iter().chain(QUIC_CRYPT_PROGRAMS).chain(FRAGMENT_PROGRAMS) {
+        for name in QUIC_PROGRAMS.into_iter().chain(FRAGMENT_PROGRAMS) {
             load_xdp(&mut ebpf, name)?;
         }
+        // The crypt programs call the kernel's crypto kfuncs, declared weak: on a kernel
+        // without them the loader poisons the calls and the kernel refuses these two programs
+        // only. The balancer then runs without them, and encrypted config ids are refused.
+        let crypt_loaded = QUIC_CRYPT_PROGRAMS.into_iter().try_for_each(|name| load_xdp(&mut ebpf, name));
         let memory = map_memory(&ebpf);
         let clock = clock::calibrate(xdp(&mut ebpf, program_names::CLOCK)?)?;
         let mut maps = BalancerMaps::take(&mut ebpf, options.capacity, memory, clock)?;
@@ -269,7 +273,7 @@ impl Balancer {
             named(map_names::QUIC_PROGRAM, maps.quic_program.set(slot, quic, 0))?;
         }
         // The crypt programs: until they are set, encrypted ids go by the 5-tuple.
-        for (slot, name) in (0..).zip(QUIC_CRYPT_PROGRAMS) {
+        for (slot, name) in (0..).zip(QUIC_CRYPT_PROGRAMS).filter(|_| crypt_loaded.is_ok()) {
             let crypt = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
             named(map_names::QUIC_CRYPT_PROGRAM, maps.quic_crypt_program.set(slot, crypt, 0))?;
         }
@@ -280,6 +284,7 @@ impl Balancer {
         }
         let tx_ports = maps::take(&mut ebpf, map_names::TX_PORTS)?;
         maps.quic_keys = match ebpf.map(map_names::QUIC_KEYS) {
+            Some(_) if let Err(e) = &crypt_loaded => Some(Err(quic_keys::QuicKeyError::Unavailable(spillway_logging::error_chain(e)))),
             Some(aya::maps::Map::Array(keys)) => Some(quic_keys::QuicKeys::load(std::os::fd::AsFd::as_fd(keys.fd()))),
             _ => return Err(DataplaneError::MissingMap { name: map_names::QUIC_KEYS }),
         };

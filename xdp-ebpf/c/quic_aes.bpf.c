@@ -31,10 +31,12 @@ struct bpf_dynptr {
 #define __ksym __attribute__((section(".ksyms")))
 #define __kptr __attribute__((btf_type_tag("kptr")))
 
+// Weak: a kernel without them has the loader poison the calls, so only the crypt programs
+// that make them are refused, not the balancer's object (dataplane's Balancer::load).
 extern int bpf_crypto_encrypt(struct bpf_crypto_ctx *ctx, const struct bpf_dynptr *src,
-			      const struct bpf_dynptr *dst, const struct bpf_dynptr *siv__nullable) __ksym;
+			      const struct bpf_dynptr *dst, const struct bpf_dynptr *siv__nullable) __ksym __attribute__((weak));
 extern int bpf_crypto_decrypt(struct bpf_crypto_ctx *ctx, const struct bpf_dynptr *src,
-			      const struct bpf_dynptr *dst, const struct bpf_dynptr *siv__nullable) __ksym;
+			      const struct bpf_dynptr *dst, const struct bpf_dynptr *siv__nullable) __ksym __attribute__((weak));
 
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
 static long (*bpf_dynptr_from_mem)(void *data, __u32 size, __u64 flags, struct bpf_dynptr *ptr) = (void *)197;
