@@ -44,6 +44,8 @@ pub struct Env {
     pub reconciler: Reconciler,
     pub state: DesiredState,
     pub ingress: u32,
+    /// The interface the redirect map holds.
+    pub egress: u32,
     pub ingress_mac: [u8; 6],
     /// The backend-side decapsulator; also attached natively to the lab's interfaces, which
     /// gives test runs a receive queue.
@@ -79,7 +81,7 @@ fn with_env_options<T: Send>(lab: &PacketLab, options: LoadOptions, body: impl F
         balancer.maps.set_config(&default_config()).unwrap();
         balancer.tx_ports.insert(egress, egress, None, 0).unwrap();
         let reconciler = Reconciler::adopt(&balancer.maps).unwrap();
-        let mut env = Env { balancer, reconciler, state: DesiredState::default(), ingress, ingress_mac, decap };
+        let mut env = Env { balancer, reconciler, state: DesiredState::default(), ingress, egress, ingress_mac, decap };
         body(&mut env)
     })
 }

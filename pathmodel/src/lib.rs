@@ -1,0 +1,302 @@
+//! A reference model of the balancer's decision: for a frame and the maps' contents, the
+//! action, the [`Reason`] counted, the backend and the bytes that leave, predicted from the
+//! path's specification (ARCHITECTURE.md, "the data path"; the operator guide's limits and
+//! connection table), never by calling the program's code. Only `spillway-common`'s shared
+//! math (hashes, Maglev slots, prefixes, the map types) is common to both.
+//!
+//! `daemon/tests/datapath/differential.rs` runs generated frames and map states through the
+//! real program and this model and fails on any difference. What the model does not cover it
+//! refuses with a [`ModelError`] rather than guess: QUIC VIPs, second-chance tables, the
+//! kernel's next-hop lookup (the model's states use the static next hop), and a connection
+//! table that would have to evict a flow to make room.
+
+mod encap;
+pub mod frame;
+mod limits;
+mod state;
+mod table;
+
+use std::collections::HashMap;
+
+use spillway_common::{
+    hash::{flow_hash, maglev_hash},
+    limits::{FRAGMENT_RECORD_TICKS, FRAGMENT_SOURCE_BURST, FRAGMENT_SOURCE_PER_S, FRAGMENT_SOURCE_PREFIX_V6},
+    prefix::masked,
+    types::{
+        BACKEND_ACTIVE, BackendInfo, CFG_F_PASS_TO, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, PROTO_TCP, PROTO_UDP, Rate,
+        Reason, VIP_F_QUIC, VipKey,
+    },
+};
+
+pub use state::{MapState, VipEntry};
+
+use frame::{Datagram, Dst, Fragment, Layout, Parsed};
+use table::{Remembered, Table, ticks};
+
+/// An XDP action, numbered as the kernel numbers them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Drop = 1,
+    Pass = 2,
+    Tx = 3,
+    Redirect = 4,
+}
+
+/// What the balancer does with one frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prediction {
+    pub action: Action,
+    pub reason: Reason,
+    /// The backend id the packet was sent to.
+    pub backend: Option<u32>,
+    /// The frame as it leaves (or stays, for a pass or a drop).
+    pub frame: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ModelError {
+    #[error("the model does not cover {0}")]
+    Unmodelled(&'static str),
+    #[error("the connection table's buckets {buckets:?} are full: which flow the program evicts is not modelled")]
+    TableCrowded { buckets: (u32, u32) },
+}
+
+const FRAGMENT_RATE: Rate = Rate::new(FRAGMENT_SOURCE_PER_S, FRAGMENT_SOURCE_BURST);
+
+/// Where a first fragment's datagram went.
+#[derive(Clone, Copy)]
+struct FragmentRecord {
+    backend_id: u32,
+    generation: u32,
+    flow_hash: u32,
+    placed: u32,
+}
+
+/// The model: the maps' contents, the clock, and the state the program keeps itself.
+pub struct Model {
+    state: MapState,
+    now_ns: u64,
+    table: Table,
+    buckets: limits::Buckets,
+    fragment_sources: HashMap<(u8, [u32; 4]), u64>,
+    fragments: HashMap<Datagram, FragmentRecord>,
+}
+
+/// How the path places a packet: as its own flow, or as a datagram's first fragment.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    Packet,
+    FirstFragment { id: u32 },
+}
+
+/// A verdict before the output frame is known.
+struct Verdict {
+    action: Action,
+    reason: Reason,
+    backend: Option<u32>,
+    /// The headers that replace the frame's first `l2_len` bytes, when it is sent on.
+    headers: Option<(Vec<u8>, usize)>,
+}
+
+impl Verdict {
+    fn ended(action: Action, reason: Reason) -> Verdict {
+        Verdict { action, reason, backend: None, headers: None }
+    }
+}
+
+impl Model {
+    pub fn new(state: MapState, now_ns: u64) -> Model {
+        Model {
+            state,
+            now_ns,
+            table: Table::default(),
+            buckets: limits::Buckets::default(),
+            fragment_sources: HashMap::new(),
+            fragments: HashMap::new(),
+        }
+    }
+
+    /// New map contents (the state the program keeps itself stays).
+    pub fn set_state(&mut self, state: MapState) {
+        self.state = state;
+    }
+
+    pub fn state(&self) -> &MapState {
+        &self.state
+    }
+
+    /// The program's clock (frozen between calls).
+    pub fn set_now(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+    }
+
+    /// What the balancer does with `frame`, arriving on the state's ingress interface.
+    pub fn run(&mut self, frame: &[u8]) -> Result<Prediction, ModelError> {
+        let verdict = match frame::parse(frame) {
+            Parsed::Fragment(_) => self.fragment(frame)?,
+            parsed => self.place(frame, parsed, Placement::Packet)?,
+        };
+        let out = match verdict.headers {
+            Some((mut headers, l2_len)) => {
+                headers.extend_from_slice(&frame[l2_len..]);
+                headers
+            }
+            None => frame.to_vec(),
+        };
+        Ok(Prediction { action: verdict.action, reason: verdict.reason, backend: verdict.backend, frame: out })
+    }
+
+    /// Not ours: passed (the operator's program, if any, is not modelled).
+    fn passed(&self, reason: Reason) -> Result<Verdict, ModelError> {
+        if self.state.config.flags & CFG_F_PASS_TO != 0 {
+            return Err(ModelError::Unmodelled("--pass-to"));
+        }
+        Ok(Verdict::ended(Action::Pass, reason))
+    }
+
+    /// No VIP serves the packet: dropped if its address is a VIP's, else not ours.
+    fn not_served(&self, dst: &Dst, reason: Reason) -> Result<Verdict, ModelError> {
+        if self.state.is_vip_address(&dst.addr, dst.family) {
+            return Ok(Verdict::ended(Action::Drop, reason));
+        }
+        self.passed(Reason::PassNotVip)
+    }
+
+    fn place(&mut self, frame: &[u8], parsed: Parsed, placement: Placement) -> Result<Verdict, ModelError> {
+        let unserved = if placement == Placement::Packet { Reason::DropNoService } else { Reason::DropFragment };
+        let (key, layout, icmp_error, syn) = match parsed {
+            Parsed::NotIp => return self.passed(Reason::PassNotIp),
+            Parsed::Malformed => return self.passed(Reason::PassMalformed),
+            Parsed::Other(dst) => return self.not_served(&dst, Reason::DropNoService),
+            Parsed::Fragment(dst) => return self.not_served(&dst, Reason::DropFragment),
+            Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
+        };
+        let Some(vip) = self.state.vip(&VipKey { addr: key.dst, port: key.dport, proto: key.proto, family: key.family }).cloned() else {
+            return self.not_served(&Dst { addr: key.dst, family: key.family }, unserved);
+        };
+        if vip.flags & VIP_F_QUIC != 0 {
+            return Err(ModelError::Unmodelled("QUIC VIPs"));
+        }
+        let now_ns = self.now_ns;
+        let now = ticks(now_ns);
+        let refused = |reason| Verdict { action: Action::Drop, reason, backend: None, headers: None };
+        if placement != Placement::Packet && !self.admit_fragment(&key, now_ns) {
+            return Ok(refused(Reason::DropFragmentLimited));
+        }
+        let cfg = self.state.config;
+        let hash = flow_hash(&key, cfg.table_seed);
+        // A SYN is a new connection even on a known tuple; only a packet of the flow itself
+        // (not an ICMP error about it) refreshes its entry.
+        let known = if syn { None } else { self.table.established(&self.state, &key, vip.id, now, !icmp_error) };
+        let (id, backend) = match known {
+            Some(found) => found,
+            None => {
+                // Neither a TCP packet past the handshake nor an ICMP error is a new flow.
+                let midstream = !syn && key.proto == PROTO_TCP;
+                if let Err(reason) = self.buckets.admit(&self.state, &key, vip.id, now_ns, !midstream && !icmp_error) {
+                    return Ok(refused(reason));
+                }
+                if midstream && !icmp_error && vip.prior_slots != 0 {
+                    return Err(ModelError::Unmodelled("second chance"));
+                }
+                let Some(&id) = vip.ring.get(maglev_hash(&key, vip.flags, cfg.flow_seed) as usize % vip.ring.len().max(1)) else {
+                    return Ok(refused(Reason::DropNoBackend));
+                };
+                let Some(backend) = self.state.backends.get(&id).filter(|b| b.state == BACKEND_ACTIVE).copied() else {
+                    return Ok(refused(Reason::DropNoBackend));
+                };
+                if icmp_error {
+                    (id, backend)
+                } else {
+                    match self.table.remember(&self.state, &key, vip.id, hash, (id, &backend), now)? {
+                        Remembered::Placed => (id, backend),
+                        Remembered::Kept(kept, b) => (kept, b),
+                    }
+                }
+            }
+        };
+        if let Placement::FirstFragment { id: datagram_id } = placement {
+            let datagram = Datagram { src: key.src, dst: Dst { addr: key.dst, family: key.family }, id: datagram_id, proto: key.proto };
+            let record = FragmentRecord { backend_id: id, generation: backend.generation, flow_hash: hash, placed: now };
+            self.fragments.insert(datagram, record);
+        }
+        self.forward(frame, key.family, &layout, id, &backend, hash)
+    }
+
+    /// The fragment program (`spillway_lb_frag`): a UDP datagram's first fragment is placed
+    /// as its flow and recorded; later ones follow the record.
+    fn fragment(&mut self, frame: &[u8]) -> Result<Verdict, ModelError> {
+        match frame::parse_fragment(frame) {
+            Fragment::Malformed => Ok(Verdict::ended(Action::Pass, Reason::PassMalformed)),
+            Fragment::Unplaceable(dst) => self.not_served(&dst, Reason::DropFragment),
+            Fragment::First { datagram, .. } | Fragment::Later { datagram, .. } if datagram.proto != PROTO_UDP => {
+                self.not_served(&datagram.dst, Reason::DropFragment)
+            }
+            Fragment::First { key, datagram, layout } => {
+                let parsed = Parsed::Flow { key, layout, icmp_error: false, syn: false };
+                self.place(frame, parsed, Placement::FirstFragment { id: datagram.id })
+            }
+            Fragment::Later { datagram, layout } => self.follow(frame, &datagram, &layout),
+        }
+    }
+
+    fn admit_fragment(&mut self, key: &FlowKey, now_ns: u64) -> bool {
+        let prefix = if key.family == FAMILY_V4 { 32 } else { FRAGMENT_SOURCE_PREFIX_V6 };
+        limits::gcra(self.fragment_sources.entry((key.family, masked(&key.src, prefix))).or_default(), &FRAGMENT_RATE, now_ns)
+    }
+
+    fn follow(&mut self, frame: &[u8], datagram: &Datagram, layout: &Layout) -> Result<Verdict, ModelError> {
+        if !self.state.is_vip_address(&datagram.dst.addr, datagram.dst.family) {
+            return Ok(Verdict::ended(Action::Pass, Reason::PassNotVip));
+        }
+        let unmatched = Verdict::ended(Action::Drop, Reason::DropFragmentUnmatched);
+        let Some(record) = self.fragments.get(datagram).copied() else {
+            return Ok(unmatched);
+        };
+        if ticks(self.now_ns).wrapping_sub(record.placed) & !spillway_common::types::FLOW_CONFIRMED > FRAGMENT_RECORD_TICKS {
+            return Ok(unmatched);
+        }
+        let Some(backend) =
+            self.state.backends.get(&record.backend_id).filter(|b| b.state == BACKEND_ACTIVE && b.generation == record.generation).copied()
+        else {
+            return Ok(unmatched);
+        };
+        self.forward(frame, datagram.dst.family, layout, record.backend_id, &backend, record.flow_hash)
+    }
+
+    /// Encapsulates towards backend `id` and sends on the static next hop.
+    fn forward(&self, frame: &[u8], family: u8, layout: &Layout, id: u32, backend: &BackendInfo, hash: u32) -> Result<Verdict, ModelError> {
+        let cfg = &self.state.config;
+        if !encap::supported(backend.family, family) {
+            return Ok(Verdict::ended(Action::Drop, Reason::DropEncapFailed));
+        }
+        if cfg.flags & CFG_F_STATIC_NEXTHOP == 0 {
+            return Err(ModelError::Unmodelled("the kernel's next-hop lookup"));
+        }
+        let tunnel = encap::Tunnel {
+            backend,
+            src: cfg.outer_source(backend.family, hash),
+            inner_family: family,
+            inner_len: layout.l3_len,
+            tos: layout.tos,
+            flow_hash: hash,
+            gue_port: if backend.encap == ENCAP_GUE { cfg.gue_port } else { 0 },
+        };
+        let sent = |action, reason, (src, dst)| Verdict {
+            action,
+            reason,
+            backend: Some(id),
+            headers: Some((encap::headers(&tunnel, src, dst), layout.l2_len)),
+        };
+        let macs = (cfg.static_src_mac, cfg.static_dst_mac);
+        Ok(if cfg.static_ifindex == self.state.ingress {
+            sent(Action::Tx, Reason::Tx, macs)
+        } else if self.state.tx_ports.contains(&cfg.static_ifindex) {
+            sent(Action::Redirect, Reason::Redirect, macs)
+        } else {
+            // The kernel forwards it: the frame keeps the MACs it arrived with.
+            let arrived = (frame[6..12].try_into().unwrap_or_default(), frame[..6].try_into().unwrap_or_default());
+            sent(Action::Pass, Reason::KernelNoTxPort, arrived)
+        })
+    }
+}

@@ -1,0 +1,54 @@
+//! The maps the balancer reads, as plain values: what the model decides from.
+
+use std::collections::BTreeMap;
+
+use spillway_common::types::{BackendInfo, LbConfig, Limits, RuleSlotKey, RuleValue, VipKey};
+
+/// One VIP as the VIP index holds it, its Maglev table read out slot by slot.
+#[derive(Clone, Debug)]
+pub struct VipEntry {
+    pub key: VipKey,
+    pub id: u32,
+    pub flags: u32,
+    /// The backend id in each slot of its active Maglev table (empty: no table).
+    pub ring: Vec<u32>,
+    /// Slots of its second-chance table (0: none).
+    pub prior_slots: u32,
+}
+
+/// Everything the path reads but its own kernel-owned state (the connection table, buckets,
+/// fragment records), which the model keeps itself.
+#[derive(Clone, Debug, Default)]
+pub struct MapState {
+    pub config: LbConfig,
+    pub vips: Vec<VipEntry>,
+    /// By id; an id missing here reads as a free slot.
+    pub backends: BTreeMap<u32, BackendInfo>,
+    /// Configured limits by VIP id.
+    pub limits: BTreeMap<u32, Limits>,
+    /// The default limits, for VIPs without their own.
+    pub default_limits: Option<Limits>,
+    pub rules: Vec<(RuleSlotKey, RuleValue)>,
+    /// Buckets of the connection table (a power of two).
+    pub table_buckets: u32,
+    /// The interface frames arrive on, and those the redirect map holds.
+    pub ingress: u32,
+    pub tx_ports: Vec<u32>,
+}
+
+impl MapState {
+    /// Exact (address, port, protocol) first, then the address's "any port" VIP.
+    pub(crate) fn vip(&self, key: &VipKey) -> Option<&VipEntry> {
+        self.vips.iter().find(|v| v.key == *key).or_else(|| self.vips.iter().find(|v| v.key == VipKey { port: 0, ..*key }))
+    }
+
+    /// Some VIP uses this address.
+    pub(crate) fn is_vip_address(&self, addr: &[u32; 4], family: u8) -> bool {
+        self.vips.iter().any(|v| v.key.addr == *addr && v.key.family == family)
+    }
+
+    /// A VIP's own limits, else the default.
+    pub(crate) fn limits_of(&self, vip_id: u32) -> Option<&Limits> {
+        self.limits.get(&vip_id).or(self.default_limits.as_ref())
+    }
+}
