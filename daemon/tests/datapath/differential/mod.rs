@@ -241,8 +241,9 @@ fn seed() -> u64 {
     seed
 }
 
-/// Frames of the bounded run in the suite (about a minute here).
-const SUITE_FRAMES: u64 = 100_000;
+/// Frames of the bounded run in the suite: about half a minute alone on the 2-core machine
+/// (100,000 took 14 s), a minute or more beside the suite's other jobs.
+const SUITE_FRAMES: u64 = 250_000;
 
 #[test]
 fn the_balancer_agrees_with_its_model() {
@@ -262,12 +263,12 @@ fn the_balancer_agrees_with_its_model() {
     }
 }
 
-/// `cargo xtask fuzz datapath --minutes N` runs this for `SPILLWAY_DATAPATH_MINUTES`.
+/// `cargo xtask fuzz datapath --minutes N` runs this for `SPILLWAY_DATAPATH_SECONDS`.
 #[test]
 #[ignore = "long: cargo xtask fuzz datapath"]
-fn the_balancer_agrees_with_its_model_for_minutes() {
-    let minutes: u64 = std::env::var("SPILLWAY_DATAPATH_MINUTES").ok().and_then(|m| m.parse().ok()).unwrap_or(1);
-    let deadline = Instant::now() + Duration::from_secs(60 * minutes);
+fn the_balancer_agrees_with_its_model_for_a_while() {
+    let seconds: u64 = std::env::var("SPILLWAY_DATAPATH_SECONDS").ok().and_then(|m| m.parse().ok()).unwrap_or(60);
+    let deadline = Instant::now() + Duration::from_secs(seconds);
     let tally = fuzz(seed(), |_| Instant::now() < deadline);
     println!("{}", tally.report());
 }
