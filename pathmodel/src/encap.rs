@@ -11,8 +11,8 @@ use crate::frame::{ETH_LEN, IPV4_LEN, IPV6_LEN, UDP_LEN};
 const TTL: u8 = 64;
 
 /// A tunnel to `backend` from `src` for an inner packet of `inner_family` and `inner_len`.
-pub(crate) struct Tunnel<'a> {
-    pub backend: &'a BackendInfo,
+pub(crate) struct Tunnel {
+    pub backend: BackendInfo,
     pub src: [u32; 4],
     pub inner_family: u8,
     pub inner_len: usize,

@@ -6,9 +6,9 @@
 //!
 //! `daemon/tests/datapath/differential.rs` runs generated frames and map states through the
 //! real program and this model and fails on any difference. What the model does not cover it
-//! refuses with a [`ModelError`] rather than guess: QUIC VIPs, second-chance tables, the
-//! kernel's next-hop lookup (the model's states use the static next hop), and a connection
-//! table that would have to evict a flow to make room.
+//! refuses with a [`ModelError`] rather than guess: QUIC VIPs, the kernel's next-hop lookup
+//! (the model's states use the static next hop), and a connection table that would have to
+//! evict a flow to make room.
 
 mod encap;
 pub mod frame;
@@ -30,7 +30,7 @@ use spillway_common::{
 
 pub use state::{MapState, VipEntry};
 
-use frame::{Datagram, Dst, Fragment, Layout, Parsed};
+use frame::{Datagram, Dst, ETH_LEN, Fragment, Layout, Parsed};
 use table::{Remembered, Table, ticks};
 
 /// An XDP action, numbered as the kernel numbers them.
@@ -62,6 +62,11 @@ pub enum ModelError {
 }
 
 const FRAGMENT_RATE: Rate = Rate::new(FRAGMENT_SOURCE_PER_S, FRAGMENT_SOURCE_BURST);
+
+/// The backend id in the slot of Maglev hash `maglev` of `table`.
+fn slot(table: &[u32], maglev: u32) -> Option<&u32> {
+    table.get(maglev as usize % table.len().max(1))
+}
 
 /// Where a first fragment's datagram went.
 #[derive(Clone, Copy)]
@@ -196,10 +201,16 @@ impl Model {
                 if let Err(reason) = self.buckets.admit(&self.state, &key, vip.id, now_ns, !midstream && !icmp_error) {
                     return Ok(refused(reason));
                 }
-                if midstream && !icmp_error && vip.prior_slots != 0 {
-                    return Err(ModelError::Unmodelled("second chance"));
+                let maglev = maglev_hash(&key, vip.flags, cfg.flow_seed);
+                // A connection that began elsewhere, after the VIP's last change moved its
+                // slot: the backend of the slot now, with the one before inside (second chance).
+                if midstream
+                    && !icmp_error
+                    && let Some((first, second)) = self.second_chance(&vip, maglev)
+                {
+                    return self.forward(frame, key.family, &layout, (first.0, &first.1), Some(&second), hash);
                 }
-                let Some(&id) = vip.ring.get(maglev_hash(&key, vip.flags, cfg.flow_seed) as usize % vip.ring.len().max(1)) else {
+                let Some(&id) = slot(&vip.ring, maglev) else {
                     return Ok(refused(Reason::DropNoBackend));
                 };
                 let Some(backend) = self.state.backends.get(&id).filter(|b| b.state == BACKEND_ACTIVE).copied() else {
@@ -220,7 +231,16 @@ impl Model {
             let record = FragmentRecord { backend_id: id, generation: backend.generation, flow_hash: hash, placed: now };
             self.fragments.insert(datagram, record);
         }
-        self.forward(frame, key.family, &layout, id, &backend, hash)
+        self.forward(frame, key.family, &layout, (id, &backend), None, hash)
+    }
+
+    /// The backends of the flow's slot in the VIP's table and in its table before the last
+    /// change, if they differ and both are in use (the earlier one by this VIP still).
+    fn second_chance(&self, vip: &VipEntry, maglev: u32) -> Option<((u32, BackendInfo), BackendInfo)> {
+        let (&first, &second) = (slot(&vip.ring, maglev)?, slot(&vip.prior, maglev)?);
+        let active = |id| self.state.backends.get(&id).filter(|b| b.state == BACKEND_ACTIVE).copied();
+        let (now, before) = (active(first)?, active(second).filter(|b| b.vip_id == vip.id)?);
+        (first != second).then_some(((first, now), before))
     }
 
     /// The fragment program (`spillway_lb_frag`): a UDP datagram's first fragment is placed
@@ -261,33 +281,48 @@ impl Model {
         else {
             return Ok(unmatched);
         };
-        self.forward(frame, datagram.dst.family, layout, record.backend_id, &backend, record.flow_hash)
+        self.forward(frame, datagram.dst.family, layout, (record.backend_id, &backend), None, record.flow_hash)
     }
 
-    /// Encapsulates towards backend `id` and sends on the static next hop.
-    fn forward(&self, frame: &[u8], family: u8, layout: &Layout, id: u32, backend: &BackendInfo, hash: u32) -> Result<Verdict, ModelError> {
+    /// Encapsulates towards backend `id` (around a tunnel to `second`, if given) and sends
+    /// on the static next hop.
+    fn forward(
+        &self,
+        frame: &[u8],
+        family: u8,
+        layout: &Layout,
+        (id, backend): (u32, &BackendInfo),
+        second: Option<&BackendInfo>,
+        hash: u32,
+    ) -> Result<Verdict, ModelError> {
         let cfg = &self.state.config;
-        if !encap::supported(backend.family, family) {
+        let inner_family = second.map_or(family, |s| s.family);
+        if !encap::supported(backend.family, inner_family) || !encap::supported(inner_family, family) {
             return Ok(Verdict::ended(Action::Drop, Reason::DropEncapFailed));
         }
         if cfg.flags & CFG_F_STATIC_NEXTHOP == 0 {
             return Err(ModelError::Unmodelled("the kernel's next-hop lookup"));
         }
-        let tunnel = encap::Tunnel {
-            backend,
-            src: cfg.outer_source(backend.family, hash),
-            inner_family: family,
-            inner_len: layout.l3_len,
+        let tunnel = |to: &BackendInfo, inner_family, inner_len| encap::Tunnel {
+            backend: *to,
+            src: cfg.outer_source(to.family, hash),
+            inner_family,
+            inner_len,
             tos: layout.tos,
             flow_hash: hash,
-            gue_port: if backend.encap == ENCAP_GUE { cfg.gue_port } else { 0 },
+            gue_port: if to.encap == ENCAP_GUE { cfg.gue_port } else { 0 },
         };
-        let sent = |action, reason, (src, dst)| Verdict {
-            action,
-            reason,
-            backend: Some(id),
-            headers: Some((encap::headers(&tunnel, src, dst), layout.l2_len)),
+        let headers = |macs: ([u8; 6], [u8; 6])| match second {
+            None => encap::headers(&tunnel(backend, family, layout.l3_len), macs.0, macs.1),
+            Some(s) => {
+                let middle = encap::headers(&tunnel(s, family, layout.l3_len), macs.0, macs.1);
+                let middle_ip = &middle[ETH_LEN..];
+                let mut out = encap::headers(&tunnel(backend, s.family, layout.l3_len + middle_ip.len()), macs.0, macs.1);
+                out.extend_from_slice(middle_ip);
+                out
+            }
         };
+        let sent = |action, reason, macs| Verdict { action, reason, backend: Some(id), headers: Some((headers(macs), layout.l2_len)) };
         let macs = (cfg.static_src_mac, cfg.static_dst_mac);
         Ok(if cfg.static_ifindex == self.state.ingress {
             sent(Action::Tx, Reason::Tx, macs)
@@ -300,3 +335,6 @@ impl Model {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

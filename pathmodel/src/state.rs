@@ -12,8 +12,8 @@ pub struct VipEntry {
     pub flags: u32,
     /// The backend id in each slot of its active Maglev table (empty: no table).
     pub ring: Vec<u32>,
-    /// Slots of its second-chance table (0: none).
-    pub prior_slots: u32,
+    /// Its second-chance table: the active one before its last change (empty: none).
+    pub prior: Vec<u32>,
 }
 
 /// Everything the path reads but its own kernel-owned state (the connection table, buckets,

@@ -1,4 +1,4 @@
-//! A case: a declared state, the config knobs the model covers, and the frames sent with the
+//! A case: a declared state (and the one before it), the config knobs the model covers, and the frames sent with the
 //! clock's steps between them. Cases found by the fuzzer are kept, minimized, as JSON files in
 //! `cases/` and replayed by `kept_cases_agree`.
 
@@ -43,6 +43,10 @@ pub struct Case {
     /// What the case found, for whoever reads the file.
     #[serde(default)]
     pub found: String,
+    /// Declared first, so that the VIPs whose tables `state` changes have a second-chance
+    /// table (the table before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<DesiredState>,
     pub state: DesiredState,
     pub knobs: Knobs,
     pub steps: Vec<Step>,

@@ -52,7 +52,26 @@ pub fn case(rng: &mut Rng) -> Case {
             steps.push(Step { advance_ms: if i == 0 { advance_ms } else { 0 }, frame });
         }
     }
-    Case { found: String::new(), state, knobs, steps }
+    let before = rng.chance(30).then(|| earlier(rng, &state));
+    Case { found: String::new(), before, state, knobs, steps }
+}
+
+/// `state` before a change: a backend of some VIPs missing, or one more.
+fn earlier(rng: &mut Rng, state: &DesiredState) -> DesiredState {
+    let mut before = state.clone();
+    for (vip, config) in &state.vips {
+        if rng.chance(50) {
+            continue;
+        }
+        let backends: Vec<IpAddr> = config.backends.keys().copied().collect();
+        if !backends.is_empty() && rng.chance(50) {
+            before.remove_backend(vip, backends[rng.index(backends.len())]).unwrap();
+        } else {
+            let backend = backend_addr(rng, vip.addr.is_ipv6());
+            let _ = before.add_backend(vip, backend, rng.range(1, 300) as u32);
+        }
+    }
+    before
 }
 
 fn desired(rng: &mut Rng) -> DesiredState {

@@ -7,7 +7,8 @@
 //! program's clock is frozen (`ns_per_jiffy` 0) and moved by the case's steps, so budgets
 //! refill, entries age and fragment records expire exactly as the model computes; the
 //! connection table is emptied before each case and sized so that no insert has to evict;
-//! the next hop is the static one (the kernel's FIB is not the path's to model).
+//! the next hop is the static one (the kernel's FIB is not the path's to model). A case may
+//! declare a state `before` its own, so that VIPs whose tables changed have a second chance.
 
 mod case;
 mod generate;
@@ -108,6 +109,8 @@ pub struct Lab<'e> {
 
 impl<'e> Lab<'e> {
     pub fn new(env: &'e mut Env) -> Lab<'e> {
+        // A table that changes has a second-chance table at once (a case's `before`).
+        env.reconciler.set_second_chance_settle(Duration::ZERO);
         Lab { env, now_ns: 1 << 40 }
     }
 
@@ -115,6 +118,9 @@ impl<'e> Lab<'e> {
     pub fn run(&mut self, case: &Case, mut tally: Option<&mut Tally>) -> Result<(), Difference> {
         self.now_ns += CASE_GAP_MS * 1_000_000;
         self.env.update(|s| *s = DesiredState::default());
+        if let Some(before) = &case.before {
+            self.env.update(|s| *s = before.clone());
+        }
         self.env.update(|s| *s = case.state.clone());
         self.env.balancer.maps.flows.clear();
         self.configure(&case.knobs);
@@ -183,16 +189,12 @@ impl<'e> Lab<'e> {
                 id: meta.id,
                 flags: meta.flags,
                 ring: maps.rings.read(meta.active),
-                prior_slots: meta.prior.size,
+                prior: maps.rings.read(meta.prior),
             })
             .collect();
-        let mut backends = std::collections::BTreeMap::new();
-        for (vip, config) in &self.env.state.vips {
-            for addr in config.backends.keys() {
-                let id = self.env.reconciler.backend_id(vip, addr).expect("a declared backend has an id");
-                backends.insert(id, maps.backend(id).unwrap());
-            }
-        }
+        // Every backend a table names (a second-chance table may name one removed since).
+        let ids: std::collections::BTreeSet<u32> = vips.iter().flat_map(|v| v.ring.iter().chain(&v.prior)).copied().collect();
+        let backends = ids.into_iter().map(|id| (id, maps.backend(id).unwrap())).collect();
         let configured = |slot: u32| maps.limits.get(&slot, 0).ok().filter(|l| l.configured != 0);
         MapState {
             config: maps.config().unwrap(),

@@ -43,8 +43,12 @@ impl Shrinker<'_, '_> {
         }
     }
 
-    /// One thing less at a time, from the start again after each success.
+    /// Without the state before, then one thing less at a time, from the start again after
+    /// each success.
     fn shrink_state(&mut self) {
+        if self.case.before.is_some() {
+            self.try_keep(Case { before: None, ..self.case.clone() });
+        }
         'smaller: loop {
             for state in smaller_states(&self.case.state) {
                 if self.try_keep(Case { state, ..self.case.clone() }) {
