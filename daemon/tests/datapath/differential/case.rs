@@ -30,10 +30,14 @@ pub struct Knobs {
     pub udp_idle_timeout_s: u32,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Step {
     /// How far the frozen clock moves before the frame.
     pub advance_ms: u64,
+    /// A new declared state, applied before the frame (the connection table keeps its
+    /// entries, and changed VIPs get a second-chance table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declare: Option<DesiredState>,
     #[serde(with = "hex")]
     pub frame: Vec<u8>,
 }

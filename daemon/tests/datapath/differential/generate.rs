@@ -48,30 +48,36 @@ pub fn case(rng: &mut Rng) -> Case {
     let frames = rng.range(20, 200);
     while (steps.len() as u64) < frames {
         let advance_ms = if rng.chance(10) { rng.range(1, 3000) } else { 0 };
+        // Now and then the backends change mid-case, the table's entries staying.
+        let declare = rng.chance(2).then(|| changed(rng, &state));
         for (i, frame) in frames_of(rng, &state).into_iter().enumerate() {
-            steps.push(Step { advance_ms: if i == 0 { advance_ms } else { 0 }, frame });
+            let first = i == 0;
+            steps.push(Step { advance_ms: if first { advance_ms } else { 0 }, declare: if first { declare.clone() } else { None }, frame });
         }
     }
-    let before = rng.chance(30).then(|| earlier(rng, &state));
+    let before = rng.chance(30).then(|| changed(rng, &state));
     Case { found: String::new(), before, state, knobs, steps }
 }
 
-/// `state` before a change: a backend of some VIPs missing, or one more.
-fn earlier(rng: &mut Rng, state: &DesiredState) -> DesiredState {
-    let mut before = state.clone();
+/// `state` with some VIPs' backends changed: one removed, added, drained or reweighted.
+fn changed(rng: &mut Rng, state: &DesiredState) -> DesiredState {
+    let mut other = state.clone();
     for (vip, config) in &state.vips {
         if rng.chance(50) {
             continue;
         }
         let backends: Vec<IpAddr> = config.backends.keys().copied().collect();
-        if !backends.is_empty() && rng.chance(50) {
-            before.remove_backend(vip, backends[rng.index(backends.len())]).unwrap();
-        } else {
-            let backend = backend_addr(rng, vip.addr.is_ipv6());
-            let _ = before.add_backend(vip, backend, rng.range(1, 300) as u32);
+        let some = (!backends.is_empty()).then(|| backends[rng.index(backends.len())]);
+        match (rng.below(4), some) {
+            (0, Some(b)) => other.remove_backend(vip, b).unwrap(),
+            (1, Some(b)) => other.drain_backend(vip, b, None).unwrap(),
+            (2, Some(b)) => other.set_weight(vip, b, rng.range(1, 300) as u32).unwrap(),
+            _ => {
+                let _ = other.add_backend(vip, backend_addr(rng, vip.addr.is_ipv6()), rng.range(1, 300) as u32);
+            }
         }
     }
-    before
+    other
 }
 
 fn desired(rng: &mut Rng) -> DesiredState {

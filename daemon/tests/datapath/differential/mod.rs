@@ -126,6 +126,10 @@ impl<'e> Lab<'e> {
         self.configure(&case.knobs);
         let mut model = Model::new(self.map_state(), self.now_ns);
         for (n, step) in case.steps.iter().enumerate() {
+            if let Some(state) = &step.declare {
+                self.env.update(|s| *s = state.clone());
+                model.set_state(self.map_state());
+            }
             if step.advance_ms != 0 {
                 self.now_ns += step.advance_ms * 1_000_000;
                 self.configure(&case.knobs);
@@ -192,8 +196,16 @@ impl<'e> Lab<'e> {
                 prior: maps.rings.read(meta.prior),
             })
             .collect();
-        // Every backend a table names (a second-chance table may name one removed since).
-        let ids: std::collections::BTreeSet<u32> = vips.iter().flat_map(|v| v.ring.iter().chain(&v.prior)).copied().collect();
+        // Every backend declared (a draining one is in no table) or a table names (a
+        // second-chance table may name one removed since).
+        let declared = self
+            .env
+            .state
+            .vips
+            .iter()
+            .flat_map(|(vip, config)| config.backends.keys().map(|addr| self.env.reconciler.backend_id(vip, addr)));
+        let ids: std::collections::BTreeSet<u32> =
+            vips.iter().flat_map(|v| v.ring.iter().chain(&v.prior)).copied().chain(declared.flatten()).collect();
         let backends = ids.into_iter().map(|id| (id, maps.backend(id).unwrap())).collect();
         let configured = |slot: u32| maps.limits.get(&slot, 0).ok().filter(|l| l.configured != 0);
         MapState {
