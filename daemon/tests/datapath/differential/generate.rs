@@ -13,6 +13,9 @@ use super::case::{Case, Egress, Knobs, Step};
 const RING_SIZES: [u32; 4] = [13, 31, 257, 4099];
 const PORTS: [u16; 4] = [80, 443, 53, 8080];
 const SOURCE_PORTS: [u16; 3] = [1000, 1001, 40000];
+/// First fragments from one source at once: past its burst of records, though a quarter of
+/// them are mutated.
+const FRAGMENT_FLOOD: u32 = spillway_common::limits::FRAGMENT_SOURCE_BURST * 3 / 2;
 
 fn vip_addr(rng: &mut Rng, v6: bool) -> IpAddr {
     let n = rng.range(1, 3) as u8;
@@ -176,6 +179,8 @@ fn frames_of(rng: &mut Rng, state: &DesiredState) -> Vec<Vec<u8>> {
         55..67 if tcp => vec![frames::icmp_frag_needed(router, dst, client, 1400)],
         55..67 => vec![frames::icmp_frag_needed_udp(router, dst, client, 1400)],
         67..72 => vec![other_ip(rng, client, dst)],
+        // A source sending more first fragments than its records' burst (`drop_fragment_limited`).
+        72 if rng.chance(10) => (0..FRAGMENT_FLOOD).map(|id| frames::udp_fragments(client, dst, &[0x33; 24], 8, id).remove(0)).collect(),
         72..85 => {
             let big = vec![0x33; rng.range(16, 120) as usize];
             let mut list = frames::udp_fragments(client, dst, &big, 8 * rng.range(1, 6) as usize, rng.below(4) as u32);
