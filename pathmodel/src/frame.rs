@@ -160,32 +160,43 @@ fn quoted_v4(b: &Bytes, q: usize, dst: Dst, layout: Layout) -> Parsed {
     quoted_flow(b, q + ihl, proto, b.words(q + 16, 1), b.words(q + 12, 1), FAMILY_V4, layout)
 }
 
-fn parse_v6(b: &Bytes, l3: usize) -> Parsed {
-    if b.get(l3, IPV6_LEN).is_none() {
-        return Parsed::Malformed;
-    }
+/// The IPv6 header at `l3`, if whole and consistent: its layout.
+fn ipv6(b: &Bytes, l3: usize) -> Option<Layout> {
+    b.get(l3, IPV6_LEN)?;
     let vtc = u32::from_be_bytes(b.get(l3, 4).map_or([0; 4], |x| [x[0], x[1], x[2], x[3]]));
     let l3_len = IPV6_LEN + b.be16(l3 + 4).unwrap_or(0) as usize;
-    if vtc >> 28 != 6 || l3 + l3_len > b.len() {
-        return Parsed::Malformed;
-    }
-    let layout = Layout { l2_len: l3, l3_len, tos: (vtc >> 20) as u8 };
-    let dst = Dst { addr: b.words(l3 + 24, 4), family: FAMILY_V6 };
-    let src = b.words(l3 + 8, 4);
-    let mut next = b.u8(l3 + 6).unwrap_or(0);
+    (vtc >> 28 == 6 && l3 + l3_len <= b.len()).then_some(Layout { l2_len: l3, l3_len, tos: (vtc >> 20) as u8 })
+}
+
+/// Past the extension headers (hop-by-hop, routing, destination options) of the IPv6 packet
+/// at `l3`, at most `EXT_HEADERS_WALKED` of them: the next header, where it starts, and
+/// whether the walk ended at it (rather than at the bound). `None`: one was cut short.
+fn extension_headers(b: &Bytes, l3: usize) -> Option<(u8, usize, bool)> {
+    let mut next = b.u8(l3 + 6)?;
     let mut off = l3 + IPV6_LEN;
     for _ in 0..EXT_HEADERS_WALKED {
-        match next {
-            HOP_BY_HOP | ROUTING | DEST_OPTS => {
-                let Some(ext) = b.get(off, 2) else {
-                    return Parsed::Malformed;
-                };
-                next = ext[0];
-                off += (ext[1] as usize + 1) * 8;
-            }
-            FRAGMENT => return Parsed::Fragment(dst),
-            _ => break,
+        if !matches!(next, HOP_BY_HOP | ROUTING | DEST_OPTS) {
+            return Some((next, off, true));
         }
+        let ext = b.get(off, 2)?;
+        next = ext[0];
+        off += (ext[1] as usize + 1) * 8;
+    }
+    Some((next, off, false))
+}
+
+fn parse_v6(b: &Bytes, l3: usize) -> Parsed {
+    let Some(layout) = ipv6(b, l3) else {
+        return Parsed::Malformed;
+    };
+    let dst = Dst { addr: b.words(l3 + 24, 4), family: FAMILY_V6 };
+    let src = b.words(l3 + 8, 4);
+    let Some((next, off, ended)) = extension_headers(b, l3) else {
+        return Parsed::Malformed;
+    };
+    // A fragment header past the walk's bound is not looked at: other.
+    if next == FRAGMENT && ended {
+        return Parsed::Fragment(dst);
     }
     match next {
         PROTO_TCP | PROTO_UDP => transport(b, off, next, src, dst, layout),
@@ -288,27 +299,10 @@ fn fragment_v4(b: &Bytes, l3: usize) -> Fragment {
 }
 
 fn fragment_v6(b: &Bytes, l3: usize) -> Fragment {
-    if b.get(l3, IPV6_LEN).is_none() {
+    let (Some(layout), Some((next, off, _))) = (ipv6(b, l3), extension_headers(b, l3)) else {
         return Fragment::Malformed;
-    }
-    let vtc = u32::from_be_bytes(b.get(l3, 4).map_or([0; 4], |x| [x[0], x[1], x[2], x[3]]));
-    let l3_len = IPV6_LEN + b.be16(l3 + 4).unwrap_or(0) as usize;
-    if vtc >> 28 != 6 || l3 + l3_len > b.len() {
-        return Fragment::Malformed;
-    }
+    };
     let dst = Dst { addr: b.words(l3 + 24, 4), family: FAMILY_V6 };
-    let mut next = b.u8(l3 + 6).unwrap_or(0);
-    let mut off = l3 + IPV6_LEN;
-    for _ in 0..EXT_HEADERS_WALKED {
-        if !matches!(next, HOP_BY_HOP | ROUTING | DEST_OPTS) {
-            break;
-        }
-        let Some(ext) = b.get(off, 2) else {
-            return Fragment::Malformed;
-        };
-        next = ext[0];
-        off += (ext[1] as usize + 1) * 8;
-    }
     if next != FRAGMENT {
         return Fragment::Unplaceable(dst);
     }
@@ -316,7 +310,6 @@ fn fragment_v6(b: &Bytes, l3: usize) -> Fragment {
         return Fragment::Malformed;
     };
     let datagram = Datagram { src: b.words(l3 + 8, 4), dst, id: u32::from_be_bytes([frag[4], frag[5], frag[6], frag[7]]), proto: frag[0] };
-    let layout = Layout { l2_len: l3, l3_len, tos: (vtc >> 20) as u8 };
     classify(b, datagram, layout, u16::from_be_bytes([frag[2], frag[3]]) & 0xfff8 == 0, off + 8)
 }
 
