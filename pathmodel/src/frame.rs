@@ -35,6 +35,8 @@ pub struct Layout {
     /// The IP packet's length as its header states it.
     pub l3_len: usize,
     pub tos: u8,
+    /// Where the header after the IP ones starts (a QUIC VIP's UDP header).
+    pub l4: usize,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -124,8 +126,8 @@ fn parse_v4(b: &Bytes, l3: usize) -> Parsed {
     if b.be16(l3 + 6).unwrap_or(0) & 0x3fff != 0 {
         return Parsed::Fragment(dst);
     }
-    let layout = Layout { l2_len: l3, l3_len: total, tos: b.u8(l3 + 1).unwrap_or(0) };
     let l4 = l3 + ihl;
+    let layout = Layout { l2_len: l3, l3_len: total, tos: b.u8(l3 + 1).unwrap_or(0), l4 };
     let proto = b.u8(l3 + 9).unwrap_or(0);
     let src = b.words(l3 + 12, 1);
     match proto {
@@ -165,7 +167,7 @@ fn ipv6(b: &Bytes, l3: usize) -> Option<Layout> {
     b.get(l3, IPV6_LEN)?;
     let vtc = u32::from_be_bytes(b.get(l3, 4).map_or([0; 4], |x| [x[0], x[1], x[2], x[3]]));
     let l3_len = IPV6_LEN + b.be16(l3 + 4).unwrap_or(0) as usize;
-    (vtc >> 28 == 6 && l3 + l3_len <= b.len()).then_some(Layout { l2_len: l3, l3_len, tos: (vtc >> 20) as u8 })
+    (vtc >> 28 == 6 && l3 + l3_len <= b.len()).then_some(Layout { l2_len: l3, l3_len, tos: (vtc >> 20) as u8, l4: l3 + IPV6_LEN })
 }
 
 /// Past the extension headers (hop-by-hop, routing, destination options) of the IPv6 packet
@@ -194,6 +196,7 @@ fn parse_v6(b: &Bytes, l3: usize) -> Parsed {
     let Some((next, off, ended)) = extension_headers(b, l3) else {
         return Parsed::Malformed;
     };
+    let layout = Layout { l4: off, ..layout };
     // A fragment header past the walk's bound is not looked at: other.
     if next == FRAGMENT && ended {
         return Parsed::Fragment(dst);
@@ -294,7 +297,7 @@ fn fragment_v4(b: &Bytes, l3: usize) -> Fragment {
     if frag_off & 0x3fff == 0 {
         return Fragment::Unplaceable(dst);
     }
-    let layout = Layout { l2_len: l3, l3_len: total, tos: b.u8(l3 + 1).unwrap_or(0) };
+    let layout = Layout { l2_len: l3, l3_len: total, tos: b.u8(l3 + 1).unwrap_or(0), l4: l3 + ihl };
     classify(b, datagram, layout, frag_off & 0x1fff == 0, l3 + ihl)
 }
 

@@ -6,13 +6,14 @@
 //!
 //! `daemon/tests/datapath/differential.rs` runs generated frames and map states through the
 //! real program and this model and fails on any difference. What the model does not cover it
-//! refuses with a [`ModelError`] rather than guess: QUIC VIPs, the kernel's next-hop lookup
+//! refuses with a [`ModelError`] rather than guess: the kernel's next-hop lookup
 //! (the model's states use the static next hop), and a connection table that would have to
 //! evict a flow to make room.
 
 mod encap;
 pub mod frame;
 mod limits;
+mod quic;
 mod state;
 mod table;
 
@@ -24,7 +25,7 @@ use spillway_common::{
     prefix::masked,
     types::{
         BACKEND_ACTIVE, BackendInfo, CFG_F_PASS_TO, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, PROTO_TCP, PROTO_UDP, Rate,
-        Reason, VIP_F_QUIC, VipKey,
+        Reason, VipKey,
     },
 };
 
@@ -179,8 +180,11 @@ impl Model {
         let Some(vip) = self.state.vip(&VipKey { addr: key.dst, port: key.dport, proto: key.proto, family: key.family }).cloned() else {
             return self.not_served(&Dst { addr: key.dst, family: key.family }, unserved);
         };
-        if vip.flags & VIP_F_QUIC != 0 {
-            return Err(ModelError::Unmodelled("QUIC VIPs"));
+        // Only a packet of the path itself (not a first fragment) is looked at as QUIC.
+        if let (Some(quic), Placement::Packet, false) = (&vip.quic, placement, icmp_error)
+            && let Some((id, backend, hash)) = quic::named(&self.state, frame, vip.id, quic, layout.l4)
+        {
+            return self.forward(frame, key.family, &layout, (id, &backend), None, hash);
         }
         let now_ns = self.now_ns;
         let now = ticks(now_ns);

@@ -2,7 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use spillway_common::types::{BackendInfo, LbConfig, Limits, RuleSlotKey, RuleValue, VipKey};
+use spillway_common::{
+    quic_lb::QuicLbConfig,
+    types::{BackendInfo, LbConfig, Limits, QuicServer, QuicServerKey, RuleSlotKey, RuleValue, VipKey},
+};
 
 /// One VIP as the VIP index holds it, its Maglev table read out slot by slot.
 #[derive(Clone, Debug)]
@@ -14,6 +17,8 @@ pub struct VipEntry {
     pub ring: Vec<u32>,
     /// Its second-chance table: the active one before its last change (empty: none).
     pub prior: Vec<u32>,
+    /// A QUIC VIP's QUIC-LB configuration.
+    pub quic: Option<QuicLbConfig>,
 }
 
 /// Everything the path reads but its own kernel-owned state (the connection table, buckets,
@@ -29,6 +34,8 @@ pub struct MapState {
     /// The default limits, for VIPs without their own.
     pub default_limits: Option<Limits>,
     pub rules: Vec<(RuleSlotKey, RuleValue)>,
+    /// QUIC VIPs' servers by (VIP id, server id), each with a copy of its backend.
+    pub quic_servers: Vec<(QuicServerKey, QuicServer)>,
     /// Buckets of the connection table (a power of two).
     pub table_buckets: u32,
     /// The interface frames arrive on, and those the redirect map holds.

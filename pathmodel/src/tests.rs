@@ -23,7 +23,7 @@ fn state() -> MapState {
     let key = VipKey { addr: to_words("10.200.1.1".parse().unwrap()).0, port: 80u16.to_be(), proto: PROTO_TCP, family: FAMILY_V4 };
     MapState {
         config: LbConfig { flags: CFG_F_STATIC_NEXTHOP, static_ifindex: 1, tcp_idle_timeout_s: 60, ..LbConfig::default() },
-        vips: vec![VipEntry { key, id: 1, flags: 0, ring: (0..13).map(|i| 1 + i % 2).collect(), prior: Vec::new() }],
+        vips: vec![VipEntry { key, id: 1, flags: 0, ring: (0..13).map(|i| 1 + i % 2).collect(), prior: Vec::new(), quic: None }],
         backends: BTreeMap::from([(1, backend("10.1.0.101", 1)), (2, backend("10.1.0.102", 1))]),
         table_buckets: 1024,
         ingress: 1,

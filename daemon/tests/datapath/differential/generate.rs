@@ -5,8 +5,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use spillway_common::quic_lb::{MAX_CID_LEN, encode};
 use spillway_harness::{frames, rng::Rng};
-use spillway_model::{Cidr, DesiredState, Encap, HashMode, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip};
+use spillway_model::{Cidr, DesiredState, Encap, HashMode, QuicConfig, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip, server_id_of};
 
 use super::case::{Case, Egress, Knobs, Step};
 
@@ -108,6 +109,16 @@ fn desired(rng: &mut Rng) -> DesiredState {
             let prefix = if v6 { rng.pick(&[48, 64, 128]) } else { rng.pick(&[16, 24, 32]) };
             state.set_hash(&vip, HashMode::Source, Some(prefix)).unwrap();
         }
+        if proto == "udp" && rng.chance(40) {
+            let quic = QuicConfig {
+                config_id: rng.below(7) as u8,
+                server_id_len: rng.range(1, 4) as u8,
+                nonce_len: rng.range(4, 8) as u8,
+                self_len: rng.chance(50),
+            };
+            // Refused when two backends' addresses end alike: then a plain UDP VIP.
+            let _ = state.set_quic(&vip, Some(quic));
+        }
         limits(rng, &mut state, Some(&vip));
     }
     if rng.chance(20) {
@@ -174,7 +185,8 @@ fn frames_of(rng: &mut Rng, state: &DesiredState) -> Vec<Vec<u8>> {
             }
             vec![f]
         }
-        0..55 => vec![frames::udp(client, dst, &payload)],
+        0..45 => vec![frames::udp(client, dst, &quic_payload(rng, state, dst).unwrap_or(payload))],
+        45..55 => vec![frames::udp(client, dst, &payload)],
         55..67 if dst.is_ipv6() => vec![frames::icmp6_packet_too_big(router, dst, client, 1280)],
         55..67 if tcp => vec![frames::icmp_frag_needed(router, dst, client, 1400)],
         55..67 => vec![frames::icmp_frag_needed_udp(router, dst, client, 1400)],
@@ -210,6 +222,25 @@ fn frames_of(rng: &mut Rng, state: &DesiredState) -> Vec<Vec<u8>> {
         }
     }
     list
+}
+
+/// For a QUIC VIP at `dst`: a QUIC packet, mostly a short header whose connection id names
+/// one of its backends (or a server id nobody has), else a long header.
+fn quic_payload(rng: &mut Rng, state: &DesiredState, dst: SocketAddr) -> Option<Vec<u8>> {
+    let (_, config) = state.vips.iter().find(|(v, c)| v.addr == dst.ip() && (v.port == dst.port() || v.port == 0) && c.quic.is_some())?;
+    let quic = config.quic?;
+    let cfg = quic.to_lb();
+    let backends: Vec<IpAddr> = config.backends.keys().copied().collect();
+    let named = if !backends.is_empty() && rng.chance(80) { backends[rng.index(backends.len())] } else { backend_addr(rng, dst.is_ipv6()) };
+    let nonce: Vec<u8> = (0..quic.nonce_len).map(|_| rng.next_u64() as u8).collect();
+    let mut cid = [0u8; MAX_CID_LEN];
+    encode(&cfg, &server_id_of(named, quic.server_id_len), &nonce, rng.next_u64() as u8, &mut cid).ok()?;
+    // A short header (its fixed bit set), or now and then a long one.
+    let first = if rng.chance(85) { 0x40 } else { 0xc0 };
+    let mut payload = vec![first];
+    payload.extend_from_slice(&cid);
+    payload.extend((0..rng.below(24)).map(|_| rng.next_u64() as u8));
+    Some(payload)
 }
 
 /// An ICMP echo request or another IP protocol (GRE) to `dst`.

@@ -20,7 +20,7 @@ use spillway_common::{
     addr::to_words,
     hash::FLOW_SEED,
     limits::Capacity,
-    types::{CFG_F_STATIC_NEXTHOP, LbConfig, Reason},
+    types::{CFG_F_STATIC_NEXTHOP, LbConfig, Reason, VIP_F_QUIC},
 };
 use spillway_harness::{packet_lab, rng::Rng};
 use spillway_model::DesiredState;
@@ -194,6 +194,7 @@ impl<'e> Lab<'e> {
                 flags: meta.flags,
                 ring: maps.rings.read(meta.active),
                 prior: maps.rings.read(meta.prior),
+                quic: (meta.flags & VIP_F_QUIC != 0).then_some(meta.quic),
             })
             .collect();
         // Every backend declared (a draining one is in no table) or a table names (a
@@ -215,6 +216,7 @@ impl<'e> Lab<'e> {
             vips,
             backends,
             rules: maps.rules.rules(),
+            quic_servers: maps.quic_servers.entries(),
             table_buckets: maps.flows.buckets() as u32,
             ingress: self.env.ingress,
             tx_ports: vec![self.env.egress],
