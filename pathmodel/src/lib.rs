@@ -4,10 +4,10 @@
 //! connection table), never by calling the program's code. Only `spillway-common`'s shared
 //! math (hashes, Maglev slots, prefixes, the map types) is common to both.
 //!
-//! `daemon/tests/datapath/differential.rs` runs generated frames and map states through the
+//! `daemon/tests/datapath/differential/` runs generated frames and map states through the
 //! real program and this model and fails on any difference. What the model does not cover it
-//! refuses with a [`ModelError`] rather than guess: the kernel's next-hop lookup
-//! (the model's states use the static next hop), and a connection table that would have to
+//! refuses with a [`ModelError`] rather than guess: the kernel's next-hop lookup (the model's
+//! states use the static next hop), `--pass-to`, and a connection table that would have to
 //! evict a flow to make room.
 
 mod encap;
