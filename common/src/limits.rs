@@ -9,7 +9,9 @@
 /// 7: a VIP slot carries its QUIC-LB configuration, and the QUIC hand-over its counts.
 /// 8: a server-id slot carries a copy of its backend's entry (a whole cache line).
 /// 9: `spw_reasons` counts the fragments' reasons (`drop_fragment_unmatched`, `_limited`).
-pub const PIN_VERSION: u32 = 9;
+/// 10: `spw_reasons` counts the echo answers (`tx_echo_reply`, `drop_echo_limited`), a
+/// `spw_vip_addrs` value carries `ADDR_F_*` flags, and `spw_echo_prog` is pinned.
+pub const PIN_VERSION: u32 = 10;
 
 /// How big the balancer's tables are. Chosen when `lbd` starts (its options); the maps are
 /// created with these sizes, and pinned maps of another shape are refused by name.
@@ -171,6 +173,17 @@ pub const PTB_SOURCE_ENTRIES: u32 = 4096;
 /// The IPv6 prefix that shares one source bucket (a link's hosts; an IPv4 address is one).
 pub const PTB_SOURCE_PREFIX_V6: u8 = 64;
 
+/// Echo requests to a VIP address (`spillway_lb_echo`): answers a second per source (an
+/// IPv4 address, an IPv6 /64) and for all sources together, each with a burst of one
+/// second's worth (`lbd --echo-per-source`, `--echo-total`). An answer goes to a source
+/// that may be spoofed; a person pinging sends one a second.
+pub const DEFAULT_ECHO_PER_SOURCE: u32 = 10;
+pub const DEFAULT_ECHO_TOTAL: u32 = 1000;
+/// Sources whose answers are counted (LRU: a source forgotten starts with a full bucket).
+pub const ECHO_SOURCE_ENTRIES: u32 = 4096;
+/// The IPv6 prefix that shares one source bucket (a link's hosts; an IPv4 address is one).
+pub const ECHO_SOURCE_PREFIX_V6: u8 = 64;
+
 /// Fragmented datagrams to UDP VIPs (`spillway_lb_frag`): each source (an IPv4 address, an
 /// IPv6 /64) records at most `FRAGMENT_SOURCE_BURST + 1` datagrams at once and
 /// `FRAGMENT_SOURCE_PER_S` a second after that, and a record is followed for
@@ -269,6 +282,13 @@ pub mod map_names {
     pub const FRAGMENT_PROGRAM: &str = "spw_frag_prog";
     pub const FRAGMENTS: &str = "spw_frags";
     pub const FRAGMENT_SOURCES: &str = "spw_frag_src";
+    /// Slot 0: the echo program (`spillway_lb_echo`), which the balancer tail-calls for
+    /// other traffic than TCP and UDP to a VIP address that answers echo requests; its rate
+    /// limits (`types::EchoConfig`), and its buckets per source (LRU) and for all.
+    pub const ECHO_PROGRAM: &str = "spw_echo_prog";
+    pub const ECHO_CONFIG: &str = "spw_echo_cfg";
+    pub const ECHO_SOURCES: &str = "spw_echo_src";
+    pub const ECHO_TOTAL: &str = "spw_echo_all";
     /// Bench only: the cheapest hop's [`crate::types::HopConfig`].
     pub const HOP_CONFIG: &str = "spw_hop_cfg";
 }
@@ -291,6 +311,9 @@ pub mod program_names {
     /// Tail-called by the balancer (and its IPv6 program) for a fragment to a VIP address.
     pub const FRAGMENT: &str = "spillway_lb_frag";
     pub const FRAGMENT_V6: &str = "spillway_lb_frag_v6";
+    /// Tail-called by the balancer (and its IPv6 program) for other traffic than TCP and UDP
+    /// to a VIP address that answers echo requests.
+    pub const ECHO: &str = "spillway_lb_echo";
     /// Test-run by the loader to read jiffies (the clock's calibration); never attached.
     pub const CLOCK: &str = "spillway_clock";
     pub const DECAP: &str = "spillway_decap";

@@ -123,6 +123,29 @@ pub struct AddrKey {
     pub _pad: [u8; 3],
 }
 
+/// `spw_vip_addrs` values: the address is a VIP's (always set), and
+/// [`ADDR_F_ECHO`]: a VIP at the address has a backend taking new flows, so its echo
+/// requests are answered (`spillway_lb_echo`). Computed by the reconciler from the tables.
+pub const ADDR_F_VIP: u32 = 1;
+pub const ADDR_F_ECHO: u32 = 1 << 1;
+
+/// The echo answers' rate limits (`spw_echo_cfg`, written by `lbd` from `--echo-per-source`
+/// and `--echo-total`): per source prefix and for all sources together. A zero rate in
+/// either answers nothing (the all-zero map `lbd` has not written yet included).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EchoConfig {
+    pub per_source: Rate,
+    pub total: Rate,
+}
+
+impl EchoConfig {
+    /// `per_source` and `total` answers a second, each with a burst of one second's worth.
+    pub const fn new(per_source: u32, total: u32) -> EchoConfig {
+        EchoConfig { per_source: Rate::new(per_source, per_source), total: Rate::new(total, total) }
+    }
+}
+
 /// A fragmented datagram (`spw_frags`): what every fragment of it carries, the first
 /// (which alone has the ports) and the later ones alike. `id`: the IPv4 identification (16
 /// bits) or the IPv6 fragment header's (32).
@@ -670,6 +693,12 @@ reasons!(
         /// fragmented datagrams (`FRAGMENT_SOURCE_PER_S`): dropped before it is placed, so
         /// it takes neither a record nor a connection-table entry.
         DropFragmentLimited = "drop_fragment_limited",
+        /// An ICMP or ICMPv6 echo request to a VIP address with a backend taking new flows,
+        /// answered in place (XDP_TX, no bigger than the request; `spillway_lb_echo`).
+        TxEchoReply = "tx_echo_reply",
+        /// An echo request that would have been answered, but its source's or the total
+        /// rate of answers (`lbd --echo-per-source`, `--echo-total`) was spent: dropped.
+        DropEchoLimited = "drop_echo_limited",
     }
 );
 
@@ -814,6 +843,7 @@ const _: () = assert!(size_of::<VipSlot>() == 64);
 const _: () = assert!(core::mem::offset_of!(VipSlot, meta.active) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(VipSlot, meta.prior) % 8 == 0);
 const _: () = assert!(size_of::<AddrKey>() == 20);
+const _: () = assert!(size_of::<EchoConfig>() == 48);
 const _: () = assert!(size_of::<FragmentKey>() == 40);
 const _: () = assert!(size_of::<FragmentRecord>() == 20);
 const _: () = assert!(size_of::<AllowKey>() == 20);
@@ -899,6 +929,7 @@ mod pod {
         Traffic,
         Rate,
         Limits,
+        EchoConfig,
         Bucket,
         SourceKey,
         SourceState,

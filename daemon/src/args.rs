@@ -4,13 +4,14 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use spillway_common::limits::{
-    Capacity, DEFAULT_GUE_PORT, DEFAULT_LOCAL_ADDRS, DEFAULT_RING_SIZE, DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S,
-    MAX_ALLOW_FROM, MAX_LOCAL_ADDRS, SECOND_CHANCE_SETTLE_MS,
+    Capacity, DEFAULT_ECHO_PER_SOURCE, DEFAULT_ECHO_TOTAL, DEFAULT_GUE_PORT, DEFAULT_LOCAL_ADDRS, DEFAULT_RING_SIZE,
+    DEFAULT_TCP_IDLE_TIMEOUT_S, DEFAULT_UDP_IDLE_TIMEOUT_S, MAX_ALLOW_FROM, MAX_LOCAL_ADDRS, SECOND_CHANCE_SETTLE_MS,
 };
 
 use super::outer_src::{OuterSrc4, OuterSrc6};
 use crate::metrics::MetricsListen;
 use spillway_api::DEFAULT_SOCKET;
+use spillway_common::types::EchoConfig;
 use spillway_dataplane::pins::{DEFAULT_PIN_DIR, XdpModeArg};
 use spillway_dataplane::vip_path::VipPathArgs;
 use spillway_logging::LogFormat;
@@ -220,6 +221,16 @@ pub struct DaemonArgs {
     /// may also belong to); changes closer together, such as a slow-start ramp, are one.
     #[arg(long, value_name = "S", default_value_t = SECOND_CHANCE_SETTLE_MS / 1000, value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub second_chance_settle_s: u64,
+    /// Echo requests (ping) to a VIP address answered a second per source (an IPv4 address,
+    /// an IPv6 /64), and as many at once after a quiet second; 0: no ping is answered. An
+    /// address answers only while one of its VIPs has a backend taking new flows.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_ECHO_PER_SOURCE, value_parser = clap::value_parser!(u32).range(0..=MAX_ECHO_RATE))]
+    pub echo_per_source: u32,
+    /// Echo requests to VIP addresses answered a second from all sources together (the same
+    /// burst); 0: none. It bounds what a flood of requests with spoofed sources makes the
+    /// balancer send; over it, requests are dropped (`drop_echo_limited`).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_ECHO_TOTAL, value_parser = clap::value_parser!(u32).range(0..=MAX_ECHO_RATE))]
+    pub echo_total: u32,
     #[command(flatten)]
     pub announce: AnnounceArgs,
     #[command(flatten)]
@@ -250,7 +261,15 @@ pub struct DaemonArgs {
     pub max_fragments: u32,
 }
 
+/// The most echo answers a second an option may allow (a GCRA interval of 1 µs).
+const MAX_ECHO_RATE: i64 = 1_000_000;
+
 impl DaemonArgs {
+    /// The echo answers' rate limits.
+    pub fn echo_config(&self) -> EchoConfig {
+        EchoConfig::new(self.echo_per_source, self.echo_total)
+    }
+
     /// The sizes of the maps.
     pub fn capacity(&self) -> Capacity {
         let per_vip = u64::from(Capacity::ring_slots_for(1, DEFAULT_RING_SIZE));

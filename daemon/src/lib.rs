@@ -253,6 +253,7 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     let uplink_states = uplink_watch.check(&args.iface);
     log_memory(&maps);
     maps.set_config_keeping_table_seed(&config)?;
+    maps.set_echo_config(&args.echo_config())?;
     let checks = (!args.no_health_checks).then(|| {
         let defaults = HealthConfig { slow_start_ms: args.health_slow_start_ms, ..HealthConfig::default() };
         (ChecksConfig { defaults, local_zone: args.zone.clone() }, store.load_health().unwrap_or_default())

@@ -172,7 +172,9 @@ impl Settings {
             let flag = format!("--{long}");
             match find(&command, key).map(Arg::get_action) {
                 Some(ArgAction::SetTrue) => args.push(flag),
-                _ => values.iter().for_each(|v| args.extend([flag.clone(), v.clone()])),
+                // Joined, so a value that starts with `-` (`echo_total = -1`) is read as the
+                // value it is, and refused as such, not taken for another option.
+                _ => values.iter().for_each(|v| args.push(format!("{flag}={v}"))),
             }
         }
         args
@@ -403,6 +405,8 @@ mod tests {
             ("[lbd]\nouter_src6 = \"fd00::/64\"\n", ":3:14: lbd.outer_src6: invalid value 'fd00::/64' for '--outer-src6 <ADDR[/PREFIX]>'"),
             ("[lbd]\nxdp_mode = \"offload\"\n", "lbd.xdp_mode: invalid value 'offload' for '--xdp-mode <XDP_MODE>'"),
             ("[lbd]\ntcp_idle_timeout_s = 0\n", "lbd.tcp_idle_timeout_s: invalid value '0' for '--tcp-idle-timeout-s <S>'"),
+            ("[lbd]\necho_per_source = 2000000\n", "lbd.echo_per_source: invalid value '2000000' for '--echo-per-source <N>'"),
+            ("[lbd]\necho_total = -1\n", "lbd.echo_total: invalid value '-1' for '--echo-total <N>'"),
             ("[lbd]\nzone = \"Zone A\"\n", "lbd.zone: invalid value 'Zone A' for '--zone <ZONE>': zone \"Zone A\""),
             ("[lbd]\nno_health_checks = \"yes\"\n", ":3:20: lbd.no_health_checks: expected true or false, found string"),
             ("[lbd]\ntx_iface = [[\"eth1\"]]\n", "lbd.tx_iface: expected a string or a number, found array"),
@@ -414,6 +418,10 @@ mod tests {
             let err = err.map(|_| ()).unwrap_err().to_string();
             assert!(err.starts_with(&path) && err.contains(message), "{text:?}: {err}\n  lacks {message:?}");
         }
+        // The echo answers' rates reach the data path's configuration as set (0: none).
+        let path = file(&tmp, "vips = []\n[lbd]\necho_per_source = 0\necho_total = 20\n");
+        let resolved = resolve(argv(&["lbd", "--config", &path])).unwrap();
+        assert_eq!(resolved.args.daemon.echo_config(), spillway_common::types::EchoConfig::new(0, 20));
         // The file is read whole before anything else: a bad state is refused by the caller,
         // a missing --iface here.
         let path = file(&tmp, "vips = []\n");

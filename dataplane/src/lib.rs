@@ -183,7 +183,7 @@ const QUIC_PROGRAMS: [&str; 4] =
 
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
-const PINNED_MAPS: [&str; 33] = [
+const PINNED_MAPS: [&str; 34] = [
     map_names::CONFIG,
     map_names::VIPS,
     map_names::VIP_ADDRS,
@@ -217,6 +217,7 @@ const PINNED_MAPS: [&str; 33] = [
     map_names::PASS_TO_PROGRAM,
     map_names::PASS_TO_MISSING,
     map_names::FRAGMENT_PROGRAM,
+    map_names::ECHO_PROGRAM,
 ];
 
 /// The fragment programs, in the order of their slots in `spw_frag_prog`.
@@ -232,6 +233,7 @@ impl Balancer {
         load_xdp(&mut ebpf, program_names::SECOND_CHANCE)?;
         load_xdp(&mut ebpf, program_names::BALANCER_V6)?;
         load_xdp(&mut ebpf, program_names::PACKET_TOO_BIG)?;
+        load_xdp(&mut ebpf, program_names::ECHO)?;
         for name in QUIC_PROGRAMS.into_iter().chain(FRAGMENT_PROGRAMS) {
             load_xdp(&mut ebpf, name)?;
         }
@@ -252,6 +254,11 @@ impl Balancer {
         let name = program_names::PACKET_TOO_BIG;
         let ptb = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
         named(map_names::PTB_PROGRAM, maps.ptb_program.set(0, ptb, 0))?;
+        // The program the balancer tail-calls for echo requests to a VIP address: until it is
+        // set, they are dropped unanswered (as until `lbd` writes the answers' rates).
+        let name = program_names::ECHO;
+        let echo = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
+        named(map_names::ECHO_PROGRAM, maps.echo_program.set(0, echo, 0))?;
         // The QUIC programs and their fallbacks: set before any VIP is flagged QUIC.
         for (slot, name) in (0..).zip(QUIC_PROGRAMS) {
             let quic = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;

@@ -13,8 +13,8 @@ use spillway_common::{
     hash::maglev_hash,
     limits::{Capacity, MAX_RULES, RING_SLOTS_PER_WORD, map_names},
     types::{
-        AddrKey, BackendInfo, Bucket, FlowInfo, FlowKey, LbConfig, Limits, Observed, QuicHandover, QuicRouting, QuicServer, QuicServerKey,
-        Reason, RingRef, RuleCounters, RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BackendInfo, Bucket, EchoConfig, FlowInfo, FlowKey, LbConfig, Limits, Observed, QuicHandover, QuicRouting, QuicServer,
+        QuicServerKey, Reason, RingRef, RuleCounters, RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
     },
 };
 
@@ -81,6 +81,10 @@ pub struct BalancerMaps {
     pub quic_program: ProgramArray<MapData>,
     /// Slots 0 and 1: the fragment programs (IPv4, IPv6); held open for the same reason.
     pub fragment_program: ProgramArray<MapData>,
+    /// Slot 0: the echo program; held open for the same reason.
+    pub echo_program: ProgramArray<MapData>,
+    /// The echo answers' rate limits (not pinned: each `lbd` writes its own at start).
+    pub echo_config: Array<MapData, EchoConfig>,
     /// QUIC VIPs: (VIP id, server id) -> backend id.
     pub quic_servers: QuicServerIndex,
     /// The QUIC hand-over, a slot per CPU, where the QUIC programs count how short headers
@@ -147,6 +151,8 @@ impl BalancerMaps {
             ptb_program: take(ebpf, map_names::PTB_PROGRAM)?,
             quic_program: take(ebpf, map_names::QUIC_PROGRAM)?,
             fragment_program: take(ebpf, map_names::FRAGMENT_PROGRAM)?,
+            echo_program: take(ebpf, map_names::ECHO_PROGRAM)?,
+            echo_config: take(ebpf, map_names::ECHO_CONFIG)?,
             quic_servers: Index { slots: take_mapped(ebpf, map_names::QUIC_SERVERS)? },
             quic_handover: take(ebpf, map_names::QUIC_HANDOVER)?,
         })
@@ -165,6 +171,11 @@ impl BalancerMaps {
     pub fn set_config(&mut self, config: &LbConfig) -> Result<(), DataplaneError> {
         let config = LbConfig { ns_per_jiffy: self.clock.ns_per_jiffy, clock_offset_ns: self.clock.offset_ns, ..*config };
         named(map_names::CONFIG, self.config.set(0, &config, 0))
+    }
+
+    /// Sets the echo answers' rate limits (a zero rate answers nothing).
+    pub fn set_echo_config(&mut self, config: &EchoConfig) -> Result<(), DataplaneError> {
+        named(map_names::ECHO_CONFIG, self.echo_config.set(0, config, 0))
     }
 
     /// Writes `config` with the connection table's secret seed: the one the pinned table
@@ -381,12 +392,12 @@ impl Maps for BalancerMaps {
         Ok(())
     }
 
-    fn vip_addrs(&self) -> Result<Vec<AddrKey>, MapsError> {
-        self.vip_addrs.keys().map(|r| named(map_names::VIP_ADDRS, r)).collect::<Result<_, DataplaneError>>().map_err(MapsError::from)
+    fn vip_addrs(&self) -> Result<Vec<(AddrKey, u32)>, MapsError> {
+        self.vip_addrs.iter().map(|r| named(map_names::VIP_ADDRS, r)).collect::<Result<_, DataplaneError>>().map_err(MapsError::from)
     }
 
-    fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), MapsError> {
-        named(map_names::VIP_ADDRS, self.vip_addrs.insert(key, &1, 0)).map_err(MapsError::from)
+    fn set_vip_addr(&mut self, key: &AddrKey, flags: u32) -> Result<(), MapsError> {
+        named(map_names::VIP_ADDRS, self.vip_addrs.insert(key, &flags, 0)).map_err(MapsError::from)
     }
 
     fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), MapsError> {

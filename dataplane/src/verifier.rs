@@ -13,7 +13,7 @@ use crate::objects;
 /// The most processed instructions each program may take: `spillway_lb` [`BALANCER_GOAL`],
 /// every other program 200k (docs/design/verifier-and-stack.md). Raising one is a decision,
 /// not a fix: first look for the branch that multiplied the walk.
-pub const BUDGETS: [(&str, u32); 13] = [
+pub const BUDGETS: [(&str, u32); 14] = [
     (program_names::BALANCER, BALANCER_GOAL),
     (program_names::BALANCER_V6, 200_000),
     (program_names::BALANCER_QUIC, 200_000),
@@ -22,6 +22,7 @@ pub const BUDGETS: [(&str, u32); 13] = [
     (program_names::BALANCER_UDP_V6, 200_000),
     (program_names::SECOND_CHANCE, 200_000),
     (program_names::PACKET_TOO_BIG, 200_000),
+    (program_names::ECHO, 200_000),
     (program_names::FRAGMENT, 200_000),
     (program_names::FRAGMENT_V6, 200_000),
     (program_names::PROBE, 200_000),

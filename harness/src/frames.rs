@@ -417,3 +417,64 @@ pub fn check_packet_too_big(out: &[u8], input: &[u8], l2_len: usize, mtu: u32) -
     }
     Ok(())
 }
+
+/// An ICMP (IPv4) or ICMPv6 (IPv6) echo request from `src` to `dst` with `payload`, as
+/// `ping` sends it.
+pub fn echo_request(src: IpAddr, dst: IpAddr, id: u16, seq: u16, payload: &[u8]) -> Vec<u8> {
+    let step = ip_step(src, dst);
+    let mut out = Vec::new();
+    let written = if src.is_ipv4() {
+        step.icmpv4_echo_request(id, seq).write(&mut out, payload)
+    } else {
+        step.icmpv6_echo_request(id, seq).write(&mut out, payload)
+    };
+    written.expect("writing an echo request");
+    out
+}
+
+/// Checks the balancer's answer to `input`, an echo request: the same frame turned around
+/// (MACs swapped, the L2 header's other `l2_len` bytes kept, the same length), addresses
+/// swapped, TTL or hop limit 64, the IPv4 header's checksum valid, an echo reply of the same
+/// identifier, sequence and payload whose checksum is the one etherparse computes, and
+/// nothing else of the IP header changed.
+pub fn check_echo_reply(out: &[u8], input: &[u8], l2_len: usize) -> Result<()> {
+    use etherparse::{IcmpEchoHeader, Icmpv4Header, Icmpv4Type, Icmpv6Header, Icmpv6Type};
+    ensure!(out.len() == input.len(), "answer of {} bytes to a frame of {}", out.len(), input.len());
+    ensure!(out[0..6] == input[6..12] && out[6..12] == input[0..6], "MACs not swapped: {:02x?}", &out[0..12]);
+    ensure!(out[12..l2_len] == input[12..l2_len], "L2 header changed: {:02x?}", &out[12..l2_len]);
+    let (ip, sent) = (&out[l2_len..], &input[l2_len..]);
+    let echo = |icmp: &[u8]| IcmpEchoHeader { id: u16::from_be_bytes([icmp[4], icmp[5]]), seq: u16::from_be_bytes([icmp[6], icmp[7]]) };
+    let l4 = if sent[0] >> 4 == 4 {
+        ensure!(ip[..8] == sent[..8], "IPv4 header's first words changed");
+        ensure!(ip[8] == 64 && ip[9] == 1, "TTL {} / protocol {}", ip[8], ip[9]);
+        ensure!(ipv4_checksum(&ip[..20]) == 0, "IPv4 checksum");
+        ensure!(ip[12..16] == sent[16..20] && ip[16..20] == sent[12..16], "addresses not swapped");
+        let icmp = &ip[20..u16::from_be_bytes([ip[2], ip[3]]) as usize];
+        ensure!(icmp[0] == 0 && icmp[1] == 0, "ICMP type {} code {}", icmp[0], icmp[1]);
+        let want = Icmpv4Header::with_checksum(Icmpv4Type::EchoReply(echo(icmp)), &icmp[8..]).checksum;
+        ensure!(
+            u16::from_be_bytes([icmp[2], icmp[3]]) == want,
+            "ICMP checksum {:#x}, expected {want:#x}",
+            u16::from_be_bytes([icmp[2], icmp[3]])
+        );
+        20
+    } else {
+        ensure!(ip[..7] == sent[..7], "IPv6 header's first words changed");
+        ensure!(ip[7] == 64, "hop limit {}", ip[7]);
+        ensure!(ip[8..24] == sent[24..40] && ip[24..40] == sent[8..24], "addresses not swapped");
+        let icmp = &ip[40..40 + u16::from_be_bytes([ip[4], ip[5]]) as usize];
+        ensure!(icmp[0] == 129 && icmp[1] == 0, "ICMPv6 type {} code {}", icmp[0], icmp[1]);
+        let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
+        src.copy_from_slice(&ip[8..24]);
+        dst.copy_from_slice(&ip[24..40]);
+        let want = Icmpv6Header::with_checksum(Icmpv6Type::EchoReply(echo(icmp)), src, dst, &icmp[8..])?.checksum;
+        ensure!(
+            u16::from_be_bytes([icmp[2], icmp[3]]) == want,
+            "ICMPv6 checksum {:#x}, expected {want:#x}",
+            u16::from_be_bytes([icmp[2], icmp[3]])
+        );
+        40
+    };
+    ensure!(ip[l4 + 4..] == sent[l4 + 4..], "identifier, sequence or payload changed");
+    Ok(())
+}

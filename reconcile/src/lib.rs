@@ -41,9 +41,9 @@ use spillway_common::{
     prefix::masked,
     quic_lb::QuicLbConfig,
     types::{
-        AddrKey, BACKEND_ACTIVE, BACKEND_F_NEW_FLOWS, BACKEND_FREE, BackendInfo, ENCAP_GUE, LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP,
-        PROTO_UDP, QuicServer, QuicServerKey, RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate, RingRef, RuleSlotKey, RuleValue, VIP_F_QUIC,
-        VIP_F_SCOPED_RULES, VIP_SOURCE_HASH_BITS, VipKey, VipMeta, vip_source_hash_flags,
+        ADDR_F_ECHO, ADDR_F_VIP, AddrKey, BACKEND_ACTIVE, BACKEND_F_NEW_FLOWS, BACKEND_FREE, BackendInfo, ENCAP_GUE,
+        LIMIT_F_OBSERVE_SOURCE, Limits, PROTO_TCP, PROTO_UDP, QuicServer, QuicServerKey, RULE_BLOCK, RULE_EXEMPT, RULE_LIMIT, Rate,
+        RingRef, RuleSlotKey, RuleValue, VIP_F_QUIC, VIP_F_SCOPED_RULES, VIP_SOURCE_HASH_BITS, VipKey, VipMeta, vip_source_hash_flags,
     },
 };
 
@@ -93,8 +93,10 @@ pub trait Maps {
     /// one store) its active table.
     fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), MapsError>;
     fn remove_vip(&mut self, key: &VipKey) -> Result<(), MapsError>;
-    fn vip_addrs(&self) -> Result<Vec<AddrKey>, MapsError>;
-    fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), MapsError>;
+    /// The VIP addresses and their `ADDR_F_*` flags.
+    fn vip_addrs(&self) -> Result<Vec<(AddrKey, u32)>, MapsError>;
+    /// Inserts the address, or replaces its flags (one word: a packet reads the old or the new).
+    fn set_vip_addr(&mut self, key: &AddrKey, flags: u32) -> Result<(), MapsError>;
     fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), MapsError>;
     /// Writes `(slot, backend id)` pairs into `table`.
     fn write_slots(&mut self, table: RingRef, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, MapsError>;
@@ -200,8 +202,9 @@ pub struct Reconciler {
     rules: BTreeMap<RuleMatch, RuleRuntime>,
     /// Entries found in the maps that no rule can own (removed on the next apply).
     stale_rules: Vec<RuleSlotKey>,
-    /// What the VIP address map and the pre-filter hold (read once, then kept).
-    vip_addrs: HashSet<AddrKey>,
+    /// What the VIP address map (addresses and their `ADDR_F_*` flags) and the pre-filter
+    /// hold (read once, then kept).
+    vip_addrs: HashMap<AddrKey, u32>,
     vip_filter: Vec<u64>,
     /// Table changes closer together than this are one change for second chance.
     settle: Duration,
@@ -328,9 +331,19 @@ impl Reconciler {
         // Before the flag sends a QUIC VIP's packets to the QUIC program.
         self.sync_quic_servers(maps, desired)?;
         self.sync_vip_flags(maps, desired)?;
-        sync_vip_addrs(maps, &mut self.vip_addrs, desired)?;
+        // After the tables: an address answers echo requests once a table can place a new flow.
+        let echo = self.answering_addrs();
+        sync_vip_addrs(maps, &mut self.vip_addrs, desired, &echo)?;
         sync_vip_filter(maps, &mut self.vip_filter, desired)?;
         Ok(report)
+    }
+
+    /// The addresses of the VIPs whose table packets read names a backend: those answer echo
+    /// requests (`ADDR_F_ECHO`). A backend out (health, drain, weight 0, removed) is in no
+    /// slot, so an address whose VIPs have none left stops answering.
+    fn answering_addrs(&self) -> HashSet<AddrKey> {
+        let places = |r: &VipRuntime| r.active.slots.as_ref().is_some_and(|t| t.iter().any(|&id| id != maglev::EMPTY_SLOT));
+        self.vips.iter().filter(|(_, r)| !r.unpublished && places(r)).map(|(vip, _)| addr_key(vip.addr)).collect()
     }
 
     /// Id of a rule's counters, if it has one (for `lbctl rules list`).
@@ -742,15 +755,28 @@ impl Reconciler {
     }
 }
 
-/// Makes the VIP address map hold exactly the desired VIPs' addresses.
-fn sync_vip_addrs(maps: &mut dyn Maps, have: &mut HashSet<AddrKey>, desired: &DesiredState) -> Result<(), MapsError> {
-    let want: HashSet<AddrKey> =
-        desired.vips.keys().map(|v| to_words(v.addr)).map(|(addr, family)| AddrKey { addr, family, _pad: [0; 3] }).collect();
-    for key in have.difference(&want) {
+fn addr_key(addr: IpAddr) -> AddrKey {
+    let (addr, family) = to_words(addr);
+    AddrKey { addr, family, _pad: [0; 3] }
+}
+
+/// Makes the VIP address map hold exactly the desired VIPs' addresses, those in `echo` with
+/// `ADDR_F_ECHO`, writing only what differs.
+fn sync_vip_addrs(
+    maps: &mut dyn Maps,
+    have: &mut HashMap<AddrKey, u32>,
+    desired: &DesiredState,
+    echo: &HashSet<AddrKey>,
+) -> Result<(), MapsError> {
+    let flags = |key: &AddrKey| ADDR_F_VIP | if echo.contains(key) { ADDR_F_ECHO } else { 0 };
+    let want: HashMap<AddrKey, u32> = desired.vips.keys().map(|v| addr_key(v.addr)).map(|key| (key, flags(&key))).collect();
+    for key in have.keys().filter(|k| !want.contains_key(k)) {
         maps.remove_vip_addr(key)?;
     }
-    for key in want.difference(have) {
-        maps.set_vip_addr(key)?;
+    for (key, flags) in &want {
+        if have.get(key) != Some(flags) {
+            maps.set_vip_addr(key, *flags)?;
+        }
     }
     *have = want;
     Ok(())

@@ -25,7 +25,8 @@ struct Injected(&'static str);
 pub struct FakeMaps {
     pub capacity: Capacity,
     pub vips: HashMap<VipKey, VipMeta>,
-    pub addrs: Vec<AddrKey>,
+    /// The VIP addresses and their `ADDR_F_*` flags.
+    pub addrs: Vec<(AddrKey, u32)>,
     /// Ring pool slots written, by `4 * word + lane`.
     pub rings: HashMap<u64, u32>,
     pub backends: HashMap<u32, BackendInfo>,
@@ -127,15 +128,16 @@ impl Maps for FakeMaps {
         }
         Ok(())
     }
-    fn vip_addrs(&self) -> Result<Vec<AddrKey>, MapsError> {
+    fn vip_addrs(&self) -> Result<Vec<(AddrKey, u32)>, MapsError> {
         Ok(self.addrs.clone())
     }
-    fn set_vip_addr(&mut self, key: &AddrKey) -> Result<(), MapsError> {
-        self.addrs.push(*key);
+    fn set_vip_addr(&mut self, key: &AddrKey, flags: u32) -> Result<(), MapsError> {
+        self.addrs.retain(|(k, _)| k != key);
+        self.addrs.push((*key, flags));
         Ok(())
     }
     fn remove_vip_addr(&mut self, key: &AddrKey) -> Result<(), MapsError> {
-        self.addrs.retain(|k| k != key);
+        self.addrs.retain(|(k, _)| k != key);
         Ok(())
     }
     fn write_slots(&mut self, table: RingRef, slots: &mut dyn Iterator<Item = (u32, u32)>) -> Result<usize, MapsError> {

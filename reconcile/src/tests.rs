@@ -95,6 +95,42 @@ fn removed_backend_is_freed_with_a_new_generation() {
     assert_eq!(maps.backends[&id].generation, generation + 1);
 }
 
+/// The flags of the one VIP address in the maps.
+fn addr_flags(maps: &FakeMaps) -> u32 {
+    assert_eq!(maps.addrs.len(), 1, "one VIP address");
+    maps.addrs[0].1
+}
+
+#[test]
+fn an_address_answers_echo_requests_only_while_a_backend_takes_new_flows() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    let serving = ADDR_F_VIP | ADDR_F_ECHO;
+    // No backend yet, then one, then drained (weight 0, as health ejection programs it),
+    // back, removed, and another VIP at the same address with a backend.
+    for (backends, want) in [
+        (&[][..], ADDR_F_VIP),
+        (&[("10.0.0.101", 100)][..], serving),
+        (&[("10.0.0.101", 0)][..], ADDR_F_VIP),
+        (&[("10.0.0.101", 100), ("10.0.0.102", 0)][..], serving),
+        (&[("10.0.0.102", 0)][..], ADDR_F_VIP),
+    ] {
+        r.apply(&mut maps, &state(backends)).unwrap();
+        assert_eq!(addr_flags(&maps), want, "backends {backends:?}");
+    }
+    let mut two = state(&[("10.0.0.102", 0)]);
+    let other = Vip { port: 443, ..vip(VIP) };
+    two.add_vip(other, 4099).unwrap();
+    two.add_backend(&other, "10.0.0.103".parse().unwrap(), 100).unwrap();
+    r.apply(&mut maps, &two).unwrap();
+    assert_eq!(addr_flags(&maps), serving, "another VIP at the address serves");
+    // Adopted by a restarted lbd with the same state: the flags are right, nothing written.
+    let mut adopted = Reconciler::adopt(&maps).unwrap();
+    let before = maps.addrs.clone();
+    adopted.apply(&mut maps, &two).unwrap();
+    assert_eq!(maps.addrs, before);
+}
+
 #[test]
 fn removing_a_vip_frees_everything() {
     let mut maps = FakeMaps::default();

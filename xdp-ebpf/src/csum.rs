@@ -1,4 +1,5 @@
-//! Internet checksum of the outer IPv4 header (RFC 1071), unrolled over its ten words.
+//! Internet checksum of the outer IPv4 header (RFC 1071), unrolled over its ten words, and
+//! incremental updates of a checksum (RFC 1624).
 
 use crate::headers::Ipv4Hdr;
 
@@ -30,4 +31,15 @@ pub fn ipv4_header(hdr: &Ipv4Hdr) -> u16 {
 pub fn ipv4_after_ttl_decrement(check: u16) -> u16 {
     let sum = check as u32 + 0x0100u16.to_be() as u32;
     (sum + (sum >= 0xffff) as u32) as u16
+}
+
+/// The checksum `check` once a 16-bit word it covers changed from `old` to `new` (RFC 1624,
+/// eqn. 3: `~(~HC + ~m + m')`). All three as stored (network order read natively): the
+/// one's complement sum is the same in either byte order.
+#[inline(always)]
+pub fn after_word_change(check: u16, old: u16, new: u16) -> u16 {
+    let mut sum = (!check) as u32 + (!old) as u32 + new as u32;
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
 }

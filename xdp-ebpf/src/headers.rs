@@ -127,6 +127,12 @@ pub const ICMP_LEN: usize = 8;
 pub const ICMP_DEST_UNREACH: u8 = 3;
 pub const ICMP_FRAG_NEEDED: u8 = 4;
 pub const ICMPV6_PKT_TOO_BIG: u8 = 2;
+pub const ICMP_ECHO_REQUEST: u8 = 8;
+pub const ICMP_ECHO_REPLY: u8 = 0;
+pub const ICMPV6_ECHO_REQUEST: u8 = 128;
+pub const ICMPV6_ECHO_REPLY: u8 = 129;
+/// TTL and hop limit of the answers the balancer sends.
+pub const ANSWER_TTL: u8 = 64;
 
 const _: () = assert!(core::mem::size_of::<EthHdr>() == ETH_LEN);
 const _: () = assert!(core::mem::size_of::<Ipv4Hdr>() == IPV4_LEN);

@@ -28,7 +28,6 @@ pub const ANSWER_V6: usize = IPV6_LEN + ICMP_LEN + QUOTE_V6;
 pub const MIN_MTU_V4: u32 = 68;
 pub const MIN_MTU_V6: u32 = 1280;
 
-const ANSWER_TTL: u8 = 64;
 /// IPv4 TOS of ICMP errors: precedence "internetwork control", as the kernel's.
 const TOS_INTERNETWORK_CONTROL: u8 = 0xc0;
 /// `bpf_csum_diff` sums at most this many bytes per call.

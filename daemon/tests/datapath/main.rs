@@ -7,6 +7,7 @@ mod backends;
 mod clock;
 mod decap;
 mod differential;
+mod echo;
 mod flood;
 mod forwarding;
 mod fragments;

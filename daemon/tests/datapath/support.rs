@@ -222,3 +222,19 @@ pub fn allowance(per_s: u32, burst: u32, elapsed: std::time::Duration) -> u64 {
     let seen = elapsed + std::time::Duration::from_millis(10);
     burst as u64 + 1 + (per_s as f64 * seen.as_secs_f64()).ceil() as u64
 }
+
+/// Runs `frames` (requests for an answer the program rate-limits) and returns how many were
+/// answered (`answered`), checking that each was either answered or dropped as over the
+/// limit (`limited`).
+pub fn answered_or_limited(env: &Env, frames: impl Iterator<Item = Vec<u8>>, answered: Reason, limited: Reason) -> u64 {
+    let (tx, limited) = (answered as usize, limited as usize);
+    let before = env.reasons();
+    let mut runs = 0;
+    for f in frames {
+        env.run(&f);
+        runs += 1;
+    }
+    let after = env.reasons();
+    assert_eq!(after[tx] - before[tx] + after[limited] - before[limited], runs, "each frame answered or limited");
+    after[tx] - before[tx]
+}

@@ -20,6 +20,7 @@ mod membership;
 mod observability;
 mod overload;
 mod packet_too_big;
+mod ping;
 mod port_pressure;
 mod quic;
 mod reachability;

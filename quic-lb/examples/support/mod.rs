@@ -110,7 +110,7 @@ pub async fn exchange(endpoint: &quinn::Endpoint, remote: SocketAddr, message: &
 }
 
 /// One request on its own stream of `conn`: the reply.
-async fn request(conn: &quinn::Connection, message: &[u8]) -> Result<Vec<u8>> {
+pub async fn request(conn: &quinn::Connection, message: &[u8]) -> Result<Vec<u8>> {
     let (mut send, mut recv) = conn.open_bi().await?;
     send.write_all(message).await?;
     send.finish()?;

@@ -7,6 +7,8 @@
 
 #[path = "lb/clock.rs"]
 mod clock;
+#[path = "lb/echo.rs"]
+mod echo;
 #[path = "lb/family.rs"]
 mod family;
 #[path = "lb/fragment.rs"]

@@ -8,6 +8,8 @@
 #![no_main]
 
 mod clock;
+mod echo;
+mod echo_program;
 mod family;
 mod fragment;
 mod fragment_program;
@@ -121,6 +123,15 @@ pub fn spillway_lb_frag(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn spillway_lb_frag_v6(ctx: XdpContext) -> u32 {
     let verdict = fragment_program::send::<FAMILY_V6>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+/// Tail-called by `spillway_lb` and `spillway_lb_v6` for other traffic than TCP and UDP to
+/// a VIP address that answers echo requests (`echo.rs`).
+#[xdp]
+pub fn spillway_lb_echo(ctx: XdpContext) -> u32 {
+    let verdict = echo_program::send(&ctx);
     stats::count(&verdict);
     verdict.action
 }

@@ -14,12 +14,12 @@ use aya_ebpf::{
 };
 use spillway_common::{
     limits::{
-        Capacity, FRAGMENT_SOURCE_ENTRIES, MAX_RULES, MAX_TX_PORTS, PTB_SOURCE_ENTRIES, RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS,
-        VIP_PROBES,
+        Capacity, ECHO_SOURCE_ENTRIES, FRAGMENT_SOURCE_ENTRIES, MAX_RULES, MAX_TX_PORTS, PTB_SOURCE_ENTRIES, RULE_SLOTS,
+        SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, VIP_PROBES,
     },
     types::{
-        AddrKey, BackendInfo, Bucket, CachedNextHop, FlowBucket, FragmentKey, FragmentRecord, LbConfig, Limits, Observed, QuicHandover,
-        QuicServerSlot, Reason, RuleCounters, RuleLens, RuleSlot, SourceKey, SourceState, Traffic, VipSlot,
+        AddrKey, BackendInfo, Bucket, CachedNextHop, EchoConfig, FlowBucket, FragmentKey, FragmentRecord, LbConfig, Limits, Observed,
+        QuicHandover, QuicServerSlot, Reason, RuleCounters, RuleLens, RuleSlot, SourceKey, SourceState, Traffic, VipSlot,
     },
 };
 
@@ -225,6 +225,23 @@ pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentRecord> = LruHashMap::with
 /// quietest.
 #[map(name = "spw_frag_src")]
 pub static FRAGMENT_SOURCES: LruHashMap<AddrKey, Bucket> = LruHashMap::with_max_entries(FRAGMENT_SOURCE_ENTRIES, 0);
+
+/// Slot 0: the echo program (`spillway_lb_echo`), which the balancer tail-calls for other
+/// traffic than TCP and UDP to a VIP address that answers echo requests (`echo.rs`).
+#[map(name = "spw_echo_prog")]
+pub static ECHO_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// The echo answers' rate limits, written by `lbd` (all zero until then: nothing answered).
+#[map(name = "spw_echo_cfg")]
+pub static ECHO_CONFIG: Array<EchoConfig> = Array::with_max_entries(1, 0);
+
+/// Each source's bucket of echo answers (shared by all CPUs); the LRU forgets the quietest.
+#[map(name = "spw_echo_src")]
+pub static ECHO_SOURCES: LruHashMap<AddrKey, Bucket> = LruHashMap::with_max_entries(ECHO_SOURCE_ENTRIES, 0);
+
+/// The bucket of all echo answers (shared by all CPUs).
+#[map(name = "spw_echo_all")]
+pub static ECHO_TOTAL: Array<Bucket> = Array::with_max_entries(1, 0);
 
 /// A slot of an open-addressed index the loader fills (the VIP index, the server-id index):
 /// its home counts how many slots from it hold keys homed there.

@@ -10,7 +10,8 @@ use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{flow_hash, maglev_hash, vip_addr_hash, vip_filter_slot, vip_home},
     types::{
-        AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef, VIP_F_QUIC, VipKey,
+        ADDR_F_ECHO, AddrKey, BackendInfo, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, LbConfig, PROTO_TCP, Reason, RingRef,
+        VIP_F_QUIC, VipKey,
     },
 };
 use xdp_ebpf::{
@@ -22,7 +23,7 @@ use xdp_ebpf::{
 };
 
 use crate::{
-    clock, family, fragment, limits,
+    clock, echo, family, fragment, limits,
     maps::{self, CONFIG, SecondChanceHandover, TX_PORTS, VIP_ADDRS, VIP_FILTER, VIPS, vip_slot_mask},
     nexthop, pass_to, ptb, quic, second_chance, select,
     select::{Choice, Flow, Remembered, Vip},
@@ -131,7 +132,8 @@ pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(ctx: &XdpContext, p
         Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
         Parsed::NotIp => return pass_to::passed(ctx, Reason::PassNotIp),
         Parsed::Malformed => return pass_to::passed(ctx, Reason::PassMalformed),
-        Parsed::Other(addr) => return not_served(ctx, &addr.addr, addr.family, Reason::DropNoService),
+        // Other protocols: an echo request to a serving VIP address is answered (`echo.rs`).
+        Parsed::Other(addr) => return other_protocol(ctx, &addr, P::HANDS_OVER),
         Parsed::OtherFamily => {
             if FAMILY == FAMILY_V4 && P::HANDS_OVER {
                 family::hand_over_v6(ctx);
@@ -251,16 +253,38 @@ pub fn not_served(ctx: &XdpContext, addr: &[u32; 4], family: u8, reason: Reason)
     if vip_address(addr, family) { Verdict::ended(XDP_DROP, reason) } else { pass_to::passed(ctx, Reason::PassNotVip) }
 }
 
+/// A frame of another protocol than TCP or UDP to `addr`: passed if no VIP uses the address,
+/// handed to the echo program if the address answers echo requests (`hands_over`), else
+/// dropped (`drop_no_service`, as the echo program drops what it does not answer).
+#[inline(always)]
+fn other_protocol(ctx: &XdpContext, addr: &AddrKey, hands_over: bool) -> Verdict {
+    let flags = vip_address_flags(&addr.addr, addr.family);
+    if flags == 0 {
+        return pass_to::passed(ctx, Reason::PassNotVip);
+    }
+    if hands_over && flags & ADDR_F_ECHO != 0 {
+        echo::hand_over(ctx);
+    }
+    Verdict::ended(XDP_DROP, Reason::DropNoService)
+}
+
 /// Some VIP uses `addr`.
 #[inline(always)]
 pub fn vip_address(addr: &[u32; 4], family: u8) -> bool {
-    maybe_vip(vip_addr_hash(addr)) && is_vip_addr(addr, family)
+    vip_address_flags(addr, family) != 0
+}
+
+/// The `ADDR_F_*` flags of `addr` (0: no VIP uses it).
+#[inline(always)]
+pub fn vip_address_flags(addr: &[u32; 4], family: u8) -> u32 {
+    if maybe_vip(vip_addr_hash(addr)) { vip_addr_flags(addr, family) } else { 0 }
 }
 
 /// A subprogram of its own: its key lives in its frame, not in the balancer's.
 #[inline(never)]
-fn is_vip_addr(addr: &[u32; 4], family: u8) -> bool {
-    VIP_ADDRS.get_ptr(&AddrKey { addr: *addr, family, _pad: [0; 3] }).is_some()
+fn vip_addr_flags(addr: &[u32; 4], family: u8) -> u32 {
+    // SAFETY: a live map value, one aligned word the reconciler replaces whole.
+    VIP_ADDRS.get_ptr(&AddrKey { addr: *addr, family, _pad: [0; 3] }).map_or(0, |flags| unsafe { read_volatile(flags) })
 }
 
 /// The packet left towards its backend (from here or through the kernel).

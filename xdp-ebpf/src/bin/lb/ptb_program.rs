@@ -17,7 +17,6 @@ use xdp_ebpf::{
 
 use crate::{
     clock,
-    limits::gcra_admit,
     maps::{CONFIG, PTB_GLOBAL, PTB_HANDOVER, PTB_SOURCES},
     source_limit,
     verdict::Verdict,
@@ -73,21 +72,14 @@ fn answerable(ctx: &XdpContext, key: &FlowKey, layout: &Layout, mtu: u32) -> boo
             return false;
         };
         let df = u16::from_be(unsafe { (*ip).frag_off }) & IPV4_DF != 0;
-        let first = key.src[0].to_ne_bytes()[0];
-        // 0/8, 127/8, and multicast and reserved (224/4, 240/4, broadcast).
-        let host = first != 0 && first != 127 && first < 224;
-        df && host && mtu >= icmp::MIN_MTU_V4 && layout.l3_len >= icmp::ANSWER_V4
+        df && source_limit::is_host(&key.src, key.family) && mtu >= icmp::MIN_MTU_V4 && layout.l3_len >= icmp::ANSWER_V4
     } else {
-        let first = key.src[0].to_ne_bytes()[0];
-        let unspecified_or_loopback = key.src[0] == 0 && key.src[1] == 0 && key.src[2] == 0 && u32::from_be(key.src[3]) <= 1;
-        let host = first != 0xff && !unspecified_or_loopback;
-        host && mtu >= icmp::MIN_MTU_V6 && layout.l3_len >= icmp::ANSWER_V6
+        source_limit::is_host(&key.src, key.family) && mtu >= icmp::MIN_MTU_V6 && layout.l3_len >= icmp::ANSWER_V6
     }
 }
 
 /// Takes an answer from the source's bucket, then from the global one.
 #[inline(always)]
 fn admitted(key: &FlowKey, now: u64) -> bool {
-    source_limit::admit(&PTB_SOURCES, &key.src, key.family, PTB_SOURCE_PREFIX_V6, &PER_SOURCE, now)
-        && PTB_GLOBAL.get_ptr_mut(0).is_some_and(|all| gcra_admit(unsafe { &mut *all }, &GLOBAL, now))
+    source_limit::admit_answer(&PTB_SOURCES, &PTB_GLOBAL, (&key.src, key.family, PTB_SOURCE_PREFIX_V6), (&PER_SOURCE, &GLOBAL), now)
 }
