@@ -10,6 +10,7 @@
 //! states use the static next hop), `--pass-to`, and a connection table that would have to
 //! evict a flow to make room.
 
+mod echo;
 mod encap;
 pub mod frame;
 mod limits;
@@ -24,8 +25,8 @@ use spillway_common::{
     limits::{FRAGMENT_RECORD_TICKS, FRAGMENT_SOURCE_BURST, FRAGMENT_SOURCE_PER_S, FRAGMENT_SOURCE_PREFIX_V6},
     prefix::masked,
     types::{
-        BACKEND_ACTIVE, BackendInfo, CFG_F_PASS_TO, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, PROTO_TCP, PROTO_UDP, Rate,
-        Reason, VipKey,
+        ADDR_F_ECHO, BACKEND_ACTIVE, BackendInfo, CFG_F_PASS_TO, CFG_F_STATIC_NEXTHOP, ENCAP_GUE, FAMILY_V4, FlowKey, PROTO_TCP, PROTO_UDP,
+        Rate, Reason, VipKey,
     },
 };
 
@@ -84,6 +85,7 @@ pub struct Model {
     now_ns: u64,
     table: Table,
     buckets: limits::Buckets,
+    echo: echo::Buckets,
     fragment_sources: HashMap<(u8, [u32; 4]), u64>,
     fragments: HashMap<Datagram, FragmentRecord>,
 }
@@ -100,13 +102,24 @@ struct Verdict {
     action: Action,
     reason: Reason,
     backend: Option<u32>,
-    /// The headers that replace the frame's first `l2_len` bytes, when it is sent on.
-    headers: Option<(Vec<u8>, usize)>,
+    out: Output,
+}
+
+/// The frame that leaves (or stays).
+enum Output {
+    Unchanged,
+    /// Headers that replace the frame's first `l2_len` bytes (an encapsulated packet).
+    Encapsulated {
+        headers: Vec<u8>,
+        l2_len: usize,
+    },
+    /// Rewritten in place (an echo answer).
+    Rewritten(Vec<u8>),
 }
 
 impl Verdict {
     fn ended(action: Action, reason: Reason) -> Verdict {
-        Verdict { action, reason, backend: None, headers: None }
+        Verdict { action, reason, backend: None, out: Output::Unchanged }
     }
 }
 
@@ -117,6 +130,7 @@ impl Model {
             now_ns,
             table: Table::default(),
             buckets: limits::Buckets::default(),
+            echo: echo::Buckets::default(),
             fragment_sources: HashMap::new(),
             fragments: HashMap::new(),
         }
@@ -142,12 +156,13 @@ impl Model {
             Parsed::Fragment(_) => self.fragment(frame)?,
             parsed => self.place(frame, parsed, Placement::Packet)?,
         };
-        let out = match verdict.headers {
-            Some((mut headers, l2_len)) => {
+        let out = match verdict.out {
+            Output::Encapsulated { mut headers, l2_len } => {
                 headers.extend_from_slice(&frame[l2_len..]);
                 headers
             }
-            None => frame.to_vec(),
+            Output::Rewritten(out) => out,
+            Output::Unchanged => frame.to_vec(),
         };
         Ok(Prediction { action: verdict.action, reason: verdict.reason, backend: verdict.backend, frame: out })
     }
@@ -162,10 +177,22 @@ impl Model {
 
     /// No VIP serves the packet: dropped if its address is a VIP's, else not ours.
     fn not_served(&self, dst: &Dst, reason: Reason) -> Result<Verdict, ModelError> {
-        if self.state.is_vip_address(&dst.addr, dst.family) {
+        if self.state.address_flags(dst) != 0 {
             return Ok(Verdict::ended(Action::Drop, reason));
         }
         self.passed(Reason::PassNotVip)
+    }
+
+    /// Another protocol than TCP or UDP to `dst`: an echo request to an address that
+    /// answers is answered; the rest is not served.
+    fn other(&mut self, frame: &[u8], dst: &Dst) -> Result<Verdict, ModelError> {
+        if self.state.address_flags(dst) & ADDR_F_ECHO == 0 {
+            return self.not_served(dst, Reason::DropNoService);
+        }
+        Ok(match self.echo.answer(frame, &self.state.echo, self.now_ns) {
+            Ok(answer) => Verdict { out: Output::Rewritten(answer), ..Verdict::ended(Action::Tx, Reason::TxEchoReply) },
+            Err(reason) => Verdict::ended(Action::Drop, reason),
+        })
     }
 
     fn place(&mut self, frame: &[u8], parsed: Parsed, placement: Placement) -> Result<Verdict, ModelError> {
@@ -173,7 +200,7 @@ impl Model {
         let (key, layout, icmp_error, syn) = match parsed {
             Parsed::NotIp => return self.passed(Reason::PassNotIp),
             Parsed::Malformed => return self.passed(Reason::PassMalformed),
-            Parsed::Other(dst) => return self.not_served(&dst, Reason::DropNoService),
+            Parsed::Other(dst) => return self.other(frame, &dst),
             Parsed::Fragment(dst) => return self.not_served(&dst, Reason::DropFragment),
             Parsed::Flow { key, layout, icmp_error, syn } => (key, layout, icmp_error, syn),
         };
@@ -188,7 +215,7 @@ impl Model {
         }
         let now_ns = self.now_ns;
         let now = ticks(now_ns);
-        let refused = |reason| Verdict { action: Action::Drop, reason, backend: None, headers: None };
+        let refused = |reason| Verdict::ended(Action::Drop, reason);
         if placement != Placement::Packet && !self.admit_fragment(&key, now_ns) {
             return Ok(refused(Reason::DropFragmentLimited));
         }
@@ -270,7 +297,7 @@ impl Model {
     }
 
     fn follow(&mut self, frame: &[u8], datagram: &Datagram, layout: &Layout) -> Result<Verdict, ModelError> {
-        if !self.state.is_vip_address(&datagram.dst.addr, datagram.dst.family) {
+        if self.state.address_flags(&datagram.dst) == 0 {
             return Ok(Verdict::ended(Action::Pass, Reason::PassNotVip));
         }
         let unmatched = Verdict::ended(Action::Drop, Reason::DropFragmentUnmatched);
@@ -326,7 +353,12 @@ impl Model {
                 out
             }
         };
-        let sent = |action, reason, macs| Verdict { action, reason, backend: Some(id), headers: Some((headers(macs), layout.l2_len)) };
+        let sent = |action, reason, macs| Verdict {
+            action,
+            reason,
+            backend: Some(id),
+            out: Output::Encapsulated { headers: headers(macs), l2_len: layout.l2_len },
+        };
         let macs = (cfg.static_src_mac, cfg.static_dst_mac);
         Ok(if cfg.static_ifindex == self.state.ingress {
             sent(Action::Tx, Reason::Tx, macs)

@@ -2,9 +2,11 @@
 
 use std::collections::BTreeMap;
 
+use crate::frame::Dst;
+
 use spillway_common::{
     quic_lb::QuicLbConfig,
-    types::{BackendInfo, LbConfig, Limits, QuicServer, QuicServerKey, RuleSlotKey, RuleValue, VipKey},
+    types::{BackendInfo, EchoConfig, LbConfig, Limits, QuicServer, QuicServerKey, RuleSlotKey, RuleValue, VipKey},
 };
 
 /// One VIP as the VIP index holds it, its Maglev table read out slot by slot.
@@ -27,6 +29,10 @@ pub struct VipEntry {
 pub struct MapState {
     pub config: LbConfig,
     pub vips: Vec<VipEntry>,
+    /// The `ADDR_F_*` flags of each VIP address (family, address).
+    pub addresses: BTreeMap<(u8, [u32; 4]), u32>,
+    /// The echo answers' rates.
+    pub echo: EchoConfig,
     /// By id; an id missing here reads as a free slot.
     pub backends: BTreeMap<u32, BackendInfo>,
     /// Configured limits by VIP id.
@@ -49,9 +55,9 @@ impl MapState {
         self.vips.iter().find(|v| v.key == *key).or_else(|| self.vips.iter().find(|v| v.key == VipKey { port: 0, ..*key }))
     }
 
-    /// Some VIP uses this address.
-    pub(crate) fn is_vip_address(&self, addr: &[u32; 4], family: u8) -> bool {
-        self.vips.iter().any(|v| v.key.addr == *addr && v.key.family == family)
+    /// The address's `ADDR_F_*` flags (0: no VIP uses it).
+    pub(crate) fn address_flags(&self, dst: &Dst) -> u32 {
+        self.addresses.get(&(dst.family, dst.addr)).copied().unwrap_or(0)
     }
 
     /// A VIP's own limits, else the default.

@@ -28,6 +28,11 @@ pub struct Knobs {
     pub table_seed: u32,
     pub tcp_idle_timeout_s: u32,
     pub udp_idle_timeout_s: u32,
+    /// Echo answers a second per source and in all (`lbd --echo-per-source`, `--echo-total`).
+    #[serde(default)]
+    pub echo_per_source: u32,
+    #[serde(default)]
+    pub echo_total: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

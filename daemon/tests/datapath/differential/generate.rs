@@ -47,6 +47,8 @@ pub fn case(rng: &mut Rng) -> Case {
         table_seed: rng.next_u64() as u32 | 1,
         tcp_idle_timeout_s: rng.range(1, 900) as u32,
         udp_idle_timeout_s: rng.range(1, 120) as u32,
+        echo_per_source: if rng.chance(10) { 0 } else { rng.range(1, 5) as u32 },
+        echo_total: if rng.chance(10) { 0 } else { rng.range(2, 20) as u32 },
     };
     let mut steps = Vec::new();
     let frames = rng.range(20, 200);
@@ -190,7 +192,7 @@ fn frames_of(rng: &mut Rng, state: &DesiredState) -> Vec<Vec<u8>> {
         55..67 if dst.is_ipv6() => vec![frames::icmp6_packet_too_big(router, dst, client, 1280)],
         55..67 if tcp => vec![frames::icmp_frag_needed(router, dst, client, 1400)],
         55..67 => vec![frames::icmp_frag_needed_udp(router, dst, client, 1400)],
-        67..72 => vec![other_ip(rng, client, dst)],
+        67..72 => other_ip(rng, client, dst),
         // A source sending more first fragments than its records' burst (`drop_fragment_limited`).
         72 if rng.chance(10) => (0..FRAGMENT_FLOOD).map(|id| frames::udp_fragments(client, dst, &[0x33; 24], 8, id).remove(0)).collect(),
         72..85 => {
@@ -243,23 +245,39 @@ fn quic_payload(rng: &mut Rng, state: &DesiredState, dst: SocketAddr) -> Option<
     Some(payload)
 }
 
-/// An ICMP echo request or another IP protocol (GRE) to `dst`.
-fn other_ip(rng: &mut Rng, client: SocketAddr, dst: SocketAddr) -> Vec<u8> {
-    let mut f = frames::udp(client, dst, b"other");
-    let (proto_at, icmp) = if dst.is_ipv4() { (frames::ETH_LEN + 9, 1) } else { (frames::ETH_LEN + 6, 58) };
-    let echo = if dst.is_ipv4() { 8 } else { 128 };
-    if rng.chance(50) {
-        f[proto_at] = icmp;
-        let at = l4(&f);
-        f[at] = echo;
-        f[at + 1] = 0;
+/// Echo requests to `dst` (a few from one source at once, now and then from an address no
+/// host may have), other ICMP, or another IP protocol (GRE).
+fn other_ip(rng: &mut Rng, client: SocketAddr, dst: SocketAddr) -> Vec<Vec<u8>> {
+    let from = if rng.chance(10) {
+        let odd: &[&str] =
+            if dst.is_ipv4() { &["0.0.0.0", "127.0.0.1", "224.0.0.1", "255.255.255.255"] } else { &["::", "::1", "ff02::1"] };
+        odd[rng.index(odd.len())].parse().unwrap()
     } else {
-        f[proto_at] = 47;
+        client.ip()
+    };
+    match rng.below(4) {
+        0 | 1 => (0..rng.range(1, 8)).map(|seq| frames::echo_request(from, dst.ip(), 7, seq as u16, &[0xa5; 32])).collect(),
+        2 => {
+            // Not a request: a reply, or a request with another code.
+            let mut f = frames::echo_request(from, dst.ip(), 7, 1, &[0xa5; 8]);
+            let at = l4(&f);
+            if rng.chance(50) {
+                f[at] = if dst.is_ipv4() { 0 } else { 129 };
+            } else {
+                f[at + 1] = 1;
+            }
+            vec![f]
+        }
+        _ => {
+            let mut f = frames::udp(client, dst, b"other");
+            let proto_at = if dst.is_ipv4() { frames::ETH_LEN + 9 } else { frames::ETH_LEN + 6 };
+            f[proto_at] = 47;
+            if dst.is_ipv4() {
+                refresh_v4(&mut f, frames::ETH_LEN);
+            }
+            vec![f]
+        }
     }
-    if dst.is_ipv4() {
-        refresh_v4(&mut f, frames::ETH_LEN);
-    }
-    f
 }
 
 /// Where the transport header of an untagged frame without options starts.

@@ -20,7 +20,7 @@ use spillway_common::{
     addr::to_words,
     hash::FLOW_SEED,
     limits::Capacity,
-    types::{CFG_F_STATIC_NEXTHOP, LbConfig, Reason, VIP_F_QUIC},
+    types::{CFG_F_STATIC_NEXTHOP, EchoConfig, LbConfig, Reason, VIP_F_QUIC},
 };
 use spillway_harness::{packet_lab, rng::Rng};
 use spillway_model::DesiredState;
@@ -179,6 +179,7 @@ impl<'e> Lab<'e> {
         };
         // Written directly: `set_config` would calibrate the clock again.
         self.env.balancer.maps.config.set(0, &config, 0).unwrap();
+        self.env.balancer.maps.set_echo_config(&EchoConfig::new(knobs.echo_per_source, knobs.echo_total)).unwrap();
     }
 
     /// What the maps hold, read back from the kernel.
@@ -211,6 +212,8 @@ impl<'e> Lab<'e> {
         let configured = |slot: u32| maps.limits.get(&slot, 0).ok().filter(|l| l.configured != 0);
         MapState {
             config: maps.config().unwrap(),
+            addresses: maps.vip_addrs.iter().map(|entry| entry.map(|(a, flags)| ((a.family, a.addr), flags)).unwrap()).collect(),
+            echo: maps.echo_config.get(&0, 0).unwrap(),
             limits: vips.iter().filter_map(|v| Some((v.id, configured(v.id)?))).collect(),
             default_limits: configured(maps.capacity().default_limit_slot()),
             vips,
