@@ -6,15 +6,16 @@
 //!
 //! `daemon/tests/datapath/differential/` runs generated frames and map states through the
 //! real program and this model and fails on any difference. What the model does not cover it
-//! refuses with a [`ModelError`] rather than guess: the kernel's next-hop lookup (the model's
-//! states use the static next hop), `--pass-to`, and a connection table that would have to
-//! evict a flow to make room.
+//! refuses with a [`ModelError`] rather than guess: a packet too big for its egress once
+//! encapsulated (the answer the program builds), `--pass-to`, and a connection table that
+//! would have to evict a flow to make room.
 
 mod echo;
 mod encap;
 pub mod frame;
 mod limits;
 mod quic;
+mod routes;
 mod state;
 mod table;
 
@@ -30,6 +31,7 @@ use spillway_common::{
     },
 };
 
+pub use routes::{Link, Routes};
 pub use state::{MapState, VipEntry};
 
 use frame::{Datagram, Dst, ETH_LEN, Fragment, Layout, Parsed};
@@ -316,7 +318,7 @@ impl Model {
     }
 
     /// Encapsulates towards backend `id` (around a tunnel to `second`, if given) and sends
-    /// on the static next hop.
+    /// on the static next hop, or the one the routes give.
     fn forward(
         &self,
         frame: &[u8],
@@ -330,9 +332,6 @@ impl Model {
         let inner_family = second.map_or(family, |s| s.family);
         if !encap::supported(backend.family, inner_family) || !encap::supported(inner_family, family) {
             return Ok(Verdict::ended(Action::Drop, Reason::DropEncapFailed));
-        }
-        if cfg.flags & CFG_F_STATIC_NEXTHOP == 0 {
-            return Err(ModelError::Unmodelled("the kernel's next-hop lookup"));
         }
         let tunnel = |to: &BackendInfo, inner_family, inner_len| encap::Tunnel {
             backend: *to,
@@ -359,14 +358,23 @@ impl Model {
             backend: Some(id),
             out: Output::Encapsulated { headers: headers(macs), l2_len: layout.l2_len },
         };
-        let macs = (cfg.static_src_mac, cfg.static_dst_mac);
-        Ok(if cfg.static_ifindex == self.state.ingress {
+        // The kernel forwards what the path cannot send itself: with the MACs it came with.
+        let arrived = (frame[6..12].try_into().unwrap_or_default(), frame[..6].try_into().unwrap_or_default());
+        let (egress, macs) = if cfg.flags & CFG_F_STATIC_NEXTHOP != 0 {
+            (cfg.static_ifindex, (cfg.static_src_mac, cfg.static_dst_mac))
+        } else {
+            let outer_len = headers(arrived).len() - ETH_LEN + layout.l3_len;
+            match self.state.routes.next_hop(&backend.addr, backend.family, outer_len)? {
+                routes::NextHop::Resolved { ifindex, macs } => (ifindex, macs),
+                routes::NextHop::NoNeigh => return Ok(sent(Action::Pass, Reason::KernelNoNeigh, arrived)),
+                routes::NextHop::NoRoute => return Ok(Verdict::ended(Action::Drop, Reason::DropNoRoute)),
+            }
+        };
+        Ok(if egress == self.state.ingress {
             sent(Action::Tx, Reason::Tx, macs)
-        } else if self.state.tx_ports.contains(&cfg.static_ifindex) {
+        } else if self.state.tx_ports.contains(&egress) {
             sent(Action::Redirect, Reason::Redirect, macs)
         } else {
-            // The kernel forwards it: the frame keeps the MACs it arrived with.
-            let arrived = (frame[6..12].try_into().unwrap_or_default(), frame[..6].try_into().unwrap_or_default());
             sent(Action::Pass, Reason::KernelNoTxPort, arrived)
         })
     }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::frame::Dst;
+use crate::{frame::Dst, routes::Routes};
 
 use spillway_common::{
     quic_lb::QuicLbConfig,
@@ -47,6 +47,8 @@ pub struct MapState {
     /// The interface frames arrive on, and those the redirect map holds.
     pub ingress: u32,
     pub tx_ports: Vec<u32>,
+    /// The kernel's routes, for a config without the static next hop.
+    pub routes: Routes,
 }
 
 impl MapState {

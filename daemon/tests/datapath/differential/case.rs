@@ -7,14 +7,16 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use spillway_model::DesiredState;
 
-/// Where the next hop (static, `lbd --static-nexthop`) sends: back out of the ingress
-/// (XDP_TX), to an interface of the redirect map, or to one outside it (the kernel forwards).
+/// Where the next hop sends: the static one (`lbd --static-nexthop`) back out of the ingress
+/// (XDP_TX), to an interface of the redirect map, or to one outside it (the kernel forwards);
+/// or the one the packet lab's routes give.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Egress {
     Ingress,
     TxPort,
     Kernel,
+    Routes,
 }
 
 /// The balancer's config as a case sets it (the rest is fixed: see `Lab::configure`).

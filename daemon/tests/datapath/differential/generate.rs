@@ -6,7 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use spillway_common::quic_lb::{MAX_CID_LEN, encode};
-use spillway_harness::{frames, rng::Rng};
+use spillway_harness::{frames, packet_lab, rng::Rng};
 use spillway_model::{Cidr, DesiredState, Encap, HashMode, QuicConfig, RateSpec, RuleAction, RuleConfig, RuleMatch, Vip, server_id_of};
 
 use super::case::{Case, Egress, Knobs, Step};
@@ -28,9 +28,20 @@ fn client_addr(rng: &mut Rng, v6: bool) -> IpAddr {
     if v6 { Ipv6Addr::new(0x2001, 0xdb8, net.into(), 0, 0, 0, 0, host.into()).into() } else { Ipv4Addr::new(192, 168, net, host).into() }
 }
 
+/// Mostly one the packet lab resolves on its ingress, else one it has no neighbour for, one
+/// behind its other interface, or one it has no route to.
 fn backend_addr(rng: &mut Rng, v6: bool) -> IpAddr {
     let n = rng.range(101, 108) as u8;
-    if v6 { Ipv6Addr::new(0xfd01, 0, 0, 0, 0, 0, 0, n.into()).into() } else { Ipv4Addr::new(10, 1, 0, n).into() }
+    match (rng.below(20), v6) {
+        (0, false) => packet_lab::UNRESOLVED4.into(),
+        (0, true) => packet_lab::UNRESOLVED6.into(),
+        (1, false) => packet_lab::BEHIND_EGRESS4.into(),
+        (1, true) => packet_lab::BEHIND_EGRESS6.into(),
+        (2, false) => Ipv4Addr::new(10, 9, 0, n).into(),
+        (2, true) => Ipv6Addr::new(0xfd09, 0, 0, 0, 0, 0, 0, n.into()).into(),
+        (_, false) => packet_lab::backend4(n).into(),
+        (_, true) => packet_lab::backend6(n).into(),
+    }
 }
 
 fn rate(rng: &mut Rng) -> RateSpec {
@@ -43,7 +54,7 @@ pub fn case(rng: &mut Rng) -> Case {
         hostmask_v4: if rng.chance(30) { u32::from_ne_bytes([0, 0, 0, 0xff]) } else { 0 },
         hostmask_v6: if rng.chance(30) { u32::from_ne_bytes([0, 0, 0xff, 0xff]) } else { 0 },
         gue_port: rng.pick(&[6080, 6635, 1]),
-        egress: rng.pick(&[Egress::Ingress, Egress::Ingress, Egress::TxPort, Egress::Kernel]),
+        egress: rng.pick(&[Egress::Ingress, Egress::TxPort, Egress::Kernel, Egress::Routes, Egress::Routes]),
         table_seed: rng.next_u64() as u32 | 1,
         tcp_idle_timeout_s: rng.range(1, 900) as u32,
         udp_idle_timeout_s: rng.range(1, 120) as u32,

@@ -7,13 +7,14 @@
 //! program's clock is frozen (`ns_per_jiffy` 0) and moved by the case's steps, so budgets
 //! refill, entries age and fragment records expire exactly as the model computes; the
 //! connection table is emptied before each case and sized so that no insert has to evict;
-//! the next hop is the static one (the kernel's FIB is not the path's to model). A case may
+//! the next hop is the static one, or the packet lab's routes, which the model is given. A case may
 //! declare a state `before` its own, so that VIPs whose tables changed have a second chance.
 
 mod case;
 mod generate;
 mod shrink;
 
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use spillway_common::{
@@ -24,7 +25,7 @@ use spillway_common::{
 };
 use spillway_harness::{packet_lab, rng::Rng};
 use spillway_model::DesiredState;
-use spillway_pathmodel::{MapState, Model, Prediction, VipEntry};
+use spillway_pathmodel::{Link, MapState, Model, Prediction, Routes, VipEntry};
 
 use crate::support::*;
 use case::{Case, Egress, Knobs};
@@ -159,13 +160,14 @@ impl<'e> Lab<'e> {
             Egress::TxPort => self.env.egress,
             // No such interface in the redirect map: the kernel is handed the packet.
             Egress::Kernel => self.env.egress + 1000,
+            Egress::Routes => 0,
         };
         let config = LbConfig {
             outer_src_v4: to_words(packet_lab::LOCAL4.into()).0[0],
             outer_src_v4_hostmask: knobs.hostmask_v4,
             outer_src_v6: to_words(packet_lab::LOCAL6.into()).0,
             outer_src_v6_hostmask: knobs.hostmask_v6,
-            flags: CFG_F_STATIC_NEXTHOP,
+            flags: if knobs.egress == Egress::Routes { 0 } else { CFG_F_STATIC_NEXTHOP },
             gue_port: knobs.gue_port.to_be(),
             tcp_idle_timeout_s: knobs.tcp_idle_timeout_s,
             udp_idle_timeout_s: knobs.udp_idle_timeout_s,
@@ -223,6 +225,43 @@ impl<'e> Lab<'e> {
             table_buckets: maps.flows.buckets() as u32,
             ingress: self.env.ingress,
             tx_ports: vec![self.env.egress],
+            routes: self.routes(),
+        }
+    }
+
+    /// The packet lab's routes: a connected subnet of each family on each interface, and the
+    /// neighbours it resolves there (`spillway_harness::packet_lab`).
+    fn routes(&self) -> Routes {
+        let words = |addr: IpAddr| {
+            let (words, family) = to_words(addr);
+            (family, words)
+        };
+        let link = |ifindex, mac, subnets: [&str; 2], neighbours: Vec<IpAddr>| Link {
+            ifindex,
+            mac,
+            mtu: packet_lab::MTU.into(),
+            prefixes: subnets
+                .iter()
+                .map(|cidr| {
+                    let cidr: spillway_model::Cidr = cidr.parse().unwrap();
+                    let (family, words) = words(cidr.addr);
+                    (family, words, cidr.prefix_len)
+                })
+                .collect(),
+            neighbours: neighbours.into_iter().map(|a| (words(a), packet_lab::neighbour_mac(a).unwrap())).collect(),
+        };
+        let resolved =
+            packet_lab::RESOLVED_BACKENDS.flat_map(|n| [packet_lab::backend4(n).into(), packet_lab::backend6(n).into()]).collect();
+        Routes {
+            links: vec![
+                link(self.env.ingress, self.env.ingress_mac, ["10.1.0.0/24", "fd01::/64"], resolved),
+                link(
+                    self.env.egress,
+                    self.env.egress_mac,
+                    ["10.2.0.0/24", "fd02::/64"],
+                    vec![packet_lab::BEHIND_EGRESS4.into(), packet_lab::BEHIND_EGRESS6.into()],
+                ),
+            ],
         }
     }
 }
@@ -274,16 +313,10 @@ fn the_balancer_agrees_with_its_model() {
     }
 }
 
-/// The reasons no case reaches: those of the kernel's next-hop lookup (the cases use the
-/// static next hop: the FIB is not the path's to model).
-const UNREACHED: &[Reason] = &[
-    Reason::KernelNoNeigh,
-    Reason::DropOversize,
-    Reason::DropNoRoute,
-    Reason::DropForwardingDisabled,
-    Reason::TxPacketTooBig,
-    Reason::DropOversizeLimited,
-];
+/// The reasons no case reaches: packets too big for their egress (the model does not build
+/// the program's answer, and frames stay small), and an ingress that does not forward (the
+/// lab forwards).
+const UNREACHED: &[Reason] = &[Reason::DropOversize, Reason::DropForwardingDisabled, Reason::TxPacketTooBig, Reason::DropOversizeLimited];
 
 /// `cargo xtask fuzz datapath --minutes N` runs this for `SPILLWAY_DATAPATH_SECONDS`.
 #[test]
