@@ -12,7 +12,7 @@ use spillway_common::{
 };
 
 use crate::{
-    frame::{self, Bytes, IPV4_LEN, IPV6_LEN},
+    frame::{self, Bytes, IPV4_LEN, IPV6_LEN, is_host},
     limits::gcra,
 };
 
@@ -59,17 +59,6 @@ fn request(b: &Bytes) -> Option<Request> {
     let header = b.get(icmp, ICMP_LEN)?;
     let src = if family == FAMILY_V4 { b.words(l3 + 12, 1) } else { b.words(l3 + 8, 4) };
     (header[0] == echo_request && header[1] == 0).then_some(Request { l3, family, src })
-}
-
-/// An address a host may have: not unspecified, loopback, multicast, or (IPv4) reserved.
-fn is_host(src: &[u32; 4], family: u8) -> bool {
-    let first = src[0].to_ne_bytes()[0];
-    if family == FAMILY_V4 {
-        first != 0 && first != 127 && first < 224
-    } else {
-        let unspecified_or_loopback = src[..3] == [0, 0, 0] && u32::from_be(src[3]) <= 1;
-        first != 0xff && !unspecified_or_loopback
-    }
 }
 
 impl Buckets {

@@ -339,3 +339,15 @@ fn classify(b: &Bytes, datagram: Datagram, layout: Layout, first: bool, l4: usiz
         None => Fragment::Unplaceable(datagram.dst),
     }
 }
+
+/// An address a host may have, so an answer to it goes to one host: not unspecified,
+/// loopback, multicast, or (IPv4) reserved or broadcast.
+pub(crate) fn is_host(src: &[u32; 4], family: u8) -> bool {
+    let first = src[0].to_ne_bytes()[0];
+    if family == FAMILY_V4 {
+        first != 0 && first != 127 && first < 224
+    } else {
+        let unspecified_or_loopback = src[..3] == [0, 0, 0] && u32::from_be(src[3]) <= 1;
+        first != 0xff && !unspecified_or_loopback
+    }
+}

@@ -6,14 +6,14 @@
 //!
 //! `daemon/tests/datapath/differential/` runs generated frames and map states through the
 //! real program and this model and fails on any difference. What the model does not cover it
-//! refuses with a [`ModelError`] rather than guess: a packet too big for its egress once
-//! encapsulated (the answer the program builds), `--pass-to`, and a connection table that
+//! refuses with a [`ModelError`] rather than guess: `--pass-to`, and a connection table that
 //! would have to evict a flow to make room.
 
 mod echo;
 mod encap;
 pub mod frame;
 mod limits;
+mod ptb;
 mod quic;
 mod routes;
 mod state;
@@ -88,6 +88,7 @@ pub struct Model {
     table: Table,
     buckets: limits::Buckets,
     echo: echo::Buckets,
+    ptb: ptb::Buckets,
     fragment_sources: HashMap<(u8, [u32; 4]), u64>,
     fragments: HashMap<Datagram, FragmentRecord>,
 }
@@ -133,6 +134,7 @@ impl Model {
             table: Table::default(),
             buckets: limits::Buckets::default(),
             echo: echo::Buckets::default(),
+            ptb: ptb::Buckets::default(),
             fragment_sources: HashMap::new(),
             fragments: HashMap::new(),
         }
@@ -317,10 +319,21 @@ impl Model {
         self.forward(frame, datagram.dst.family, layout, (record.backend_id, &backend), None, record.flow_hash)
     }
 
+    /// A packet too big once encapsulated: answered with the `mtu` that fits, if it may be.
+    fn too_big(&mut self, frame: &[u8], mtu: usize) -> Verdict {
+        let Parsed::Flow { key, layout, icmp_error: false, .. } = frame::parse(frame) else {
+            return Verdict::ended(Action::Drop, Reason::DropOversize);
+        };
+        match self.ptb.answer(frame, &key, &layout, mtu, self.now_ns) {
+            Ok(answer) => Verdict { out: Output::Rewritten(answer), ..Verdict::ended(Action::Tx, Reason::TxPacketTooBig) },
+            Err(reason) => Verdict::ended(Action::Drop, reason),
+        }
+    }
+
     /// Encapsulates towards backend `id` (around a tunnel to `second`, if given) and sends
     /// on the static next hop, or the one the routes give.
     fn forward(
-        &self,
+        &mut self,
         frame: &[u8],
         family: u8,
         layout: &Layout,
@@ -363,11 +376,12 @@ impl Model {
         let (egress, macs) = if cfg.flags & CFG_F_STATIC_NEXTHOP != 0 {
             (cfg.static_ifindex, (cfg.static_src_mac, cfg.static_dst_mac))
         } else {
-            let outer_len = headers(arrived).len() - ETH_LEN + layout.l3_len;
-            match self.state.routes.next_hop(&backend.addr, backend.family, outer_len)? {
+            let overhead = headers(arrived).len() - ETH_LEN;
+            match self.state.routes.next_hop(&backend.addr, backend.family, overhead + layout.l3_len) {
                 routes::NextHop::Resolved { ifindex, macs } => (ifindex, macs),
                 routes::NextHop::NoNeigh => return Ok(sent(Action::Pass, Reason::KernelNoNeigh, arrived)),
                 routes::NextHop::NoRoute => return Ok(Verdict::ended(Action::Drop, Reason::DropNoRoute)),
+                routes::NextHop::FragNeeded { mtu } => return Ok(self.too_big(frame, mtu.saturating_sub(overhead))),
             }
         };
         Ok(if egress == self.state.ingress {

@@ -7,8 +7,6 @@ use std::collections::BTreeMap;
 
 use spillway_common::prefix::masked;
 
-use crate::ModelError;
-
 /// One interface.
 #[derive(Clone, Debug, Default)]
 pub struct Link {
@@ -34,21 +32,25 @@ pub(crate) enum NextHop {
     },
     NoNeigh,
     NoRoute,
+    /// Too big for the egress: its MTU.
+    FragNeeded {
+        mtu: usize,
+    },
 }
 
 impl Routes {
     /// Where a packet of `len` bytes to `addr` goes.
-    pub(crate) fn next_hop(&self, addr: &[u32; 4], family: u8, len: usize) -> Result<NextHop, ModelError> {
+    pub(crate) fn next_hop(&self, addr: &[u32; 4], family: u8, len: usize) -> NextHop {
         let on = |link: &&Link| link.prefixes.iter().any(|&(f, prefix, bits)| f == family && masked(addr, bits) == prefix);
         let Some(link) = self.links.iter().find(on) else {
-            return Ok(NextHop::NoRoute);
+            return NextHop::NoRoute;
         };
         if len > link.mtu {
-            return Err(ModelError::Unmodelled("a packet too big for its egress (the answer the program builds)"));
+            return NextHop::FragNeeded { mtu: link.mtu };
         }
-        Ok(match link.neighbours.get(&(family, *addr)) {
+        match link.neighbours.get(&(family, *addr)) {
             Some(mac) => NextHop::Resolved { ifindex: link.ifindex, macs: (link.mac, *mac) },
             None => NextHop::NoNeigh,
-        })
+        }
     }
 }

@@ -86,7 +86,10 @@ fn run_datapath(workspace: &Path, seconds: u64) -> Result<()> {
         .current_dir(workspace)
         .status()
         .context("running cargo test")?;
-    ensure!(status.success(), "the datapath run failed (a difference it found is kept, minimized, in daemon/tests/datapath/differential/cases/)");
+    ensure!(
+        status.success(),
+        "the datapath run failed (a difference it found is kept, minimized, in daemon/tests/datapath/differential/cases/)"
+    );
     Ok(())
 }
 

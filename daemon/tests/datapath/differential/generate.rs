@@ -14,6 +14,8 @@ use super::case::{Case, Egress, Knobs, Step};
 const RING_SIZES: [u32; 4] = [13, 31, 257, 4099];
 const PORTS: [u16; 4] = [80, 443, 53, 8080];
 const SOURCE_PORTS: [u16; 3] = [1000, 1001, 40000];
+/// Packets too big from one source at once: past its burst of answers.
+const PTB_BURST: usize = spillway_common::limits::PTB_SOURCE_BURST as usize + 4;
 /// First fragments from one source at once: past its burst of records, though a quarter of
 /// them are mutated.
 const FRAGMENT_FLOOD: u32 = spillway_common::limits::FRAGMENT_SOURCE_BURST * 3 / 2;
@@ -185,7 +187,10 @@ fn frames_of(rng: &mut Rng, state: &DesiredState) -> Vec<Vec<u8>> {
     let (dst, tcp) = target(rng, state);
     let client = SocketAddr::new(client_addr(rng, dst.is_ipv6()), rng.pick(&SOURCE_PORTS));
     let router: IpAddr = if dst.is_ipv6() { "2001:db8:ffff::1".parse().unwrap() } else { "192.168.255.1".parse().unwrap() };
-    let payload = vec![0x5a; rng.below(40) as usize];
+    // Now and then a packet too big for the egress once encapsulated, sometimes again and
+    // again (past the answers' burst).
+    let big = rng.chance(4);
+    let payload = vec![0x5a; if big { rng.range(1380, 1440) } else { rng.below(40) } as usize];
     let mut list = match rng.below(100) {
         0..30 if tcp => vec![frames::tcp(client, dst, true, &payload)],
         0..55 if tcp => {
@@ -228,7 +233,13 @@ fn frames_of(rng: &mut Rng, state: &DesiredState) -> Vec<Vec<u8>> {
             vec![frames::tunnel(outer_src, outer_dst, &inner[frames::ETH_LEN..])]
         }
     };
+    if big && list.len() == 1 && rng.chance(30) {
+        list = vec![list[0].clone(); PTB_BURST];
+    }
     for f in &mut list {
+        if f[12..14] == [0x08, 0x00] && rng.chance(50) {
+            *f = frames::with_dont_fragment(f, rng.chance(50));
+        }
         decorate(rng, f);
         if rng.chance(25) {
             mutate(rng, f);
