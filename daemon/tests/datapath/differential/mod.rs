@@ -34,8 +34,10 @@ use case::{Case, Egress, Knobs};
 /// nothing one case left in the kernel's buckets matters to the next.
 const CASE_GAP_MS: u64 = 1_000_000;
 /// Cases per loaded balancer: the table's 31-bit tick clock must not wrap (26 days of the
-/// frozen clock) while the program still holds the fragment records of earlier cases.
-const CASES_PER_LOAD: u32 = 1000;
+/// frozen clock) while the program still holds the fragment records of earlier cases, and
+/// those records (a few hundred a case at most) must never fill their LRU map, which would
+/// evict one the model still follows.
+const CASES_PER_LOAD: u32 = 300;
 /// A small table: emptied before every case, and still roomy for a case's flows.
 const CAPACITY: Capacity = Capacity { flows: 1 << 14, ..Capacity::DEFAULT };
 const STATIC_SRC_MAC: [u8; 6] = [0x02, 0x5b, 0, 0, 0, 1];
