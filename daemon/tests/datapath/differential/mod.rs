@@ -44,9 +44,11 @@ const STATIC_SRC_MAC: [u8; 6] = [0x02, 0x5b, 0, 0, 0, 1];
 const STATIC_DST_MAC: [u8; 6] = [0x02, 0x5b, 0, 0, 0, 2];
 
 /// Frames run and the reasons they reached.
-#[derive(Default)]
 pub struct Tally {
     pub frames: u64,
+    /// Since the run started, loading balancers and declaring states included.
+    pub started: Instant,
+    /// Running frames through the program and the model only.
     pub running: Duration,
     pub reasons: Vec<u64>,
 }
@@ -54,17 +56,25 @@ pub struct Tally {
 impl Tally {
     fn count(&mut self, reason: Reason) {
         self.frames += 1;
-        self.reasons.resize(Reason::COUNT as usize, 0);
         self.reasons[reason as usize] += 1;
+    }
+
+    fn new() -> Tally {
+        Tally { frames: 0, started: Instant::now(), running: Duration::ZERO, reasons: vec![0; Reason::COUNT as usize] }
     }
 
     /// Frames per second, and every reason with how many frames reached it (0 too: a branch
     /// the generator never reaches shows).
     pub fn report(&self) -> String {
-        let per_s = self.frames as f64 / self.running.as_secs_f64().max(1e-9);
-        let mut out = format!("differential: {} frames, {per_s:.0} frames/s\n", self.frames);
+        let per_s = |d: Duration| self.frames as f64 / d.as_secs_f64().max(1e-9);
+        let mut out = format!(
+            "differential: {} frames, {:.0} frames/s ({:.0} frames/s while running frames, without loading and declaring)\n",
+            self.frames,
+            per_s(self.started.elapsed()),
+            per_s(self.running)
+        );
         for reason in Reason::ALL {
-            out += &format!("  {:<26} {}\n", reason.label(), self.reasons.get(*reason as usize).copied().unwrap_or(0));
+            out += &format!("  {:<26} {}\n", reason.label(), self.reasons[*reason as usize]);
         }
         out
     }
@@ -272,7 +282,7 @@ impl<'e> Lab<'e> {
 /// `CASES_PER_LOAD` cases. A difference is minimized, printed, kept in `cases/`, and fails.
 pub fn fuzz(seed: u64, mut more: impl FnMut(&Tally) -> bool + Send) -> Tally {
     let mut rng = Rng::new(seed);
-    let mut tally = Tally::default();
+    let mut tally = Tally::new();
     while more(&tally) {
         with_env_sized(CAPACITY, |env| {
             let mut lab = Lab::new(env);
