@@ -214,6 +214,20 @@ pub const fn gue_source_port(hash: u32) -> u16 {
 /// Seed of a flow's second bucket.
 const FLOW_BUCKET_SEED: u32 = 0x466c_6f77; // "Flow"
 
+/// Whether a new flow of hash `flow_hash` (the table seed's: [`flow_hash`]) arriving at
+/// `now_ns` (the data path's tick-resolution clock) is in the one-in-`one_in` sample (a power
+/// of two) that feeds `top-sources`. The hash and the tick, mixed by one multiply whose top
+/// bits depend on every bit of both: flows are drawn independently, a tuple sent again in
+/// another tick is drawn again, and without the host's secret seed nobody outside can aim
+/// at the sample or dodge it. No helper call: `bpf_get_prandom_u32` cost every new flow and
+/// every refusal a call.
+#[inline(always)]
+pub const fn in_sample(flow_hash: u32, now_ns: u64, one_in: u32) -> bool {
+    let mixed = (flow_hash as u64 ^ now_ns).wrapping_mul(SEED_SPREAD);
+    // One in one: every flow (a shift by 64 bits would overflow).
+    one_in <= 1 || mixed >> (u64::BITS - one_in.trailing_zeros()) == 0
+}
+
 /// Bench only: which of `count` backends the cheapest hop (`spillway_hop`) sends a packet to,
 /// from its IPv4 source and TCP source port as they lie in the frame (network order read as
 /// native words). A multiplicative hash: every packet of a connection to one backend, the
@@ -230,6 +244,21 @@ mod tests {
 
     fn key(sport: u16) -> FlowKey {
         FlowKey { src: [0x0a00_000a, 0, 0, 0], dst: [0x0a64_0001, 0, 0, 0], sport, dport: 80, proto: 6, family: 4, _pad: [0; 2] }
+    }
+
+    #[test]
+    fn one_flow_in_sixteen_is_sampled_and_the_tick_draws_again() {
+        let hashes: std::vec::Vec<u32> = (0..16_000u16).map(|p| flow_hash(&key(p), FLOW_SEED)).collect();
+        let tick = 4_000_000u64;
+        let drawn = |now: u64| hashes.iter().filter(|h| in_sample(**h, now, 16)).count();
+        for now in [0, tick * 1000, tick * 1001, u64::MAX - tick] {
+            // 1000 expected, standard deviation ~31.
+            assert!((850..=1150).contains(&drawn(now)), "{} of 16000 sampled at {now}", drawn(now));
+        }
+        // The same flows in the next tick: a fresh draw, not the same sixteenth.
+        let both = hashes.iter().filter(|h| in_sample(**h, tick * 1000, 16) && in_sample(**h, tick * 1001, 16)).count();
+        assert!(both < 150, "{both} flows sampled in both ticks (about 62 if independent)");
+        assert!(hashes.iter().all(|h| in_sample(*h, 0, 1)), "one in one: every flow");
     }
 
     #[test]

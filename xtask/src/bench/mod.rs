@@ -44,7 +44,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "OBJECT")]
     against: Option<std::path::PathBuf>,
     /// Katran's ratios to its own floor measured on this machine, back to back with the
-    /// bench (`case ratio` lines; `katran.rs`): the paths part's goals become 0.8 of them.
+    /// bench (`case ratio` lines; `katran.rs`), which the paths part's goals are a share of.
     /// Without it, the reference's figures from another machine.
     #[arg(long, value_name = "FILE")]
     katran: Option<std::path::PathBuf>,

@@ -387,6 +387,13 @@ impl Lab {
 
     /// Checks every case, then times them; returns each case's median ns/packet.
     pub fn measure(&mut self, cases: &[Case], calls: usize, reps: usize) -> Result<Vec<f64>> {
+        Ok(self.measure_each_rep(cases, calls, reps)?.into_iter().map(median).collect())
+    }
+
+    /// [`Lab::measure`]'s figures before the median: each case's ns/packet in every
+    /// repetition, in order. Two cases' figures of one repetition are a pair: timed in the
+    /// same chunks, alternating, so the machine's drift falls on both alike.
+    pub fn measure_each_rep(&mut self, cases: &[Case], calls: usize, reps: usize) -> Result<Vec<Vec<f64>>> {
         let mut slots = Vec::with_capacity(cases.len());
         for case in cases {
             let frame = self.first_frame(case).with_context(|| format!("setting up {}", case.name))?;
@@ -413,7 +420,7 @@ impl Lab {
                 slot.ns = 0;
             }
         }
-        Ok(per_rep.into_iter().map(median).collect())
+        Ok(per_rep)
     }
 
     /// Runs `count` frames through the balancer, spread over `cpus` (the k-th of them takes

@@ -6,8 +6,8 @@
 //!
 //! The source table also feeds `lbctl top-sources`. A flow needs a source bucket only when
 //! its VIP has a per-source limit and no rule matched it; other new flows only touch the
-//! table at random, one in `SOURCE_SAMPLE_UNLIMITED`, adding that many to the counters
-//! (admitted or dropped, whatever dropped it: a rule, the budget), and adding the source if
+//! table at random (`hash::in_sample`), one in `SOURCE_SAMPLE_UNLIMITED`, adding that many
+//! to the counters (admitted or dropped, whatever dropped it: a rule, the budget), and adding the source if
 //! the table does not hold it: their top-sources counts are unbiased estimates, and a
 //! source that opened N new flows is missing only if none of them was sampled ((15/16)^N).
 //! The LRU lookup and insert were a third of a new flow's cost; counting every refused flow
@@ -28,9 +28,8 @@
 
 use core::ptr::{addr_of, read_volatile, write_volatile};
 
-use aya_ebpf::helpers::bpf_get_prandom_u32;
 use spillway_common::{
-    hash::{RULE_SEED, addr_hash, rule_home},
+    hash::{RULE_SEED, addr_hash, in_sample, rule_home},
     limits::{
         ANY_VIP, DEFAULT_SOURCE_PREFIX_V4, DEFAULT_SOURCE_PREFIX_V6, MAX_RULE_LENGTHS, RULE_SLOTS, SOURCE_SAMPLE_UNLIMITED, VIP_PROBES,
     },
@@ -46,10 +45,10 @@ use crate::maps::{BUDGET, LIMITS, OBSERVED, RULE_BUCKETS, RULE_COUNTERS, RULE_LE
 use crate::select::Vip;
 
 /// Decides whether a packet without a table entry to `vip` may pass; `Err` carries the drop
-/// reason. A `new_flow` goes through every limit; any other packet only through a block
+/// reason. `flow_hash`: the flow's (the table seed's), which draws the sample. A `new_flow` goes through every limit; any other packet only through a block
 /// (the rule's counters and observe mode apply; no bucket is charged).
 #[inline(always)]
-pub fn admit(key: &FlowKey, vip: &Vip, now: u64, new_flow: bool) -> Result<(), Reason> {
+pub fn admit(key: &FlowKey, vip: &Vip, now: u64, new_flow: bool, flow_hash: u32) -> Result<(), Reason> {
     let rule = matching_rule(key, vip);
     if !new_flow {
         return match rule {
@@ -68,7 +67,7 @@ pub fn admit(key: &FlowKey, vip: &Vip, now: u64, new_flow: bool) -> Result<(), R
     // half the sources of 200 flows out of top-sources.
     let weight = if per_source.is_some() {
         1
-    } else if unsafe { bpf_get_prandom_u32() } & (SOURCE_SAMPLE_UNLIMITED - 1) == 0 {
+    } else if in_sample(flow_hash, now, SOURCE_SAMPLE_UNLIMITED) {
         SOURCE_SAMPLE_UNLIMITED as u64
     } else {
         0

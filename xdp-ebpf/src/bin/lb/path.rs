@@ -204,7 +204,7 @@ pub fn place<const STOP: u8, const FAMILY: u8, P: Placement>(ctx: &XdpContext, p
             // charged to a limit (a flood of them buys nothing honest traffic then lacks);
             // only a block drops them.
             let midstream = !syn && key.proto == PROTO_TCP;
-            let admitted = limits::admit(&key, &vip, now_ns, !midstream && !icmp_error);
+            let admitted = limits::admit(&key, &vip, now_ns, !midstream && !icmp_error, flow.hash());
             cut!(STOP, LIMITS, &admitted);
             if let Err(reason) = admitted {
                 return refused(reason);
