@@ -145,10 +145,6 @@ impl Model {
         self.state = state;
     }
 
-    pub fn state(&self) -> &MapState {
-        &self.state
-    }
-
     /// The program's clock (frozen between calls).
     pub fn set_now(&mut self, now_ns: u64) {
         self.now_ns = now_ns;

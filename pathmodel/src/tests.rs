@@ -68,3 +68,19 @@ fn a_known_flow_keeps_its_backend_until_that_backend_is_replaced() {
     model.set_state(moved);
     assert_eq!(model.run(&frames::tcp(client, vip, false, b"x")).unwrap().backend, Some(other));
 }
+
+#[test]
+fn an_echo_answer_is_the_request_turned_around_with_right_checksums() {
+    let mut st = state();
+    st.addresses.insert((FAMILY_V4, st.vips[0].key.addr), spillway_common::types::ADDR_F_VIP | spillway_common::types::ADDR_F_ECHO);
+    st.echo = spillway_common::types::EchoConfig::new(1, 10);
+    let mut model = Model::new(st, 1 << 40);
+    let request = frames::echo_request("192.168.0.1".parse().unwrap(), "10.200.1.1".parse().unwrap(), 7, 1, &[0xa5; 40]);
+    let answer = model.run(&request).unwrap();
+    assert_eq!((answer.action, answer.reason), (Action::Tx, Reason::TxEchoReply));
+    // Checked by an implementation of its own (etherparse), checksums included.
+    frames::check_echo_reply(&answer.frame, &request, frames::ETH_LEN).unwrap();
+    // One a second with a burst of one: one more now, then none.
+    assert_eq!(model.run(&request).unwrap().reason, Reason::TxEchoReply);
+    assert_eq!(model.run(&request).unwrap().reason, Reason::DropEchoLimited);
+}

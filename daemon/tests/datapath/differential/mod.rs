@@ -87,6 +87,8 @@ pub struct Difference {
     pub expected: Prediction,
     pub action: u32,
     pub counted: Vec<Reason>,
+    /// The program counted the packet on the backend the model sent it to.
+    pub on_backend: bool,
     pub frame: Vec<u8>,
 }
 
@@ -95,6 +97,9 @@ impl std::fmt::Display for Difference {
         let labels: Vec<&str> = self.counted.iter().map(|r| r.label()).collect();
         writeln!(f, "step {}: the program: action {} reasons {labels:?}", self.step, self.action)?;
         writeln!(f, "         the model:   action {} reason {}", self.expected.action as u32, self.expected.reason.label())?;
+        if !self.on_backend {
+            writeln!(f, "  the program did not count the packet on backend {:?}, where the model sent it", self.expected.backend)?;
+        }
         if self.frame != self.expected.frame {
             let at = self
                 .frame
@@ -149,17 +154,20 @@ impl<'e> Lab<'e> {
                 model.set_now(self.now_ns);
             }
             let started = Instant::now();
-            let before = self.env.reasons();
-            let out = self.env.run(&step.frame);
-            let after = self.env.reasons();
-            let counted: Vec<Reason> = Reason::ALL.iter().copied().filter(|r| after[*r as usize] != before[*r as usize]).collect();
             let expected = model.run(&step.frame).unwrap_or_else(|e| panic!("step {n} of a case the model cannot judge: {e}"));
+            // The backend the program counts the packet on: the one the model sent it to.
+            let sent_on = |env: &Env| expected.backend.map(|id| env.balancer.maps.backend_traffic(id).unwrap().packets);
+            let (before, packets_before) = (self.env.reasons(), sent_on(self.env));
+            let out = self.env.run(&step.frame);
+            let (after, packets_after) = (self.env.reasons(), sent_on(self.env));
+            let counted: Vec<Reason> = Reason::ALL.iter().copied().filter(|r| after[*r as usize] != before[*r as usize]).collect();
+            let on_backend = packets_before.zip(packets_after).is_none_or(|(b, a)| a == b + 1);
             if let Some(tally) = tally.as_deref_mut() {
                 tally.running += started.elapsed();
                 tally.count(expected.reason);
             }
-            if out.action != expected.action as u32 || counted != [expected.reason] || out.frame != expected.frame {
-                return Err(Difference { step: n, expected, action: out.action, counted, frame: out.frame });
+            if out.action != expected.action as u32 || counted != [expected.reason] || out.frame != expected.frame || !on_backend {
+                return Err(Difference { step: n, expected, action: out.action, counted, on_backend, frame: out.frame });
             }
         }
         Ok(())

@@ -43,15 +43,28 @@ impl Shrinker<'_, '_> {
         }
     }
 
-    /// Without the state before, then one thing less at a time, from the start again after
-    /// each success.
+    /// Without the state before and the changes between frames, then one thing less at a
+    /// time in each state, from the start again after each success.
     fn shrink_state(&mut self) {
         if self.case.before.is_some() {
             self.try_keep(Case { before: None, ..self.case.clone() });
         }
+        for n in 0..self.case.steps.len() {
+            if self.case.steps.get(n).is_some_and(|s| s.declare.is_some()) {
+                let mut candidate = self.case.clone();
+                candidate.steps[n].declare = None;
+                self.try_keep(candidate);
+            }
+        }
         'smaller: loop {
             for state in smaller_states(&self.case.state) {
                 if self.try_keep(Case { state, ..self.case.clone() }) {
+                    continue 'smaller;
+                }
+            }
+            let befores: Vec<DesiredState> = self.case.before.iter().flat_map(smaller_states).collect();
+            for before in befores {
+                if self.try_keep(Case { before: Some(before), ..self.case.clone() }) {
                     continue 'smaller;
                 }
             }
