@@ -7,24 +7,17 @@
 
 use spillway_common::{
     limits::ECHO_SOURCE_PREFIX_V6,
-    prefix::masked,
     types::{EchoConfig, FAMILY_V4, FAMILY_V6, PROTO_ICMP, PROTO_ICMPV6, Reason},
 };
 
 use crate::{
-    frame::{self, Bytes, IPV4_LEN, IPV6_LEN, is_host},
-    limits::gcra,
+    frame::{self, ANSWER_TTL, Bytes, ICMP_LEN, IPV4_LEN, IPV6_LEN, is_host},
+    limits::AnswerBuckets,
 };
 
-const ICMP_LEN: usize = 8;
-const TTL: u8 = 64;
-
-/// The answers' buckets: per (family, source prefix), and the one for all.
+/// The echo answers' buckets.
 #[derive(Default)]
-pub(crate) struct Buckets {
-    sources: std::collections::HashMap<(u8, [u32; 4]), u64>,
-    total: u64,
-}
+pub(crate) struct Buckets(AnswerBuckets);
 
 /// A plain echo request: where its IP header starts, its family and source.
 struct Request {
@@ -68,9 +61,7 @@ impl Buckets {
         if rates.per_source.per_s == 0 || rates.total.per_s == 0 || !is_host(&request.src, request.family) {
             return Err(Reason::DropNoService);
         }
-        let prefix = if request.family == FAMILY_V4 { 32 } else { ECHO_SOURCE_PREFIX_V6 };
-        let source = self.sources.entry((request.family, masked(&request.src, prefix))).or_default();
-        if !gcra(source, &rates.per_source, now) || !gcra(&mut self.total, &rates.total, now) {
+        if !self.0.admit((&request.src, request.family, ECHO_SOURCE_PREFIX_V6), (&rates.per_source, &rates.total), now) {
             return Err(Reason::DropEchoLimited);
         }
         Ok(turned_around(frame, &request))
@@ -88,12 +79,12 @@ fn turned_around(frame: &[u8], request: &Request) -> Vec<u8> {
     out[src_at..dst_at].copy_from_slice(&frame[dst_at..dst_at + addr_len]);
     out[dst_at..dst_at + addr_len].copy_from_slice(&frame[src_at..dst_at]);
     if request.family == FAMILY_V4 {
-        // TTL and protocol share the word the header checksum covers.
+        // The TTL and the protocol share the word the header checksum covers.
         let old = [out[l3 + 8], out[l3 + 9]];
-        out[l3 + 8] = TTL;
-        rewrite(&mut out, l3 + 10, old, [TTL, old[1]]);
+        out[l3 + 8] = ANSWER_TTL;
+        rewrite(&mut out, l3 + 10, old, [ANSWER_TTL, old[1]]);
     } else {
-        out[l3 + 7] = TTL;
+        out[l3 + 7] = ANSWER_TTL;
     }
     let old = [out[icmp], out[icmp + 1]];
     out[icmp] = reply;

@@ -10,7 +10,9 @@ pub(crate) const IPV4_LEN: usize = 20;
 pub(crate) const IPV6_LEN: usize = 40;
 const TCP_LEN: usize = 20;
 pub(crate) const UDP_LEN: usize = 8;
-const ICMP_LEN: usize = 8;
+pub(crate) const ICMP_LEN: usize = 8;
+/// The TTL (hop limit) of the answers the program sends itself.
+pub(crate) const ANSWER_TTL: u8 = 64;
 const PORTS_LEN: usize = 4;
 const EXT_HEADERS_WALKED: usize = 4;
 const ETHERTYPE_VLAN: u16 = 0x8100;

@@ -22,6 +22,23 @@ pub(crate) struct Buckets {
     rules: HashMap<u32, u64>,
 }
 
+/// The buckets of answers the program sends itself (echo replies, packets too big): one
+/// per source prefix, and one for all sources.
+#[derive(Default)]
+pub(crate) struct AnswerBuckets {
+    sources: HashMap<(u8, [u32; 4]), u64>,
+    all: u64,
+}
+
+impl AnswerBuckets {
+    /// An answer to `src` is due: one is taken from its prefix's bucket (IPv4 /32, IPv6
+    /// `prefix_v6`), then from the bucket of all.
+    pub(crate) fn admit(&mut self, (src, family, prefix_v6): (&[u32; 4], u8, u8), (per_source, all): (&Rate, &Rate), now: u64) -> bool {
+        let prefix = if family == FAMILY_V4 { 32 } else { prefix_v6 };
+        gcra(self.sources.entry((family, masked(src, prefix))).or_default(), per_source, now) && gcra(&mut self.all, all, now)
+    }
+}
+
 /// GCRA on `tat`; a zero rate admits everything.
 pub(crate) fn gcra(tat: &mut u64, rate: &Rate, now: u64) -> bool {
     if rate.per_s == 0 {

@@ -5,34 +5,27 @@
 //! the packet as the minimum MTU leaves room for, so a packet too short to fill it is not
 //! answered; the Ethernet (and VLAN) header is the request's, turned around.
 
-use std::collections::HashMap;
-
 use spillway_common::{
     limits::{PTB_GLOBAL_BURST, PTB_GLOBAL_PER_S, PTB_SOURCE_BURST, PTB_SOURCE_PER_S, PTB_SOURCE_PREFIX_V6},
-    prefix::masked,
     types::{FAMILY_V4, FlowKey, PROTO_ICMP, PROTO_ICMPV6, Rate, Reason},
 };
 
 use crate::{
-    frame::{ETH_LEN, IPV4_LEN, IPV6_LEN, Layout, is_host},
-    limits::gcra,
+    frame::{ANSWER_TTL, ETH_LEN, ICMP_LEN, IPV4_LEN, IPV6_LEN, Layout, is_host},
+    limits::AnswerBuckets,
 };
 
 const QUOTE_V4: usize = 548;
 const QUOTE_V6: usize = 1232;
-const ICMP_LEN: usize = 8;
 const MIN_MTU_V4: usize = 68;
 const MIN_MTU_V6: usize = 1280;
-const TTL: u8 = 64;
 const TOS_INTERNETWORK_CONTROL: u8 = 0xc0;
 const PER_SOURCE: Rate = Rate::new(PTB_SOURCE_PER_S, PTB_SOURCE_BURST);
 const GLOBAL: Rate = Rate::new(PTB_GLOBAL_PER_S, PTB_GLOBAL_BURST);
 
+/// The answers' buckets.
 #[derive(Default)]
-pub(crate) struct Buckets {
-    sources: HashMap<(u8, [u32; 4]), u64>,
-    global: u64,
-}
+pub(crate) struct Buckets(AnswerBuckets);
 
 impl Buckets {
     /// The answer to the packet `key` of `frame` (laid out as `layout`) whose tunnel leaves
@@ -49,9 +42,7 @@ impl Buckets {
         if !answerable || !is_host(&key.src, key.family) {
             return Err(Reason::DropOversize);
         }
-        let prefix = if v4 { 32 } else { PTB_SOURCE_PREFIX_V6 };
-        let source = self.sources.entry((key.family, masked(&key.src, prefix))).or_default();
-        if !gcra(source, &PER_SOURCE, now) || !gcra(&mut self.global, &GLOBAL, now) {
+        if !self.0.admit((&key.src, key.family, PTB_SOURCE_PREFIX_V6), (&PER_SOURCE, &GLOBAL), now) {
             return Err(Reason::DropOversizeLimited);
         }
         // The answer's L2 is 14 bytes, or 18 with any other L2 length (one VLAN tag).
@@ -68,7 +59,7 @@ impl Buckets {
             let start = out.len();
             out.extend_from_slice(&[0x45, TOS_INTERNETWORK_CONTROL]);
             out.extend_from_slice(&((IPV4_LEN + message_len) as u16).to_be_bytes());
-            out.extend_from_slice(&[0, 0, 0, 0, TTL, PROTO_ICMP, 0, 0]);
+            out.extend_from_slice(&[0, 0, 0, 0, ANSWER_TTL, PROTO_ICMP, 0, 0]);
             words(&mut out, &key.dst[..1]);
             words(&mut out, &key.src[..1]);
             let check = checksum(&out[start..], 0);
@@ -79,7 +70,7 @@ impl Buckets {
         } else {
             out.extend_from_slice(&(6u32 << 28).to_be_bytes());
             out.extend_from_slice(&(message_len as u16).to_be_bytes());
-            out.extend_from_slice(&[PROTO_ICMPV6, TTL]);
+            out.extend_from_slice(&[PROTO_ICMPV6, ANSWER_TTL]);
             let start = out.len();
             words(&mut out, &key.dst);
             words(&mut out, &key.src);
