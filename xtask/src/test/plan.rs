@@ -215,3 +215,25 @@ fn test_jobs(binary: TestBinary) -> Vec<Job> {
     jobs.push(job(name, args, Phase::Together));
     jobs
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_test_of_its_own_runs_as_its_own_job_and_not_in_its_binarys() {
+        let binary = TestBinary {
+            package: "spillway-daemon".into(),
+            kind: "test".into(),
+            target: "datapath".into(),
+            executable: PathBuf::from("/bin/datapath"),
+            package_dir: PathBuf::from("/daemon"),
+        };
+        let jobs = test_jobs(binary);
+        let own = "differential::the_balancer_agrees_with_its_model";
+        let [alone, rest] = &jobs[..] else { panic!("{} jobs", jobs.len()) };
+        assert_eq!(alone.args, ["--exact", own]);
+        assert_eq!((alone.phase, alone.load), (Phase::Together, Load::Computes));
+        assert_eq!(rest.args, ["--exact", "--skip", own]);
+    }
+}
