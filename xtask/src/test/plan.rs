@@ -231,9 +231,9 @@ mod tests {
         };
         let jobs = test_jobs(binary);
         let own = "differential::the_balancer_agrees_with_its_model";
-        let [alone, rest] = &jobs[..] else { panic!("{} jobs", jobs.len()) };
-        assert_eq!(alone.args, ["--exact", own]);
-        assert_eq!((alone.phase, alone.load), (Phase::Together, Load::Computes));
+        let [its_own, rest] = &jobs[..] else { panic!("{} jobs", jobs.len()) };
+        assert_eq!(its_own.args, ["--exact", own]);
+        assert_eq!((its_own.phase, its_own.load), (Phase::Together, Load::Computes));
         assert_eq!(rest.args, ["--exact", "--skip", own]);
     }
 }
