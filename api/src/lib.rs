@@ -65,6 +65,16 @@ pub enum Request {
         vip: Vip,
         encap: Encap,
     },
+    /// A QUIC VIP's second config id (`quic_next`, a key rotation), or none.
+    SetQuicNext {
+        vip: Vip,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<QuicConfig>,
+    },
+    /// Ends a key rotation: the VIP's `quic_next` becomes its only config id.
+    RetireQuic {
+        vip: Vip,
+    },
     /// A VIP that has backends is removed only with `force` (its connections break).
     RemoveVip {
         vip: Vip,

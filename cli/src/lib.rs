@@ -49,6 +49,7 @@ Examples:
   lbctl vips add '[fd00::1]:443/tcp' --ring-size 4099
   lbctl vips add 10.0.0.2:8080/tcp --force            # an address of the balancer itself
   lbctl vips add 10.0.0.3:443/udp --quic --quic-server-id-len 2 --quic-nonce-len 6
+  lbctl vips add 10.0.0.6:443/udp --quic --quic-config-id 1 --quic-key-file /etc/spillway/quic-1.key
   lbctl vips add 10.0.0.4:443/tcp --encap gue         # tunnel to its backends in GUE
   lbctl vips add 10.0.0.5:7777/udp --hash source      # every port of a client to one backend
   lbctl vips add '[fd00::5]:443/tcp' --hash source --source-prefix 64
@@ -57,6 +58,10 @@ Examples:
 id (QUIC-LB, plaintext); each backend's server id is the last --quic-server-id-len
 octets of its address (lbctl backends list shows it: give it to the server's
 connection-id generator). Ids that do not decode go by the 5-tuple (counted).
+With --quic-key-file the servers encrypt their ids (single pass when server id and
+nonce sum to 16 octets, else four passes): lbd decrypts an id once and remembers
+where it goes; decryptions are budgeted per CPU, an id over the budget goes by the
+5-tuple (counted: placed=\"decrypted\", \"cached\", \"miss_over_budget\").
 
 A VIP on an address of the balancer's own interfaces is refused without --force:
 the balancer's own traffic to it (SSH to 10.0.0.2:22, BGP) would go to the VIP's
@@ -75,6 +80,12 @@ keeps an IPv6 client's privacy addresses together. A backend change moves the sa
 share of clients as it moves flows under the 5-tuple; established connections keep
 their backend. A QUIC VIP still sends short headers by connection id; the rest
 follow --hash. lbctl apply -f changes the hash of an existing VIP.";
+
+const VIPS_QUIC_NEXT_HELP: &str = "\
+Example: a key rotation of 10.0.0.3:443/udp, whose servers issue config id 1
+  lbctl vips quic-next 10.0.0.3:443/udp --quic-config-id 2 --quic-key-file /etc/spillway/quic-2.key
+  (the servers move to config id 2, with the new key; the old connections finish)
+  lbctl vips quic-retire 10.0.0.3:443/udp";
 
 const VIPS_ENCAP_HELP: &str = "\
 Example:
@@ -672,6 +683,47 @@ pub struct QuicArgs {
     /// The servers write the id's length into its first octet.
     #[arg(long, requires = "quic")]
     quic_self_len: bool,
+    /// The servers encrypt their ids (QUIC-LB §5.4) with the key in FILE: 32 hexadecimal
+    /// digits, readable by root alone (lbd refuses a file group or others may read or
+    /// write). lbd reads it; only the path is kept, shown and exported, never the key.
+    #[arg(long, value_name = "FILE", requires = "quic")]
+    quic_key_file: Option<std::path::PathBuf>,
+}
+
+/// A second QUIC-LB config id (`lbctl vips quic-next`).
+#[derive(Debug, Args)]
+pub struct QuicNextArgs {
+    /// Its config id, 0..=6: another than the current one.
+    #[arg(long, value_name = "ID")]
+    quic_config_id: u8,
+    /// Octets of server id: the current config id's (the backends keep their server ids).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SERVER_ID_LEN)]
+    quic_server_id_len: u8,
+    /// Octets of nonce, at least 4.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_NONCE_LEN)]
+    quic_nonce_len: u8,
+    /// The servers write the id's length into its first octet.
+    #[arg(long)]
+    quic_self_len: bool,
+    /// The servers encrypt their ids of this config id with the key in FILE (32
+    /// hexadecimal digits, root's alone).
+    #[arg(long, value_name = "FILE")]
+    quic_key_file: Option<std::path::PathBuf>,
+}
+
+impl QuicNextArgs {
+    fn config(&self) -> QuicConfig {
+        QuicArgs {
+            quic: true,
+            quic_config_id: self.quic_config_id,
+            quic_server_id_len: self.quic_server_id_len,
+            quic_nonce_len: self.quic_nonce_len,
+            quic_self_len: self.quic_self_len,
+            quic_key_file: self.quic_key_file.clone(),
+        }
+        .config()
+        .unwrap_or_default()
+    }
 }
 
 impl QuicArgs {
@@ -681,6 +733,8 @@ impl QuicArgs {
             server_id_len: self.quic_server_id_len,
             nonce_len: self.quic_nonce_len,
             self_len: self.quic_self_len,
+            // lbd reads it from its own working directory: the path it gets is absolute.
+            key_file: self.quic_key_file.as_deref().map(|f| std::path::absolute(f).unwrap_or_else(|_| f.to_path_buf())),
         })
     }
 }
@@ -736,6 +790,25 @@ pub enum VipsCommand {
         /// Also a VIP that still has backends (their connections break).
         #[arg(long)]
         force: bool,
+    },
+    /// Rotate a QUIC VIP's key: a second config id beside its current one, with its own
+    /// key file (both are decoded until `vips quic-retire`). Give the servers the new
+    /// config id once the balancer has it; retire the old one when its connections are gone.
+    #[command(after_help = VIPS_QUIC_NEXT_HELP)]
+    QuicNext {
+        /// The QUIC VIP, e.g. 10.0.0.3:443/udp.
+        #[arg(value_name = "VIP")]
+        vip: Vip,
+        #[command(flatten)]
+        next: QuicNextArgs,
+    },
+    /// End a key rotation: the second config id becomes the VIP's only one, and ids of the
+    /// old one go by the 5-tuple from now on.
+    #[command(after_help = VIPS_QUIC_NEXT_HELP)]
+    QuicRetire {
+        /// The QUIC VIP, e.g. 10.0.0.3:443/udp.
+        #[arg(value_name = "VIP")]
+        vip: Vip,
     },
     /// Change how a VIP's backends are health-checked.
     #[command(after_help = VIPS_HEALTH_HELP)]
@@ -867,6 +940,8 @@ impl Command {
             Command::Vips(VipsCommand::List(_)) => Request::ListVips,
             Command::Vips(VipsCommand::Remove { vip, force }) => Request::RemoveVip { vip: *vip, force: *force },
             Command::Vips(VipsCommand::Encap { vip, encap }) => Request::SetVipEncap { vip: *vip, encap: *encap },
+            Command::Vips(VipsCommand::QuicNext { vip, next }) => Request::SetQuicNext { vip: *vip, next: Some(next.config()) },
+            Command::Vips(VipsCommand::QuicRetire { vip }) => Request::RetireQuic { vip: *vip },
             Command::Vips(VipsCommand::Health { vip, health }) => Request::SetHealth {
                 vip: *vip,
                 probe: health.probe_spec()?,

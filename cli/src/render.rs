@@ -77,6 +77,10 @@ fn done(command: &Command) -> Option<String> {
         Command::Vips(VipsCommand::Add { vip, .. }) => format!("added VIP {vip}"),
         Command::Vips(VipsCommand::Remove { vip, .. }) => format!("removed VIP {vip} and its backends"),
         Command::Vips(VipsCommand::Encap { vip, encap }) => format!("VIP {vip}: backends without their own encap now take {encap}"),
+        Command::Vips(VipsCommand::QuicNext { vip, .. }) => {
+            format!("VIP {vip}: a second QUIC-LB config id, decoded beside the current one")
+        }
+        Command::Vips(VipsCommand::QuicRetire { vip }) => format!("VIP {vip}: the second QUIC-LB config id is now its only one"),
         Command::Backends(BackendsCommand::Add { target, weight, .. }) => {
             format!("added backend {} to {} (weight {weight})", target.backend, target.vip)
         }

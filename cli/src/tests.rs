@@ -88,6 +88,34 @@ fn commands_map_to_requests() {
             },
         ),
         (&["vips", "encap", "10.0.0.1:80/tcp", "ipip"], Request::SetVipEncap { vip: v, encap: Encap::Ipip }),
+        (&["vips", "quic-retire", "10.0.0.1:80/tcp"], Request::RetireQuic { vip: v }),
+        (
+            &["vips", "add", "10.0.0.3:443/udp", "--quic", "--quic-config-id", "1", "--quic-key-file", "/etc/spillway/quic-1.key"],
+            Request::AddVip {
+                vip: vip("10.0.0.3:443/udp"),
+                ring_size: None,
+                force: false,
+                quic: Some(spillway_model::QuicConfig {
+                    config_id: 1,
+                    key_file: Some("/etc/spillway/quic-1.key".into()),
+                    ..Default::default()
+                }),
+                encap: Encap::Ipip,
+                hash: HashMode::FiveTuple,
+                source_prefix: None,
+            },
+        ),
+        (
+            &["vips", "quic-next", "10.0.0.1:80/tcp", "--quic-config-id", "2", "--quic-key-file", "/etc/spillway/quic-2.key"],
+            Request::SetQuicNext {
+                vip: v,
+                next: Some(spillway_model::QuicConfig {
+                    config_id: 2,
+                    key_file: Some("/etc/spillway/quic-2.key".into()),
+                    ..Default::default()
+                }),
+            },
+        ),
         (
             &["vips", "add", "10.0.0.1:80/tcp", "--hash", "source"],
             Request::AddVip {
@@ -211,8 +239,8 @@ fn every_help_has_an_example() {
     let mut seen = 0;
     walk(&Cli::command(), &mut Vec::new(), &mut seen);
     assert_eq!(
-        seen, 37,
-        "lbctl, vips (5), backends (6), stats, ratelimit (4), rules (3), top-sources, top, flows (3), ports, apply, diff, export, \
+        seen, 39,
+        "lbctl, vips (7), backends (6), stats, ratelimit (4), rules (3), top-sources, top, flows (3), ports, apply, diff, export, \
          status, completions, man"
     );
 }

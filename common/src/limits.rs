@@ -65,6 +65,12 @@ impl Capacity {
         (self.vips * INDEX_SLOTS_PER_KEY).next_power_of_two()
     }
 
+    /// Slots of the per-(VIP, config id) maps of encrypted QUIC-LB ids (`spw_quic_cfgs`,
+    /// `spw_quic_keys`): VIP id times [`QUIC_CONFIG_IDS_PER_VIP`] plus config id.
+    pub const fn quic_config_slots(&self) -> u32 {
+        self.vips * QUIC_CONFIG_IDS_PER_VIP
+    }
+
     /// Slots of the QUIC server-id index: [`INDEX_SLOTS_PER_KEY`] per backend (every backend
     /// a QUIC VIP's at most).
     pub const fn quic_server_slots(&self) -> u32 {
@@ -140,6 +146,17 @@ pub const RULE_SLOTS: u32 = INDEX_SLOTS_PER_KEY * MAX_RULES;
 const _: () = assert!(RULE_SLOTS.is_power_of_two());
 /// Sources tracked for per-source limits and `lbctl top-sources` (LRU: the quietest go).
 pub const SOURCE_TABLE_ENTRIES: u32 = 1 << 16;
+/// Encrypted connection ids the cache of decoded ids (`spw_quic_cids`, LRU) holds: one per
+/// live id an honest client uses, whatever the VIP.
+pub const QUIC_CID_CACHE_ENTRIES: u32 = 1 << 17;
+/// Encrypted connection ids one CPU decrypts a second, at most, after a burst of as many
+/// (`spw_quic_budget`): a miss of the cache costs one to four AES blocks, so this keeps a
+/// flood of random ids to a fraction of a core (`cargo xtask bench --part quic` measures a
+/// miss).
+pub const QUIC_DECRYPTS_PER_S: u64 = 50_000;
+/// Slots of each VIP in the per-(VIP, config id) maps: one per config id (§3.1: 0..=6, and
+/// the reserved 7).
+pub const QUIC_CONFIG_IDS_PER_VIP: u32 = 8;
 /// For a VIP without a per-source limit (enforced or observed), and for flows a rule
 /// matches, only one new flow in this many (chosen at random) updates the source table,
 /// adding its source if new and this many to its counters: the table then only feeds
@@ -262,6 +279,15 @@ pub mod map_names {
     /// What the balancer hands its QUIC programs, and how short headers were placed
     /// (`types::QuicHandover`, per CPU); userspace reads only the counts.
     pub const QUIC_HANDOVER: &str = "spw_quic_hand";
+    /// Encrypted QUIC-LB ids: each (VIP, config id)'s configuration when it is not the one
+    /// in the VIP slot, its key's crypto context (a kptr, made by the syscall program
+    /// `spillway_quic_key`), the cache of ids decoded, and each CPU's decryption budget.
+    /// None is pinned: a starting `lbd` writes them all again.
+    pub const QUIC_CONFIGS: &str = "spw_quic_cfgs";
+    pub const QUIC_CRYPT_PROGRAM: &str = "spw_quic_crypt_prog";
+    pub const QUIC_KEYS: &str = "spw_quic_keys";
+    pub const QUIC_CID_CACHE: &str = "spw_quic_cids";
+    pub const QUIC_DECRYPT_BUDGET: &str = "spw_quic_budget";
     /// A next-hop cache miss's FIB lookup parameters (per CPU); never read by userspace.
     pub const FIB_PARAMS: &str = "spw_fib_params";
     /// Slot 0: the "packet too big" program (`spillway_lb_ptb`), which the balancer
@@ -306,6 +332,9 @@ pub mod program_names {
     pub const BALANCER_QUIC: &str = "spillway_lb_quic";
     pub const BALANCER_QUIC_V6: &str = "spillway_lb_quic_v6";
     /// Tail-called by those for the packets their connection id does not place.
+    /// The QUIC programs' tail call for a short header of an encrypted config id.
+    pub const BALANCER_QUIC_CRYPT: &str = "spillway_lb_quic_crypt";
+    pub const BALANCER_QUIC_CRYPT_V6: &str = "spillway_lb_quic_crypt_v6";
     pub const BALANCER_UDP: &str = "spillway_lb_udp";
     pub const BALANCER_UDP_V6: &str = "spillway_lb_udp_v6";
     /// Tail-called by the balancer (and its IPv6 program) for a fragment to a VIP address.

@@ -30,7 +30,7 @@ pub const MAX_PLAINTEXT_LEN: u8 = 19;
 pub const MAX_SERVER_ID_LEN: u8 = MAX_PLAINTEXT_LEN - MIN_NONCE_LEN;
 
 /// Bits of the first octet above the length or random bits (§3.4).
-const CONFIG_ID_SHIFT: u32 = 5;
+pub const CONFIG_ID_SHIFT: u32 = 5;
 /// The first octet's low five bits: the length of the rest of the id, or random (§3.3).
 pub const FIRST_OCTET_LEN_MASK: u8 = 0x1f;
 
@@ -38,6 +38,9 @@ pub const FIRST_OCTET_LEN_MASK: u8 = 0x1f;
 /// the first octet's low five bits (§3.3). The load balancer then also checks that length
 /// (§4.1); without the flag those bits are random and not looked at.
 pub const QUIC_LB_F_SELF_LEN: u8 = 1;
+/// [`QuicLbConfig::flags`]: the servers encrypt server id and nonce with the configuration's
+/// key (§5.4); the balancer decodes them with `encrypted`.
+pub const QUIC_LB_F_ENCRYPTED: u8 = 2;
 
 /// One plaintext configuration, as the loader writes it into the data path's array of
 /// [`QUIC_LB_CONFIG_IDS`] slots, indexed by config id. `server_id_len` 0 marks an empty slot:
@@ -130,6 +133,12 @@ impl QuicLbConfig {
         self.server_id_len != 0
     }
 
+    /// Whether the ids are encrypted with a key (§5.4).
+    #[inline(always)]
+    pub const fn is_encrypted(&self) -> bool {
+        self.flags & QUIC_LB_F_ENCRYPTED != 0
+    }
+
     /// Octets of the connection ids this configuration issues: first octet, server id, nonce.
     #[inline(always)]
     pub const fn cid_len(&self) -> usize {
@@ -150,7 +159,7 @@ impl QuicLbConfig {
         if self.server_id_len as u16 + self.nonce_len as u16 > MAX_PLAINTEXT_LEN as u16 {
             return Err(ConfigError::TooLong { server_id_len: self.server_id_len, nonce_len: self.nonce_len });
         }
-        if self.flags & !QUIC_LB_F_SELF_LEN != 0 {
+        if self.flags & !(QUIC_LB_F_SELF_LEN | QUIC_LB_F_ENCRYPTED) != 0 {
             return Err(ConfigError::Flags { flags: self.flags });
         }
         Ok(())
@@ -290,7 +299,7 @@ const fn octets_mask(octets: u32) -> u64 {
 /// What §4.1 asks of a connection id of `len` octets, the first `first`, before its server
 /// id is read under `cfg`.
 #[inline(always)]
-fn check(first: u8, len: usize, cfg: &QuicLbConfig) -> Result<(), CidError> {
+pub(crate) fn check(first: u8, len: usize, cfg: &QuicLbConfig) -> Result<(), CidError> {
     let config_id = config_id_of(first)?;
     if !cfg.is_set() || cfg.config_id != config_id || cfg.server_id_len > MAX_SERVER_ID_LEN {
         return Err(CidError::UnknownConfig { config_id });
@@ -338,6 +347,7 @@ pub fn encode(
     Ok(len)
 }
 
+pub mod encrypted;
 #[cfg(feature = "user")]
 pub mod key;
 
@@ -450,7 +460,8 @@ mod tests {
         assert_eq!(cfg(0, 3, 3, 0).validate(), Err(ConfigError::NonceLen { len: 3 }));
         assert_eq!(cfg(0, 15, 5, 0).validate(), Err(ConfigError::TooLong { server_id_len: 15, nonce_len: 5 }));
         assert_eq!(cfg(0, 3, 255, 0).validate(), Err(ConfigError::TooLong { server_id_len: 3, nonce_len: 255 }));
-        assert_eq!(cfg(0, 3, 4, 2).validate(), Err(ConfigError::Flags { flags: 2 }));
+        assert_eq!(cfg(0, 3, 4, QUIC_LB_F_ENCRYPTED).validate(), Ok(()));
+        assert_eq!(cfg(0, 3, 4, 4).validate(), Err(ConfigError::Flags { flags: 4 }));
         assert_eq!(ServerId::new(&[]), Err(ConfigError::ServerIdLen { len: 0 }));
         assert_eq!(ServerId::new(&[0; 16]), Err(ConfigError::ServerIdLen { len: 16 }));
         let mut out = [0u8; MAX_CID_LEN];

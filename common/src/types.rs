@@ -251,7 +251,28 @@ pub struct QuicHandover {
     pub _pad: [u8; 6],
     /// Short headers placed, per `QuicRouting`.
     pub placed: [u64; QuicRouting::COUNT as usize],
-    pub _line: [u64; 3],
+}
+
+/// A key of `spw_quic_cids`, the cache of encrypted connection ids already decoded: the VIP
+/// and the id's octets (those past its configuration's length zero).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuicCidKey {
+    pub vip_id: u32,
+    pub cid: [u8; crate::quic_lb::MAX_CID_LEN],
+}
+
+/// One CPU's budget of encrypted connection ids decoded (`spw_quic_budget`): a credit of
+/// nanoseconds that grows with time up to `max_credit_ns`, and that each decoding spends
+/// `ns_per_miss` of. Written whole by the loader (`max_credit_ns` and `credit_ns` the
+/// burst), then only by its CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecryptBudget {
+    pub credit_ns: u64,
+    pub last_ns: u64,
+    pub ns_per_miss: u64,
+    pub max_credit_ns: u64,
 }
 
 /// Backend slot states.
@@ -711,6 +732,13 @@ reasons!(
         /// The connection id did not decode (unknown config id, too short, a server id no
         /// backend of the VIP has): placed by the 5-tuple instead, never dropped.
         Fallback = "quic_fallback",
+        /// An encrypted id decrypted (a miss of the cache of decoded ids, within the budget).
+        Decrypted = "decrypted",
+        /// An encrypted id found in the cache of decoded ids: no decryption.
+        Cached = "cached",
+        /// An encrypted id not in the cache when this CPU's decryption budget was spent:
+        /// placed by the 5-tuple.
+        MissOverBudget = "miss_over_budget",
     }
 );
 
@@ -899,6 +927,8 @@ const _: () = assert!(size_of::<HopConfig>() == 68);
 const _: () = assert!(size_of::<QuicServerKey>() == 20);
 const _: () = assert!(size_of::<QuicServerSlot>() == 64);
 const _: () = assert!(size_of::<QuicHandover>() == 64);
+const _: () = assert!(size_of::<QuicCidKey>() == 24);
+const _: () = assert!(size_of::<DecryptBudget>() == 32);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -919,6 +949,8 @@ mod pod {
         VipMeta,
         VipSlot,
         QuicHandover,
+        QuicCidKey,
+        DecryptBudget,
         AddrKey,
         AllowKey,
         BackendInfo,

@@ -223,6 +223,17 @@ fn change(op: &'static str) -> Change {
     Change { op, line: Line::new("change").field("op", &op) }
 }
 
+/// A QUIC-LB configuration's fields in a change's log line: its key file's path, never the
+/// key.
+fn quic_fields(change: Change, q: &spillway_model::QuicConfig) -> Change {
+    let change =
+        change.field("quic_config_id", &q.config_id).field("quic_server_id_len", &q.server_id_len).field("quic_nonce_len", &q.nonce_len);
+    match q.key_file() {
+        Some(file) => change.field("quic_key_file", &file.display()),
+        None => change,
+    }
+}
+
 impl Change {
     fn field(mut self, key: &str, value: &dyn std::fmt::Display) -> Self {
         self.line = self.line.field(key, value);
@@ -582,10 +593,7 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     .field("hash", &hash)
                     .field("source_prefix", &or_dash(source_prefix));
                 if let Some(q) = &quic {
-                    change = change
-                        .field("quic_config_id", &q.config_id)
-                        .field("quic_server_id_len", &q.server_id_len)
-                        .field("quic_nonce_len", &q.nonce_len);
+                    change = quic_fields(change, q);
                 }
                 self.mutate(change, |s| {
                     s.add_vip(vip, ring_size)?;
@@ -595,6 +603,14 @@ impl<M: Maps + Counters, S: Store> Core<M, S> {
                     s.set_quic(&vip, quic)
                 })
             }
+            Request::SetQuicNext { vip, next } => {
+                let mut change = change("set_quic_next").field("vip", &vip);
+                if let Some(q) = &next {
+                    change = quic_fields(change, q);
+                }
+                self.mutate(change, |s| s.set_quic_next(&vip, next))
+            }
+            Request::RetireQuic { vip } => self.mutate(change("retire_quic").field("vip", &vip), |s| s.retire_quic(&vip)),
             Request::SetVipEncap { vip, encap } => {
                 self.mutate(change("set_vip_encap").field("vip", &vip).field("encap", &encap), |s| s.set_encap(&vip, encap))
             }

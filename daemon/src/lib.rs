@@ -210,6 +210,16 @@ pub async fn run(args: &DaemonArgs, config: Option<Document>, settings: RunningS
     let config = lb_config(args, iface)?;
     let mut balancer = Balancer::load(&LoadOptions { map_pin_dir: Some(layout.balancer_maps()), capacity: args.capacity() })
         .map_err(|e| explain_load_error(e, &layout))?;
+    // Said once: encrypted QUIC-LB config ids are then refused (naming why), plaintext ones
+    // work as before.
+    if let Some(Err(e)) = &balancer.maps.quic_keys {
+        event!(
+            warn,
+            "quic_decryption_unavailable",
+            error = error_chain(e),
+            message = "encrypted QUIC-LB config ids (key_file) are refused"
+        );
+    }
     // The second-chance program's rare events (`dataplane::logs`) become log lines.
     let ebpf_logs = spillway_dataplane::logs::forward(balancer.ebpf_mut())
         .inspect_err(|e| event!(warn, "ebpf_logs_unavailable", error = error_chain(e)))

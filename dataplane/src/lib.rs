@@ -20,6 +20,7 @@ pub mod objects;
 pub mod pass_to;
 pub mod pins;
 mod probe_encap;
+pub mod quic_keys;
 pub mod rtnl;
 mod tables;
 pub mod test_run;
@@ -36,7 +37,7 @@ use aya::{
 use maps::named;
 pub use maps::{BalancerMaps, MapOccupancy, vip_of};
 pub use probe_encap::ProbeMaps;
-use spillway_common::limits::{Capacity, map_names, program_names};
+use spillway_common::limits::{Capacity, QUIC_DECRYPTS_PER_S, map_names, program_names};
 pub use tables::{FlowSummary, FlowTable, RingPool, RuleIndex, VipIndex};
 
 use spillway_reconcile::MapsError;
@@ -181,6 +182,9 @@ pub struct Balancer {
 const QUIC_PROGRAMS: [&str; 4] =
     [program_names::BALANCER_QUIC, program_names::BALANCER_QUIC_V6, program_names::BALANCER_UDP, program_names::BALANCER_UDP_V6];
 
+/// The crypt programs, in the order of their slots in `spw_quic_crypt_prog`.
+const QUIC_CRYPT_PROGRAMS: [&str; 2] = [program_names::BALANCER_QUIC_CRYPT, program_names::BALANCER_QUIC_CRYPT_V6];
+
 /// Maps pinned for reuse across restarts (the next-hop cache refills itself and is not).
 /// Maps added later are created (and pinned) the first time an `lbd` that knows them starts.
 const PINNED_MAPS: [&str; 34] = [
@@ -234,7 +238,7 @@ impl Balancer {
         load_xdp(&mut ebpf, program_names::BALANCER_V6)?;
         load_xdp(&mut ebpf, program_names::PACKET_TOO_BIG)?;
         load_xdp(&mut ebpf, program_names::ECHO)?;
-        for name in QUIC_PROGRAMS.into_iter().chain(FRAGMENT_PROGRAMS) {
+        for name in QUIC_PROGRAMS.into_iter().chain(QUIC_CRYPT_PROGRAMS).chain(FRAGMENT_PROGRAMS) {
             load_xdp(&mut ebpf, name)?;
         }
         let memory = map_memory(&ebpf);
@@ -264,12 +268,22 @@ impl Balancer {
             let quic = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
             named(map_names::QUIC_PROGRAM, maps.quic_program.set(slot, quic, 0))?;
         }
+        // The crypt programs: until they are set, encrypted ids go by the 5-tuple.
+        for (slot, name) in (0..).zip(QUIC_CRYPT_PROGRAMS) {
+            let crypt = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
+            named(map_names::QUIC_CRYPT_PROGRAM, maps.quic_crypt_program.set(slot, crypt, 0))?;
+        }
         // The fragment programs: until they are set, fragments are dropped as before.
         for (slot, name) in (0..).zip(FRAGMENT_PROGRAMS) {
             let fragment = xdp(&mut ebpf, name)?.fd().map_err(|source| DataplaneError::Program { name, source })?;
             named(map_names::FRAGMENT_PROGRAM, maps.fragment_program.set(slot, fragment, 0))?;
         }
         let tx_ports = maps::take(&mut ebpf, map_names::TX_PORTS)?;
+        maps.quic_keys = match ebpf.map(map_names::QUIC_KEYS) {
+            Some(aya::maps::Map::Array(keys)) => Some(quic_keys::QuicKeys::load(std::os::fd::AsFd::as_fd(keys.fd()))),
+            _ => return Err(DataplaneError::MissingMap { name: map_names::QUIC_KEYS }),
+        };
+        maps.set_quic_decrypt_budget(QUIC_DECRYPTS_PER_S, QUIC_DECRYPTS_PER_S)?;
         Ok(Self { ebpf, maps, tx_ports })
     }
 
@@ -370,6 +384,8 @@ fn load_object(object: &'static [u8], name: &'static str, options: &LoadOptions,
         (map_names::RULE_LENS, c.default_limit_slot() + 1),
         (map_names::QUIC_SERVERS, c.quic_server_slots()),
         (map_names::QUIC_HANDOVER, cpus),
+        (map_names::QUIC_CONFIGS, c.quic_config_slots()),
+        (map_names::QUIC_KEYS, c.quic_config_slots()),
         (map_names::FRAGMENTS, c.fragments),
     ] {
         loader.map_max_entries(map, entries);

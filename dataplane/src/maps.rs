@@ -11,10 +11,12 @@ use aya::{
 };
 use spillway_common::{
     hash::maglev_hash,
-    limits::{Capacity, MAX_RULES, RING_SLOTS_PER_WORD, map_names},
+    limits::{Capacity, MAX_RULES, QUIC_CONFIG_IDS_PER_VIP, RING_SLOTS_PER_WORD, map_names},
+    quic_lb::QuicLbConfig,
     types::{
-        AddrKey, BackendInfo, Bucket, EchoConfig, FlowInfo, FlowKey, LbConfig, Limits, Observed, QuicHandover, QuicRouting, QuicServer,
-        QuicServerKey, Reason, RingRef, RuleCounters, RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic, VipKey, VipMeta,
+        AddrKey, BackendInfo, Bucket, DecryptBudget, EchoConfig, FlowInfo, FlowKey, LbConfig, Limits, Observed, QuicHandover, QuicRouting,
+        QuicServer, QuicServerKey, Reason, RingRef, RuleCounters, RuleSlotKey, RuleState, RuleValue, SourceKey, SourceState, Traffic,
+        VipKey, VipMeta,
     },
 };
 
@@ -90,6 +92,16 @@ pub struct BalancerMaps {
     /// The QUIC hand-over, a slot per CPU, where the QUIC programs count how short headers
     /// were placed (`QuicHandover::placed`).
     pub quic_handover: Array<MapData, QuicHandover>,
+    /// Slots 0 and 1: the crypt programs (IPv4, IPv6); held open: not pinned.
+    pub quic_crypt_program: ProgramArray<MapData>,
+    /// Per (VIP id * 8 + config id): a VIP's config ids other than its slot's.
+    pub quic_configs: Array<MapData, u32>,
+    /// Each CPU's budget of decryptions of encrypted QUIC-LB ids.
+    pub quic_decrypt_budget: PerCpuArray<MapData, DecryptBudget>,
+    /// What puts encrypted QUIC-LB config ids' keys into the kernel, or why this kernel
+    /// cannot (its crypto kfuncs missing or refused): encrypted config ids are then refused.
+    /// None until the balancer's load has tried.
+    pub quic_keys: Option<Result<crate::quic_keys::QuicKeys, crate::quic_keys::QuicKeyError>>,
 }
 
 pub(super) fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
@@ -155,7 +167,32 @@ impl BalancerMaps {
             echo_config: take(ebpf, map_names::ECHO_CONFIG)?,
             quic_servers: Index { slots: take_mapped(ebpf, map_names::QUIC_SERVERS)? },
             quic_handover: take(ebpf, map_names::QUIC_HANDOVER)?,
+            quic_crypt_program: take(ebpf, map_names::QUIC_CRYPT_PROGRAM)?,
+            quic_configs: take(ebpf, map_names::QUIC_CONFIGS)?,
+            quic_decrypt_budget: take(ebpf, map_names::QUIC_DECRYPT_BUDGET)?,
+            quic_keys: None,
         })
+    }
+
+    /// Gives every CPU a budget of `per_s` decryptions of encrypted QUIC-LB ids a second (0:
+    /// none at all), after a burst of `burst`, starting full.
+    pub fn set_quic_decrypt_budget(&mut self, per_s: u64, burst: u64) -> Result<(), DataplaneError> {
+        const NS_PER_S: u64 = 1_000_000_000;
+        let cpus = aya::util::nr_cpus().map_err(|(_, source)| DataplaneError::Cpus(source))?.get();
+        // ns_per_miss 0 is "no budget written" to the program, which then decrypts nothing.
+        let ns_per_miss = NS_PER_S.checked_div(per_s).map_or(0, |ns| ns.max(1));
+        let full = ns_per_miss.saturating_mul(burst);
+        let budget = DecryptBudget { credit_ns: full, last_ns: 0, ns_per_miss, max_credit_ns: full };
+        let values = aya::maps::PerCpuValues::try_from(vec![budget; cpus as usize])
+            .map_err(|source| DataplaneError::Read { name: map_names::QUIC_DECRYPT_BUDGET, source })?;
+        named(map_names::QUIC_DECRYPT_BUDGET, self.quic_decrypt_budget.set(0, values, 0))
+    }
+
+    /// Publishes (or with `None` removes) config id `config_id` of VIP `vip_id` beside the
+    /// one of its slot.
+    pub fn set_quic_config(&mut self, vip_id: u32, config_id: u8, config: Option<QuicLbConfig>) -> Result<(), DataplaneError> {
+        let slot = vip_id * QUIC_CONFIG_IDS_PER_VIP + u32::from(config_id);
+        named(map_names::QUIC_CONFIGS, self.quic_configs.set(slot, &config.map_or(0, QuicLbConfig::to_word), 0))
     }
 
     pub fn capacity(&self) -> Capacity {
@@ -492,6 +529,24 @@ impl Maps for BalancerMaps {
     fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), MapsError> {
         self.quic_servers.remove(key);
         Ok(())
+    }
+    fn set_quic_key(&mut self, vip_id: u32, config_id: u8, key_file: Option<&std::path::Path>) -> Result<(), MapsError> {
+        use crate::quic_keys::{QuicKeyError, read_key_file};
+        let keys = match &self.quic_keys {
+            Some(Ok(keys)) => keys,
+            Some(Err(why)) => return Err(MapsError::new(QuicKeyError::Unavailable(why.to_string()))),
+            None => return Err(MapsError::new(QuicKeyError::Unavailable("the balancer was not loaded".into()))),
+        };
+        let slot = vip_id * QUIC_CONFIG_IDS_PER_VIP + u32::from(config_id);
+        match key_file {
+            Some(file) => keys.set(slot, &read_key_file(file).map_err(MapsError::new)?),
+            None => keys.clear(slot),
+        }
+        .map_err(MapsError::new)
+    }
+    fn set_quic_config(&mut self, vip_id: u32, config_id: u8, config: Option<QuicLbConfig>) -> Result<(), MapsError> {
+        // The inherent method, which tests call directly.
+        BalancerMaps::set_quic_config(self, vip_id, config_id, config).map_err(MapsError::from)
     }
 }
 

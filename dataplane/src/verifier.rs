@@ -13,11 +13,13 @@ use crate::objects;
 /// The most processed instructions each program may take: `spillway_lb` [`BALANCER_GOAL`],
 /// every other program 200k (docs/design/verifier-and-stack.md). Raising one is a decision,
 /// not a fix: first look for the branch that multiplied the walk.
-pub const BUDGETS: [(&str, u32); 14] = [
+pub const BUDGETS: [(&str, u32); 16] = [
     (program_names::BALANCER, BALANCER_GOAL),
     (program_names::BALANCER_V6, 200_000),
     (program_names::BALANCER_QUIC, 200_000),
     (program_names::BALANCER_QUIC_V6, 200_000),
+    (program_names::BALANCER_QUIC_CRYPT, 200_000),
+    (program_names::BALANCER_QUIC_CRYPT_V6, 200_000),
     (program_names::BALANCER_UDP, 200_000),
     (program_names::BALANCER_UDP_V6, 200_000),
     (program_names::SECOND_CHANCE, 200_000),

@@ -209,6 +209,10 @@ pub struct VipConfig {
     /// A QUIC VIP (UDP): short headers go by the server id in their connection id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic: Option<QuicConfig>,
+    /// A second QUIC-LB config id, live beside `quic` while a key is rotated (draft §3.1):
+    /// the servers move to it, then `retire_quic` makes it the only one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic_next: Option<QuicConfig>,
     /// How its backends are tunnelled to, unless a backend's options say otherwise.
     #[serde(default, skip_serializing_if = "Encap::is_ipip")]
     pub encap: Encap,
@@ -230,6 +234,7 @@ impl Default for VipConfig {
             health: None,
             allow_local_address: false,
             quic: None,
+            quic_next: None,
             encap: Encap::Ipip,
             hash: HashMode::FiveTuple,
             source_prefix: None,
@@ -346,8 +351,40 @@ impl DesiredState {
             quic.check(vip)?;
         }
         let config = self.vips.get(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
-        quic::check_server_ids(vip, &VipConfig { quic, ..config.clone() })?;
+        if quic.is_none() && config.quic_next.is_some() {
+            return Err(ModelError::BadQuic { vip: *vip, message: "quic_next needs quic: retire or drop it first".into() });
+        }
+        if let (Some(quic), Some(next)) = (&quic, &config.quic_next) {
+            quic::check_next(vip, quic, next)?;
+        }
+        quic::check_server_ids(vip, &VipConfig { quic: quic.clone(), ..config.clone() })?;
         self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?.quic = quic;
+        Ok(())
+    }
+
+    /// Puts `next` beside the VIP's QUIC-LB configuration (or, with `None`, drops the one
+    /// there): a second config id, with its own key, for a key rotation.
+    pub fn set_quic_next(&mut self, vip: &Vip, next: Option<QuicConfig>) -> Result<(), ModelError> {
+        let config = self.vips.get(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
+        if let Some(next) = &next {
+            next.check(vip)?;
+            let Some(quic) = &config.quic else {
+                return Err(ModelError::BadQuic { vip: *vip, message: "quic_next needs quic: the VIP is not a QUIC VIP".into() });
+            };
+            quic::check_next(vip, quic, next)?;
+        }
+        self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?.quic_next = next;
+        Ok(())
+    }
+
+    /// Ends a key rotation: `quic_next` becomes the VIP's only QUIC-LB configuration, and the
+    /// ids of the old config id go by the 5-tuple from now on.
+    pub fn retire_quic(&mut self, vip: &Vip) -> Result<(), ModelError> {
+        let config = self.vips.get_mut(vip).ok_or(ModelError::UnknownVip { vip: *vip })?;
+        let Some(next) = config.quic_next.take() else {
+            return Err(ModelError::BadQuic { vip: *vip, message: "no quic_next to retire the current config id for".into() });
+        };
+        config.quic = Some(next);
         Ok(())
     }
 
@@ -531,7 +568,8 @@ impl DesiredState {
         let mut rebuilt = DesiredState::default();
         for (vip, config) in &self.vips {
             rebuilt.add_vip(*vip, config.ring_size)?;
-            rebuilt.set_quic(vip, config.quic)?;
+            rebuilt.set_quic(vip, config.quic.clone())?;
+            rebuilt.set_quic_next(vip, config.quic_next.clone())?;
             for (backend, b) in &config.backends {
                 rebuilt.add_backend_with(vip, *backend, b.clone())?;
             }

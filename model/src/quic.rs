@@ -7,10 +7,14 @@
 //! to agree on. Two backends of a VIP whose addresses end alike are refused (a longer
 //! `server_id_len` separates them).
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
 
 use serde::{Deserialize, Serialize};
-use spillway_common::quic_lb::{QUIC_LB_F_SELF_LEN, QuicLbConfig, ServerId};
+use spillway_common::quic_lb::{QUIC_LB_F_ENCRYPTED, QUIC_LB_F_SELF_LEN, QuicLbConfig, ServerId};
 
 use super::{ModelError, Proto, Vip, VipConfig};
 
@@ -22,7 +26,7 @@ pub const DEFAULT_NONCE_LEN: u8 = 6;
 
 /// A QUIC VIP's plaintext QUIC-LB configuration (draft-ietf-quic-load-balancers-21): what
 /// its backends' connection-id generators must be given too (`spillway-quic-lb`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QuicConfig {
     /// The config rotation codepoint, 0..=6.
@@ -36,6 +40,11 @@ pub struct QuicConfig {
     /// checks it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub self_len: bool,
+    /// The servers encrypt their ids (draft §5.4) with the 16-octet key in this file (32
+    /// hexadecimal digits, root's alone: `lbd` reads it when it programs the VIP). Only the
+    /// path is part of the state: the key is never stored, logged or exported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
 }
 
 fn default_server_id_len() -> u8 {
@@ -48,19 +57,24 @@ fn default_nonce_len() -> u8 {
 
 impl Default for QuicConfig {
     fn default() -> Self {
-        Self { config_id: 0, server_id_len: DEFAULT_SERVER_ID_LEN, nonce_len: DEFAULT_NONCE_LEN, self_len: false }
+        Self { config_id: 0, server_id_len: DEFAULT_SERVER_ID_LEN, nonce_len: DEFAULT_NONCE_LEN, self_len: false, key_file: None }
     }
 }
 
 impl QuicConfig {
     /// The data path's form of it.
-    pub fn to_lb(self) -> QuicLbConfig {
+    pub fn to_lb(&self) -> QuicLbConfig {
         QuicLbConfig {
             config_id: self.config_id,
             server_id_len: self.server_id_len,
             nonce_len: self.nonce_len,
-            flags: if self.self_len { QUIC_LB_F_SELF_LEN } else { 0 },
+            flags: if self.self_len { QUIC_LB_F_SELF_LEN } else { 0 } | if self.key_file.is_some() { QUIC_LB_F_ENCRYPTED } else { 0 },
         }
+    }
+
+    /// The key file of an encrypted configuration.
+    pub fn key_file(&self) -> Option<&Path> {
+        self.key_file.as_deref()
     }
 
     /// The draft's limits, for a UDP VIP.
@@ -87,8 +101,26 @@ pub fn server_id_of(addr: IpAddr, len: u8) -> ServerId {
 
 /// Every backend's server id, for a QUIC VIP (empty otherwise).
 pub fn server_ids(config: &VipConfig) -> BTreeMap<IpAddr, ServerId> {
-    let Some(quic) = config.quic else { return BTreeMap::new() };
+    let Some(quic) = &config.quic else { return BTreeMap::new() };
     config.backends.keys().map(|&addr| (addr, server_id_of(addr, quic.server_id_len))).collect()
+}
+
+/// Refuses a second config id that cannot live beside `quic`: the same config id, or
+/// another server id length (the backends' server ids, and so the index, are the same for
+/// both).
+pub fn check_next(vip: &Vip, quic: &QuicConfig, next: &QuicConfig) -> Result<(), ModelError> {
+    if next.config_id == quic.config_id {
+        let message = format!("quic_next.config_id {} is the current config id: a rotation takes another one", next.config_id);
+        return Err(ModelError::BadQuic { vip: *vip, message });
+    }
+    if next.server_id_len != quic.server_id_len {
+        let message = format!(
+            "quic_next.server_id_len {} differs from quic.server_id_len {}: the backends keep their server ids",
+            next.server_id_len, quic.server_id_len
+        );
+        return Err(ModelError::BadQuic { vip: *vip, message });
+    }
+    Ok(())
 }
 
 /// Refuses a QUIC VIP two of whose backends would share a server id.

@@ -124,6 +124,12 @@ pub trait Maps {
     fn quic_servers(&self) -> Result<Vec<(QuicServerKey, QuicServer)>, MapsError>;
     fn set_quic_server(&mut self, key: &QuicServerKey, server: &QuicServer) -> Result<(), MapsError>;
     fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), MapsError>;
+    /// Encrypted QUIC-LB config ids: the key in `key_file` for config `config_id` of VIP
+    /// `vip_id`, or none. Keys live in the kernel only: nothing reads them back, and a
+    /// reconciler that adopted the maps writes them all on its first apply.
+    fn set_quic_key(&mut self, vip_id: u32, config_id: u8, key_file: Option<&std::path::Path>) -> Result<(), MapsError>;
+    /// A VIP's config id beside the one in its slot (`quic_next`), or none.
+    fn set_quic_config(&mut self, vip_id: u32, config_id: u8, config: Option<QuicLbConfig>) -> Result<(), MapsError>;
 }
 
 /// What one `apply` did.
@@ -210,6 +216,10 @@ pub struct Reconciler {
     settle: Duration,
     /// What the server-id index holds.
     quic_servers: HashMap<QuicServerKey, QuicServer>,
+    /// The key files and second config ids written, by (VIP id, config id): not readable
+    /// from the maps, so empty after `adopt`.
+    quic_keys: BTreeMap<(u32, u8), std::path::PathBuf>,
+    quic_configs: BTreeMap<(u32, u8), QuicLbConfig>,
 }
 
 impl Reconciler {
@@ -302,6 +312,8 @@ impl Reconciler {
             vip_filter,
             settle,
             quic_servers,
+            quic_keys: BTreeMap::new(),
+            quic_configs: BTreeMap::new(),
         })
     }
 
@@ -328,9 +340,14 @@ impl Reconciler {
         }
         self.sync_limits(maps, desired, &mut report)?;
         self.sync_rules(maps, desired, &mut report)?;
-        // Before the flag sends a QUIC VIP's packets to the QUIC program.
+        // Before the flag sends a QUIC VIP's packets to the QUIC program; keys before the
+        // configurations that name them, and what is no longer wanted only after the slots
+        // stopped naming it.
         self.sync_quic_servers(maps, desired)?;
+        let wanted = quic::wanted_keys(self, desired);
+        self.add_quic_keys(maps, &wanted)?;
         self.sync_vip_flags(maps, desired)?;
+        self.remove_quic_keys(maps, &wanted)?;
         // After the tables: an address answers echo requests once a table can place a new flow.
         let echo = self.answering_addrs();
         sync_vip_addrs(maps, &mut self.vip_addrs, desired, &echo)?;
@@ -564,7 +581,7 @@ impl Reconciler {
         for (vip, runtime) in self.vips.iter_mut() {
             let flag = |on: bool, bit: u32| if on { bit } else { 0 };
             let config = desired.vips.get(vip);
-            let quic = config.and_then(|c| c.quic);
+            let quic = config.and_then(|c| c.quic.as_ref());
             let flags = runtime.flags & !(VIP_F_SCOPED_RULES | VIP_F_QUIC | VIP_SOURCE_HASH_BITS)
                 | flag(scoped.contains(vip), VIP_F_SCOPED_RULES)
                 | flag(quic.is_some(), VIP_F_QUIC)

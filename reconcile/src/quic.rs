@@ -5,9 +5,15 @@
 //! when its backend's entry changes (at the end of the same apply), and a backend's entries go
 //! before its slot is freed (`retire_quic_servers`), so no copy ever names a freed backend.
 
-use std::collections::HashMap;
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+};
 
-use spillway_common::types::{QuicServer, QuicServerKey};
+use spillway_common::{
+    quic_lb::QuicLbConfig,
+    types::{QuicServer, QuicServerKey},
+};
 
 use super::{Maps, ReconcileError, Reconciler};
 use spillway_model::{DesiredState, server_ids};
@@ -46,6 +52,63 @@ impl Reconciler {
         for key in named {
             maps.remove_quic_server(&key)?;
             self.quic_servers.remove(&key);
+        }
+        Ok(())
+    }
+}
+
+/// What a desired state wants of encrypted config ids, by (VIP id, config id): key files,
+/// and the configurations beside the VIP slots' (`quic_next`).
+pub(super) struct WantedKeys {
+    keys: BTreeMap<(u32, u8), PathBuf>,
+    configs: BTreeMap<(u32, u8), QuicLbConfig>,
+}
+
+pub(super) fn wanted_keys(reconciler: &Reconciler, desired: &DesiredState) -> WantedKeys {
+    let mut wanted = WantedKeys { keys: BTreeMap::new(), configs: BTreeMap::new() };
+    for (vip, config) in &desired.vips {
+        let Some(runtime) = reconciler.vips.get(vip) else { continue };
+        for quic in config.quic.iter().chain(&config.quic_next) {
+            if let Some(file) = quic.key_file() {
+                wanted.keys.insert((runtime.id, quic.config_id), file.to_path_buf());
+            }
+        }
+        if let Some(next) = &config.quic_next {
+            wanted.configs.insert((runtime.id, next.config_id), next.to_lb());
+        }
+    }
+    wanted
+}
+
+impl Reconciler {
+    /// Writes the keys, then the second config ids, that differ from what was written.
+    pub(super) fn add_quic_keys(&mut self, maps: &mut dyn Maps, wanted: &WantedKeys) -> Result<(), ReconcileError> {
+        for (&(vip_id, config_id), file) in &wanted.keys {
+            if self.quic_keys.get(&(vip_id, config_id)) != Some(file) {
+                maps.set_quic_key(vip_id, config_id, Some(file))?;
+                self.quic_keys.insert((vip_id, config_id), file.clone());
+            }
+        }
+        for (&(vip_id, config_id), config) in &wanted.configs {
+            if self.quic_configs.get(&(vip_id, config_id)) != Some(config) {
+                maps.set_quic_config(vip_id, config_id, Some(*config))?;
+                self.quic_configs.insert((vip_id, config_id), *config);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the second config ids, then the keys, no longer wanted.
+    pub(super) fn remove_quic_keys(&mut self, maps: &mut dyn Maps, wanted: &WantedKeys) -> Result<(), ReconcileError> {
+        let stale: Vec<(u32, u8)> = self.quic_configs.keys().filter(|k| !wanted.configs.contains_key(k)).copied().collect();
+        for (vip_id, config_id) in stale {
+            maps.set_quic_config(vip_id, config_id, None)?;
+            self.quic_configs.remove(&(vip_id, config_id));
+        }
+        let stale: Vec<(u32, u8)> = self.quic_keys.keys().filter(|k| !wanted.keys.contains_key(k)).copied().collect();
+        for (vip_id, config_id) in stale {
+            maps.set_quic_key(vip_id, config_id, None)?;
+            self.quic_keys.remove(&(vip_id, config_id));
         }
         Ok(())
     }

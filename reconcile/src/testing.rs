@@ -55,6 +55,9 @@ pub struct FakeMaps {
     pub backend_writes: usize,
     /// Server-id entries.
     pub quic_servers: HashMap<QuicServerKey, QuicServer>,
+    /// Key files and second config ids, by (VIP id, config id).
+    pub quic_keys: std::collections::BTreeMap<(u32, u8), std::path::PathBuf>,
+    pub quic_configs: std::collections::BTreeMap<(u32, u8), spillway_common::quic_lb::QuicLbConfig>,
 }
 
 impl FakeMaps {
@@ -117,6 +120,15 @@ impl Maps for FakeMaps {
         Ok(self.vips.iter().map(|(k, v)| (*k, *v)).collect())
     }
     fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), MapsError> {
+        // An encrypted configuration names a key already in.
+        if meta.quic.is_encrypted() {
+            assert!(
+                self.quic_keys.contains_key(&(meta.id, meta.quic.config_id)),
+                "VIP id {} names config id {} before its key",
+                meta.id,
+                meta.quic.config_id
+            );
+        }
         self.vips.insert(*key, *meta);
         self.assert_consistent();
         Ok(())
@@ -236,6 +248,33 @@ impl Maps for FakeMaps {
     }
     fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<(), MapsError> {
         self.quic_servers.remove(key);
+        Ok(())
+    }
+    fn set_quic_key(&mut self, vip_id: u32, config_id: u8, key_file: Option<&std::path::Path>) -> Result<(), MapsError> {
+        match key_file {
+            Some(file) => self.quic_keys.insert((vip_id, config_id), file.to_path_buf()),
+            None => self.quic_keys.remove(&(vip_id, config_id)),
+        };
+        Ok(())
+    }
+    fn set_quic_config(
+        &mut self,
+        vip_id: u32,
+        config_id: u8,
+        config: Option<spillway_common::quic_lb::QuicLbConfig>,
+    ) -> Result<(), MapsError> {
+        // A config id beside the slot's names a key already in (keys go first).
+        if let Some(config) = config.filter(|c| c.is_encrypted()) {
+            assert!(
+                self.quic_keys.contains_key(&(vip_id, config.config_id)),
+                "config id {} of VIP id {vip_id} before its key",
+                config.config_id
+            );
+        }
+        match config {
+            Some(config) => self.quic_configs.insert((vip_id, config_id), config),
+            None => self.quic_configs.remove(&(vip_id, config_id)),
+        };
         Ok(())
     }
 }

@@ -766,3 +766,41 @@ fn a_vips_hash_mode_reaches_its_flags() {
     assert_eq!(flags(&maps, &vip(VIP)), VIP_F_SCOPED_RULES);
     assert_eq!(vip_source_prefix(flags(&maps, &v6)), 128, "no prefix: the whole address");
 }
+
+#[test]
+fn encrypted_config_ids_get_their_keys_first_and_a_rotation_retires_the_old_key_last() {
+    use spillway_model::QuicConfig;
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::adopt(&maps).unwrap();
+    let v: Vip = "10.100.0.2:443/udp".parse().unwrap();
+    let key = |n: u8| std::path::PathBuf::from(format!("/etc/spillway/quic-{n}.key"));
+    let config = |n: u8| QuicConfig { config_id: n, key_file: Some(key(n)), ..QuicConfig::default() };
+    let mut s = DesiredState::default();
+    s.add_vip(v, 4099).unwrap();
+    s.add_backend(&v, "10.0.0.101".parse().unwrap(), 100).unwrap();
+    // The fake refuses a slot or a second config id naming a key not in yet.
+    s.set_quic(&v, Some(config(1))).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    let id = r.vip_id(&v).unwrap();
+    assert_eq!(maps.quic_keys, [((id, 1), key(1))].into());
+    s.set_quic_next(&v, Some(config(2))).unwrap();
+    r.apply(&mut maps, &s).unwrap();
+    assert_eq!(maps.quic_keys, [((id, 1), key(1)), ((id, 2), key(2))].into());
+    assert_eq!(maps.quic_configs, [((id, 2), config(2).to_lb())].into());
+    // A restarted lbd: keys are not readable from the kernel, so all are written again.
+    let mut again = Reconciler::adopt(&maps).unwrap();
+    maps.quic_keys.clear();
+    maps.quic_configs.clear();
+    again.apply(&mut maps, &s).unwrap();
+    assert_eq!(maps.quic_keys.len(), 2);
+    // Retired: the slot names config id 2, then config id 1's key goes.
+    s.retire_quic(&v).unwrap();
+    again.apply(&mut maps, &s).unwrap();
+    assert_eq!(maps.vips[&vip_key(&v)].quic.config_id, 2);
+    assert_eq!(maps.quic_keys, [((id, 2), key(2))].into());
+    assert!(maps.quic_configs.is_empty());
+    // Not QUIC any more: no key left behind for the VIP id's next owner.
+    s.set_quic(&v, None).unwrap();
+    again.apply(&mut maps, &s).unwrap();
+    assert!(maps.quic_keys.is_empty());
+}

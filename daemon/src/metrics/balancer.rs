@@ -158,7 +158,7 @@ fn verdicts(f: &mut Families, s: &Sample) {
     .counter(Labels::new(), s.pass_to_missing);
     let mut quic = f.counter(
         "quic_short_headers",
-        "QUIC VIPs' short-header packets, by placement: by_connection_id (the backend their id names) or fallback (the id named no backend: by the 5-tuple).",
+        "QUIC VIPs' short-header packets, by placement: by_connection_id (the backend their id names) or fallback (the id named no backend: by the 5-tuple); of encrypted ids also decrypted (a miss of the cache of decoded ids), cached (a hit), miss_over_budget (a miss over the CPU's decryption budget: by the 5-tuple).",
         None,
     );
     for ReasonCount { reason, packets: n } in &s.quic {

@@ -21,5 +21,6 @@ mod pass_to;
 mod passing;
 mod probe;
 mod quic;
+mod quic_encrypted;
 mod second_chance;
 mod support;

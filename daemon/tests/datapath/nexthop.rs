@@ -63,12 +63,7 @@ fn encapsulated_packet_over_the_egress_mtu_without_df_is_dropped() {
 fn static_next_hop_skips_the_fib() {
     with_env(|env| {
         env.add_vip(vip("10.200.1.1:80/tcp"), &[packet_lab::UNRESOLVED4.into()]);
-        let mut cfg = default_config();
-        cfg.flags = spillway_common::types::CFG_F_STATIC_NEXTHOP;
-        cfg.static_ifindex = env.ingress;
-        cfg.static_src_mac = env.ingress_mac;
-        cfg.static_dst_mac = [0x02, 0x99, 0, 0, 0, 1];
-        env.balancer.maps.set_config(&cfg).unwrap();
+        let cfg = static_next_hop(env);
         let f = frames::tcp(sock("192.168.10.20:40000"), sock("10.200.1.1:80"), true, &[]);
         let out = env.expect(&f, XDP_TX, Reason::Tx);
         expect_encap(&out.frame, &f, 14, packet_lab::UNRESOLVED4.into(), Some(cfg.static_dst_mac));

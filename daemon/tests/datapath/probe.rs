@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use spillway_common::{
     limits::DEFAULT_GUE_PORT,
-    types::{CFG_F_STATIC_NEXTHOP, ProbeConfig, ProbeReason, Reason, probe_mark},
+    types::{ProbeConfig, ProbeReason, Reason, probe_mark},
 };
 use spillway_dataplane::{ProbeMaps, test_run};
 use spillway_harness::{frames, packet_lab};
@@ -132,12 +132,7 @@ fn a_static_next_hop_is_used_like_the_data_path_uses_it() {
         let maps = load_probe(env);
         let (v, backend) = ("10.200.1.1:80/tcp", IpAddr::from(packet_lab::UNRESOLVED4));
         env.add_vip(vip(v), &[backend]);
-        let mut cfg = default_config();
-        cfg.flags = CFG_F_STATIC_NEXTHOP;
-        cfg.static_ifindex = env.ingress;
-        cfg.static_src_mac = env.ingress_mac;
-        cfg.static_dst_mac = [0x02, 0x99, 0, 0, 0, 1];
-        env.balancer.maps.set_config(&cfg).unwrap();
+        let cfg = static_next_hop(env);
         let frame = probe_frame(v, false);
         let out = expect_probe(env, &maps, &frame, mark(env, v, backend), TC_ACT_REDIRECT, ProbeReason::Redirect);
         expect_encap(&out, &frame, 14, backend, Some(cfg.static_dst_mac));

@@ -14,7 +14,7 @@ use spillway_model::{DEFAULT_WEIGHT, Encap, QuicConfig, Vip, server_id_of};
 
 use crate::support::*;
 
-const CONFIG: QuicConfig = QuicConfig { config_id: 1, server_id_len: 2, nonce_len: 6, self_len: false };
+const CONFIG: QuicConfig = QuicConfig { config_id: 1, server_id_len: 2, nonce_len: 6, self_len: false, key_file: None };
 
 /// A QUIC VIP with the lab's backends `ns`.
 fn quic_vip(env: &mut Env, vip_text: &str, backends: &[IpAddr]) -> Vip {
@@ -46,7 +46,7 @@ fn cid_under(config: &QuicConfig, server_id: &ServerId, seed: u64) -> Vec<u8> {
 
 /// A 1-RTT (short header) packet to `dcid`: first byte, id, packet number and a payload
 /// (as long as a real packet's AEAD tag and sample need).
-fn short_header(dcid: &[u8]) -> Vec<u8> {
+pub(crate) fn short_header(dcid: &[u8]) -> Vec<u8> {
     let mut p = vec![0x40 | 0x01];
     p.extend_from_slice(dcid);
     p.extend_from_slice(&[0x17, 0x2a]);
@@ -64,14 +64,14 @@ fn initial(dcid: &[u8]) -> Vec<u8> {
     p
 }
 
-fn routing(env: &Env) -> [u64; 2] {
+pub(crate) fn routing(env: &Env) -> [u64; 2] {
     let counts = env.balancer.maps.quic_routing().unwrap();
     let get = |what: QuicRouting| counts.iter().find(|(r, _)| *r == what).unwrap().1;
     [get(QuicRouting::ByConnectionId), get(QuicRouting::Fallback)]
 }
 
 /// Sends `payload` from `client` to `to` and returns the backend it was encapsulated to.
-fn sent_to(env: &Env, client: SocketAddr, to: SocketAddr, payload: &[u8]) -> IpAddr {
+pub(crate) fn sent_to(env: &Env, client: SocketAddr, to: SocketAddr, payload: &[u8]) -> IpAddr {
     let f = frames::udp(client, to, payload);
     let out = env.expect(&f, XDP_TX, Reason::Tx);
     let backend_ip = outer_destination(&out.frame);
@@ -80,14 +80,14 @@ fn sent_to(env: &Env, client: SocketAddr, to: SocketAddr, payload: &[u8]) -> IpA
 }
 
 /// The outer (tunnel) destination of an encapsulated frame.
-fn outer_destination(frame: &[u8]) -> IpAddr {
+pub(crate) fn outer_destination(frame: &[u8]) -> IpAddr {
     match frame[12..14] {
         [0x08, 0x00] => IpAddr::from(<[u8; 4]>::try_from(&frame[14 + 16..14 + 20]).unwrap()),
         _ => IpAddr::from(<[u8; 16]>::try_from(&frame[14 + 24..14 + 40]).unwrap()),
     }
 }
 
-fn clients(n: u16) -> impl Iterator<Item = SocketAddr> {
+pub(crate) fn clients(n: u16) -> impl Iterator<Item = SocketAddr> {
     (0..n).map(|i| sock(&format!("192.168.{}.{}:{}", 10 + i % 7, 20 + i % 50, 40000 + i)))
 }
 
@@ -142,7 +142,7 @@ fn an_ipv6_short_header_goes_by_its_connection_id_too() {
 /// last octet (the id's twelfth, in the second word) each go to their own backend.
 #[test]
 fn a_server_id_past_the_eighth_octet_is_read_whole() {
-    const LONG: QuicConfig = QuicConfig { config_id: 2, server_id_len: 12, nonce_len: 4, self_len: false };
+    const LONG: QuicConfig = QuicConfig { config_id: 2, server_id_len: 12, nonce_len: 4, self_len: false, key_file: None };
     with_env(|env| {
         let backends: Vec<IpAddr> = (101..=103).map(|n| packet_lab::backend6(n).into()).collect();
         let v = vip("[fd00:200::1]:443/udp");
@@ -275,8 +275,8 @@ fn a_backends_changed_tunnel_reaches_its_short_headers_at_once() {
 fn a_changed_configuration_takes_effect_at_once() {
     with_env(|env| {
         let (backends, v, d) = three_backend_vip(env);
-        let changed = QuicConfig { config_id: 2, server_id_len: 3, nonce_len: 5, self_len: true };
-        env.update(|s| s.set_quic(&v, Some(changed)).unwrap());
+        let changed = QuicConfig { config_id: 2, server_id_len: 3, nonce_len: 5, self_len: true, key_file: None };
+        env.update(|s| s.set_quic(&v, Some(changed.clone())).unwrap());
         for (i, client) in clients(9).enumerate() {
             let named = backends[i % 3];
             let before = routing(env);

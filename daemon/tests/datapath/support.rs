@@ -88,6 +88,18 @@ fn with_env_options<T: Send>(lab: &PacketLab, options: LoadOptions, body: impl F
     })
 }
 
+/// Sets a static next hop: every encapsulated packet leaves by the ingress to a fixed
+/// neighbour MAC, whatever the backend's address (one no lab route reaches included).
+pub fn static_next_hop(env: &mut Env) -> LbConfig {
+    let mut cfg = default_config();
+    cfg.flags = spillway_common::types::CFG_F_STATIC_NEXTHOP;
+    cfg.static_ifindex = env.ingress;
+    cfg.static_src_mac = env.ingress_mac;
+    cfg.static_dst_mac = [0x02, 0x99, 0, 0, 0, 1];
+    env.balancer.maps.set_config(&cfg).unwrap();
+    cfg
+}
+
 pub fn default_config() -> LbConfig {
     LbConfig {
         outer_src_v4: to_words(packet_lab::LOCAL4.into()).0[0],

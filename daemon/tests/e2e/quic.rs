@@ -45,6 +45,10 @@ struct QuicService {
     _servers: Vec<Daemon>,
     /// `--ca` arguments for the client: every server's certificate.
     cas: Vec<OsString>,
+    /// The key file of an encrypted configuration, for the servers too.
+    key_file: Option<PathBuf>,
+    /// Each server's orders (`--control`, a FIFO), in start order.
+    controls: Vec<std::fs::File>,
 }
 
 impl QuicService {
@@ -55,10 +59,28 @@ impl QuicService {
 
     /// The VIP of that family, without backends.
     fn of_family(c: &Cluster, v6: bool) -> QuicService {
+        QuicService::configured(c, v6, None)
+    }
+
+    /// The VIP of that family, its ids encrypted with the key in `key_file` if given.
+    fn configured(c: &Cluster, v6: bool, key_file: Option<PathBuf>) -> QuicService {
         let target = SocketAddr::new(if v6 { VIP6.into() } else { VIP4.into() }, QUIC_PORT);
         let vip = format!("{target}/udp");
-        c.lbctl(&["vips", "add", &vip, "--quic", "--quic-server-id-len", "2", "--quic-nonce-len", "6"]).unwrap();
-        QuicService { target, vip, server_bin: example("echo-server"), _servers: Vec::new(), cas: Vec::new() }
+        let mut args = vec!["vips", "add", &vip, "--quic", "--quic-server-id-len", "2", "--quic-nonce-len", "6"];
+        let key = key_file.as_ref().map(|f| f.display().to_string());
+        if let Some(key) = &key {
+            args.extend(["--quic-key-file", key]);
+        }
+        c.lbctl(&args).unwrap();
+        QuicService {
+            target,
+            vip,
+            server_bin: example("echo-server"),
+            _servers: Vec::new(),
+            cas: Vec::new(),
+            key_file,
+            controls: Vec::new(),
+        }
     }
 
     /// The IPv4 VIP with every backend of the cluster, each serving.
@@ -94,7 +116,7 @@ impl QuicService {
     fn start_server(&mut self, c: &Cluster, b: &Host, server_id: &str) {
         let ca = c.topo.tempdir().join(format!("quic-{}.der", b.name()));
         let listen = self.target.to_string();
-        let args = [
+        let mut args: Vec<&std::ffi::OsStr> = vec![
             self.server_bin.as_os_str(),
             "--listen".as_ref(),
             listen.as_ref(),
@@ -107,6 +129,14 @@ impl QuicService {
             "--name".as_ref(),
             b.name().as_ref(),
         ];
+        let control = c.topo.tempdir().join(format!("quic-control-{}", b.name()));
+        if let Some(key) = &self.key_file {
+            // An encrypted service's servers take rotations.
+            let made = std::process::Command::new("mkfifo").arg(&control).status().unwrap();
+            assert!(made.success(), "mkfifo {}", control.display());
+            self.controls.push(std::fs::OpenOptions::new().read(true).write(true).open(&control).unwrap());
+            args.extend(["--key-file".as_ref(), key.as_os_str(), "--control".as_ref(), control.as_os_str()]);
+        }
         let server = b.spawn(&args).unwrap();
         server.wait_for_output("event=listening", Duration::from_secs(10)).unwrap();
         self._servers.push(server);
@@ -280,6 +310,153 @@ fn rebinding_client_keeps_its_server(mode: XdpMode) {
     assert_eq!(reason_count(&c, "drop_no_backend"), 0);
 }
 in_both_modes!(rebinding_client_keeps_its_server);
+
+/// A key file of root's alone, in the cluster's directory.
+fn key_file(c: &Cluster, name: &str, key: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = c.topo.tempdir().join(name);
+    std::fs::write(&path, format!("{key}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+/// An encrypted VIP (the draft's key) with every backend of the cluster serving, and a client
+/// connected to it: the client, its first reply, its address and the backend that answered.
+fn encrypted_service_and_client(c: &Cluster) -> (QuicService, Client, Reply, IpAddr, IpAddr) {
+    let key = key_file(c, "quic-0.key", "8f95f09245765f80256934e50c66207f");
+    let mut service = QuicService::configured(c, false, Some(key));
+    for b in c.topo.backends() {
+        service.serve(c, b);
+    }
+    let mut client = Client::connect(c, &service, &c.topo.clients()[0], None);
+    let first = client.request();
+    let server = service.backend_of(c, &first.server_id);
+    let ip = first.local.ip();
+    (service, client, first, ip, server)
+}
+
+/// Encrypted ids (server id 2 + nonce 6: the four-pass mode): the rebinding client keeps its
+/// server, every request after the first from a new port, so by its id alone; the id is
+/// decrypted once, then found in the cache.
+fn encrypted_ids_keep_a_rebinding_client_on_its_server(mode: XdpMode) {
+    let c = cluster(mode);
+    let (service, mut client, first, ip, server) = encrypted_service_and_client(&c);
+    let (decrypted, cached) = (quic_count(&c, "decrypted"), quic_count(&c, "cached"));
+    assert!(decrypted >= 1, "the connection's ids were never decrypted");
+    for port in service.ports_elsewhere(&c, ip, server, 41000, 4) {
+        assert_eq!(client.request_from(SocketAddr::new(ip, port)), first.server_id, "from port {port}");
+    }
+    assert!(quic_count(&c, "cached") > cached, "the moved client's packets were not found in the cache");
+    // The key is in no API answer or export: only its file.
+    let export = c.lbctl(&["export"]).unwrap();
+    assert!(export.contains("quic-0.key") && !export.contains("8f95f0"), "{export}");
+}
+in_both_modes!(encrypted_ids_keep_a_rebinding_client_on_its_server);
+
+/// The attacker: a flood of short headers with random ids from spoofed sources to an
+/// encrypted VIP. Every one is a miss of the cache; at most each CPU's budget of them is
+/// decrypted (the rest go by the 5-tuple), and the honest connection, whose id is cached,
+/// keeps its server, moving, during and after the flood.
+fn a_flood_of_random_ids_costs_the_honest_connection_nothing(mode: XdpMode) {
+    use spillway_harness::{frames, send_frames};
+    const FLOOD: u32 = 40_000;
+    let c = cluster(mode);
+    let (service, mut client, first, ip, server) = encrypted_service_and_client(&c);
+    let host = &c.topo.clients()[0];
+    let ports = service.ports_elsewhere(&c, ip, server, 45000, 4);
+    let before = (quic_count(&c, "decrypted"), quic_count(&c, "miss_over_budget"), quic_count(&c, "fallback"));
+    let macs = (c.topo.lb().netns().mac("eth0").unwrap(), host.netns().mac("eth0").unwrap());
+    let started = std::time::Instant::now();
+    let mut rng = spillway_harness::rng::Rng::new(7);
+    let spoofed = |n: u32, id: u64| {
+        let [_, b, c, d] = n.to_be_bytes();
+        let src = SocketAddr::from((std::net::Ipv4Addr::new(172, 16 + (b & 15), c, d), 1024 + (n % 50_000) as u16));
+        // A 1-RTT packet of config id 0 (the VIP's) and a random id.
+        let mut payload = vec![0x41, (id >> 56) as u8 & 0x1f];
+        payload.extend_from_slice(&id.to_be_bytes()[1..]);
+        payload.extend_from_slice(&[0x5c; 32]);
+        let mut frame = frames::udp(src, service.target, &payload);
+        frame[..6].copy_from_slice(&macs.0);
+        frame[6..12].copy_from_slice(&macs.1);
+        frame
+    };
+    for (i, batch) in (0..FLOOD).step_by(256).enumerate() {
+        let ids: Vec<u64> = (0..256).map(|_| rng.next_u64()).collect();
+        host.in_netns(|| send_frames("eth0", (batch..batch + 256).zip(ids).map(|(n, id)| spoofed(n, id)))).unwrap();
+        std::thread::sleep(Duration::from_micros(300));
+        if i % 40 == 0 {
+            let port = ports[i / 40 % ports.len()];
+            assert_eq!(client.request_from(SocketAddr::new(ip, port)), first.server_id, "during the flood, from port {port}");
+        }
+    }
+    let elapsed = started.elapsed();
+    let decrypted = quic_count(&c, "decrypted") - before.0;
+    let over = quic_count(&c, "miss_over_budget") - before.1;
+    // Each CPU decrypts at most its burst and then its rate: the budget holds, however fast
+    // the flood arrived.
+    let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    let per_s = spillway_common::limits::QUIC_DECRYPTS_PER_S;
+    let bound = cpus * (per_s + per_s * (elapsed.as_secs() + 1));
+    assert!(decrypted <= bound, "{decrypted} decryptions in {elapsed:?}, over the budget's {bound}");
+    assert!(decrypted + over > 0 && quic_count(&c, "fallback") > before.2, "the flood did not reach the balancer");
+    assert_eq!(client.request().server_id, first.server_id, "after the flood");
+}
+in_both_modes!(a_flood_of_random_ids_costs_the_honest_connection_nothing);
+
+/// A key rotation under live connections: a second config id with a new key on the balancer,
+/// then on every server; the connection opened before keeps its server (moving, from the
+/// 5-tuples that hash elsewhere), a connection opened after gets ids of the new config id and
+/// keeps its server too, also once the old config id is retired.
+fn a_key_rotation_keeps_live_connections_on_their_servers(mode: XdpMode) {
+    use std::io::Write;
+    let c = cluster(mode);
+    let old_key = key_file(&c, "quic-0.key", "8f95f09245765f80256934e50c66207f");
+    let new_key = key_file(&c, "quic-1.key", "00112233445566778899aabbccddeeff");
+    let mut service = QuicService::configured(&c, false, Some(old_key));
+    for b in c.topo.backends() {
+        service.serve(&c, b);
+    }
+    let host = &c.topo.clients()[0];
+    let mut before = Client::connect(&c, &service, host, None);
+    let first = before.request();
+    let ip = first.local.ip();
+    let new_key_text = new_key.display().to_string();
+    c.lbctl(&[
+        "vips",
+        "quic-next",
+        &service.vip,
+        "--quic-config-id",
+        "1",
+        "--quic-server-id-len",
+        "2",
+        "--quic-nonce-len",
+        "6",
+        "--quic-key-file",
+        &new_key_text,
+    ])
+    .unwrap();
+    for (i, (control, server)) in service.controls.iter_mut().zip(&service._servers).enumerate() {
+        writeln!(control, "rotate 1 {new_key_text}").unwrap();
+        server.wait_for_output("event=rotated", ORDER_TIMEOUT).unwrap_or_else(|e| panic!("server {i}: {e:#}"));
+    }
+    let mut after = Client::connect(&c, &service, host, None);
+    let second = after.request();
+    let (old_server, new_server) = (service.backend_of(&c, &first.server_id), service.backend_of(&c, &second.server_id));
+    for port in service.ports_elsewhere(&c, ip, old_server, 42000, 3) {
+        assert_eq!(before.request_from(SocketAddr::new(ip, port)), first.server_id, "the older connection, from port {port}");
+    }
+    for port in service.ports_elsewhere(&c, ip, new_server, 43000, 3) {
+        assert_eq!(after.request_from(SocketAddr::new(ip, port)), second.server_id, "the newer connection, from port {port}");
+    }
+    // The older connection done (it may still send ids of the old config id, which the
+    // retirement leaves to the 5-tuple), the old config id is retired.
+    drop(before);
+    c.lbctl(&["vips", "quic-retire", &service.vip]).unwrap();
+    for port in service.ports_elsewhere(&c, ip, new_server, 44000, 2) {
+        assert_eq!(after.request_from(SocketAddr::new(ip, port)), second.server_id, "after the retirement, from port {port}");
+    }
+}
+in_both_modes!(a_key_rotation_keeps_live_connections_on_their_servers);
 
 /// (a) NAT rebinding and migration: the client moves to new ports of its address, then to a
 /// second address of its host, then back, each time to a 5-tuple that Maglev sends to

@@ -49,6 +49,9 @@ pub struct FileVip {
     /// A QUIC VIP (UDP) and its QUIC-LB configuration: `quic = {}` takes the defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic: Option<QuicConfig>,
+    /// A second config id beside `quic` while a key is rotated (its own `key_file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic_next: Option<QuicConfig>,
     /// `ipip` (the default) or `gue`: how its backends are tunnelled to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encap: Option<Encap>,
@@ -154,7 +157,8 @@ impl ConfigFile {
             }
             state.add_vip(v.vip, v.ring_size.unwrap_or(DEFAULT_RING_SIZE)).map_err(|e| refusal(&at, e))?;
             state.allow_local_address(&v.vip, v.allow_local_address).map_err(|e| refusal(&at, e))?;
-            state.set_quic(&v.vip, v.quic).map_err(|e| refusal(&at, e))?;
+            state.set_quic(&v.vip, v.quic.clone()).map_err(|e| refusal(&at, e))?;
+            state.set_quic_next(&v.vip, v.quic_next.clone()).map_err(|e| (at.clone().key("quic_next"), e.to_string()))?;
             state.set_encap(&v.vip, v.encap.unwrap_or_default()).map_err(|e| refusal(&at, e))?;
             state.set_hash(&v.vip, v.hash.unwrap_or_default(), v.source_prefix).map_err(|e| refusal(&at, e))?;
             if let Some(health) = &v.health {
@@ -216,10 +220,11 @@ impl ConfigFile {
 
 impl FileVip {
     pub fn from_model(vip: &Vip, config: &VipConfig) -> Self {
-        let VipConfig { ring_size, backends, limits, health, allow_local_address, quic, encap, hash, source_prefix } = config;
+        let VipConfig { ring_size, backends, limits, health, allow_local_address, quic, quic_next, encap, hash, source_prefix } = config;
         Self {
             vip: *vip,
-            quic: *quic,
+            quic: quic.clone(),
+            quic_next: quic_next.clone(),
             encap: (!encap.is_ipip()).then_some(*encap),
             hash: (!hash.is_five_tuple()).then_some(*hash),
             source_prefix: *source_prefix,

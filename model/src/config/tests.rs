@@ -460,3 +460,32 @@ fn diff_lists_each_item_once_in_file_terms() {
     );
     assert_eq!(diff(&new, &new), []);
 }
+
+#[test]
+fn a_key_rotation_is_quic_and_quic_next_each_with_its_key_file_and_only_their_paths_are_exported() {
+    let text = "[[vips]]\nvip = \"10.0.0.1:443/udp\"\nquic = { config_id = 1, key_file = \"/etc/spillway/quic-1.key\" }\n\
+                quic_next = { config_id = 2, key_file = \"/etc/spillway/quic-2.key\" }\n";
+    let state = parse(text).unwrap();
+    let config = &state.vips[&vip("10.0.0.1:443/udp")];
+    assert_eq!(config.quic.as_ref().unwrap().key_file(), Some(std::path::Path::new("/etc/spillway/quic-1.key")));
+    assert_eq!(config.quic_next.as_ref().unwrap().config_id, 2);
+    let exported = export(&state, None);
+    assert!(exported.contains("key_file = \"/etc/spillway/quic-2.key\""), "{exported}");
+    assert_eq!(parse(&exported).unwrap(), state);
+    let mut retired = state.clone();
+    retired.retire_quic(&vip("10.0.0.1:443/udp")).unwrap();
+    assert_eq!(retired.vips[&vip("10.0.0.1:443/udp")].quic.as_ref().unwrap().config_id, 2);
+    assert_eq!(retired.vips[&vip("10.0.0.1:443/udp")].quic_next, None);
+}
+
+#[test]
+fn a_second_config_id_that_cannot_live_beside_the_first_is_refused_naming_quic_next() {
+    for (next, said) in [
+        ("{ config_id = 1 }", "vips[0].quic_next: VIP 10.0.0.1:443/udp quic: quic_next.config_id 1 is the current config id"),
+        ("{ config_id = 2, server_id_len = 3 }", "vips[0].quic_next: VIP 10.0.0.1:443/udp quic: quic_next.server_id_len 3 differs"),
+    ] {
+        let text = format!("[[vips]]\nvip = \"10.0.0.1:443/udp\"\nquic = {{ config_id = 1 }}\nquic_next = {next}\n");
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains(said), "{err}");
+    }
+}

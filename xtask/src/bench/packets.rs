@@ -98,6 +98,9 @@ pub enum Frames {
     /// The same frame on every call: a QUIC short header that the balancer sends to
     /// `backend`, the server its connection id names, leaving no connection-table entry.
     ByConnectionId { frame: Vec<u8>, backend: Ipv4Addr },
+    /// [`Frames::ByConnectionId`] with another of `ids` (each naming `backend`) at offset
+    /// `dcid_at` on every call: an encrypted id the balancer has not decoded yet.
+    NewConnectionIds { frame: Vec<u8>, backend: Ipv4Addr, dcid_at: usize, ids: Vec<Vec<u8>> },
 }
 
 impl Frames {
@@ -109,7 +112,8 @@ impl Frames {
             | Frames::NewFlows(frame)
             | Frames::NewPorts(frame)
             | Frames::Spoofed(frame)
-            | Frames::ByConnectionId { frame, .. } => frame,
+            | Frames::ByConnectionId { frame, .. }
+            | Frames::NewConnectionIds { frame, .. } => frame,
         }
     }
 }
@@ -398,7 +402,7 @@ impl Lab {
         for case in cases {
             let frame = self.first_frame(case).with_context(|| format!("setting up {}", case.name))?;
             let out = vec![0; frame.len() + HEADROOM_BYTES];
-            slots.push(Slot { case, frame, out, next_port: 0, len: 0, ns: 0 });
+            slots.push(Slot { case, frame, out, next_port: 0, next_id: 0, len: 0, ns: 0 });
         }
         for slot in &mut slots {
             self.check_calls(slot).with_context(|| format!("checking {}", slot.case.name))?;
@@ -473,7 +477,7 @@ impl Lab {
                 ensure!(action == XDP_TX, "CPU {}'s SYN got action {action}", cpus[k as usize]);
             }
             let out = vec![0; frame.len() + HEADROOM_BYTES];
-            slots.push(Slot { case, frame, out, next_port: (k * 1000) as u16, len: 0, ns: 0 });
+            slots.push(Slot { case, frame, out, next_port: (k * 1000) as u16, next_id: 0, len: 0, ns: 0 });
         }
         // Per CPU k the n-th source is n * cpus + k: no two CPUs share one.
         let (first_new, first_spoofed) = (self.new_flows.next, self.new_flows.spoofed);
@@ -550,7 +554,7 @@ impl Lab {
             let reasons: Vec<Reason> = counted(&before, &after).filter(|(_, n)| *n > 0).map(|(r, _)| r).collect();
             ensure!(reasons == [reason], "counted as {reasons:?}, expected {reason:?}");
             self.check_output(case, &slot.frame, &slot.out[..len])?;
-            if let Frames::ByConnectionId { .. } = case.frames {
+            if let Frames::ByConnectionId { .. } | Frames::NewConnectionIds { .. } = case.frames {
                 ensure!(self.pinned_backend(&key)?.is_none(), "a short header left a connection-table entry");
             } else if action == XDP_TX {
                 let pinned = self.pinned_backend(&key)?;
@@ -641,7 +645,9 @@ impl Lab {
             (Some(_), XDP_TX) => {
                 let key = flow_key(frame)?;
                 match case.frames {
-                    Frames::ByConnectionId { backend, .. } => self.check_ipip(frame, out, backend),
+                    Frames::ByConnectionId { backend, .. } | Frames::NewConnectionIds { backend, .. } => {
+                        self.check_ipip(frame, out, backend)
+                    }
                     _ if to_gue_vip(&key)? => self.check_gue(frame, out, self.maglev_backend(&key)?),
                     _ => self.check_ipip(frame, out, self.maglev_backend(&key)?),
                 }
@@ -780,6 +786,8 @@ struct Slot<'c> {
     frame: Vec<u8>,
     /// Source port of the next call of a new-port case.
     next_port: u16,
+    /// Index of the next id of a new-id case.
+    next_id: usize,
     out: Vec<u8>,
     len: usize,
     ns: u64,
@@ -803,6 +811,11 @@ impl Slot<'_> {
             Frames::NewPorts(_) => {
                 self.next_port = self.next_port.wrapping_add(1).max(1024);
                 self.frame[ETH_LEN + 20..ETH_LEN + 22].copy_from_slice(&self.next_port.to_be_bytes());
+            }
+            Frames::NewConnectionIds { ref ids, dcid_at, .. } => {
+                let id = &ids[self.next_id % ids.len()];
+                self.frame[dcid_at..dcid_at + id.len()].copy_from_slice(id);
+                self.next_id += 1;
             }
             Frames::Fixed(_) | Frames::Established { .. } | Frames::ByConnectionId { .. } => {}
         }

@@ -22,6 +22,8 @@ mod probe;
 mod ptb;
 mod ptb_program;
 mod quic;
+mod quic_crypto;
+mod quic_header;
 mod quic_program;
 mod second_chance;
 mod second_chance_program;
@@ -62,6 +64,23 @@ pub fn spillway_lb_quic(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn spillway_lb_quic_v6(ctx: XdpContext) -> u32 {
     let verdict = quic_program::send::<FAMILY_V6>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+/// Tail-called by `spillway_lb_quic` for a short header of an encrypted config id
+/// (`quic_crypto.rs`).
+#[xdp]
+pub fn spillway_lb_quic_crypt(ctx: XdpContext) -> u32 {
+    let verdict = quic_crypto::decode::<FAMILY_V4>(&ctx);
+    stats::count(&verdict);
+    verdict.action
+}
+
+/// `spillway_lb_quic_crypt` for IPv6.
+#[xdp]
+pub fn spillway_lb_quic_crypt_v6(ctx: XdpContext) -> u32 {
+    let verdict = quic_crypto::decode::<FAMILY_V6>(&ctx);
     stats::count(&verdict);
     verdict.action
 }

@@ -14,12 +14,13 @@ use aya_ebpf::{
 };
 use spillway_common::{
     limits::{
-        Capacity, ECHO_SOURCE_ENTRIES, FRAGMENT_SOURCE_ENTRIES, MAX_RULES, MAX_TX_PORTS, PTB_SOURCE_ENTRIES, RULE_SLOTS,
-        SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, VIP_PROBES,
+        Capacity, ECHO_SOURCE_ENTRIES, FRAGMENT_SOURCE_ENTRIES, MAX_RULES, MAX_TX_PORTS, PTB_SOURCE_ENTRIES, QUIC_CID_CACHE_ENTRIES,
+        RULE_SLOTS, SOURCE_TABLE_ENTRIES, VIP_FILTER_WORDS, VIP_PROBES,
     },
     types::{
-        AddrKey, BackendInfo, Bucket, CachedNextHop, EchoConfig, FlowBucket, FragmentKey, FragmentRecord, LbConfig, Limits, Observed,
-        QuicHandover, QuicServerSlot, Reason, RuleCounters, RuleLens, RuleSlot, SourceKey, SourceState, Traffic, VipSlot,
+        AddrKey, BackendInfo, Bucket, CachedNextHop, DecryptBudget, EchoConfig, FlowBucket, FragmentKey, FragmentRecord, LbConfig, Limits,
+        Observed, QuicCidKey, QuicHandover, QuicServerSlot, Reason, RuleCounters, RuleLens, RuleSlot, SourceKey, SourceState, Traffic,
+        VipSlot,
     },
 };
 
@@ -324,3 +325,40 @@ pub static PASS_TO_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
 /// Frames that found [`PASS_TO_PROGRAM`] empty while `lbd --pass-to` was set (they passed).
 #[map(name = "spw_pass_to_miss")]
 pub static PASS_TO_MISSING: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Slots 0, 1: the crypt programs (`spillway_lb_quic_crypt`, `_v6`), which the QUIC
+/// programs tail-call for a short header of an encrypted config id not decoded yet: their
+/// own stack for the AES and the Feistel network. Held open by the loader, not pinned.
+#[map(name = "spw_quic_crypt_prog")]
+pub static QUIC_CRYPT_PROGRAM: ProgramArray = ProgramArray::with_max_entries(2, 0);
+
+/// Per (VIP id * 8 + config id): the QUIC-LB configuration of a config id that is not the
+/// one in the VIP slot (`QuicLbConfig::to_word`; 0: none), so two config ids are live at
+/// once while a key is rotated (draft §3.1). Read only by the QUIC programs.
+#[map(name = "spw_quic_cfgs")]
+pub static QUIC_CONFIGS: Array<u32> = Array::with_max_entries(DEFAULT.quic_config_slots(), 0);
+
+/// Encrypted connection ids already decoded: (VIP id, id) -> the server id's index words
+/// (`ServerId::words`). Only ids that named a backend of the VIP are inserted, at most a
+/// CPU's decryption budget a second (`quic_crypto.rs`).
+#[map(name = "spw_quic_cids")]
+pub static QUIC_CID_CACHE: LruHashMap<QuicCidKey, [u32; 4]> = LruHashMap::with_max_entries(QUIC_CID_CACHE_ENTRIES, 0);
+
+/// Each CPU's working memory for decrypting an id (slot 0): no room on the stack.
+#[map(name = "spw_quic_scratch")]
+pub static QUIC_CRYPT_SCRATCH: PerCpuArray<CryptScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// The crypt program's working memory, a CPU's: the cache key and the decoder's scratch.
+#[repr(C)]
+pub struct CryptScratch {
+    pub key: QuicCidKey,
+    pub decoder: spillway_common::quic_lb::encrypted::Scratch,
+    /// The server id found: `ServerId::words`.
+    pub words: [u32; 4],
+    /// `quic_crypto::Found`, for the QUIC program the crypt program tail-calls back.
+    pub found: u32,
+}
+
+/// Each CPU's budget of decryptions (slot 0), written by the loader.
+#[map(name = "spw_quic_budget")]
+pub static QUIC_DECRYPT_BUDGET: PerCpuArray<DecryptBudget> = PerCpuArray::with_max_entries(1, 0);

@@ -1,79 +1,80 @@
 //! The QUIC program (`quic.rs`): reads a short header's destination connection id, and
 //! sends the packet to the backend it names, or tail-calls the UDP program.
 
-use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
+use aya_ebpf::programs::XdpContext;
 use core::ptr::{addr_of, read_volatile};
 use spillway_common::{
     hash::{connection_id_hash, quic_server_home},
-    quic_lb::{MAX_CID_LEN, QuicLbConfig, server_id_words},
-    types::{BACKEND_ACTIVE, BackendInfo, FAMILY_V4, QuicHandover, QuicRouting, Reason},
+    quic_lb::{QuicLbConfig, server_id_words},
+    types::{BACKEND_ACTIVE, BackendInfo, FAMILY_V4, QuicHandover, QuicRouting},
 };
-use xdp_ebpf::{headers::UDP_LEN, packet, parse::Layout};
+use xdp_ebpf::{packet, parse::Layout};
 
 use crate::{
     clock,
-    maps::{self, CONFIG, QUIC_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
+    maps::{self, CONFIG, QUIC_CRYPT_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
     path::{self, stage},
+    quic_crypto::{self, Found, count},
+    quic_header::{Header, header, to_udp_program},
     select::Choice,
     verdict::Verdict,
 };
-
-/// The header form bit of a QUIC packet's first byte: set for long headers (RFC 9000 §17).
-const LONG_HEADER: u8 = 0x80;
-/// Where a UDP header can start, at most: after Ethernet, a VLAN tag, IPv6 and its
-/// extension headers (`parse.rs` walks a few).
-const MAX_L4: u64 = 1 << 13;
-/// Slots of the UDP programs in the QUIC programs' array.
-const UDP_V4: u32 = 2;
-const UDP_V6: u32 = 3;
 
 /// What a QUIC packet's header says of its backend.
 enum Named {
     /// A long header: placed by Maglev, not counted.
     LongHeader,
-    /// A short header whose connection id names backend `id` in the server-id index, whose
-    /// slot holds `backend`, a copy of the backend's entry; the id's first 16 octets as
-    /// loaded (their hash is the outer header's entropy).
+    /// A short header whose connection id names backend `id` of the VIP in the server-id
+    /// index, whose slot holds `backend`, a copy of the backend's entry; the id's first 16
+    /// octets as loaded (their hash is the outer header's entropy).
     Backend { id: u32, backend: &'static BackendInfo, low: u64, high: u64 },
+    /// A short header of an encrypted config id not decoded yet: for the crypt program.
+    Encrypted,
     /// A short header whose id does not decode or names nothing (or no header at all).
     Nothing,
 }
 
-/// For a packet to QUIC VIP `vip_id` (configuration `cfg`) whose UDP header starts at `l4`:
-/// what its header names.
+/// For a packet to QUIC VIP `vip_id` (configuration `vip_cfg`, the VIP slot's) whose UDP
+/// header starts at `l4`: what its header names.
 /// Inline: as a BPF global function (verified
 /// once, a frame of its own) its call and return cost the short header 15-20 ns on an AMD
 /// EPYC VM whose kernel returns through a thunk (`spec_rstack_overflow`: Safe RET), three
 /// runs of `bench --part quic` alternating with it; the QUIC programs' walks stay ~3.0k / 2.4k.
 #[inline(always)]
-fn connection_id_backend(ctx: &XdpContext, vip_id: u32, cfg: &QuicLbConfig, l4: u64) -> Named {
-    // Bounded, so the verifier can check the reads after it (the hand-over's value is any
-    // value to it). A full register: a 32-bit one would be widened again after the
-    // check, and the verifier would lose the bound.
-    if l4 > MAX_L4 {
+fn connection_id_backend(ctx: &XdpContext, vip_id: u32, vip_cfg: &QuicLbConfig, l4: u64, handover: &mut QuicHandover) -> Named {
+    let (low, high, cfg, cid) = match header(ctx, vip_id, vip_cfg, l4) {
+        Header::Long => return Named::LongHeader,
+        Header::Unreadable => return Named::Nothing,
+        Header::Short { low, high, cfg, cid, .. } => (low, high, cfg, cid),
+    };
+    // An encrypted id is looked up in the cache of decoded ids here; a miss is decoded by
+    // the crypt program, which hands the server id back (`quic_crypto.rs`): the AES has no
+    // room on this program's stack.
+    let (words, decrypted) = if cfg.is_encrypted() {
+        match quic_crypto::take() {
+            (Found::Pending, _) => match quic_crypto::cached(vip_id, &cfg, cid, handover) {
+                Some(words) => (words, false),
+                None => return Named::Encrypted,
+            },
+            (Found::Nothing, _) => return Named::Nothing,
+            (found, words) => (words, found == Found::Decrypted),
+        }
+    } else {
+        match server_id_words(low, high, &cfg) {
+            Ok(words) => (words, false),
+            Err(_) => return Named::Nothing,
+        }
+    };
+    // In use by this VIP, as the slot's copy of its entry says (the loader keeps the copy as
+    // the backend array has it, and takes a backend's ids out before freeing it).
+    let Some((id, backend)) = indexed_server(vip_id, &words).filter(|(_, b)| b.state == BACKEND_ACTIVE && b.vip_id == vip_id) else {
         return Named::Nothing;
+    };
+    // Only an id that named a backend of the VIP is remembered: random ids take no room.
+    if decrypted {
+        quic_crypto::remember(&words);
     }
-    let payload = l4 as usize + UDP_LEN;
-    // SAFETY: bounds-checked by `at`.
-    let Some(first) = packet::at::<u8>(ctx, payload).map(|first| unsafe { *first }) else {
-        return Named::Nothing;
-    };
-    if first & LONG_HEADER != 0 {
-        return Named::LongHeader;
-    }
-    // A short header does not say how long its id is: the configuration does, and the
-    // decoder reads only that much of the octets after the first byte (the packet number
-    // and the AEAD tag follow, so a real packet always has MAX_CID_LEN of them).
-    let Some(cid) = packet::at::<[u8; MAX_CID_LEN]>(ctx, payload + 1) else {
-        return Named::Nothing;
-    };
-    let cid = cid.cast::<u8>();
-    // SAFETY: `at` checked the MAX_CID_LEN octets from `cid` are in the frame.
-    let (low, high) = unsafe { (packet::load_u64_le(cid), packet::load_u64_le(cid.add(8))) };
-    let Ok(words) = server_id_words(low, high, cfg) else {
-        return Named::Nothing;
-    };
-    indexed_server(vip_id, &words).map_or(Named::Nothing, |(id, backend)| Named::Backend { id, backend, low, high })
+    Named::Backend { id, backend, low, high }
 }
 
 /// The backend id of (`vip_id`, server id `words`) in the server-id index and the copy of
@@ -97,18 +98,15 @@ fn indexed_server(vip_id: u32, words: &[u32; 4]) -> Option<(u32, &'static Backen
 }
 
 /// The QUIC program: sends a short-header packet the balancer handed over to the backend
-/// its connection id names. A long header, an ICMP error, or an id that names no backend of
-/// the VIP (counted) goes to the UDP program, the balancer's path.
+/// its connection id names (an encrypted one once the crypt program has decoded it). A long
+/// header, an ICMP error, or an id that names no backend of the VIP (counted) goes to the
+/// UDP program, the balancer's path.
 #[inline(always)]
 pub fn send<const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
     if let Some(verdict) = by_connection_id::<FAMILY>(ctx) {
         return verdict;
     }
-    // SAFETY: the slots hold XDP programs of the balancer's object, or nothing.
-    let _ = unsafe { QUIC_PROGRAM.tail_call(ctx, if FAMILY == FAMILY_V4 { UDP_V4 } else { UDP_V6 }) };
-    // Only if the UDP program is not there (it always is once `lbd` has loaded the
-    // balancer, before any VIP is QUIC): the kernel gets the frame.
-    Verdict::ended(XDP_PASS, Reason::PassNotVip)
+    to_udp_program::<FAMILY>(ctx)
 }
 
 #[inline(always)]
@@ -122,16 +120,20 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     }
     let vip_id = handover.vip_id;
     let quic = QuicLbConfig::from_word(handover.quic);
-    let (named, low, high) = match connection_id_backend(ctx, vip_id, &quic, handover.l4.into()) {
+    let (id, backend, low, high) = match connection_id_backend(ctx, vip_id, &quic, handover.l4.into(), handover) {
         Named::LongHeader => return None,
-        Named::Backend { id, backend, low, high } => (Some((id, backend)), low, high),
-        Named::Nothing => (None, 0, 0),
-    };
-    // In use by this VIP, as the slot's copy of its entry says (the loader keeps the copy as
-    // the backend array has it, and takes a backend's ids out before freeing it).
-    let Some((id, backend)) = named.filter(|(_, b)| b.state == BACKEND_ACTIVE && b.vip_id == vip_id) else {
-        count(handover, QuicRouting::Fallback);
-        return None;
+        Named::Backend { id, backend, low, high } => (id, backend, low, high),
+        Named::Encrypted => {
+            // SAFETY: the slots hold XDP programs of the balancer's object, or nothing.
+            let _ = unsafe { QUIC_CRYPT_PROGRAM.tail_call(ctx, if FAMILY == FAMILY_V4 { 0 } else { 1 }) };
+            // Not loaded: the id cannot be read.
+            count(handover, QuicRouting::Fallback);
+            return None;
+        }
+        Named::Nothing => {
+            count(handover, QuicRouting::Fallback);
+            return None;
+        }
     };
     count(handover, QuicRouting::ByConnectionId);
     // Slot 0 of an array always exists; the check is for the verifier.
@@ -144,12 +146,4 @@ fn by_connection_id<const FAMILY: u8>(ctx: &XdpContext) -> Option<Verdict> {
     let (action, reason) = path::forward::<{ stage::ALL }>(ctx, FAMILY, &layout, &choice, None, cfg, now_ns);
     let backend = path::is_sent(reason).then_some(id);
     Some(Verdict { action, reason, vip: Some(vip_id), backend, bytes: packet::len(ctx) as u32, new_flow: false, second_chance: false })
-}
-
-/// Counts a short header in this CPU's hand-over, which the packet's path has in its cache.
-#[inline(always)]
-fn count(handover: &mut QuicHandover, what: QuicRouting) {
-    if let Some(n) = handover.placed.get_mut(what as usize) {
-        *n += 1;
-    }
 }
