@@ -6,8 +6,8 @@
 //!
 //! `daemon/tests/datapath/differential/` runs generated frames and map states through the
 //! real program and this model and fails on any difference. What the model does not cover it
-//! refuses with a [`ModelError`] rather than guess: `--pass-to`, and a connection table that
-//! would have to evict a flow to make room.
+//! refuses with a [`ModelError`] rather than guess: encrypted QUIC-LB ids, `--pass-to`, and a
+//! connection table that would have to evict a flow to make room.
 
 mod echo;
 mod encap;
@@ -209,7 +209,7 @@ impl Model {
         };
         // Only a packet of the path itself (not a first fragment) is looked at as QUIC.
         if let (Some(quic), Placement::Packet, false) = (&vip.quic, placement, icmp_error)
-            && let Some((id, backend, hash)) = quic::named(&self.state, frame, vip.id, quic, layout.l4)
+            && let Some((id, backend, hash)) = quic::named(&self.state, frame, vip.id, quic, layout.l4)?
         {
             return self.forward(frame, key.family, &layout, (id, &backend), None, hash);
         }

@@ -40,6 +40,8 @@ pub struct MapState {
     /// The default limits, for VIPs without their own.
     pub default_limits: Option<Limits>,
     pub rules: Vec<(RuleSlotKey, RuleValue)>,
+    /// QUIC VIPs' configurations by (VIP id, config id), the one in use and any other.
+    pub quic_configs: BTreeMap<(u32, u8), QuicLbConfig>,
     /// QUIC VIPs' servers by (VIP id, server id), each with a copy of its backend.
     pub quic_servers: Vec<(QuicServerKey, QuicServer)>,
     /// Buckets of the connection table (a power of two).

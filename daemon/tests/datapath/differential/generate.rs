@@ -130,6 +130,8 @@ fn desired(rng: &mut Rng) -> DesiredState {
                 server_id_len: rng.range(1, 4) as u8,
                 nonce_len: rng.range(4, 8) as u8,
                 self_len: rng.chance(50),
+                // Plaintext: encrypted ids are decoded with the kernel's crypto, not modelled.
+                key_file: None,
             };
             // Refused when two backends' addresses end alike: then a plain UDP VIP.
             let _ = state.set_quic(&vip, Some(quic));
@@ -252,7 +254,7 @@ fn frames_of(rng: &mut Rng, state: &DesiredState) -> Vec<Vec<u8>> {
 /// one of its backends (or a server id nobody has), else a long header.
 fn quic_payload(rng: &mut Rng, state: &DesiredState, dst: SocketAddr) -> Option<Vec<u8>> {
     let (_, config) = state.vips.iter().find(|(v, c)| v.addr == dst.ip() && (v.port == dst.port() || v.port == 0) && c.quic.is_some())?;
-    let quic = config.quic?;
+    let quic = config.quic.clone()?;
     let cfg = quic.to_lb();
     let backends: Vec<IpAddr> = config.backends.keys().copied().collect();
     let named = if !backends.is_empty() && rng.chance(80) { backends[rng.index(backends.len())] } else { backend_addr(rng, dst.is_ipv6()) };

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use spillway_common::{
     addr::to_words,
     hash::FLOW_SEED,
-    limits::Capacity,
+    limits::{Capacity, QUIC_CONFIG_IDS_PER_VIP},
+    quic_lb::QuicLbConfig,
     types::{CFG_F_STATIC_NEXTHOP, EchoConfig, LbConfig, Reason, VIP_F_QUIC},
 };
 use spillway_harness::{packet_lab, rng::Rng};
@@ -232,6 +233,16 @@ impl<'e> Lab<'e> {
             vips.iter().flat_map(|v| v.ring.iter().chain(&v.prior)).copied().chain(declared.flatten()).collect();
         let backends = ids.into_iter().map(|id| (id, maps.backend(id).unwrap())).collect();
         let configured = |slot: u32| maps.limits.get(&slot, 0).ok().filter(|l| l.configured != 0);
+        // A QUIC VIP's configurations by config id: the one in use, and another during a rotation.
+        let quic_configs = vips
+            .iter()
+            .filter(|v| v.quic.is_some())
+            .flat_map(|v| (0..QUIC_CONFIG_IDS_PER_VIP).map(move |id| (v.id, id)))
+            .filter_map(|(vip, id)| {
+                let word = maps.quic_configs.get(&(vip * QUIC_CONFIG_IDS_PER_VIP + id), 0).ok()?;
+                (word != 0).then(|| ((vip, id as u8), QuicLbConfig::from_word(word)))
+            })
+            .collect();
         MapState {
             config: maps.config().unwrap(),
             addresses: maps.vip_addrs.iter().map(|entry| entry.map(|(a, flags)| ((a.family, a.addr), flags)).unwrap()).collect(),
@@ -242,6 +253,7 @@ impl<'e> Lab<'e> {
             backends,
             rules: maps.rules.rules(),
             quic_servers: maps.quic_servers.entries(),
+            quic_configs,
             table_buckets: maps.flows.buckets() as u32,
             ingress: self.env.ingress,
             tx_ports: vec![self.env.egress],
