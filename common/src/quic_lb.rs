@@ -290,6 +290,13 @@ pub const fn words_mask(octets: u32) -> (u64, u64) {
     (octets_mask(octets), octets_mask(octets.saturating_sub(8)))
 }
 
+/// Mask of the octets 16..20 of a connection id of `octets` octets, loaded as a
+/// little-endian `u32` (after the two words of [`words_mask`]).
+#[inline(always)]
+pub const fn tail_mask(octets: u32) -> u32 {
+    octets_mask(octets.saturating_sub(16)) as u32
+}
+
 /// The low `octets` octets of a word (all of it from 8).
 #[inline(always)]
 const fn octets_mask(octets: u32) -> u64 {

@@ -254,12 +254,17 @@ pub struct QuicHandover {
 }
 
 /// A key of `spw_quic_cids`, the cache of encrypted connection ids already decoded: the VIP
-/// and the id's octets (those past its configuration's length zero).
+/// and the id's octets as the little-endian words the header's reading loads them as
+/// (octets 0..8 `low`, 8..16 `high`, 16..20 `tail`), those past its configuration's length
+/// zero. Words, not octets: built with three masks instead of a loop over 20 octets, which
+/// cost a cached id about a tenth of its path.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuicCidKey {
     pub vip_id: u32,
-    pub cid: [u8; crate::quic_lb::MAX_CID_LEN],
+    pub tail: u32,
+    pub low: u64,
+    pub high: u64,
 }
 
 /// One CPU's budget of encrypted connection ids decoded (`spw_quic_budget`): a credit of

@@ -25,6 +25,24 @@ pub fn len(ctx: &XdpContext) -> usize {
     ctx.data_end() - ctx.data()
 }
 
+/// The 4 octets at `ptr` as a little-endian word, in one load (see [`load_u64_le`]).
+///
+/// # Safety
+/// `ptr` must point into the frame with 4 octets after it, as checked by [`at`].
+#[inline(always)]
+pub unsafe fn load_u32_le(ptr: *const u8) -> u32 {
+    let word: u64;
+    unsafe {
+        core::arch::asm!(
+            "{word} = *(u32 *)({ptr} + 0)",
+            ptr = in(reg) ptr,
+            word = out(reg) word,
+            options(nostack, readonly, preserves_flags),
+        );
+    }
+    word as u32
+}
+
 /// The 8 octets at `ptr` as a little-endian word, in one load wherever they lie: the BPF
 /// target reads a `u64` it cannot prove aligned octet by octet (eight loads, shifts and ors),
 /// and the verifier admits unaligned packet loads where the CPU has efficient unaligned

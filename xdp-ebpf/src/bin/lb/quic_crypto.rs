@@ -10,10 +10,12 @@ use spillway_common::{
     limits::QUIC_CONFIG_IDS_PER_VIP,
     quic_lb::{
         MAX_CID_LEN, QuicLbConfig,
-        encrypted::{Block, BlockCipher, below, decrypt_server_id},
+        encrypted::{Block, BlockCipher, decrypt_server_id},
+        tail_mask, words_mask,
     },
-    types::{FAMILY_V4, LbConfig, QuicHandover, QuicRouting},
+    types::{FAMILY_V4, LbConfig, QuicCidKey, QuicHandover, QuicRouting},
 };
+use xdp_ebpf::packet;
 
 use aya_ebpf::programs::XdpContext;
 
@@ -88,18 +90,27 @@ pub fn decode<const FAMILY: u8>(ctx: &XdpContext) -> Verdict {
 fn decoded(ctx: &XdpContext, handover: &mut QuicHandover, lb_cfg: &LbConfig) -> Found {
     let quic = QuicLbConfig::from_word(handover.quic);
     match quic_header::header(ctx, handover.vip_id, &quic, handover.l4.into()) {
-        Header::Short { first, cid, cfg, .. } if cfg.is_encrypted() => server_id(&cfg, first, cid, lb_cfg, handover),
+        Header::Short { first, cid, low, high, cfg } if cfg.is_encrypted() => {
+            server_id(&cfg, first, Id { at: cid, low, high }, lb_cfg, handover)
+        }
         _ => Found::Nothing,
     }
 }
 
-/// Decodes the encrypted id at `cid` (MAX_CID_LEN octets the caller checked are in the
-/// frame), first octet `first`, under `cfg`, of the VIP handed over, counted in
-/// `handover`; the server id's words are left in this CPU's scratch.
+/// A short header's connection id: where it is in the frame (MAX_CID_LEN octets the header's
+/// reading checked are there), and its first 16 octets as that reading loaded them.
+pub struct Id {
+    pub at: *const u8,
+    pub low: u64,
+    pub high: u64,
+}
+
+/// Decodes the encrypted `cid`, first octet `first`, under `cfg`, of the VIP handed over,
+/// counted in `handover`; the server id's words are left in this CPU's scratch.
 #[inline(always)]
-fn server_id(cfg: &QuicLbConfig, first: u8, cid: *const u8, lb_cfg: &LbConfig, handover: &mut QuicHandover) -> Found {
+fn server_id(cfg: &QuicLbConfig, first: u8, cid: Id, lb_cfg: &LbConfig, handover: &mut QuicHandover) -> Found {
     // The QUIC program looked the id up in the cache (`cached`) and missed.
-    let Some(scratch) = cache_key(handover.vip_id, cfg, cid) else {
+    let Some(scratch) = cache_key(handover.vip_id, cfg, &cid) else {
         return Found::Nothing;
     };
     let vip_id = handover.vip_id;
@@ -110,7 +121,9 @@ fn server_id(cfg: &QuicLbConfig, first: u8, cid: *const u8, lb_cfg: &LbConfig, h
     count(handover, QuicRouting::Decrypted);
     let mut i = 0;
     while i < MAX_CID_LEN - 1 {
-        scratch.decoder.sealed[i] = scratch.key.cid[i + 1];
+        // SAFETY: i + 1 < MAX_CID_LEN octets from the id, in the frame. Octets past the id
+        // are not read by the decoder.
+        scratch.decoder.sealed[i] = unsafe { *cid.at.add(i + 1) };
         i += 1;
     }
     let mut aes = KernelAes { slot: vip_id * QUIC_CONFIG_IDS_PER_VIP + cfg.config_id as u32 };
@@ -123,29 +136,25 @@ fn server_id(cfg: &QuicLbConfig, first: u8, cid: *const u8, lb_cfg: &LbConfig, h
     }
 }
 
-/// This CPU's scratch with the cache key of the id at `cid` (MAX_CID_LEN octets the caller
-/// checked are in the frame) of VIP `vip_id` under `cfg`: the key is built in the map value,
-/// not on the stack, which the forwarding path fills.
+/// This CPU's scratch with the cache key of `cid` of VIP `vip_id` under `cfg`: the key is
+/// built in the map value, not on the stack, which the forwarding path fills.
 #[inline(always)]
-fn cache_key(vip_id: u32, cfg: &QuicLbConfig, cid: *const u8) -> Option<&'static mut CryptScratch> {
+fn cache_key(vip_id: u32, cfg: &QuicLbConfig, cid: &Id) -> Option<&'static mut CryptScratch> {
     // SAFETY: this CPU's slot, for this run only.
     let scratch = unsafe { &mut *QUIC_CRYPT_SCRATCH.get_ptr_mut(0)? };
-    scratch.key.vip_id = vip_id;
-    let len = cfg.cid_len();
-    let mut i = 0;
-    while i < MAX_CID_LEN {
-        // SAFETY: i < MAX_CID_LEN octets from `cid`, checked by the caller. Octets past the
-        // id are not part of the key.
-        scratch.key.cid[i] = unsafe { *cid.add(i) } & below(i, len);
-        i += 1;
-    }
+    let len = cfg.cid_len() as u32;
+    let (low_mask, high_mask) = words_mask(len);
+    // SAFETY: octets 16..20 of the MAX_CID_LEN the header's reading checked are in the frame.
+    let tail = unsafe { packet::load_u32_le(cid.at.add(16)) } & tail_mask(len);
+    // Octets past the id (the packet number's) are not part of the key.
+    scratch.key = QuicCidKey { vip_id, tail, low: cid.low & low_mask, high: cid.high & high_mask };
     Some(scratch)
 }
 
-/// In the QUIC program: the server id's words of the encrypted id at `cid` if the cache has
+/// In the QUIC program: the server id's words of the encrypted `cid` if the cache has
 /// it (counted), so a known id costs one lookup and no tail call.
 #[inline(always)]
-pub fn cached(vip_id: u32, cfg: &QuicLbConfig, cid: *const u8, handover: &mut QuicHandover) -> Option<[u32; 4]> {
+pub fn cached(vip_id: u32, cfg: &QuicLbConfig, cid: &Id, handover: &mut QuicHandover) -> Option<[u32; 4]> {
     let scratch = cache_key(vip_id, cfg, cid)?;
     // SAFETY: a live map value, copied out at once.
     let words = unsafe { *QUIC_CID_CACHE.get(&scratch.key)? };

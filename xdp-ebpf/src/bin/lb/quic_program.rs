@@ -14,7 +14,7 @@ use crate::{
     clock,
     maps::{self, CONFIG, QUIC_CRYPT_PROGRAM, QUIC_SERVER_SLOT_MASK, QUIC_SERVERS},
     path::{self, stage},
-    quic_crypto::{self, Found, count},
+    quic_crypto::{self, Found, Id, count},
     quic_header::{Header, header, to_udp_program},
     select::Choice,
     verdict::Verdict,
@@ -52,7 +52,7 @@ fn connection_id_backend(ctx: &XdpContext, vip_id: u32, vip_cfg: &QuicLbConfig, 
     // room on this program's stack.
     let (words, decrypted) = if cfg.is_encrypted() {
         match quic_crypto::take() {
-            (Found::Pending, _) => match quic_crypto::cached(vip_id, &cfg, cid, handover) {
+            (Found::Pending, _) => match quic_crypto::cached(vip_id, &cfg, &Id { at: cid, low, high }, handover) {
                 Some(words) => (words, false),
                 None => return Named::Encrypted,
             },
