@@ -403,6 +403,24 @@ impl FlowTable {
         unsafe { AtomicU64::from_ptr(addr_of_mut!((*entry).tag)).compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() }
     }
 
+    /// Frees every entry, each with the data path's compare-and-swap (an insert racing it
+    /// wins); returns how many were live. For tests that start each case from an empty table.
+    pub fn clear(&mut self) -> u64 {
+        let mut freed = 0;
+        for bucket in 0..self.buckets.len() as u32 {
+            for way in 0..FLOW_WAYS as usize {
+                let entry = self.way(bucket, way);
+                // SAFETY: as in `find` and `remove`.
+                let tag = unsafe { std::ptr::read_volatile(addr_of!((*entry).tag)) };
+                let word = unsafe { AtomicU64::from_ptr(addr_of_mut!((*entry).tag)) };
+                if tag & FLOW_TAG_LIVE != 0 && word.compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                    freed += 1;
+                }
+            }
+        }
+        freed
+    }
+
     /// Visits the live entries until `visit` breaks, one by one (a table of millions needs
     /// no copy); returns how many it visited.
     pub fn each(&self, mut visit: impl FnMut(FlowSummary) -> ControlFlow<()>) -> u64 {

@@ -201,6 +201,28 @@ pub fn as_ipv6_fragment(frame: &[u8]) -> Vec<u8> {
     f
 }
 
+/// Inserts 8-byte IPv6 extension headers of the `kinds` given (hop-by-hop 0, routing 43,
+/// destination options 60, ...), in that order, in front of an untagged IPv6 frame's payload.
+pub fn with_ipv6_extension_headers(frame: &[u8], kinds: &[u8]) -> Vec<u8> {
+    let ip = ETH_LEN;
+    let mut f = frame[..ip + 40].to_vec();
+    let mut next = f[ip + 6];
+    let mut headers = Vec::with_capacity(8 * kinds.len());
+    // Built from the last header back, each naming the one after it; PadN fills the rest.
+    for kind in kinds.iter().rev() {
+        let mut header = vec![next, 0, 1, 4, 0, 0, 0, 0];
+        header.extend_from_slice(&headers);
+        headers = header;
+        next = *kind;
+    }
+    f[ip + 6] = next;
+    f.extend_from_slice(&headers);
+    f.extend_from_slice(&frame[ip + 40..]);
+    let payload = u16::from_be_bytes([f[ip + 4], f[ip + 5]]) + headers.len() as u16;
+    f[ip + 4..ip + 6].copy_from_slice(&payload.to_be_bytes());
+    f
+}
+
 /// A UDP datagram from `src` to `dst` carrying `payload`, fragmented as its sender's kernel
 /// would: IPv4 fragments (no DF) or IPv6 fragment headers with identification `id` (IPv4:
 /// its low 16 bits), each carrying at most `chunk` bytes of the UDP datagram (a multiple of

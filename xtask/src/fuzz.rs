@@ -1,6 +1,8 @@
 //! `cargo xtask fuzz <target> [--minutes N]`: one fuzz target of `fuzz/` (cargo-fuzz and
 //! libFuzzer, on the pinned nightly the eBPF objects are built with), or `all` of them one
-//! after another, as `./x test` does for a few seconds each. New inputs go to a working
+//! after another, as `./x test` does for a few seconds each; or `datapath`, a target of its
+//! own kind: the balancer against its reference model (`daemon/tests/datapath/differential`),
+//! generated frames run through the real program, as root. New inputs go to a working
 //! corpus under `fuzz/target/corpus/` (not committed), beside the committed seeds in
 //! `fuzz/seeds/`; a crash, a hang or an allocation past libFuzzer's limit fails the run and
 //! leaves its input in `fuzz/artifacts/` (see docs/design/fuzzing.md).
@@ -14,6 +16,9 @@ use clap::Args;
 /// The targets of `fuzz/Cargo.toml`, in the order `all` runs them.
 pub const TARGETS: &[&str] = &["config", "api_request", "ports_report", "netlink", "bird_reply", "quic_lb"];
 
+/// The balancer against its model: not a cargo-fuzz target (see [`run_datapath`]).
+pub const DATAPATH: &str = "datapath";
+
 /// Seconds each target runs in `./x test`: six targets, about a minute in all.
 pub const SUITE_SECONDS: u64 = 8;
 
@@ -22,7 +27,8 @@ const HANG_SECONDS: u64 = 10;
 
 #[derive(Args)]
 pub struct FuzzArgs {
-    /// A target (config, api_request, ports_report, netlink, bird_reply, quic_lb), or `all`.
+    /// A target (config, api_request, ports_report, netlink, bird_reply, quic_lb), `all` of
+    /// them, or `datapath` (the balancer against its model; root).
     target: String,
     /// How long it runs (each target, with `all`).
     #[arg(long, default_value_t = 10, conflicts_with = "seconds")]
@@ -34,12 +40,13 @@ pub struct FuzzArgs {
 
 pub fn run(args: &FuzzArgs) -> Result<()> {
     let seconds = args.seconds.unwrap_or(args.minutes * 60);
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let targets: Vec<&str> = match args.target.as_str() {
+        DATAPATH => return run_datapath(&workspace, seconds),
         "all" => TARGETS.to_vec(),
         target if TARGETS.contains(&target) => vec![target],
-        other => bail!("no fuzz target {other:?}: one of {}, or all", TARGETS.join(", ")),
+        other => bail!("no fuzz target {other:?}: one of {}, all, or {DATAPATH}", TARGETS.join(", ")),
     };
-    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let nightly = nightly(&workspace)?;
     ensure!(
         cargo_fuzz(&workspace, &nightly, &["--version"]).output().is_ok_and(|out| out.status.success()),
@@ -62,6 +69,27 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
         }
     }
     ensure!(failed.is_empty(), "fuzz targets failed: {} (their inputs are in fuzz/artifacts/)", failed.join(", "));
+    Ok(())
+}
+
+/// The test that runs generated cases through the balancer and its model for
+/// `SPILLWAY_DATAPATH_SECONDS`; it prints the frames per second and the frames that reached
+/// each reason, and keeps a difference, minimized, in `daemon/tests/datapath/differential/cases/`.
+/// `SPILLWAY_DATAPATH_SEED` (hex), passed through, replays a run.
+const DATAPATH_TEST: &str = "differential::the_balancer_agrees_with_its_model_for_a_while";
+
+fn run_datapath(workspace: &Path, seconds: u64) -> Result<()> {
+    println!("fuzz: {DATAPATH} for {seconds} s");
+    let status = Command::new(env!("CARGO"))
+        .args(["test", "-p", "spillway-daemon", "--test", "datapath", DATAPATH_TEST, "--", "--ignored", "--exact", "--nocapture"])
+        .env("SPILLWAY_DATAPATH_SECONDS", seconds.to_string())
+        .current_dir(workspace)
+        .status()
+        .context("running cargo test")?;
+    ensure!(
+        status.success(),
+        "the datapath run failed (a difference it found is kept, minimized, in daemon/tests/datapath/differential/cases/)"
+    );
     Ok(())
 }
 

@@ -34,6 +34,7 @@ enum Task {
     Soak(soak::SoakArgs),
     /// Runs a fuzz target of fuzz/ (or all of them) with cargo-fuzz on the pinned nightly;
     /// a crash, hang or runaway allocation fails and leaves its input in fuzz/artifacts/.
+    /// `datapath` runs the balancer against its reference model instead (root).
     Fuzz(fuzz::FuzzArgs),
     /// The walls: crates depend only on lower floors, and no circle inside a crate, between
     /// files or between top-level modules.

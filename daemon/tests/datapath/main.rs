@@ -6,6 +6,7 @@ mod affinity;
 mod backends;
 mod clock;
 mod decap;
+mod differential;
 mod echo;
 mod flood;
 mod forwarding;

@@ -44,7 +44,10 @@ pub struct Env {
     pub reconciler: Reconciler,
     pub state: DesiredState,
     pub ingress: u32,
+    /// The interface the redirect map holds.
+    pub egress: u32,
     pub ingress_mac: [u8; 6],
+    pub egress_mac: [u8; 6],
     /// The backend-side decapsulator; also attached natively to the lab's interfaces, which
     /// gives test runs a receive queue.
     pub decap: Ebpf,
@@ -69,6 +72,7 @@ fn with_env_options<T: Send>(lab: &PacketLab, options: LoadOptions, body: impl F
     let ingress = lab.ifindex(packet_lab::INGRESS).unwrap();
     let egress = lab.ifindex(packet_lab::EGRESS).unwrap();
     let ingress_mac = lab.mac(packet_lab::INGRESS).unwrap();
+    let egress_mac = lab.mac(packet_lab::EGRESS).unwrap();
     lab.in_lab(move || {
         let mut decap = load_simple(objects::DECAP, "spillway-decap", "spillway_decap").unwrap();
         let program = spillway_dataplane::xdp(&mut decap, "spillway_decap").unwrap();
@@ -79,7 +83,7 @@ fn with_env_options<T: Send>(lab: &PacketLab, options: LoadOptions, body: impl F
         balancer.maps.set_config(&default_config()).unwrap();
         balancer.tx_ports.insert(egress, egress, None, 0).unwrap();
         let reconciler = Reconciler::adopt(&balancer.maps).unwrap();
-        let mut env = Env { balancer, reconciler, state: DesiredState::default(), ingress, ingress_mac, decap };
+        let mut env = Env { balancer, reconciler, state: DesiredState::default(), ingress, egress, ingress_mac, egress_mac, decap };
         body(&mut env)
     })
 }

@@ -15,8 +15,8 @@ use anyhow::{Context, Result, ensure};
 pub const FLOORS: &[(&str, &[&str])] = &[
     ("shared wire and map types", &["spillway-common"]),
     (
-        "the data path and its protocols; the declared state; log lines; man pages",
-        &["xdp-ebpf", "spillway-quic-lb", "spillway-model", "spillway-logging", "spillway-manual"],
+        "the data path and its protocols, and its reference model; the declared state; log lines; man pages",
+        &["xdp-ebpf", "spillway-quic-lb", "spillway-model", "spillway-pathmodel", "spillway-logging", "spillway-manual"],
     ),
     ("pure decisions: health and announce policy; the reconciler", &["spillway-policy", "spillway-reconcile"]),
     ("the kernel side: objects, maps, pins, links and routes", &["spillway-dataplane"]),

@@ -60,6 +60,9 @@ struct Tuning {
     /// Its tests that take `spillway_harness::alone::alone()`, by exact name: they run in
     /// the first phase, the others in the second.
     alone: &'static [&'static str],
+    /// Its tests that run as a job of their own beside the others, by exact name: long
+    /// loops that would otherwise come last inside their binary.
+    own_job: &'static [&'static str],
 }
 
 /// Priority of the binaries not in [`TUNING`]: short ones, after those that are not.
@@ -81,8 +84,9 @@ const TUNING: &[Tuning] = &[
         priority: 100,
         load: Load::Waits,
         alone: &["health_policy::router_overload_replay_sheds_at_the_edge_instead_of_collapsing"],
+        own_job: &[],
     },
-    Tuning { target: "fleet", threads: None, priority: 90, load: Load::Timed, alone: &[] },
+    Tuning { target: "fleet", threads: None, priority: 90, load: Load::Timed, alone: &[], own_job: &[] },
     // Its exhaustion test counts every port of a namespace within 2 s of the last failed
     // connect; beside e2e it saw 88-89 of the ~98 taken, twice in five runs: it runs alone.
     Tuning {
@@ -95,16 +99,26 @@ const TUNING: &[Tuning] = &[
             "exhaustion_is_seen_per_destination_with_failing_process::tracepoint",
             "exhaustion_is_seen_per_destination_with_failing_process::sock_diag",
         ],
+        own_job: &[],
     },
     // The harness's own: 11 s and 1.5 s alone, but 75 s and 51 s when they came last, after
     // e2e, beside the compiling jobs; in the fleet's window nothing computes. capacity
     // checks that the load generator keeps its schedule.
-    Tuning { target: "capacity", threads: None, priority: 75, load: Load::Timed, alone: &[] },
-    Tuning { target: "rps", threads: None, priority: 75, load: Load::Waits, alone: &[] },
+    Tuning { target: "capacity", threads: None, priority: 75, load: Load::Timed, alone: &[], own_job: &[] },
+    Tuning { target: "rps", threads: None, priority: 75, load: Load::Waits, alone: &[], own_job: &[] },
     // Its probes keep lbd and the test busy: more than a core, 27 s alone, 114 s beside e2e.
-    Tuning { target: "probe_leaks", threads: None, priority: 70, load: Load::Computes, alone: &[] },
-    // Packets through BPF_PROG_TEST_RUN in loops: 29 s alone, 195 s beside the others.
-    Tuning { target: "datapath", threads: None, priority: 60, load: Load::Computes, alone: &[] },
+    Tuning { target: "probe_leaks", threads: None, priority: 70, load: Load::Computes, alone: &[], own_job: &[] },
+    // Packets through BPF_PROG_TEST_RUN in loops: 29 s alone, 195 s beside the others. The
+    // bounded run of the balancer against its model (a fixed number of frames, about a
+    // minute here) is a job of its own, like the fuzz job.
+    Tuning {
+        target: "datapath",
+        threads: None,
+        priority: 60,
+        load: Load::Computes,
+        alone: &[],
+        own_job: &["differential::the_balancer_agrees_with_its_model"],
+    },
 ];
 
 /// Priority of the fuzz job: below the timed jobs (fleet, capacity), which it must not run
@@ -187,11 +201,39 @@ fn test_jobs(binary: TestBinary) -> Vec<Job> {
         holds_machine: false,
     };
     let alone = tuning.map_or(&[][..], |t| t.alone);
-    if alone.is_empty() {
+    let own_job = tuning.map_or(&[][..], |t| t.own_job);
+    if alone.is_empty() && own_job.is_empty() {
         return vec![job(name, args, Phase::Together)];
     }
-    let alone_args = ["--exact"].into_iter().chain(alone.iter().copied()).map(str::to_owned).collect();
+    let exactly = |tests: &[&str]| ["--exact"].into_iter().chain(tests.iter().copied()).map(str::to_owned).collect::<Vec<_>>();
+    let mut jobs: Vec<Job> = own_job.iter().map(|test| job(format!("{name} {test}"), exactly(&[test]), Phase::Together)).collect();
+    if !alone.is_empty() {
+        jobs.push(job(format!("{name} (alone)"), exactly(alone), Phase::Alone));
+    }
     args.push("--exact".into());
-    args.extend(alone.iter().flat_map(|test| ["--skip".to_owned(), (*test).to_owned()]));
-    vec![job(format!("{name} (alone)"), alone_args, Phase::Alone), job(name, args, Phase::Together)]
+    args.extend(alone.iter().chain(own_job).flat_map(|test| ["--skip".to_owned(), (*test).to_owned()]));
+    jobs.push(job(name, args, Phase::Together));
+    jobs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_test_of_its_own_runs_as_its_own_job_and_not_in_its_binarys() {
+        let binary = TestBinary {
+            package: "spillway-daemon".into(),
+            kind: "test".into(),
+            target: "datapath".into(),
+            executable: PathBuf::from("/bin/datapath"),
+            package_dir: PathBuf::from("/daemon"),
+        };
+        let jobs = test_jobs(binary);
+        let own = "differential::the_balancer_agrees_with_its_model";
+        let [its_own, rest] = &jobs[..] else { panic!("{} jobs", jobs.len()) };
+        assert_eq!(its_own.args, ["--exact", own]);
+        assert_eq!((its_own.phase, its_own.load), (Phase::Together, Load::Computes));
+        assert_eq!(rest.args, ["--exact", "--skip", own]);
+    }
 }
