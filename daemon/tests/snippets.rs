@@ -73,6 +73,20 @@ fn parses(words: &[String]) -> Result<(), String> {
     parsed.map_err(|e| e.render().to_string())
 }
 
+/// ARCHITECTURE.md is a map a newcomer reads in one sitting: what grows past it belongs in
+/// docs/design/.
+const ARCHITECTURE_MAX_LINES: usize = 600;
+
+#[test]
+fn the_architecture_map_stays_a_map() {
+    let text = std::fs::read_to_string(repo().join("ARCHITECTURE.md")).unwrap();
+    let lines = text.lines().count();
+    assert!(
+        lines <= ARCHITECTURE_MAX_LINES,
+        "ARCHITECTURE.md has {lines} lines, at most {ARCHITECTURE_MAX_LINES}: move detail to docs/design/"
+    );
+}
+
 #[test]
 fn every_fence_is_marked_and_every_command_parses() {
     let all = snippets();
