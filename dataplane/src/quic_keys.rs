@@ -16,7 +16,7 @@ use std::{
     io::Read,
     os::{
         fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
-        unix::fs::{MetadataExt, PermissionsExt},
+        unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
     },
     path::{Path, PathBuf},
 };
@@ -74,6 +74,8 @@ pub enum QuicKeyError {
     Exposed { path: PathBuf, mode: u32 },
     #[error("QUIC-LB key file {path} is owned by uid {uid}, not root")]
     NotRoots { path: PathBuf, uid: u32 },
+    #[error("QUIC-LB key file {path} is not a regular file")]
+    NotAFile { path: PathBuf },
     #[error("QUIC-LB key file {path}: {source}")]
     Format {
         path: PathBuf,
@@ -83,14 +85,19 @@ pub enum QuicKeyError {
 }
 
 /// Longest key file read: 32 digits and room for white space around them.
-const MAX_KEY_FILE: u64 = 256;
+const MAX_KEY_FILE: usize = 256;
 
 /// Reads the key in `path`, a file root's alone (the key decrypts every id of its config id:
 /// one readable by others is refused, before it is read).
 pub fn read_key_file(path: &Path) -> Result<QuicLbKey, QuicKeyError> {
     let file_error = |source| QuicKeyError::File { path: path.to_path_buf(), source };
-    let file = std::fs::File::open(path).map_err(file_error)?;
+    // Non-blocking: a FIFO at the path would otherwise hold the open, and the core with it,
+    // until a writer came; it is refused below as any other file that is not regular.
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(file_error)?;
     let meta = file.metadata().map_err(file_error)?;
+    if !meta.is_file() {
+        return Err(QuicKeyError::NotAFile { path: path.to_path_buf() });
+    }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(QuicKeyError::Exposed { path: path.to_path_buf(), mode });
@@ -99,17 +106,33 @@ pub fn read_key_file(path: &Path) -> Result<QuicLbKey, QuicKeyError> {
     if meta.uid() != unsafe { libc::geteuid() } {
         return Err(QuicKeyError::NotRoots { path: path.to_path_buf(), uid: meta.uid() });
     }
-    let mut text = String::new();
-    let read = file.take(MAX_KEY_FILE).read_to_string(&mut text).map_err(file_error);
-    let key =
-        read.and_then(|_| QuicLbKey::from_file_text(&text).map_err(|source| QuicKeyError::Format { path: path.to_path_buf(), source }));
-    // The digits: not left in this process's memory.
-    // SAFETY: overwriting ASCII with zeros keeps the string valid UTF-8.
-    for octet in unsafe { text.as_bytes_mut() } {
-        // SAFETY: a valid pointer to an octet of `text`; volatile so the write stays.
+    // One fixed buffer, never grown (a growing one leaves copies of the digits behind as it
+    // is reallocated), zeroed after.
+    let mut buffer = [0u8; MAX_KEY_FILE];
+    let read = read_up_to(&file, &mut buffer).map_err(file_error);
+    let key = read.and_then(|n| {
+        let text = std::str::from_utf8(&buffer[..n]).unwrap_or("");
+        QuicLbKey::from_file_text(text).map_err(|source| QuicKeyError::Format { path: path.to_path_buf(), source })
+    });
+    for octet in &mut buffer {
+        // SAFETY: a valid pointer to an octet of `buffer`; volatile so the write stays.
         unsafe { std::ptr::write_volatile(octet, 0) };
     }
     key
+}
+
+/// Reads `file` into `buffer` until it ends or `buffer` is full; the count read.
+fn read_up_to(mut file: &std::fs::File, buffer: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match file.read(&mut buffer[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 /// One BPF instruction.
@@ -357,5 +380,14 @@ mod tests {
         // The key itself is in no error.
         fs::write(&path, "8f95f09245765f80256934e50c66207f00").unwrap();
         assert!(!read_key_file(&path).unwrap_err().to_string().contains("8f95"));
+    }
+
+    #[test]
+    fn a_fifo_at_the_key_files_path_is_refused_without_waiting_for_a_writer() {
+        let dir = TempDir::new("quic-key-fifo");
+        let path = dir.path().join("quic-1.key");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let err = read_key_file(&path).unwrap_err();
+        assert!(matches!(err, QuicKeyError::NotAFile { .. }), "{err}");
     }
 }

@@ -82,6 +82,10 @@ impl QuicConfig {
         if vip.proto != Proto::Udp {
             return Err(ModelError::QuicNotUdp { vip: *vip });
         }
+        // lbd reads it from its own working directory, whatever the file's or the operator's.
+        if self.key_file.as_deref().is_some_and(Path::is_relative) {
+            return Err(ModelError::BadQuic { vip: *vip, message: "key_file must be an absolute path".into() });
+        }
         self.to_lb().validate().map_err(|e| ModelError::BadQuic { vip: *vip, message: e.to_string() })
     }
 }

@@ -489,3 +489,12 @@ fn a_second_config_id_that_cannot_live_beside_the_first_is_refused_naming_quic_n
         assert!(err.contains(said), "{err}");
     }
 }
+
+#[test]
+fn a_relative_key_file_is_refused_naming_its_vip() {
+    for quic in ["quic = { key_file = \"quic-1.key\" }", "quic = {}\nquic_next = { config_id = 1, key_file = \"keys/quic-1.key\" }"] {
+        let text = format!("[[vips]]\nvip = \"10.0.0.1:443/udp\"\n{quic}\n");
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("VIP 10.0.0.1:443/udp") && err.contains("key_file must be an absolute path"), "{err}");
+    }
+}
