@@ -379,7 +379,7 @@ mod pod {
 mod tests {
     use super::*;
 
-    fn hex(s: &str) -> std::vec::Vec<u8> {
+    pub(crate) fn hex(s: &str) -> std::vec::Vec<u8> {
         (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
     }
 

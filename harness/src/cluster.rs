@@ -40,13 +40,20 @@ impl Binaries {
 /// Writes a fresh random report key (`lbd --report-key`, `lbd agent --report-key`) to
 /// `path`, root's alone (mode 0600), as an operator would with `head -c 32 /dev/urandom`.
 pub fn write_report_key(path: &Path) -> Result<()> {
-    use std::io::{Read, Write};
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::io::Read;
     let mut secret = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut secret)?;
     let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    write_secret_file(path, &hex)
+}
+
+/// Writes `text` and a newline to a new file at `path`, root's alone (mode 0600) from its
+/// creation, as the daemons want their key files.
+pub fn write_secret_file(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
-    writeln!(file, "{hex}").with_context(|| format!("writing {}", path.display()))
+    writeln!(file, "{text}").with_context(|| format!("writing {}", path.display()))
 }
 
 /// What every agent is told of its balancers: their outer sources (`--allow-from`) and the

@@ -179,6 +179,11 @@ struct VipRuntime {
 }
 
 impl VipRuntime {
+    /// The table packets read is published and names a backend: a new flow finds one.
+    fn places_new_flows(&self) -> bool {
+        !self.unpublished && self.active.slots.as_ref().is_some_and(|t| t.iter().any(|&id| id != maglev::EMPTY_SLOT))
+    }
+
     fn meta(&self) -> VipMeta {
         let prior = self.prior.as_ref().map_or(RingRef::default(), |t| t.at);
         VipMeta { id: self.id, flags: self.flags, active: self.active.at, standby: self.standby.at, prior, quic: self.quic }
@@ -359,8 +364,7 @@ impl Reconciler {
     /// requests (`ADDR_F_ECHO`). A backend out (health, drain, weight 0, removed) is in no
     /// slot, so an address whose VIPs have none left stops answering.
     fn answering_addrs(&self) -> HashSet<AddrKey> {
-        let places = |r: &VipRuntime| r.active.slots.as_ref().is_some_and(|t| t.iter().any(|&id| id != maglev::EMPTY_SLOT));
-        self.vips.iter().filter(|(_, r)| !r.unpublished && places(r)).map(|(vip, _)| addr_key(vip.addr)).collect()
+        self.vips.iter().filter(|(_, r)| r.places_new_flows()).map(|(vip, _)| addr_key(vip.addr)).collect()
     }
 
     /// Id of a rule's counters, if it has one (for `lbctl rules list`).
@@ -530,7 +534,7 @@ impl Reconciler {
     fn starts_episode(&self, runtime: &mut VipRuntime) -> bool {
         let settled = runtime.changed_at.is_none_or(|at| at.elapsed() >= self.settle);
         runtime.changed_at = Some(Instant::now());
-        settled && !runtime.unpublished && runtime.active.slots.as_ref().is_some_and(|t| t.iter().any(|&id| id != maglev::EMPTY_SLOT))
+        settled && runtime.places_new_flows()
     }
 
     /// Called between the flip and its publication, when `runtime.standby` is the table

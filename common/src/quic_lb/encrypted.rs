@@ -187,7 +187,7 @@ fn round(s: &mut Scratch, into: Into, len: usize, half: usize, pass: u8, cipher:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quic_lb::QUIC_LB_F_SELF_LEN;
+    use crate::quic_lb::{QUIC_LB_F_SELF_LEN, tests::hex};
     use aes::cipher::{BlockCipherDecrypt, BlockCipherEncrypt, KeyInit};
 
     struct Soft(aes::Aes128);
@@ -201,10 +201,6 @@ mod tests {
             self.0.decrypt_block(block.into());
             true
         }
-    }
-
-    fn hex(s: &str) -> std::vec::Vec<u8> {
-        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
     }
 
     /// The draft's key for every encrypted vector (appendix B.2).

@@ -49,8 +49,7 @@ fn backend_named(server_id: &[u8]) -> IpAddr {
 /// A key file of root's alone holding `key`, in `dir`.
 fn key_file(dir: &TempDir, name: &str, key: &str) -> PathBuf {
     let path = dir.path().join(name);
-    fs::write(&path, format!("{key}\n")).unwrap();
-    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    spillway_harness::cluster::write_secret_file(&path, key).unwrap();
     path
 }
 

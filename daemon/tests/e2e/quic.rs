@@ -313,10 +313,8 @@ in_both_modes!(rebinding_client_keeps_its_server);
 
 /// A key file of root's alone, in the cluster's directory.
 fn key_file(c: &Cluster, name: &str, key: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
     let path = c.topo.tempdir().join(name);
-    std::fs::write(&path, format!("{key}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    spillway_harness::cluster::write_secret_file(&path, key).unwrap();
     path
 }
 

@@ -171,8 +171,7 @@ fn configure(lab: &mut Lab) -> Result<()> {
     // The key file is read once, when the change is applied: the key then lives in the kernel.
     let keys = spillway_harness::tempdir::TempDir::new("bench-quic-key");
     let key_file = keys.path().join("quic.key");
-    std::fs::write(&key_file, BENCH_KEY)?;
-    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    spillway_harness::cluster::write_secret_file(&key_file, BENCH_KEY)?;
     state.set_quic(&encrypted, Some(QuicConfig { key_file: Some(key_file.clone()), ..QUIC }))?;
     state.set_quic(&single, Some(QuicConfig { key_file: Some(key_file), ..SINGLE_PASS }))?;
     lab.reconciler.apply(&mut lab.balancer.maps, &state).context("configuring the VIPs")?;
